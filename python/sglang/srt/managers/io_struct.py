@@ -1,0 +1,168 @@
+"""Every message that crosses a process boundary, in one module.
+
+Flow:  HTTP / Engine --GenerateReqInput--> TokenizerManager
+       TokenizerManager --TokenizedGenerateReqInput | AbortReq | FlushCacheReqInput | GetInternalStateReqInput--> Scheduler (entry rank)
+       Scheduler --BatchTokenIDOut--> DetokenizerManager --BatchStrOut--> TokenizerManager
+       Scheduler --FlushCacheReqOutput | GetInternalStateReqOutput--> TokenizerManager (control replies)
+
+All messages are plain dataclasses sent with `zmq.Socket.send_pyobj`.
+`finished_reason` is None while a request runs, else a dict in SGLang's shape:
+  {"type": "stop", "matched": <token id or stop string>} | {"type": "length", "length": n}
+  | {"type": "abort", "message": "..."}
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Optional, Union
+
+from sglang.srt.sampling.sampling_params import SamplingParams
+
+
+# ---------------------------------------------------------------------------- API layer
+@dataclass
+class GenerateReqInput:
+    """One /generate call (single or batch), as SGLang's native API takes it."""
+
+    text: Optional[Union[str, list[str]]] = None
+    input_ids: Optional[Union[list[int], list[list[int]]]] = None
+    sampling_params: Optional[Union[dict, list[dict]]] = None
+    rid: Optional[Union[str, list[str]]] = None
+    stream: bool = False
+    return_logprob: Union[bool, list[bool]] = False
+    top_logprobs_num: Union[int, list[int]] = 0
+    logprob_start_len: Union[int, list[int]] = -1
+    return_text_in_logprobs: bool = False
+
+    @property
+    def is_single(self) -> bool:
+        if self.text is not None:
+            return isinstance(self.text, str)
+        if self.input_ids is None:
+            return True
+        return len(self.input_ids) == 0 or not isinstance(self.input_ids[0], list)
+
+    @property
+    def batch_size(self) -> int:
+        if self.is_single:
+            return 1
+        return len(self.text) if self.text is not None else len(self.input_ids)
+
+    def __getitem__(self, i: int) -> "GenerateReqInput":
+        """The i-th request of a batch as a single request (a single request returns itself)."""
+        if self.is_single:
+            return self
+
+        def pick(value, default=None):
+            return value[i] if isinstance(value, list) else (default if value is None else value)
+
+        return GenerateReqInput(
+            text=None if self.text is None else self.text[i],
+            input_ids=None if self.input_ids is None else self.input_ids[i],
+            sampling_params=pick(self.sampling_params, {}),
+            rid=pick(self.rid) if isinstance(self.rid, list) else None,
+            stream=self.stream,
+            return_logprob=pick(self.return_logprob),
+            top_logprobs_num=pick(self.top_logprobs_num),
+            logprob_start_len=pick(self.logprob_start_len),
+            return_text_in_logprobs=self.return_text_in_logprobs,
+        )
+
+
+def new_rid() -> str:
+    return uuid.uuid4().hex
+
+
+# ---------------------------------------------------------------------------- tokenizer -> scheduler
+@dataclass
+class TokenizedGenerateReqInput:
+    rid: str
+    input_text: Optional[str]
+    input_ids: list[int]
+    sampling_params: SamplingParams
+    stream: bool = False
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+
+
+@dataclass
+class AbortReq:
+    rid: str = ""
+    abort_all: bool = False
+    message: str = "aborted by client"
+
+
+@dataclass
+class FlushCacheReqInput:
+    pass
+
+
+@dataclass
+class FlushCacheReqOutput:
+    success: bool
+    message: str = ""
+
+
+@dataclass
+class GetInternalStateReqInput:
+    pass
+
+
+@dataclass
+class GetInternalStateReqOutput:
+    state: dict[str, Any] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------- scheduler -> detokenizer
+@dataclass
+class BatchTokenIDOut:
+    """New output tokens of the requests that progressed in one scheduler step.
+
+    Lists are parallel, one entry per request. `new_output_ids` holds only the tokens produced
+    since the previous message for that rid; logprob lists likewise hold only the new entries.
+    """
+
+    rids: list[str]
+    new_output_ids: list[list[int]]
+    finished_reasons: list[Optional[dict]]
+    prompt_tokens: list[int]
+    completion_tokens: list[int]
+    cached_tokens: list[int]
+    # Detokenization options of each request.
+    skip_special_tokens: list[bool]
+    spaces_between_special_tokens: list[bool]
+    no_stop_trim: list[bool]
+    stop_strs: list[list[str]]
+    # Logprobs (None for a request that did not ask): lists of (logprob, token_id) and, per
+    # position, a list of (logprob, token_id) of the top alternatives.
+    output_token_logprobs: list[Optional[list[tuple[float, int]]]]
+    output_top_logprobs: list[Optional[list[list[tuple[float, int]]]]]
+
+
+# ---------------------------------------------------------------------------- detokenizer -> tokenizer
+@dataclass
+class BatchStrOut:
+    """Incremental text for each rid: `output_strs[i]` is the new text since the last message."""
+
+    rids: list[str]
+    output_strs: list[str]
+    new_output_ids: list[list[int]]
+    finished_reasons: list[Optional[dict]]
+    prompt_tokens: list[int]
+    completion_tokens: list[int]
+    cached_tokens: list[int]
+    output_token_logprobs: list[Optional[list[tuple[float, int]]]]
+    output_top_logprobs: list[Optional[list[list[tuple[float, int]]]]]
+
+
+# ---------------------------------------------------------------------------- process start-up
+@dataclass
+class SchedulerReadyInfo:
+    """Sent by the scheduler (rank 0) over a multiprocessing pipe once its model and pools exist."""
+
+    max_total_num_tokens: int
+    max_req_input_len: int
+    context_len: int
+    vocab_size: int
+    max_running_requests: int

@@ -1,0 +1,86 @@
+"""ForwardBatch: what the model runner hands to a model for one forward pass.
+
+The scheduler never touches tensors and the model never sees requests: the scheduler's
+`ScheduleBatch` is turned into this object by `ModelRunner`.
+
+Token layout is flat ("varlen"): the new tokens of all requests of the batch are concatenated in
+request order. A decode request contributes exactly one token; an extend (prefill) request
+contributes `extend_seq_lens[i]` tokens that follow `extend_prefix_lens[i]` tokens whose KV is
+already in the pool (radix-cache hit or an earlier chunk). A batch may mix both kinds
+(`ForwardMode.MIXED`); attention treats every request as "queries = the new tokens, keys = the
+whole sequence so far", so one code path serves prefill, chunked prefill and decode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum, auto
+from typing import TYPE_CHECKING, Any, Optional
+
+import torch
+
+if TYPE_CHECKING:
+    from sglang.srt.mem_cache.req_to_token import ReqToTokenPool
+    from sglang.srt.mem_cache.kv_pool import KVPool
+
+
+class ForwardMode(IntEnum):
+    EXTEND = auto()  # every request brings >= 1 new prompt tokens (prefill / chunked prefill)
+    DECODE = auto()  # every request brings exactly one new token
+    MIXED = auto()  # both in one batch
+    IDLE = auto()  # no tokens on this rank, but it must join the collectives of the step
+
+    def is_decode(self) -> bool:
+        return self == ForwardMode.DECODE
+
+    def is_extend(self) -> bool:
+        return self in (ForwardMode.EXTEND, ForwardMode.MIXED)
+
+    def is_idle(self) -> bool:
+        return self == ForwardMode.IDLE
+
+
+@dataclass
+class PPProxyTensors:
+    """Activations handed from one pipeline stage to the next."""
+
+    tensors: dict[str, torch.Tensor]
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        return self.tensors[key]
+
+
+@dataclass
+class ForwardBatch:
+    forward_mode: ForwardMode
+    batch_size: int
+    # [num_tokens] flat new tokens, their absolute positions and the KV slot each one writes.
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    out_cache_loc: torch.Tensor
+    # [batch_size] per request.
+    req_pool_indices: torch.Tensor  # row of the request in req_to_token
+    seq_lens: torch.Tensor  # prefix + new tokens (total KV length after this forward)
+    extend_prefix_lens: torch.Tensor  # tokens already in the KV pool before this forward
+    extend_seq_lens: torch.Tensor  # new tokens in this forward (1 for decode)
+    # CPU copies (python ints) for loops and shapes without device syncs.
+    seq_lens_cpu: list[int]
+    extend_prefix_lens_cpu: list[int]
+    extend_seq_lens_cpu: list[int]
+    # Memory pools and the attention backend (set by the model runner).
+    req_to_token_pool: "ReqToTokenPool"
+    token_to_kv_pool: "KVPool"
+    attn_backend: Any = None
+    # Which tokens need logits: by default the last new token of each request.
+    return_all_logits: bool = False
+    pp_proxy_tensors: Optional[PPProxyTensors] = None
+    # Backend-private metadata built once per batch (e.g. gathered KV indices).
+    attn_metadata: dict = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def last_token_indices(self) -> torch.Tensor:
+        """Index into the flat token dimension of each request's last new token."""
+        return torch.cumsum(self.extend_seq_lens, dim=0) - 1
