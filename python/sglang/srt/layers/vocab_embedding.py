@@ -1,0 +1,115 @@
+"""Vocabulary-parallel token embedding and LM head.
+
+The vocabulary is padded to a multiple of the tp size and split into equal contiguous ranges, one
+per rank. Embedding: each rank looks up the ids in its range (zeros elsewhere) and the partial
+results are all-reduced. LM head: each rank computes logits of its range; they are all-gathered
+and the padding columns dropped.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sglang.srt.distributed.parallel_state import GroupCoordinator
+
+
+class VocabParallelEmbedding(nn.Module):
+    """`weight` is this rank's [vocab_per_rank, embedding_dim] range of the (padded) vocabulary."""
+
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        tp: Optional[GroupCoordinator] = None,
+        params_dtype: torch.dtype = torch.float32,
+    ):
+        super().__init__()
+        self.tp = tp
+        self.tp_rank = tp.rank if tp is not None else 0
+        self.tp_size = tp.size if tp is not None else 1
+        self.num_embeddings = num_embeddings
+        self.embedding_dim = embedding_dim
+        self.num_embeddings_per_partition = -(-num_embeddings // self.tp_size)
+        self.num_embeddings_padded = self.num_embeddings_per_partition * self.tp_size
+        self.vocab_start_index = self.tp_rank * self.num_embeddings_per_partition
+        self.vocab_end_index = self.vocab_start_index + self.num_embeddings_per_partition
+        self.weight = nn.Parameter(
+            torch.zeros(self.num_embeddings_per_partition, embedding_dim, dtype=params_dtype), requires_grad=False
+        )
+        self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]
+
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id=None) -> None:
+        """Copy rows [vocab_start, vocab_end) of the full [vocab, dim] tensor; padding rows stay zero."""
+        if shard_id is not None:
+            raise ValueError(f"embedding takes no shard_id, got {shard_id!r}")
+        if loaded_weight.dim() != 2 or loaded_weight.shape[1] != self.embedding_dim:
+            raise ValueError(f"embedding: expected [vocab, {self.embedding_dim}], got {tuple(loaded_weight.shape)}")
+        if loaded_weight.shape[0] != self.num_embeddings:
+            raise ValueError(f"embedding: expected vocab {self.num_embeddings}, got {loaded_weight.shape[0]}")
+        start = min(self.vocab_start_index, self.num_embeddings)
+        end = min(self.vocab_end_index, self.num_embeddings)
+        param.data.zero_()
+        param.data[: end - start].copy_(loaded_weight[start:end])
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.tp_size == 1:
+            return F.embedding(input_ids, self.weight)
+        in_range = (input_ids >= self.vocab_start_index) & (input_ids < self.vocab_end_index)
+        local_ids = torch.where(in_range, input_ids - self.vocab_start_index, 0)
+        out = F.embedding(local_ids, self.weight)
+        out = out * in_range.unsqueeze(-1).to(out.dtype)
+        return self.tp.all_reduce(out)
+
+    def extra_repr(self) -> str:
+        return f"vocab={self.num_embeddings}, per_rank={self.num_embeddings_per_partition}, dim={self.embedding_dim}"
+
+
+class ParallelLMHead(VocabParallelEmbedding):
+    """Output projection hidden -> vocab logits, vocab sharded like the embedding.
+
+    `tie_to(embedding)` makes the head share the embedding's weight (tied word embeddings).
+    """
+
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        tp: Optional[GroupCoordinator] = None,
+        params_dtype: torch.dtype = torch.float32,
+        bias: bool = False,
+    ):
+        super().__init__(num_embeddings, embedding_dim, tp, params_dtype)
+        if bias:
+            self.bias: Optional[nn.Parameter] = nn.Parameter(
+                torch.zeros(self.num_embeddings_per_partition, dtype=params_dtype), requires_grad=False
+            )
+            self.bias.weight_loader = self._bias_loader  # type: ignore[attr-defined]
+        else:
+            self.register_parameter("bias", None)
+
+    def _bias_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id=None) -> None:
+        start = min(self.vocab_start_index, self.num_embeddings)
+        end = min(self.vocab_end_index, self.num_embeddings)
+        param.data.zero_()
+        param.data[: end - start].copy_(loaded_weight[start:end])
+
+    def tie_to(self, embedding: VocabParallelEmbedding) -> None:
+        if embedding.weight.shape != self.weight.shape:
+            raise ValueError(f"cannot tie LM head {tuple(self.weight.shape)} to embedding {tuple(embedding.weight.shape)}")
+        self.weight = embedding.weight
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # pragma: no cover - guard
+        raise RuntimeError("ParallelLMHead is not an embedding lookup; call compute_logits(hidden_states)")
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """[n, hidden] -> [n, vocab] logits in the weight dtype (gathered over tp ranks)."""
+        logits = F.linear(hidden_states, self.weight, self.bias)
+        if self.tp_size > 1:
+            logits = self.tp.all_gather(logits, dim=-1)
+        if logits.shape[-1] != self.num_embeddings:
+            logits = logits[..., : self.num_embeddings]
+        return logits

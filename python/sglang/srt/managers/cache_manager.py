@@ -1,0 +1,118 @@
+"""KVCacheManager: the glue between requests and the token-level memory pools.
+
+It owns no policy: the scheduler decides who runs; this component gives a request its
+req_to_token row, seeds it from the radix cache, allocates KV slots for the tokens of a step
+(evicting cached prefixes when needed) and returns everything when the request ends.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import torch
+
+from sglang.srt.managers.schedule_batch import Req, ScheduledReq
+from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+from sglang.srt.mem_cache.radix_cache import RadixCache
+from sglang.srt.mem_cache.req_to_token import ReqToTokenPool
+
+logger = logging.getLogger(__name__)
+
+
+class KVCacheManager:
+    def __init__(self, req_to_token_pool: ReqToTokenPool, allocator: TokenToKVPoolAllocator, tree: RadixCache):
+        self.req_to_token_pool = req_to_token_pool
+        self.allocator = allocator
+        self.tree = tree
+        self.page_size = allocator.page_size
+
+    # ------------------------------------------------------------------ capacity
+    def available_tokens(self) -> int:
+        """Slots a new step could use: free slots plus what eviction could free."""
+        return self.allocator.available_size() + self.tree.evictable_size()
+
+    def free_slots(self) -> int:
+        return self.allocator.available_size()
+
+    # ------------------------------------------------------------------ admission
+    def match_prefix_len(self, req: Req) -> int:
+        """Cached prefix length the request would get (no side effects besides LRU touch)."""
+        return self.tree.match_prefix(self._match_key(req)).prefix_len
+
+    def admit(self, req: Req) -> bool:
+        """Give the request a row and its cached prefix; False if no row is free."""
+        rows = self.req_to_token_pool.alloc(1)
+        if rows is None:
+            return False
+        req.req_pool_idx = rows[0]
+        match = self.tree.match_prefix(self._match_key(req))
+        n = int(match.indices.numel())
+        if n:
+            self.req_to_token_pool.req_to_token[req.req_pool_idx, :n] = match.indices
+        self.tree.inc_lock_ref(match.last_node)
+        req.last_node = match.last_node
+        req.kv_len = req.cached_prefix_len = n
+        if not req.output_ids:  # a retracted request re-admitted does not count as a cache hit
+            req.cached_tokens = n
+        return True
+
+    def _match_key(self, req: Req) -> list[int]:
+        # Leave at least one token to compute so the request gets logits.
+        return req.fill_ids[:-1]
+
+    # ------------------------------------------------------------------ allocation
+    def alloc_for_step(self, items: list[ScheduledReq]) -> Optional[torch.Tensor]:
+        """KV slots for every token of the step, in item order; None if memory is short."""
+        prefix_lens = [it.start for it in items]
+        extend_lens = [it.num_tokens for it in items]
+        last_locs = [self._last_loc(it.req) for it in items]
+        need = self._pages_needed(prefix_lens, extend_lens) * self.page_size
+        if need > self.allocator.available_size():
+            self.tree.evict(need - self.allocator.available_size())
+        out = self.allocator.alloc_extend(prefix_lens, extend_lens, last_locs)
+        if out is None:
+            return None
+        table = self.req_to_token_pool.req_to_token
+        offset = 0
+        for it in items:
+            table[it.req.req_pool_idx, it.start : it.start + it.num_tokens] = out[offset : offset + it.num_tokens]
+            offset += it.num_tokens
+        return out
+
+    def _last_loc(self, req: Req) -> int:
+        if req.kv_len == 0:
+            return -1
+        return int(self.req_to_token_pool.req_to_token[req.req_pool_idx, req.kv_len - 1])
+
+    def _pages_needed(self, prefix_lens: list[int], extend_lens: list[int]) -> int:
+        p = self.page_size
+        return sum(-(-(pre + ext) // p) - (-(-pre // p)) for pre, ext in zip(prefix_lens, extend_lens))
+
+    # ------------------------------------------------------------------ release
+    def release(self, req: Req) -> None:
+        """Return a request's KV: valid full pages go into the radix cache, the rest is freed."""
+        if req.req_pool_idx is None:
+            return
+        row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
+        kv_len = req.kv_len
+        indices = row[:kv_len].clone()
+        if self.tree.disable:
+            self.allocator.free(indices[req.cached_prefix_len :])
+        else:
+            aligned = kv_len // self.page_size * self.page_size
+            key = req.fill_ids[:aligned]
+            already = self.tree.insert(key, indices[:aligned])
+            if already > req.cached_prefix_len:  # duplicates of what another request cached
+                self.allocator.free(indices[req.cached_prefix_len : already])
+            if kv_len > aligned:
+                self.allocator.free(indices[aligned:kv_len])
+        self.tree.dec_lock_ref(req.last_node)
+        self.req_to_token_pool.free(req.req_pool_idx)
+        req.reset_memory_state()
+
+    def flush(self) -> None:
+        """Drop the whole cache (only valid when no request holds KV)."""
+        self.tree.reset()
+        self.allocator.clear()
+        self.req_to_token_pool.clear()

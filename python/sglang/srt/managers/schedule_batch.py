@@ -1,0 +1,204 @@
+"""Req and ScheduleBatch: CPU-side request state owned by the scheduler (no tensors of its own).
+
+A request's tokens are `fill_ids = origin_input_ids + output_ids`. `kv_len` counts the leading
+tokens whose KV is stored (row `req_pool_idx` of req_to_token, positions 0..kv_len-1). Every
+forward step takes the next tokens `fill_ids[kv_len : kv_len + n]` of each scheduled request:
+n = 1 for a decode, up to the chunk budget for a prefill. A request samples a token only in the
+step that brings it level with `fill_ids` ("caught up").
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from sglang.srt.sampling.sampling_params import SamplingParams
+
+
+class Req:
+    def __init__(
+        self,
+        rid: str,
+        origin_input_ids: list[int],
+        sampling_params: SamplingParams,
+        stream: bool = False,
+        return_logprob: bool = False,
+        top_logprobs_num: int = 0,
+        input_text: Optional[str] = None,
+    ):
+        self.rid = rid
+        self.input_text = input_text
+        self.origin_input_ids = list(origin_input_ids)
+        self.output_ids: list[int] = []
+        self.sampling_params = sampling_params
+        self.stream = stream
+        self.return_logprob = return_logprob
+        self.top_logprobs_num = top_logprobs_num
+        self.arrival_time = time.monotonic()
+
+        # Memory state.
+        self.req_pool_idx: Optional[int] = None
+        self.kv_len = 0  # tokens of fill_ids whose KV is in the pool
+        self.cached_prefix_len = 0  # tokens locked from the radix cache (for dedup on insert)
+        self.last_node: Any = None  # radix node locked by this request
+        self.cached_tokens = 0  # prompt tokens served from the radix cache (reported)
+
+        # Output state.
+        self.finished_reason: Optional[dict] = None
+        self.sent_len = 0  # output tokens already sent to the detokenizer
+        self.output_token_logprobs: list[tuple[float, int]] = []
+        self.output_top_logprobs: list[list[tuple[float, int]]] = []
+        self.retracted_count = 0
+
+    # ------------------------------------------------------------------ token views
+    @property
+    def fill_ids(self) -> list[int]:
+        return self.origin_input_ids + self.output_ids
+
+    @property
+    def seqlen(self) -> int:
+        return len(self.origin_input_ids) + len(self.output_ids)
+
+    @property
+    def remaining_len(self) -> int:
+        """Tokens still to run through the model before this request can sample."""
+        return self.seqlen - self.kv_len
+
+    @property
+    def is_prefilling(self) -> bool:
+        return self.remaining_len > 1 or not self.output_ids
+
+    @property
+    def finished(self) -> bool:
+        return self.finished_reason is not None
+
+    # ------------------------------------------------------------------ finishing
+    def check_finished(self, eos_token_ids: set[int], tokenizer=None, context_len: int = 0) -> None:
+        """Set finished_reason after a token was appended (SGLang's rules and reason shapes)."""
+        if self.finished:
+            return
+        params = self.sampling_params
+        last = self.output_ids[-1]
+        if len(self.output_ids) >= params.min_new_tokens:
+            if params.stop_token_ids and last in params.stop_token_ids:
+                self.finished_reason = {"type": "stop", "matched": last}
+                return
+            if not params.ignore_eos and last in eos_token_ids:
+                self.finished_reason = {"type": "stop", "matched": last}
+                return
+            if params.stop and tokenizer is not None:
+                matched = self._match_stop_str(tokenizer)
+                if matched is not None:
+                    self.finished_reason = {"type": "stop", "matched": matched}
+                    return
+        if len(self.output_ids) >= params.max_new_tokens:
+            self.finished_reason = {"type": "length", "length": params.max_new_tokens}
+        elif context_len and self.seqlen >= context_len:
+            self.finished_reason = {"type": "length", "length": len(self.output_ids)}
+
+    def _match_stop_str(self, tokenizer) -> Optional[str]:
+        params = self.sampling_params
+        window = getattr(params, "stop_str_max_len", 0) or max(len(s) for s in params.stop)
+        tail_ids = self.output_ids[-(window + 2) :]
+        tail = tokenizer.decode(tail_ids, skip_special_tokens=params.skip_special_tokens)
+        for stop in params.stop:
+            if stop and stop in tail:
+                return stop
+        return None
+
+    def reset_memory_state(self) -> None:
+        self.req_pool_idx = None
+        self.kv_len = 0
+        self.cached_prefix_len = 0
+        self.last_node = None
+
+    def __repr__(self) -> str:
+        return f"Req(rid={self.rid}, prompt={len(self.origin_input_ids)}, out={len(self.output_ids)}, kv={self.kv_len})"
+
+
+@dataclass
+class ScheduledReq:
+    """One request's share of a forward step: `num_tokens` tokens starting at `kv_len`."""
+
+    req: Req
+    start: int
+    num_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        return self.start + self.num_tokens == self.req.seqlen
+
+
+@dataclass
+class ScheduleBatch:
+    """The work of one forward step: decodes first, then prefill chunks."""
+
+    items: list[ScheduledReq] = field(default_factory=list)
+
+    @property
+    def reqs(self) -> list[Req]:
+        return [item.req for item in self.items]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(item.num_tokens for item in self.items)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.items
+
+    @property
+    def is_decode_only(self) -> bool:
+        return all(item.num_tokens == 1 and item.req.output_ids for item in self.items)
+
+    def has_prefill_items(self) -> bool:
+        return any(item.req.is_prefilling for item in self.items)
+
+    def to_worker_batch(self, out_cache_loc) -> "ModelWorkerBatch":
+        input_ids: list[int] = []
+        positions: list[int] = []
+        for item in self.items:
+            fill = item.req.fill_ids
+            input_ids.extend(fill[item.start : item.start + item.num_tokens])
+            positions.extend(range(item.start, item.start + item.num_tokens))
+        sampling = [item for item in self.items if item.samples]
+        return ModelWorkerBatch(
+            input_ids=input_ids,
+            positions=positions,
+            out_cache_loc=out_cache_loc,
+            req_pool_indices=[item.req.req_pool_idx for item in self.items],
+            prefix_lens=[item.start for item in self.items],
+            extend_lens=[item.num_tokens for item in self.items],
+            is_decode=self.is_decode_only,
+            sample_rows=[i for i, item in enumerate(self.items) if item.samples],
+            sampling_params=[item.req.sampling_params for item in sampling],
+            prompt_ids=[item.req.origin_input_ids for item in sampling],
+            output_ids=[item.req.output_ids for item in sampling],
+            return_logprob=any(item.req.return_logprob for item in sampling),
+            top_logprobs_nums=[item.req.top_logprobs_num if item.req.return_logprob else 0 for item in sampling],
+        )
+
+
+@dataclass
+class ModelWorkerBatch:
+    """What crosses from the scheduler to the model runner: plain lists, no request objects."""
+
+    input_ids: list[int]
+    positions: list[int]
+    out_cache_loc: Any  # int64 tensor from the allocator
+    req_pool_indices: list[int]
+    prefix_lens: list[int]
+    extend_lens: list[int]
+    is_decode: bool
+    # Rows (indices into the batch's requests) that sample a token this step, and their inputs.
+    sample_rows: list[int]
+    sampling_params: list[SamplingParams]
+    prompt_ids: list[list[int]]
+    output_ids: list[list[int]]
+    return_logprob: bool
+    top_logprobs_nums: list[int]
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.req_pool_indices)

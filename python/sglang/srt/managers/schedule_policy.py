@@ -1,0 +1,113 @@
+"""Which requests run in the next forward step, within token, request and KV budgets.
+
+One step = every running request that is due a decode token (one token each) + prefill work
+from requests still prefilling (a chunked prompt first) and then from the waiting queue, up to
+the prefill token budget. Decodes therefore keep running while a long prompt is chunk-prefilled.
+Admission of a waiting request needs a free request slot and enough KV (free + evictable) for
+its tokens plus a reserve for the decode growth of everything running.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from sglang.srt.managers.cache_manager import KVCacheManager
+from sglang.srt.managers.schedule_batch import Req, ScheduleBatch, ScheduledReq
+
+# Fraction of the remaining max_new_tokens of running requests kept free for their decodes.
+DECODE_RESERVE_RATIO = 0.3
+LPM_MAX_QUEUE = 128  # longest-prefix-match ordering costs a tree walk per queued request
+
+
+@dataclass(frozen=True)
+class StepBudget:
+    prefill_tokens: int  # new prompt tokens per step (chunk size, capped by --max-prefill-tokens)
+    chunked: bool  # False: a prompt longer than the budget runs whole, alone
+    max_running_requests: int
+    page_size: int
+
+
+class SchedulePolicy:
+    def __init__(self, policy: str, budget: StepBudget, cache: KVCacheManager):
+        if policy not in ("fcfs", "lpm"):
+            raise ValueError(f"unknown schedule policy {policy!r}")
+        self.policy = policy
+        self.budget = budget
+        self.cache = cache
+
+    # ------------------------------------------------------------------ ordering
+    def order_waiting(self, waiting: list[Req]) -> list[Req]:
+        if self.policy == "lpm" and 1 < len(waiting) <= LPM_MAX_QUEUE:
+            # Longest cached prefix first; ties keep arrival order (sort is stable).
+            return sorted(waiting, key=lambda r: -self.cache.match_prefix_len(r))
+        return waiting
+
+    # ------------------------------------------------------------------ one step
+    def build_step(self, running: list[Req], waiting: list[Req]) -> tuple[ScheduleBatch, list[Req]]:
+        """Return the step's batch and the waiting requests admitted into it (now holding KV rows)."""
+        batch = ScheduleBatch()
+        decode_tokens = 0
+        for req in running:
+            if not req.is_prefilling:
+                batch.items.append(ScheduledReq(req, req.kv_len, 1))
+                decode_tokens += 1
+
+        prefill_left = self.budget.prefill_tokens
+        for req in running:  # requests in the middle of a chunked prefill continue first
+            if req.is_prefilling and prefill_left > 0:
+                take = self._take(req, prefill_left, batch)
+                if take:
+                    batch.items.append(ScheduledReq(req, req.kv_len, take))
+                    prefill_left -= take
+
+        admitted: list[Req] = []
+        if prefill_left <= 0 or not waiting:
+            return batch, admitted
+        reserve = self._decode_reserve(running)
+        available = self.cache.available_tokens() - decode_tokens - batch.num_tokens
+        for req in self.order_waiting(waiting):
+            if len(running) + len(admitted) >= self.budget.max_running_requests or prefill_left <= 0:
+                break
+            cached = self.cache.match_prefix_len(req)
+            remaining = req.seqlen - cached
+            take = min(remaining, prefill_left) if self.budget.chunked else remaining
+            if not self.budget.chunked and remaining > prefill_left and batch.has_prefill_items():
+                break  # an over-budget prompt runs alone in a later step
+            need = self._round_up(take) + self._round_up(
+                min(req.sampling_params.max_new_tokens, 64) * DECODE_RESERVE_RATIO
+            )
+            something_runs = bool(running or admitted)
+            if something_runs and need + reserve > available:
+                break
+            if not self.cache.admit(req):
+                break
+            admitted.append(req)
+            take = min(take, req.remaining_len)
+            batch.items.append(ScheduledReq(req, req.kv_len, take))
+            prefill_left -= take
+            available -= self._round_up(take)
+            if take < req.remaining_len:
+                break  # at most one partially prefilled request per step
+        return batch, admitted
+
+    def _take(self, req: Req, prefill_left: int, batch: ScheduleBatch) -> int:
+        if self.budget.chunked:
+            return min(req.remaining_len, prefill_left)
+        return req.remaining_len if not batch.has_prefill_items() else 0
+
+    def _decode_reserve(self, running: list[Req]) -> int:
+        left = sum(max(0, r.sampling_params.max_new_tokens - len(r.output_ids)) for r in running)
+        return int(left * DECODE_RESERVE_RATIO)
+
+    def _round_up(self, tokens: float) -> int:
+        page = self.budget.page_size
+        return int(-(-int(tokens) // page) * page)
+
+
+def pick_retract_victim(running: list[Req]) -> Optional[Req]:
+    """The request to retract when decode KV runs out: the one with the least progress to lose
+    (fewest output tokens), latest arrival breaking ties."""
+    if len(running) <= 1:
+        return None
+    return min(running, key=lambda r: (len(r.output_ids), -r.arrival_time))

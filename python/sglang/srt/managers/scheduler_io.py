@@ -1,0 +1,36 @@
+"""ZMQ sockets of the scheduler entry rank: requests in, token ids and control replies out."""
+
+from __future__ import annotations
+
+import zmq
+
+from sglang.srt.server_args import PortArgs
+
+IDLE_POLL_MS = 1000  # how long an idle scheduler blocks before re-checking its surroundings
+
+
+class SchedulerIO:
+    def __init__(self, port_args: PortArgs):
+        self.context = zmq.Context(2)
+        self.recv_from_tokenizer = self.context.socket(zmq.PULL)
+        self.recv_from_tokenizer.bind(port_args.scheduler_input_ipc_name)
+        self.send_to_detokenizer = self.context.socket(zmq.PUSH)
+        self.send_to_detokenizer.connect(port_args.detokenizer_ipc_name)
+        self.send_to_tokenizer = self.context.socket(zmq.PUSH)
+        self.send_to_tokenizer.connect(port_args.tokenizer_ipc_name)
+        self.poller = zmq.Poller()
+        self.poller.register(self.recv_from_tokenizer, zmq.POLLIN)
+
+    def recv_all(self, block: bool) -> list:
+        """Every message waiting now; when `block`, first wait up to IDLE_POLL_MS for one."""
+        if block and not self.poller.poll(IDLE_POLL_MS):
+            return []
+        msgs = []
+        while True:
+            try:
+                msgs.append(self.recv_from_tokenizer.recv_pyobj(zmq.NOBLOCK))
+            except zmq.ZMQError:
+                return msgs
+
+    def close(self) -> None:
+        self.context.destroy(linger=0)

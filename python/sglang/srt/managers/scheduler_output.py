@@ -1,0 +1,57 @@
+"""Turn request progress into the BatchTokenIDOut message for the detokenizer."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from sglang.srt.managers.io_struct import BatchTokenIDOut
+from sglang.srt.managers.schedule_batch import Req
+
+
+def due_for_output(req: Req, stream_interval: int) -> bool:
+    """Finished requests always report; streams every `stream_interval` new tokens."""
+    if req.finished:
+        return True
+    unsent = len(req.output_ids) - req.sent_len
+    return req.stream and unsent > 0 and (unsent >= stream_interval or req.sent_len == 0)
+
+
+def build_token_id_out(reqs: list[Req]) -> Optional[BatchTokenIDOut]:
+    """Collect the unsent tokens of `reqs` and mark them sent."""
+    if not reqs:
+        return None
+    out = BatchTokenIDOut(
+        rids=[],
+        new_output_ids=[],
+        finished_reasons=[],
+        prompt_tokens=[],
+        completion_tokens=[],
+        cached_tokens=[],
+        skip_special_tokens=[],
+        spaces_between_special_tokens=[],
+        no_stop_trim=[],
+        stop_strs=[],
+        output_token_logprobs=[],
+        output_top_logprobs=[],
+    )
+    for req in reqs:
+        start = req.sent_len
+        params = req.sampling_params
+        out.rids.append(req.rid)
+        out.new_output_ids.append(req.output_ids[start:])
+        out.finished_reasons.append(req.finished_reason)
+        out.prompt_tokens.append(len(req.origin_input_ids))
+        out.completion_tokens.append(len(req.output_ids))
+        out.cached_tokens.append(req.cached_tokens)
+        out.skip_special_tokens.append(params.skip_special_tokens)
+        out.spaces_between_special_tokens.append(params.spaces_between_special_tokens)
+        out.no_stop_trim.append(params.no_stop_trim)
+        out.stop_strs.append(list(params.stop or []))
+        if req.return_logprob:
+            out.output_token_logprobs.append(req.output_token_logprobs[start:])
+            out.output_top_logprobs.append(req.output_top_logprobs[start:] if req.top_logprobs_num else None)
+        else:
+            out.output_token_logprobs.append(None)
+            out.output_top_logprobs.append(None)
+        req.sent_len = len(req.output_ids)
+    return out

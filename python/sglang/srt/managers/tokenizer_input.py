@@ -1,0 +1,182 @@
+"""Validate, tokenize and expand a `GenerateReqInput` into per-request scheduler messages.
+
+Everything a user can get wrong is caught here and raised as a `ValueError` with a clear message
+(the HTTP layer turns it into a 400). `n > 1` expands one prompt into n requests with distinct
+rids (and seeds `seed + i` when a seed is given).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from dataclasses import dataclass, fields
+from typing import Any, Optional
+
+from sglang.srt.managers.io_struct import GenerateReqInput, SchedulerReadyInfo, new_rid
+from sglang.srt.sampling.sampling_params import SamplingParams
+
+MAX_TOP_LOGPROBS = 1024
+
+
+@dataclass
+class PreparedReq:
+    """One request ready for the scheduler, with its position in the caller's batch."""
+
+    index: int
+    rid: str
+    input_text: Optional[str]
+    input_ids: list[int]
+    sampling_params: SamplingParams
+    stream: bool
+    return_logprob: bool
+    top_logprobs_num: int
+    return_text_in_logprobs: bool
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def generate_req_from_dict(body: Any) -> GenerateReqInput:
+    """Build a GenerateReqInput from JSON; unknown keys are ignored only when their value is empty."""
+    if not isinstance(body, dict):
+        raise ValueError("the request body must be a JSON object")
+    known = {f.name for f in fields(GenerateReqInput)}
+    unknown = [k for k, v in body.items() if k not in known and v not in (None, False, [], {}, "")]
+    if unknown:
+        raise ValueError(f"unsupported request field(s): {', '.join(sorted(unknown))}")
+    return GenerateReqInput(**{k: v for k, v in body.items() if k in known})
+
+
+def check_generate_req(obj: GenerateReqInput) -> None:
+    """Type checks of the batch-level fields (before indexing into the batch)."""
+    if obj.text is None and obj.input_ids is None:
+        raise ValueError("either 'text' or 'input_ids' must be provided")
+    if obj.text is not None and obj.input_ids is not None:
+        raise ValueError("provide only one of 'text' and 'input_ids'")
+    if obj.text is not None:
+        if isinstance(obj.text, list):
+            if not obj.text:
+                raise ValueError("'text' must not be an empty list")
+            if not all(isinstance(t, str) for t in obj.text):
+                raise ValueError("'text' must be a string or a list of strings")
+        elif not isinstance(obj.text, str):
+            raise ValueError("'text' must be a string or a list of strings")
+    if obj.input_ids is not None:
+        ids = obj.input_ids
+        if not isinstance(ids, list):
+            raise ValueError("'input_ids' must be a list of token ids or a list of such lists")
+        if ids and isinstance(ids[0], list):
+            if not all(isinstance(x, list) and all(_is_int(t) for t in x) for x in ids):
+                raise ValueError("'input_ids' must be a list of token ids or a list of such lists")
+        elif not all(_is_int(t) for t in ids):
+            raise ValueError("'input_ids' must be a list of integer token ids")
+    if not isinstance(obj.stream, bool):
+        raise ValueError("'stream' must be a boolean")
+    n = obj.batch_size
+    for name in ("sampling_params", "rid", "return_logprob", "top_logprobs_num"):
+        value = getattr(obj, name)
+        if isinstance(value, list) and not obj.is_single and len(value) != n:
+            raise ValueError(f"'{name}' has {len(value)} entries but the batch has {n} prompts")
+    if isinstance(obj.sampling_params, list) and obj.is_single:
+        raise ValueError("'sampling_params' must be an object for a single prompt")
+
+
+def _check_one(req: GenerateReqInput) -> None:
+    if req.rid is not None and not isinstance(req.rid, str):
+        raise ValueError("'rid' must be a string")
+    if not isinstance(req.return_logprob, bool):
+        raise ValueError("'return_logprob' must be a boolean")
+    if not _is_int(req.top_logprobs_num) or not 0 <= req.top_logprobs_num <= MAX_TOP_LOGPROBS:
+        raise ValueError(f"'top_logprobs_num' must be an integer in [0, {MAX_TOP_LOGPROBS}]")
+
+
+def tokenize_prompt(tokenizer: Any, text: str) -> list[int]:
+    ids = tokenizer.encode(text)
+    return list(getattr(ids, "ids", ids))
+
+
+def check_input_ids(input_ids: list[int], info: SchedulerReadyInfo) -> None:
+    """Empty prompt, token ids outside the vocabulary, prompt too long for the context."""
+    if not input_ids:
+        raise ValueError("the prompt is empty")
+    for tid in input_ids:
+        if tid < 0 or tid >= info.vocab_size:
+            raise ValueError(f"token id {tid} is outside the vocabulary [0, {info.vocab_size})")
+    if len(input_ids) > info.max_req_input_len:
+        raise ValueError(
+            f"the prompt has {len(input_ids)} tokens, more than this model's maximum input length "
+            f"of {info.max_req_input_len} tokens (context length {info.context_len})"
+        )
+
+
+def parse_sampling_params(
+    raw: Optional[dict], input_len: int, info: SchedulerReadyInfo, tokenizer: Any
+) -> SamplingParams:
+    """User dict -> verified, normalized SamplingParams fitted into the context window."""
+    params = SamplingParams.from_dict(raw)
+    params.verify(info.vocab_size)
+    params.normalize(tokenizer)
+    room = info.context_len - input_len
+    if params.max_new_tokens > room:
+        explicit = isinstance(raw, dict) and raw.get("max_new_tokens") is not None
+        if explicit:
+            raise ValueError(
+                f"this model's maximum context length is {info.context_len} tokens, but "
+                f"{input_len + params.max_new_tokens} were requested ({input_len} in the prompt "
+                f"and {params.max_new_tokens} for the completion); reduce the prompt or max_new_tokens"
+            )
+        params.max_new_tokens = max(room, 0)
+        params.min_new_tokens = min(params.min_new_tokens, params.max_new_tokens)
+    return params
+
+
+def prepare_requests(
+    obj: GenerateReqInput,
+    tokenizer: Optional[Any],
+    info: SchedulerReadyInfo,
+    rids_in_use: Optional[set[str]] = None,
+) -> list[PreparedReq]:
+    """Validate and tokenize every prompt of `obj`; expand n > 1. Raises ValueError on bad input."""
+    check_generate_req(obj)
+    rids_in_use = rids_in_use or set()
+    out: list[PreparedReq] = []
+    seen: set[str] = set()
+    for i in range(obj.batch_size):
+        req = obj[i]
+        _check_one(req)
+        if req.text is not None:
+            if req.text == "":
+                raise ValueError("the prompt is empty")
+            if tokenizer is None:
+                raise ValueError("text prompts need a tokenizer (server started with --skip-tokenizer-init)")
+            input_ids = tokenize_prompt(tokenizer, req.text)
+        else:
+            input_ids = [int(t) for t in req.input_ids]
+        check_input_ids(input_ids, info)
+        raw = req.sampling_params if req.sampling_params is not None else {}
+        params = parse_sampling_params(raw, len(input_ids), info, tokenizer)
+        base_rid = req.rid if req.rid is not None else new_rid()
+        n = params.n
+        for j in range(n):
+            rid = base_rid if n == 1 else f"{base_rid}-{j}"
+            if rid in rids_in_use or rid in seen:
+                raise ValueError(f"duplicate request id {rid!r}")
+            seen.add(rid)
+            sub = dataclasses.replace(params, n=1)
+            if n > 1 and params.seed is not None:
+                sub.seed = params.seed + j
+            out.append(
+                PreparedReq(
+                    index=len(out),
+                    rid=rid,
+                    input_text=req.text,
+                    input_ids=list(input_ids),
+                    sampling_params=sub,
+                    stream=obj.stream,
+                    return_logprob=req.return_logprob,
+                    top_logprobs_num=req.top_logprobs_num,
+                    return_text_in_logprobs=obj.return_text_in_logprobs,
+                )
+            )
+    return out

@@ -1,0 +1,113 @@
+"""KV cache storage: per-layer key/value buffers indexed by KV slot."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Optional, Union
+
+import torch
+
+
+class KVPool(ABC):
+    """Storage of the KV cache for layers [start_layer, start_layer + layer_num).
+
+    Row 0 (page 0) is the padding slot; buffers hold `size + page_size` rows so that every slot
+    the allocator can hand out (1..size) is valid. `layer_id` arguments are global layer indices.
+    """
+
+    def __init__(
+        self,
+        size: int,
+        page_size: int,
+        dtype: torch.dtype,
+        layer_num: int,
+        device: Union[str, torch.device] = "cpu",
+        start_layer: int = 0,
+    ):
+        self.size = size
+        self.page_size = page_size
+        self.dtype = dtype
+        self.layer_num = layer_num
+        self.device = torch.device(device)
+        self.start_layer = start_layer
+        self.end_layer = start_layer + layer_num
+
+    def _local(self, layer_id: int) -> int:
+        if not self.start_layer <= layer_id < self.end_layer:
+            raise IndexError(f"layer {layer_id} not held by this pool [{self.start_layer}, {self.end_layer})")
+        return layer_id - self.start_layer
+
+    @abstractmethod
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor: ...
+
+    @abstractmethod
+    def get_value_buffer(self, layer_id: int) -> torch.Tensor: ...
+
+    def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.get_key_buffer(layer_id), self.get_value_buffer(layer_id)
+
+    @abstractmethod
+    def set_kv_buffer(self, layer_id: int, loc: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor) -> None: ...
+
+    @abstractmethod
+    def mem_bytes(self) -> int: ...
+
+
+class MHATokenToKVPool(KVPool):
+    """Multi-head KV cache: k_buffer[i], v_buffer[i] of shape [size + page_size, head_num, head_dim].
+
+    `v_head_dim` defaults to `head_dim` (set it for models whose value dim differs).
+    """
+
+    def __init__(
+        self,
+        size: int,
+        page_size: int,
+        dtype: torch.dtype,
+        head_num: int,
+        head_dim: int,
+        layer_num: int,
+        device: Union[str, torch.device] = "cpu",
+        start_layer: int = 0,
+        v_head_dim: Optional[int] = None,
+    ):
+        super().__init__(size, page_size, dtype, layer_num, device, start_layer)
+        self.head_num = head_num
+        self.head_dim = head_dim
+        self.v_head_dim = head_dim if v_head_dim is None else v_head_dim
+        rows = size + page_size
+        self.k_buffer = [
+            torch.zeros((rows, head_num, head_dim), dtype=dtype, device=self.device) for _ in range(layer_num)
+        ]
+        self.v_buffer = [
+            torch.zeros((rows, head_num, self.v_head_dim), dtype=dtype, device=self.device)
+            for _ in range(layer_num)
+        ]
+
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        return self.k_buffer[self._local(layer_id)]
+
+    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
+        return self.v_buffer[self._local(layer_id)]
+
+    def set_kv_buffer(self, layer_id: int, loc: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor) -> None:
+        """Write K/V of tokens to slots `loc`; inputs may be [n, H, D] or [n, H*D], any float dtype."""
+        i = self._local(layer_id)
+        n = cache_k.shape[0]
+        k = cache_k.reshape(n, self.head_num, self.head_dim).to(self.dtype)
+        v = cache_v.reshape(n, self.head_num, self.v_head_dim).to(self.dtype)
+        loc = loc.to(device=self.device, dtype=torch.int64)
+        self.k_buffer[i][loc] = k
+        self.v_buffer[i][loc] = v
+
+    def mem_bytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in (*self.k_buffer, *self.v_buffer))
+
+    @staticmethod
+    def cell_size_bytes(
+        head_num: int, head_dim: int, layer_num: int, dtype: torch.dtype, v_head_dim: Optional[int] = None
+    ) -> int:
+        """Bytes of K + V per token across `layer_num` layers (for sizing the pool)."""
+        v_dim = head_dim if v_head_dim is None else v_head_dim
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        return head_num * (head_dim + v_dim) * layer_num * itemsize

@@ -1,0 +1,298 @@
+"""Llama-family decoder-only models: Llama / SmolLM, Qwen2 (qkv bias), Qwen3 (q/k RMSNorm).
+
+Wiring only: every block is a shared layer. Tensor parallelism: attention projections are sharded
+over `groups.attn_tp`, the MLP, embedding and LM head over `groups.tp` (the two are the same group
+until attention DP / CP are enabled). Pipeline parallelism: `model.layers` is indexed by global
+layer id, this stage's layers are [start_layer, end_layer) and the others are placeholders.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable, Optional, Union
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig
+
+from sglang.srt.distributed.parallel_state import GroupCoordinator, ParallelGroups, optional_groups
+from sglang.srt.layers.activation import SiluAndMul
+from sglang.srt.layers.attention.radix_attention import RadixAttention
+from sglang.srt.layers.layernorm import RMSNorm
+from sglang.srt.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
+from sglang.srt.layers.rotary import RotaryEmbedding, get_rope
+from sglang.srt.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
+from sglang.srt.model_executor.forward_batch import ForwardBatch, PPProxyTensors
+from sglang.srt.models.utils import PPMissingLayer, make_layers, pp_layer_range
+
+# checkpoint name piece -> (fused parameter piece, shard id)
+_STACKED_PARAMS: list[tuple[str, str, Union[int, str]]] = [
+    (".q_proj.", ".qkv_proj.", "q"),
+    (".k_proj.", ".qkv_proj.", "k"),
+    (".v_proj.", ".qkv_proj.", "v"),
+    (".gate_proj.", ".gate_up_proj.", 0),
+    (".up_proj.", ".gate_up_proj.", 1),
+]
+_LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+def _head_dim(config: PretrainedConfig) -> int:
+    return int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int, tp: GroupCoordinator, dtype: torch.dtype, bias: bool):
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2, bias, tp, dtype)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias, tp, dtype)
+        self.act_fn = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class LlamaAttention(nn.Module):
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        layer_id: int,
+        tp: GroupCoordinator,
+        dtype: torch.dtype,
+        qkv_bias: bool,
+        o_bias: bool,
+        qk_norm: bool,
+    ):
+        super().__init__()
+        head_dim = _head_dim(config)
+        num_heads = config.num_attention_heads
+        num_kv_heads = getattr(config, "num_key_value_heads", None) or num_heads
+        self.qkv_proj = QKVParallelLinear(config.hidden_size, head_dim, num_heads, num_kv_heads, qkv_bias, tp, dtype)
+        self.o_proj = RowParallelLinear(num_heads * head_dim, config.hidden_size, o_bias, tp, dtype)
+        self.num_heads = self.qkv_proj.num_heads
+        self.num_kv_heads = self.qkv_proj.num_kv_heads
+        self.head_dim = head_dim
+        self.q_size = self.qkv_proj.q_size
+        self.kv_size = self.qkv_proj.kv_size
+        if qk_norm:
+            self.q_norm: Optional[RMSNorm] = RMSNorm(head_dim, config.rms_norm_eps, dtype)
+            self.k_norm: Optional[RMSNorm] = RMSNorm(head_dim, config.rms_norm_eps, dtype)
+        else:
+            self.q_norm = self.k_norm = None
+        self.attn = RadixAttention(self.num_heads, head_dim, head_dim**-0.5, self.num_kv_heads, layer_id)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        rotary: RotaryEmbedding,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        forward_batch: ForwardBatch,
+    ) -> torch.Tensor:
+        qkv = self.qkv_proj(hidden_states)
+        n, qk_size = qkv.shape[0], self.q_size + self.kv_size
+        v = qkv[:, qk_size:]
+        if self.q_norm is None:
+            # rotate q and k together: one set of rope ops per layer
+            qk = rotary.apply(qkv[:, :qk_size].view(n, self.num_heads + self.num_kv_heads, self.head_dim), cos, sin)
+            q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
+        else:
+            q = self.q_norm(qkv[:, : self.q_size].view(n, self.num_heads, self.head_dim))
+            k = self.k_norm(qkv[:, self.q_size : qk_size].view(n, self.num_kv_heads, self.head_dim))
+            q, k = rotary.apply(q, cos, sin), rotary.apply(k, cos, sin)
+        return self.o_proj(self.attn(q, k, v, forward_batch))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        layer_id: int,
+        groups: ParallelGroups,
+        dtype: torch.dtype,
+        qkv_bias: bool,
+        qk_norm: bool,
+    ):
+        super().__init__()
+        self.layer_id = layer_id
+        o_bias = bool(getattr(config, "attention_bias", False))
+        self.self_attn = LlamaAttention(config, layer_id, groups.attn_tp, dtype, qkv_bias, o_bias, qk_norm)
+        mlp_bias = bool(getattr(config, "mlp_bias", False))
+        self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, groups.tp, dtype, mlp_bias)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        residual: Optional[torch.Tensor],
+        rotary: RotaryEmbedding,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        forward_batch: ForwardBatch,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states = self.self_attn(hidden_states, rotary, cos, sin, forward_batch)
+        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+        return self.mlp(hidden_states), residual
+
+
+class LlamaModel(nn.Module):
+    """Embedding (first stage), decoder layers [start_layer, end_layer), final norm (last stage)."""
+
+    def __init__(
+        self, config: PretrainedConfig, groups: ParallelGroups, dtype: torch.dtype, qkv_bias: bool, qk_norm: bool
+    ):
+        super().__init__()
+        self.config = config
+        self.pp_first, self.pp_last = groups.pp.is_first, groups.pp.is_last
+        n = config.num_hidden_layers
+        self.start_layer, self.end_layer = pp_layer_range(n, groups.pp.rank, groups.pp.size)
+        if self.pp_first:
+            self.embed_tokens: nn.Module = VocabParallelEmbedding(config.vocab_size, config.hidden_size, groups.tp, dtype)
+        else:
+            self.embed_tokens = PPMissingLayer()
+        self.rotary_emb = get_rope(config, _head_dim(config), dtype)
+        self.layers = make_layers(
+            n,
+            lambda i: LlamaDecoderLayer(config, i, groups, dtype, qkv_bias, qk_norm),
+            self.start_layer,
+            self.end_layer,
+        )
+        self.norm: nn.Module = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype) if self.pp_last else PPMissingLayer()
+        # plain list for the hot loop (ModuleList indexing is slower); modules stay registered above
+        self._stage_layers: list[LlamaDecoderLayer] = list(self.layers)[self.start_layer : self.end_layer]
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        forward_batch: ForwardBatch,
+        pp_proxy_tensors: Optional[PPProxyTensors] = None,
+    ) -> Union[torch.Tensor, PPProxyTensors]:
+        if self.pp_first:
+            hidden_states, residual = self.embed_tokens(input_ids), None
+        else:
+            if pp_proxy_tensors is None:
+                raise ValueError("a non-first pipeline stage needs pp_proxy_tensors")
+            hidden_states, residual = pp_proxy_tensors["hidden_states"], pp_proxy_tensors["residual"]
+        rotary = self.rotary_emb
+        cos, sin = rotary.cos_sin(positions)
+        for layer in self._stage_layers:
+            hidden_states, residual = layer(hidden_states, residual, rotary, cos, sin, forward_batch)
+        if not self.pp_last:
+            return PPProxyTensors({"hidden_states": hidden_states, "residual": residual})
+        if residual is None:  # a stage without layers
+            return self.norm(hidden_states)
+        hidden_states, _ = self.norm(hidden_states, residual)
+        return hidden_states
+
+
+class LlamaForCausalLM(nn.Module):
+    """Causal LM head over LlamaModel. `forward` returns logits on the last pipeline stage and
+    `PPProxyTensors` on the others."""
+
+    force_qkv_bias: bool = False
+    use_qk_norm: bool = False
+
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        groups: Optional[ParallelGroups] = None,
+        dtype: torch.dtype = torch.float32,
+    ):
+        super().__init__()
+        groups = optional_groups(groups)
+        self.config = config
+        self.groups = groups
+        self.dtype = dtype
+        qkv_bias = self.force_qkv_bias or bool(getattr(config, "attention_bias", False))
+        self.model = LlamaModel(config, groups, dtype, qkv_bias, self.use_qk_norm)
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        if groups.pp.is_last:
+            self.lm_head: nn.Module = ParallelLMHead(config.vocab_size, config.hidden_size, groups.tp, dtype)
+            if self.tie_word_embeddings and groups.pp.is_first:
+                self.lm_head.tie_to(self.model.embed_tokens)
+        else:
+            self.lm_head = PPMissingLayer()
+        self.logits_processor = LogitsProcessor(config.vocab_size)
+
+    @property
+    def start_layer(self) -> int:
+        return self.model.start_layer
+
+    @property
+    def end_layer(self) -> int:
+        return self.model.end_layer
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch
+    ) -> Union[LogitsProcessorOutput, PPProxyTensors]:
+        out = self.model(input_ids, positions, forward_batch, forward_batch.pp_proxy_tensors)
+        if isinstance(out, PPProxyTensors):
+            return out
+        return self.logits_processor(out, self.lm_head, forward_batch)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Load HF-named tensors (full, unsharded); returns the names of the parameters filled."""
+        params = dict(self.named_parameters())  # a tied head shares (and is listed as) the embedding
+        separate_head = "lm_head.weight" in params
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            if "rotary_emb.inv_freq" in name:
+                continue
+            m = _LAYER_RE.match(name)
+            if m and not self.start_layer <= int(m.group(1)) < self.end_layer:
+                continue  # a layer of another pipeline stage
+            if name == "lm_head.weight" and self.tie_word_embeddings:
+                continue  # tied: the head is the embedding weight
+            if name == "model.embed_tokens.weight" and self.tie_word_embeddings and separate_head:
+                self._load_param(params, "lm_head.weight", tensor, None, loaded)  # last stage, no embedding
+            if name in ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight") and name not in params:
+                continue  # held by another pipeline stage
+            for ckpt_piece, fused_piece, shard_id in _STACKED_PARAMS:
+                if ckpt_piece in name:
+                    self._load_param(params, name.replace(ckpt_piece, fused_piece), tensor, shard_id, loaded)
+                    break
+            else:
+                self._load_param(params, name, tensor, None, loaded)
+        return loaded
+
+    @staticmethod
+    def _load_param(
+        params: dict[str, nn.Parameter],
+        name: str,
+        tensor: torch.Tensor,
+        shard_id: Union[int, str, None],
+        loaded: set[str],
+    ) -> None:
+        param = params.get(name)
+        if param is None:
+            raise ValueError(f"checkpoint tensor {name!r} matches no model parameter")
+        loader = getattr(param, "weight_loader", None)
+        if loader is not None:
+            loader(param, tensor, shard_id) if shard_id is not None else loader(param, tensor)
+        else:
+            if tuple(param.shape) != tuple(tensor.shape):
+                raise ValueError(f"{name}: shape mismatch, model {tuple(param.shape)} vs checkpoint {tuple(tensor.shape)}")
+            param.data.copy_(tensor)
+        loaded.add(name)
+
+
+class Qwen2ForCausalLM(LlamaForCausalLM):
+    """Qwen2: Llama with biases on q/k/v (not on o_proj)."""
+
+    force_qkv_bias = True
+
+
+class Qwen3ForCausalLM(LlamaForCausalLM):
+    """Qwen3: Llama with a per-head RMSNorm on q and k before rope; head_dim comes from the config."""
+
+    use_qk_norm = True
+
+
+EntryClass = [LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM]

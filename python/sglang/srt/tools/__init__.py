@@ -1,0 +1,1 @@
+"""Command-line helpers (`python -m sglang.srt.tools.<name>`)."""

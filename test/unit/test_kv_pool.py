@@ -1,0 +1,68 @@
+import pytest
+import torch
+
+from sglang.srt.mem_cache.kv_pool import KVPool, MHATokenToKVPool
+
+
+def test_base_is_abstract():
+    with pytest.raises(TypeError):
+        KVPool(8, 1, torch.float32, 1)  # type: ignore[abstract]
+
+
+def test_buffer_shapes_and_mem_bytes():
+    pool = MHATokenToKVPool(size=16, page_size=4, dtype=torch.float32, head_num=2, head_dim=8, layer_num=3)
+    assert len(pool.k_buffer) == len(pool.v_buffer) == 3
+    for i in range(3):
+        k, v = pool.get_kv_buffer(i)
+        assert k.shape == (20, 2, 8) and v.shape == (20, 2, 8)
+        assert k.dtype == torch.float32
+        assert k is pool.get_key_buffer(i) and v is pool.get_value_buffer(i)
+    cell = MHATokenToKVPool.cell_size_bytes(2, 8, 3, torch.float32)
+    assert cell == 2 * 8 * 2 * 3 * 4
+    assert pool.mem_bytes() == cell * 20
+    assert MHATokenToKVPool.cell_size_bytes(2, 8, 3, torch.bfloat16) == cell // 2
+
+
+def test_set_kv_buffer_writes_and_casts():
+    pool = MHATokenToKVPool(8, 1, torch.bfloat16, head_num=2, head_dim=4, layer_num=2)
+    loc = torch.tensor([3, 1, 7])
+    k = torch.randn(3, 2, 4, dtype=torch.float32)
+    v = torch.randn(3, 8, dtype=torch.float32)  # flat [n, H*D] is accepted too
+    pool.set_kv_buffer(1, loc, k, v)
+    kb, vb = pool.get_kv_buffer(1)
+    assert kb.dtype == torch.bfloat16
+    torch.testing.assert_close(kb[loc].float(), k.to(torch.bfloat16).float())
+    torch.testing.assert_close(vb[loc].float(), v.view(3, 2, 4).to(torch.bfloat16).float())
+    # Other slots and the other layer untouched.
+    assert kb[0].abs().sum() == 0 and kb[2].abs().sum() == 0
+    assert pool.get_key_buffer(0).abs().sum() == 0
+
+
+def test_start_layer_uses_global_ids():
+    pool = MHATokenToKVPool(4, 1, torch.float32, 1, 2, layer_num=2, start_layer=5)
+    pool.set_kv_buffer(6, torch.tensor([1]), torch.ones(1, 1, 2), torch.full((1, 1, 2), 2.0))
+    assert pool.k_buffer[1][1].tolist() == [[1.0, 1.0]]
+    assert pool.get_value_buffer(6)[1].tolist() == [[2.0, 2.0]]
+    with pytest.raises(IndexError):
+        pool.get_key_buffer(4)
+    with pytest.raises(IndexError):
+        pool.get_key_buffer(7)
+
+
+def test_v_head_dim():
+    pool = MHATokenToKVPool(4, 1, torch.float32, 2, 8, 1, v_head_dim=4)
+    assert pool.get_value_buffer(0).shape == (5, 2, 4)
+    assert MHATokenToKVPool.cell_size_bytes(2, 8, 1, torch.float32, v_head_dim=4) == 2 * 12 * 4
+    assert pool.mem_bytes() == 5 * 2 * 12 * 4
+
+
+def test_mem_cache_layering():
+    """mem_cache must not import from managers/ or models/."""
+    import pathlib
+    import re
+
+    import sglang.srt.mem_cache as pkg
+
+    for path in pathlib.Path(pkg.__file__).parent.glob("*.py"):
+        text = path.read_text()
+        assert not re.search(r"sglang\.srt\.(managers|models)\b", text), path.name
