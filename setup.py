@@ -27,7 +27,7 @@ setup(
     description="Clean-room SGLang-compatible serving engine with PP x CP event loops",
     package_dir={"": "python"},
     packages=find_packages("python"),
-    package_data={"sglang": ["test_assets/**/*"]},
+    package_data={"sglang": ["test/assets/*/*"]},
     include_package_data=True,
     python_requires=">=3.10",
     install_requires=INSTALL_REQUIRES,

@@ -31,6 +31,7 @@ def cached_hf_dir(gguf_path: str, cache_root: str = CACHE_ROOT) -> str:
     tmp = tempfile.mkdtemp(prefix=".convert-", dir=cache_root)
     try:
         gguf_to_hf_dir(gguf_path, tmp, dtype="float32")
+        os.chmod(tmp, 0o755)  # mkdtemp makes it private
         try:
             os.rename(tmp, out_dir)  # atomic publish; a concurrent writer may have won
         except OSError:

@@ -16,6 +16,7 @@ import transformers
 
 logger = logging.getLogger(__name__)
 
+DUMMY_PREFIX = "dummy:"
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "float": torch.float32,
@@ -86,6 +87,8 @@ class ModelConfig:
         device: str = "cpu",
         trust_remote_code: bool = False,
     ):
+        if model_path.startswith(DUMMY_PREFIX):  # `dummy:<path>`: random weights, config of <path>
+            model_path = model_path[len(DUMMY_PREFIX) :]
         self.model_path = model_path
         self.load_format = load_format
         self.device = device

@@ -42,6 +42,11 @@ def _copy_checked(dst: torch.Tensor, src: torch.Tensor, name: str) -> None:
     dst.copy_(src)
 
 
+def _check_full(loaded: torch.Tensor, dim: int, expected: int, name: str) -> None:
+    if loaded.dim() <= dim or loaded.shape[dim] != expected:
+        raise ValueError(f"{name}: shape mismatch, checkpoint {tuple(loaded.shape)} needs size {expected} in dim {dim}")
+
+
 def default_weight_loader(param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: ShardId = None) -> None:
     """Copy a full tensor into an unsharded parameter (shapes must match)."""
     if shard_id is not None:
@@ -118,6 +123,7 @@ class ColumnParallelLinear(LinearBase):
         if shard_id is not None:
             raise ValueError(f"ColumnParallelLinear takes no shard_id, got {shard_id!r}")
         n = param.shape[0]
+        _check_full(loaded_weight, 0, n * self.tp_size, "column-parallel")
         _copy_checked(param.data, loaded_weight.narrow(0, self.tp_rank * n, n), "column-parallel")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -156,6 +162,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         n = self.local_sizes[shard_id]
         offset = sum(self.local_sizes[:shard_id])
         dst = param.data.narrow(0, offset, n)
+        _check_full(loaded_weight, 0, self.output_sizes[shard_id], f"merged shard {shard_id}")
         _copy_checked(dst, loaded_weight.narrow(0, self.tp_rank * n, n), f"merged shard {shard_id}")
 
 
@@ -202,12 +209,14 @@ class QKVParallelLinear(ColumnParallelLinear):
                 self.weight_loader(param, part, sid)
             return
         if shard_id == "q":
-            offset, n, rank = 0, self.q_size, self.tp_rank
+            offset, n, rank, heads = 0, self.q_size, self.tp_rank, self.total_num_heads
         elif shard_id in ("k", "v"):
             offset = self.q_size + (self.kv_size if shard_id == "v" else 0)
             n, rank = self.kv_size, self.tp_rank // self.num_kv_head_replicas
+            heads = self.total_num_kv_heads
         else:
             raise ValueError(f"QKV shard_id must be 'q', 'k' or 'v', got {shard_id!r}")
+        _check_full(loaded_weight, 0, heads * self.head_size, f"qkv shard {shard_id}")
         dst = param.data.narrow(0, offset, n)
         _copy_checked(dst, loaded_weight.narrow(0, rank * n, n), f"qkv shard {shard_id}")
 
@@ -240,6 +249,7 @@ class RowParallelLinear(LinearBase):
             _copy_checked(param.data, loaded_weight, "row-parallel bias")
             return
         n = param.shape[1]
+        _check_full(loaded_weight, 1, n * self.tp_size, "row-parallel")
         _copy_checked(param.data, loaded_weight.narrow(1, self.tp_rank * n, n), "row-parallel")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -275,7 +275,10 @@ class LlamaForCausalLM(nn.Module):
             raise ValueError(f"checkpoint tensor {name!r} matches no model parameter")
         loader = getattr(param, "weight_loader", None)
         if loader is not None:
-            loader(param, tensor, shard_id) if shard_id is not None else loader(param, tensor)
+            if shard_id is None:
+                loader(param, tensor)
+            else:
+                loader(param, tensor, shard_id)
         else:
             if tuple(param.shape) != tuple(tensor.shape):
                 raise ValueError(f"{name}: shape mismatch, model {tuple(param.shape)} vs checkpoint {tuple(tensor.shape)}")

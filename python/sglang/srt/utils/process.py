@@ -145,3 +145,13 @@ def watch_parent(
     thread = threading.Thread(target=loop, name="parent-watch", daemon=True)
     thread.start()
     return thread
+
+
+def kill_itself_when_parent_died(interval: float = 0.5) -> None:
+    """Make this process (and its children) exit when its parent process dies.
+
+    Safe to call more than once: only the first call starts the watcher thread.
+    """
+    if any(t.name == "parent-watch" for t in threading.enumerate()):
+        return
+    watch_parent(interval=interval)

@@ -42,6 +42,7 @@ def get_attention_backend_class(name: str) -> type[AttentionBackend]:
     raise ValueError(f"unknown attention backend {name!r}; choices: {attention_backend_choices()}")
 
 
-def create_attention_backend(name: str, **kwargs: Any) -> AttentionBackend:
-    """Instantiate the backend registered under `name`."""
-    return get_attention_backend_class(name)(**kwargs)
+def create_attention_backend(name: str, *args: Any, **kwargs: Any) -> AttentionBackend:
+    """Instantiate the backend registered under `name` (arguments go to its constructor,
+    conventionally the ModelRunner)."""
+    return get_attention_backend_class(name)(*args, **kwargs)

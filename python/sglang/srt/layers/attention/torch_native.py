@@ -150,8 +150,8 @@ class TorchNativeAttnBackend(AttentionBackend):
 
     name = "torch_native"
 
-    def __init__(self, **_: object):
-        pass
+    def __init__(self, model_runner: object = None, **_: object):
+        """Stateless: everything per batch lives in `forward_batch.attn_metadata`."""
 
     def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
         if forward_batch.forward_mode.is_idle() or forward_batch.batch_size == 0:

@@ -1,0 +1,186 @@
+"""Start the scheduler and detokenizer processes, wait until they are ready, watch them.
+
+Used by both the offline `Engine` and the HTTP server. Children are started with the spawn
+context, watch their parent (they exit when it dies) and are stopped with `ChildProcesses.terminate`.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import threading
+import traceback
+from multiprocessing.connection import wait as mp_wait
+from typing import Any, Callable, Optional
+
+from sglang.srt.managers.io_struct import SchedulerReadyInfo
+from sglang.srt.server_args import PortArgs, ServerArgs
+from sglang.srt.utils.process import kill_itself_when_parent_died, kill_process_tree
+
+logger = logging.getLogger(__name__)
+
+READY_POLL_S = 0.5
+TERMINATE_GRACE_S = 5.0
+
+
+# ---------------------------------------------------------------------------- child entries
+def _scheduler_entry(
+    server_args: ServerArgs,
+    port_args: PortArgs,
+    rank: int,
+    pipe_writer: Any,
+    entry: Optional[Callable[..., None]] = None,
+) -> None:
+    """Scheduler process: die with the parent, then run the scheduler (or a test double)."""
+    from sglang.srt.utils.process import configure_logger
+
+    configure_logger(server_args.log_level, f"Scheduler rank {rank}")
+    kill_itself_when_parent_died()
+    try:
+        if entry is None:
+            from sglang.srt.managers.scheduler import run_scheduler_process as entry
+    except Exception:
+        pipe_writer.send({"status": "error", "error": traceback.format_exc()})
+        raise
+    entry(server_args, port_args, rank, pipe_writer)
+
+
+def _detokenizer_entry(server_args: ServerArgs, port_args: PortArgs) -> None:
+    kill_itself_when_parent_died()
+    from sglang.srt.managers.detokenizer_manager import run_detokenizer_process
+
+    run_detokenizer_process(server_args, port_args)
+
+
+# ---------------------------------------------------------------------------- process set
+class ChildProcesses:
+    """The processes of one engine: watchdog and clean termination."""
+
+    def __init__(self, port_args: PortArgs):
+        self.port_args = port_args
+        self.procs: list[tuple[str, mp.process.BaseProcess]] = []
+        self.stopping = False
+        self.watchdog: Optional[threading.Thread] = None
+
+    def add(self, name: str, proc: mp.process.BaseProcess) -> None:
+        self.procs.append((name, proc))
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for _, p in self.procs if p.pid is not None]
+
+    def dead(self) -> list[tuple[str, mp.process.BaseProcess]]:
+        return [(n, p) for n, p in self.procs if p.exitcode is not None]
+
+    def start_watchdog(self, on_death: Callable[[str], None]) -> None:
+        """Call `on_death(message)` (once, from a daemon thread) if any child exits unexpectedly."""
+
+        def loop() -> None:
+            while not self.stopping:
+                sentinels = [p.sentinel for _, p in self.procs]
+                mp_wait(sentinels, timeout=1.0)
+                if self.stopping:
+                    return
+                dead = self.dead()
+                if dead:
+                    name, proc = dead[0]
+                    message = f"{name} process (pid {proc.pid}) exited unexpectedly with code {proc.exitcode}"
+                    logger.error(message)
+                    on_death(message)
+                    return
+
+        self.watchdog = threading.Thread(target=loop, name="child-watchdog", daemon=True)
+        self.watchdog.start()
+
+    def terminate(self, grace_s: float = TERMINATE_GRACE_S) -> None:
+        """SIGTERM every child (and its descendants), SIGKILL what is left after `grace_s`."""
+        self.stopping = True
+        for _, proc in self.procs:
+            if proc.pid is not None and proc.exitcode is None:
+                kill_process_tree(proc.pid, include_self=True, sig=signal.SIGTERM)
+        for _, proc in self.procs:
+            proc.join(timeout=grace_s)
+            if proc.exitcode is None and proc.pid is not None:
+                kill_process_tree(proc.pid, include_self=True, sig=signal.SIGKILL)
+                proc.join(timeout=grace_s)
+        ipc_dir = _ipc_dir(self.port_args)
+        if ipc_dir:
+            shutil.rmtree(ipc_dir, ignore_errors=True)
+
+
+def _ipc_dir(port_args: PortArgs) -> Optional[str]:
+    path = port_args.tokenizer_ipc_name
+    if path.startswith("ipc://"):
+        return os.path.dirname(path[len("ipc://") :])
+    return None
+
+
+# ---------------------------------------------------------------------------- launch
+def _wait_ready(reader: Any, proc: mp.process.BaseProcess, name: str) -> SchedulerReadyInfo:
+    while not reader.poll(READY_POLL_S):
+        if proc.exitcode is not None and not reader.poll(0):
+            raise RuntimeError(f"{name} process exited with code {proc.exitcode} before it was ready")
+    try:
+        msg = reader.recv()
+    except EOFError:
+        raise RuntimeError(f"{name} process exited with code {proc.exitcode} before it was ready") from None
+    if not isinstance(msg, dict) or msg.get("status") != "ready":
+        error = msg.get("error") if isinstance(msg, dict) else repr(msg)
+        raise RuntimeError(f"{name} failed to start:\n{error}")
+    return msg["info"]
+
+
+def launch_processes(
+    server_args: ServerArgs,
+    port_args: Optional[PortArgs] = None,
+    scheduler_entry: Optional[Callable[..., None]] = None,
+) -> tuple[ChildProcesses, SchedulerReadyInfo, Optional[Any]]:
+    """Start the scheduler rank(s) and the detokenizer; return them, rank 0's info and the tokenizer.
+
+    Raises RuntimeError with the child's error text when a child fails to start (the other
+    children are stopped first).
+    """
+    port_args = port_args or PortArgs.init_new(server_args)
+    ctx = mp.get_context("spawn")
+    children = ChildProcesses(port_args)
+    readers = []
+    try:
+        num_ranks = 1  # one scheduler per rank; tp/pp fill this loop in later
+        for rank in range(num_ranks):
+            reader, writer = ctx.Pipe(duplex=False)
+            proc = ctx.Process(
+                target=_scheduler_entry,
+                args=(server_args, port_args, rank, writer, scheduler_entry),
+                name=f"sglang-scheduler-{rank}",
+                daemon=False,
+            )
+            proc.start()
+            writer.close()  # so that recv() sees EOF if the child dies
+            children.add(f"Scheduler rank {rank}", proc)
+            readers.append((reader, proc, f"Scheduler rank {rank}"))
+        detok = ctx.Process(
+            target=_detokenizer_entry, args=(server_args, port_args), name="sglang-detokenizer", daemon=False
+        )
+        detok.start()
+        children.add("Detokenizer", detok)
+
+        tokenizer = None
+        if not server_args.skip_tokenizer_init:
+            from sglang.srt.utils.hf_transformers_utils import get_tokenizer
+
+            tokenizer = get_tokenizer(server_args.tokenizer_path)
+        infos = [_wait_ready(reader, proc, name) for reader, proc, name in readers]
+        dead = children.dead()
+        if dead:
+            name, proc = dead[0]
+            raise RuntimeError(f"{name} process exited with code {proc.exitcode} during start-up")
+    except BaseException:
+        children.terminate(grace_s=2.0)
+        raise
+    finally:
+        for reader, _, _ in readers:
+            reader.close()
+    return children, infos[0], tokenizer

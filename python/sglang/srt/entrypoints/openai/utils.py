@@ -1,0 +1,117 @@
+"""Helpers shared by the OpenAI serving classes and the native HTTP routes: errors, SSE, usage."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
+
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ValidationError
+
+from sglang.srt.entrypoints.openai.protocol import ErrorBody, ErrorResponse, PromptTokensDetails, UsageInfo
+
+SSE_DONE = "data: [DONE]\n\n"
+ALWAYS_ACCEPTED_MODEL_NAMES = ("default",)
+
+
+class OpenAIError(Exception):
+    """An error to report to the client with an HTTP status and an OpenAI error type."""
+
+    def __init__(self, message: str, status: int = 400, err_type: str = "BadRequestError", param: Optional[str] = None):
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.err_type = err_type
+        self.param = param
+
+
+def error_body(message: str, status: int = 400, err_type: str = "BadRequestError", param: Optional[str] = None) -> dict:
+    return ErrorResponse(error=ErrorBody(message=message, type=err_type, param=param, code=status)).model_dump()
+
+
+def error_response(message: str, status: int = 400, err_type: str = "BadRequestError", param: Optional[str] = None) -> JSONResponse:
+    return JSONResponse(error_body(message, status, err_type, param), status_code=status)
+
+
+def from_error(err: OpenAIError) -> JSONResponse:
+    return error_response(err.message, err.status, err.err_type, err.param)
+
+
+def validation_message(err: ValidationError) -> str:
+    """A short, readable summary of a pydantic ValidationError."""
+    parts = []
+    for e in err.errors()[:5]:
+        loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body")
+        parts.append(f"{loc}: {e.get('msg')}" if loc else str(e.get("msg")))
+    return "invalid request: " + "; ".join(parts)
+
+
+def parse_model(model_cls: type[BaseModel], body: Any) -> Any:
+    """Validate a JSON body into `model_cls`; raise OpenAIError(400) on bad input."""
+    if not isinstance(body, dict):
+        raise OpenAIError("the request body must be a JSON object")
+    try:
+        return model_cls.model_validate(body)
+    except ValidationError as err:
+        raise OpenAIError(validation_message(err)) from None
+
+
+def check_model_name(requested: Optional[str], served_model_name: str, model_path: str) -> None:
+    """404 unless the model is the one served (or omitted / SGLang's 'default')."""
+    if not requested:
+        return
+    accepted = {served_model_name, model_path, model_path.rstrip("/").split("/")[-1], *ALWAYS_ACCEPTED_MODEL_NAMES}
+    if requested not in accepted:
+        raise OpenAIError(
+            f"The model `{requested}` does not exist. This server serves `{served_model_name}`.",
+            status=404,
+            err_type="NotFoundError",
+            param="model",
+        )
+
+
+def sse(data: Any) -> str:
+    """One server-sent event (`data: <json>\\n\\n`)."""
+    if isinstance(data, BaseModel):
+        text = data.model_dump_json(exclude_none=True)
+    else:
+        text = json.dumps(data, ensure_ascii=False)
+    return f"data: {text}\n\n"
+
+
+def finish_reason_of(reason: Optional[dict]) -> tuple[Optional[str], Optional[Any]]:
+    """SGLang finished_reason dict -> (OpenAI finish_reason, matched stop)."""
+    if reason is None:
+        return None, None
+    kind = reason.get("type")
+    if kind == "stop":
+        return "stop", reason.get("matched")
+    if kind == "length":
+        return "length", None
+    if kind == "abort":
+        return "abort", None
+    return str(kind), None
+
+
+def make_usage(outs: list[dict], n: int) -> UsageInfo:
+    """Usage over SGLang outputs ordered prompt-major (index = prompt * n + sample)."""
+    prompt_tokens = 0
+    cached_tokens = 0
+    completion_tokens = 0
+    for i, out in enumerate(outs):
+        meta = out["meta_info"]
+        if i % max(n, 1) == 0:
+            prompt_tokens += meta["prompt_tokens"]
+            cached_tokens += meta.get("cached_tokens", 0)
+        completion_tokens += meta["completion_tokens"]
+    return UsageInfo(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
+    )
+
+
+def check_logprobs_num(value: Optional[int], name: str, limit: int) -> None:
+    if value is not None and not 0 <= value <= limit:
+        raise OpenAIError(f"{name} must be between 0 and {limit}, got {value}", param=name)

@@ -1,0 +1,385 @@
+"""TokenizerManager: the main-process, asyncio side of the engine.
+
+It validates and tokenizes requests (`tokenizer_input.prepare_requests`), sends them to the
+scheduler, receives incremental text from the detokenizer and turns it into SGLang-shaped results:
+`{"text", "output_ids", "meta_info": {...}}` with cumulative `text` and `output_ids`.
+
+One TokenizerManager lives in one event loop: its receive socket and the task that reads it are
+created on the loop of the first call (`_ensure_started`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Optional, Union
+
+import zmq
+import zmq.asyncio
+
+from sglang.srt.managers.io_struct import (
+    AbortReq,
+    BatchStrOut,
+    FlushCacheReqInput,
+    FlushCacheReqOutput,
+    GenerateReqInput,
+    GetInternalStateReqInput,
+    GetInternalStateReqOutput,
+    SchedulerReadyInfo,
+    TokenizedGenerateReqInput,
+)
+from sglang.srt.managers.tokenizer_input import PreparedReq, prepare_requests
+from sglang.srt.server_args import PortArgs, ServerArgs
+
+logger = logging.getLogger(__name__)
+
+DISCONNECT_POLL_S = 1.0
+CONTROL_TIMEOUT_S = 60.0
+
+
+@dataclass
+class ReqState:
+    """Accumulated output of one running request (owned by the TokenizerManager's loop)."""
+
+    req: PreparedReq
+    call: "GenerateCall"
+    created_time: float = field(default_factory=time.time)
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+    text: str = ""
+    output_ids: list[int] = field(default_factory=list)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    finished_reason: Optional[dict] = None
+    finished: bool = False
+    finished_time: Optional[float] = None
+    output_token_logprobs: list = field(default_factory=list)
+    output_top_logprobs: list = field(default_factory=list)
+    # How much has been handed to the consumer already.
+    yielded_text: int = 0
+    yielded_ids: int = 0
+    yielded_logprobs: int = 0
+    yielded_finished: bool = False
+
+
+@dataclass
+class GenerateCall:
+    """All requests of one generate call and the queue that tells which of them progressed."""
+
+    obj: GenerateReqInput
+    reqs: list[PreparedReq]
+    states: list[ReqState] = field(default_factory=list)
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    # One batch entry expands to several requests when n > 1 (the result is then a list).
+    is_single: bool = True
+
+
+@dataclass
+class ReqChunk:
+    """One streaming update of one request: the SGLang dict plus what is new in it."""
+
+    index: int
+    rid: str
+    out: dict
+    delta_text: str
+    delta_output_ids: list[int]
+    logprob_start: int  # first new entry of output_token_logprobs / output_top_logprobs
+    finished: bool
+
+
+class TokenizerManager:
+    """Tokenizes requests, talks to the scheduler over ZMQ and assembles results."""
+
+    def __init__(
+        self,
+        server_args: ServerArgs,
+        port_args: PortArgs,
+        scheduler_info: SchedulerReadyInfo,
+        tokenizer: Optional[Any] = None,
+    ):
+        self.server_args = server_args
+        self.port_args = port_args
+        self.scheduler_info = scheduler_info
+        self.tokenizer = tokenizer
+        self.context = zmq.asyncio.Context(2)
+        self.send_to_scheduler = self.context.socket(zmq.PUSH)
+        self.send_to_scheduler.connect(port_args.scheduler_input_ipc_name)
+        self.recv_socket: Optional[zmq.asyncio.Socket] = None
+        self.loop: Optional[asyncio.AbstractEventLoop] = None
+        self.handle_task: Optional[asyncio.Task] = None
+        self.rid_to_state: dict[str, ReqState] = {}
+        self.rid_children: dict[str, list[str]] = {}
+        self.control_lock: Optional[asyncio.Lock] = None
+        self.flush_waiters: list[asyncio.Future] = []
+        self.state_waiters: list[asyncio.Future] = []
+        self.dead_message: Optional[str] = None
+        self.token_text_cache: dict[int, str] = {}
+        # The processes started for this manager (a launch.ChildProcesses), set by the launcher.
+        self.child_processes: Optional[Any] = None
+
+    # ------------------------------------------------------------------ life cycle
+    def _ensure_started(self) -> None:
+        if self.handle_task is not None:
+            return
+        self.loop = asyncio.get_running_loop()
+        self.recv_socket = self.context.socket(zmq.PULL)
+        self.recv_socket.bind(self.port_args.tokenizer_ipc_name)
+        self.control_lock = asyncio.Lock()
+        self.handle_task = self.loop.create_task(self._handle_loop())
+
+    def close(self) -> None:
+        """Close the sockets (the processes are stopped by the launcher)."""
+        if self.handle_task is not None:
+            self.handle_task.cancel()
+        self.context.destroy(linger=0)
+
+    def set_dead(self, message: str) -> None:
+        """A child process died: fail every pending request and refuse new ones."""
+        self.dead_message = message
+        for state in list(self.rid_to_state.values()):
+            self._finish(state, {"type": "abort", "message": message})
+        self.rid_to_state.clear()
+        for fut in self.flush_waiters + self.state_waiters:
+            if not fut.done():
+                fut.set_exception(RuntimeError(message))
+
+    def _check_alive(self) -> None:
+        if self.dead_message is not None:
+            raise RuntimeError(self.dead_message)
+
+    # ------------------------------------------------------------------ receive side
+    async def _handle_loop(self) -> None:
+        while True:
+            try:
+                obj = await self.recv_socket.recv_pyobj()
+            except asyncio.CancelledError:
+                raise
+            except zmq.ZMQError:
+                return
+            try:
+                self._dispatch(obj)
+            except Exception:  # noqa: BLE001 - never let one message stop the loop
+                logger.exception("failed to handle %s", type(obj).__name__)
+
+    def _dispatch(self, obj: Any) -> None:
+        if isinstance(obj, BatchStrOut):
+            self._handle_batch_str(obj)
+        elif isinstance(obj, FlushCacheReqOutput):
+            self._resolve(self.flush_waiters, obj)
+        elif isinstance(obj, GetInternalStateReqOutput):
+            self._resolve(self.state_waiters, obj)
+        else:
+            logger.warning("unexpected message %s", type(obj).__name__)
+
+    @staticmethod
+    def _resolve(waiters: list[asyncio.Future], value: Any) -> None:
+        while waiters:
+            fut = waiters.pop(0)
+            if not fut.done():
+                fut.set_result(value)
+                return
+
+    def _handle_batch_str(self, out: BatchStrOut) -> None:
+        for i, rid in enumerate(out.rids):
+            state = self.rid_to_state.get(rid)
+            if state is None:
+                continue
+            state.text += out.output_strs[i]
+            state.output_ids.extend(out.new_output_ids[i])
+            state.prompt_tokens = out.prompt_tokens[i]
+            state.completion_tokens = out.completion_tokens[i]
+            state.cached_tokens = out.cached_tokens[i]
+            if state.req.return_logprob:
+                state.output_token_logprobs.extend(out.output_token_logprobs[i] or [])
+                state.output_top_logprobs.extend(out.output_top_logprobs[i] or [])
+            if out.finished_reasons[i] is not None:
+                self._finish(state, out.finished_reasons[i])
+                del self.rid_to_state[rid]
+            else:
+                self._notify(state)
+
+    def _finish(self, state: ReqState, reason: dict) -> None:
+        state.finished = True
+        state.finished_reason = reason
+        state.finished_time = time.time()
+        self._notify(state)
+
+    @staticmethod
+    def _notify(state: ReqState) -> None:
+        state.event.set()
+        state.call.queue.put_nowait(state.req.index)
+
+    # ------------------------------------------------------------------ results
+    def token_text(self, tid: int) -> Optional[str]:
+        if self.tokenizer is None:
+            return None
+        text = self.token_text_cache.get(tid)
+        if text is None:
+            text = self.tokenizer.decode([tid])
+            if len(self.token_text_cache) < 1 << 20:
+                self.token_text_cache[tid] = text
+        return text
+
+    def _logprob_entries(self, pairs: list, with_text: bool) -> list:
+        return [(lp, tid, self.token_text(tid) if with_text else None) for lp, tid in pairs]
+
+    def build_output(self, state: ReqState) -> dict:
+        """The SGLang-shaped dict of a request so far (cumulative text and output ids)."""
+        end = state.finished_time if state.finished_time is not None else time.time()
+        meta: dict[str, Any] = {
+            "id": state.req.rid,
+            "prompt_tokens": state.prompt_tokens or len(state.req.input_ids),
+            "completion_tokens": state.completion_tokens,
+            "cached_tokens": state.cached_tokens,
+            "finish_reason": state.finished_reason,
+            "e2e_latency": end - state.created_time,
+        }
+        if state.req.return_logprob:
+            with_text = state.req.return_text_in_logprobs
+            meta["output_token_logprobs"] = self._logprob_entries(state.output_token_logprobs, with_text)
+            meta["output_top_logprobs"] = [
+                self._logprob_entries(top or [], with_text) for top in state.output_top_logprobs
+            ]
+        return {"text": state.text, "output_ids": list(state.output_ids), "meta_info": meta}
+
+    # ------------------------------------------------------------------ requests
+    async def submit(self, obj: GenerateReqInput) -> GenerateCall:
+        """Validate, register and send every request of `obj` (ValueError on bad input)."""
+        self._ensure_started()
+        self._check_alive()
+        reqs = prepare_requests(obj, self.tokenizer, self.scheduler_info, set(self.rid_to_state))
+        call = GenerateCall(obj=obj, reqs=reqs, is_single=obj.is_single and len(reqs) == 1)
+        for req in reqs:
+            state = ReqState(req=req, call=call)
+            call.states.append(state)
+            self.rid_to_state[req.rid] = state
+        if isinstance(obj.rid, str) and len(reqs) > 1:
+            self.rid_children[obj.rid] = [r.rid for r in reqs]
+        for req in reqs:
+            self.send_to_scheduler.send_pyobj(
+                TokenizedGenerateReqInput(
+                    rid=req.rid,
+                    input_text=req.input_text,
+                    input_ids=req.input_ids,
+                    sampling_params=req.sampling_params,
+                    stream=req.stream,
+                    return_logprob=req.return_logprob,
+                    top_logprobs_num=req.top_logprobs_num,
+                )
+            )
+        return call
+
+    async def iter_chunks(self, call: GenerateCall, request: Any = None) -> AsyncIterator[ReqChunk]:
+        """Yield a ReqChunk whenever a request of the call progresses (stream) or finishes.
+
+        Unfinished requests are aborted when the consumer stops early (client disconnect,
+        cancellation, exception), so the scheduler frees their KV cache.
+        """
+        pending = {s.req.index for s in call.states}
+        try:
+            while pending:
+                try:
+                    index = await asyncio.wait_for(call.queue.get(), timeout=DISCONNECT_POLL_S)
+                except asyncio.TimeoutError:
+                    if request is not None and await request.is_disconnected():
+                        logger.info("client disconnected: aborting %d request(s)", len(pending))
+                        return
+                    continue
+                state = call.states[index]
+                if state.yielded_finished:
+                    continue
+                if not state.finished and not call.obj.stream:
+                    continue
+                chunk = self._take_chunk(state)
+                if chunk is None:
+                    continue
+                if state.finished:
+                    pending.discard(index)
+                yield chunk
+        finally:
+            for state in call.states:
+                if not state.finished and state.req.rid in self.rid_to_state:
+                    self.abort_request(state.req.rid)
+            if isinstance(call.obj.rid, str):
+                self.rid_children.pop(call.obj.rid, None)
+
+    def _take_chunk(self, state: ReqState) -> Optional[ReqChunk]:
+        new_text = state.text[state.yielded_text :]
+        new_ids = state.output_ids[state.yielded_ids :]
+        if not new_text and not new_ids and not state.finished:
+            return None
+        chunk = ReqChunk(
+            index=state.req.index,
+            rid=state.req.rid,
+            out=self.build_output(state),
+            delta_text=new_text,
+            delta_output_ids=new_ids,
+            logprob_start=state.yielded_logprobs,
+            finished=state.finished,
+        )
+        state.yielded_text = len(state.text)
+        state.yielded_ids = len(state.output_ids)
+        state.yielded_logprobs = len(state.output_token_logprobs)
+        state.yielded_finished = state.finished
+        return chunk
+
+    async def generate_request(
+        self, obj: GenerateReqInput, request: Any = None
+    ) -> AsyncIterator[Union[dict, list[dict]]]:
+        """SGLang's native results: one dict (or list) when not streaming, else one dict per chunk.
+
+        Batch streams carry `"index"` in each chunk; validation errors raise ValueError before
+        anything is yielded.
+        """
+        call = await self.submit(obj)
+        async for out in self.iter_results(call, request):
+            yield out
+
+    async def iter_results(self, call: GenerateCall, request: Any = None) -> AsyncIterator[Union[dict, list[dict]]]:
+        """Results of an already submitted call (see `generate_request`)."""
+        if call.obj.stream:
+            async for chunk in self.iter_chunks(call, request):
+                if not call.is_single:
+                    chunk.out["index"] = chunk.index
+                yield chunk.out
+            return
+        outs: dict[int, dict] = {}
+        async for chunk in self.iter_chunks(call, request):
+            outs[chunk.index] = chunk.out
+        if len(outs) < len(call.states):
+            return  # client gone
+        ordered = [outs[i] for i in range(len(call.states))]
+        yield ordered[0] if call.is_single else ordered
+
+    def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
+        """Ask the scheduler to stop `rid` (and its n>1 siblings); the result ends with finish type abort."""
+        rids = self.rid_children.get(rid, [rid]) if not abort_all else [""]
+        for r in rids:
+            self.send_to_scheduler.send_pyobj(AbortReq(rid=r, abort_all=abort_all))
+
+    # ------------------------------------------------------------------ control
+    async def _control(self, waiters: list[asyncio.Future], msg: Any) -> Any:
+        self._ensure_started()
+        self._check_alive()
+        async with self.control_lock:
+            fut = asyncio.get_running_loop().create_future()
+            waiters.append(fut)
+            self.send_to_scheduler.send_pyobj(msg)
+            try:
+                return await asyncio.wait_for(fut, timeout=CONTROL_TIMEOUT_S)
+            finally:
+                if fut in waiters:
+                    waiters.remove(fut)
+
+    async def flush_cache(self) -> FlushCacheReqOutput:
+        return await self._control(self.flush_waiters, FlushCacheReqInput())
+
+    async def get_internal_state(self) -> dict:
+        out: GetInternalStateReqOutput = await self._control(self.state_waiters, GetInternalStateReqInput())
+        return out.state
+
+    @property
+    def num_running(self) -> int:
+        return len(self.rid_to_state)
