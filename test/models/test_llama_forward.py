@@ -13,7 +13,7 @@ import torch
 import transformers
 from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
-from sglang.srt.model_executor.forward_batch import ForwardMode
+from sglang.srt.model_executor.forward_batch import ForwardBatch, ForwardMode
 from sglang.srt.models.registry import ModelRegistry
 from sglang.test.forward_helpers import ForwardHarness
 from sglang.test.tiny_models import randomize_parameters
@@ -157,6 +157,21 @@ def test_mixed_batch_decode_and_prefill(pair: Pair):
     out = h.run(pair.ours, batch)
     for row, ids in enumerate((p0 + [first[0]], p2[:9], p1 + [first[1]])):
         assert (out.next_token_logits[row] - pair.hf_logits(ids)[-1]).abs().max() <= TOL
+    for r in (a, b, c):
+        h.free_request(r)
+    assert h.allocator.available_size() == 4096 and h.req_to_token_pool.available_size() == 16
+
+
+def test_idle_batch_gives_empty_logits(pair: Pair):
+    h = ForwardHarness(pair.cfg)
+    empty = torch.empty(0, dtype=torch.int64)
+    batch = ForwardBatch(
+        forward_mode=ForwardMode.IDLE, batch_size=0, input_ids=empty, positions=empty, out_cache_loc=empty,
+        req_pool_indices=empty, seq_lens=empty, extend_prefix_lens=empty, extend_seq_lens=empty,
+        seq_lens_cpu=[], extend_prefix_lens_cpu=[], extend_seq_lens_cpu=[],
+        req_to_token_pool=h.req_to_token_pool, token_to_kv_pool=h.token_to_kv_pool, attn_backend=h.attn_backend,
+    )
+    assert h.run(pair.ours, batch).next_token_logits.shape == (0, 256)
 
 
 def test_bfloat16_smoke():

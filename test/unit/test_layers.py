@@ -96,7 +96,9 @@ def test_silu_and_mul():
 )
 def test_rotary_matches_hf_apply_rotary_pos_emb(rope):
     kwargs = dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
-    cfg = LlamaConfig(rope_theta=5000.0, rope_scaling=rope, **kwargs) if rope else LlamaConfig(rope_theta=5000.0, **kwargs)
+    if rope:
+        kwargs["rope_scaling"] = rope
+    cfg = LlamaConfig(rope_theta=5000.0, **kwargs)
     head_dim = 32
     ours = get_rope(cfg, head_dim, torch.float32)
     hf_rope = LlamaRotaryEmbedding(cfg)
@@ -142,7 +144,8 @@ def test_attention_with_lse_matches_softmax_and_merges():
     torch.testing.assert_close(lse, ref_lse, atol=1e-5, rtol=1e-5)
 
     # split the keys in two disjoint shards (a context-parallel split) and merge
-    parts = [attention_with_lse(q, k[:, :, s], v[:, :, s], scale, attn_mask=mask[:, s]) for s in (slice(0, 4), slice(4, 11))]
+    shards = (slice(0, 4), slice(4, 11))
+    parts = [attention_with_lse(q, k[:, :, s], v[:, :, s], scale, attn_mask=mask[:, s]) for s in shards]
     merged, merged_lse = merge_attention_states([p[0] for p in parts], [p[1] for p in parts])
     torch.testing.assert_close(merged, ref_out, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(merged_lse, ref_lse, atol=1e-5, rtol=1e-5)
@@ -261,7 +264,8 @@ def test_merged_column_and_row_parallel_reconstruct_full_linear():
         gu = MergedColumnParallelLinear(4, [6, 6], bias=False, tp=fake_tp(rank, 2))
         gu.weight.weight_loader(gu.weight, gate, 0)
         gu.weight.weight_loader(gu.weight, up, 1)
-        torch.testing.assert_close(gu.weight.data, torch.cat([gate[rank * 3 : rank * 3 + 3], up[rank * 3 : rank * 3 + 3]]))
+        mine = slice(rank * 3, rank * 3 + 3)
+        torch.testing.assert_close(gu.weight.data, torch.cat([gate[mine], up[mine]]))
         act = SiluAndMul()(gu(x))
         parts.append(act)
         row = RowParallelLinear(6, 4, bias=False, tp=fake_tp(rank, 2))

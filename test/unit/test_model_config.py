@@ -34,6 +34,8 @@ def test_reads_sizes_eos_and_context(tmp_path):
     assert mc.dtype == torch.bfloat16  # auto on CPU
     assert mc.get_num_kv_heads(4) == 1 and mc.get_num_kv_heads(2) == 1 and mc.get_num_kv_heads(1) == 2
     assert ModelConfig(path, context_length=100).context_len == 100
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        ModelConfig(path, context_length=778)
     assert ModelConfig(path, dtype="float32").dtype == torch.float32
     assert ModelConfig("dummy:" + path, load_format="dummy").model_path == path
 
@@ -66,7 +68,8 @@ def test_gguf_config(tmp_path):
     path = write_tiny_gguf(hf_dir, str(tmp_path / "tiny.gguf"))
     mc = ModelConfig(path)
     ref = ModelConfig(hf_dir)
-    for attr in ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size"):
+    sizes = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size")
+    for attr in sizes:
         assert getattr(mc, attr) == getattr(ref, attr), attr
     assert mc.architectures == ["LlamaForCausalLM"]
     assert 2 in mc.eos_token_ids

@@ -7,14 +7,11 @@ single .gguf file (its metadata turned into an HF config dict by the weight-load
 from __future__ import annotations
 
 import json
-import logging
 import os
 from typing import Any, Optional
 
 import torch
 import transformers
-
-logger = logging.getLogger(__name__)
 
 DUMMY_PREFIX = "dummy:"
 _DTYPES: dict[str, torch.dtype] = {
@@ -124,8 +121,8 @@ class ModelConfig:
             if override < 1:
                 raise ValueError(f"--context-length must be >= 1, got {override}")
             if derived is not None and override > derived:
-                logger.warning(
-                    "--context-length %d exceeds the model's max_position_embeddings %d", override, derived
+                raise ValueError(
+                    f"--context-length {override} exceeds the model's max_position_embeddings {derived}"
                 )
             return int(override)
         return int(derived) if derived else 2048

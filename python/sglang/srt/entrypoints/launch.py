@@ -119,14 +119,23 @@ def _ipc_dir(port_args: PortArgs) -> Optional[str]:
 
 
 # ---------------------------------------------------------------------------- launch
+_EARLY_EXIT_HINT = (
+    " (see its log above; a script that creates an Engine must guard it with `if __name__ == \"__main__\":`"
+    " because child processes are spawned)"
+)
+
+
 def _wait_ready(reader: Any, proc: mp.process.BaseProcess, name: str) -> SchedulerReadyInfo:
     while not reader.poll(READY_POLL_S):
         if proc.exitcode is not None and not reader.poll(0):
-            raise RuntimeError(f"{name} process exited with code {proc.exitcode} before it was ready")
+            raise RuntimeError(f"{name} process exited with code {proc.exitcode} before it was ready{_EARLY_EXIT_HINT}")
     try:
         msg = reader.recv()
     except EOFError:
-        raise RuntimeError(f"{name} process exited with code {proc.exitcode} before it was ready") from None
+        proc.join(timeout=1.0)
+        raise RuntimeError(
+            f"{name} process exited with code {proc.exitcode} before it was ready{_EARLY_EXIT_HINT}"
+        ) from None
     if not isinstance(msg, dict) or msg.get("status") != "ready":
         error = msg.get("error") if isinstance(msg, dict) else repr(msg)
         raise RuntimeError(f"{name} failed to start:\n{error}")

@@ -99,7 +99,9 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def tie_to(self, embedding: VocabParallelEmbedding) -> None:
         if embedding.weight.shape != self.weight.shape:
-            raise ValueError(f"cannot tie LM head {tuple(self.weight.shape)} to embedding {tuple(embedding.weight.shape)}")
+            raise ValueError(
+                f"cannot tie LM head {tuple(self.weight.shape)} to embedding {tuple(embedding.weight.shape)}"
+            )
         self.weight = embedding.weight
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # pragma: no cover - guard

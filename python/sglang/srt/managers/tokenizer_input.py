@@ -117,15 +117,18 @@ def parse_sampling_params(
     params = SamplingParams.from_dict(raw)
     params.verify(info.vocab_size)
     params.normalize(tokenizer)
-    room = info.context_len - input_len
-    if params.max_new_tokens > room:
-        explicit = isinstance(raw, dict) and raw.get("max_new_tokens") is not None
-        if explicit:
+    explicit = isinstance(raw, dict) and raw.get("max_new_tokens") is not None
+    if explicit:
+        if input_len + params.max_new_tokens > info.context_len:
             raise ValueError(
                 f"this model's maximum context length is {info.context_len} tokens, but "
                 f"{input_len + params.max_new_tokens} were requested ({input_len} in the prompt "
                 f"and {params.max_new_tokens} for the completion); reduce the prompt or max_new_tokens"
             )
+        return params
+    # The default budget must also fit the KV pool, or the scheduler would abort the request.
+    room = min(info.context_len, info.max_total_num_tokens) - input_len
+    if params.max_new_tokens > room:
         params.max_new_tokens = max(room, 0)
         params.min_new_tokens = min(params.min_new_tokens, params.max_new_tokens)
     return params

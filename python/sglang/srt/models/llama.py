@@ -153,7 +153,9 @@ class LlamaModel(nn.Module):
         n = config.num_hidden_layers
         self.start_layer, self.end_layer = pp_layer_range(n, groups.pp.rank, groups.pp.size)
         if self.pp_first:
-            self.embed_tokens: nn.Module = VocabParallelEmbedding(config.vocab_size, config.hidden_size, groups.tp, dtype)
+            self.embed_tokens: nn.Module = VocabParallelEmbedding(
+                config.vocab_size, config.hidden_size, groups.tp, dtype
+            )
         else:
             self.embed_tokens = PPMissingLayer()
         self.rotary_emb = get_rope(config, _head_dim(config), dtype)
@@ -163,7 +165,10 @@ class LlamaModel(nn.Module):
             self.start_layer,
             self.end_layer,
         )
-        self.norm: nn.Module = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype) if self.pp_last else PPMissingLayer()
+        if self.pp_last:
+            self.norm: nn.Module = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        else:
+            self.norm = PPMissingLayer()
         # plain list for the hot loop (ModuleList indexing is slower); modules stay registered above
         self._stage_layers: list[LlamaDecoderLayer] = list(self.layers)[self.start_layer : self.end_layer]
 
@@ -281,7 +286,9 @@ class LlamaForCausalLM(nn.Module):
                 loader(param, tensor, shard_id)
         else:
             if tuple(param.shape) != tuple(tensor.shape):
-                raise ValueError(f"{name}: shape mismatch, model {tuple(param.shape)} vs checkpoint {tuple(tensor.shape)}")
+                raise ValueError(
+                    f"{name}: shape mismatch, model {tuple(param.shape)} vs checkpoint {tuple(tensor.shape)}"
+                )
             param.data.copy_(tensor)
         loaded.add(name)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, AsyncIterator, Optional
+from typing import Any, AsyncIterator
 
 from fastapi.responses import JSONResponse, StreamingResponse
 
@@ -43,9 +43,17 @@ def completion_logprobs(token_lps: list, top_lps: list, text_offset: int) -> Com
         out.tokens.append(text)
         out.token_logprobs.append(lp)
         top = top_lps[i] if i < len(top_lps) else None
-        out.top_logprobs.append({t or "": v for v, _, t in top} if top else None)
+        out.top_logprobs.append(_top_dict(top) if top else None)
         out.text_offset.append(offset)
         offset += len(text)
+    return out
+
+
+def _top_dict(top: list) -> dict[str, float]:
+    """{token text: logprob}; when two tokens share a text (e.g. partial UTF-8 bytes) keep the likelier."""
+    out: dict[str, float] = {}
+    for lp, _tid, text in top:
+        out.setdefault(text or "", lp)
     return out
 
 

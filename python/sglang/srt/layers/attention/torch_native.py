@@ -177,8 +177,13 @@ class TorchNativeAttnBackend(AttentionBackend):
     ) -> torch.Tensor:
         """q [n, H, D] (one query per request) -> [n, H, Dv] in one SDPA call."""
         pool = fb.token_to_kv_pool
-        keys = pool.get_key_buffer(layer.layer_id)[md.single_kv_indices].transpose(1, 2)  # [n, K, L, D]
-        values = pool.get_value_buffer(layer.layer_id)[md.single_kv_indices].transpose(1, 2)
+        n, max_len = md.single_kv_indices.shape
+        flat = md.single_kv_indices.view(-1)
+        # NOTE: index_select is several times faster than advanced indexing for row gathers on CPU
+        keys = pool.get_key_buffer(layer.layer_id).index_select(0, flat)
+        values = pool.get_value_buffer(layer.layer_id).index_select(0, flat)
+        keys = keys.view(n, max_len, *keys.shape[1:]).transpose(1, 2)  # [n, K, L, D]
+        values = values.view(n, max_len, *values.shape[1:]).transpose(1, 2)
         out = F.scaled_dot_product_attention(
             q.unsqueeze(2),
             keys.to(q.dtype),
@@ -207,21 +212,22 @@ class TorchNativeAttnBackend(AttentionBackend):
         gqa = layer.num_heads != layer.num_kv_heads
         k3 = v3 = k_cache = v_cache = None
         for item in md.extends:
-            qi = q3[item.start : item.end].transpose(0, 1)  # [H, n, D]
+            # NOTE: SDPA takes its fast (flash) CPU kernel only for 4-D inputs: [1, H, n, D]
+            qi = q3[item.start : item.end].transpose(0, 1).unsqueeze(0)
             if item.kv_indices is None:
                 if k3 is None:
                     k3 = k.view(num_tokens, layer.num_kv_heads, layer.head_dim)
                     v3 = v.view(num_tokens, layer.num_kv_heads, layer.v_head_dim)
-                ki = k3[item.start : item.end].transpose(0, 1)
-                vi = v3[item.start : item.end].transpose(0, 1)
+                ki = k3[item.start : item.end].transpose(0, 1).unsqueeze(0)
+                vi = v3[item.start : item.end].transpose(0, 1).unsqueeze(0)
             else:
                 if k_cache is None:
                     k_cache = forward_batch.token_to_kv_pool.get_key_buffer(layer.layer_id)
                     v_cache = forward_batch.token_to_kv_pool.get_value_buffer(layer.layer_id)
-                ki = k_cache[item.kv_indices].transpose(0, 1).to(q.dtype)
-                vi = v_cache[item.kv_indices].transpose(0, 1).to(q.dtype)
+                ki = k_cache.index_select(0, item.kv_indices).transpose(0, 1).unsqueeze(0).to(q.dtype)
+                vi = v_cache.index_select(0, item.kv_indices).transpose(0, 1).unsqueeze(0).to(q.dtype)
             oi = F.scaled_dot_product_attention(
                 qi, ki, vi, attn_mask=item.mask, is_causal=item.is_causal, scale=layer.scaling, enable_gqa=gqa
             )
-            out[item.start : item.end] = oi.transpose(0, 1)
+            out[item.start : item.end] = oi[0].transpose(0, 1)
         return out.view(num_tokens, -1)

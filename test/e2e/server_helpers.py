@@ -1,0 +1,143 @@
+"""Helpers of the end-to-end tests: launch `python -m sglang.launch_server` (tiny Llama, dummy
+float32 weights, free port) as a subprocess, read /proc, poll the scheduler state."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TINY_LLAMA = str(REPO / "python" / "sglang" / "test" / "assets" / "tiny-llama")
+API_KEY = "sk-e2e-test"
+STARTUP_TIMEOUT_S = 180.0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def child_pids(pid: int) -> list[int]:
+    """Direct children of `pid`, read from /proc."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                data = f.read()
+        except OSError:
+            continue
+        fields = data[data.rfind(")") + 2 :].split()
+        if len(fields) > 1 and int(fields[1]) == pid and fields[0] not in ("Z", "X"):
+            out.append(int(entry))
+    return out
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            data = f.read()
+    except OSError:
+        return False
+    return data[data.rfind(")") + 2 :].split()[0] not in ("Z", "X")
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+@dataclass
+class ServerHandle:
+    proc: subprocess.Popen
+    url: str
+    log_path: str
+    api_key: Optional[str]
+
+    @property
+    def headers(self) -> dict:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def client(self, **kwargs) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers=self.headers, timeout=kwargs.pop("timeout", 60.0), **kwargs)
+
+    def log(self) -> str:
+        return Path(self.log_path).read_text(errors="replace")[-4000:]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+
+def launch_server(extra_args: tuple[str, ...] = (), api_key: Optional[str] = None) -> ServerHandle:
+    """Start a server subprocess and wait for /health (fails the test with its log otherwise)."""
+    port = free_port()
+    log = tempfile.NamedTemporaryFile(prefix="sglang-e2e-", suffix=".log", delete=False)
+    cmd = [
+        sys.executable, "-m", "sglang.launch_server",
+        "--model-path", TINY_LLAMA, "--load-format", "dummy", "--dtype", "float32",
+        "--port", str(port), "--log-level", "warning", *extra_args,
+    ]  # fmt: skip
+    if api_key:
+        cmd += ["--api-key", api_key]
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO))
+    handle = ServerHandle(proc, f"http://127.0.0.1:{port}", log.name, api_key)
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"server exited with {proc.returncode} during start-up; log {log.name}:\n{handle.log()}")
+        try:
+            if httpx.get(f"{handle.url}/health", timeout=1.0).status_code == 200:
+                return handle
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    handle.stop()
+    pytest.fail(f"server did not become healthy in {STARTUP_TIMEOUT_S}s; log {log.name}:\n{handle.log()}")
+
+
+def internal_state(client: httpx.Client) -> dict:
+    r = client.get("/get_server_info")
+    assert r.status_code == 200, r.text
+    return r.json()["internal_states"][0]
+
+
+def wait_idle(client: httpx.Client, timeout: float = 20.0) -> dict:
+    """Wait until the scheduler has no running or waiting request; returns its state."""
+    state: dict = {}
+
+    def idle() -> bool:
+        nonlocal state
+        state = internal_state(client)
+        return state["num_running_reqs"] == 0 and state["num_waiting_reqs"] == 0
+
+    assert wait_until(idle, timeout, 0.2), f"scheduler not idle: {state}"
+    return state
+
+
+def flush(client: httpx.Client) -> None:
+    wait_idle(client)
+    r = client.post("/flush_cache")
+    assert r.status_code == 200, r.text

@@ -1,0 +1,136 @@
+"""OpenAI protocol models and conversions (no server): request parsing, sampling-parameter mapping,
+model-name checks, finish reasons, usage and logprob formats, error shape, SSE framing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+from sglang.srt.entrypoints.openai.serving_chat import chat_logprobs, message_dicts
+from sglang.srt.entrypoints.openai.serving_completions import completion_logprobs
+from sglang.srt.entrypoints.openai.utils import (
+    OpenAIError,
+    check_model_name,
+    error_body,
+    finish_reason_of,
+    make_usage,
+    parse_model,
+    sse,
+)
+from sglang.srt.sampling.sampling_params import SamplingParams
+
+
+def test_completion_prompt_shapes():
+    assert parse_model(CompletionRequest, {"prompt": "hi"}).prompt == "hi"
+    assert parse_model(CompletionRequest, {"prompt": ["a", "b"]}).prompt == ["a", "b"]
+    assert parse_model(CompletionRequest, {"prompt": [1, 2]}).prompt == [1, 2]
+    assert parse_model(CompletionRequest, {"prompt": [[1], [2, 3]]}).prompt == [[1], [2, 3]]
+    assert parse_model(CompletionRequest, {"prompt": "hi"}).max_tokens == 16  # OpenAI's default
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"prompt": 5},
+        {"prompt": "hi", "max_tokens": "many"},
+        {"prompt": "hi", "temperature": "hot"},
+        {"prompt": "hi", "stop": 3},
+        {},
+        [1, 2],
+    ],
+)
+def test_bad_completion_bodies_raise_400(body):
+    with pytest.raises(OpenAIError) as info:
+        parse_model(CompletionRequest, body)
+    assert info.value.status == 400
+
+
+def test_sampling_params_mapping_is_accepted_by_sampling_params():
+    req = parse_model(
+        CompletionRequest,
+        {"prompt": "hi", "max_tokens": 7, "min_tokens": 2, "temperature": 0.5, "top_p": 0.9, "top_k": 5,
+         "min_p": 0.1, "seed": 3, "stop": ["x"], "frequency_penalty": 0.5, "presence_penalty": 0.2,
+         "repetition_penalty": 1.1, "n": 2, "ignore_eos": True, "user": "someone"},
+    )  # fmt: skip
+    params = req.base_sampling_params(req.max_tokens)
+    assert params["max_new_tokens"] == 7 and params["min_new_tokens"] == 2 and params["seed"] == 3
+    sp = SamplingParams.from_dict(params)
+    sp.verify(1000)
+    assert sp.n == 2 and sp.top_k == 5 and sp.stop == ["x"] and sp.ignore_eos
+
+
+def test_unset_fields_keep_sampling_defaults():
+    req = parse_model(ChatCompletionRequest, {"messages": [{"role": "user", "content": "hi"}]})
+    params = req.base_sampling_params(None)
+    assert "max_new_tokens" not in params and "temperature" not in params
+    assert SamplingParams.from_dict(params).temperature == SamplingParams().temperature
+
+
+def test_chat_messages_with_text_parts():
+    req = parse_model(
+        ChatCompletionRequest,
+        {"messages": [{"role": "system", "content": "be brief"},
+                      {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]},
+    )  # fmt: skip
+    assert message_dicts(req) == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "ab"}]
+    bad = parse_model(
+        ChatCompletionRequest, {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}
+    )
+    with pytest.raises(OpenAIError):
+        message_dicts(bad)
+    with pytest.raises(OpenAIError):
+        parse_model(ChatCompletionRequest, {"messages": [{"role": "robot", "content": "x"}]})
+
+
+def test_model_name_check():
+    check_model_name(None, "served", "/models/tiny")
+    for ok in ("served", "/models/tiny", "tiny", "default"):
+        check_model_name(ok, "served", "/models/tiny")
+    with pytest.raises(OpenAIError) as info:
+        check_model_name("gpt-4", "served", "/models/tiny")
+    assert info.value.status == 404 and info.value.err_type == "NotFoundError"
+
+
+def test_finish_reason_mapping():
+    assert finish_reason_of(None) == (None, None)
+    assert finish_reason_of({"type": "stop", "matched": "###"}) == ("stop", "###")
+    assert finish_reason_of({"type": "stop", "matched": 2}) == ("stop", 2)
+    assert finish_reason_of({"type": "length", "length": 5}) == ("length", None)
+    assert finish_reason_of({"type": "abort", "message": "x"}) == ("abort", None)
+
+
+def _out(prompt, completion, cached=0):
+    return {"meta_info": {"prompt_tokens": prompt, "completion_tokens": completion, "cached_tokens": cached}}
+
+
+def test_usage_counts_each_prompt_once():
+    usage = make_usage([_out(10, 3, 4), _out(10, 5, 4), _out(7, 2, 0), _out(7, 1, 0)], n=2)
+    assert usage.prompt_tokens == 17 and usage.completion_tokens == 11 and usage.total_tokens == 28
+    assert usage.prompt_tokens_details.cached_tokens == 4
+
+
+def test_completion_logprobs_format():
+    lps = [(-0.5, 1, "He"), (-1.0, 2, "llo")]
+    tops = [[(-0.5, 1, "He"), (-0.7, 9, "\ufffd"), (-0.9, 8, "\ufffd")], [(-1.0, 2, "llo")]]
+    out = completion_logprobs(lps, tops, text_offset=3)
+    assert out.tokens == ["He", "llo"] and out.token_logprobs == [-0.5, -1.0]
+    assert out.text_offset == [3, 5]
+    assert out.top_logprobs[0] == {"He": -0.5, "\ufffd": -0.7}  # shared text keeps the likelier
+    assert completion_logprobs(lps, [], 0).top_logprobs == [None, None]
+
+
+def test_chat_logprobs_format():
+    out = chat_logprobs([(-0.25, 5, "é")], [[(-0.25, 5, "é"), (-2.0, 6, "e")]])
+    entry = out.content[0]
+    assert entry.token == "é" and entry.bytes == [0xC3, 0xA9] and entry.logprob == -0.25
+    assert [t.token for t in entry.top_logprobs] == ["é", "e"]
+
+
+def test_error_shape_and_sse():
+    body = error_body("bad thing", 400)
+    assert body == {"error": {"message": "bad thing", "type": "BadRequestError", "param": None, "code": 400}}
+    line = sse({"a": 1})
+    assert line.startswith("data: ") and line.endswith("\n\n")
+    assert json.loads(line[len("data: ") :]) == {"a": 1}
