@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Callable, Optional
 
@@ -35,6 +36,7 @@ from sglang.srt.utils.process import configure_logger
 logger = logging.getLogger(__name__)
 
 HEALTH_GENERATE_TIMEOUT_S = 20.0
+SHUTDOWN_RACE_S = 0.5
 UNAUTHENTICATED_PATHS = ("/health",)
 
 
@@ -220,6 +222,12 @@ def launch_server(server_args: ServerArgs, scheduler_entry: Optional[Callable[..
     children = tm.child_processes
 
     def on_child_death(message: str) -> None:
+        # A signal sent to the whole process group (e.g. by `timeout` or a service manager) stops
+        # the children too: that is a shutdown in progress, not a crash.
+        time.sleep(SHUTDOWN_RACE_S)
+        if server is not None and server.should_exit:
+            logger.info("%s during shutdown", message)
+            return
         logger.error("a child process died (%s): shutting the server down", message.split(" process")[0])
         children.terminate(grace_s=2.0)
         sys.stderr.flush()

@@ -27,6 +27,11 @@ TERMINATE_GRACE_S = 5.0
 
 
 # ---------------------------------------------------------------------------- child entries
+def _ignore_sigint() -> None:
+    """Ctrl+C reaches the whole process group: only the parent reacts, then stops the children."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _scheduler_entry(
     server_args: ServerArgs,
     port_args: PortArgs,
@@ -38,6 +43,7 @@ def _scheduler_entry(
     from sglang.srt.utils.process import configure_logger
 
     configure_logger(server_args.log_level, f"Scheduler rank {rank}")
+    _ignore_sigint()
     kill_itself_when_parent_died()
     try:
         if entry is None:
@@ -49,6 +55,7 @@ def _scheduler_entry(
 
 
 def _detokenizer_entry(server_args: ServerArgs, port_args: PortArgs) -> None:
+    _ignore_sigint()
     kill_itself_when_parent_died()
     from sglang.srt.managers.detokenizer_manager import run_detokenizer_process
 
