@@ -39,7 +39,8 @@ class Req:
 
         # Memory state.
         self.req_pool_idx: Optional[int] = None
-        self.kv_len = 0  # tokens of fill_ids whose KV is in the pool
+        self.kv_len = 0  # tokens of fill_ids whose KV is in the pool (or being written in flight)
+        self.in_flight = False  # a step that will sample this request's next token is running
         self.cached_prefix_len = 0  # tokens locked from the radix cache (for dedup on insert)
         self.last_node: Any = None  # radix node locked by this request
         self.cached_tokens = 0  # prompt tokens served from the radix cache (reported)
@@ -68,6 +69,11 @@ class Req:
     @property
     def is_prefilling(self) -> bool:
         return self.remaining_len > 1 or not self.output_ids
+
+    @property
+    def schedulable(self) -> bool:
+        """Not waiting for a sampled token and still has tokens to run."""
+        return not self.in_flight and self.remaining_len >= 1
 
     @property
     def finished(self) -> bool:
@@ -108,6 +114,7 @@ class Req:
         return None
 
     def reset_memory_state(self) -> None:
+        self.in_flight = False
         self.req_pool_idx = None
         self.kv_len = 0
         self.cached_prefix_len = 0

@@ -49,13 +49,13 @@ class SchedulePolicy:
         batch = ScheduleBatch()
         decode_tokens = 0
         for req in running:
-            if not req.is_prefilling:
+            if req.schedulable and not req.is_prefilling:
                 batch.items.append(ScheduledReq(req, req.kv_len, 1))
                 decode_tokens += 1
 
         prefill_left = self.budget.prefill_tokens
         for req in running:  # requests in the middle of a chunked prefill continue first
-            if req.is_prefilling and prefill_left > 0:
+            if req.schedulable and req.is_prefilling and prefill_left > 0:
                 take = self._take(req, prefill_left, batch)
                 if take:
                     batch.items.append(ScheduledReq(req, req.kv_len, take))
@@ -108,6 +108,9 @@ class SchedulePolicy:
 def pick_retract_victim(running: list[Req]) -> Optional[Req]:
     """The request to retract when decode KV runs out: the one with the least progress to lose
     (fewest output tokens), latest arrival breaking ties."""
-    if len(running) <= 1:
+    candidates = [r for r in running if not r.in_flight]
+    if len(candidates) <= 1 and len(running) <= 1:
         return None
-    return min(running, key=lambda r: (len(r.output_ids), -r.arrival_time))
+    if not candidates:
+        return None
+    return min(candidates, key=lambda r: (len(r.output_ids), -r.arrival_time))

@@ -26,7 +26,7 @@ from sglang.srt.managers.io_struct import (
     SchedulerReadyInfo,
     TokenizedGenerateReqInput,
 )
-from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+from sglang.srt.managers.schedule_batch import ModelWorkerBatch, Req, ScheduleBatch
 from sglang.srt.managers.schedule_policy import SchedulePolicy, StepBudget, pick_retract_victim
 from sglang.srt.managers.scheduler_output import build_token_id_out, due_for_output
 from sglang.srt.mem_cache.radix_cache import RadixCache
@@ -175,35 +175,43 @@ class Scheduler:
     def step(self) -> Optional[BatchTokenIDOut]:
         """Run one forward step (if there is work) and return the outputs due."""
         if self.has_work:
-            batch = self._schedule()
-            if not batch.is_empty:
-                result = self._run(batch)
-                self._process_result(batch, result)
+            batch, worker_batch = self.schedule()
+            if worker_batch is not None:
+                result = self.runner.forward(worker_batch)
+                self.process_result(batch, result)
+        return self.collect_outputs()
+
+    def collect_outputs(self) -> Optional[BatchTokenIDOut]:
         due, self._pending_outputs = self._pending_outputs, []
         due += [r for r in self.running if due_for_output(r, self.server_args.stream_interval)]
         self._maybe_log_stats()
         return build_token_id_out(due)
 
-    def _schedule(self) -> ScheduleBatch:
+    def schedule(self) -> tuple[ScheduleBatch, Optional[ModelWorkerBatch]]:
+        """Pick the next step's work and allocate its KV slots.
+
+        Each request's `kv_len` advances now (its KV is written by the step; later steps reach each
+        layer after it), and a request due a token is `in_flight` until `process_result`. So a
+        pipelined caller may schedule further steps before this one's result is back.
+        """
         batch, admitted = self.policy.build_step(self.running, self.waiting)
         for req in admitted:
             self.waiting.remove(req)
             self.running.append(req)
-        return batch
-
-    def _run(self, batch: ScheduleBatch) -> ForwardResult:
+        if batch.is_empty:
+            return batch, None
         out_cache_loc = self.cache.alloc_for_step(batch.items)
         while out_cache_loc is None:
             batch = self._shrink_for_memory(batch)
             if batch.is_empty:
-                return ForwardResult([], None, None)
+                return batch, None
             out_cache_loc = self.cache.alloc_for_step(batch.items)
+        worker_batch = batch.to_worker_batch(out_cache_loc)
+        for item in batch.items:
+            item.req.kv_len = item.start + item.num_tokens
+            item.req.in_flight = item.samples
         self.forward_ct += 1
-        result = self.runner.forward(batch.to_worker_batch(out_cache_loc))
-        self.last_logits = result.logits
-        if self.on_step_result is not None:
-            self.on_step_result(batch, result)
-        return result
+        return batch, worker_batch
 
     def _shrink_for_memory(self, batch: ScheduleBatch) -> ScheduleBatch:
         """Out of KV: first give back this step's newly admitted prefills, then retract decodes."""
@@ -213,6 +221,9 @@ class Scheduler:
             self._requeue(victim)
         else:
             victim = pick_retract_victim(self.running)
+            if victim is None and any(r.in_flight for r in self.running):
+                batch.items = []  # wait for in-flight steps to finish and free memory
+                return batch
             if victim is None:
                 victim = self.running[0]
                 victim.finished_reason = {"type": "abort", "message": "out of KV cache memory"}
@@ -232,25 +243,31 @@ class Scheduler:
         self.cache.release(req)
         self.waiting.insert(0, req)
 
-    def _process_result(self, batch: ScheduleBatch, result: ForwardResult) -> None:
+    def process_result(self, batch: ScheduleBatch, result: ForwardResult) -> None:
+        """Apply a finished step: append sampled tokens, finish requests, release their KV."""
+        self.last_logits = result.logits
+        if self.on_step_result is not None:
+            self.on_step_result(batch, result)
         sampled = 0
         for item in batch.items:
             req = item.req
-            samples = item.samples
-            req.kv_len = item.start + item.num_tokens
             if item.num_tokens > 1 or not req.output_ids:
                 self._stats["prefill_tokens"] += item.num_tokens
             else:
                 self._stats["decode_tokens"] += 1
-            if not samples:
+            if not item.samples:
                 continue
-            token = result.next_token_ids[sampled]
+            row = sampled
+            sampled += 1
+            if req.finished:  # aborted while in flight; its KV is already released
+                continue
+            req.in_flight = False
+            token = result.next_token_ids[row]
             req.output_ids.append(token)
             if req.return_logprob and result.logprobs is not None:
-                req.output_token_logprobs.append((result.logprobs[sampled], token))
+                req.output_token_logprobs.append((result.logprobs[row], token))
                 if req.top_logprobs_num and result.top_logprobs is not None:
-                    req.output_top_logprobs.append(result.top_logprobs[sampled])
-            sampled += 1
+                    req.output_top_logprobs.append(result.top_logprobs[row])
             req.check_finished(self.eos_token_ids, self.tokenizer, self.context_len)
             if req.finished:
                 self.running.remove(req)
@@ -277,6 +294,22 @@ class Scheduler:
         self._stats = {"prefill_tokens": 0, "decode_tokens": 0, "steps": 0}
         self._last_stats = now
 
+    # ------------------------------------------------------------------ process loop
+    def event_loop(self, io) -> None:
+        """Serve forever. `io` is the entry rank's SchedulerIO, None on the other ranks."""
+        stage = self.groups.tp
+        while True:
+            msgs = io.recv_all(block=not self.has_work) if io is not None else None
+            if stage.size > 1:
+                msgs = stage.broadcast_object(msgs, src=0)
+            for msg in msgs:
+                reply = self.handle_message(msg)
+                if reply is not None and io is not None:
+                    io.send_to_tokenizer.send_pyobj(reply)
+            out = self.step()
+            if out is not None and io is not None:
+                io.send_to_detokenizer.send_pyobj(out)
+
     # ------------------------------------------------------------------ in-process driver
     def run_until_idle(self, max_steps: int = 1_000_000) -> list[BatchTokenIDOut]:
         outputs = []
@@ -291,34 +324,50 @@ class Scheduler:
 
 # ---------------------------------------------------------------------------- process entry
 def run_scheduler_process(server_args: ServerArgs, port_args, rank: int, pipe_writer) -> None:
-    """Entry of a scheduler process: build everything, report readiness, serve forever."""
-    import faulthandler
+    """Entry of the scheduler process of world rank `rank`: join the process groups, build the
+    scheduler, report readiness, then serve forever.
+
+    Only the entry rank (pp 0, tp 0) owns ZMQ sockets. It broadcasts every incoming message to
+    the other ranks of its stage, so every rank applies the same messages in the same order and
+    its request mirror, and therefore its batch, stays identical (pp-cp.md invariant 1).
+    """
     import traceback
 
     from sglang.srt.managers.scheduler_io import SchedulerIO
-    from sglang.srt.utils.process import configure_logger, kill_itself_when_parent_died
 
-    configure_logger(server_args.log_level, f"Scheduler rank {rank}")
-    faulthandler.enable()
-    kill_itself_when_parent_died()
     try:
+        groups = init_rank_groups(server_args, rank)
         tokenizer = None
         if not server_args.skip_tokenizer_init:
             from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 
             tokenizer = get_tokenizer(server_args.tokenizer_path)
-        scheduler = Scheduler(server_args, tokenizer=tokenizer)
-        io = SchedulerIO(port_args)
+        scheduler = Scheduler(server_args, groups=groups, tokenizer=tokenizer)
+        io = SchedulerIO(port_args) if groups.is_entry_rank else None
     except Exception:
         pipe_writer.send({"status": "error", "error": traceback.format_exc()})
         raise
     pipe_writer.send({"status": "ready", "info": scheduler.ready_info()})
     logger.info("scheduler ready")
-    while True:
-        for msg in io.recv_all(block=not scheduler.has_work):
-            reply = scheduler.handle_message(msg)
-            if reply is not None:
-                io.send_to_tokenizer.send_pyobj(reply)
-        out = scheduler.step()
-        if out is not None:
-            io.send_to_detokenizer.send_pyobj(out)
+    scheduler.event_loop(io)
+
+
+def init_rank_groups(server_args: ServerArgs, rank: int) -> ParallelGroups:
+    """Join torch.distributed (when the world has more than one rank) and build the groups."""
+    if server_args.tp_size * server_args.pp_size == 1:
+        return ParallelGroups.single()
+    from sglang.srt.distributed.parallel_state import ParallelLayout
+
+    layout = ParallelLayout.from_server_args(server_args)
+    from sglang.srt.distributed.init import init_distributed
+    from sglang.srt.platforms import current_platform
+
+    platform = current_platform()
+    init_distributed(
+        layout.world_size,
+        rank,
+        server_args.dist_init_addr,
+        platform.dist_backend,
+        server_args.dist_timeout,
+    )
+    return ParallelGroups.build(layout, rank, platform.dist_backend, platform.device(rank))
