@@ -128,10 +128,20 @@ def test_dead_scheduler_fails_requests():
         gen = eng.generate("pending", {"max_new_tokens": 3000, **GREEDY}, stream=True)
         next(gen)
         os.kill(pids[0], signal.SIGKILL)  # the scheduler is started first
-        chunks = list(gen)  # must end instead of hanging
-        assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "abort"
+        with pytest.raises(RuntimeError, match="exited unexpectedly"):
+            list(gen)  # must fail instead of hanging
         with pytest.raises(RuntimeError, match="exited unexpectedly"):
             eng.generate("after", {"max_new_tokens": 2})
         assert wait_until(lambda: not any(pid_alive(p) for p in pids), 10.0)
     finally:
         eng.shutdown()
+
+
+def failing_scheduler(server_args, port_args, rank, pipe_writer):
+    """A scheduler entry that fails during start-up (runs in the spawned child)."""
+    raise ValueError("boom from the test scheduler")
+
+
+def test_start_up_failure_reports_child_error():
+    with pytest.raises(RuntimeError, match="boom from the test scheduler"):
+        sgl.Engine(_scheduler_entry=failing_scheduler, **ENGINE_KW)

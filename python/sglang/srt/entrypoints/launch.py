@@ -48,10 +48,14 @@ def _scheduler_entry(
     try:
         if entry is None:
             from sglang.srt.managers.scheduler import run_scheduler_process as entry
+        entry(server_args, port_args, rank, pipe_writer)
     except Exception:
-        pipe_writer.send({"status": "error", "error": traceback.format_exc()})
+        # Harmless if the scheduler already reported (the launcher reads one message only).
+        try:
+            pipe_writer.send({"status": "error", "error": traceback.format_exc()})
+        except OSError:
+            pass
         raise
-    entry(server_args, port_args, rank, pipe_writer)
 
 
 def _detokenizer_entry(server_args: ServerArgs, port_args: PortArgs) -> None:
@@ -132,10 +136,17 @@ _EARLY_EXIT_HINT = (
 )
 
 
-def _wait_ready(reader: Any, proc: mp.process.BaseProcess, name: str) -> SchedulerReadyInfo:
+def _wait_ready(reader: Any, proc: mp.process.BaseProcess, name: str, children: ChildProcesses) -> SchedulerReadyInfo:
+    """The ready message of one scheduler rank; fails fast if any child dies meanwhile."""
     while not reader.poll(READY_POLL_S):
-        if proc.exitcode is not None and not reader.poll(0):
-            raise RuntimeError(f"{name} process exited with code {proc.exitcode} before it was ready{_EARLY_EXIT_HINT}")
+        if reader.poll(0):
+            break
+        dead = children.dead()
+        if dead:
+            dead_name, dead_proc = dead[0]
+            raise RuntimeError(
+                f"{dead_name} process exited with code {dead_proc.exitcode} before {name} was ready{_EARLY_EXIT_HINT}"
+            )
     try:
         msg = reader.recv()
     except EOFError:
@@ -147,6 +158,13 @@ def _wait_ready(reader: Any, proc: mp.process.BaseProcess, name: str) -> Schedul
         error = msg.get("error") if isinstance(msg, dict) else repr(msg)
         raise RuntimeError(f"{name} failed to start:\n{error}")
     return msg["info"]
+
+
+def scheduler_ranks(server_args: ServerArgs) -> range:
+    """World ranks whose scheduler processes run on this node (one process per rank)."""
+    per_node = server_args.tp_size * server_args.pp_size // max(server_args.nnodes, 1)
+    start = server_args.node_rank * per_node
+    return range(start, start + per_node)
 
 
 def launch_processes(
@@ -164,8 +182,7 @@ def launch_processes(
     children = ChildProcesses(port_args)
     readers = []
     try:
-        num_ranks = 1  # one scheduler per rank; tp/pp fill this loop in later
-        for rank in range(num_ranks):
+        for rank in scheduler_ranks(server_args):
             reader, writer = ctx.Pipe(duplex=False)
             proc = ctx.Process(
                 target=_scheduler_entry,
@@ -188,7 +205,7 @@ def launch_processes(
             from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 
             tokenizer = get_tokenizer(server_args.tokenizer_path)
-        infos = [_wait_ready(reader, proc, name) for reader, proc, name in readers]
+        infos = [_wait_ready(reader, proc, name, children) for reader, proc, name in readers]
         dead = children.dead()
         if dead:
             name, proc = dead[0]

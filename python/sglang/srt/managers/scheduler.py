@@ -262,6 +262,12 @@ class Scheduler:
             if req.finished:  # aborted while in flight; its KV is already released
                 continue
             req.in_flight = False
+            if req.sampling_params.max_new_tokens == 0:  # prefill only (e.g. prompt scoring)
+                req.finished_reason = {"type": "length", "length": 0}
+                self.running.remove(req)
+                self.cache.release(req)
+                self._pending_outputs.append(req)
+                continue
             token = result.next_token_ids[row]
             req.output_ids.append(token)
             if req.return_logprob and result.logprobs is not None:

@@ -57,6 +57,7 @@ class ReqState:
     finished_time: Optional[float] = None
     output_token_logprobs: list = field(default_factory=list)
     output_top_logprobs: list = field(default_factory=list)
+    error: Optional[str] = None  # set when the engine died under this request
     # How much has been handed to the consumer already.
     yielded_text: int = 0
     yielded_ids: int = 0
@@ -139,6 +140,7 @@ class TokenizerManager:
         """A child process died: fail every pending request and refuse new ones."""
         self.dead_message = message
         for state in list(self.rid_to_state.values()):
+            state.error = message
             self._finish(state, {"type": "abort", "message": message})
         self.rid_to_state.clear()
         for fut in self.flush_waiters + self.state_waiters:
@@ -275,7 +277,8 @@ class TokenizerManager:
         """Yield a ReqChunk whenever a request of the call progresses (stream) or finishes.
 
         Unfinished requests are aborted when the consumer stops early (client disconnect,
-        cancellation, exception), so the scheduler frees their KV cache.
+        cancellation, exception), so the scheduler frees their KV cache. Raises RuntimeError
+        when a child process died under the call.
         """
         pending = {s.req.index for s in call.states}
         try:
@@ -288,6 +291,8 @@ class TokenizerManager:
                         return
                     continue
                 state = call.states[index]
+                if state.error is not None:
+                    raise RuntimeError(state.error)
                 if state.yielded_finished:
                     continue
                 if not state.finished and not call.obj.stream:
