@@ -72,7 +72,7 @@ def main(argv: list[str]) -> int:
         print("\n\ndemo finished", flush=True)
         return 0
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+        proc.send_signal(signal.SIGTERM)  # the server stops its own children
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:

@@ -155,6 +155,61 @@ def test_dummy_weights_independent_of_other_parameters():
     assert torch.equal(plain.proj.bias, extended.proj.bias)
 
 
+@pytest.mark.parametrize("name", ["llama", "qwen2_bias", "qwen3_tied", "llama_all_bias"])
+def test_dummy_weight_specs_match_hf_checkpoint(name):
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+
+    from sglang.srt.models.registry import ModelRegistry
+
+    common = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=64)
+    cfg = {
+        "llama": lambda: LlamaConfig(**common),
+        "qwen2_bias": lambda: Qwen2Config(**common),
+        "qwen3_tied": lambda: Qwen3Config(head_dim=16, tie_word_embeddings=True, **common),
+        "llama_all_bias": lambda: LlamaConfig(attention_bias=True, mlp_bias=True, **common),
+    }[name]()
+    hf = AutoModelForCausalLM.from_config(cfg)
+    want = {k: tuple(v.shape) for k, v in hf.state_dict().items()}
+    if cfg.tie_word_embeddings:
+        want.pop("lm_head.weight", None)
+    specs = ModelRegistry.resolve([type(hf).__name__]).dummy_weight_specs(cfg)
+    assert dict(specs) == want and len(specs) == len(want)
+
+
+def test_dummy_weights_are_full_checkpoint_tensors_sharded_by_loaders():
+    """A model with specs gets full HF-named tensors through its loaders: tp- and pp-independent values."""
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.distributed.parallel_state import GroupCoordinator, ParallelGroups, ParallelLayout
+    from sglang.srt.model_loader.dummy_loader import dummy_tensor
+    from sglang.srt.models.llama import LlamaForCausalLM
+
+    cfg = ModelConfig(TINY_LLAMA_DIR).hf_config
+    full = LlamaForCausalLM(cfg)
+    init_dummy_weights(full, seed=4)
+    layer = full.model.layers[2]
+    wq, wk, wv = (dummy_tensor(f"model.layers.2.self_attn.{p}_proj.weight", s, 4) for p, s in
+                  (("q", (64, 64)), ("k", (32, 64)), ("v", (32, 64))))
+    assert torch.equal(layer.self_attn.qkv_proj.weight, torch.cat([wq, wk, wv]))
+    assert torch.equal(layer.input_layernorm.weight, torch.ones(64))
+    assert torch.equal(full.lm_head.weight, dummy_tensor("lm_head.weight", (552, 64), 4))
+    assert 0.015 < layer.mlp.down_proj.weight.std().item() < 0.025
+
+    def fake(name, size, rank):  # coordinators for construction / loading only (no collectives run)
+        return GroupCoordinator(name, list(range(size)), rank)
+
+    one = fake("x", 1, 0)
+    # pipeline stage 1 of 2 (layers 2..3) on tp rank 1 of 2
+    stage = ParallelGroups(ParallelLayout(pp=2, tp=2), 3, tp=fake("tp", 2, 1), pp=fake("pp", 2, 1),
+                           attn_cp=one, attn_tp=fake("attn_tp", 2, 1), moe_ep=one)
+    part = LlamaForCausalLM(cfg, stage)
+    init_dummy_weights(part, seed=4)
+    got = part.model.layers[2]
+    torch.testing.assert_close(got.self_attn.qkv_proj.weight, torch.cat([wq[32:], wk[16:], wv[16:]]), rtol=0, atol=0)
+    assert torch.equal(got.mlp.down_proj.weight, layer.mlp.down_proj.weight[:, 64:])
+    assert torch.equal(part.lm_head.weight, full.lm_head.weight[276:])
+
+
 # ----------------------------------------------------------------------------- HF export + CLI
 def test_gguf_to_hf_dir_loads_with_transformers(llama_ckpt, llama_gguf, tmp_path):
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer

@@ -1,93 +1,47 @@
-"""Parallel layout (pure rank maths) and process groups, passed explicitly to constructors.
+"""Process groups of one rank: a `GroupCoordinator` per parallel axis, built once, passed explicitly.
 
-The foundation runs one rank; the distributed-runtime issue fills in multi-rank group building.
-`GroupCoordinator` collectives are no-ops for a group of size 1, so layers written against it work
-unchanged when the group grows.
+    init_distributed(world_size, world_rank, "127.0.0.1:29500", platform.dist_backend)
+    groups = ParallelGroups.build(layout, world_rank, backend=platform.dist_backend, device=device)
+    model = LlamaForCausalLM(config, groups, dtype)
+
+`ParallelLayout` (pure rank maths) lives in `parallel_layout.py` and is re-exported here.
+`ParallelGroups.single()` is the one-rank case: every coordinator has size 1 and no process group.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional, Union
 
 import torch
 import torch.distributed as dist
 
+from sglang.srt.distributed.group_coordinator import GroupCoordinator, PendingSend
+from sglang.srt.distributed.parallel_layout import AXES, ParallelLayout, RankCoords, resolve_tp_size
 
-@dataclass(frozen=True)
-class ParallelLayout:
-    pp: int = 1
-    tp: int = 1
-    attn_dp: int = 1
-    attn_cp: int = 1
-    moe_ep: int = 1
-
-    @property
-    def world_size(self) -> int:
-        return self.pp * self.tp
-
-    @property
-    def attn_tp(self) -> int:
-        return self.tp // (self.attn_dp * self.attn_cp)
-
-    @property
-    def moe_tp(self) -> int:
-        return self.tp // self.moe_ep
-
-    def validate(self) -> None:
-        for name in ("pp", "tp", "attn_dp", "attn_cp", "moe_ep"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} size must be >= 1, got {getattr(self, name)}")
-        if self.tp % (self.attn_dp * self.attn_cp):
-            raise ValueError(
-                f"tp ({self.tp}) must be divisible by attn_dp * attn_cp ({self.attn_dp} * {self.attn_cp})"
-            )
-        if self.tp % self.moe_ep:
-            raise ValueError(f"tp ({self.tp}) must be divisible by moe_ep ({self.moe_ep})")
+__all__ = [
+    "AXES",
+    "GroupCoordinator",
+    "ParallelGroups",
+    "ParallelLayout",
+    "PendingSend",
+    "RankCoords",
+    "optional_groups",
+    "resolve_tp_size",
+]
 
 
-class GroupCoordinator:
-    """One named axis: this rank's position in it and its collectives."""
-
-    def __init__(self, name: str, ranks: list[int], rank: int, device_group=None, cpu_group=None):
-        self.name = name
-        self.ranks = ranks
-        self.rank = rank  # rank inside the group
-        self.size = len(ranks)
-        self.device_group = device_group
-        self.cpu_group = cpu_group
-
-    @property
-    def is_first(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def is_last(self) -> bool:
-        return self.rank == self.size - 1
-
-    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
-        if self.size == 1:
-            return tensor
-        dist.all_reduce(tensor, group=self.device_group)
-        return tensor
-
-    def all_gather(self, tensor: torch.Tensor, dim: int = -1) -> torch.Tensor:
-        if self.size == 1:
-            return tensor
-        parts = [torch.empty_like(tensor) for _ in range(self.size)]
-        dist.all_gather(parts, tensor.contiguous(), group=self.device_group)
-        return torch.cat(parts, dim=dim)
-
-    def broadcast_object(self, obj=None, src: int = 0):
-        if self.size == 1:
-            return obj
-        box = [obj]
-        dist.broadcast_object_list(box, src=self.ranks[src], group=self.cpu_group)
-        return box[0]
+def _single(name: str, device: Optional[torch.device] = None, world_rank: int = 0) -> GroupCoordinator:
+    return GroupCoordinator(name, [world_rank], 0, device=device)
 
 
 @dataclass
 class ParallelGroups:
+    """This rank's coordinators of every axis of `layout` (plus `world`).
+
+    `attn_dp`, `moe_tp` and `world` are optional in the constructor for hand-built groups (tests);
+    they default to size-1 coordinators."""
+
     layout: ParallelLayout
     world_rank: int
     tp: GroupCoordinator
@@ -95,24 +49,93 @@ class ParallelGroups:
     attn_cp: GroupCoordinator
     attn_tp: GroupCoordinator
     moe_ep: GroupCoordinator
+    attn_dp: Optional[GroupCoordinator] = None
+    moe_tp: Optional[GroupCoordinator] = None
+    world: Optional[GroupCoordinator] = None
 
+    def __post_init__(self) -> None:
+        for name in ("attn_dp", "moe_tp", "world"):
+            if getattr(self, name) is None:
+                setattr(self, name, _single(name, self.tp.device, self.world_rank))
+
+    # ------------------------------------------------------------------ construction
     @staticmethod
-    def single() -> "ParallelGroups":
-        def one(name: str) -> GroupCoordinator:
-            return GroupCoordinator(name, [0], 0)
-
+    def single(device: Union[str, torch.device, None] = None) -> "ParallelGroups":
+        """One rank, no process groups: every collective is a no-op."""
+        dev = torch.device(device) if device is not None else None
         return ParallelGroups(
             layout=ParallelLayout(),
             world_rank=0,
-            tp=one("tp"),
-            pp=one("pp"),
-            attn_cp=one("attn_cp"),
-            attn_tp=one("attn_tp"),
-            moe_ep=one("moe_ep"),
+            **{axis: _single(axis, dev) for axis in AXES},
+            world=_single("world", dev),
         )
+
+    @staticmethod
+    def build(
+        layout: ParallelLayout,
+        world_rank: int,
+        backend: Optional[str] = None,
+        device: Union[str, torch.device, None] = None,
+    ) -> "ParallelGroups":
+        """Create every axis' process groups; call on ALL ranks after `init_distributed`.
+
+        For every group of size > 1 of every axis (in the same order on every rank, as
+        `dist.new_group` requires) a device group with `backend` (default: the world's) and a gloo
+        CPU group are created; axes with the same rank sets share them."""
+        layout.validate()
+        if layout.world_size == 1 and not dist.is_initialized():
+            return ParallelGroups.single(device)
+        if not dist.is_initialized():
+            raise RuntimeError("ParallelGroups.build needs torch.distributed; call init_distributed first")
+        if dist.get_world_size() != layout.world_size:
+            raise ValueError(
+                f"the process group has {dist.get_world_size()} ranks but the layout needs {layout.world_size} "
+                f"({layout.describe()})"
+            )
+        if dist.get_rank() != world_rank:
+            raise ValueError(f"world_rank {world_rank} does not match torch.distributed rank {dist.get_rank()}")
+        backend = backend or dist.get_backend()
+        dev = torch.device(device) if device is not None else torch.device("cpu")
+        made: dict[tuple[int, ...], tuple[Any, Any]] = {}
+        coordinators: dict[str, GroupCoordinator] = {}
+        for axis in ("world",) + AXES:
+            groups = [list(range(layout.world_size))] if axis == "world" else layout.all_groups(axis)
+            mine: Optional[list[int]] = None
+            for ranks in groups:
+                key = tuple(ranks)
+                if len(ranks) > 1 and key not in made:
+                    made[key] = (dist.new_group(ranks, backend=backend), dist.new_group(ranks, backend="gloo"))
+                if world_rank in ranks:
+                    mine = ranks
+            assert mine is not None, f"rank {world_rank} is in no {axis} group"
+            device_group, cpu_group = made.get(tuple(mine), (None, None))
+            coordinators[axis] = GroupCoordinator(axis, mine, mine.index(world_rank), device_group, cpu_group, dev)
+        return ParallelGroups(layout=layout, world_rank=world_rank, **coordinators)
+
+    # ------------------------------------------------------------------ queries
+    def axis(self, name: str) -> GroupCoordinator:
+        """The coordinator of an axis by name ("tp", "pp", ..., or "world")."""
+        if name not in AXES and name != "world":
+            raise ValueError(f"unknown parallel axis {name!r}; expected one of {list(AXES) + ['world']}")
+        return getattr(self, name)
+
+    @property
+    def coords(self) -> RankCoords:
+        return self.layout.coords(self.world_rank)
+
+    @property
+    def pp_prev_rank(self) -> int:
+        """World rank of the previous pipeline stage's rank with the same tp rank (ring)."""
+        return self.layout.pp_neighbors(self.world_rank)[0]
+
+    @property
+    def pp_next_rank(self) -> int:
+        """World rank of the next pipeline stage's rank with the same tp rank (ring)."""
+        return self.layout.pp_neighbors(self.world_rank)[1]
 
     @property
     def is_entry_rank(self) -> bool:
+        """Stage 0, tp rank 0: receives requests from the tokenizer."""
         return self.pp.is_first and self.tp.is_first
 
 

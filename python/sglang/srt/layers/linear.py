@@ -193,8 +193,13 @@ class QKVParallelLinear(ColumnParallelLinear):
             self.num_kv_heads = _divide(total_num_kv_heads, tp_size, "number of KV heads")
             self.num_kv_head_replicas = 1
         else:
+            if tp_size % total_num_kv_heads:
+                raise ValueError(
+                    f"tp size ({tp_size}) must be a multiple of the number of KV heads ({total_num_kv_heads}) "
+                    f"when there are fewer KV heads than tp ranks"
+                )
             self.num_kv_heads = 1
-            self.num_kv_head_replicas = _divide(tp_size, total_num_kv_heads, "tp size / KV heads; tp size")
+            self.num_kv_head_replicas = tp_size // total_num_kv_heads
         self.q_size = self.num_heads * head_size
         self.kv_size = self.num_kv_heads * head_size
         out_total = (self.num_heads + 2 * self.num_kv_heads) * head_size * tp_size

@@ -1,39 +1,85 @@
 """Deterministic random ("dummy") weights for runs without a checkpoint.
 
-Each parameter gets its own CPU generator seeded from (`seed`, parameter name), so values depend only
-on the seed, the name and the shape: not on dtype, device, or which other parameters the module holds
-(a pipeline stage holding layers 15..29 gets the same values as the full model's layers 15..29).
-Values are drawn in float32 and then cast.
+Values depend only on (`seed`, tensor name, shape), drawn in float32 from a CPU generator seeded per
+tensor, then cast: not on dtype, device, or which other tensors exist.
 
-- 1-D parameters whose name contains "norm" (RMSNorm / LayerNorm weights): 1.0 (biases of norms: 0.0).
+- 1-D tensors whose name contains "norm" (RMSNorm / LayerNorm weights): 1.0 (biases of norms: 0.0).
 - everything else (matrices, embeddings, biases): normal(0, std), default std 0.02.
 
-NOTE: a tensor-parallel shard gets values drawn for its own shard shape, so dummy weights are not
-consistent across different TP sizes; use real or `write_random_checkpoint` weights for TP parity tests.
+Two paths:
+- Models that list their checkpoint tensors (`dummy_weight_specs(config)` -> [(hf_name, full_shape)],
+  a classmethod) get FULL checkpoint-level tensors, keyed by HF name, streamed through
+  `model.load_weights`; each parameter's `weight_loader` shards them. So dummy weights are identical
+  across tensor-parallel sizes and pipeline splits (a rank still draws the full tensors of its layers).
+- Other modules: each parameter is filled directly, keyed by its own name and (local) shape.
 """
 
 from __future__ import annotations
 
+import re
 import zlib
+from typing import Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
+
+WeightSpec = tuple[str, Sequence[int]]
+_LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.")
 
 
 def _param_seed(seed: int, name: str) -> int:
     return (int(seed) * 1_000_003 + zlib.crc32(name.encode("utf-8"))) % (2**63 - 1)
 
 
-def _is_norm(name: str, param: torch.Tensor) -> bool:
-    return param.dim() == 1 and "norm" in name.rsplit(".", 1)[0].lower()
+def _is_norm(name: str, ndim: int) -> bool:
+    return ndim == 1 and "norm" in name.rsplit(".", 1)[0].lower()
+
+
+def dummy_tensor(name: str, shape: Sequence[int], seed: int, std: float = 0.02) -> torch.Tensor:
+    """The float32 dummy value of the tensor called `name` with `shape` (see module docstring)."""
+    shape = tuple(int(s) for s in shape)
+    if _is_norm(name, len(shape)):
+        return torch.full(shape, 0.0 if name.endswith("bias") else 1.0, dtype=torch.float32)
+    gen = torch.Generator(device="cpu").manual_seed(_param_seed(seed, name))
+    return torch.empty(shape, dtype=torch.float32).normal_(0.0, std, generator=gen)
+
+
+def iter_dummy_weights(
+    specs: Iterable[WeightSpec], seed: int, std: float = 0.02, keep: Optional[Callable[[str], bool]] = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, full float32 tensor) for every spec that `keep` accepts (all when `keep` is None)."""
+    for name, shape in specs:
+        if keep is None or keep(name):
+            yield name, dummy_tensor(name, shape, seed, std)
+
+
+def _stage_filter(model: torch.nn.Module) -> Optional[Callable[[str], bool]]:
+    """Skip `model.layers.N.*` tensors outside this pipeline stage's [start_layer, end_layer)."""
+    start, end = getattr(model, "start_layer", None), getattr(model, "end_layer", None)
+    if start is None or end is None:
+        return None
+
+    def keep(name: str) -> bool:
+        m = _LAYER_RE.match(name)
+        return m is None or start <= int(m.group(1)) < end
+
+    return keep
+
+
+@torch.no_grad()
+def _fill_parameters(model: torch.nn.Module, seed: int, std: float, skip: set[str]) -> None:
+    for name, param in model.named_parameters():
+        if name not in skip:
+            param.copy_(dummy_tensor(name, param.shape, seed, std).to(device=param.device, dtype=param.dtype))
 
 
 @torch.no_grad()
 def init_dummy_weights(model: torch.nn.Module, seed: int, std: float = 0.02) -> None:
     """Fill every parameter of `model` in place with deterministic values (see module docstring)."""
-    for name, param in model.named_parameters():
-        if _is_norm(name, param):
-            param.fill_(0.0 if name.endswith("bias") else 1.0)
-            continue
-        gen = torch.Generator(device="cpu").manual_seed(_param_seed(seed, name))
-        values = torch.empty(param.shape, dtype=torch.float32).normal_(0.0, std, generator=gen)
-        param.copy_(values.to(device=param.device, dtype=param.dtype))
+    specs_fn = getattr(model, "dummy_weight_specs", None)
+    config = getattr(model, "config", None)
+    if specs_fn is None or config is None or not hasattr(model, "load_weights"):
+        _fill_parameters(model, seed, std, skip=set())
+        return
+    loaded = model.load_weights(iter_dummy_weights(specs_fn(config), seed, std, _stage_filter(model)))
+    # anything the specs do not cover still gets a value rather than uninitialised memory
+    _fill_parameters(model, seed, std, skip=set(loaded or ()))

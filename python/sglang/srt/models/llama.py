@@ -242,6 +242,42 @@ class LlamaForCausalLM(nn.Module):
             return out
         return self.logits_processor(out, self.lm_head, forward_batch)
 
+    @classmethod
+    def dummy_weight_specs(cls, config: PretrainedConfig) -> list[tuple[str, tuple[int, ...]]]:
+        """HF checkpoint names and FULL (unsharded) shapes of every tensor `load_weights` takes.
+
+        The dummy loader draws these tensors and feeds them through `load_weights`, so dummy
+        weights do not depend on the tp size."""
+        hidden, inter, vocab = config.hidden_size, config.intermediate_size, config.vocab_size
+        head_dim = _head_dim(config)
+        heads = config.num_attention_heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        q_out, kv_out = heads * head_dim, kv_heads * head_dim
+        qkv_bias = cls.force_qkv_bias or bool(getattr(config, "attention_bias", False))
+        o_bias = bool(getattr(config, "attention_bias", False))
+        mlp_bias = bool(getattr(config, "mlp_bias", False))
+        specs: list[tuple[str, tuple[int, ...]]] = [("model.embed_tokens.weight", (vocab, hidden))]
+        for i in range(config.num_hidden_layers):
+            p = f"model.layers.{i}."
+            specs += [(p + "input_layernorm.weight", (hidden,)), (p + "post_attention_layernorm.weight", (hidden,))]
+            for proj, out in (("q_proj", q_out), ("k_proj", kv_out), ("v_proj", kv_out)):
+                specs.append((f"{p}self_attn.{proj}.weight", (out, hidden)))
+                if qkv_bias:
+                    specs.append((f"{p}self_attn.{proj}.bias", (out,)))
+            specs.append((p + "self_attn.o_proj.weight", (hidden, q_out)))
+            if o_bias:
+                specs.append((p + "self_attn.o_proj.bias", (hidden,)))
+            if cls.use_qk_norm:
+                specs += [(p + "self_attn.q_norm.weight", (head_dim,)), (p + "self_attn.k_norm.weight", (head_dim,))]
+            for proj, shape in (("gate_proj", (inter, hidden)), ("up_proj", (inter, hidden)), ("down_proj", (hidden, inter))):
+                specs.append((f"{p}mlp.{proj}.weight", shape))
+                if mlp_bias:
+                    specs.append((f"{p}mlp.{proj}.bias", (shape[0],)))
+        specs.append(("model.norm.weight", (hidden,)))
+        if not bool(getattr(config, "tie_word_embeddings", False)):
+            specs.append(("lm_head.weight", (vocab, hidden)))
+        return specs
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Load HF-named tensors (full, unsharded); returns the names of the parameters filled."""
         params = dict(self.named_parameters())  # a tied head shares (and is listed as) the embedding

@@ -1,0 +1,22 @@
+"""CUDA platform: nccl, `torch.cuda` streams and memory."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from sglang.srt.platforms.base import AcceleratorPlatform
+
+
+class CudaPlatform(AcceleratorPlatform):
+    name = "cuda"
+    device_type = "cuda"
+    dist_backend = "nccl"
+
+    @classmethod
+    def is_available(cls) -> bool:
+        return torch.cuda.is_available()
+
+    def module(self) -> Any:
+        return torch.cuda
