@@ -142,11 +142,20 @@ class ServerArgs:
                 raise ValueError(f"--{_flag(name)} must be >= 1, got {getattr(self, name)}")
         if not (0 <= self.node_rank < self.nnodes):
             raise ValueError(f"--node-rank must be in [0, --nnodes), got {self.node_rank}")
-        unsupported = [n for n in ("tp_size", "pp_size", "dp_size", "cp_size", "ep_size") if getattr(self, n) > 1]
-        if unsupported or self.nnodes > 1:
+        unsupported = [n for n in ("pp_size", "dp_size", "cp_size", "ep_size") if getattr(self, n) > 1]
+        if unsupported:
             raise ValueError(
-                f"{', '.join('--' + _flag(n) for n in unsupported) or '--nnodes'} > 1 is not supported by this build yet"
+                f"{', '.join('--' + _flag(n) for n in unsupported)} > 1 is not supported by this build yet"
             )
+        from sglang.srt.distributed.parallel_layout import ParallelLayout
+
+        layout = ParallelLayout.from_server_args(self)
+        if layout.world_size % self.nnodes:
+            raise ValueError(
+                f"the world size ({layout.world_size} = pp {layout.pp} × tp {layout.tp}) must be divisible by --nnodes ({self.nnodes})"
+            )
+        if self.nnodes > 1 and not self.dist_init_addr:
+            raise ValueError("--dist-init-addr HOST:PORT is required when --nnodes > 1")
         if self.load_format != "dummy" and not self.model_path.startswith("dummy:"):
             if not os.path.exists(self.model_path):
                 raise ValueError(f"--model-path {self.model_path!r} does not exist")

@@ -217,6 +217,12 @@ def create_app(tokenizer_manager: TokenizerManager, on_started: Optional[Callabl
 
 def launch_server(server_args: ServerArgs, scheduler_entry: Optional[Callable[..., None]] = None) -> None:
     """Start the processes and serve HTTP until a signal; exits non-zero if a child process dies."""
+    if server_args.node_rank > 0:
+        from sglang.srt.entrypoints.launch import run_worker_node
+
+        configure_logger(server_args.log_level, f"Node {server_args.node_rank}")
+        run_worker_node(server_args)
+        return
     configure_logger(server_args.log_level, "TokenizerManager")
     tm, _info = _launch_subprocesses(server_args, scheduler_entry)
     children = tm.child_processes

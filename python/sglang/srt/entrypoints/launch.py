@@ -162,9 +162,27 @@ def _wait_ready(reader: Any, proc: mp.process.BaseProcess, name: str, children: 
 
 def scheduler_ranks(server_args: ServerArgs) -> range:
     """World ranks whose scheduler processes run on this node (one process per rank)."""
-    per_node = server_args.tp_size * server_args.pp_size // max(server_args.nnodes, 1)
+    from sglang.srt.distributed.parallel_layout import ParallelLayout
+
+    per_node = ParallelLayout.from_server_args(server_args).world_size // max(server_args.nnodes, 1)
     start = server_args.node_rank * per_node
     return range(start, start + per_node)
+
+
+def prepare_rank_args(server_args: ServerArgs) -> ServerArgs:
+    """Fill in what every rank must agree on before the ranks start: the rendezvous address of
+    torch.distributed (a free local port when the world is on this machine alone) and the torch
+    threads of each rank (this machine's cores shared by its local ranks)."""
+    changes: dict[str, Any] = {}
+    local_ranks = len(scheduler_ranks(server_args))
+    world = local_ranks * max(server_args.nnodes, 1)
+    if world > 1 and not server_args.dist_init_addr:
+        from sglang.srt.distributed.init import get_free_port
+
+        changes["dist_init_addr"] = f"127.0.0.1:{get_free_port()}"
+    if server_args.num_threads is None:
+        changes["num_threads"] = max(1, (os.cpu_count() or 1) // local_ranks)
+    return server_args.replace(**changes) if changes else server_args
 
 
 def launch_processes(
@@ -178,6 +196,8 @@ def launch_processes(
     children are stopped first).
     """
     port_args = port_args or PortArgs.init_new(server_args)
+    server_args = prepare_rank_args(server_args)
+    is_head_node = server_args.node_rank == 0
     ctx = mp.get_context("spawn")
     children = ChildProcesses(port_args)
     readers = []
@@ -194,14 +214,15 @@ def launch_processes(
             writer.close()  # so that recv() sees EOF if the child dies
             children.add(f"Scheduler rank {rank}", proc)
             readers.append((reader, proc, f"Scheduler rank {rank}"))
-        detok = ctx.Process(
-            target=_detokenizer_entry, args=(server_args, port_args), name="sglang-detokenizer", daemon=False
-        )
-        detok.start()
-        children.add("Detokenizer", detok)
+        if is_head_node:  # other nodes run only their scheduler ranks
+            detok = ctx.Process(
+                target=_detokenizer_entry, args=(server_args, port_args), name="sglang-detokenizer", daemon=False
+            )
+            detok.start()
+            children.add("Detokenizer", detok)
 
         tokenizer = None
-        if not server_args.skip_tokenizer_init:
+        if is_head_node and not server_args.skip_tokenizer_init:
             from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 
             tokenizer = get_tokenizer(server_args.tokenizer_path)
@@ -217,3 +238,35 @@ def launch_processes(
         for reader, _, _ in readers:
             reader.close()
     return children, infos[0], tokenizer
+
+
+def run_worker_node(server_args: ServerArgs) -> None:
+    """`launch_server` on a node other than 0: run this node's scheduler ranks and wait.
+
+    The node serves no HTTP; its ranks take part in the collectives of the head node's ranks.
+    Exits non-zero as soon as one of its ranks dies (the ranks of the other nodes then fail in
+    their next collective and their servers exit too).
+    """
+    children, _info, _ = launch_processes(server_args)
+    ranks = list(scheduler_ranks(server_args))
+    logger.info("node %d: scheduler ranks %s ready; serving through node 0", server_args.node_rank, ranks)
+    stop = threading.Event()
+
+    def on_death(message: str) -> None:
+        if stop.is_set():
+            return
+        logger.error("%s: shutting this node down", message)
+        children.terminate(grace_s=2.0)
+        os._exit(1)
+
+    def on_signal(_sig: int, _frame: Any) -> None:
+        stop.set()
+
+    children.start_watchdog(on_death)
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        while not stop.wait(1.0):
+            pass
+    finally:
+        children.terminate()

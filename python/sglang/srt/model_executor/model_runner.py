@@ -77,7 +77,7 @@ class ModelRunner:
             plan.max_total_tokens,
             page,
             self.dtype,
-            cfg.num_key_value_heads,
+            cfg.get_num_kv_heads(groups.attn_tp.size),
             cfg.head_dim,
             cfg.num_hidden_layers,
             device=self.device,
@@ -152,8 +152,12 @@ class ModelRunner:
             return_logprob=wb.return_logprob,
             top_logprobs_nums=wb.top_logprobs_nums,
         )
+        next_ids = result.next_token_ids
+        if self.groups.tp.size > 1:
+            # Every rank of the stage must append the same token: rank 0's choice wins.
+            next_ids = self.groups.tp.broadcast(next_ids.contiguous(), src=0)
         return ForwardResult(
-            next_token_ids=result.next_token_ids.tolist(),
+            next_token_ids=next_ids.tolist(),
             logprobs=None if result.next_token_logprobs is None else result.next_token_logprobs.tolist(),
             top_logprobs=result.top_logprobs,
             logits=raw_logits if self.keep_logits else None,
