@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional
 
 from sglang.srt.managers.io_struct import SchedulerReadyInfo
 from sglang.srt.server_args import PortArgs, ServerArgs
-from sglang.srt.utils.process import kill_itself_when_parent_died, kill_process_tree
+from sglang.srt.utils.process import kill_itself_when_parent_died, kill_process_tree, set_process_name
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +43,7 @@ def _scheduler_entry(
     from sglang.srt.utils.process import configure_logger
 
     configure_logger(server_args.log_level, f"Scheduler rank {rank}")
+    set_process_name(f"sglang-rank{rank}")
     _ignore_sigint()
     kill_itself_when_parent_died()
     try:
@@ -59,6 +60,7 @@ def _scheduler_entry(
 
 
 def _detokenizer_entry(server_args: ServerArgs, port_args: PortArgs) -> None:
+    set_process_name("sglang-detok")
     _ignore_sigint()
     kill_itself_when_parent_died()
     from sglang.srt.managers.detokenizer_manager import run_detokenizer_process

@@ -284,7 +284,7 @@ class Scheduler:
     # ------------------------------------------------------------------ logging
     def _maybe_log_stats(self) -> None:
         now = time.monotonic()
-        if now - self._last_stats < STATS_LOG_INTERVAL_S or not self._stats["steps"]:
+        if now - self._last_stats < STATS_LOG_INTERVAL_S or not self._stats["steps"] or not self.groups.tp.is_first:
             return
         dt = now - self._last_stats
         used = self.runner.max_total_num_tokens - self.cache.available_tokens()
