@@ -30,6 +30,7 @@ from sglang.srt.entrypoints.openai.utils import SSE_DONE, OpenAIError, error_bod
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.tokenizer_input import generate_req_from_dict
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
+from sglang.srt.metrics.collector import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.process import configure_logger
 
@@ -37,7 +38,8 @@ logger = logging.getLogger(__name__)
 
 HEALTH_GENERATE_TIMEOUT_S = 20.0
 SHUTDOWN_RACE_S = 0.5
-UNAUTHENTICATED_PATHS = ("/health",)
+METRICS_STATE_TIMEOUT_S = 5.0  # a scrape waits at most this long for the scheduler's gauges
+UNAUTHENTICATED_PATHS = ("/health", "/metrics")
 
 
 class ApiKeyMiddleware:
@@ -154,6 +156,18 @@ def create_app(tokenizer_manager: TokenizerManager, on_started: Optional[Callabl
     @app.get("/server_info")
     async def get_server_info() -> dict:
         return server_info(tm, await tm.get_internal_state())
+
+    if tm.metrics is not None:
+
+        @app.get("/metrics")
+        async def metrics() -> Response:
+            # Scheduler gauges are pulled at scrape time; on timeout the previous values stay.
+            try:
+                state = await asyncio.wait_for(tm.get_internal_state(), timeout=METRICS_STATE_TIMEOUT_S)
+                tm.metrics.update_scheduler_state(state)
+            except Exception as err:  # noqa: BLE001 - still serve the tokenizer-side metrics
+                logger.warning("metrics: scheduler state unavailable (%r)", err)
+            return Response(tm.metrics.render(), media_type=METRICS_CONTENT_TYPE)
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache() -> Response:

@@ -31,6 +31,7 @@ from sglang.srt.managers.io_struct import (
     TokenizedGenerateReqInput,
 )
 from sglang.srt.managers.tokenizer_input import PreparedReq, prepare_requests
+from sglang.srt.metrics.collector import ServerMetrics
 from sglang.srt.server_args import PortArgs, ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -58,6 +59,9 @@ class ReqState:
     output_token_logprobs: list = field(default_factory=list)
     output_top_logprobs: list = field(default_factory=list)
     error: Optional[str] = None  # set when the engine died under this request
+    # Arrival times of the first and the latest output tokens (metrics).
+    first_token_time: Optional[float] = None
+    last_token_time: Optional[float] = None
     # How much has been handed to the consumer already.
     yielded_text: int = 0
     yielded_ids: int = 0
@@ -119,6 +123,9 @@ class TokenizerManager:
         self.token_text_cache: dict[int, str] = {}
         # The processes started for this manager (a launch.ChildProcesses), set by the launcher.
         self.child_processes: Optional[Any] = None
+        self.metrics: Optional[ServerMetrics] = None
+        if server_args.enable_metrics:
+            self.metrics = ServerMetrics(server_args.served_model_name, pp_size=server_args.pp_size)
 
     # ------------------------------------------------------------------ life cycle
     def _ensure_started(self) -> None:
@@ -184,10 +191,13 @@ class TokenizerManager:
                 return
 
     def _handle_batch_str(self, out: BatchStrOut) -> None:
+        now = time.time()
         for i, rid in enumerate(out.rids):
             state = self.rid_to_state.get(rid)
             if state is None:
                 continue
+            if self.metrics is not None and state.req.stream:  # only streams see tokens as they come
+                self._record_tokens(state, len(out.new_output_ids[i]), now)
             state.text += out.output_strs[i]
             state.output_ids.extend(out.new_output_ids[i])
             state.prompt_tokens = out.prompt_tokens[i]
@@ -199,8 +209,30 @@ class TokenizerManager:
             if out.finished_reasons[i] is not None:
                 self._finish(state, out.finished_reasons[i])
                 del self.rid_to_state[rid]
+                if self.metrics is not None:
+                    self._record_finish(state)
             else:
                 self._notify(state)
+
+    def _record_tokens(self, state: ReqState, num_new: int, now: float) -> None:
+        if num_new <= 0:
+            return
+        if state.first_token_time is None:
+            state.first_token_time = now
+            self.metrics.observe_ttft(now - state.created_time)
+        else:
+            self.metrics.observe_itl(now - state.last_token_time, num_new)
+        state.last_token_time = now
+
+    def _record_finish(self, state: ReqState) -> None:
+        reason = state.finished_reason or {}
+        self.metrics.observe_finish(
+            prompt_tokens=state.prompt_tokens or len(state.req.input_ids),
+            completion_tokens=state.completion_tokens,
+            cached_tokens=state.cached_tokens,
+            e2e_s=(state.finished_time or time.time()) - state.created_time,
+            aborted=reason.get("type") == "abort",
+        )
 
     def _finish(self, state: ReqState, reason: dict) -> None:
         state.finished = True

