@@ -19,6 +19,9 @@ class ModelRegistry:
         "LlamaForCausalLM": "sglang.srt.models.llama:LlamaForCausalLM",
         "Qwen2ForCausalLM": "sglang.srt.models.llama:Qwen2ForCausalLM",
         "Qwen3ForCausalLM": "sglang.srt.models.llama:Qwen3ForCausalLM",
+        "Qwen3MoeForCausalLM": "sglang.srt.models.qwen3_moe:Qwen3MoeForCausalLM",
+        "DeepseekV3ForCausalLM": "sglang.srt.models.deepseek_v2:DeepseekV3ForCausalLM",
+        "DeepseekV32ForCausalLM": "sglang.srt.models.deepseek_v2:DeepseekV32ForCausalLM",
     }
 
     @classmethod

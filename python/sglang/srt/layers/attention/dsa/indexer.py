@@ -1,0 +1,167 @@
+"""Lightning Indexer of DeepSeek Sparse Attention (DeepSeek-V3.2): which past tokens each query attends to.
+
+Per layer: queries from the q-LoRA latent (`wq_b`, `index_n_heads` heads of `index_head_dim`), one
+shared key head from the hidden state (`wk` + LayerNorm), non-interleaved ("neox") RoPE on the first
+`qk_rope_head_dim` dims of both, a Hadamard rotation (orthogonal, so scores are unchanged in exact
+arithmetic; the reference uses it to make FP8 quantisation benign), and per-head weights
+`weights_proj(x) * n_heads^-0.5`. The score of query t against key s is
+
+    index_score[t, s] = sum_h relu(q[t, h] · k[s] * head_dim^-0.5) * w[t, h]
+
+masked causally, and each query keeps its `index_topk` best positions (exact ties go to the earlier
+position, independent of batch composition; HF's `topk` leaves ties implementation-defined). Keys are stored in the DSA
+pool (`set_index_k_buffer`) so later chunks and decode steps score against every cached token.
+When no sequence of the batch is longer than `index_topk`, every visible token would be selected:
+the indexer then returns None and the layer runs dense MLA (identical result, no scoring).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+import torch
+from torch import nn
+
+from sglang.srt.layers.attention.mla_metadata import MLAMetadata, get_mla_metadata
+from sglang.srt.layers.attention.torch_native import causal_mask
+from sglang.srt.layers.linear import ReplicatedLinear
+from sglang.srt.layers.rotary_yarn import DeepseekRotaryEmbedding
+
+if TYPE_CHECKING:
+    from sglang.srt.model_executor.forward_batch import ForwardBatch
+
+SCORE_BUDGET = 1 << 24  # max score elements (queries * heads * keys) per block
+
+
+def hadamard_matrix(dim: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Orthonormal Sylvester Hadamard matrix [dim, dim] (dim a power of two), scaled by dim^-0.5."""
+    if dim < 1 or dim & (dim - 1):
+        raise ValueError(f"Hadamard rotation needs a power-of-two dim, got {dim}")
+    h = torch.ones(1, 1)
+    while h.shape[0] < dim:
+        h = torch.cat((torch.cat((h, h), 1), torch.cat((h, -h), 1)), 0)
+    return (h * dim**-0.5).to(dtype)
+
+
+def index_topk_positions(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    k_cache: torch.Tensor,
+    md: MLAMetadata,
+    topk: int,
+    softmax_scale: float,
+) -> torch.Tensor:
+    """Top-k key positions per query token: [n, min(topk, longest sequence)] int64, -1 = no key.
+
+    q [n, H, D] indexer queries, weights [n, H] float32 head weights, k_cache [rows, D] the layer's
+    index keys (new tokens already written)."""
+    n = q.shape[0]
+    width = min(topk, md.max_seq_len)
+    out = torch.full((n, width), -1, dtype=torch.int64, device=q.device)
+    if n == 0:
+        return out
+    qf, wf = q.float(), weights.float()
+
+    def select(scores: torch.Tensor, k: int) -> torch.Tensor:
+        # stable sort, not topk: exact ties (e.g. keys every head scores <= 0) go to the earlier
+        # position whatever the row length, so the choice does not depend on batching or padding
+        vals, idx = torch.sort(scores, dim=-1, descending=True, stable=True)
+        vals, idx = vals[:, :k], idx[:, :k]
+        return idx.masked_fill(torch.isinf(vals) & (vals < 0), -1)
+
+    def score(qb: torch.Tensor, wb: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """qb [b, H, D], wb [b, H], keys [b or 1, T, D] -> [b, T]."""
+        s = torch.matmul(qb, keys.transpose(-1, -2)) * softmax_scale  # [b, H, T]
+        return torch.bmm(wb.unsqueeze(1), torch.relu(s)).squeeze(1)
+
+    if md.single_slots is not None:
+        n1, max_len = md.single_slots.shape
+        rows = torch.arange(n1, device=q.device) if md.all_single else md.single_token_idx
+        k = min(width, max_len)
+        block = max(1, SCORE_BUDGET // max(1, (q.shape[1] + k_cache.shape[1]) * max_len))
+        for b0 in range(0, n1, block):
+            b1 = min(n1, b0 + block)
+            keys = k_cache.index_select(0, md.single_slots[b0:b1].reshape(-1)).view(b1 - b0, max_len, -1).float()
+            s = score(qf[rows[b0:b1]], wf[rows[b0:b1]], keys)
+            if md.single_valid is not None:
+                s = s.masked_fill(~md.single_valid[b0:b1], float("-inf"))
+            out[rows[b0:b1], :k] = select(s, k)
+    for item in md.extends:
+        keys = k_cache.index_select(0, item.slots).float().unsqueeze(0)  # [1, T, D]
+        m, seq = item.end - item.start, item.seq_len
+        block = max(1, SCORE_BUDGET // max(1, q.shape[1] * seq))
+        k = min(width, seq)
+        for s0 in range(0, m, block):
+            s1 = min(m, s0 + block)
+            t0, t1 = item.start + s0, item.start + s1
+            s = score(qf[t0:t1], wf[t0:t1], keys)
+            visible = causal_mask(s1 - s0, seq, item.prefix_len + s0, device=q.device)
+            out[t0:t1, :k] = select(s.masked_fill(~visible, float("-inf")), k)
+    return out
+
+
+class Indexer(nn.Module):
+    """Projections and selection of one layer's Lightning Indexer (replicated on every attention-TP rank,
+    so every rank selects the same tokens)."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        q_lora_rank: int,
+        n_heads: int,
+        head_dim: int,
+        rope_dim: int,
+        index_topk: int,
+        layer_id: int,
+        dtype: torch.dtype,
+        use_hadamard: bool = True,
+    ):
+        super().__init__()
+        if rope_dim > head_dim:
+            raise ValueError(f"indexer rope dim ({rope_dim}) exceeds index_head_dim ({head_dim})")
+        self.n_heads, self.head_dim, self.rope_dim = n_heads, head_dim, rope_dim
+        self.index_topk = index_topk
+        self.layer_id = layer_id
+        self.softmax_scale = head_dim**-0.5
+        self.wq_b = ReplicatedLinear(q_lora_rank, n_heads * head_dim, False, None, dtype)
+        self.wk = ReplicatedLinear(hidden_size, head_dim, False, None, dtype)
+        self.k_norm = nn.LayerNorm(head_dim, eps=1e-6, dtype=dtype)
+        for p in self.k_norm.parameters():
+            p.requires_grad_(False)
+        # kept in float32 like the reference (its output weighs the heads)
+        self.weights_proj = ReplicatedLinear(hidden_size, n_heads, False, None, torch.float32)
+        self.use_hadamard = use_hadamard and head_dim & (head_dim - 1) == 0
+        if self.use_hadamard:
+            self.register_buffer("hadamard", hadamard_matrix(head_dim, dtype), persistent=False)
+
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x [n, heads, head_dim]: neox rope on the first rope_dim dims."""
+        r = self.rope_dim
+        return torch.cat((DeepseekRotaryEmbedding.apply_neox(x[..., :r], cos, sin), x[..., r:]), dim=-1)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        q_lora: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        forward_batch: "ForwardBatch",
+    ) -> Optional[torch.Tensor]:
+        """Store this batch's index keys; return [n, K] selected positions, or None for "attend to all"."""
+        n = hidden_states.shape[0]
+        q = self._rope(self.wq_b(q_lora).view(n, self.n_heads, self.head_dim), cos, sin)
+        k = self._rope(self.k_norm(self.wk(hidden_states)).unsqueeze(1), cos, sin).squeeze(1)
+        if self.use_hadamard:
+            q, k = q @ self.hadamard, k @ self.hadamard
+        pool = forward_batch.token_to_kv_pool
+        if n:
+            pool.set_index_k_buffer(self.layer_id, forward_batch.out_cache_loc, k)
+        if n == 0 or forward_batch.forward_mode.is_idle():
+            return None
+        md = get_mla_metadata(forward_batch)
+        if md.max_seq_len <= self.index_topk:
+            return None
+        weights = self.weights_proj(hidden_states.float()) * self.n_heads**-0.5
+        return index_topk_positions(
+            q, weights, pool.get_index_k_buffer(self.layer_id), md, self.index_topk, self.softmax_scale
+        )

@@ -1,0 +1,157 @@
+"""Multi-head Latent Attention (DeepSeek V2/V3/V3.2) with weight absorption, optionally sparse (DSA).
+
+Projections (TP over `attn_tp`: heads split; the latent path is replicated):
+  q:  q_a_proj -> q_a_layernorm -> q_b_proj   (or a plain q_proj when q_lora_rank is None)
+      per head [q_nope (qk_nope_head_dim) ; q_rope (qk_rope_head_dim)]
+  kv: kv_a_proj_with_mqa -> [latent (kv_lora_rank) ; k_rope (qk_rope_head_dim, one shared head)],
+      kv_a_layernorm on the latent; kv_b_proj holds per head [W_UK (nope x L) ; W_UV (v x L)].
+Absorbed attention (prefill and decode alike): q_latent = q_nope · W_UK, scores against the cached
+rows [latent ; k_rope], output o_latent = softmax · latent, then o = o_latent · W_UV^T and o_proj.
+Keys and values are never up-projected per head and the pool holds only the latent rows. With a
+Lightning Indexer (V3.2) each query attends to its top-k selected rows only.
+
+Rope: MLA rotates interleaved pairs (`rope_interleave`, default True); the softmax scale is
+qk_head_dim^-0.5 with the YaRN mscale correction (`rotary_yarn.mla_softmax_scale`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Optional
+
+import torch
+from torch import nn
+
+from sglang.srt.distributed.parallel_state import GroupCoordinator
+from sglang.srt.layers.attention.dsa.indexer import Indexer
+from sglang.srt.layers.attention.torch_native_mla import TorchNativeMLABackend
+from sglang.srt.layers.layernorm import RMSNorm
+from sglang.srt.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
+from sglang.srt.layers.rotary_yarn import DeepseekRotaryEmbedding, mla_softmax_scale
+
+if TYPE_CHECKING:
+    from sglang.srt.model_executor.forward_batch import ForwardBatch
+
+# DeepSeek's q/kv LoRA norms use a fixed eps (not config.rms_norm_eps).
+LORA_NORM_EPS = 1e-6
+
+
+class MLACore(nn.Module):
+    """The attention op of one MLA layer (what RadixAttention is for MHA): sizes, scale, global layer id.
+
+    Runs on the batch's backend when it implements `forward_mla`, else on a torch-native one."""
+
+    def __init__(self, num_heads: int, kv_lora_rank: int, qk_rope_head_dim: int, scaling: float, layer_id: int):
+        super().__init__()
+        self.num_heads = num_heads
+        self.kv_lora_rank = kv_lora_rank
+        self.qk_rope_head_dim = qk_rope_head_dim
+        self.head_dim = kv_lora_rank + qk_rope_head_dim
+        self.v_head_dim = kv_lora_rank
+        self.scaling = scaling
+        self.layer_id = layer_id
+        self._fallback = TorchNativeMLABackend()
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        kv_new: torch.Tensor,
+        forward_batch: "ForwardBatch",
+        topk_positions: Optional[torch.Tensor] = None,
+        save_kv_cache: bool = True,
+    ) -> torch.Tensor:
+        """q [n, H, L + R], kv_new [n, L + R] -> [n, H, L]."""
+        backend = forward_batch.attn_backend
+        if not hasattr(backend, "forward_mla"):
+            backend = self._fallback
+        return backend.forward_mla(q, kv_new, self, forward_batch, topk_positions, save_kv_cache)
+
+    def extra_repr(self) -> str:
+        return f"layer_id={self.layer_id}, heads={self.num_heads}, latent={self.kv_lora_rank}+{self.qk_rope_head_dim}"
+
+
+class MLAAttention(nn.Module):
+    """One MLA self-attention block (projections + absorbed attention [+ indexer] + o_proj)."""
+
+    def __init__(
+        self,
+        config: Any,
+        layer_id: int,
+        tp: GroupCoordinator,
+        dtype: torch.dtype,
+        use_indexer: bool = False,
+    ):
+        super().__init__()
+        hidden = config.hidden_size
+        total_heads = config.num_attention_heads
+        self.q_lora_rank: Optional[int] = getattr(config, "q_lora_rank", None)
+        self.kv_lora_rank = int(config.kv_lora_rank)
+        self.qk_nope_head_dim = int(config.qk_nope_head_dim)
+        self.qk_rope_head_dim = int(config.qk_rope_head_dim)
+        self.v_head_dim = int(config.v_head_dim)
+        qk_head_dim = self.qk_nope_head_dim + self.qk_rope_head_dim
+        bias = bool(getattr(config, "attention_bias", False))
+        self.rope_interleave = bool(getattr(config, "rope_interleave", True))
+        if self.q_lora_rank:
+            self.q_a_proj = ReplicatedLinear(hidden, self.q_lora_rank, bias, None, dtype)
+            self.q_a_layernorm = RMSNorm(self.q_lora_rank, LORA_NORM_EPS, dtype)
+            self.q_b_proj = ColumnParallelLinear(self.q_lora_rank, total_heads * qk_head_dim, False, tp, dtype)
+        else:
+            self.q_proj = ColumnParallelLinear(hidden, total_heads * qk_head_dim, False, tp, dtype)
+        self.kv_a_proj_with_mqa = ReplicatedLinear(hidden, self.kv_lora_rank + self.qk_rope_head_dim, bias, None, dtype)
+        self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, LORA_NORM_EPS, dtype)
+        self.kv_b_proj = ColumnParallelLinear(
+            self.kv_lora_rank, total_heads * (self.qk_nope_head_dim + self.v_head_dim), False, tp, dtype
+        )
+        self.o_proj = RowParallelLinear(total_heads * self.v_head_dim, hidden, bias, tp, dtype)
+        self.num_heads = total_heads // (tp.size if tp is not None else 1)
+        self.attn = MLACore(
+            self.num_heads, self.kv_lora_rank, self.qk_rope_head_dim, mla_softmax_scale(qk_head_dim, config), layer_id
+        )
+        self.indexer: Optional[Indexer] = None
+        if use_indexer:
+            if not self.q_lora_rank:
+                raise ValueError("the DSA indexer needs q_lora_rank (its queries come from the q-LoRA latent)")
+            self.indexer = Indexer(
+                hidden,
+                self.q_lora_rank,
+                int(config.index_n_heads),
+                int(config.index_head_dim),
+                self.qk_rope_head_dim,
+                int(config.index_topk),
+                layer_id,
+                dtype,
+            )
+
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self.rope_interleave:
+            return DeepseekRotaryEmbedding.apply_interleaved(x, cos, sin)
+        return DeepseekRotaryEmbedding.apply_neox(x, cos, sin)
+
+    def forward(
+        self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, forward_batch: "ForwardBatch"
+    ) -> torch.Tensor:
+        n, heads = hidden_states.shape[0], self.num_heads
+        q_lora = None
+        if self.q_lora_rank:
+            q_lora = self.q_a_layernorm(self.q_a_proj(hidden_states))
+            q = self.q_b_proj(q_lora)
+        else:
+            q = self.q_proj(hidden_states)
+        q = q.view(n, heads, self.qk_nope_head_dim + self.qk_rope_head_dim)
+        q_nope, q_rope = q.split([self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
+        latent, k_rope = self.kv_a_proj_with_mqa(hidden_states).split([self.kv_lora_rank, self.qk_rope_head_dim], -1)
+        latent = self.kv_a_layernorm(latent)
+        q_rope = self._rope(q_rope, cos, sin)
+        k_rope = self._rope(k_rope.unsqueeze(1), cos, sin).squeeze(1)
+
+        w_kv = self.kv_b_proj.weight.view(heads, self.qk_nope_head_dim + self.v_head_dim, self.kv_lora_rank)
+        w_uk, w_uv = w_kv[:, : self.qk_nope_head_dim], w_kv[:, self.qk_nope_head_dim :]
+        q_latent = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)  # [n, H, L]
+        q_full = torch.cat((q_latent, q_rope), dim=-1)
+
+        topk = None
+        if self.indexer is not None:
+            topk = self.indexer(hidden_states, q_lora, cos, sin, forward_batch)
+        o_latent = self.attn(q_full, torch.cat((latent, k_rope), dim=-1), forward_batch, topk)  # [n, H, L]
+        out = torch.bmm(o_latent.transpose(0, 1), w_uv.transpose(1, 2))  # [H, n, v]
+        return self.o_proj(out.transpose(0, 1).reshape(n, heads * self.v_head_dim))

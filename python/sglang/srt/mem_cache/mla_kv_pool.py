@@ -1,0 +1,115 @@
+"""KV cache of Multi-head Latent Attention (DeepSeek V2/V3) and of DeepSeek Sparse Attention (V3.2).
+
+MLA caches one compressed row per token and layer instead of per-head keys and values:
+`[kv_lora_rank latent ; qk_rope_head_dim roped key]` (576 values for DeepSeek-V3). Every head's key
+and value are recovered from it by the (absorbed) kv_b_proj weights, so the row is the same on every
+attention-TP rank. The DSA pool adds the Lightning Indexer's key (`index_head_dim` values) per token
+and layer; the reference stores it in FP8 with a scale, here it is kept in the pool dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+
+from sglang.srt.mem_cache.kv_pool import KVPool
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+class MLATokenToKVPool(KVPool):
+    """kv_buffer[i]: [size + page_size, 1, kv_lora_rank + qk_rope_head_dim].
+
+    `get_key_buffer` is the whole row (the key of absorbed attention), `get_value_buffer` a view of
+    its first `kv_lora_rank` values (the value of absorbed attention)."""
+
+    def __init__(
+        self,
+        size: int,
+        page_size: int,
+        dtype: torch.dtype,
+        kv_lora_rank: int,
+        qk_rope_head_dim: int,
+        layer_num: int,
+        device: Union[str, torch.device] = "cpu",
+        start_layer: int = 0,
+    ):
+        super().__init__(size, page_size, dtype, layer_num, device, start_layer)
+        self.kv_lora_rank = kv_lora_rank
+        self.qk_rope_head_dim = qk_rope_head_dim
+        self.kv_cache_dim = kv_lora_rank + qk_rope_head_dim
+        rows = size + page_size
+        self.kv_buffer = [
+            torch.zeros((rows, 1, self.kv_cache_dim), dtype=dtype, device=self.device) for _ in range(layer_num)
+        ]
+
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        return self.kv_buffer[self._local(layer_id)]
+
+    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
+        return self.kv_buffer[self._local(layer_id)][..., : self.kv_lora_rank]
+
+    def set_kv_buffer(
+        self, layer_id: int, loc: torch.Tensor, cache_k: torch.Tensor, cache_v: Optional[torch.Tensor] = None
+    ) -> None:
+        """Write whole latent rows: `cache_k` [n, kv_cache_dim] (or [n, 1, kv_cache_dim]).
+
+        `cache_v` is ignored: the value is the first kv_lora_rank values of the same row."""
+        row = cache_k.reshape(cache_k.shape[0], 1, self.kv_cache_dim).to(self.dtype)
+        self.kv_buffer[self._local(layer_id)][loc.to(device=self.device, dtype=torch.int64)] = row
+
+    def set_mla_kv_buffer(self, layer_id: int, loc: torch.Tensor, latent: torch.Tensor, k_rope: torch.Tensor) -> None:
+        """Write latent [n, kv_lora_rank] and roped key [n, qk_rope_head_dim] of new tokens."""
+        self.set_kv_buffer(layer_id, loc, torch.cat((latent, k_rope.reshape(latent.shape[0], -1)), dim=-1))
+
+    def mem_bytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self.kv_buffer)
+
+    @staticmethod
+    def cell_size_bytes(kv_lora_rank: int, qk_rope_head_dim: int, layer_num: int, dtype: torch.dtype) -> int:
+        """Bytes per token across `layer_num` layers."""
+        return (kv_lora_rank + qk_rope_head_dim) * layer_num * _itemsize(dtype)
+
+
+class DSATokenToKVPool(MLATokenToKVPool):
+    """MLA pool plus index_k_buffer[i]: [size + page_size, index_head_dim] (Lightning Indexer keys)."""
+
+    def __init__(
+        self,
+        size: int,
+        page_size: int,
+        dtype: torch.dtype,
+        kv_lora_rank: int,
+        qk_rope_head_dim: int,
+        index_head_dim: int,
+        layer_num: int,
+        device: Union[str, torch.device] = "cpu",
+        start_layer: int = 0,
+    ):
+        super().__init__(size, page_size, dtype, kv_lora_rank, qk_rope_head_dim, layer_num, device, start_layer)
+        self.index_head_dim = index_head_dim
+        rows = size + page_size
+        self.index_k_buffer = [
+            torch.zeros((rows, index_head_dim), dtype=dtype, device=self.device) for _ in range(layer_num)
+        ]
+
+    def get_index_k_buffer(self, layer_id: int) -> torch.Tensor:
+        return self.index_k_buffer[self._local(layer_id)]
+
+    def set_index_k_buffer(self, layer_id: int, loc: torch.Tensor, index_k: torch.Tensor) -> None:
+        """Write the indexer keys [n, index_head_dim] of new tokens."""
+        self.index_k_buffer[self._local(layer_id)][loc.to(device=self.device, dtype=torch.int64)] = index_k.to(
+            self.dtype
+        )
+
+    def mem_bytes(self) -> int:
+        return super().mem_bytes() + sum(b.numel() * b.element_size() for b in self.index_k_buffer)
+
+    @staticmethod
+    def cell_size_bytes(  # type: ignore[override]
+        kv_lora_rank: int, qk_rope_head_dim: int, layer_num: int, dtype: torch.dtype, index_head_dim: int = 0
+    ) -> int:
+        return (kv_lora_rank + qk_rope_head_dim + index_head_dim) * layer_num * _itemsize(dtype)

@@ -1,0 +1,317 @@
+"""DeepSeek-V3 / V3.1 (`DeepseekV3ForCausalLM`) and DeepSeek-V3.2 (`DeepseekV32ForCausalLM`).
+
+Wiring only: MLA attention (`layers/attention/mla.py`; V3.2 adds the DSA Lightning Indexer), a dense
+SwiGLU MLP for the first `first_k_dense_replace` layers (and layers off the `moe_layer_freq` grid),
+and the sparse MoE block elsewhere (`layers/moe/`: sigmoid grouped top-k with
+e_score_correction_bias, routed_scaling_factor, shared experts). Pre-norm decoder with the residual
+carried through fused RMSNorms, like Llama.
+
+Parallelism: attention heads over `attn_tp` (latent path and indexer replicated), dense MLP over
+`tp`, routed experts over `moe_ep` x `moe_tp`, pipeline stages own [start_layer, end_layer).
+The KV pool holds compressed latent rows (`create_kv_pool`); V3.2's also holds the indexer keys.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Iterable, Optional, Union
+
+import torch
+from torch import nn
+
+from sglang.srt.distributed.parallel_state import ParallelGroups, optional_groups
+from sglang.srt.layers.attention.mla import MLAAttention
+from sglang.srt.layers.layernorm import RMSNorm
+from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
+from sglang.srt.layers.moe.experts import match_expert_weight
+from sglang.srt.layers.moe.moe_block import SparseMoeBlock
+from sglang.srt.layers.moe.topk import TopKConfig
+from sglang.srt.layers.rotary_yarn import DeepseekRotaryEmbedding
+from sglang.srt.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
+from sglang.srt.mem_cache.kv_pool import KVPool
+from sglang.srt.mem_cache.mla_kv_pool import DSATokenToKVPool, MLATokenToKVPool
+from sglang.srt.model_executor.forward_batch import ForwardBatch, PPProxyTensors
+from sglang.srt.models.llama import LlamaForCausalLM, LlamaMLP
+from sglang.srt.models.utils import PPMissingLayer, make_layers, pp_layer_range
+
+_STACKED_MLP: list[tuple[str, str, int]] = [(".gate_proj.", ".gate_up_proj.", 0), (".up_proj.", ".gate_up_proj.", 1)]
+_LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.")
+Spec = list[tuple[str, tuple[int, ...]]]
+
+
+def is_moe_layer(config: Any, layer_id: int) -> bool:
+    """MoE or dense MLP: `mlp_layer_types` when the config has it (HF V3.2), else
+    n_routed_experts > 0, layer_id >= first_k_dense_replace and layer_id % moe_layer_freq == 0."""
+    types = getattr(config, "mlp_layer_types", None)
+    if types:
+        return types[layer_id] == "sparse"
+    if not getattr(config, "n_routed_experts", None):
+        return False
+    first_dense = getattr(config, "first_k_dense_replace", 0) or 0
+    freq = getattr(config, "moe_layer_freq", 1) or 1
+    return layer_id >= first_dense and layer_id % freq == 0
+
+
+def deepseek_topk_config(config: Any) -> TopKConfig:
+    return TopKConfig(
+        top_k=int(config.num_experts_per_tok),
+        scoring_func=getattr(config, "scoring_func", "sigmoid") or "sigmoid",
+        renormalize=bool(getattr(config, "norm_topk_prob", True)),
+        num_expert_group=getattr(config, "n_group", None),
+        topk_group=getattr(config, "topk_group", None),
+        routed_scaling_factor=float(getattr(config, "routed_scaling_factor", 1.0) or 1.0),
+    )
+
+
+class DeepseekV2DecoderLayer(nn.Module):
+    def __init__(self, config: Any, layer_id: int, groups: ParallelGroups, dtype: torch.dtype, use_indexer: bool):
+        super().__init__()
+        self.layer_id = layer_id
+        self.self_attn = MLAAttention(config, layer_id, groups.attn_tp, dtype, use_indexer)
+        if is_moe_layer(config, layer_id):
+            moe_inter = int(config.moe_intermediate_size)
+            self.mlp: nn.Module = SparseMoeBlock(
+                config.hidden_size,
+                int(config.n_routed_experts),
+                moe_inter,
+                deepseek_topk_config(config),
+                groups,
+                dtype,
+                shared_intermediate_size=moe_inter * int(getattr(config, "n_shared_experts", 0) or 0),
+                correction_bias=getattr(config, "topk_method", "noaux_tc") == "noaux_tc",
+                router_logits_fp32=True,
+            )
+        else:
+            self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, groups.tp, dtype, False)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        residual: Optional[torch.Tensor],
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        forward_batch: ForwardBatch,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states = self.self_attn(hidden_states, cos, sin, forward_batch)
+        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+        return self.mlp(hidden_states), residual
+
+
+class DeepseekV2Model(nn.Module):
+    """Embedding (first stage), decoder layers [start_layer, end_layer), final norm (last stage)."""
+
+    def __init__(self, config: Any, groups: ParallelGroups, dtype: torch.dtype, use_indexer: bool):
+        super().__init__()
+        self.config = config
+        self.pp_first, self.pp_last = groups.pp.is_first, groups.pp.is_last
+        n = config.num_hidden_layers
+        self.start_layer, self.end_layer = pp_layer_range(n, groups.pp.rank, groups.pp.size)
+        if self.pp_first:
+            self.embed_tokens: nn.Module = VocabParallelEmbedding(
+                config.vocab_size, config.hidden_size, groups.tp, dtype
+            )
+        else:
+            self.embed_tokens = PPMissingLayer()
+        self.rotary_emb = DeepseekRotaryEmbedding.from_config(config, int(config.qk_rope_head_dim), dtype)
+        self.layers = make_layers(
+            n, lambda i: DeepseekV2DecoderLayer(config, i, groups, dtype, use_indexer), self.start_layer, self.end_layer
+        )
+        self.norm: nn.Module = (
+            RMSNorm(config.hidden_size, config.rms_norm_eps, dtype) if self.pp_last else PPMissingLayer()
+        )
+        self._stage_layers: list[DeepseekV2DecoderLayer] = list(self.layers)[self.start_layer : self.end_layer]
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        forward_batch: ForwardBatch,
+        pp_proxy_tensors: Optional[PPProxyTensors] = None,
+    ) -> Union[torch.Tensor, PPProxyTensors]:
+        if self.pp_first:
+            hidden_states, residual = self.embed_tokens(input_ids), None
+        else:
+            if pp_proxy_tensors is None:
+                raise ValueError("a non-first pipeline stage needs pp_proxy_tensors")
+            hidden_states, residual = pp_proxy_tensors["hidden_states"], pp_proxy_tensors["residual"]
+        cos, sin = self.rotary_emb.cos_sin(positions)
+        for layer in self._stage_layers:
+            hidden_states, residual = layer(hidden_states, residual, cos, sin, forward_batch)
+        if not self.pp_last:
+            return PPProxyTensors({"hidden_states": hidden_states, "residual": residual})
+        if residual is None:
+            return self.norm(hidden_states)
+        hidden_states, _ = self.norm(hidden_states, residual)
+        return hidden_states
+
+
+class DeepseekV3ForCausalLM(nn.Module):
+    """DeepSeek-V3 / V3.1: dense MLA. `forward` returns logits on the last pipeline stage."""
+
+    use_indexer: bool = False
+
+    def __init__(self, config: Any, groups: Optional[ParallelGroups] = None, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        groups = optional_groups(groups)
+        if getattr(config, "quantization_config", None):
+            raise ValueError("quantized DeepSeek checkpoints (FP8 block scales) are not supported; use BF16 weights")
+        self.config = config
+        self.groups = groups
+        self.dtype = dtype
+        self.model = DeepseekV2Model(config, groups, dtype, self.use_indexer)
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        if groups.pp.is_last:
+            self.lm_head: nn.Module = ParallelLMHead(config.vocab_size, config.hidden_size, groups.tp, dtype)
+            if self.tie_word_embeddings and groups.pp.is_first:
+                self.lm_head.tie_to(self.model.embed_tokens)
+        else:
+            self.lm_head = PPMissingLayer()
+        self.logits_processor = LogitsProcessor(config.vocab_size)
+
+    @property
+    def start_layer(self) -> int:
+        return self.model.start_layer
+
+    @property
+    def end_layer(self) -> int:
+        return self.model.end_layer
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch
+    ) -> Union[LogitsProcessorOutput, PPProxyTensors]:
+        out = self.model(input_ids, positions, forward_batch, forward_batch.pp_proxy_tensors)
+        if isinstance(out, PPProxyTensors):
+            return out
+        return self.logits_processor(out, self.lm_head, forward_batch)
+
+    # ------------------------------------------------------------------ KV pool
+    @classmethod
+    def kv_cell_size_bytes(cls, config: Any, dtype: torch.dtype, layer_num: Optional[int] = None) -> int:
+        """KV bytes per token (latent rows, plus indexer keys for V3.2) over `layer_num` layers."""
+        layers = config.num_hidden_layers if layer_num is None else layer_num
+        index_dim = int(config.index_head_dim) if cls.use_indexer else 0
+        return DSATokenToKVPool.cell_size_bytes(config.kv_lora_rank, config.qk_rope_head_dim, layers, dtype, index_dim)
+
+    def create_kv_pool(
+        self, size: int, page_size: int, dtype: torch.dtype, device: Union[str, torch.device] = "cpu"
+    ) -> KVPool:
+        """The latent KV pool of this pipeline stage's layers (the ModelRunner's pool hook)."""
+        cfg, layers = self.config, self.end_layer - self.start_layer
+        if self.use_indexer:
+            return DSATokenToKVPool(
+                size, page_size, dtype, cfg.kv_lora_rank, cfg.qk_rope_head_dim, int(cfg.index_head_dim),
+                layers, device, self.start_layer,
+            )
+        return MLATokenToKVPool(
+            size, page_size, dtype, cfg.kv_lora_rank, cfg.qk_rope_head_dim, layers, device, self.start_layer
+        )
+
+    # ------------------------------------------------------------------ weights
+    @classmethod
+    def _attn_specs(cls, config: Any, p: str) -> Spec:
+        hidden, heads = config.hidden_size, config.num_attention_heads
+        nope, rope, v = config.qk_nope_head_dim, config.qk_rope_head_dim, config.v_head_dim
+        lat, q_lora = config.kv_lora_rank, getattr(config, "q_lora_rank", None)
+        bias = bool(getattr(config, "attention_bias", False))
+        a = p + "self_attn."
+        specs: Spec = []
+        if q_lora:
+            specs += [(a + "q_a_proj.weight", (q_lora, hidden)), (a + "q_a_layernorm.weight", (q_lora,))]
+            specs += [(a + "q_b_proj.weight", (heads * (nope + rope), q_lora))]
+            if bias:
+                specs.append((a + "q_a_proj.bias", (q_lora,)))
+        else:
+            specs.append((a + "q_proj.weight", (heads * (nope + rope), hidden)))
+        specs += [(a + "kv_a_proj_with_mqa.weight", (lat + rope, hidden)), (a + "kv_a_layernorm.weight", (lat,))]
+        specs += [(a + "kv_b_proj.weight", (heads * (nope + v), lat)), (a + "o_proj.weight", (hidden, heads * v))]
+        if bias:
+            specs += [(a + "kv_a_proj_with_mqa.bias", (lat + rope,)), (a + "o_proj.bias", (hidden,))]
+        if cls.use_indexer:
+            ih, idim = int(config.index_n_heads), int(config.index_head_dim)
+            i = a + "indexer."
+            specs += [(i + "wq_b.weight", (ih * idim, q_lora)), (i + "wk.weight", (idim, hidden))]
+            specs += [(i + "k_norm.weight", (idim,)), (i + "k_norm.bias", (idim,))]
+            specs.append((i + "weights_proj.weight", (ih, hidden)))
+        return specs
+
+    @classmethod
+    def dummy_weight_specs(cls, config: Any) -> Spec:
+        """HF checkpoint names and FULL shapes of every tensor `load_weights` takes (dummy loading)."""
+        hidden, vocab = config.hidden_size, config.vocab_size
+        specs: Spec = [("model.embed_tokens.weight", (vocab, hidden))]
+        for layer in range(config.num_hidden_layers):
+            p = f"model.layers.{layer}."
+            specs += [(p + "input_layernorm.weight", (hidden,)), (p + "post_attention_layernorm.weight", (hidden,))]
+            specs += cls._attn_specs(config, p)
+            m = p + "mlp."
+            if is_moe_layer(config, layer):
+                experts, inter = int(config.n_routed_experts), int(config.moe_intermediate_size)
+                specs.append((m + "gate.weight", (experts, hidden)))
+                if getattr(config, "topk_method", "noaux_tc") == "noaux_tc":
+                    specs.append((m + "gate.e_score_correction_bias", (experts,)))
+                for e in range(experts):
+                    specs += [(f"{m}experts.{e}.{proj}.weight", (inter, hidden)) for proj in ("gate_proj", "up_proj")]
+                    specs.append((f"{m}experts.{e}.down_proj.weight", (hidden, inter)))
+                shared = inter * int(getattr(config, "n_shared_experts", 0) or 0)
+                if shared:
+                    m = m + "shared_experts."
+                else:
+                    continue
+            else:
+                shared = config.intermediate_size
+            specs += [(m + "gate_proj.weight", (shared, hidden)), (m + "up_proj.weight", (shared, hidden))]
+            specs.append((m + "down_proj.weight", (hidden, shared)))
+        specs.append(("model.norm.weight", (hidden,)))
+        if not bool(getattr(config, "tie_word_embeddings", False)):
+            specs.append(("lm_head.weight", (vocab, hidden)))
+        return specs
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Load HF-named tensors (full, unsharded); returns the names of the parameters filled.
+
+        Layers past num_hidden_layers (the MTP / next-n layers of DeepSeek checkpoints) are skipped."""
+        params = dict(self.named_parameters())
+        separate_head = "lm_head.weight" in params
+        loaded: set[str] = set()
+        load = LlamaForCausalLM._load_param
+        for name, tensor in weights:
+            if "rotary_emb.inv_freq" in name:
+                continue
+            if name.endswith("weight_scale_inv"):
+                raise ValueError(f"{name}: FP8 block-quantized checkpoints are not supported; use BF16 weights")
+            m = _LAYER_RE.match(name)
+            if m and not self.start_layer <= int(m.group(1)) < self.end_layer:
+                continue  # another pipeline stage, or an MTP layer
+            if name == "lm_head.weight" and self.tie_word_embeddings:
+                continue
+            if name == "model.embed_tokens.weight" and self.tie_word_embeddings and separate_head:
+                load(params, "lm_head.weight", tensor, None, loaded)
+            if name in ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight") and name not in params:
+                continue
+            expert = match_expert_weight(name)
+            if expert is not None:
+                load(params, expert[0], tensor, expert[1], loaded)
+                continue
+            for ckpt_piece, fused_piece, shard_id in _STACKED_MLP:
+                if ckpt_piece in name:
+                    load(params, name.replace(ckpt_piece, fused_piece), tensor, shard_id, loaded)
+                    break
+            else:
+                load(params, name, tensor, None, loaded)
+        return loaded
+
+
+class DeepseekV32ForCausalLM(DeepseekV3ForCausalLM):
+    """DeepSeek-V3.2: V3 plus DeepSeek Sparse Attention (a Lightning Indexer per layer)."""
+
+    use_indexer = True
+
+
+EntryClass = [DeepseekV3ForCausalLM, DeepseekV32ForCausalLM]
