@@ -221,7 +221,7 @@ def test_model_registry():
 
 
 def test_make_layers_and_pp_ranges():
-    assert [pp_layer_range(30, r, 4) for r in range(4)] == [(0, 8), (8, 16), (16, 23), (23, 30)]
+    assert [pp_layer_range(30, r, 4) for r in range(4)] == [(0, 7), (7, 14), (14, 22), (22, 30)]  # remainder last
     layers = make_layers(5, lambda i: torch.nn.Linear(2, 2), 1, 3)
     assert [isinstance(m, PPMissingLayer) for m in layers] == [True, False, False, True, True]
     with pytest.raises(ValueError):

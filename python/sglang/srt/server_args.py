@@ -87,9 +87,11 @@ class ServerArgs:
     cp_size: int = 1
     ep_size: int = 1
     cp_strategy: str = "zigzag"
+    cp_kv_cache_interleave_size: int = 1  # CP KV sharding: consecutive tokens stored per rank
     enable_dp_attention: bool = False
     pp_async_batch_depth: int = 0
     pp_max_micro_batch_size: Optional[int] = None
+    pp_trace_path: Optional[str] = None  # write a Chrome/Perfetto trace of the PP ring here (benchmark/pp/README.md)
     nnodes: int = 1
     node_rank: int = 0
     dist_init_addr: Optional[str] = None
@@ -142,7 +144,7 @@ class ServerArgs:
                 raise ValueError(f"--{_flag(name)} must be >= 1, got {getattr(self, name)}")
         if not (0 <= self.node_rank < self.nnodes):
             raise ValueError(f"--node-rank must be in [0, --nnodes), got {self.node_rank}")
-        unsupported = [n for n in ("pp_size", "dp_size", "cp_size", "ep_size") if getattr(self, n) > 1]
+        unsupported = [n for n in ("dp_size",) if getattr(self, n) > 1]
         if unsupported:
             raise ValueError(
                 f"{', '.join('--' + _flag(n) for n in unsupported)} > 1 is not supported by this build yet"
@@ -159,6 +161,36 @@ class ServerArgs:
         if self.load_format != "dummy" and not self.model_path.startswith("dummy:"):
             if not os.path.exists(self.model_path):
                 raise ValueError(f"--model-path {self.model_path!r} does not exist")
+        if self.pp_size > 1:
+            self._validate_pipeline()
+        if self.cp_size > 1 or self.cp_kv_cache_interleave_size != 1:
+            self._validate_context_parallel()
+
+    def _validate_context_parallel(self) -> None:
+        """Context-parallel flags (docs/context_parallel.md)."""
+        inter = self.cp_kv_cache_interleave_size
+        if inter < 1 or self.page_size % inter:
+            raise ValueError(
+                f"--cp-kv-cache-interleave-size ({inter}) must be >= 1 and divide --page-size ({self.page_size})"
+            )
+        if self.cp_size > 1 and self.attention_backend != "torch_native":
+            raise ValueError(f"--cp-size > 1 needs --attention-backend torch_native, got {self.attention_backend!r}")
+        if self.cp_size > 1 and self.enable_dp_attention:
+            raise ValueError("--cp-size > 1 together with --enable-dp-attention is not supported yet")
+
+    def _validate_pipeline(self) -> None:
+        """Pipeline flags, and the layer partition against the model's layer count (cheap: config only)."""
+        if self.pp_async_batch_depth < 0:
+            raise ValueError(f"--pp-async-batch-depth must be >= 0, got {self.pp_async_batch_depth}")
+        if self.pp_max_micro_batch_size is not None and self.pp_max_micro_batch_size < 1:
+            raise ValueError(f"--pp-max-micro-batch-size must be >= 1, got {self.pp_max_micro_batch_size}")
+        from sglang.srt.model_loader.loader import load_hf_config_dict
+        from sglang.srt.models.utils import pp_partition
+
+        config = load_hf_config_dict(self.model_path, self.load_format)
+        config = config.get("text_config", config) if "num_hidden_layers" not in config else config
+        if "num_hidden_layers" in config:
+            pp_partition(int(config["num_hidden_layers"]), self.pp_size)
 
     # ------------------------------------------------------------------ derived
     @property

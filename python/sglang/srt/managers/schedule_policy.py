@@ -44,18 +44,29 @@ class SchedulePolicy:
         return waiting
 
     # ------------------------------------------------------------------ one step
-    def build_step(self, running: list[Req], waiting: list[Req]) -> tuple[ScheduleBatch, list[Req]]:
-        """Return the step's batch and the waiting requests admitted into it (now holding KV rows)."""
+    def build_step(
+        self,
+        running: list[Req],
+        waiting: list[Req],
+        max_items: Optional[int] = None,
+        max_decodes: Optional[int] = None,
+    ) -> tuple[ScheduleBatch, list[Req]]:
+        """Return the step's batch and the waiting requests admitted into it (now holding KV rows).
+
+        Pipeline micro-batches: `max_items` caps the requests of the step
+        (`--pp-max-micro-batch-size`), `max_decodes` its decodes (so decodes spread over the ring)."""
         batch = ScheduleBatch()
+        cap = max_items if max_items is not None else 1 << 62
+        decode_cap = min(cap, max_decodes if max_decodes is not None else cap)
         decode_tokens = 0
         for req in running:
-            if req.schedulable and not req.is_prefilling:
+            if req.schedulable and not req.is_prefilling and decode_tokens < decode_cap:
                 batch.items.append(ScheduledReq(req, req.kv_len, 1))
                 decode_tokens += 1
 
         prefill_left = self.budget.prefill_tokens
         for req in running:  # requests in the middle of a chunked prefill continue first
-            if req.schedulable and req.is_prefilling and prefill_left > 0:
+            if req.schedulable and req.is_prefilling and prefill_left > 0 and len(batch.items) < cap:
                 take = self._take(req, prefill_left, batch)
                 if take:
                     batch.items.append(ScheduledReq(req, req.kv_len, take))
@@ -68,6 +79,8 @@ class SchedulePolicy:
         available = self.cache.available_tokens() - decode_tokens - batch.num_tokens
         for req in self.order_waiting(waiting):
             if len(running) + len(admitted) >= self.budget.max_running_requests or prefill_left <= 0:
+                break
+            if len(batch.items) >= cap:
                 break
             cached = self.cache.match_prefix_len(req)
             remaining = req.seqlen - cached

@@ -54,7 +54,9 @@ class Scheduler:
         self.eos_token_ids = set(self.model_config.eos_token_ids)
         self.context_len = self.model_config.context_len
 
-        tree = RadixCache(self.runner.allocator, server_args.page_size, disable=server_args.disable_radix_cache)
+        # kv_page_size: the allocator's page (page_size · cp under context parallelism: virtual slots)
+        kv_page = self.runner.kv_page_size
+        tree = RadixCache(self.runner.allocator, kv_page, disable=server_args.disable_radix_cache)
         self.cache = KVCacheManager(self.runner.req_to_token_pool, self.runner.allocator, tree)
         prefill_budget = server_args.max_prefill_tokens
         if server_args.chunked_prefill_enabled:
@@ -65,7 +67,7 @@ class Scheduler:
                 prefill_tokens=prefill_budget,
                 chunked=server_args.chunked_prefill_enabled,
                 max_running_requests=self.runner.max_running_requests,
-                page_size=server_args.page_size,
+                page_size=kv_page,
             ),
             self.cache,
         )
@@ -80,6 +82,8 @@ class Scheduler:
         self.on_step_result: Optional[Callable[[ScheduleBatch, ForwardResult], None]] = None
         self._last_stats = time.monotonic()
         self._stats = {"prefill_tokens": 0, "decode_tokens": 0, "steps": 0}
+        # Bubble ratio of each pipeline stage (index = pp rank), filled by the PP loop (metrics).
+        self.pp_bubble_ratio: list[float] = []
 
     # ------------------------------------------------------------------ info
     def ready_info(self) -> SchedulerReadyInfo:
@@ -101,6 +105,8 @@ class Scheduler:
             "num_waiting_reqs": len(self.waiting),
             "max_running_requests": self.runner.max_running_requests,
             "forward_ct": self.forward_ct,
+            "pp_bubble_ratio": list(self.pp_bubble_ratio),
+            **self.runner.kv_state(self.cache.free_slots()),  # cp size, physical KV pool / usage per rank
         }
 
     @property
@@ -187,14 +193,19 @@ class Scheduler:
         self._maybe_log_stats()
         return build_token_id_out(due)
 
-    def schedule(self) -> tuple[ScheduleBatch, Optional[ModelWorkerBatch]]:
+    def schedule(
+        self, max_reqs: Optional[int] = None, max_decodes: Optional[int] = None
+    ) -> tuple[ScheduleBatch, Optional[ModelWorkerBatch]]:
         """Pick the next step's work and allocate its KV slots.
 
         Each request's `kv_len` advances now (its KV is written by the step; later steps reach each
         layer after it), and a request due a token is `in_flight` until `process_result`. So a
         pipelined caller may schedule further steps before this one's result is back.
+        `max_reqs` / `max_decodes` cap the requests / decodes of the step (pipeline micro-batches).
         """
-        batch, admitted = self.policy.build_step(self.running, self.waiting)
+        batch, admitted = self.policy.build_step(
+            self.running, self.waiting, max_items=max_reqs, max_decodes=max_decodes
+        )
         for req in admitted:
             self.waiting.remove(req)
             self.running.append(req)
@@ -336,6 +347,8 @@ def run_scheduler_process(server_args: ServerArgs, port_args, rank: int, pipe_wr
     Only the entry rank (pp 0, tp 0) owns ZMQ sockets. It broadcasts every incoming message to
     the other ranks of its stage, so every rank applies the same messages in the same order and
     its request mirror, and therefore its batch, stays identical (pp-cp.md invariant 1).
+    With `--pp-size > 1` the rank runs its part of the pipeline ring instead
+    (`managers/pp_driver.py`: stage 0 schedules, later stages follow).
     """
     import traceback
 
@@ -344,27 +357,37 @@ def run_scheduler_process(server_args: ServerArgs, port_args, rank: int, pipe_wr
     try:
         groups = init_rank_groups(server_args, rank)
         tokenizer = None
-        if not server_args.skip_tokenizer_init:
+        if not server_args.skip_tokenizer_init and groups.pp.is_first:
             from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 
             tokenizer = get_tokenizer(server_args.tokenizer_path)
-        scheduler = Scheduler(server_args, groups=groups, tokenizer=tokenizer)
-        io = SchedulerIO(port_args) if groups.is_entry_rank else None
+        if groups.pp.size > 1:
+            from sglang.srt.managers.pp_driver import build_pp_rank
+
+            pp_rank = build_pp_rank(server_args, groups, port_args=port_args, tokenizer=tokenizer)
+            info = pp_rank.info
+        else:
+            scheduler = Scheduler(server_args, groups=groups, tokenizer=tokenizer)
+            io = SchedulerIO(port_args) if groups.is_entry_rank else None
+            info = scheduler.ready_info()
     except Exception:
         pipe_writer.send({"status": "error", "error": traceback.format_exc()})
         raise
-    pipe_writer.send({"status": "ready", "info": scheduler.ready_info()})
+    pipe_writer.send({"status": "ready", "info": info})
     logger.info("scheduler ready")
-    scheduler.event_loop(io)
+    if groups.pp.size > 1:
+        pp_rank.run()
+    else:
+        scheduler.event_loop(io)
 
 
 def init_rank_groups(server_args: ServerArgs, rank: int) -> ParallelGroups:
     """Join torch.distributed (when the world has more than one rank) and build the groups."""
-    if server_args.tp_size * server_args.pp_size == 1:
-        return ParallelGroups.single()
     from sglang.srt.distributed.parallel_state import ParallelLayout
 
-    layout = ParallelLayout.from_server_args(server_args)
+    layout = ParallelLayout.from_server_args(server_args)  # `--cp-size N` alone means tp = dp · cp
+    if layout.world_size == 1:
+        return ParallelGroups.single()
     from sglang.srt.distributed.init import init_distributed
     from sglang.srt.platforms import current_platform
 

@@ -2,6 +2,15 @@
 
 `forward(worker_batch)` turns the scheduler's plain-list `ModelWorkerBatch` into a `ForwardBatch`,
 runs the model and samples the rows that are due a token. It never sees a request object.
+
+Pipeline parallelism: the runner of stage k holds layers [start_layer, end_layer) and a KV pool for
+those layers only; `forward_stage` returns `PPProxyTensors` on every stage but the last, which
+samples. Only stage 0 has an allocator (its scheduler hands out the slots every stage uses).
+
+Context parallelism (`self.cp`, docs/context_parallel.md): the allocator, req_to_token and the
+scheduler's radix cache work in a virtual slot space with page size `page_size · cp`; this rank's
+KV pool holds only its physical share (virtual size / cp slots), and every ForwardBatch carries
+this rank's token layout (`CPRuntime.attach`).
 """
 
 from __future__ import annotations
@@ -9,20 +18,22 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.distributed.parallel_state import ParallelGroups
 from sglang.srt.layers.attention.registry import create_attention_backend
+from sglang.srt.layers.context_parallel import CPRuntime
 from sglang.srt.layers.sampler import SampleOutput, Sampler
 from sglang.srt.managers.schedule_batch import ModelWorkerBatch
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+from sglang.srt.mem_cache.cp_slots import physical_kv_state, plan_virtual_pool
 from sglang.srt.mem_cache.kv_pool import MHATokenToKVPool
 from sglang.srt.mem_cache.req_to_token import ReqToTokenPool
-from sglang.srt.model_executor.forward_batch import ForwardBatch, ForwardMode
-from sglang.srt.model_executor.memory_budget import plan_kv_pool
+from sglang.srt.model_executor.forward_batch import ForwardBatch, ForwardMode, PPProxyTensors
+from sglang.srt.model_executor.memory_budget import KVPoolPlan, plan_kv_pool
 from sglang.srt.model_loader.loader import load_model_weights
 from sglang.srt.models.registry import ModelRegistry
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
@@ -58,6 +69,9 @@ class ModelRunner:
         cfg = self.model_config
         self.dtype = cfg.dtype
         model_cls = ModelRegistry.resolve(cfg.architectures)
+        self.cp: Optional[CPRuntime] = CPRuntime.from_server_args(server_args, groups.attn_cp)
+        if self.cp is not None and not getattr(model_cls, "supports_context_parallel", False):
+            raise ValueError(f"--cp-size > 1 is not supported for {cfg.architectures[0]} yet")
         with torch.device(self.device):
             self.model = model_cls(cfg.hf_config, groups, self.dtype)
         load_model_weights(
@@ -65,35 +79,77 @@ class ModelRunner:
         )
         self.model.eval()
         weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        # Pipeline stage: this rank's layers [start_layer, end_layer); KV is stored for those only.
+        self.is_first_stage, self.is_last_stage = groups.pp.is_first, groups.pp.is_last
+        self.start_layer = int(getattr(self.model, "start_layer", 0))
+        self.end_layer = int(getattr(self.model, "end_layer", cfg.num_hidden_layers))
 
-        plan = plan_kv_pool(server_args, cfg, self.dtype, weight_bytes)
-        self.max_total_num_tokens = plan.max_total_tokens
+        plan = self._agree_on_plan(
+            plan_kv_pool(server_args, cfg, self.dtype, weight_bytes, num_layers=self.end_layer - self.start_layer)
+        )
         self.max_running_requests = plan.max_running_requests
         page = server_args.page_size
+        if self.cp is None:
+            self.max_total_num_tokens = pool_tokens = plan.max_total_tokens
+            self.kv_page_size = page  # page size of the allocator / radix cache
+        else:  # virtual slot space for the scheduler, this rank's physical share for the pool
+            self.max_total_num_tokens, pool_tokens = plan_virtual_pool(
+                plan.max_total_tokens, self.cp.mapping, per_rank=server_args.max_total_tokens is None
+            )
+            self.kv_page_size = self.cp.mapping.virtual_page_size
         self.req_to_token_pool = ReqToTokenPool(
-            plan.max_running_requests + 1, cfg.context_len + page, device=self.device
+            plan.max_running_requests + 1, cfg.context_len + self.kv_page_size, device=self.device
         )
-        self.token_to_kv_pool = MHATokenToKVPool(
-            plan.max_total_tokens,
-            page,
-            self.dtype,
-            cfg.get_num_kv_heads(groups.attn_tp.size),
-            cfg.head_dim,
-            cfg.num_hidden_layers,
-            device=self.device,
+        make_pool = getattr(self.model, "create_kv_pool", None)  # own cache layout (MLA latent, DSA index keys)
+        if make_pool is not None:
+            self.token_to_kv_pool = make_pool(pool_tokens, page, self.dtype, self.device)
+        else:
+            self.token_to_kv_pool = MHATokenToKVPool(
+                pool_tokens,
+                page,
+                self.dtype,
+                cfg.get_num_kv_heads(groups.attn_tp.size),
+                cfg.head_dim,
+                self.end_layer - self.start_layer,
+                device=self.device,
+                start_layer=self.start_layer,
+            )
+        # Slots are handed out by stage 0 only (later pipeline stages follow its numbers).
+        self.allocator: Optional[TokenToKVPoolAllocator] = (
+            TokenToKVPoolAllocator(self.max_total_num_tokens, self.kv_page_size, device=self.device)
+            if self.is_first_stage
+            else None
         )
-        self.allocator = TokenToKVPoolAllocator(plan.max_total_tokens, page, device=self.device)
         self.attn_backend = create_attention_backend(server_args.attention_backend, self)
         self.sampler = Sampler(seed=server_args.random_seed)
         logger.info(
-            "model %s loaded: %.1f MB weights (%s); KV pool %d tokens (%.1f MB), max running requests %d",
+            "model %s loaded: %.1f MB weights (%s); KV pool %d tokens (%.1f MB%s), max running requests %d",
             cfg.architectures[0],
             weight_bytes / 2**20,
             str(self.dtype).replace("torch.", ""),
-            plan.max_total_tokens,
+            self.max_total_num_tokens,
             self.token_to_kv_pool.mem_bytes() / 2**20,
+            "" if self.cp is None else f", {pool_tokens} tokens stored on this rank of cp {self.cp.group.size}",
             plan.max_running_requests,
         )
+
+    def kv_state(self, free_slots: int) -> dict:
+        """Physical KV numbers of one rank (under CP every rank reserves the same share)."""
+        if self.cp is None:
+            return {"cp_size": 1, "kv_physical_tokens_per_rank": self.max_total_num_tokens,
+                    "kv_physical_used_per_rank": self.max_total_num_tokens - free_slots}  # fmt: skip
+        return physical_kv_state(self.cp.mapping, self.max_total_num_tokens, free_slots)
+
+    def _agree_on_plan(self, plan: KVPoolPlan) -> KVPoolPlan:
+        """Every rank takes the smallest plan of the world (MIN all-reduce), so KV slot numbers
+        and request rows mean the same on every pipeline stage and tp rank."""
+        world = self.groups.world
+        if world.size == 1:
+            return plan
+        sizes = torch.tensor([plan.max_total_tokens, plan.max_running_requests], dtype=torch.int64, device=world.device)
+        world.all_reduce(sizes, op="min")
+        tokens, running = (int(v) for v in sizes.tolist())
+        return KVPoolPlan(max_total_tokens=tokens, max_running_requests=running, cell_bytes=plan.cell_bytes)
 
     # ------------------------------------------------------------------ forward
     def build_forward_batch(self, wb: ModelWorkerBatch) -> ForwardBatch:
@@ -122,13 +178,29 @@ class ModelRunner:
             token_to_kv_pool=self.token_to_kv_pool,
             attn_backend=self.attn_backend,
         )
+        if self.cp is not None and fb.batch_size:
+            self.cp.attach(fb)  # this rank's token layout; the backend builds its metadata from it
         self.attn_backend.init_forward_metadata(fb)
         return fb
 
-    @torch.inference_mode()
     def forward(self, wb: ModelWorkerBatch) -> ForwardResult:
+        """Whole-model forward + sampling (one pipeline stage)."""
+        out = self.forward_stage(wb)
+        if isinstance(out, PPProxyTensors):
+            raise RuntimeError("ModelRunner.forward on a pipeline stage that is not the last: use forward_stage")
+        return out
+
+    @torch.inference_mode()
+    def forward_stage(
+        self, wb: ModelWorkerBatch, pp_proxy_tensors: Optional[PPProxyTensors] = None
+    ) -> Union[ForwardResult, PPProxyTensors]:
+        """This stage's layers. Not the last stage: the activations for the next stage. The last
+        stage: the sampled tokens. Stages after the first take the previous stage's activations."""
         fb = self.build_forward_batch(wb)
+        fb.pp_proxy_tensors = pp_proxy_tensors
         out = self.model(fb.input_ids, fb.positions, fb)
+        if isinstance(out, PPProxyTensors):
+            return out
         if not wb.sample_rows:
             return ForwardResult([], None, None)
         logits = out.next_token_logits

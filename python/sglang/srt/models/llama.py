@@ -1,9 +1,12 @@
 """Llama-family decoder-only models: Llama / SmolLM, Qwen2 (qkv bias), Qwen3 (q/k RMSNorm).
 
 Wiring only: every block is a shared layer. Tensor parallelism: attention projections are sharded
-over `groups.attn_tp`, the MLP, embedding and LM head over `groups.tp` (the two are the same group
-until attention DP / CP are enabled). Pipeline parallelism: `model.layers` is indexed by global
-layer id, this stage's layers are [start_layer, end_layer) and the others are placeholders.
+over `groups.attn_tp`, the MLP, embedding and LM head over `dense_tp_group(groups)` (`groups.tp`
+without context parallelism). Context parallelism: the model runs on this rank's token shard
+(`layers/communicator.py` changes the token layout at the model entry and before the LM head); the
+attention backend exchanges K/V across the cp ranks. Pipeline parallelism: `model.layers` is
+indexed by global layer id, this stage's layers are [start_layer, end_layer) and the others are
+placeholders.
 """
 
 from __future__ import annotations
@@ -18,6 +21,14 @@ from transformers import PretrainedConfig
 from sglang.srt.distributed.parallel_state import GroupCoordinator, ParallelGroups, optional_groups
 from sglang.srt.layers.activation import SiluAndMul
 from sglang.srt.layers.attention.radix_attention import RadixAttention
+from sglang.srt.layers.communicator import (
+    LayerCommunicator,
+    LayerScatterModes,
+    dense_tp_group,
+    gather_for_logits,
+    scatter_model_input,
+)
+from sglang.srt.layers.context_parallel import is_cp_batch
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
@@ -92,14 +103,18 @@ class LlamaAttention(nn.Module):
         qkv = self.qkv_proj(hidden_states)
         n, qk_size = qkv.shape[0], self.q_size + self.kv_size
         v = qkv[:, qk_size:]
-        if self.q_norm is None:
+        if self.q_norm is None and not is_cp_batch(forward_batch):
             # rotate q and k together: one set of rope ops per layer
             qk = rotary.apply(qkv[:, :qk_size].view(n, self.num_heads + self.num_kv_heads, self.head_dim), cos, sin)
             q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         else:
-            q = self.q_norm(qkv[:, : self.q_size].view(n, self.num_heads, self.head_dim))
-            k = self.k_norm(qkv[:, self.q_size : qk_size].view(n, self.num_kv_heads, self.head_dim))
-            q, k = rotary.apply(q, cos, sin), rotary.apply(k, cos, sin)
+            q = qkv[:, : self.q_size].view(n, self.num_heads, self.head_dim)
+            k = qkv[:, self.q_size : qk_size].view(n, self.num_kv_heads, self.head_dim)
+            if self.q_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
+            k = rotary.apply(k, cos, sin)
+            self.attn.start_kv_exchange(k, v, forward_batch)  # CP: k/v all-gather overlaps q's rope
+            q = rotary.apply(q, cos, sin)
         return self.o_proj(self.attn(q, k, v, forward_batch))
 
 
@@ -118,9 +133,12 @@ class LlamaDecoderLayer(nn.Module):
         o_bias = bool(getattr(config, "attention_bias", False))
         self.self_attn = LlamaAttention(config, layer_id, groups.attn_tp, dtype, qkv_bias, o_bias, qk_norm)
         mlp_bias = bool(getattr(config, "mlp_bias", False))
-        self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, groups.tp, dtype, mlp_bias)
+        self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, dense_tp_group(groups), dtype, mlp_bias)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.comm = LayerCommunicator(
+            LayerScatterModes.dense(), self.input_layernorm, self.post_attention_layernorm, groups.layout
+        )
 
     def forward(
         self,
@@ -131,14 +149,11 @@ class LlamaDecoderLayer(nn.Module):
         sin: torch.Tensor,
         forward_batch: ForwardBatch,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
-        else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states, residual = self.comm.prepare_attn(hidden_states, residual, forward_batch)
         hidden_states = self.self_attn(hidden_states, rotary, cos, sin, forward_batch)
-        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
-        return self.mlp(hidden_states), residual
+        hidden_states, residual = self.comm.prepare_mlp(hidden_states, residual, forward_batch)
+        hidden_states = self.mlp(hidden_states)
+        return self.comm.postprocess_layer(hidden_states, residual, forward_batch)
 
 
 class LlamaModel(nn.Module):
@@ -154,7 +169,7 @@ class LlamaModel(nn.Module):
         self.start_layer, self.end_layer = pp_layer_range(n, groups.pp.rank, groups.pp.size)
         if self.pp_first:
             self.embed_tokens: nn.Module = VocabParallelEmbedding(
-                config.vocab_size, config.hidden_size, groups.tp, dtype
+                config.vocab_size, config.hidden_size, dense_tp_group(groups), dtype
             )
         else:
             self.embed_tokens = PPMissingLayer()
@@ -179,6 +194,7 @@ class LlamaModel(nn.Module):
         forward_batch: ForwardBatch,
         pp_proxy_tensors: Optional[PPProxyTensors] = None,
     ) -> Union[torch.Tensor, PPProxyTensors]:
+        input_ids, positions = scatter_model_input(input_ids, positions, forward_batch)  # CP: local tokens
         if self.pp_first:
             hidden_states, residual = self.embed_tokens(input_ids), None
         else:
@@ -203,6 +219,7 @@ class LlamaForCausalLM(nn.Module):
 
     force_qkv_bias: bool = False
     use_qk_norm: bool = False
+    supports_context_parallel: bool = True  # token layout via layers/communicator.py
 
     def __init__(
         self,
@@ -219,7 +236,9 @@ class LlamaForCausalLM(nn.Module):
         self.model = LlamaModel(config, groups, dtype, qkv_bias, self.use_qk_norm)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if groups.pp.is_last:
-            self.lm_head: nn.Module = ParallelLMHead(config.vocab_size, config.hidden_size, groups.tp, dtype)
+            self.lm_head: nn.Module = ParallelLMHead(
+                config.vocab_size, config.hidden_size, dense_tp_group(groups), dtype
+            )
             if self.tie_word_embeddings and groups.pp.is_first:
                 self.lm_head.tie_to(self.model.embed_tokens)
         else:
@@ -240,7 +259,7 @@ class LlamaForCausalLM(nn.Module):
         out = self.model(input_ids, positions, forward_batch, forward_batch.pp_proxy_tensors)
         if isinstance(out, PPProxyTensors):
             return out
-        return self.logits_processor(out, self.lm_head, forward_batch)
+        return self.logits_processor(gather_for_logits(out, forward_batch), self.lm_head, forward_batch)
 
     @classmethod
     def dummy_weight_specs(cls, config: PretrainedConfig) -> list[tuple[str, tuple[int, ...]]]:

@@ -47,6 +47,13 @@ class RadixAttention(nn.Module):
     ) -> torch.Tensor:
         return forward_batch.attn_backend.forward(q, k, v, self, forward_batch, save_kv_cache)
 
+    def start_kv_exchange(self, k: torch.Tensor, v: torch.Tensor, forward_batch: "ForwardBatch") -> None:
+        """Let the backend start moving this layer's new k/v early (context parallelism: an async
+        all-gather overlapping the query's rope); a no-op for backends that do not need it."""
+        starter = getattr(forward_batch.attn_backend, "start_kv_exchange", None)
+        if starter is not None:
+            starter(k, v, self, forward_batch)
+
     def extra_repr(self) -> str:
         return (
             f"layer_id={self.layer_id}, heads={self.num_heads}, kv_heads={self.num_kv_heads}, "

@@ -10,6 +10,7 @@ from sglang.srt.layers.attention.base import AttentionBackend
 # Built-in backends, imported on first use so that importing the registry stays cheap.
 _BUILTIN: dict[str, str] = {
     "torch_native": "sglang.srt.layers.attention.torch_native:TorchNativeAttnBackend",
+    "torch_native_mla": "sglang.srt.layers.attention.torch_native_mla:TorchNativeMLABackend",
 }
 _REGISTERED: dict[str, type[AttentionBackend]] = {}
 

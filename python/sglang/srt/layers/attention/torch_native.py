@@ -9,6 +9,8 @@ Per batch, `init_forward_metadata` gathers everything the layers share:
 
 `attention_with_lse` / `merge_attention_states` are the exact softmax-with-log-sum-exp building
 blocks used when attention over one sequence is split across ranks (context parallelism).
+A batch that carries a context-parallel layout (`layers/context_parallel.py`) is handed to
+`torch_native_cp.py`.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from sglang.srt.layers.attention.base import AttentionBackend
+from sglang.srt.layers.context_parallel import CP_LAYOUT_KEY
 
 if TYPE_CHECKING:
     from sglang.srt.layers.attention.radix_attention import RadixAttention
@@ -154,6 +157,10 @@ class TorchNativeAttnBackend(AttentionBackend):
         """Stateless: everything per batch lives in `forward_batch.attn_metadata`."""
 
     def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
+        from sglang.srt.layers.attention import torch_native_cp
+
+        if forward_batch.batch_size and torch_native_cp.init_cp_metadata(forward_batch) is not None:
+            return
         if forward_batch.forward_mode.is_idle() or forward_batch.batch_size == 0:
             forward_batch.attn_metadata[_METADATA_KEY] = TorchNativeMetadata(True, None, None, None, [])
             return
@@ -197,7 +204,18 @@ class TorchNativeAttnBackend(AttentionBackend):
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True) -> torch.Tensor:
         return self.forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
 
+    def start_kv_exchange(self, k, v, layer, forward_batch) -> None:
+        """Context parallelism: start the async all-gather of the layer's new k/v."""
+        from sglang.srt.layers.attention import torch_native_cp
+
+        torch_native_cp.start_kv_exchange(forward_batch, layer.layer_id, k, v)
+
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True) -> torch.Tensor:
+        if CP_LAYOUT_KEY in forward_batch.attn_metadata:
+            from sglang.srt.layers.attention import torch_native_cp
+
+            if torch_native_cp.get_cp_layout(forward_batch) is not None:
+                return torch_native_cp.cp_attention_forward(q, k, v, layer, forward_batch, save_kv_cache)
         md = self._metadata(forward_batch)
         num_tokens = q.shape[0]
         self._save(k, v, layer, forward_batch, save_kv_cache)

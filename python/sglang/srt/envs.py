@@ -1,0 +1,83 @@
+"""Environment variables the engine reads, declared once with their type and default.
+
+Each variable is an `EnvVar`: `.get()` parses the current value (or returns the default) and
+raises a `ValueError` naming the variable when the text does not parse. Reading happens when
+`.get()` is called, never at import, so tests can set variables with `monkeypatch.setenv`.
+
+    from sglang.srt import envs
+    alpha = envs.SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR.get()
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable, Generic, Mapping, Optional, TypeVar
+
+T = TypeVar("T")
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def parse_bool(text: str) -> bool:
+    """'1/true/yes/on' → True, '0/false/no/off/' → False (case-insensitive)."""
+    value = text.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(f"expected a boolean, got {text!r}")
+
+
+@dataclass(frozen=True)
+class EnvVar(Generic[T]):
+    """One typed environment variable."""
+
+    name: str
+    default: T
+    parse: Callable[[str], T]
+    doc: str = ""
+
+    def is_set(self, environ: Optional[Mapping[str, str]] = None) -> bool:
+        return self.name in (os.environ if environ is None else environ)
+
+    def get(self, environ: Optional[Mapping[str, str]] = None) -> T:
+        env = os.environ if environ is None else environ
+        raw = env.get(self.name)
+        if raw is None:
+            return self.default
+        try:
+            return self.parse(raw.strip())
+        except ValueError as exc:
+            raise ValueError(f"environment variable {self.name}={raw!r}: {exc}") from None
+
+
+# ---------------------------------------------------------------- dynamic chunking
+SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR: EnvVar[float] = EnvVar(
+    "SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR",
+    0.75,
+    float,
+    "How far a dynamic chunk follows the fitted model: 0 = fixed chunks, 1 = follow the fit.",
+)
+
+
+# ---------------------------------------------------------------- pipeline parallelism
+def parse_int_list(text: str) -> list[int]:
+    """'15,15,15,16' → [15, 15, 15, 16] (spaces allowed); ValueError on anything else."""
+    parts = [p.strip() for p in text.split(",")]
+    if not text.strip() or any(not p for p in parts):
+        raise ValueError(f"expected comma-separated integers, got {text!r}")
+    try:
+        return [int(p) for p in parts]
+    except ValueError:
+        raise ValueError(f"expected comma-separated integers, got {text!r}") from None
+
+
+SGLANG_PP_LAYER_PARTITION: EnvVar[Optional[list[int]]] = EnvVar(
+    "SGLANG_PP_LAYER_PARTITION",
+    None,
+    parse_int_list,
+    "Decoder layers of each pipeline stage, e.g. '15,15,15,16': one entry per stage (--pp-size), "
+    "summing to the model's layer count. Unset: even split, the remainder on the last stages.",
+)

@@ -1,0 +1,361 @@
+"""Context parallelism (CP): how a batch's tokens are laid out over the ranks of one CP group.
+
+Token split (prefill CP). The new tokens of every request with more than one new token (a
+prefill or a prefill chunk) are divided among the cp ranks:
+- zigzag: the request's tokens are cut into 2·cp segments (the first n mod 2cp segments one token
+  longer); rank r takes segments r and 2cp−1−r, so causal-attention work is balanced;
+- round-robin: token j of the request goes to rank j mod cp.
+Requests with one new token (decodes) are *replicated*: every cp rank holds them. Every rank
+keeps its tokens of each request contiguous, in request order and ascending position, so the
+local token list of a rank is a subsequence of the batch's flat token list (`local_idx`).
+
+`CPLayout.build` computes the layout of every rank from the batch's CPU lists (identical on all
+ranks), including who holds each split token, so that any set of tokens can be gathered back
+into the original order (`GatherSpec` + `start_gather`): K/V per layer, queries of chunked
+prefills, and the final hidden states before the LM head.
+
+`CPLayout` is attached to a `ForwardBatch` with `set_cp_layout` and read with `get_cp_layout`
+(stored in `forward_batch.attn_metadata` under `CP_LAYOUT_KEY`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from sglang.srt.mem_cache.cp_slots import CPSlotMapping
+
+if TYPE_CHECKING:
+    from sglang.srt.distributed.group_coordinator import GroupCoordinator
+    from sglang.srt.model_executor.forward_batch import ForwardBatch
+
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+CP_STRATEGIES = ("zigzag", "round-robin")
+CP_LAYOUT_KEY = "context_parallel"
+
+# Request kinds inside a CP batch.
+FRESH = 0  # multi-token extend without cached prefix: split; local queries vs gathered full K/V
+PREFIX = 1  # multi-token extend over a cached prefix: split; partial attention per KV shard + merge
+REPLICATED = 2  # one new token (decode): on every rank; partial attention per KV shard + merge
+
+
+# ---------------------------------------------------------------------------- pure token split
+def zigzag_segment_sizes(num_tokens: int, cp_size: int) -> list[int]:
+    """Sizes of the 2·cp zigzag segments (the first `num_tokens mod 2cp` get one extra token)."""
+    segments = 2 * cp_size
+    base, extra = divmod(num_tokens, segments)
+    return [base + 1 if i < extra else base for i in range(segments)]
+
+
+def split_offsets(num_tokens: int, cp_size: int, strategy: str) -> list[torch.Tensor]:
+    """Per rank, the (ascending) offsets within a request of the tokens that rank holds."""
+    if strategy not in CP_STRATEGIES:
+        raise ValueError(f"unknown cp strategy {strategy!r}; expected one of {list(CP_STRATEGIES)}")
+    if cp_size == 1:
+        return [torch.arange(num_tokens, dtype=torch.int64)]
+    if strategy == "round-robin":
+        return [torch.arange(r, max(r, num_tokens), cp_size, dtype=torch.int64) for r in range(cp_size)]
+    sizes = zigzag_segment_sizes(num_tokens, cp_size)
+    starts = [0]
+    for s in sizes:
+        starts.append(starts[-1] + s)
+    segs = [torch.arange(starts[i], starts[i + 1], dtype=torch.int64) for i in range(2 * cp_size)]
+    return [torch.cat([segs[r], segs[2 * cp_size - 1 - r]]) for r in range(cp_size)]
+
+
+def restore_order(shards: Sequence[torch.Tensor], num_tokens: int, strategy: str) -> torch.Tensor:
+    """Inverse of `split_offsets` for one request: cat(shards) re-indexed into original order."""
+    cp = len(shards)
+    offs = torch.cat(split_offsets(num_tokens, cp, strategy))
+    out = torch.empty_like(torch.cat(list(shards)))
+    out[offs] = torch.cat(list(shards))
+    return out
+
+
+# ---------------------------------------------------------------------------- gathers
+@dataclass
+class GatherSpec:
+    """A set of tokens to assemble from the ranks that hold them.
+
+    Rank r contributes `local_rows[r]` (rows of its local tensor); the gathered rows are the
+    contributions of rank 0, 1, ... concatenated, and `global_idx[j]` is the batch-global flat
+    index of gathered row j."""
+
+    sizes: list[int]
+    local_rows: torch.Tensor  # this rank's contributing rows
+    global_idx: torch.Tensor  # [sum(sizes)]
+
+    @property
+    def total(self) -> int:
+        return int(sum(self.sizes))
+
+
+class PendingGather:
+    """An all-gather in flight (padded to the largest contribution); `wait()` trims the padding."""
+
+    def __init__(self, work: Any, buffer: torch.Tensor, sizes: list[int], local: Optional[torch.Tensor] = None):
+        self.work, self.buffer, self.sizes, self.local = work, buffer, sizes, local
+
+    def wait(self) -> torch.Tensor:
+        """[sum(sizes), ...] rows in rank order."""
+        if self.local is not None:
+            return self.local
+        if self.work is not None:
+            self.work.wait()
+            self.work = None
+        parts = [self.buffer[r, :n] for r, n in enumerate(self.sizes)]
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+
+def start_gather(group: "GroupCoordinator", rows: torch.Tensor, sizes: list[int]) -> PendingGather:
+    """Asynchronously all-gather `rows` (this rank's contribution, `sizes[group.rank]` rows) over
+    `group`: every rank pads to max(sizes), one `all_gather_into_tensor(async_op=True)`."""
+    if group.size == 1:
+        return PendingGather(None, rows, sizes, local=rows)
+    if rows.shape[0] != sizes[group.rank]:
+        raise ValueError(f"gather: this rank has {rows.shape[0]} rows, the layout says {sizes[group.rank]}")
+    longest = max(sizes)
+    tail = tuple(rows.shape[1:])
+    if longest == 0:
+        return PendingGather(None, rows.new_empty((group.size, 0) + tail), sizes)
+    send = rows.contiguous()
+    if send.shape[0] < longest:
+        send = torch.cat([send, send.new_zeros((longest - send.shape[0],) + tail)])
+    buffer = send.new_empty((group.size, longest) + tail)
+    work = _all_gather_single(buffer.view((group.size * longest,) + tail), send, group=group.device_group, async_op=True)
+    return PendingGather(work, buffer, sizes)
+
+
+# ---------------------------------------------------------------------------- batch layout
+@dataclass
+class CPLayout:
+    """Token layout of one batch over the cp ranks, seen from rank `cp_rank`."""
+
+    cp_size: int
+    cp_rank: int
+    strategy: str
+    num_tokens: int  # tokens of the whole batch (global, flat)
+    kinds: list[int]  # per request: FRESH / PREFIX / REPLICATED
+    starts: list[int]  # per request: first global flat index
+    ext_lens: list[int]
+    prefix_lens: list[int]
+    local_idx: torch.Tensor  # [num_local] global flat index of each local token
+    local_starts: list[int]  # per request: first local row (its local rows are contiguous)
+    local_counts: list[int]  # per request: local rows
+    local_offsets: list[torch.Tensor]  # per request: offsets (within the request) of its local tokens
+    holder_rank: torch.Tensor  # [num_tokens] rank holding a split token, -1 for replicated tokens
+    holder_row: torch.Tensor  # [num_tokens] that rank's local row (for replicated: this rank's row)
+    group: Optional["GroupCoordinator"] = None
+    slot_mapping: Optional[CPSlotMapping] = None
+    cache: dict = field(default_factory=dict)  # per-batch derived state (specs, attention metadata)
+
+    # ------------------------------------------------------------------ construction
+    @staticmethod
+    def build(
+        ext_lens: Sequence[int],
+        prefix_lens: Sequence[int],
+        cp_size: int,
+        cp_rank: int,
+        strategy: str = "zigzag",
+        group: Optional["GroupCoordinator"] = None,
+        slot_mapping: Optional[CPSlotMapping] = None,
+    ) -> "CPLayout":
+        if not 0 <= cp_rank < cp_size:
+            raise ValueError(f"cp_rank {cp_rank} out of range for cp_size {cp_size}")
+        n_total = int(sum(ext_lens))
+        if n_total == len(ext_lens):  # decodes only: every rank holds every token
+            b = len(ext_lens)
+            rows = torch.arange(b, dtype=torch.int64)
+            return CPLayout(
+                cp_size, cp_rank, strategy, b, [REPLICATED] * b, list(range(b)), [1] * b,
+                [int(x) for x in prefix_lens], rows, list(range(b)), [1] * b, [torch.zeros(1, dtype=torch.int64)] * b,
+                torch.full((b,), -1, dtype=torch.int64), rows.clone(), group, slot_mapping,
+            )  # fmt: skip
+        holder_rank = torch.full((n_total,), -1, dtype=torch.int64)
+        holder_row = torch.zeros(n_total, dtype=torch.int64)
+        kinds, starts, offsets_mine = [], [], []
+        local_counts = [[0] * len(ext_lens) for _ in range(cp_size)]
+        next_row = [0] * cp_size
+        start = 0
+        for i, (n, pre) in enumerate(zip(ext_lens, prefix_lens)):
+            n, pre = int(n), int(pre)
+            kind = REPLICATED if n == 1 else (FRESH if pre == 0 else PREFIX)
+            kinds.append(kind)
+            starts.append(start)
+            if kind == REPLICATED or cp_size == 1:
+                offs = [torch.arange(n, dtype=torch.int64)] * cp_size
+            else:
+                offs = split_offsets(n, cp_size, strategy)
+            for r in range(cp_size):
+                k = int(offs[r].numel())
+                if kind != REPLICATED and cp_size > 1:
+                    holder_rank[start + offs[r]] = r
+                    holder_row[start + offs[r]] = torch.arange(next_row[r], next_row[r] + k)
+                elif r == cp_rank:
+                    holder_row[start : start + n] = torch.arange(next_row[r], next_row[r] + n)
+                local_counts[r][i] = k
+                next_row[r] += k
+            offsets_mine.append(offs[cp_rank])
+            start += n
+        counts = local_counts[cp_rank]
+        local_starts, row = [], 0
+        for k in counts:
+            local_starts.append(row)
+            row += k
+        parts = [s + o for s, o in zip(starts, offsets_mine)]
+        local_idx = torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
+        return CPLayout(
+            cp_size, cp_rank, strategy, n_total, kinds, starts, [int(x) for x in ext_lens],
+            [int(x) for x in prefix_lens], local_idx, local_starts, counts, offsets_mine, holder_rank,
+            holder_row, group, slot_mapping,
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def batch_size(self) -> int:
+        return len(self.kinds)
+
+    @property
+    def num_local(self) -> int:
+        return int(self.local_idx.numel())
+
+    @property
+    def is_trivial(self) -> bool:
+        """Every rank holds every token (cp 1, or a batch of decodes only)."""
+        return self.cp_size == 1 or all(k == REPLICATED for k in self.kinds)
+
+    def token_kinds(self) -> torch.Tensor:
+        """[num_tokens] the kind of each token's request."""
+        return torch.repeat_interleave(torch.tensor(self.kinds, dtype=torch.int64),
+                                       torch.tensor(self.ext_lens, dtype=torch.int64))  # fmt: skip
+
+    def gather_spec(self, global_idx: torch.Tensor) -> GatherSpec:
+        """Spec gathering the SPLIT tokens among `global_idx` (replicated ones are local everywhere)."""
+        global_idx = global_idx.to(torch.int64)
+        ranks = self.holder_rank[global_idx]
+        sizes, per_rank, mine = [], [], None
+        for r in range(self.cp_size):
+            sel = global_idx[ranks == r]
+            sizes.append(int(sel.numel()))
+            per_rank.append(sel)
+            if r == self.cp_rank:
+                mine = self.holder_row[sel]
+        if mine is None:
+            mine = torch.empty(0, dtype=torch.int64)
+        return GatherSpec(sizes, mine, torch.cat(per_rank) if per_rank else mine)
+
+    def cached_spec(self, name: str, global_idx_fn) -> GatherSpec:
+        spec = self.cache.get(name)
+        if spec is None:
+            spec = self.cache[name] = self.gather_spec(global_idx_fn())
+        return spec
+
+    def split_spec(self) -> GatherSpec:
+        """All split tokens of the batch (for K/V and full hidden-state gathers)."""
+        return self.cached_spec("split", lambda: torch.nonzero(self.holder_rank >= 0).flatten())
+
+    # ------------------------------------------------------------------ data movement
+    def scatter(self, x: torch.Tensor) -> torch.Tensor:
+        """Global-layout rows -> this rank's local rows."""
+        if self.cp_size == 1:
+            return x
+        return x.index_select(0, self.local_idx.to(x.device))
+
+    def gather_rows(self, x_local: torch.Tensor, global_idx: torch.Tensor, spec: Optional[GatherSpec] = None) -> torch.Tensor:
+        """Rows `global_idx` (in that order) of the global layout, assembled from local rows."""
+        if self.is_trivial:
+            return x_local.index_select(0, self.holder_row[global_idx].to(x_local.device))
+        spec = spec or self.gather_spec(global_idx)
+        dev = x_local.device
+        gathered = start_gather(self.group, x_local.index_select(0, spec.local_rows.to(dev)), spec.sizes).wait()
+        out = x_local.new_empty((int(global_idx.numel()),) + tuple(x_local.shape[1:]))
+        # position of each requested row: split rows come from the gather, replicated from local
+        pos = torch.full((self.num_tokens,), -1, dtype=torch.int64)
+        pos[global_idx] = torch.arange(global_idx.numel())
+        split = self.holder_rank[global_idx] >= 0
+        if spec.total:
+            out.index_copy_(0, pos[spec.global_idx].to(dev), gathered)
+        repl = torch.nonzero(~split).flatten()
+        if repl.numel():
+            out.index_copy_(0, repl.to(dev), x_local.index_select(0, self.holder_row[global_idx[repl]].to(dev)))
+        return out
+
+    def gather_all(self, x_local: torch.Tensor) -> torch.Tensor:
+        """The whole batch in original order."""
+        if self.cp_size == 1:
+            return x_local
+        return self.gather_rows(x_local, torch.arange(self.num_tokens), self.split_spec())
+
+    def last_token_idx(self) -> torch.Tensor:
+        """[batch_size] global flat index of each request's last new token."""
+        return torch.tensor([s + n - 1 for s, n in zip(self.starts, self.ext_lens)], dtype=torch.int64)
+
+
+# ---------------------------------------------------------------------------- forward batch glue
+def set_cp_layout(forward_batch: "ForwardBatch", layout: Optional[CPLayout]) -> None:
+    forward_batch.attn_metadata[CP_LAYOUT_KEY] = layout
+
+
+def is_cp_batch(forward_batch: "ForwardBatch") -> bool:
+    """True when the batch runs context-parallel (cp > 1)."""
+    return get_cp_layout(forward_batch) is not None
+
+
+def get_cp_layout(forward_batch: "ForwardBatch") -> Optional[CPLayout]:
+    """The batch's CP layout, or None when the batch is not context-parallel (cp 1)."""
+    layout = forward_batch.attn_metadata.get(CP_LAYOUT_KEY)
+    if layout is None or layout.cp_size == 1:
+        return None
+    return layout
+
+
+def build_cp_layout_for_batch(
+    forward_batch: "ForwardBatch",
+    group: "GroupCoordinator",
+    strategy: str,
+    slot_mapping: CPSlotMapping,
+) -> Optional[CPLayout]:
+    """Compute and attach the CP layout of `forward_batch` for this rank of `group` (cp > 1)."""
+    if group.size == 1:
+        return None
+    layout = CPLayout.build(
+        forward_batch.extend_seq_lens_cpu,
+        forward_batch.extend_prefix_lens_cpu,
+        group.size,
+        group.rank,
+        strategy,
+        group=group,
+        slot_mapping=slot_mapping,
+    )
+    set_cp_layout(forward_batch, layout)
+    return layout
+
+
+@dataclass(frozen=True)
+class CPRuntime:
+    """What a model runner needs for CP: the cp group, the split strategy and the slot mapping."""
+
+    group: "GroupCoordinator"
+    strategy: str
+    mapping: CPSlotMapping
+
+    @staticmethod
+    def from_server_args(server_args: Any, group: "GroupCoordinator") -> Optional["CPRuntime"]:
+        """None when the cp group has one rank."""
+        if group.size == 1:
+            return None
+        strategy = getattr(server_args, "cp_strategy", "zigzag")
+        if strategy not in CP_STRATEGIES:
+            raise ValueError(f"--cp-strategy must be one of {list(CP_STRATEGIES)}, got {strategy!r}")
+        interleave = int(getattr(server_args, "cp_kv_cache_interleave_size", 1) or 1)
+        return CPRuntime(group, strategy, CPSlotMapping(server_args.page_size, group.size, interleave))
+
+    def attach(self, forward_batch: "ForwardBatch") -> CPLayout:
+        """Compute this rank's layout of the batch and attach it (before the backend's metadata)."""
+        layout = build_cp_layout_for_batch(forward_batch, self.group, self.strategy, self.mapping)
+        assert layout is not None
+        return layout

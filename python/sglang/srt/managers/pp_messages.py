@@ -1,0 +1,168 @@
+"""Typed messages of the pipeline ring (what one stage tells the next, and the last tells stage 0).
+
+- `MsgType.BATCH` (stage k -> k+1): a `StageBatch`, everything a later stage needs to run one
+  micro-batch without request objects: the `ModelWorkerBatch` fields (minus input ids) and the
+  `req_to_token` row updates for its mirror of stage 0's table.
+- `MsgType.PROXY` (stage k -> k+1, right after its BATCH): the micro-batch's activations
+  (`PPProxyTensors`: hidden_states + residual).
+- `MsgType.OUTPUT` (last stage -> stage 0): a `StageOutput`, the sampled ids of one micro-batch.
+- `MsgType.STOP` (round the ring): shut down (tests and clean exits).
+- `MsgType.PING` (round the ring): keep-alive of an idle ring.
+
+Row updates: a request's row on a later stage must hold the slots of positions [0, seq_len) when its
+micro-batch runs there. Each micro-batch brings this step's slots (`out_cache_loc`); the first step
+after an admission (`start == cached_prefix_len`) also brings the slots of its cached prefix. Later
+micro-batches reach every stage after earlier ones, so a row or slot reused by stage 0 is rewritten
+on a stage only after every earlier micro-batch that used it has run there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Optional
+
+import torch
+
+from sglang.srt.managers.schedule_batch import ModelWorkerBatch, ScheduleBatch
+from sglang.srt.model_executor.model_runner import ForwardResult
+from sglang.srt.sampling.sampling_params import SamplingParams
+
+
+class MsgType(IntEnum):
+    BATCH = 1
+    PROXY = 2
+    OUTPUT = 3
+    STOP = 4
+    PING = 5
+
+
+@dataclass
+class StageBatch:
+    """One micro-batch as later stages see it (picklable, plain lists)."""
+
+    mb_id: int
+    req_pool_indices: list[int]
+    prefix_lens: list[int]
+    extend_lens: list[int]
+    out_cache_loc: list[int]  # slots of this step's tokens, in item order
+    prefix_slots: dict[int, list[int]]  # item index -> slots of [0, prefix_len) (first step after admission)
+    is_decode: bool
+    sample_rows: list[int]
+    sampling_params: list[SamplingParams]
+    prompt_ids: list[list[int]]  # empty lists unless a repetition penalty needs the prompt
+    output_ids: list[list[int]]
+    return_logprob: bool
+    top_logprobs_nums: list[int]
+    rids: list[str] = field(default_factory=list)  # for traces
+    launched_at: float = 0.0  # wall time stage 0 started this micro-batch (bubble accounting)
+    ring_was_empty: bool = False  # nothing else was in flight when stage 0 launched it
+    stage_forward_s: list[float] = field(default_factory=list)  # forward time of each stage so far
+    stage_bubble: list[Optional[float]] = field(default_factory=list)  # bubble ratio of each stage so far
+
+    @classmethod
+    def from_schedule(
+        cls, mb_id: int, batch: ScheduleBatch, wb: ModelWorkerBatch, req_to_token: torch.Tensor
+    ) -> "StageBatch":
+        """Build on stage 0 right after `Scheduler.schedule()` (rows already hold this step's slots)."""
+        prefix_slots: dict[int, list[int]] = {}
+        for i, item in enumerate(batch.items):
+            if item.start > 0 and item.start == item.req.cached_prefix_len:
+                prefix_slots[i] = req_to_token[item.req.req_pool_idx, : item.start].tolist()
+        sampled = [batch.items[i].req for i in wb.sample_rows]
+        return cls(
+            mb_id=mb_id,
+            req_pool_indices=list(wb.req_pool_indices),
+            prefix_lens=list(wb.prefix_lens),
+            extend_lens=list(wb.extend_lens),
+            out_cache_loc=wb.out_cache_loc.tolist(),
+            prefix_slots=prefix_slots,
+            is_decode=wb.is_decode,
+            sample_rows=list(wb.sample_rows),
+            sampling_params=list(wb.sampling_params),
+            prompt_ids=[
+                list(p) if req.sampling_params.repetition_penalty != 1.0 else []
+                for p, req in zip(wb.prompt_ids, sampled)
+            ],
+            output_ids=[list(o) for o in wb.output_ids],
+            return_logprob=wb.return_logprob,
+            top_logprobs_nums=list(wb.top_logprobs_nums),
+            rids=[item.req.rid for item in batch.items],
+        )
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.out_cache_loc)
+
+    def apply_rows(self, req_to_token: torch.Tensor) -> None:
+        """Write this micro-batch's slots into a later stage's mirror of the req_to_token table."""
+        loc = torch.tensor(self.out_cache_loc, dtype=torch.int64)
+        offset = 0
+        for i, (row, start, n) in enumerate(zip(self.req_pool_indices, self.prefix_lens, self.extend_lens)):
+            prefix = self.prefix_slots.get(i)
+            if prefix is not None:
+                req_to_token[row, :start] = torch.tensor(prefix, dtype=torch.int64)
+            req_to_token[row, start : start + n] = loc[offset : offset + n].to(req_to_token.device)
+            offset += n
+
+    def to_worker_batch(self) -> ModelWorkerBatch:
+        """The runner's input on a later stage (input ids are zeros: only stage 0 embeds tokens)."""
+        positions: list[int] = []
+        for start, n in zip(self.prefix_lens, self.extend_lens):
+            positions.extend(range(start, start + n))
+        return ModelWorkerBatch(
+            input_ids=[0] * len(positions),
+            positions=positions,
+            out_cache_loc=torch.tensor(self.out_cache_loc, dtype=torch.int64),
+            req_pool_indices=list(self.req_pool_indices),
+            prefix_lens=list(self.prefix_lens),
+            extend_lens=list(self.extend_lens),
+            is_decode=self.is_decode,
+            sample_rows=list(self.sample_rows),
+            sampling_params=list(self.sampling_params),
+            prompt_ids=list(self.prompt_ids),
+            output_ids=list(self.output_ids),
+            return_logprob=self.return_logprob,
+            top_logprobs_nums=list(self.top_logprobs_nums),
+        )
+
+    def trace_args(self, pp_rank: int) -> dict:
+        """Trace event arguments (`chunk_len` / `prefix_len` when the micro-batch is one request,
+        the keys `tools/pp_sim` fits chunk latencies from)."""
+        args = {
+            "mb": self.mb_id,
+            "pp_rank": pp_rank,
+            "num_tokens": self.num_tokens,
+            "rids": list(self.rids),
+            "extend_lens": list(self.extend_lens),
+            "prefix_lens": list(self.prefix_lens),
+        }
+        if len(self.extend_lens) == 1:
+            args["chunk_len"], args["prefix_len"] = self.extend_lens[0], self.prefix_lens[0]
+        return args
+
+
+@dataclass
+class StageOutput:
+    """Sampled tokens of one micro-batch (rows in `sample_rows` order), last stage -> stage 0."""
+
+    mb_id: int
+    next_token_ids: list[int]
+    logprobs: Optional[list[float]]
+    top_logprobs: Optional[list]
+    stage_forward_s: list[float] = field(default_factory=list)
+    stage_bubble: list[Optional[float]] = field(default_factory=list)
+
+    @classmethod
+    def from_result(cls, batch: StageBatch, result: ForwardResult) -> "StageOutput":
+        return cls(
+            mb_id=batch.mb_id,
+            next_token_ids=list(result.next_token_ids),
+            logprobs=result.logprobs,
+            top_logprobs=result.top_logprobs,
+            stage_forward_s=list(batch.stage_forward_s),
+            stage_bubble=list(batch.stage_bubble),
+        )
+
+    def to_forward_result(self) -> ForwardResult:
+        return ForwardResult(self.next_token_ids, self.logprobs, self.top_logprobs)

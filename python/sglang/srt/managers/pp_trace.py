@@ -1,0 +1,121 @@
+"""Pipeline trace: Chrome / Perfetto trace-event JSON with one track per rank (`--pp-trace-path`).
+
+Each rank records complete events ("ph": "X", microseconds of wall-clock time, shared by the
+processes of one machine) for each micro-batch's forward and each wait and send, with the
+micro-batch id, request ids and chunk sizes in `args`. A rank appends its events to its own part
+file `<path>.rank<R>.part` (JSON lines) before it blocks, so nothing is lost when it idles or is
+killed; `merge_trace(path)` (run by the entry rank when the ring goes idle, and by the benchmark
+scripts) joins every part into `<path>`:
+
+    {"traceEvents": [...], "displayTimeUnit": "ms"}     # open in https://ui.perfetto.dev
+
+Event names: `forward` (busy), `recv wait` / `output wait` (bubbles), `send` (isend issue),
+`send commit` (waiting for an earlier send before a ring slot is reused), `schedule`, `process result`.
+`benchmark/pp/trace_report.py` turns a trace into per-stage bubble ratios and a PNG timeline.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import time
+from typing import Any, Optional
+
+_PART_RE = re.compile(r"\.rank(\d+)\.part$")
+FLUSH_EVERY = 4096  # events buffered before a rank appends them to its part file
+
+
+def now_s() -> float:
+    """Wall-clock seconds (comparable across the processes of one machine)."""
+    return time.time()
+
+
+class PPTracer:
+    """Per-rank event recorder; every method is a cheap no-op when tracing is off."""
+
+    def __init__(self, path: Optional[str], world_rank: int, pp_rank: int, tp_rank: int):
+        self.enabled = bool(path)
+        self.path = path
+        self.world_rank, self.pp_rank, self.tp_rank = world_rank, pp_rank, tp_rank
+        self._events: list[dict] = []
+        self.part_path = f"{path}.rank{world_rank}.part" if path else None
+        if self.part_path:
+            os.makedirs(os.path.dirname(os.path.abspath(self.part_path)), exist_ok=True)
+            with open(self.part_path, "w", encoding="utf-8") as f:
+                f.write(json.dumps(self._metadata()) + "\n")
+
+    def _metadata(self) -> dict:
+        return {
+            "name": "process_name",
+            "ph": "M",
+            "pid": self.world_rank,
+            "tid": 0,
+            "args": {"name": f"rank {self.world_rank} (pp {self.pp_rank}, tp {self.tp_rank})"},
+        }
+
+    def complete(self, name: str, start_s: float, end_s: float, cat: str = "pp", **args: Any) -> None:
+        """Record one span [start_s, end_s] (seconds from `now_s`)."""
+        if not self.enabled:
+            return
+        self._events.append(
+            {
+                "name": name,
+                "cat": cat,
+                "ph": "X",
+                "ts": round(start_s * 1e6, 1),
+                "dur": round(max(end_s - start_s, 0.0) * 1e6, 1),
+                "pid": self.world_rank,
+                "tid": 0,
+                "args": args,
+            }
+        )
+        if len(self._events) >= FLUSH_EVERY:  # a ring that never idles still writes its trace
+            self.flush()
+
+    def flush(self) -> None:
+        """Append the buffered events to this rank's part file."""
+        if not self.enabled or not self._events:
+            return
+        with open(self.part_path, "a", encoding="utf-8") as f:
+            for ev in self._events:
+                f.write(json.dumps(ev) + "\n")
+        self._events = []
+
+
+def part_files(path: str) -> list[str]:
+    return sorted(p for p in glob.glob(glob.escape(path) + ".rank*.part") if _PART_RE.search(p))
+
+
+def parts_signature(path: str) -> tuple:
+    """Changes whenever a part file grows (to re-merge only when needed)."""
+    sig = []
+    for p in part_files(path):
+        try:
+            sig.append((p, os.path.getsize(p)))
+        except OSError:
+            pass
+    return tuple(sig)
+
+
+def merge_trace(path: str) -> dict:
+    """Join every rank's part file into the trace JSON at `path` (atomic replace); returns it."""
+    events: list[dict] = []
+    for p in part_files(path):
+        with open(p, encoding="utf-8") as f:
+            for line in f:
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    events.append(json.loads(line))
+                except json.JSONDecodeError:
+                    break  # a line being written right now: take it next time
+    events.sort(key=lambda e: (e.get("ph") != "M", e.get("ts", 0.0)))
+    trace = {"traceEvents": events, "displayTimeUnit": "ms"}
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(trace, f)
+    os.replace(tmp, path)
+    return trace
