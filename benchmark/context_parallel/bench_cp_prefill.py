@@ -158,8 +158,9 @@ def main() -> None:
             else:
                 times, kv = run_model(path, cp, args.tokens, args.repeats, args.dtype)
             ttft[cp] = statistics.median(times)
+            runs = ", ".join(f"{t:.2f}" for t in times)
             print(f"mode={args.mode} pp={args.pp} cp={cp} tokens={args.tokens}: TTFT {ttft[cp]:.2f} s "
-                  f"(runs {', '.join(f'{t:.2f}' for t in times)}), KV per rank {kv / 2**20:.1f} MiB", flush=True)  # fmt: skip
+                  f"(runs {runs}), KV per rank {kv / 2**20:.1f} MiB", flush=True)  # fmt: skip
         base = ttft.get(1)
         for cp, t in ttft.items():
             if base and cp > 1:

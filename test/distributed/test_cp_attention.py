@@ -98,7 +98,8 @@ def test_cp_attention_matches_single_rank(cp, reference):
             got = results[rank][c]
             assert len(got["outs"]) == len(ref["outs"])
             for step, (a, b) in enumerate(zip(got["outs"], ref["outs"])):
-                torch.testing.assert_close(a, b, atol=TOL, rtol=1e-5, msg=lambda m: f"{cfg} rank {rank} step {step}: {m}")
+                where = f"{cfg} rank {rank} step {step}"
+                torch.testing.assert_close(a, b, atol=TOL, rtol=1e-5, msg=lambda m: f"{where}: {m}")
         # sharded, not replicated: every stored token lives on exactly one rank
         rows = [results[r][c]["rows"] for r in range(cp)]
         assert sum(rows) == ref["rows"] == ref["virtual_tokens"], (cfg, rows)

@@ -107,7 +107,9 @@ def test_bench_serving_cli_sglang_backend(server, tmp_path) -> None:
     assert record["total_input_tokens"] == 8 * 32
     assert record["total_output_tokens"] == 8 * 6  # ignore_eos: every request runs to its length
     assert record["max_concurrency"] == 3 and record["request_rate"] == "inf"
-    assert all(len(itl) == 5 for itl in record["itls"])  # one gap per token after the first
+    # One gap per streamed chunk after the first: 5 when every token arrives alone; a loaded box
+    # may deliver two tokens in one chunk, never more chunks than tokens.
+    assert all(1 <= len(itl) <= 5 for itl in record["itls"])
     assert 0 < record["median_ttft_ms"] <= record["p99_ttft_ms"]
     assert record["output_throughput"] > 0 and record["mean_tpot_ms"] > 0
 

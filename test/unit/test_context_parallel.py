@@ -20,6 +20,8 @@ from sglang.srt.layers.context_parallel import (
     zigzag_segment_sizes,
 )
 from sglang.srt.mem_cache.cp_slots import CPSlotMapping, physical_kv_state, plan_virtual_pool
+from sglang.srt.server_args import ServerArgs
+from sglang.test.tiny_models import TINY_LLAMA_DIR
 
 STRATEGIES = ("zigzag", "round-robin")
 
@@ -241,3 +243,17 @@ def test_causal_attention_lse_any_positions(block):
         )
         torch.testing.assert_close(out, o_ref.transpose(0, 1), atol=1e-5, rtol=1e-5, msg=f"{kn}/{qn}")
         torch.testing.assert_close(lse, l_ref.transpose(0, 1), atol=1e-5, rtol=1e-5, msg=f"{kn}/{qn}")
+
+
+# ---------------------------------------------------------------------------- flags
+def test_cp_server_args():
+    args = ServerArgs(model_path=TINY_LLAMA_DIR, cp_size=2, page_size=4, cp_kv_cache_interleave_size=2)
+    args.validate()  # --cp-size alone: tp defaults to dp · cp
+    from sglang.srt.distributed.parallel_layout import ParallelLayout
+
+    layout = ParallelLayout.from_server_args(args)
+    assert (layout.world_size, layout.attn_cp, layout.attn_tp) == (2, 2, 1)
+    with pytest.raises(ValueError, match="interleave-size"):
+        ServerArgs(model_path=TINY_LLAMA_DIR, cp_size=2, page_size=4, cp_kv_cache_interleave_size=3).validate()
+    with pytest.raises(ValueError, match="dp"):  # DP attention (not built yet) is refused with CP
+        ServerArgs(model_path=TINY_LLAMA_DIR, cp_size=2, tp_size=4, dp_size=2, enable_dp_attention=True).validate()

@@ -72,7 +72,9 @@ class CPForwardHarness:
             req.tokens = list(share_prefix_of.tokens[:prefix_len])
         return req
 
-    def build_batch(self, items: Sequence[tuple[ReqHandle, Sequence[int]]], return_all_logits: bool = False) -> ForwardBatch:
+    def build_batch(
+        self, items: Sequence[tuple[ReqHandle, Sequence[int]]], return_all_logits: bool = False
+    ) -> ForwardBatch:
         prefix = [req.seq_len for req, _ in items]
         ext = [len(toks) for _, toks in items]
         table = self.req_to_token_pool.req_to_token

@@ -113,7 +113,7 @@ class PendingGather:
 
 def start_gather(group: "GroupCoordinator", rows: torch.Tensor, sizes: list[int]) -> PendingGather:
     """Asynchronously all-gather `rows` (this rank's contribution, `sizes[group.rank]` rows) over
-    `group`: every rank pads to max(sizes), one `all_gather_into_tensor(async_op=True)`."""
+    `group`: every rank pads to max(sizes), one `all_gather_single(async_op=True)`."""
     if group.size == 1:
         return PendingGather(None, rows, sizes, local=rows)
     if rows.shape[0] != sizes[group.rank]:
@@ -126,7 +126,8 @@ def start_gather(group: "GroupCoordinator", rows: torch.Tensor, sizes: list[int]
     if send.shape[0] < longest:
         send = torch.cat([send, send.new_zeros((longest - send.shape[0],) + tail)])
     buffer = send.new_empty((group.size, longest) + tail)
-    work = _all_gather_single(buffer.view((group.size * longest,) + tail), send, group=group.device_group, async_op=True)
+    flat = buffer.view((group.size * longest,) + tail)
+    work = _all_gather_single(flat, send, group=group.device_group, async_op=True)
     return PendingGather(work, buffer, sizes)
 
 
@@ -265,7 +266,9 @@ class CPLayout:
             return x
         return x.index_select(0, self.local_idx.to(x.device))
 
-    def gather_rows(self, x_local: torch.Tensor, global_idx: torch.Tensor, spec: Optional[GatherSpec] = None) -> torch.Tensor:
+    def gather_rows(
+        self, x_local: torch.Tensor, global_idx: torch.Tensor, spec: Optional[GatherSpec] = None
+    ) -> torch.Tensor:
         """Rows `global_idx` (in that order) of the global layout, assembled from local rows."""
         if self.is_trivial:
             return x_local.index_select(0, self.holder_row[global_idx].to(x_local.device))

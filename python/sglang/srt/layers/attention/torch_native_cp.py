@@ -281,4 +281,5 @@ def _shard_attention(q3, q_pending, layer, fb, layout: CPLayout, md: CPAttnMetad
     lses = [allp[r, :, h * dv :] for r in range(layout.cp_size)]
     merged, _ = merge_attention_states(outs, lses)
     if md.b_local_rows.numel():
-        out.index_copy_(0, md.b_local_rows.to(out.device), merged.index_select(0, md.b_sel.to(out.device)).to(out.dtype))
+        mine = merged.index_select(0, md.b_sel.to(out.device)).to(out.dtype)
+        out.index_copy_(0, md.b_local_rows.to(out.device), mine)
