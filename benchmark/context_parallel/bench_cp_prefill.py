@@ -67,7 +67,23 @@ def kv_bytes_per_rank(tokens: int, cp: int, pp: int, dtype_bytes: int = 2) -> in
 
 
 # ---------------------------------------------------------------------------- engine mode
-def run_engine(path: str, cp: int, pp: int, tokens: int, repeats: int, dtype: str) -> list[float]:
+def rank_cpu_seconds() -> dict[int, float]:
+    """CPU seconds used so far by this process's scheduler rank children (`sglang-rank*`)."""
+    out, me, tick = {}, os.getpid(), os.sysconf("SC_CLK_TCK")
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                comm = f.read().strip()
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if comm.startswith("sglang-rank") and int(fields[1]) == me:
+            out[int(pid)] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def run_engine(path: str, cp: int, pp: int, tokens: int, repeats: int, dtype: str) -> tuple[list[float], list[float]]:
     import sglang as sgl
 
     ids = prompt_ids(tokens)
@@ -79,11 +95,15 @@ def run_engine(path: str, cp: int, pp: int, tokens: int, repeats: int, dtype: st
     ) as llm:  # fmt: skip
         params = {"max_new_tokens": 1, "temperature": 0, "ignore_eos": True}
         llm.generate(input_ids=ids[:64], sampling_params=params)  # warm up
+        cpu = []  # busiest rank's CPU seconds per run: the compute split, whatever else runs on the box
         for _ in range(repeats):
+            before = rank_cpu_seconds()
             start = time.perf_counter()
             llm.generate(input_ids=ids, sampling_params=params)
             times.append(time.perf_counter() - start)
-    return times
+            after = rank_cpu_seconds()
+            cpu.append(max(after[p] - before.get(p, 0.0) for p in after))
+    return times, cpu
 
 
 # ---------------------------------------------------------------------------- model mode
@@ -151,20 +171,26 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as root:
         path = write_config(root)
         ttft: dict[int, float] = {}
+        cpu_s: dict[int, float] = {}
         for cp in args.cp:
+            cpu = None
             if args.mode == "engine":
-                times = run_engine(path, cp, args.pp, args.tokens, args.repeats, args.dtype)
+                times, cpu = run_engine(path, cp, args.pp, args.tokens, args.repeats, args.dtype)
                 kv = kv_bytes_per_rank(args.tokens, cp, args.pp)
+                cpu_s[cp] = statistics.median(cpu)
             else:
                 times, kv = run_model(path, cp, args.tokens, args.repeats, args.dtype)
             ttft[cp] = statistics.median(times)
             runs = ", ".join(f"{t:.2f}" for t in times)
             print(f"mode={args.mode} pp={args.pp} cp={cp} tokens={args.tokens}: TTFT {ttft[cp]:.2f} s "
-                  f"(runs {runs}), KV per rank {kv / 2**20:.1f} MiB", flush=True)  # fmt: skip
+                  f"(runs {runs}), KV per rank {kv / 2**20:.1f} MiB"
+                  + ("" if cpu is None else f", busiest rank CPU {cpu_s[cp]:.2f} s"), flush=True)  # fmt: skip
         base = ttft.get(1)
         for cp, t in ttft.items():
             if base and cp > 1:
                 print(f"cp={cp}: speedup {base / t:.2f}x, efficiency T1/(cp*Tcp) = {base / (cp * t):.1%}")
+                if 1 in cpu_s and cp in cpu_s:
+                    print(f"cp={cp}: CPU-time efficiency cpu1/(cp*cpu_busiest) = {cpu_s[1] / (cp * cpu_s[cp]):.1%}")
 
 
 if __name__ == "__main__":
