@@ -22,15 +22,15 @@ from torch import nn
 from sglang.srt.distributed.parallel_state import ParallelGroups, optional_groups
 from sglang.srt.layers.attention.mla import MLAAttention
 from sglang.srt.layers.layernorm import RMSNorm
-from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
 from sglang.srt.layers.moe.experts import match_expert_weight
 from sglang.srt.layers.moe.moe_block import SparseMoeBlock
 from sglang.srt.layers.moe.topk import TopKConfig
 from sglang.srt.layers.rotary_yarn import DeepseekRotaryEmbedding
-from sglang.srt.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
+from sglang.srt.layers.vocab_embedding import VocabParallelEmbedding
 from sglang.srt.mem_cache.kv_pool import KVPool
 from sglang.srt.mem_cache.mla_kv_pool import DSATokenToKVPool, MLATokenToKVPool
 from sglang.srt.model_executor.forward_batch import ForwardBatch, PPProxyTensors
+from sglang.srt.models.causal_lm import CausalLM
 from sglang.srt.models.llama import LlamaForCausalLM, LlamaMLP
 from sglang.srt.models.utils import PPMissingLayer, make_layers, pp_layer_range
 
@@ -152,7 +152,7 @@ class DeepseekV2Model(nn.Module):
         return hidden_states
 
 
-class DeepseekV3ForCausalLM(nn.Module):
+class DeepseekV3ForCausalLM(CausalLM):
     """DeepSeek-V3 / V3.1: dense MLA. `forward` returns logits on the last pipeline stage."""
 
     use_indexer: bool = False
@@ -166,30 +166,7 @@ class DeepseekV3ForCausalLM(nn.Module):
         self.groups = groups
         self.dtype = dtype
         self.model = DeepseekV2Model(config, groups, dtype, self.use_indexer)
-        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
-        if groups.pp.is_last:
-            self.lm_head: nn.Module = ParallelLMHead(config.vocab_size, config.hidden_size, groups.tp, dtype)
-            if self.tie_word_embeddings and groups.pp.is_first:
-                self.lm_head.tie_to(self.model.embed_tokens)
-        else:
-            self.lm_head = PPMissingLayer()
-        self.logits_processor = LogitsProcessor(config.vocab_size)
-
-    @property
-    def start_layer(self) -> int:
-        return self.model.start_layer
-
-    @property
-    def end_layer(self) -> int:
-        return self.model.end_layer
-
-    def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch
-    ) -> Union[LogitsProcessorOutput, PPProxyTensors]:
-        out = self.model(input_ids, positions, forward_batch, forward_batch.pp_proxy_tensors)
-        if isinstance(out, PPProxyTensors):
-            return out
-        return self.logits_processor(out, self.lm_head, forward_batch)
+        self.init_lm_head(config, groups, dtype)
 
     # ------------------------------------------------------------------ KV pool
     @classmethod

@@ -25,16 +25,15 @@ from sglang.srt.layers.communicator import (
     LayerCommunicator,
     LayerScatterModes,
     dense_tp_group,
-    gather_for_logits,
     scatter_model_input,
 )
 from sglang.srt.layers.context_parallel import is_cp_batch
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
-from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
 from sglang.srt.layers.rotary import RotaryEmbedding, get_rope
-from sglang.srt.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
+from sglang.srt.layers.vocab_embedding import VocabParallelEmbedding
 from sglang.srt.model_executor.forward_batch import ForwardBatch, PPProxyTensors
+from sglang.srt.models.causal_lm import CausalLM
 from sglang.srt.models.utils import PPMissingLayer, make_layers, pp_layer_range
 
 # checkpoint name piece -> (fused parameter piece, shard id)
@@ -213,7 +212,7 @@ class LlamaModel(nn.Module):
         return hidden_states
 
 
-class LlamaForCausalLM(nn.Module):
+class LlamaForCausalLM(CausalLM):
     """Causal LM head over LlamaModel. `forward` returns logits on the last pipeline stage and
     `PPProxyTensors` on the others."""
 
@@ -234,32 +233,7 @@ class LlamaForCausalLM(nn.Module):
         self.dtype = dtype
         qkv_bias = self.force_qkv_bias or bool(getattr(config, "attention_bias", False))
         self.model = LlamaModel(config, groups, dtype, qkv_bias, self.use_qk_norm)
-        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
-        if groups.pp.is_last:
-            self.lm_head: nn.Module = ParallelLMHead(
-                config.vocab_size, config.hidden_size, dense_tp_group(groups), dtype
-            )
-            if self.tie_word_embeddings and groups.pp.is_first:
-                self.lm_head.tie_to(self.model.embed_tokens)
-        else:
-            self.lm_head = PPMissingLayer()
-        self.logits_processor = LogitsProcessor(config.vocab_size)
-
-    @property
-    def start_layer(self) -> int:
-        return self.model.start_layer
-
-    @property
-    def end_layer(self) -> int:
-        return self.model.end_layer
-
-    def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch
-    ) -> Union[LogitsProcessorOutput, PPProxyTensors]:
-        out = self.model(input_ids, positions, forward_batch, forward_batch.pp_proxy_tensors)
-        if isinstance(out, PPProxyTensors):
-            return out
-        return self.logits_processor(gather_for_logits(out, forward_batch), self.lm_head, forward_batch)
+        self.init_lm_head(config, groups, dtype)
 
     @classmethod
     def dummy_weight_specs(cls, config: PretrainedConfig) -> list[tuple[str, tuple[int, ...]]]:

@@ -16,13 +16,13 @@ from torch import nn
 
 from sglang.srt.distributed.parallel_state import ParallelGroups, optional_groups
 from sglang.srt.layers.layernorm import RMSNorm
-from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
 from sglang.srt.layers.moe.experts import match_expert_weight
 from sglang.srt.layers.moe.moe_block import SparseMoeBlock
 from sglang.srt.layers.moe.topk import TopKConfig
 from sglang.srt.layers.rotary import RotaryEmbedding, get_rope
-from sglang.srt.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
+from sglang.srt.layers.vocab_embedding import VocabParallelEmbedding
 from sglang.srt.model_executor.forward_batch import ForwardBatch, PPProxyTensors
+from sglang.srt.models.causal_lm import CausalLM
 from sglang.srt.models.llama import _STACKED_PARAMS, LlamaAttention, LlamaForCausalLM, LlamaMLP, _head_dim
 from sglang.srt.models.utils import PPMissingLayer, make_layers, pp_layer_range
 
@@ -119,7 +119,7 @@ class Qwen3MoeModel(nn.Module):
         return hidden_states
 
 
-class Qwen3MoeForCausalLM(nn.Module):
+class Qwen3MoeForCausalLM(CausalLM):
     def __init__(self, config: Any, groups: Optional[ParallelGroups] = None, dtype: torch.dtype = torch.float32):
         super().__init__()
         groups = optional_groups(groups)
@@ -127,30 +127,7 @@ class Qwen3MoeForCausalLM(nn.Module):
         self.groups = groups
         self.dtype = dtype
         self.model = Qwen3MoeModel(config, groups, dtype)
-        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
-        if groups.pp.is_last:
-            self.lm_head: nn.Module = ParallelLMHead(config.vocab_size, config.hidden_size, groups.tp, dtype)
-            if self.tie_word_embeddings and groups.pp.is_first:
-                self.lm_head.tie_to(self.model.embed_tokens)
-        else:
-            self.lm_head = PPMissingLayer()
-        self.logits_processor = LogitsProcessor(config.vocab_size)
-
-    @property
-    def start_layer(self) -> int:
-        return self.model.start_layer
-
-    @property
-    def end_layer(self) -> int:
-        return self.model.end_layer
-
-    def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch
-    ) -> Union[LogitsProcessorOutput, PPProxyTensors]:
-        out = self.model(input_ids, positions, forward_batch, forward_batch.pp_proxy_tensors)
-        if isinstance(out, PPProxyTensors):
-            return out
-        return self.logits_processor(out, self.lm_head, forward_batch)
+        self.init_lm_head(config, groups, dtype)
 
     @classmethod
     def dummy_weight_specs(cls, config: Any) -> Spec:
