@@ -9,11 +9,6 @@ server on a shared host does not claim most of its RAM.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
-
-import torch
-
-from sglang.srt.mem_cache.kv_pool import MHATokenToKVPool
 
 CPU_DEFAULT_CONTEXTS = 4  # default pool on CPU: this many full contexts ...
 CPU_DEFAULT_MAX_FRACTION = 0.25  # ... but never more than this share of available RAM
@@ -38,12 +33,9 @@ def available_memory_bytes() -> int:
     return 8 * 2**30
 
 
-def plan_kv_pool(
-    server_args, model_config, dtype: torch.dtype, weight_bytes: int, num_layers: Optional[int] = None
-) -> KVPoolPlan:
-    """`num_layers`: layers whose KV this rank stores (a pipeline stage's; default all)."""
-    layers = model_config.num_hidden_layers if num_layers is None else num_layers
-    cell = MHATokenToKVPool.cell_size_bytes(model_config.num_key_value_heads, model_config.head_dim, layers, dtype)
+def plan_kv_pool(server_args, model_config, weight_bytes: int, cell: int) -> KVPoolPlan:
+    """`cell`: KV bytes one token takes on this rank (its stage's layers, its KV-head shard, or
+    the model's own layout such as the MLA latent)."""
     page = server_args.page_size
     if server_args.max_total_tokens is not None:
         tokens = server_args.max_total_tokens

@@ -84,9 +84,14 @@ class ModelRunner:
         self.start_layer = int(getattr(self.model, "start_layer", 0))
         self.end_layer = int(getattr(self.model, "end_layer", cfg.num_hidden_layers))
 
-        plan = self._agree_on_plan(
-            plan_kv_pool(server_args, cfg, self.dtype, weight_bytes, num_layers=self.end_layer - self.start_layer)
-        )
+        stage_layers = self.end_layer - self.start_layer
+        if hasattr(model_cls, "kv_cell_size_bytes"):  # models with their own cache layout (MLA latent)
+            cell_bytes = model_cls.kv_cell_size_bytes(cfg.hf_config, self.dtype, stage_layers)
+        else:
+            cell_bytes = MHATokenToKVPool.cell_size_bytes(
+                cfg.get_num_kv_heads(groups.attn_tp.size), cfg.head_dim, stage_layers, self.dtype
+            )
+        plan = self._agree_on_plan(plan_kv_pool(server_args, cfg, weight_bytes, cell_bytes))
         self.max_running_requests = plan.max_running_requests
         page = server_args.page_size
         if self.cp is None:
