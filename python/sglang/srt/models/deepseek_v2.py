@@ -32,7 +32,7 @@ from sglang.srt.mem_cache.mla_kv_pool import DSATokenToKVPool, MLATokenToKVPool
 from sglang.srt.model_executor.forward_batch import ForwardBatch, PPProxyTensors
 from sglang.srt.models.causal_lm import CausalLM
 from sglang.srt.models.llama import LlamaForCausalLM, LlamaMLP
-from sglang.srt.models.utils import PPMissingLayer, make_layers, pp_layer_range
+from sglang.srt.models.utils import PPMissingLayer, make_layers, pp_layer_range, stage_input, stage_output
 
 _STACKED_MLP: list[tuple[str, str, int]] = [(".gate_proj.", ".gate_up_proj.", 0), (".up_proj.", ".gate_up_proj.", 1)]
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.")
@@ -135,21 +135,11 @@ class DeepseekV2Model(nn.Module):
         forward_batch: ForwardBatch,
         pp_proxy_tensors: Optional[PPProxyTensors] = None,
     ) -> Union[torch.Tensor, PPProxyTensors]:
-        if self.pp_first:
-            hidden_states, residual = self.embed_tokens(input_ids), None
-        else:
-            if pp_proxy_tensors is None:
-                raise ValueError("a non-first pipeline stage needs pp_proxy_tensors")
-            hidden_states, residual = pp_proxy_tensors["hidden_states"], pp_proxy_tensors["residual"]
+        hidden_states, residual = stage_input(self, input_ids, pp_proxy_tensors)
         cos, sin = self.rotary_emb.cos_sin(positions)
         for layer in self._stage_layers:
             hidden_states, residual = layer(hidden_states, residual, cos, sin, forward_batch)
-        if not self.pp_last:
-            return PPProxyTensors({"hidden_states": hidden_states, "residual": residual})
-        if residual is None:
-            return self.norm(hidden_states)
-        hidden_states, _ = self.norm(hidden_states, residual)
-        return hidden_states
+        return stage_output(self, hidden_states, residual)
 
 
 class DeepseekV3ForCausalLM(CausalLM):

@@ -34,7 +34,7 @@ from sglang.srt.layers.rotary import RotaryEmbedding, get_rope
 from sglang.srt.layers.vocab_embedding import VocabParallelEmbedding
 from sglang.srt.model_executor.forward_batch import ForwardBatch, PPProxyTensors
 from sglang.srt.models.causal_lm import CausalLM
-from sglang.srt.models.utils import PPMissingLayer, make_layers, pp_layer_range
+from sglang.srt.models.utils import PPMissingLayer, make_layers, pp_layer_range, stage_input, stage_output
 
 # checkpoint name piece -> (fused parameter piece, shard id)
 _STACKED_PARAMS: list[tuple[str, str, Union[int, str]]] = [
@@ -194,22 +194,12 @@ class LlamaModel(nn.Module):
         pp_proxy_tensors: Optional[PPProxyTensors] = None,
     ) -> Union[torch.Tensor, PPProxyTensors]:
         input_ids, positions = scatter_model_input(input_ids, positions, forward_batch)  # CP: local tokens
-        if self.pp_first:
-            hidden_states, residual = self.embed_tokens(input_ids), None
-        else:
-            if pp_proxy_tensors is None:
-                raise ValueError("a non-first pipeline stage needs pp_proxy_tensors")
-            hidden_states, residual = pp_proxy_tensors["hidden_states"], pp_proxy_tensors["residual"]
+        hidden_states, residual = stage_input(self, input_ids, pp_proxy_tensors)
         rotary = self.rotary_emb
         cos, sin = rotary.cos_sin(positions)
         for layer in self._stage_layers:
             hidden_states, residual = layer(hidden_states, residual, rotary, cos, sin, forward_batch)
-        if not self.pp_last:
-            return PPProxyTensors({"hidden_states": hidden_states, "residual": residual})
-        if residual is None:  # a stage without layers
-            return self.norm(hidden_states)
-        hidden_states, _ = self.norm(hidden_states, residual)
-        return hidden_states
+        return stage_output(self, hidden_states, residual)
 
 
 class LlamaForCausalLM(CausalLM):
