@@ -13,7 +13,6 @@ The KV pool holds compressed latent rows (`create_kv_pool`); V3.2's also holds t
 
 from __future__ import annotations
 
-import re
 from typing import Any, Iterable, Optional, Union
 
 import torch
@@ -22,7 +21,6 @@ from torch import nn
 from sglang.srt.distributed.parallel_state import ParallelGroups, optional_groups
 from sglang.srt.layers.attention.mla import MLAAttention
 from sglang.srt.layers.layernorm import RMSNorm
-from sglang.srt.layers.moe.experts import match_expert_weight
 from sglang.srt.layers.moe.moe_block import SparseMoeBlock
 from sglang.srt.layers.moe.topk import TopKConfig
 from sglang.srt.layers.rotary_yarn import DeepseekRotaryEmbedding
@@ -31,12 +29,17 @@ from sglang.srt.mem_cache.kv_pool import KVPool
 from sglang.srt.mem_cache.mla_kv_pool import DSATokenToKVPool, MLATokenToKVPool
 from sglang.srt.model_executor.forward_batch import ForwardBatch, PPProxyTensors
 from sglang.srt.models.causal_lm import CausalLM
-from sglang.srt.models.llama import LlamaForCausalLM, LlamaMLP
+from sglang.srt.models.moe_weights import load_moe_weights
+from sglang.srt.models.llama import LlamaMLP
 from sglang.srt.models.utils import PPMissingLayer, make_layers, pp_layer_range, stage_input, stage_output
 
 _STACKED_MLP: list[tuple[str, str, int]] = [(".gate_proj.", ".gate_up_proj.", 0), (".up_proj.", ".gate_up_proj.", 1)]
-_LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.")
 Spec = list[tuple[str, tuple[int, ...]]]
+
+
+def _reject_fp8(name: str) -> None:
+    if name.endswith("weight_scale_inv"):
+        raise ValueError(f"{name}: FP8 block-quantized checkpoints are not supported; use BF16 weights")
 
 
 def is_moe_layer(config: Any, layer_id: int) -> bool:
@@ -244,35 +247,7 @@ class DeepseekV3ForCausalLM(CausalLM):
         """Load HF-named tensors (full, unsharded); returns the names of the parameters filled.
 
         Layers past num_hidden_layers (the MTP / next-n layers of DeepSeek checkpoints) are skipped."""
-        params = dict(self.named_parameters())
-        separate_head = "lm_head.weight" in params
-        loaded: set[str] = set()
-        load = LlamaForCausalLM._load_param
-        for name, tensor in weights:
-            if "rotary_emb.inv_freq" in name:
-                continue
-            if name.endswith("weight_scale_inv"):
-                raise ValueError(f"{name}: FP8 block-quantized checkpoints are not supported; use BF16 weights")
-            m = _LAYER_RE.match(name)
-            if m and not self.start_layer <= int(m.group(1)) < self.end_layer:
-                continue  # another pipeline stage, or an MTP layer
-            if name == "lm_head.weight" and self.tie_word_embeddings:
-                continue
-            if name == "model.embed_tokens.weight" and self.tie_word_embeddings and separate_head:
-                load(params, "lm_head.weight", tensor, None, loaded)
-            if name in ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight") and name not in params:
-                continue
-            expert = match_expert_weight(name)
-            if expert is not None:
-                load(params, expert[0], tensor, expert[1], loaded)
-                continue
-            for ckpt_piece, fused_piece, shard_id in _STACKED_MLP:
-                if ckpt_piece in name:
-                    load(params, name.replace(ckpt_piece, fused_piece), tensor, shard_id, loaded)
-                    break
-            else:
-                load(params, name, tensor, None, loaded)
-        return loaded
+        return load_moe_weights(self, weights, _STACKED_MLP, check=_reject_fp8)
 
 
 class DeepseekV32ForCausalLM(DeepseekV3ForCausalLM):

@@ -8,7 +8,6 @@ Parallelism as in llama.py, with routed experts over `moe_ep` x `moe_tp`.
 
 from __future__ import annotations
 
-import re
 from typing import Any, Iterable, Optional, Union
 
 import torch
@@ -16,17 +15,16 @@ from torch import nn
 
 from sglang.srt.distributed.parallel_state import ParallelGroups, optional_groups
 from sglang.srt.layers.layernorm import RMSNorm
-from sglang.srt.layers.moe.experts import match_expert_weight
 from sglang.srt.layers.moe.moe_block import SparseMoeBlock
 from sglang.srt.layers.moe.topk import TopKConfig
 from sglang.srt.layers.rotary import RotaryEmbedding, get_rope
 from sglang.srt.layers.vocab_embedding import VocabParallelEmbedding
 from sglang.srt.model_executor.forward_batch import ForwardBatch, PPProxyTensors
 from sglang.srt.models.causal_lm import CausalLM
-from sglang.srt.models.llama import _STACKED_PARAMS, LlamaAttention, LlamaForCausalLM, LlamaMLP, _head_dim
+from sglang.srt.models.moe_weights import load_moe_weights
+from sglang.srt.models.llama import _STACKED_PARAMS, LlamaAttention, LlamaMLP, _head_dim
 from sglang.srt.models.utils import PPMissingLayer, make_layers, pp_layer_range, stage_input, stage_output
 
-_LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.")
 Spec = list[tuple[str, tuple[int, ...]]]
 
 
@@ -155,33 +153,7 @@ class Qwen3MoeForCausalLM(CausalLM):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Load HF-named tensors (full, unsharded); returns the names of the parameters filled."""
-        params = dict(self.named_parameters())
-        separate_head = "lm_head.weight" in params
-        loaded: set[str] = set()
-        load = LlamaForCausalLM._load_param
-        for name, tensor in weights:
-            if "rotary_emb.inv_freq" in name:
-                continue
-            m = _LAYER_RE.match(name)
-            if m and not self.start_layer <= int(m.group(1)) < self.end_layer:
-                continue
-            if name == "lm_head.weight" and self.tie_word_embeddings:
-                continue
-            if name == "model.embed_tokens.weight" and self.tie_word_embeddings and separate_head:
-                load(params, "lm_head.weight", tensor, None, loaded)
-            if name in ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight") and name not in params:
-                continue
-            expert = match_expert_weight(name)
-            if expert is not None:
-                load(params, expert[0], tensor, expert[1], loaded)
-                continue
-            for ckpt_piece, fused_piece, shard_id in _STACKED_PARAMS:
-                if ckpt_piece in name:
-                    load(params, name.replace(ckpt_piece, fused_piece), tensor, shard_id, loaded)
-                    break
-            else:
-                load(params, name, tensor, None, loaded)
-        return loaded
+        return load_moe_weights(self, weights, _STACKED_PARAMS)
 
 
 EntryClass = [Qwen3MoeForCausalLM]
