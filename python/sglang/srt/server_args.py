@@ -32,6 +32,7 @@ CHOICES = {
     "dtype": ["auto", "float32", "bfloat16", "float16"],
     "schedule_policy": ["fcfs", "lpm"],
     "cp_strategy": ["zigzag", "round-robin"],
+    "dynamic_chunking_mode": ["upstream", "auto"],
     "device": ["cpu", "cuda", "npu"],
     "log_level": ["debug", "info", "warning", "error"],
 }
@@ -91,6 +92,9 @@ class ServerArgs:
     enable_dp_attention: bool = False
     pp_async_batch_depth: int = 0
     pp_max_micro_batch_size: Optional[int] = None
+    # Chunked-pipeline prefill: chunk sizes from a latency fit (docs/dynamic_chunking.md); only with pp > 1.
+    enable_dynamic_chunking: bool = False
+    dynamic_chunking_mode: str = "upstream"  # "auto": online refit + TTFT-minimising plans (implies the flag)
     pp_trace_path: Optional[str] = None  # write a Chrome/Perfetto trace of the PP ring here (benchmark/pp/README.md)
     nnodes: int = 1
     node_rank: int = 0

@@ -207,6 +207,7 @@ class PPDriver:
             raise RuntimeError(f"output of micro-batch {out.mb_id} arrived, expected {entry.mb_id}")
         t0 = now_s()
         self.scheduler.process_result(entry.batch, out.to_forward_result())
+        self.scheduler.observe_chunk(entry.batch, out.stage_forward_s)
         self.tracer.complete("process result", t0, now_s(), mb=out.mb_id)
         own = self.meter.ratio()
         ratios = [own] + list(out.stage_bubble[1:])
@@ -234,9 +235,16 @@ class PPRank:
     """One rank of a pipeline-parallel engine: stage 0 runs a `PPDriver`, later stages a `PPStageWorker`."""
 
     def __init__(
-        self, loop: Any, info: SchedulerReadyInfo, scheduler: Optional[Scheduler], comm: PPComm, tracer: PPTracer
+        self,
+        loop: Any,
+        info: SchedulerReadyInfo,
+        scheduler: Optional[Scheduler],
+        comm: PPComm,
+        tracer: PPTracer,
+        chunk_policy: Any = None,
     ):
         self.loop = loop
+        self.chunk_policy = chunk_policy  # dynamic chunking: equal on every rank; stage 0 uses it
         self.info = info
         self.scheduler = scheduler
         self.comm = comm
@@ -265,12 +273,16 @@ def build_pp_rank(
 
     The entry rank gets `io` (a `SchedulerIO` on `port_args` unless one is given, e.g. a test
     double with `recv_all(block)`, `send_to_detokenizer` and `send_to_tokenizer`)."""
+    from sglang.srt.managers.chunk_profiler import build_dynamic_chunking
     from sglang.srt.model_executor.model_runner import ModelRunner
 
     tracer = PPTracer(server_args.pp_trace_path, groups.world_rank, groups.pp.rank, groups.tp.rank)
     backend = dist.get_backend() if dist.is_initialized() else "gloo"
     if groups.pp.is_first:
         scheduler = Scheduler(server_args, groups=groups, tokenizer=tokenizer)
+        # collective with the later stages' call below: profile every stage, fit on stage 0
+        policy = build_dynamic_chunking(server_args, scheduler.runner, groups)
+        scheduler.set_chunk_policy(policy, groups.pp.size)
         comm = PPComm(groups, backend, scheduler.runner.device)
         if groups.is_entry_rank and io is None and port_args is not None:
             from sglang.srt.managers.scheduler_io import SchedulerIO
@@ -282,12 +294,13 @@ def build_pp_rank(
             groups.pp.size, scheduler.runner.start_layer, scheduler.runner.end_layer, driver.ring_size,
             driver.max_mb_reqs,
         )  # fmt: skip
-        return PPRank(driver, scheduler.ready_info(), scheduler, comm, tracer)
+        return PPRank(driver, scheduler.ready_info(), scheduler, comm, tracer, policy)
     runner = ModelRunner(server_args, groups)
+    policy = build_dynamic_chunking(server_args, runner, groups)  # this stage's profile goes into stage 0's fit
     comm = PPComm(groups, backend, runner.device)
     ring_size = groups.pp.size + server_args.pp_async_batch_depth
     worker = PPStageWorker(runner, groups, comm, tracer, ring_size)
     logger.info(
         "pipeline stage %d of %d: layers [%d, %d)", groups.pp.rank, groups.pp.size, runner.start_layer, runner.end_layer
     )
-    return PPRank(worker, stage_ready_info(runner), None, comm, tracer)
+    return PPRank(worker, stage_ready_info(runner), None, comm, tracer, policy)

@@ -10,7 +10,7 @@ its tokens plus a reserve for the decode growth of everything running.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 from sglang.srt.managers.cache_manager import KVCacheManager
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch, ScheduledReq
@@ -18,6 +18,9 @@ from sglang.srt.managers.schedule_batch import Req, ScheduleBatch, ScheduledReq
 # Fraction of the remaining max_new_tokens of running requests kept free for their decodes.
 DECODE_RESERVE_RATIO = 0.3
 LPM_MAX_QUEUE = 128  # longest-prefix-match ordering costs a tree walk per queued request
+
+# Dynamic chunking: (fill length of the request, tokens already in its KV) -> this chunk's budget.
+ChunkBudgetFn = Callable[[int, int], int]
 
 
 @dataclass(frozen=True)
@@ -29,12 +32,17 @@ class StepBudget:
 
 
 class SchedulePolicy:
-    def __init__(self, policy: str, budget: StepBudget, cache: KVCacheManager):
+    def __init__(
+        self, policy: str, budget: StepBudget, cache: KVCacheManager, chunk_budget: Optional[ChunkBudgetFn] = None
+    ):
         if policy not in ("fcfs", "lpm"):
             raise ValueError(f"unknown schedule policy {policy!r}")
         self.policy = policy
         self.budget = budget
         self.cache = cache
+        # Dynamic chunking: the step's prefill budget is the chunk size chosen for its first
+        # prefill (the request being chunked); later prefills of the step share what is left.
+        self.chunk_budget = chunk_budget
 
     # ------------------------------------------------------------------ ordering
     def order_waiting(self, waiting: list[Req]) -> list[Req]:
@@ -67,6 +75,7 @@ class SchedulePolicy:
         prefill_left = self.budget.prefill_tokens
         for req in running:  # requests in the middle of a chunked prefill continue first
             if req.schedulable and req.is_prefilling and prefill_left > 0 and len(batch.items) < cap:
+                prefill_left = self._step_budget(batch, prefill_left, req.seqlen, req.kv_len)
                 take = self._take(req, prefill_left, batch)
                 if take:
                     batch.items.append(ScheduledReq(req, req.kv_len, take))
@@ -83,6 +92,7 @@ class SchedulePolicy:
             if len(batch.items) >= cap:
                 break
             cached = self.cache.match_prefix_len(req)
+            prefill_left = self._step_budget(batch, prefill_left, req.seqlen, cached)
             remaining = req.seqlen - cached
             take = min(remaining, prefill_left) if self.budget.chunked else remaining
             if not self.budget.chunked and remaining > prefill_left and batch.has_prefill_items():
@@ -103,6 +113,12 @@ class SchedulePolicy:
             if take < req.remaining_len:
                 break  # at most one partially prefilled request per step
         return batch, admitted
+
+    def _step_budget(self, batch: ScheduleBatch, prefill_left: int, fill_len: int, prefix_len: int) -> int:
+        """The prefill budget once this request is the step's first prefill (dynamic chunking)."""
+        if self.chunk_budget is None or not self.budget.chunked or batch.has_prefill_items():
+            return prefill_left
+        return max(1, int(self.chunk_budget(fill_len, prefix_len)))
 
     def _take(self, req: Req, prefill_left: int, batch: ScheduleBatch) -> int:
         if self.budget.chunked:

@@ -84,6 +84,25 @@ class Scheduler:
         self._stats = {"prefill_tokens": 0, "decode_tokens": 0, "steps": 0}
         # Bubble ratio of each pipeline stage (index = pp rank), filled by the PP loop (metrics).
         self.pp_bubble_ratio: list[float] = []
+        self.chunk_policy = None  # dynamic chunking (pipeline stage 0 only): `set_chunk_policy`
+
+    # ------------------------------------------------------------------ dynamic chunking
+    def set_chunk_policy(self, policy, pp_size: int) -> None:
+        """Chunk sizes from a fitted `ChunkSizePredictor` / `AutoChunkPlanner` (None: fixed)."""
+        self.chunk_policy = policy
+        self.policy.chunk_budget = (
+            None if policy is None else lambda fill_len, prefix_len: policy.chunk_budget(fill_len, prefix_len, pp_size)
+        )
+
+    def observe_chunk(self, batch: ScheduleBatch, stage_forward_s: list[float]) -> None:
+        """Auto mode learns from each finished micro-batch that was one prefill chunk alone: its
+        slowest stage's forward time (the same numbers reach every rank of stage 0)."""
+        observe = getattr(self.chunk_policy, "observe", None)
+        if observe is None or len(batch.items) != 1 or not stage_forward_s:
+            return
+        item = batch.items[0]
+        if item.num_tokens > 1:
+            observe(item.start, item.num_tokens, max(stage_forward_s))
 
     # ------------------------------------------------------------------ info
     def ready_info(self) -> SchedulerReadyInfo:

@@ -1,8 +1,7 @@
 """Turning launch flags into a chunk policy (`--enable-dynamic-chunking`, `--dynamic-chunking-mode`).
 
-`ServerArgs` does not declare these flags yet; `build_chunk_policy` reads them with `getattr`
-defaults (enable_dynamic_chunking=False, dynamic_chunking_mode="upstream") so it works before
-and after they are added.
+`build_chunk_policy` takes any object with the `ServerArgs` field names (tests pass plain
+namespaces); the profiling and wiring into the pipeline ring are in `managers/chunk_profiler.py`.
 """
 
 from __future__ import annotations
