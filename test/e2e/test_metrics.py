@@ -5,12 +5,14 @@ request. Plus the metric objects on their own (no server)."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 from typing import Iterator
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from sglang.srt.managers.scheduler_output import due_for_output
 from sglang.srt.metrics.bubble import BubbleMeter
 from sglang.srt.metrics.collector import ServerMetrics
 from server_helpers import API_KEY, ServerHandle, launch_server, wait_idle
@@ -89,13 +91,36 @@ def test_counters_move_when_serving(mclient) -> None:
     assert delta["generation_tokens_total"] == 6 + 6 + 4
     assert delta["prompt_tokens_total"] == prompt_a + 5 + prompt_a
     assert delta["cached_tokens_total"] > 0 and after["cache_hit_rate"] > 0
-    # TTFT / ITL: the two streams only (a non-streaming request's tokens arrive all at once).
-    assert delta["time_to_first_token_seconds_count"] == 2
-    assert delta["inter_token_latency_seconds_count"] == 5 + 3  # every streamed token after the first
+    # TTFT / ITL: every request, streaming or not (the scheduler reports each first token at once).
+    assert delta["time_to_first_token_seconds_count"] == 3
+    assert delta["inter_token_latency_seconds_count"] == 5 + 5 + 3  # every token after the first
     assert delta["e2e_request_latency_seconds_count"] == 3
     assert delta["time_to_first_token_seconds_sum"] > 0
     assert delta["e2e_request_latency_seconds_sum"] >= delta["time_to_first_token_seconds_sum"]
     assert delta["num_aborted_requests_total"] == 0
+
+
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions", "/generate"])
+def test_non_streaming_request_observes_ttft_and_itl(mclient, route) -> None:
+    wait_idle(mclient)
+    before = get_metrics(mclient)
+    tokens = 12
+    if route == "/generate":
+        body = {"text": "ttft without streaming", "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True}}
+    else:
+        body = {"model": "default", "max_tokens": tokens, "ignore_eos": True, "temperature": 0}
+        body.update({"prompt": "ttft without streaming"} if route == "/v1/completions"
+                    else {"messages": [{"role": "user", "content": "ttft without streaming"}]})  # fmt: skip
+    r = mclient.post(route, json=body)
+    assert r.status_code == 200, r.text
+    after = get_metrics(mclient)
+    delta = {k: after[k] - before.get(k, 0.0) for k in after}
+    assert delta["num_requests_total"] == 1 and delta["generation_tokens_total"] == tokens
+    assert delta["time_to_first_token_seconds_count"] == 1
+    assert delta["inter_token_latency_seconds_count"] == tokens - 1
+    # The first token is timed when it is produced, not when the whole answer arrives.
+    assert 0 < delta["time_to_first_token_seconds_sum"] < delta["e2e_request_latency_seconds_sum"]
+    assert delta["inter_token_latency_seconds_sum"] > 0
 
 
 def test_scheduler_gauges_follow_a_live_request(mclient) -> None:
@@ -123,6 +148,19 @@ def test_no_metrics_route_without_the_flag(client) -> None:
 
 
 # ---------------------------------------------------------------------------- no server
+def test_due_for_output_reports_every_first_token() -> None:
+    def req(stream: bool, produced: int, sent: int, finished: bool = False) -> SimpleNamespace:
+        return SimpleNamespace(stream=stream, output_ids=list(range(produced)), sent_len=sent, finished=finished)
+
+    for stream in (False, True):
+        assert not due_for_output(req(stream, 0, 0), 1)  # still prefilling
+        assert due_for_output(req(stream, 1, 0), 4)  # first token: always, whatever the interval
+        assert due_for_output(req(stream, 5, 5, finished=True), 4)
+    assert not due_for_output(req(False, 9, 1), 1)  # non-streaming: the rest waits for the finish
+    assert not due_for_output(req(True, 3, 1), 4) and due_for_output(req(True, 5, 1), 4)  # stream interval
+    assert not due_for_output(req(True, 3, 3), 1)  # nothing new
+
+
 def test_server_metrics_objects() -> None:
     m = ServerMetrics("m", pp_size=2)
     m.observe_ttft(0.2)

@@ -140,6 +140,61 @@ def test_n_greater_than_one(oai):
     assert [c.text for c in again.choices] == [c.text for c in r.choices]
 
 
+def test_streaming_n_and_echo_match_non_streaming(oai, client):
+    kwargs = dict(model=MODEL, prompt=["Hello", "World"], max_tokens=5, n=2, echo=True, **GREEDY)
+    flush(client)
+    full = oai.completions.create(**kwargs)
+    flush(client)
+    chunks = list(oai.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs))
+    texts: dict[int, str] = {}
+    finishes: dict[int, list] = {}
+    for chunk in chunks:
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + choice.text
+            if choice.finish_reason:
+                finishes.setdefault(choice.index, []).append(choice.finish_reason)
+    assert texts == {c.index: c.text for c in full.choices}
+    assert texts[1].startswith("Hello") and texts[2].startswith("World")  # prompt-major: index = prompt * n + sample
+    assert finishes == {i: ["length"] for i in range(4)}
+    usage = chunks[-1].usage
+    assert not chunks[-1].choices and usage.completion_tokens == 20 == full.usage.completion_tokens
+    assert usage.prompt_tokens == full.usage.prompt_tokens
+
+
+def test_streaming_chat_n_with_logprobs(oai):
+    stream = oai.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4, n=2, logprobs=True, top_logprobs=1,
+        stream=True, **GREEDY,
+    )  # fmt: skip
+    roles: list[int] = []
+    logprobs = {0: 0, 1: 0}
+    finishes: dict[int, str] = {}
+    for chunk in stream:
+        for choice in chunk.choices:
+            if choice.delta.role:
+                assert choice.index not in roles and choice.index not in finishes and not logprobs[choice.index]
+                roles.append(choice.index)  # the role comes first, once per choice
+            if choice.logprobs:
+                logprobs[choice.index] += len(choice.logprobs.content)
+            if choice.finish_reason:
+                finishes[choice.index] = choice.finish_reason
+    assert sorted(roles) == [0, 1]
+    assert logprobs == {0: 4, 1: 4}
+    assert finishes == {0: "length", 1: "length"}
+
+
+def test_streaming_completion_logprob_offsets(oai):
+    chunks = list(oai.completions.create(model=MODEL, prompt="Hello", max_tokens=5, logprobs=1, stream=True, **GREEDY))
+    tokens, offsets = [], []
+    for chunk in chunks:
+        if chunk.choices and chunk.choices[0].logprobs:
+            tokens += chunk.choices[0].logprobs.tokens
+            offsets += chunk.choices[0].logprobs.text_offset
+    assert len(tokens) == len(offsets) == 5
+    assert offsets[0] == 0 and offsets == sorted(offsets)
+    assert offsets[-1] <= len("".join(c.choices[0].text for c in chunks if c.choices))
+
+
 def test_completion_logprobs(oai):
     r = oai.completions.create(model=MODEL, prompt="Hello", max_tokens=5, logprobs=3, **GREEDY)
     lp = r.choices[0].logprobs

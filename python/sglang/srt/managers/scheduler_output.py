@@ -9,11 +9,20 @@ from sglang.srt.managers.schedule_batch import Req
 
 
 def due_for_output(req: Req, stream_interval: int) -> bool:
-    """Finished requests always report; streams every `stream_interval` new tokens."""
+    """Whether `req` has output to send this step.
+
+    Finished requests always report. Every request reports its first token at once, streaming
+    or not, so the TokenizerManager sees the time of the first token (TTFT metrics). After that
+    streams report every `stream_interval` new tokens; non-streaming requests wait to finish.
+    """
     if req.finished:
         return True
     unsent = len(req.output_ids) - req.sent_len
-    return req.stream and unsent > 0 and (unsent >= stream_interval or req.sent_len == 0)
+    if unsent <= 0:
+        return False
+    if req.sent_len == 0:
+        return True
+    return req.stream and unsent >= stream_interval
 
 
 def build_token_id_out(reqs: list[Req]) -> Optional[BatchTokenIDOut]:

@@ -196,7 +196,7 @@ class TokenizerManager:
             state = self.rid_to_state.get(rid)
             if state is None:
                 continue
-            if self.metrics is not None and state.req.stream:  # only streams see tokens as they come
+            if self.metrics is not None:
                 self._record_tokens(state, len(out.new_output_ids[i]), now)
             state.text += out.output_strs[i]
             state.output_ids.extend(out.new_output_ids[i])
@@ -215,6 +215,12 @@ class TokenizerManager:
                 self._notify(state)
 
     def _record_tokens(self, state: ReqState, num_new: int, now: float) -> None:
+        """TTFT at the first message with tokens, ITL spread over the tokens of each later one.
+
+        Streaming or not, the scheduler reports a request's first token on its own
+        (`scheduler_output.due_for_output`), so TTFT is exact for every request; a non-streaming
+        request's remaining tokens arrive with its final message and share its gap evenly.
+        """
         if num_new <= 0:
             return
         if state.first_token_time is None:
@@ -382,13 +388,19 @@ class TokenizerManager:
                     chunk.out["index"] = chunk.index
                 yield chunk.out
             return
+        ordered = await self.collect_outputs(call, request)
+        if ordered is None:
+            return  # client gone
+        yield ordered[0] if call.is_single else ordered
+
+    async def collect_outputs(self, call: GenerateCall, request: Any = None) -> Optional[list[dict]]:
+        """The final output of every request of `call`, in index order; None if the client left."""
         outs: dict[int, dict] = {}
         async for chunk in self.iter_chunks(call, request):
             outs[chunk.index] = chunk.out
         if len(outs) < len(call.states):
-            return  # client gone
-        ordered = [outs[i] for i in range(len(call.states))]
-        yield ordered[0] if call.is_single else ordered
+            return None
+        return [outs[i] for i in range(len(call.states))]
 
     def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
         """Ask the scheduler to stop `rid` (and its n>1 siblings); the result ends with finish type abort."""

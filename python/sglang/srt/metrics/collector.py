@@ -4,8 +4,8 @@ Names follow SGLang's (`sglang:` prefix, label `model_name`):
 
 | metric | type | source |
 |---|---|---|
-| `sglang:time_to_first_token_seconds` | histogram | TokenizerManager, first output token of a stream |
-| `sglang:inter_token_latency_seconds` | histogram | TokenizerManager, gap between a stream's tokens |
+| `sglang:time_to_first_token_seconds` | histogram | TokenizerManager, first output token of a request |
+| `sglang:inter_token_latency_seconds` | histogram | TokenizerManager, gap between a request's tokens |
 | `sglang:e2e_request_latency_seconds` | histogram | TokenizerManager, request finished |
 | `sglang:prompt_tokens_total`, `sglang:generation_tokens_total`, `sglang:cached_tokens_total` | counter | finished requests |
 | `sglang:num_requests_total`, `sglang:num_aborted_requests_total` | counter | finished requests |
@@ -16,9 +16,10 @@ Names follow SGLang's (`sglang:` prefix, label `model_name`):
 
 TTFT and E2E are measured from the moment the TokenizerManager registered the request (after
 tokenization) to the arrival of the detokenized output; ITL is the gap between two output
-messages divided evenly over the tokens the later one brought. TTFT and ITL are observed for
-streaming requests only: the scheduler sends a non-streaming request's tokens all at once when it
-finishes, so its first-token time is not visible here (E2E is observed for every request).
+messages divided evenly over the tokens the later one brought. All three are observed for every
+request, streaming or not: the scheduler sends each request's first token on its own
+(`scheduler_output.due_for_output`), so a non-streaming request gets an exact TTFT, and the rest
+of its tokens, which arrive with its final message, share that message's gap as ITL.
 """
 
 from __future__ import annotations

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal, Optional, Union
+from typing import Any, Generic, Literal, Optional, TypeVar, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
 MAX_LOGPROBS = 20
+
+LogprobsT = TypeVar("LogprobsT")
+ChoiceT = TypeVar("ChoiceT")
 
 
 def random_id(prefix: str) -> str:
@@ -60,6 +63,26 @@ class UsageInfo(BaseModel):
     completion_tokens: int = 0
     total_tokens: int = 0
     prompt_tokens_details: Optional[PromptTokensDetails] = None
+
+
+class ChoiceBase(BaseModel, Generic[LogprobsT]):
+    """Fields of every choice (both endpoints, response and stream chunk)."""
+
+    index: int
+    logprobs: Optional[LogprobsT] = None
+    finish_reason: Optional[str] = None
+    matched_stop: Optional[Union[int, str]] = None
+
+
+class ResponseBase(BaseModel, Generic[ChoiceT]):
+    """Envelope of every response and stream chunk; subclasses set `object` and the choice type."""
+
+    id: str
+    object: str
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChoiceT]
+    usage: Optional[UsageInfo] = None
 
 
 class SamplingExtensions(BaseModel):
@@ -133,30 +156,16 @@ class CompletionLogprobs(BaseModel):
     text_offset: list[int] = Field(default_factory=list)
 
 
-class CompletionChoice(BaseModel):
-    index: int
+class CompletionChoice(ChoiceBase[CompletionLogprobs]):
     text: str
-    logprobs: Optional[CompletionLogprobs] = None
-    finish_reason: Optional[str] = None
-    matched_stop: Optional[Union[int, str]] = None
 
 
-class CompletionResponse(BaseModel):
-    id: str
+class CompletionResponse(ResponseBase[CompletionChoice]):
     object: str = "text_completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[CompletionChoice]
-    usage: Optional[UsageInfo] = None
 
 
-class CompletionStreamResponse(BaseModel):
-    id: str
-    object: str = "text_completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[CompletionChoice]
-    usage: Optional[UsageInfo] = None
+class CompletionStreamResponse(CompletionResponse):
+    """One SSE chunk of /v1/completions (same shape as the full response)."""
 
 
 # ---------------------------------------------------------------------------- chat
@@ -199,10 +208,7 @@ class TopLogprob(BaseModel):
     bytes: Optional[list[int]] = None
 
 
-class TokenLogprob(BaseModel):
-    token: str
-    logprob: float
-    bytes: Optional[list[int]] = None
+class TokenLogprob(TopLogprob):
     top_logprobs: list[TopLogprob] = Field(default_factory=list)
 
 
@@ -215,21 +221,12 @@ class ChatResponseMessage(BaseModel):
     content: Optional[str] = None
 
 
-class ChatCompletionChoice(BaseModel):
-    index: int
+class ChatCompletionChoice(ChoiceBase[ChoiceLogprobs]):
     message: ChatResponseMessage
-    logprobs: Optional[ChoiceLogprobs] = None
-    finish_reason: Optional[str] = None
-    matched_stop: Optional[Union[int, str]] = None
 
 
-class ChatCompletionResponse(BaseModel):
-    id: str
+class ChatCompletionResponse(ResponseBase[ChatCompletionChoice]):
     object: str = "chat.completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[ChatCompletionChoice]
-    usage: Optional[UsageInfo] = None
 
 
 class DeltaMessage(BaseModel):
@@ -237,18 +234,9 @@ class DeltaMessage(BaseModel):
     content: Optional[str] = None
 
 
-class ChatCompletionStreamChoice(BaseModel):
-    index: int
+class ChatCompletionStreamChoice(ChoiceBase[ChoiceLogprobs]):
     delta: DeltaMessage
-    logprobs: Optional[ChoiceLogprobs] = None
-    finish_reason: Optional[str] = None
-    matched_stop: Optional[Union[int, str]] = None
 
 
-class ChatCompletionStreamResponse(BaseModel):
-    id: str
+class ChatCompletionStreamResponse(ResponseBase[ChatCompletionStreamChoice]):
     object: str = "chat.completion.chunk"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[ChatCompletionStreamChoice]
-    usage: Optional[UsageInfo] = None

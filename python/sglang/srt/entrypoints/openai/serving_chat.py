@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import logging
 import os
-from typing import Any, AsyncIterator, Optional
+from typing import Optional
 
-from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel
 
 from sglang.srt.entrypoints.openai.protocol import (
     MAX_LOGPROBS,
@@ -20,24 +19,11 @@ from sglang.srt.entrypoints.openai.protocol import (
     DeltaMessage,
     TokenLogprob,
     TopLogprob,
-    random_id,
 )
-from sglang.srt.entrypoints.openai.utils import (
-    SSE_DONE,
-    OpenAIError,
-    check_logprobs_num,
-    check_model_name,
-    error_body,
-    finish_reason_of,
-    from_error,
-    make_usage,
-    parse_model,
-    sse,
-)
+from sglang.srt.entrypoints.openai.serving_base import OpenAIServingBase, finish_fields, logprob_entries
+from sglang.srt.entrypoints.openai.utils import OpenAIError, check_logprobs_num, check_model_name
 from sglang.srt.managers.io_struct import GenerateReqInput
-from sglang.srt.managers.tokenizer_manager import GenerateCall, TokenizerManager
-
-logger = logging.getLogger(__name__)
+from sglang.srt.managers.tokenizer_manager import ReqChunk, TokenizerManager
 
 
 def chat_logprobs(token_lps: list, top_lps: list) -> ChoiceLogprobs:
@@ -78,10 +64,14 @@ def message_dicts(req: ChatCompletionRequest) -> list[dict]:
     return out
 
 
-class OpenAIServingChat:
+class OpenAIServingChat(OpenAIServingBase):
+    request_cls = ChatCompletionRequest
+    response_cls = ChatCompletionResponse
+    stream_response_cls = ChatCompletionStreamResponse
+    id_prefix = "chatcmpl"
+
     def __init__(self, tokenizer_manager: TokenizerManager):
-        self.tm = tokenizer_manager
-        self.server_args = tokenizer_manager.server_args
+        super().__init__(tokenizer_manager)
         self.chat_template = self._load_chat_template(self.server_args.chat_template)
 
     @staticmethod
@@ -136,81 +126,24 @@ class OpenAIServingChat:
             return_text_in_logprobs=True,
         )
 
-    async def handle(self, body: Any, raw_request: Any = None):
-        try:
-            req = parse_model(ChatCompletionRequest, body)
-            obj = self._build(req)
-            call = await self.tm.submit(obj)
-        except OpenAIError as err:
-            return from_error(err)
-        except ValueError as err:
-            return from_error(OpenAIError(str(err)))
-        if req.stream:
-            return StreamingResponse(self._stream(req, call, raw_request), media_type="text/event-stream")
-        return await self._complete(req, call, raw_request)
-
-    async def _complete(self, req: ChatCompletionRequest, call: GenerateCall, raw_request: Any):
-        outs: dict[int, dict] = {}
-        async for chunk in self.tm.iter_chunks(call, raw_request):
-            outs[chunk.index] = chunk.out
-        if len(outs) < len(call.states):
-            return JSONResponse(error_body("client disconnected", 499, "ClientDisconnected"), status_code=499)
-        ordered = [outs[i] for i in range(len(call.states))]
-        choices = []
-        for i, out in enumerate(ordered):
-            meta = out["meta_info"]
-            reason, matched = finish_reason_of(meta["finish_reason"])
-            logprobs = chat_logprobs(meta["output_token_logprobs"], meta["output_top_logprobs"]) if req.logprobs else None
-            choices.append(
-                ChatCompletionChoice(
-                    index=i,
-                    message=ChatResponseMessage(content=out["text"]),
-                    logprobs=logprobs,
-                    finish_reason=reason,
-                    matched_stop=matched,
-                )
-            )
-        resp = ChatCompletionResponse(
-            id=random_id("chatcmpl"), model=self.server_args.served_model_name, choices=choices, usage=make_usage(ordered, req.n)
+    def _choice(self, req: ChatCompletionRequest, index: int, out: dict) -> BaseModel:
+        logprobs = chat_logprobs(*logprob_entries(out)) if req.logprobs else None
+        return ChatCompletionChoice(
+            index=index, message=ChatResponseMessage(content=out["text"]), logprobs=logprobs, **finish_fields(out)
         )
-        return JSONResponse(resp.model_dump(exclude_none=True))
 
-    async def _stream(self, req: ChatCompletionRequest, call: GenerateCall, raw_request: Any) -> AsyncIterator[str]:
-        rid = random_id("chatcmpl")
-        model = self.server_args.served_model_name
-        started: set[int] = set()
-        finals: dict[int, dict] = {}
-
-        def chunk_of(choice: ChatCompletionStreamChoice) -> str:
-            return sse(ChatCompletionStreamResponse(id=rid, model=model, choices=[choice]))
-
-        try:
-            async for chunk in self.tm.iter_chunks(call, raw_request):
-                i = chunk.index
-                if i not in started:
-                    started.add(i)
-                    yield chunk_of(ChatCompletionStreamChoice(index=i, delta=DeltaMessage(role="assistant", content="")))
-                meta = chunk.out["meta_info"]
-                logprobs = None
-                if req.logprobs:
-                    start = chunk.logprob_start
-                    logprobs = chat_logprobs(meta["output_token_logprobs"][start:], meta["output_top_logprobs"][start:])
-                    if not logprobs.content:
-                        logprobs = None
-                if chunk.delta_text or logprobs is not None:
-                    yield chunk_of(
-                        ChatCompletionStreamChoice(index=i, delta=DeltaMessage(content=chunk.delta_text), logprobs=logprobs)
-                    )
-                if chunk.finished:
-                    finals[i] = chunk.out
-                    reason, matched = finish_reason_of(meta["finish_reason"])
-                    yield chunk_of(
-                        ChatCompletionStreamChoice(index=i, delta=DeltaMessage(), finish_reason=reason, matched_stop=matched)
-                    )
-            if req.stream_options and req.stream_options.include_usage and len(finals) == len(call.states):
-                ordered = [finals[i] for i in range(len(call.states))]
-                yield sse(ChatCompletionStreamResponse(id=rid, model=model, choices=[], usage=make_usage(ordered, req.n)))
-        except Exception as err:  # noqa: BLE001 - report in-band, the stream has started
-            logger.exception("chat stream failed")
-            yield sse(error_body(str(err), 500, "InternalServerError"))
-        yield SSE_DONE
+    def _stream_choices(self, req: ChatCompletionRequest, chunk: ReqChunk, first: bool) -> list[BaseModel]:
+        """Role first, then content (and logprobs) when there is any, then a separate finish choice."""
+        i = chunk.index
+        choices: list[BaseModel] = []
+        if first:
+            choices.append(ChatCompletionStreamChoice(index=i, delta=DeltaMessage(role="assistant", content="")))
+        logprobs = chat_logprobs(*logprob_entries(chunk.out, chunk.logprob_start)) if req.logprobs else None
+        if logprobs is not None and not logprobs.content:
+            logprobs = None
+        if chunk.delta_text or logprobs is not None:
+            delta = DeltaMessage(content=chunk.delta_text)
+            choices.append(ChatCompletionStreamChoice(index=i, delta=delta, logprobs=logprobs))
+        if chunk.finished:
+            choices.append(ChatCompletionStreamChoice(index=i, delta=DeltaMessage(), **finish_fields(chunk.out)))
+        return choices

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import logging
-from typing import Any, AsyncIterator
+from typing import Any
 
-from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel
 
 from sglang.srt.entrypoints.openai.protocol import (
     MAX_LOGPROBS,
@@ -14,24 +13,11 @@ from sglang.srt.entrypoints.openai.protocol import (
     CompletionRequest,
     CompletionResponse,
     CompletionStreamResponse,
-    random_id,
 )
-from sglang.srt.entrypoints.openai.utils import (
-    SSE_DONE,
-    OpenAIError,
-    check_logprobs_num,
-    check_model_name,
-    error_body,
-    finish_reason_of,
-    from_error,
-    make_usage,
-    parse_model,
-    sse,
-)
+from sglang.srt.entrypoints.openai.serving_base import OpenAIServingBase, finish_fields, logprob_entries
+from sglang.srt.entrypoints.openai.utils import OpenAIError, check_logprobs_num, check_model_name
 from sglang.srt.managers.io_struct import GenerateReqInput
-from sglang.srt.managers.tokenizer_manager import GenerateCall, TokenizerManager
-
-logger = logging.getLogger(__name__)
+from sglang.srt.managers.tokenizer_manager import ReqChunk
 
 
 def completion_logprobs(token_lps: list, top_lps: list, text_offset: int) -> CompletionLogprobs:
@@ -57,10 +43,11 @@ def _top_dict(top: list) -> dict[str, float]:
     return out
 
 
-class OpenAIServingCompletion:
-    def __init__(self, tokenizer_manager: TokenizerManager):
-        self.tm = tokenizer_manager
-        self.server_args = tokenizer_manager.server_args
+class OpenAIServingCompletion(OpenAIServingBase):
+    request_cls = CompletionRequest
+    response_cls = CompletionResponse
+    stream_response_cls = CompletionStreamResponse
+    id_prefix = "cmpl"
 
     def _build(self, req: CompletionRequest) -> GenerateReqInput:
         check_model_name(req.model, self.server_args.served_model_name, self.server_args.model_path)
@@ -104,77 +91,22 @@ class OpenAIServingCompletion:
         ids = item if isinstance(item, list) else prompt
         return self.tm.tokenizer.decode(ids) if self.tm.tokenizer is not None else ""
 
-    async def handle(self, body: Any, raw_request: Any = None):
-        try:
-            req = parse_model(CompletionRequest, body)
-            obj = self._build(req)
-            call = await self.tm.submit(obj)
-        except OpenAIError as err:
-            return from_error(err)
-        except ValueError as err:
-            return from_error(OpenAIError(str(err)))
-        if req.stream:
-            return StreamingResponse(self._stream(req, call, raw_request), media_type="text/event-stream")
-        return await self._complete(req, call, raw_request)
+    def _choice(self, req: CompletionRequest, index: int, out: dict) -> BaseModel:
+        echo = self._echo_text(req, index)
+        logprobs = None
+        if req.logprobs is not None:
+            logprobs = completion_logprobs(*logprob_entries(out), text_offset=len(echo))
+        return CompletionChoice(index=index, text=echo + out["text"], logprobs=logprobs, **finish_fields(out))
 
-    async def _complete(self, req: CompletionRequest, call: GenerateCall, raw_request: Any):
-        outs: dict[int, dict] = {}
-        async for chunk in self.tm.iter_chunks(call, raw_request):
-            outs[chunk.index] = chunk.out
-        if len(outs) < len(call.states):
-            return JSONResponse(error_body("client disconnected", 499, "ClientDisconnected"), status_code=499)
-        ordered = [outs[i] for i in range(len(call.states))]
-        choices = []
-        for i, out in enumerate(ordered):
-            reason, matched = finish_reason_of(out["meta_info"]["finish_reason"])
-            echo = self._echo_text(req, i)
-            logprobs = None
-            if req.logprobs is not None:
-                meta = out["meta_info"]
-                logprobs = completion_logprobs(meta["output_token_logprobs"], meta["output_top_logprobs"], len(echo))
-            choices.append(
-                CompletionChoice(index=i, text=echo + out["text"], logprobs=logprobs, finish_reason=reason, matched_stop=matched)
-            )
-        resp = CompletionResponse(
-            id=random_id("cmpl"),
-            model=self.server_args.served_model_name,
-            choices=choices,
-            usage=make_usage(ordered, req.n),
-        )
-        return JSONResponse(resp.model_dump(exclude_none=True))
-
-    async def _stream(self, req: CompletionRequest, call: GenerateCall, raw_request: Any) -> AsyncIterator[str]:
-        rid = random_id("cmpl")
-        model = self.server_args.served_model_name
-        finals: dict[int, dict] = {}
-        offsets: dict[int, int] = {}
-        try:
-            async for chunk in self.tm.iter_chunks(call, raw_request):
-                text = chunk.delta_text
-                if chunk.index not in offsets:
-                    text = self._echo_text(req, chunk.index) + text
-                    offsets[chunk.index] = 0
-                logprobs = None
-                if req.logprobs is not None:
-                    meta = chunk.out["meta_info"]
-                    start = chunk.logprob_start
-                    logprobs = completion_logprobs(
-                        meta["output_token_logprobs"][start:], meta["output_top_logprobs"][start:], offsets[chunk.index]
-                    )
-                offsets[chunk.index] += len(text)
-                reason, matched = finish_reason_of(chunk.out["meta_info"]["finish_reason"])
-                if chunk.finished:
-                    finals[chunk.index] = chunk.out
-                if not text and reason is None and logprobs is None:
-                    continue
-                choice = CompletionChoice(
-                    index=chunk.index, text=text, logprobs=logprobs, finish_reason=reason, matched_stop=matched
-                )
-                yield sse(CompletionStreamResponse(id=rid, model=model, choices=[choice]))
-            if req.stream_options and req.stream_options.include_usage and len(finals) == len(call.states):
-                ordered = [finals[i] for i in range(len(call.states))]
-                yield sse(CompletionStreamResponse(id=rid, model=model, choices=[], usage=make_usage(ordered, req.n)))
-        except Exception as err:  # noqa: BLE001 - report in-band, the stream has started
-            logger.exception("completion stream failed")
-            yield sse(error_body(str(err), 500, "InternalServerError"))
-        yield SSE_DONE
+    def _stream_choices(self, req: CompletionRequest, chunk: ReqChunk, first: bool) -> list[BaseModel]:
+        """One choice with the new text (the echo before the first), logprobs and finish reason."""
+        text = (self._echo_text(req, chunk.index) if first else "") + chunk.delta_text
+        logprobs = None
+        if req.logprobs is not None:
+            # echo is refused with logprobs, so the offset is the generated text before this chunk
+            offset = len(chunk.out["text"]) - len(chunk.delta_text)
+            logprobs = completion_logprobs(*logprob_entries(chunk.out, chunk.logprob_start), text_offset=offset)
+        finish = finish_fields(chunk.out)
+        if not text and finish["finish_reason"] is None and logprobs is None:
+            return []
+        return [CompletionChoice(index=chunk.index, text=text, logprobs=logprobs, **finish)]

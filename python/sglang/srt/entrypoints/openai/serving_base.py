@@ -1,0 +1,121 @@
+"""OpenAIServingBase: the request flow /v1/completions and /v1/chat/completions share.
+
+parse the body -> build a GenerateReqInput -> submit it, then either one JSON response (choices
+in index order, usage over all of them, 499 when the client left) or an SSE stream (the
+subclass's choices for each chunk, finals tracked for the optional usage chunk, errors reported
+in-band, `[DONE]` last). Subclasses say what the request model is, how it becomes a
+GenerateReqInput and how an output becomes a choice.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from typing import Any, AsyncIterator, ClassVar, Optional
+
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel
+
+from sglang.srt.entrypoints.openai.protocol import ResponseBase, SamplingExtensions, UsageInfo, random_id
+from sglang.srt.entrypoints.openai.utils import (
+    SSE_DONE,
+    OpenAIError,
+    error_body,
+    finish_reason_of,
+    from_error,
+    make_usage,
+    parse_model,
+    sse,
+)
+from sglang.srt.managers.io_struct import GenerateReqInput
+from sglang.srt.managers.tokenizer_manager import GenerateCall, ReqChunk, TokenizerManager
+
+logger = logging.getLogger(__name__)
+
+
+def finish_fields(out: dict) -> dict[str, Any]:
+    """`finish_reason` and `matched_stop` of an SGLang output, as choice keyword arguments."""
+    reason, matched = finish_reason_of(out["meta_info"]["finish_reason"])
+    return {"finish_reason": reason, "matched_stop": matched}
+
+
+def logprob_entries(out: dict, start: int = 0) -> tuple[list, list]:
+    """(token logprobs, top logprobs) of an SGLang output from position `start` on."""
+    meta = out["meta_info"]
+    return meta["output_token_logprobs"][start:], meta["output_top_logprobs"][start:]
+
+
+class OpenAIServingBase(ABC):
+    """One OpenAI endpoint on top of a TokenizerManager; `handle` is what the HTTP route calls."""
+
+    request_cls: ClassVar[type[SamplingExtensions]]
+    response_cls: ClassVar[type[ResponseBase]]
+    stream_response_cls: ClassVar[type[ResponseBase]]
+    id_prefix: ClassVar[str]
+
+    def __init__(self, tokenizer_manager: TokenizerManager):
+        self.tm = tokenizer_manager
+        self.server_args = tokenizer_manager.server_args
+
+    @abstractmethod
+    def _build(self, req: Any) -> GenerateReqInput:
+        """Validate the parsed request (OpenAIError / ValueError) and turn it into a generate call."""
+
+    @abstractmethod
+    def _choice(self, req: Any, index: int, out: dict) -> BaseModel:
+        """The choice of one finished output (non-streaming response)."""
+
+    @abstractmethod
+    def _stream_choices(self, req: Any, chunk: ReqChunk, first: bool) -> list[BaseModel]:
+        """The choices to send for one chunk, one SSE event each; `first`: first chunk of its index."""
+
+    async def handle(self, body: Any, raw_request: Any = None):
+        """Serve one request body: a JSONResponse, a StreamingResponse or an error response."""
+        try:
+            req = parse_model(self.request_cls, body)
+            obj = self._build(req)
+            call = await self.tm.submit(obj)
+        except OpenAIError as err:
+            return from_error(err)
+        except ValueError as err:
+            return from_error(OpenAIError(str(err)))
+        if req.stream:
+            return StreamingResponse(self._stream(req, call, raw_request), media_type="text/event-stream")
+        return await self._complete(req, call, raw_request)
+
+    async def _complete(self, req: Any, call: GenerateCall, raw_request: Any) -> JSONResponse:
+        ordered = await self.tm.collect_outputs(call, raw_request)
+        if ordered is None:
+            return JSONResponse(error_body("client disconnected", 499, "ClientDisconnected"), status_code=499)
+        resp = self.response_cls(
+            id=random_id(self.id_prefix),
+            model=self.server_args.served_model_name,
+            choices=[self._choice(req, i, out) for i, out in enumerate(ordered)],
+            usage=make_usage(ordered, req.n),
+        )
+        return JSONResponse(resp.model_dump(exclude_none=True))
+
+    async def _stream(self, req: Any, call: GenerateCall, raw_request: Any) -> AsyncIterator[str]:
+        rid = random_id(self.id_prefix)
+        model = self.server_args.served_model_name
+        finals: dict[int, dict] = {}
+        seen: set[int] = set()
+
+        def event(choices: list[BaseModel], usage: Optional[UsageInfo] = None) -> str:
+            return sse(self.stream_response_cls(id=rid, model=model, choices=choices, usage=usage))
+
+        try:
+            async for chunk in self.tm.iter_chunks(call, raw_request):
+                first = chunk.index not in seen
+                seen.add(chunk.index)
+                if chunk.finished:
+                    finals[chunk.index] = chunk.out
+                for choice in self._stream_choices(req, chunk, first):
+                    yield event([choice])
+            if req.stream_options and req.stream_options.include_usage and len(finals) == len(call.states):
+                ordered = [finals[i] for i in range(len(call.states))]
+                yield event([], make_usage(ordered, req.n))
+        except Exception as err:  # noqa: BLE001 - report in-band, the stream has started
+            logger.exception("%s stream failed", self.id_prefix)
+            yield sse(error_body(str(err), 500, "InternalServerError"))
+        yield SSE_DONE
