@@ -1,5 +1,6 @@
 """A server with `--pp-size 2` (two pipeline stages, tiny Llama, dummy float32 weights) answers the
-openai client, streaming included, and its greedy ids equal one in-process scheduler's."""
+openai client, streaming included, and its greedy ids equal one in-process scheduler's; also with
+`--dynamic-chunking-mode auto` (start-up profiling in both stage processes, 4-token chunks)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ GREEDY = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [40, 41, 42]]
 
 
-@pytest.fixture(scope="module")
-def pp2_server():
-    handle = launch_server(("--pp-size", "2"))
+@pytest.fixture(scope="module", params=["fixed", "auto"])
+def pp2_server(request):
+    extra = () if request.param == "fixed" else ("--dynamic-chunking-mode", "auto", "--chunked-prefill-size", "4")
+    handle = launch_server(("--pp-size", "2", *extra))
     yield handle
     handle.stop()
 
