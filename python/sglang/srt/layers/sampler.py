@@ -71,7 +71,7 @@ class Sampler(torch.nn.Module):
             logprobs_all = torch.log_softmax(logits.float(), dim=-1)
 
         if info.all_greedy and not info.needs_logit_processing:
-            next_ids = torch.argmax(logits.float(), dim=-1)  # float32 argmax is faster on CPU
+            next_ids = greedy_argmax(logits.float())  # float32 argmax is faster on CPU
         else:
             x = logits.float()
             if info.needs_logit_processing:
@@ -95,10 +95,10 @@ class Sampler(torch.nn.Module):
     def _choose(self, x: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
         """Argmax for greedy rows, filtered sampling for the others ([bs] int64)."""
         if info.all_greedy:
-            return torch.argmax(x, dim=-1)
+            return greedy_argmax(x)
         greedy = info.greedy_rows
         if any(greedy):
-            ids = torch.argmax(x, dim=-1)
+            ids = greedy_argmax(x)
             rows = [i for i, g in enumerate(greedy) if not g]
             sel = torch.tensor(rows, dtype=torch.int64, device=x.device)
             ids[sel] = self._sample(x[sel], info, rows)
@@ -153,6 +153,18 @@ class Sampler(torch.nn.Module):
         idx = torch.searchsorted(cum, u * total, right=True)
         last_positive = (cum < total).sum(dim=-1, keepdim=True)  # guards u * total == total
         return torch.minimum(idx, last_positive).view(-1)
+
+
+def greedy_argmax(x: torch.Tensor) -> torch.Tensor:
+    """`torch.argmax(x, dim=-1)` ([bs] int64): same ties (lowest id) and NaN rule (first NaN wins).
+
+    A 2-D float32 CPU tensor takes numpy's argmax, about 7x faster than torch's here
+    (single-threaded SIMD; torch's parallel reduction over [16, 49152] costs ~0.6 ms) and immune to
+    OpenMP barrier stalls when the cores are shared.
+    """
+    if x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2 and x.shape[0] > 0 and x.shape[1] > 0:
+        return torch.from_numpy(x.detach().numpy().argmax(axis=-1).astype("int64", copy=False))
+    return torch.argmax(x, dim=-1)
 
 
 def _filter_sorted(

@@ -57,6 +57,15 @@ class Req:
     def fill_ids(self) -> list[int]:
         return self.origin_input_ids + self.output_ids
 
+    def token_slice(self, start: int, end: int) -> list[int]:
+        """`fill_ids[start:end]` without building fill_ids (a decode step takes one output token)."""
+        n_in = len(self.origin_input_ids)
+        if start >= n_in:
+            return self.output_ids[start - n_in : end - n_in]
+        if end <= n_in:
+            return self.origin_input_ids[start:end]
+        return self.origin_input_ids[start:] + self.output_ids[: end - n_in]
+
     @property
     def seqlen(self) -> int:
         return len(self.origin_input_ids) + len(self.output_ids)
@@ -166,8 +175,7 @@ class ScheduleBatch:
         input_ids: list[int] = []
         positions: list[int] = []
         for item in self.items:
-            fill = item.req.fill_ids
-            input_ids.extend(fill[item.start : item.start + item.num_tokens])
+            input_ids.extend(item.req.token_slice(item.start, item.start + item.num_tokens))
             positions.extend(range(item.start, item.start + item.num_tokens))
         sampling = [item for item in self.items if item.samples]
         return ModelWorkerBatch(
