@@ -56,6 +56,12 @@ class KVPool(ABC):
 class MHATokenToKVPool(KVPool):
     """Multi-head KV cache: k_buffer[i], v_buffer[i] of shape [size + page_size, head_num, head_dim].
 
+    Storage is head-major: each layer's keys live in one contiguous [head_num, rows, head_dim]
+    tensor (`get_kv_buffer_head_major`), and `k_buffer[i]` / `get_key_buffer` are [rows, H, D]
+    views of it (index and assign them as before; they are not contiguous, so use `reshape`, not
+    `view`, to flatten them). Head-major lets attention read a contiguous run of a request's slots
+    as one contiguous [L, D] block per head, with no gather.
+
     `v_head_dim` defaults to `head_dim` (set it for models whose value dim differs).
     """
 
@@ -76,19 +82,26 @@ class MHATokenToKVPool(KVPool):
         self.head_dim = head_dim
         self.v_head_dim = head_dim if v_head_dim is None else v_head_dim
         rows = size + page_size
-        self.k_buffer = [
-            torch.zeros((rows, head_num, head_dim), dtype=dtype, device=self.device) for _ in range(layer_num)
+        self.k_head_major = [
+            torch.zeros((head_num, rows, head_dim), dtype=dtype, device=self.device) for _ in range(layer_num)
         ]
-        self.v_buffer = [
-            torch.zeros((rows, head_num, self.v_head_dim), dtype=dtype, device=self.device)
+        self.v_head_major = [
+            torch.zeros((head_num, rows, self.v_head_dim), dtype=dtype, device=self.device)
             for _ in range(layer_num)
         ]
+        self.k_buffer = [b.transpose(0, 1) for b in self.k_head_major]
+        self.v_buffer = [b.transpose(0, 1) for b in self.v_head_major]
 
     def get_key_buffer(self, layer_id: int) -> torch.Tensor:
         return self.k_buffer[self._local(layer_id)]
 
     def get_value_buffer(self, layer_id: int) -> torch.Tensor:
         return self.v_buffer[self._local(layer_id)]
+
+    def get_kv_buffer_head_major(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(K [head_num, rows, head_dim], V [head_num, rows, v_head_dim]), contiguous storage."""
+        i = self._local(layer_id)
+        return self.k_head_major[i], self.v_head_major[i]
 
     def set_kv_buffer(self, layer_id: int, loc: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor) -> None:
         """Write K/V of tokens to slots `loc`; inputs may be [n, H, D] or [n, H*D], any float dtype."""
@@ -101,7 +114,7 @@ class MHATokenToKVPool(KVPool):
         self.v_buffer[i][loc] = v
 
     def mem_bytes(self) -> int:
-        return sum(b.numel() * b.element_size() for b in (*self.k_buffer, *self.v_buffer))
+        return sum(b.numel() * b.element_size() for b in (*self.k_head_major, *self.v_head_major))
 
     @staticmethod
     def cell_size_bytes(

@@ -4,8 +4,14 @@ Per batch, `init_forward_metadata` gathers everything the layers share:
 - single-token requests (all of a DECODE batch, the decode part of a MIXED batch) are attended in
   ONE batched SDPA call: their KV slot rows are padded to the longest sequence and masked;
 - multi-token requests (prefill / chunked prefill) get one SDPA call each: `is_causal` when there
-  is no cached prefix (keys are the fresh k/v, no gather), else an explicit causal mask offset by
-  the prefix length over the gathered KV of the whole sequence.
+  is no cached prefix (keys are the fresh k/v, no gather); with a cached prefix, on CPU, one
+  unmasked call over the prefix plus one causal call over the chunk's fresh k/v, merged by their
+  log-sum-exp (elsewhere: an explicit causal mask offset by the prefix length over the whole KV).
+
+Cached KV is read as planned once per forward (`torch_native_kv.py`): a zero-copy view of the
+head-major pool when the slots are one contiguous run (one long request), else one gather per
+layer into a scratch buffer shared by all layers. Batched decode requests with long contiguous
+runs attend those runs as views too (`torch_native_decode.py`).
 
 `attention_with_lse` / `merge_attention_states` are the exact softmax-with-log-sum-exp building
 blocks used when attention over one sequence is split across ranks (context parallelism).
@@ -15,13 +21,28 @@ A batch that carries a context-parallel layout (`layers/context_parallel.py`) is
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 
 from sglang.srt.layers.attention.base import AttentionBackend
+from sglang.srt.layers.attention.torch_native_decode import (
+    DecodeSegments,
+    attend_decode_segments,
+    plan_decode_segments,
+)
+from sglang.srt.layers.attention.torch_native_kv import (
+    KVGather,
+    KVSource,
+    KVWorkspace,
+    attend_prefix_and_chunk,
+    fetch,
+    head_major_kv,
+    lse_kernel_available,
+    plan_source,
+)
 from sglang.srt.layers.context_parallel import CP_LAYOUT_KEY
 
 if TYPE_CHECKING:
@@ -93,8 +114,10 @@ class _ExtendItem:
     start: int
     end: int
     kv_indices: Optional[torch.Tensor]  # [seq_len] slots; None = fresh k/v (no cached prefix)
-    mask: Optional[torch.Tensor]  # [q_len, seq_len] bool, for a cached prefix
+    mask: Optional[torch.Tensor]  # [q_len, seq_len] bool for a cached prefix (built when first needed on CPU)
     is_causal: bool
+    kv_source: Optional[KVSource] = None  # how to read kv_indices' rows (None: fresh k/v)
+    prefix_source: Optional[KVSource] = None  # how to read the cached prefix's rows alone
 
 
 @dataclass
@@ -106,6 +129,11 @@ class TorchNativeMetadata:
     single_kv_indices: Optional[torch.Tensor]  # [n1, max_len] slots (0 past seq_len)
     single_mask: Optional[torch.Tensor]  # [n1, 1, 1, max_len] bool; None when all lengths equal
     extends: list[_ExtendItem]
+    # How to read single_kv_indices' rows: a view when n1 == 1 and its slots are one run.
+    single_source: Optional[KVSource] = None
+    # Else, on CPU, when some request has a long contiguous run: runs as views + the rest gathered.
+    single_segments: Optional[DecodeSegments] = None
+    workspace: KVWorkspace = field(default_factory=KVWorkspace)  # gathers, reused by all layers
 
 
 def _build_metadata(fb: "ForwardBatch") -> TorchNativeMetadata:
@@ -114,7 +142,7 @@ def _build_metadata(fb: "ForwardBatch") -> TorchNativeMetadata:
     ext_lens, prefix_lens, seq_lens = fb.extend_seq_lens_cpu, fb.extend_prefix_lens_cpu, fb.seq_lens_cpu
     single = [i for i, n in enumerate(ext_lens) if n == 1]
     all_single = len(single) == fb.batch_size
-    single_token_idx = single_kv = single_mask = None
+    single_token_idx = single_kv = single_mask = single_source = single_segments = None
     if single:
         if all_single:
             rows, lens = fb.req_pool_indices, fb.seq_lens
@@ -132,6 +160,10 @@ def _build_metadata(fb: "ForwardBatch") -> TorchNativeMetadata:
             valid = torch.arange(max_len, device=device).unsqueeze(0) < lens.to(device).unsqueeze(1)
             single_kv = single_kv.masked_fill(~valid, 0)
             single_mask = valid[:, None, None, :]
+        flat = single_kv.reshape(-1)
+        single_source = plan_source(flat) if len(single) == 1 else KVGather(flat)
+        if isinstance(single_source, KVGather) and device.type == "cpu":
+            single_segments = plan_decode_segments(single_kv, single_lens)
     extends: list[_ExtendItem] = []
     start = 0
     for i, n in enumerate(ext_lens):
@@ -141,10 +173,14 @@ def _build_metadata(fb: "ForwardBatch") -> TorchNativeMetadata:
                 extends.append(_ExtendItem(start, start + n, None, None, True))
             else:
                 kv = req_to_token[fb.req_pool_indices[i : i + 1].to(device), :seq_len][0]
-                mask = causal_mask(n, seq_len, prefix, device=device)
-                extends.append(_ExtendItem(start, start + n, kv, mask, False))
+                # CPU splits prefix / chunk instead (no mask); a [n, seq_len] mask can be 100s of MB
+                mask = None if device.type == "cpu" else causal_mask(n, seq_len, prefix, device=device)
+                srcs = plan_source(kv), plan_source(kv[:prefix])
+                extends.append(_ExtendItem(start, start + n, kv, mask, False, *srcs))
         start += n
-    return TorchNativeMetadata(all_single, single_token_idx, single_kv, single_mask, extends)
+    return TorchNativeMetadata(
+        all_single, single_token_idx, single_kv, single_mask, extends, single_source, single_segments
+    )
 
 
 # ---------------------------------------------------------------------------- backend
@@ -182,15 +218,16 @@ class TorchNativeAttnBackend(AttentionBackend):
     def _attend_single(
         q: torch.Tensor, layer: "RadixAttention", fb: "ForwardBatch", md: TorchNativeMetadata
     ) -> torch.Tensor:
-        """q [n, H, D] (one query per request) -> [n, H, Dv] in one SDPA call."""
-        pool = fb.token_to_kv_pool
+        """q [n, H, D] (one query per request) -> [n, H, Dv], in one SDPA call (plus one per long
+        contiguous run when `single_segments` is planned)."""
         n, max_len = md.single_kv_indices.shape
-        flat = md.single_kv_indices.view(-1)
-        # NOTE: index_select is several times faster than advanced indexing for row gathers on CPU
-        keys = pool.get_key_buffer(layer.layer_id).index_select(0, flat)
-        values = pool.get_value_buffer(layer.layer_id).index_select(0, flat)
-        keys = keys.view(n, max_len, *keys.shape[1:]).transpose(1, 2)  # [n, K, L, D]
-        values = values.view(n, max_len, *values.shape[1:]).transpose(1, 2)
+        k_buf, v_buf = head_major_kv(fb.token_to_kv_pool, layer.layer_id)
+        if md.single_segments is not None and lse_kernel_available(q):
+            return attend_decode_segments(q, k_buf, v_buf, md.single_segments, md.workspace, layer.scaling)
+        src = md.single_source if md.single_source is not None else KVGather(md.single_kv_indices.reshape(-1))
+        # [Hk, n * max_len, D] -> [n, Hk, max_len, D]: one contiguous [max_len, D] block per head
+        keys = fetch(k_buf, src, md.workspace, "k").view(k_buf.shape[0], n, max_len, -1).transpose(0, 1)
+        values = fetch(v_buf, src, md.workspace, "v").view(v_buf.shape[0], n, max_len, -1).transpose(0, 1)
         out = F.scaled_dot_product_attention(
             q.unsqueeze(2),
             keys.to(q.dtype),
@@ -227,25 +264,48 @@ class TorchNativeAttnBackend(AttentionBackend):
         out = q.new_empty((num_tokens, layer.num_heads, layer.v_head_dim))
         if md.single_token_idx is not None:
             out[md.single_token_idx] = self._attend_single(q3[md.single_token_idx], layer, forward_batch, md)
+        self._attend_extends(q3, k, v, layer, forward_batch, md, out)
+        return out.view(num_tokens, -1)
+
+    @staticmethod
+    def _attend_extends(q3, k, v, layer, fb: "ForwardBatch", md: TorchNativeMetadata, out: torch.Tensor) -> None:
+        """Multi-token requests, one SDPA (or two, merged) each; writes their rows of `out`.
+
+        With a cached prefix on CPU the keys are split: the prefix (read from the pool) is attended
+        without a mask and the chunk's own fresh k/v causally, merged by their log-sum-exp; this
+        skips the explicit [q_len, seq_len] mask and lets the kernel skip the causal upper half.
+        Elsewhere the whole sequence is read from the pool under the offset causal mask.
+        """
+        num_tokens = q3.shape[0]
         gqa = layer.num_heads != layer.num_kv_heads
-        k3 = v3 = k_cache = v_cache = None
+        k3 = k.view(num_tokens, layer.num_kv_heads, layer.head_dim)
+        v3 = v.view(num_tokens, layer.num_kv_heads, layer.v_head_dim)
+        k_cache = v_cache = None
         for item in md.extends:
             # NOTE: SDPA takes its fast (flash) CPU kernel only for 4-D inputs: [1, H, n, D]
             qi = q3[item.start : item.end].transpose(0, 1).unsqueeze(0)
+            ki = k3[item.start : item.end].transpose(0, 1).unsqueeze(0)
+            vi = v3[item.start : item.end].transpose(0, 1).unsqueeze(0)
             if item.kv_indices is None:
-                if k3 is None:
-                    k3 = k.view(num_tokens, layer.num_kv_heads, layer.head_dim)
-                    v3 = v.view(num_tokens, layer.num_kv_heads, layer.v_head_dim)
-                ki = k3[item.start : item.end].transpose(0, 1).unsqueeze(0)
-                vi = v3[item.start : item.end].transpose(0, 1).unsqueeze(0)
+                oi = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=layer.scaling, enable_gqa=gqa)
+                out[item.start : item.end] = oi[0].transpose(0, 1)
+                continue
+            if k_cache is None:
+                k_cache, v_cache = head_major_kv(fb.token_to_kv_pool, layer.layer_id)
+            if item.prefix_source is not None and lse_kernel_available(qi):
+                src = item.prefix_source
+                kp = fetch(k_cache, src, md.workspace, "k").unsqueeze(0).to(q3.dtype)
+                vp = fetch(v_cache, src, md.workspace, "v").unsqueeze(0).to(q3.dtype)
+                oi = attend_prefix_and_chunk(qi, kp, vp, ki, vi, layer.scaling)
             else:
-                if k_cache is None:
-                    k_cache = forward_batch.token_to_kv_pool.get_key_buffer(layer.layer_id)
-                    v_cache = forward_batch.token_to_kv_pool.get_value_buffer(layer.layer_id)
-                ki = k_cache.index_select(0, item.kv_indices).transpose(0, 1).unsqueeze(0).to(q.dtype)
-                vi = v_cache.index_select(0, item.kv_indices).transpose(0, 1).unsqueeze(0).to(q.dtype)
-            oi = F.scaled_dot_product_attention(
-                qi, ki, vi, attn_mask=item.mask, is_causal=item.is_causal, scale=layer.scaling, enable_gqa=gqa
-            )
+                if item.mask is None:
+                    seq_len = item.kv_indices.shape[0]
+                    q_len = item.end - item.start
+                    item.mask = causal_mask(q_len, seq_len, seq_len - q_len, device=q3.device)
+                src = item.kv_source if item.kv_source is not None else KVGather(item.kv_indices)
+                ks = fetch(k_cache, src, md.workspace, "k").unsqueeze(0).to(q3.dtype)
+                vs = fetch(v_cache, src, md.workspace, "v").unsqueeze(0).to(q3.dtype)
+                oi = F.scaled_dot_product_attention(
+                    qi, ks, vs, attn_mask=item.mask, is_causal=item.is_causal, scale=layer.scaling, enable_gqa=gqa
+                )
             out[item.start : item.end] = oi[0].transpose(0, 1)
-        return out.view(num_tokens, -1)

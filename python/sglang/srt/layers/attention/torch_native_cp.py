@@ -23,6 +23,7 @@ import torch
 
 from sglang.srt.layers.attention.lse_attention import causal_attention_lse, sdpa_lse
 from sglang.srt.layers.attention.torch_native import merge_attention_states
+from sglang.srt.layers.attention.torch_native_kv import KVGather, fetch, head_major_kv
 from sglang.srt.layers.context_parallel import FRESH, PREFIX, REPLICATED, CPLayout, get_cp_layout, start_gather
 
 if TYPE_CHECKING:
@@ -186,9 +187,9 @@ def _full_kv(k3, v3, layer_id, layout, md) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _start_kv_gather(layout: CPLayout, layer_id: int, k: torch.Tensor, v: torch.Tensor) -> None:
     spec = layout.split_spec()
-    n = k.shape[0]
     rows = spec.local_rows.to(k.device)
-    packed = torch.cat([k.reshape(n, -1).index_select(0, rows), v.reshape(n, -1).index_select(0, rows)], dim=1)
+    # flatten(1), not reshape(n, -1): a rank may hold no tokens (n == 0)
+    packed = torch.cat([k.flatten(1).index_select(0, rows), v.flatten(1).index_select(0, rows)], dim=1)
     layout.cache[("kv", layer_id)] = start_gather(layout.group, packed, spec.sizes)
 
 
@@ -256,20 +257,22 @@ def _shard_attention(q3, q_pending, layer, fb, layout: CPLayout, md: CPAttnMetad
     qb = _b_queries(q3, q_pending, layout, md)
     nb, h, dv = qb.shape[0], qb.shape[1], layer.v_head_dim
     pool = fb.token_to_kv_pool
-    k_cache, v_cache = pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id)
+    k_cache, v_cache = head_major_kv(pool, layer.layer_id)  # [Hk, rows, D]
     part_o = qb.new_zeros((nb, h, dv))
     part_l = torch.full((nb, h), float("-inf"), dtype=torch.float32, device=qb.device)
     for it in md.prefix:
         rows = slice(it.b_start, it.b_start + it.num_tokens)
         slots = it.k_slots.to(k_cache.device)
-        ks = k_cache.index_select(0, slots).to(qb.dtype)
-        vs = v_cache.index_select(0, slots).to(qb.dtype)
+        src = KVGather(slots)
+        ks = fetch(k_cache, src, None, "k").transpose(0, 1).to(qb.dtype)  # [L, Hk, D]
+        vs = fetch(v_cache, src, None, "v").transpose(0, 1).to(qb.dtype)
         part_o[rows], part_l[rows] = causal_attention_lse(qb[rows], it.q_pos, ks, vs, it.k_pos, layer.scaling)
     if md.single_rows is not None:
         n1, max_len = md.single_slots.shape
-        flat = md.single_slots.reshape(-1)
-        ks = k_cache.index_select(0, flat).view(n1, max_len, *k_cache.shape[1:]).transpose(1, 2).to(qb.dtype)
-        vs = v_cache.index_select(0, flat).view(n1, max_len, *v_cache.shape[1:]).transpose(1, 2).to(qb.dtype)
+        src = KVGather(md.single_slots.reshape(-1).to(k_cache.device))
+        hk, dk, dv_ = k_cache.shape[0], k_cache.shape[2], v_cache.shape[2]  # explicit: max_len may be 0
+        ks = fetch(k_cache, src, None, "k").view(hk, n1, max_len, dk).transpose(0, 1).to(qb.dtype)
+        vs = fetch(v_cache, src, None, "v").view(hk, n1, max_len, dv_).transpose(0, 1).to(qb.dtype)
         rows = md.single_rows.to(qb.device)
         o, l = sdpa_lse(qb.index_select(0, rows).unsqueeze(2), ks, vs, layer.scaling, attn_mask=md.single_mask)
         part_o.index_copy_(0, rows, o.squeeze(2))

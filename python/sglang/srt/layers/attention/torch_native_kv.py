@@ -1,0 +1,147 @@
+"""Where the torch-native backend reads a request's cached K/V from, planned once per forward.
+
+A request's KV slots (`req_to_token[row, :seq_len]`) are often one contiguous run of pool rows
+(the allocator hands out consecutive pages): then every layer attends over a zero-copy view of
+the pool. Otherwise the slots are gathered with one `index_select` per layer into a scratch
+buffer that the forward allocates once and every layer reuses (a fresh multi-MB tensor per layer
+can cost page faults: up to ~1.7x slower gathers in isolated measurements).
+
+Buffers are addressed head-major, [H, rows, D]: `MHATokenToKVPool` stores them that way, so a
+view or a gather hands SDPA one contiguous [L, D] block per head (its fastest CPU input).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional, Union
+
+import torch
+
+
+@dataclass(frozen=True)
+class KVRun:
+    """The sequence's keys are pool rows start .. start + length - 1, in order."""
+
+    start: int
+    length: int
+
+
+@dataclass(frozen=True)
+class KVGather:
+    """The sequence's keys are the pool rows `indices` ([n] int64, any order of runs)."""
+
+    indices: torch.Tensor
+    # (H, rows) -> [H * n] row indices into the buffer flattened to [H * rows, D]; built once
+    _flat: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def head_flat_indices(self, heads: int, rows: int) -> torch.Tensor:
+        """Indices that gather all heads of `indices` from a [H, rows, D] buffer seen as
+        [H * rows, D] in ONE dim-0 `index_select` (which torch parallelises over rows; a dim-1
+        select over H = 2-8 heads runs on one thread: 3x slower with 2 threads)."""
+        key = (heads, rows)
+        idx = self._flat.get(key)
+        if idx is None:
+            offsets = torch.arange(heads, dtype=self.indices.dtype, device=self.indices.device) * rows
+            idx = (offsets.unsqueeze(1) + self.indices.unsqueeze(0)).reshape(-1)
+            self._flat[key] = idx
+        return idx
+
+
+KVSource = Union[KVRun, KVGather]
+
+
+def contiguous_run(slots: torch.Tensor) -> Optional[KVRun]:
+    """slots [L] int64 -> KVRun if slots == slots[0] + arange(L), else None (L >= 1)."""
+    n = int(slots.numel())
+    if n == 0:
+        return None
+    first = int(slots[0])
+    if n == 1:
+        return KVRun(first, 1)
+    if int(slots[-1]) - first != n - 1:
+        return None
+    if not bool((slots[1:] - slots[:-1] == 1).all()):
+        return None
+    return KVRun(first, n)
+
+
+def plan_source(slots: torch.Tensor) -> KVSource:
+    """One request's slots [L] -> a view when they are one run, else a gather."""
+    run = contiguous_run(slots)
+    return run if run is not None else KVGather(slots)
+
+
+def head_major_kv(pool: Any, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(K, V) of a layer as [H, rows, D] tensors (views; no copy) for any MHA-style pool."""
+    get = getattr(pool, "get_kv_buffer_head_major", None)
+    if get is not None:
+        return get(layer_id)
+    k, v = pool.get_key_buffer(layer_id), pool.get_value_buffer(layer_id)
+    return k.transpose(0, 1), v.transpose(0, 1)
+
+
+class KVWorkspace:
+    """Per-forward scratch for gathered K/V, grown on demand and shared by every layer.
+
+    A tensor taken from it is valid until the next `take` under the same name: callers finish
+    attending over one gather before starting the next.
+    """
+
+    def __init__(self) -> None:
+        self._flat: dict[str, torch.Tensor] = {}
+
+    def take(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A contiguous tensor of `shape` backed by the buffer `name` (contents undefined)."""
+        numel = 1
+        for s in shape:
+            numel *= s
+        buf = self._flat.get(name)
+        if buf is None or buf.numel() < numel or buf.dtype != dtype or buf.device != device:
+            buf = torch.empty(numel, dtype=dtype, device=device)
+            self._flat[name] = buf
+        return buf[:numel].view(shape)
+
+
+def fetch(buf: torch.Tensor, src: KVSource, ws: Optional[KVWorkspace], name: str) -> torch.Tensor:
+    """Rows of a head-major buffer [H, rows, D] -> [H, L, D] (a view for a run, else gathered)."""
+    if isinstance(src, KVRun):
+        return buf.narrow(1, src.start, src.length)
+    heads, rows, dim = buf.shape
+    n = int(src.indices.numel())
+    if not buf.is_contiguous():
+        return buf.index_select(1, src.indices)
+    flat_idx = src.head_flat_indices(heads, rows)
+    if ws is None:
+        return buf.view(heads * rows, dim).index_select(0, flat_idx).view(heads, n, dim)
+    out = ws.take(name, (heads * n, dim), buf.dtype, buf.device)
+    return torch.index_select(buf.view(heads * rows, dim), 0, flat_idx, out=out).view(heads, n, dim)
+
+
+def lse_kernel_available(q: torch.Tensor) -> bool:
+    """Whether `sdpa_lse` runs on torch's CPU flash kernel for q. Only then do the split paths
+    (`attend_prefix_and_chunk`, decode runs) pay off; elsewhere its exact-math fallback would be
+    slower than one SDPA over gathered keys."""
+    flash = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    return flash is not None and q.device.type == "cpu" and q.dtype in (torch.float32, torch.bfloat16)
+
+
+def attend_prefix_and_chunk(
+    q: torch.Tensor,
+    k_prefix: torch.Tensor,
+    v_prefix: torch.Tensor,
+    k_chunk: torch.Tensor,
+    v_chunk: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of a chunk over [cached prefix, chunk]: q [1, H, m, D] are the chunk's
+    queries, k/v_prefix [1, Hk, P, D] every key before it, k/v_chunk [1, Hk, m, D] its own keys.
+
+    The prefix is visible to every query (no mask), the chunk causally (`is_causal`, which lets
+    the kernel skip the upper triangle); the two partials are merged by their log-sum-exp.
+    Equals SDPA over the concatenated keys with the offset causal mask. Returns [1, H, m, Dv].
+    """
+    from sglang.srt.layers.attention.lse_attention import merge_two, sdpa_lse
+
+    o1, l1 = sdpa_lse(q, k_prefix, v_prefix, scale)
+    o2, l2 = sdpa_lse(q, k_chunk, v_chunk, scale, is_causal=True)
+    return merge_two(o1, l1, o2, l2)[0]
