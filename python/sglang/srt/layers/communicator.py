@@ -15,6 +15,10 @@ heads are sharded over attn_tp only), the MLP is replicated across cp ranks and 
 attn_tp (`dense_tp_group`), and it runs on local tokens only. The model entry
 (`scatter_model_input`) and exit (`gather_for_logits`) change layout between TP_ATTN_FULL and
 SCATTERED. DP attention / EP plug in by adding their transitions to `change_layout`.
+MoE layers under CP (`LayerScatterModes.gathered_mlp`, `GatheredMLPCommunicator`): the experts are
+sharded over the whole tp group (cp ranks included), so the normed hidden states are gathered to
+TP_ATTN_FULL before the MoE block (which then combines with its usual all-reduce) and each rank
+keeps its own rows after it; the residual never leaves the rank.
 """
 
 from __future__ import annotations
@@ -50,6 +54,14 @@ class LayerScatterModes:
         """A dense decoder layer (attention + dense MLP): tokens stay in their CP shard."""
         s = ScatterMode.SCATTERED
         return cls(s, s, s, s)
+
+    @classmethod
+    def gathered_mlp(cls) -> "LayerScatterModes":
+        """A layer whose MLP is sharded over the whole tp group (MoE: EP / MoE-TP over the stage's
+        tp ranks, cp ranks included): attention on this rank's tokens, the MLP on every token of
+        the batch (every tp rank holds all of them, so the MoE combine stays one all-reduce)."""
+        s = ScatterMode.SCATTERED
+        return cls(s, s, ScatterMode.TP_ATTN_FULL, s)
 
 
 def dense_tp_group(groups: "ParallelGroups") -> "GroupCoordinator":
@@ -131,6 +143,43 @@ class LayerCommunicator:
         hidden_states = self._move(hidden_states, m.mlp, m.layer_output, forward_batch)
         residual = self._move(residual, m.mlp, m.layer_output, forward_batch)
         return hidden_states, residual
+
+
+class GatheredMLPCommunicator(LayerCommunicator):
+    """`LayerCommunicator` for `LayerScatterModes.gathered_mlp()`-like modes where the MLP sees more
+    tokens than attention: the post-attention norm runs in the attention layout and only the
+    normed hidden states move to the MLP layout (one all-gather under CP); the residual stays in
+    the attention layout, and the MLP output moves back to it (a local row selection)."""
+
+    def prepare_mlp(
+        self, hidden_states: torch.Tensor, residual: torch.Tensor, forward_batch: "ForwardBatch"
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        m = self.modes
+        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+        return self._move(hidden_states, m.attn, m.mlp, forward_batch), residual
+
+    def postprocess_layer(
+        self, hidden_states: torch.Tensor, residual: torch.Tensor, forward_batch: "ForwardBatch"
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        m = self.modes
+        hidden_states = self._move(hidden_states, m.mlp, m.layer_output, forward_batch)
+        return hidden_states, self._move(residual, m.attn, m.layer_output, forward_batch)
+
+
+def make_layer_communicator(
+    mlp_over_tp_group: bool,
+    input_layernorm: torch.nn.Module,
+    post_attention_layernorm: torch.nn.Module,
+    groups: "ParallelGroups",
+) -> LayerCommunicator:
+    """The communicator of a decoder layer. Dense MLPs stay on this rank's tokens (replicated over
+    cp, sharded over attn_tp); an MLP sharded over the whole tp group (`mlp_over_tp_group`: MoE
+    experts over moe_ep x moe_tp) gets the whole batch under CP."""
+    if mlp_over_tp_group and groups.layout.attn_cp > 1:
+        return GatheredMLPCommunicator(
+            LayerScatterModes.gathered_mlp(), input_layernorm, post_attention_layernorm, groups.layout
+        )
+    return LayerCommunicator(LayerScatterModes.dense(), input_layernorm, post_attention_layernorm, groups.layout)
 
 
 # ---------------------------------------------------------------------------- model entry / exit

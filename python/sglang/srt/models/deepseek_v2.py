@@ -6,9 +6,13 @@ and the sparse MoE block elsewhere (`layers/moe/`: sigmoid grouped top-k with
 e_score_correction_bias, routed_scaling_factor, shared experts). Pre-norm decoder with the residual
 carried through fused RMSNorms, like Llama.
 
-Parallelism: attention heads over `attn_tp` (latent path and indexer replicated), dense MLP over
-`tp`, routed experts over `moe_ep` x `moe_tp`, pipeline stages own [start_layer, end_layer).
-The KV pool holds compressed latent rows (`create_kv_pool`); V3.2's also holds the indexer keys.
+Parallelism: attention heads over `attn_tp` (latent path and indexer replicated), embedding and
+dense MLP over `dense_tp_group` (tp without CP), routed experts over `moe_ep` x `moe_tp`, pipeline
+stages own [start_layer, end_layer). The KV pool holds compressed latent rows (`create_kv_pool`);
+V3.2's also holds the indexer keys. Context parallelism: the model runs on this rank's tokens
+(`scatter_model_input`), each rank stores its share of the latent rows / index keys
+(`layers/attention/mla_cp.py`), MoE layers gather the batch around the experts
+(`GatheredMLPCommunicator`), dense layers stay local.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from torch import nn
 
 from sglang.srt.distributed.parallel_state import ParallelGroups, optional_groups
 from sglang.srt.layers.attention.mla import MLAAttention
+from sglang.srt.layers.communicator import dense_tp_group, make_layer_communicator, scatter_model_input
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.moe.moe_block import SparseMoeBlock
 from sglang.srt.layers.moe.topk import TopKConfig
@@ -71,7 +76,8 @@ class DeepseekV2DecoderLayer(nn.Module):
         super().__init__()
         self.layer_id = layer_id
         self.self_attn = MLAAttention(config, layer_id, groups.attn_tp, dtype, use_indexer)
-        if is_moe_layer(config, layer_id):
+        self.is_moe = is_moe_layer(config, layer_id)
+        if self.is_moe:
             moe_inter = int(config.moe_intermediate_size)
             self.mlp: nn.Module = SparseMoeBlock(
                 config.hidden_size,
@@ -85,9 +91,10 @@ class DeepseekV2DecoderLayer(nn.Module):
                 router_logits_fp32=True,
             )
         else:
-            self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, groups.tp, dtype, False)
+            self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, dense_tp_group(groups), dtype, False)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.comm = make_layer_communicator(self.is_moe, self.input_layernorm, self.post_attention_layernorm, groups)
 
     def forward(
         self,
@@ -97,14 +104,11 @@ class DeepseekV2DecoderLayer(nn.Module):
         sin: torch.Tensor,
         forward_batch: ForwardBatch,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
-        else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states, residual = self.comm.prepare_attn(hidden_states, residual, forward_batch)
         hidden_states = self.self_attn(hidden_states, cos, sin, forward_batch)
-        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
-        return self.mlp(hidden_states), residual
+        hidden_states, residual = self.comm.prepare_mlp(hidden_states, residual, forward_batch)
+        hidden_states = self.mlp(hidden_states)
+        return self.comm.postprocess_layer(hidden_states, residual, forward_batch)
 
 
 class DeepseekV2Model(nn.Module):
@@ -118,7 +122,7 @@ class DeepseekV2Model(nn.Module):
         self.start_layer, self.end_layer = pp_layer_range(n, groups.pp.rank, groups.pp.size)
         if self.pp_first:
             self.embed_tokens: nn.Module = VocabParallelEmbedding(
-                config.vocab_size, config.hidden_size, groups.tp, dtype
+                config.vocab_size, config.hidden_size, dense_tp_group(groups), dtype
             )
         else:
             self.embed_tokens = PPMissingLayer()
@@ -138,6 +142,7 @@ class DeepseekV2Model(nn.Module):
         forward_batch: ForwardBatch,
         pp_proxy_tensors: Optional[PPProxyTensors] = None,
     ) -> Union[torch.Tensor, PPProxyTensors]:
+        input_ids, positions = scatter_model_input(input_ids, positions, forward_batch)  # CP: local tokens
         hidden_states, residual = stage_input(self, input_ids, pp_proxy_tensors)
         cos, sin = self.rotary_emb.cos_sin(positions)
         for layer in self._stage_layers:
@@ -149,6 +154,7 @@ class DeepseekV3ForCausalLM(CausalLM):
     """DeepSeek-V3 / V3.1: dense MLA. `forward` returns logits on the last pipeline stage."""
 
     use_indexer: bool = False
+    supports_context_parallel: bool = True  # sharded latent KV + zero-redundant indexer (mla_cp.py)
 
     def __init__(self, config: Any, groups: Optional[ParallelGroups] = None, dtype: torch.dtype = torch.float32):
         super().__init__()

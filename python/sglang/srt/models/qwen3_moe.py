@@ -3,7 +3,9 @@
 Wiring only: the attention block is Llama's (`LlamaAttention` with qk_norm), MLP layers are the
 shared `SparseMoeBlock` (softmax routing, `norm_topk_prob`, no shared experts) except layers listed
 in `mlp_only_layers` or off the `decoder_sparse_step` grid, which keep a dense SwiGLU MLP.
-Parallelism as in llama.py, with routed experts over `moe_ep` x `moe_tp`.
+Parallelism as in llama.py, with routed experts over `moe_ep` x `moe_tp`. Context parallelism:
+attention as Llama's (sharded KV, k/v all-gather), dense layers on this rank's tokens, MoE layers
+on the whole batch (`GatheredMLPCommunicator`: gather the normed hidden states, keep own rows).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch
 from torch import nn
 
 from sglang.srt.distributed.parallel_state import ParallelGroups, optional_groups
+from sglang.srt.layers.communicator import dense_tp_group, make_layer_communicator, scatter_model_input
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.moe.moe_block import SparseMoeBlock
 from sglang.srt.layers.moe.topk import TopKConfig
@@ -41,15 +44,17 @@ class Qwen3MoeDecoderLayer(nn.Module):
         self.layer_id = layer_id
         bias = bool(getattr(config, "attention_bias", False))
         self.self_attn = LlamaAttention(config, layer_id, groups.attn_tp, dtype, bias, False, True)
-        if is_sparse_layer(config, layer_id):
+        self.is_moe = is_sparse_layer(config, layer_id)
+        if self.is_moe:
             topk = TopKConfig(top_k=int(config.num_experts_per_tok), renormalize=bool(config.norm_topk_prob))
             self.mlp: nn.Module = SparseMoeBlock(
                 config.hidden_size, int(config.num_experts), int(config.moe_intermediate_size), topk, groups, dtype
             )
         else:
-            self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, groups.tp, dtype, False)
+            self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, dense_tp_group(groups), dtype, False)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.comm = make_layer_communicator(self.is_moe, self.input_layernorm, self.post_attention_layernorm, groups)
 
     def forward(
         self,
@@ -60,14 +65,11 @@ class Qwen3MoeDecoderLayer(nn.Module):
         sin: torch.Tensor,
         forward_batch: ForwardBatch,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
-        else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states, residual = self.comm.prepare_attn(hidden_states, residual, forward_batch)
         hidden_states = self.self_attn(hidden_states, rotary, cos, sin, forward_batch)
-        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
-        return self.mlp(hidden_states), residual
+        hidden_states, residual = self.comm.prepare_mlp(hidden_states, residual, forward_batch)
+        hidden_states = self.mlp(hidden_states)
+        return self.comm.postprocess_layer(hidden_states, residual, forward_batch)
 
 
 class Qwen3MoeModel(nn.Module):
@@ -79,7 +81,7 @@ class Qwen3MoeModel(nn.Module):
         self.start_layer, self.end_layer = pp_layer_range(n, groups.pp.rank, groups.pp.size)
         if self.pp_first:
             self.embed_tokens: nn.Module = VocabParallelEmbedding(
-                config.vocab_size, config.hidden_size, groups.tp, dtype
+                config.vocab_size, config.hidden_size, dense_tp_group(groups), dtype
             )
         else:
             self.embed_tokens = PPMissingLayer()
@@ -99,6 +101,7 @@ class Qwen3MoeModel(nn.Module):
         forward_batch: ForwardBatch,
         pp_proxy_tensors: Optional[PPProxyTensors] = None,
     ) -> Union[torch.Tensor, PPProxyTensors]:
+        input_ids, positions = scatter_model_input(input_ids, positions, forward_batch)  # CP: local tokens
         hidden_states, residual = stage_input(self, input_ids, pp_proxy_tensors)
         rotary = self.rotary_emb
         cos, sin = rotary.cos_sin(positions)
@@ -108,6 +111,8 @@ class Qwen3MoeModel(nn.Module):
 
 
 class Qwen3MoeForCausalLM(CausalLM):
+    supports_context_parallel: bool = True  # Llama's CP attention; MoE layers gather the batch
+
     def __init__(self, config: Any, groups: Optional[ParallelGroups] = None, dtype: torch.dtype = torch.float32):
         super().__init__()
         groups = optional_groups(groups)

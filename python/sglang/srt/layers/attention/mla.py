@@ -10,6 +10,10 @@ rows [latent ; k_rope], output o_latent = softmax Â· latent, then o = o_latent Â
 Keys and values are never up-projected per head and the pool holds only the latent rows. With a
 Lightning Indexer (V3.2) each query attends to its top-k selected rows only.
 
+Context parallelism (a batch carrying a CP layout): the rows of this rank's tokens are
+all-gathered while the q up-projection runs and attention goes through `mla_cp.py` (sharded latent
+KV, zero-redundant indexer, LSE merge for decodes and prefix chunks).
+
 Rope: MLA rotates interleaved pairs (`rope_interleave`, default True); the softmax scale is
 qk_head_dim^-0.5 with the YaRN mscale correction (`rotary_yarn.mla_softmax_scale`).
 """
@@ -23,7 +27,9 @@ from torch import nn
 
 from sglang.srt.distributed.parallel_state import GroupCoordinator
 from sglang.srt.layers.attention.dsa.indexer import Indexer
+from sglang.srt.layers.attention.mla_cp import mla_cp_forward, start_row_exchange
 from sglang.srt.layers.attention.torch_native_mla import TorchNativeMLABackend
+from sglang.srt.layers.context_parallel import is_cp_batch
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from sglang.srt.layers.rotary_yarn import DeepseekRotaryEmbedding, mla_softmax_scale
@@ -131,6 +137,18 @@ class MLAAttention(nn.Module):
         self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, forward_batch: "ForwardBatch"
     ) -> torch.Tensor:
         n, heads = hidden_states.shape[0], self.num_heads
+        cp = is_cp_batch(forward_batch)
+        # kv first: under context parallelism its rows (with the index keys) are all-gathered
+        # asynchronously while the q up-projection below runs
+        latent, k_rope = self.kv_a_proj_with_mqa(hidden_states).split([self.kv_lora_rank, self.qk_rope_head_dim], -1)
+        latent = self.kv_a_layernorm(latent)
+        k_rope = self._rope(k_rope.unsqueeze(1), cos, sin).squeeze(1)
+        kv_new = torch.cat((latent, k_rope), dim=-1)
+        if cp:
+            if self.indexer is not None:
+                kv_new = torch.cat((kv_new, self.indexer.project_key(hidden_states, cos, sin)), dim=-1)
+            start_row_exchange(forward_batch, self.attn.layer_id, kv_new, with_index=self.indexer is not None)
+
         q_lora = None
         if self.q_lora_rank:
             q_lora = self.q_a_layernorm(self.q_a_proj(hidden_states))
@@ -139,19 +157,21 @@ class MLAAttention(nn.Module):
             q = self.q_proj(hidden_states)
         q = q.view(n, heads, self.qk_nope_head_dim + self.qk_rope_head_dim)
         q_nope, q_rope = q.split([self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
-        latent, k_rope = self.kv_a_proj_with_mqa(hidden_states).split([self.kv_lora_rank, self.qk_rope_head_dim], -1)
-        latent = self.kv_a_layernorm(latent)
         q_rope = self._rope(q_rope, cos, sin)
-        k_rope = self._rope(k_rope.unsqueeze(1), cos, sin).squeeze(1)
-
         w_kv = self.kv_b_proj.weight.view(heads, self.qk_nope_head_dim + self.v_head_dim, self.kv_lora_rank)
         w_uk, w_uv = w_kv[:, : self.qk_nope_head_dim], w_kv[:, self.qk_nope_head_dim :]
         q_latent = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)  # [n, H, L]
         q_full = torch.cat((q_latent, q_rope), dim=-1)
 
-        topk = None
-        if self.indexer is not None:
-            topk = self.indexer(hidden_states, q_lora, cos, sin, forward_batch)
-        o_latent = self.attn(q_full, torch.cat((latent, k_rope), dim=-1), forward_batch, topk)  # [n, H, L]
+        if cp:
+            index_q = index_w = None
+            if self.indexer is not None:
+                index_q, index_w = self.indexer.project_query(q_lora, hidden_states, cos, sin)
+            o_latent = mla_cp_forward(self.attn, q_full, kv_new, forward_batch, self.indexer, index_q, index_w)
+        else:
+            topk = None
+            if self.indexer is not None:
+                topk = self.indexer(hidden_states, q_lora, cos, sin, forward_batch)
+            o_latent = self.attn(q_full, kv_new, forward_batch, topk)  # [n, H, L]
         out = torch.bmm(o_latent.transpose(0, 1), w_uv.transpose(1, 2))  # [H, n, v]
         return self.o_proj(out.transpose(0, 1).reshape(n, heads * self.v_head_dim))

@@ -7,7 +7,9 @@ multi-query attention with one KV head, so the heads are folded into the query r
 attend one broadcast key head (prefill); nothing is up-projected per head.
 
 - dense: decode requests in one batched SDPA over padded slots; each multi-token request in one
-  SDPA over its whole sequence (causal, offset by its cached prefix).
+  SDPA over its whole sequence (causal, offset by its cached prefix). The value passed to SDPA is
+  the whole row (its first kv_lora_rank outputs are kept): equal head sizes let torch take its
+  flash kernel on CPU instead of materialising [heads x queries x keys] scores.
 - sparse (DSA, `topk_positions` given): each query attends to the positions its indexer chose,
   gathered per query (`dsa.sparse_attention`).
 
@@ -67,9 +69,8 @@ class TorchNativeMLABackend(TorchNativeAttnBackend):
             keys = kv.index_select(0, md.single_slots.reshape(-1)).view(n1, 1, max_len, dim).to(q.dtype)
             mask = None if md.single_valid is None else md.single_valid[:, None, None, :]
             # one query per request: its heads are the query rows of a single-KV-head attention
-            o = F.scaled_dot_product_attention(
-                qs.unsqueeze(1), keys, keys[..., :v_dim], attn_mask=mask, scale=layer.scaling
-            ).squeeze(1)
+            o = F.scaled_dot_product_attention(qs.unsqueeze(1), keys, keys, attn_mask=mask, scale=layer.scaling)
+            o = o.squeeze(1)[..., :v_dim]
             if md.all_single:
                 return o
             out[md.single_token_idx] = o
@@ -80,9 +81,9 @@ class TorchNativeMLABackend(TorchNativeAttnBackend):
             fresh = item.prefix_len == 0
             mask = None if fresh else causal_mask(m, item.seq_len, item.prefix_len, device=q.device)
             o = F.scaled_dot_product_attention(
-                qi, keys, keys[..., :v_dim], attn_mask=mask, is_causal=fresh, scale=layer.scaling, enable_gqa=True
+                qi, keys, keys, attn_mask=mask, is_causal=fresh, scale=layer.scaling, enable_gqa=True
             )
-            out[item.start : item.end] = o[0].transpose(0, 1)
+            out[item.start : item.end] = o[0, ..., :v_dim].transpose(0, 1)
         return out
 
     @staticmethod

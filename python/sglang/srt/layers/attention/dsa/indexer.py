@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Optional
 import torch
 from torch import nn
 
+from sglang.srt.layers.attention.dsa.scoring import index_scores, topk_columns
 from sglang.srt.layers.attention.mla_metadata import MLAMetadata, get_mla_metadata
 from sglang.srt.layers.attention.torch_native import causal_mask
 from sglang.srt.layers.linear import ReplicatedLinear
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from sglang.srt.model_executor.forward_batch import ForwardBatch
 
 SCORE_BUDGET = 1 << 24  # max score elements (queries * heads * keys) per block
+QUERY_BLOCK = 256  # max queries per block (keys past a block's last query are skipped: ~causal work)
 
 
 def hadamard_matrix(dim: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -62,18 +64,6 @@ def index_topk_positions(
         return out
     qf, wf = q.float(), weights.float()
 
-    def select(scores: torch.Tensor, k: int) -> torch.Tensor:
-        # stable sort, not topk: exact ties (e.g. keys every head scores <= 0) go to the earlier
-        # position whatever the row length, so the choice does not depend on batching or padding
-        vals, idx = torch.sort(scores, dim=-1, descending=True, stable=True)
-        vals, idx = vals[:, :k], idx[:, :k]
-        return idx.masked_fill(torch.isinf(vals) & (vals < 0), -1)
-
-    def score(qb: torch.Tensor, wb: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-        """qb [b, H, D], wb [b, H], keys [b or 1, T, D] -> [b, T]."""
-        s = torch.matmul(qb, keys.transpose(-1, -2)) * softmax_scale  # [b, H, T]
-        return torch.bmm(wb.unsqueeze(1), torch.relu(s)).squeeze(1)
-
     if md.single_slots is not None:
         n1, max_len = md.single_slots.shape
         rows = torch.arange(n1, device=q.device) if md.all_single else md.single_token_idx
@@ -82,21 +72,22 @@ def index_topk_positions(
         for b0 in range(0, n1, block):
             b1 = min(n1, b0 + block)
             keys = k_cache.index_select(0, md.single_slots[b0:b1].reshape(-1)).view(b1 - b0, max_len, -1).float()
-            s = score(qf[rows[b0:b1]], wf[rows[b0:b1]], keys)
+            s = index_scores(qf[rows[b0:b1]], wf[rows[b0:b1]], keys, softmax_scale)
             if md.single_valid is not None:
                 s = s.masked_fill(~md.single_valid[b0:b1], float("-inf"))
-            out[rows[b0:b1], :k] = select(s, k)
+            out[rows[b0:b1], :k] = topk_columns(s, k)
     for item in md.extends:
         keys = k_cache.index_select(0, item.slots).float().unsqueeze(0)  # [1, T, D]
         m, seq = item.end - item.start, item.seq_len
-        block = max(1, SCORE_BUDGET // max(1, q.shape[1] * seq))
-        k = min(width, seq)
+        block = max(1, min(QUERY_BLOCK, SCORE_BUDGET // max(1, q.shape[1] * seq)))
         for s0 in range(0, m, block):
             s1 = min(m, s0 + block)
             t0, t1 = item.start + s0, item.start + s1
-            s = score(qf[t0:t1], wf[t0:t1], keys)
-            visible = causal_mask(s1 - s0, seq, item.prefix_len + s0, device=q.device)
-            out[t0:t1, :k] = select(s.masked_fill(~visible, float("-inf")), k)
+            upto = item.prefix_len + s1  # keys after the block's last query are invisible to all of it
+            s = index_scores(qf[t0:t1], wf[t0:t1], keys[:, :upto], softmax_scale)
+            visible = causal_mask(s1 - s0, upto, item.prefix_len + s0, device=q.device)
+            k = min(width, upto)
+            out[t0:t1, :k] = topk_columns(s.masked_fill(~visible, float("-inf")), k)
     return out
 
 
@@ -133,11 +124,37 @@ class Indexer(nn.Module):
         self.use_hadamard = use_hadamard and head_dim & (head_dim - 1) == 0
         if self.use_hadamard:
             self.register_buffer("hadamard", hadamard_matrix(head_dim, dtype), persistent=False)
+        # score-work counters (cumulative, this rank): query rows scored, visible (query, key) pairs
+        self.score_rows = 0
+        self.score_pairs = 0
 
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x [n, heads, head_dim]: neox rope on the first rope_dim dims."""
         r = self.rope_dim
         return torch.cat((DeepseekRotaryEmbedding.apply_neox(x[..., :r], cos, sin), x[..., r:]), dim=-1)
+
+    def project_key(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Index keys [n, head_dim] of new tokens (LayerNorm(wk(x)), rope, Hadamard)."""
+        k = self._rope(self.k_norm(self.wk(hidden_states)).unsqueeze(1), cos, sin).squeeze(1)
+        return k @ self.hadamard if self.use_hadamard else k
+
+    def project_query(
+        self, q_lora: torch.Tensor, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(queries [n, n_heads, head_dim], head weights [n, n_heads] float32)."""
+        n = q_lora.shape[0]
+        q = self._rope(self.wq_b(q_lora).view(n, self.n_heads, self.head_dim), cos, sin)
+        if self.use_hadamard:
+            q = q @ self.hadamard
+        return q, self.weights_proj(hidden_states.float()) * self.n_heads**-0.5
+
+    def count(self, rows: int, pairs: int) -> None:
+        """Score work done on this rank: query rows scored and visible (query, key) pairs."""
+        self.score_rows += int(rows)
+        self.score_pairs += int(pairs)
+
+    def reset_counters(self) -> None:
+        self.score_rows = self.score_pairs = 0
 
     def forward(
         self,
@@ -147,12 +164,11 @@ class Indexer(nn.Module):
         sin: torch.Tensor,
         forward_batch: "ForwardBatch",
     ) -> Optional[torch.Tensor]:
-        """Store this batch's index keys; return [n, K] selected positions, or None for "attend to all"."""
+        """Store this batch's index keys; return [n, K] selected positions, or None for "attend to all".
+
+        Single-rank form (no context parallelism; see `cp_indexer.py` for the sharded one)."""
         n = hidden_states.shape[0]
-        q = self._rope(self.wq_b(q_lora).view(n, self.n_heads, self.head_dim), cos, sin)
-        k = self._rope(self.k_norm(self.wk(hidden_states)).unsqueeze(1), cos, sin).squeeze(1)
-        if self.use_hadamard:
-            q, k = q @ self.hadamard, k @ self.hadamard
+        k = self.project_key(hidden_states, cos, sin)
         pool = forward_batch.token_to_kv_pool
         if n:
             pool.set_index_k_buffer(self.layer_id, forward_batch.out_cache_loc, k)
@@ -161,7 +177,10 @@ class Indexer(nn.Module):
         md = get_mla_metadata(forward_batch)
         if md.max_seq_len <= self.index_topk:
             return None
-        weights = self.weights_proj(hidden_states.float()) * self.n_heads**-0.5
+        q, weights = self.project_query(q_lora, hidden_states, cos, sin)
+        pairs = sum(e * p + e * (e + 1) // 2 for e, p in zip(forward_batch.extend_seq_lens_cpu,
+                                                               forward_batch.extend_prefix_lens_cpu))  # fmt: skip
+        self.count(n, pairs)
         return index_topk_positions(
             q, weights, pool.get_index_k_buffer(self.layer_id), md, self.index_topk, self.softmax_scale
         )

@@ -7,6 +7,8 @@ so that memory stays bounded by `block * topk * dim`, never by `queries * all ke
 
 from __future__ import annotations
 
+from typing import Union
+
 import torch
 
 # Upper bound on gathered elements per block (tokens * topk * kv dim).
@@ -20,19 +22,22 @@ def sparse_latent_attention(
     valid: torch.Tensor,
     scale: float,
     v_dim: int,
-) -> torch.Tensor:
+    return_lse: bool = False,
+) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """Absorbed MQA over selected rows.
 
     q [n, H, D] (latent query ; roped query), kv [rows, D] the layer's latent cache (value = first
     `v_dim` values of a row), slots [n, K] KV slots chosen for each query, valid [n, K] bool (False:
     padding, e.g. fewer than K visible keys). Returns [n, H, v_dim] in q's dtype; a query with no valid
-    key gets zeros.
+    key gets zeros. With `return_lse` also the log-sum-exp of the scaled scores [n, H] float32
+    (-inf for a query without valid key), for merging partial results over disjoint key sets.
     """
     n, num_heads, dim = q.shape
     k = slots.shape[1]
     out = q.new_zeros((n, num_heads, v_dim))
+    lse = torch.full((n, num_heads), float("-inf"), dtype=torch.float32, device=q.device) if return_lse else None
     if n == 0 or k == 0:
-        return out
+        return (out, lse) if return_lse else out
     block = max(1, GATHER_BUDGET // max(1, k * dim))
     for s in range(0, n, block):
         e = min(n, s + block)
@@ -42,4 +47,6 @@ def sparse_latent_attention(
         probs = torch.softmax(scores, dim=-1)
         probs = torch.nan_to_num(probs, nan=0.0)  # rows with no valid key
         out[s:e] = torch.bmm(probs.to(q.dtype), rows[..., :v_dim])
-    return out
+        if lse is not None:
+            lse[s:e] = torch.logsumexp(scores, dim=-1)
+    return (out, lse) if return_lse else out

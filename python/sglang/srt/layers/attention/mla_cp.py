@@ -1,0 +1,190 @@
+"""Context-parallel latent attention (MLA, and DSA with the Lightning Indexer): "sharded CP".
+
+Per layer, on each cp rank (the model runs on this rank's tokens, `layers/context_parallel.py`):
+
+1. Row exchange (ONE async all-gather, started by `start_row_exchange` right after the kv
+   down-projection, so it overlaps the q-LoRA up-projection and the absorbed query in
+   `MLAAttention.forward`): every rank sends the new rows `[latent ; k_rope (; index key)]` of
+   the split tokens it holds, plus the cached prefix rows it stores of the batch's PREFIX requests
+   (chunked-prefill continuations, radix hits). With the replicated tokens' local rows this gives
+   every multi-token request's whole sequence of rows.
+2. Sharded store: each rank writes only the new tokens it owns (virtual slot -> owner / physical
+   slot, `CPSlotMapping`), latent rows and index keys alike.
+3. Extends (FRESH and PREFIX requests): only this rank's queries, against the request's gathered
+   rows, causal by global position. Dense MLA: `causal_attention_lse`. DSA: the indexer scores only
+   these queries (`own_query_topk`: per-rank indexer work 1/cp of the total), then selected-token
+   attention over the gathered rows; no [queries x keys] mask is built.
+4. Decodes (REPLICATED tokens, on every rank): each rank attends over the rows it stores. DSA:
+   each rank scores the decode queries against the index keys it stores (1/cp of the pairs), keeps
+   its local top-k candidates (score, position), the candidates are all-gathered and merged into
+   the global top-k (`exchange_and_merge`: identical on every rank, equal to single-rank top-k),
+   and each rank attends to the selected tokens it stores. The partials (out, lse) are
+   all-gathered and merged exactly (`merge_attention_states`).
+
+Why rows for extends and partials for decodes: a token's latent row (kv_lora_rank + rope dims)
+is smaller than its absorbed queries (heads x the same dims), so for a multi-token chunk it is
+cheaper to move the prefix rows than the queries and partial outputs; for a decode (one query per
+request, a long sequence) moving `cp x topk` candidates and one partial per head is far cheaper
+than moving the sequence's rows.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+import torch
+
+from sglang.srt.layers.attention.dsa.cp_indexer import exchange_and_merge, own_query_topk, shard_topk_candidates
+from sglang.srt.layers.attention.dsa.sparse_attention import sparse_latent_attention
+from sglang.srt.layers.attention.lse_attention import causal_attention_lse, sdpa_lse
+from sglang.srt.layers.attention.mla_cp_metadata import MLACPMetadata, get_mla_cp_metadata
+from sglang.srt.layers.attention.torch_native import merge_attention_states
+from sglang.srt.layers.context_parallel import CPLayout, get_cp_layout, start_gather
+
+if TYPE_CHECKING:
+    from sglang.srt.layers.attention.dsa.indexer import Indexer
+    from sglang.srt.layers.attention.mla import MLACore
+    from sglang.srt.model_executor.forward_batch import ForwardBatch
+
+
+def _pool_rows(fb: "ForwardBatch", layer_id: int, slots: torch.Tensor, with_index: bool) -> torch.Tensor:
+    """Cached rows [n, L + R (+ index dim)] at physical `slots` of this rank's pool."""
+    pool = fb.token_to_kv_pool
+    kv = pool.get_key_buffer(layer_id)
+    rows = kv.view(kv.shape[0], -1).index_select(0, slots.to(kv.device))
+    if with_index:
+        rows = torch.cat((rows, pool.get_index_k_buffer(layer_id).index_select(0, slots.to(kv.device))), dim=-1)
+    return rows
+
+
+def _start(fb, layout: CPLayout, md: MLACPMetadata, layer_id: int, rows: torch.Tensor, with_index: bool) -> None:
+    plan = md.plan
+    send = rows.index_select(0, plan.new_local_rows.to(rows.device))
+    if plan.prefix_slots.numel():
+        cached = _pool_rows(fb, layer_id, plan.prefix_slots, with_index).to(rows.dtype)
+        send = torch.cat((send, cached), dim=0)
+    layout.cache[("mla_rows", layer_id)] = start_gather(layout.group, send, plan.sizes)
+
+
+def start_row_exchange(fb: "ForwardBatch", layer_id: int, rows: torch.Tensor, with_index: bool = False) -> None:
+    """Start this layer's async row all-gather (new split rows + stored prefix rows); call it as
+    soon as the new rows of this rank's tokens exist: [latent ; k_rope], with the index key
+    appended when `with_index` (DSA)."""
+    layout = get_cp_layout(fb)
+    if layout is None or layout.is_trivial or ("mla_rows", layer_id) in layout.cache:
+        return
+    _start(fb, layout, get_mla_cp_metadata(fb, layout), layer_id, rows, with_index)
+
+
+def _exchange(fb, layout: CPLayout, md: MLACPMetadata, layer_id: int, rows: torch.Tensor, with_index: bool):
+    """(new rows of the whole batch in original order [N, W], prefix buffer [P, W])."""
+    if layout.is_trivial:
+        return rows, rows.new_empty((0, rows.shape[1]))  # every token is local and in global order
+    if ("mla_rows", layer_id) not in layout.cache:
+        _start(fb, layout, md, layer_id, rows, with_index)
+    gathered = layout.cache.pop(("mla_rows", layer_id)).wait()
+    plan, dev = md.plan, rows.device
+    full = rows.new_empty((layout.num_tokens, rows.shape[1]))
+    if plan.new_src.numel():
+        full.index_copy_(0, plan.new_dst.to(dev), gathered.index_select(0, plan.new_src.to(dev)))
+    if md.repl_local_rows.numel():
+        full.index_copy_(0, md.repl_global_idx.to(dev), rows.index_select(0, md.repl_local_rows.to(dev)))
+    prefix = rows.new_empty((plan.prefix_total, rows.shape[1]))
+    if plan.prefix_total:
+        prefix.index_copy_(0, plan.prefix_dst.to(dev), gathered.index_select(0, plan.prefix_src.to(dev)))
+    return full, prefix
+
+
+# ---------------------------------------------------------------------------- forward
+def mla_cp_forward(
+    core: "MLACore",
+    q: torch.Tensor,
+    rows: torch.Tensor,
+    fb: "ForwardBatch",
+    indexer: Optional["Indexer"] = None,
+    index_q: Optional[torch.Tensor] = None,
+    index_w: Optional[torch.Tensor] = None,
+    save_kv_cache: bool = True,
+) -> torch.Tensor:
+    """CP latent attention of this rank's tokens.
+
+    q [n, H, L + R] absorbed queries; rows [n, L + R (+ index_head_dim)] new latent rows (with the
+    index keys for DSA); index_q [n, Hi, Di] / index_w [n, Hi] the indexer queries and head
+    weights (DSA). Returns [n, H, L]."""
+    layout = get_cp_layout(fb)
+    md = get_mla_cp_metadata(fb, layout)
+    dim, v_dim = core.head_dim, core.kv_lora_rank
+    full, prefix = _exchange(fb, layout, md, core.layer_id, rows, indexer is not None)
+    pool = fb.token_to_kv_pool
+    if save_kv_cache and md.own_global_idx.numel():
+        own = full.index_select(0, md.own_global_idx.to(full.device))
+        pool.set_kv_buffer(core.layer_id, md.own_slots, own[:, :dim])
+        if indexer is not None:
+            pool.set_index_k_buffer(core.layer_id, md.own_slots, own[:, dim:])
+    sparse = indexer is not None and md.max_seq_len > indexer.index_topk
+
+    out = q.new_zeros((q.shape[0], q.shape[1], v_dim))
+    for it in md.extends:
+        if it.local_count == 0:
+            continue
+        loc = slice(it.local_start, it.local_start + it.local_count)
+        seq = full[it.global_start : it.global_start + it.num_tokens]
+        if it.prefix_len:
+            seq = torch.cat((prefix[it.prefix_offset : it.prefix_offset + it.prefix_len], seq), dim=0)
+        kv = seq[:, :dim]
+        if sparse:
+            pos = own_query_topk(index_q[loc], index_w[loc], it.q_pos, seq[:, dim:], indexer.index_topk,
+                                 indexer.softmax_scale)  # fmt: skip
+            indexer.count(it.local_count, int((it.q_pos + 1).sum()))
+            out[loc] = sparse_latent_attention(q[loc], kv, pos.clamp(min=0), pos >= 0, core.scaling, v_dim)
+        else:
+            k3 = kv.unsqueeze(1)  # one shared key head; value = the same row (its first L values)
+            o, _ = causal_attention_lse(q[loc], it.q_pos, k3, k3, torch.arange(kv.shape[0]), core.scaling)
+            out[loc] = o[..., :v_dim]
+    if md.decode_rows is not None:
+        _decode_attention(core, q, index_q, index_w, indexer if sparse else None, fb, layout, md, out)
+    return out
+
+
+def _decode_topk(indexer: "Indexer", iq, iw, fb: "ForwardBatch", layout: CPLayout, md: MLACPMetadata):
+    """Global top-k positions [n1, topk] of the decode queries (identical on every rank)."""
+    n1, max_len = md.decode_slots.shape
+    keys_all = fb.token_to_kv_pool.get_index_k_buffer(indexer.layer_id)
+    keys = keys_all.index_select(0, md.decode_slots.reshape(-1)).view(n1, max_len, -1)
+    vals, pos = shard_topk_candidates(iq, iw, keys, md.decode_pos.unsqueeze(0), md.decode_valid, indexer.index_topk,
+                                      indexer.softmax_scale)  # fmt: skip
+    indexer.count(n1, int(md.decode_valid.sum()))
+    return exchange_and_merge(layout.group, vals, pos, indexer.index_topk)
+
+
+def _decode_attention(core, q, index_q, index_w, indexer, fb, layout: CPLayout, md: MLACPMetadata, out) -> None:
+    """Partial attention of the decode queries over this rank's rows, exchanged and merged."""
+    dev = q.device
+    rows = md.decode_rows.to(dev)
+    qd = q.index_select(0, rows)
+    n1, heads, dim = qd.shape
+    v_dim = core.kv_lora_rank
+    kv_cache = fb.token_to_kv_pool.get_key_buffer(core.layer_id)
+    kv_cache = kv_cache.view(kv_cache.shape[0], dim)
+    if indexer is not None:
+        sel = _decode_topk(indexer, index_q.index_select(0, rows), index_w.index_select(0, rows), fb, layout, md)
+        safe = sel.clamp(min=0)
+        mapping = layout.slot_mapping
+        mine = (sel >= 0) & (mapping.position_owner(safe) == layout.cp_rank)
+        table = fb.req_to_token_pool.req_to_token
+        virtual = table[md.decode_req_rows.unsqueeze(1), safe.to(table.device)].to(torch.int64)
+        slots = mapping.local_slot(virtual).masked_fill(~mine.to(virtual.device), 0)
+        part_o, part_l = sparse_latent_attention(qd, kv_cache, slots, mine, core.scaling, v_dim, return_lse=True)
+    else:
+        max_len = md.decode_slots.shape[1]
+        keys = kv_cache.index_select(0, md.decode_slots.reshape(-1)).view(n1, 1, max_len, dim).to(qd.dtype)
+        mask = md.decode_valid[:, None, None, :]
+        o, lse = sdpa_lse(qd.unsqueeze(2), keys, keys, core.scaling, attn_mask=mask)
+        part_o, part_l = o.squeeze(2)[..., :v_dim], lse.squeeze(2)
+    # exchange the partials (one packed float32 all-gather) and merge them exactly
+    packed = torch.cat([part_o.float().reshape(n1, heads * v_dim), part_l], dim=1)
+    allp = layout.group.all_gather(packed, dim=0).view(layout.cp_size, n1, heads * v_dim + heads)
+    outs = [allp[r, :, : heads * v_dim].view(n1, heads, v_dim) for r in range(layout.cp_size)]
+    lses = [allp[r, :, heads * v_dim :] for r in range(layout.cp_size)]
+    merged, _ = merge_attention_states(outs, lses)
+    out.index_copy_(0, rows, merged.to(out.dtype))

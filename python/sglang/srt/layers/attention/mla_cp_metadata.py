@@ -1,0 +1,160 @@
+"""Per-batch metadata of context-parallel latent attention (`mla_cp.py`), built once per ForwardBatch.
+
+Request kinds come from the batch's `CPLayout`: FRESH and PREFIX requests (several new tokens)
+are split over the cp ranks and handled as *extends* (each rank: its own queries against the
+request's whole sequence, whose rows are gathered); REPLICATED requests (one new token, decodes)
+are on every rank and handled as *decodes* (each rank: all of them against the rows it stores,
+partial results merged by LSE).
+
+One all-gather per layer moves, from every rank, (a) the new rows of the split tokens it holds
+and (b) the cached prefix rows of the PREFIX requests that it stores; `GatherPlan` says where each
+gathered row goes. Everything here is computed from data identical on every rank (the batch's CPU
+lists, the slot mapping), so all ranks agree on sizes without exchanging them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
+
+import torch
+
+from sglang.srt.layers.context_parallel import PREFIX, REPLICATED, CPLayout
+
+if TYPE_CHECKING:
+    from sglang.srt.model_executor.forward_batch import ForwardBatch
+
+METADATA_KEY = "mla_cp"
+
+
+@dataclass
+class CPExtend:
+    """A FRESH or PREFIX request: this rank's queries and where the request's rows come from."""
+
+    global_start: int  # first new token in the batch's flat order
+    num_tokens: int  # new tokens
+    prefix_len: int
+    local_start: int  # this rank's queries: local rows [local_start, local_start + local_count)
+    local_count: int
+    q_pos: torch.Tensor  # [local_count] absolute positions of this rank's queries
+    prefix_offset: int  # first row of its prefix in the gathered prefix buffer
+
+
+@dataclass
+class GatherPlan:
+    """Layout of the per-layer all-gather (rank order; rank r sends sizes[r] rows: its new split
+    rows, then its stored prefix rows)."""
+
+    sizes: list[int]
+    new_local_rows: torch.Tensor  # this rank's local rows of split tokens (what it sends first)
+    prefix_slots: torch.Tensor  # this rank's physical slots of prefix rows (what it sends next)
+    new_src: torch.Tensor  # rows of the gathered tensor that are new split tokens ...
+    new_dst: torch.Tensor  # ... and their batch-global flat index
+    prefix_src: torch.Tensor  # rows of the gathered tensor that are prefix rows ...
+    prefix_dst: torch.Tensor  # ... and their row in the prefix buffer
+    prefix_total: int
+
+
+@dataclass
+class MLACPMetadata:
+    own_global_idx: torch.Tensor  # new tokens this rank stores ...
+    own_slots: torch.Tensor  # ... at these physical slots
+    extends: list[CPExtend]
+    plan: GatherPlan
+    repl_local_rows: torch.Tensor  # local rows of replicated tokens ...
+    repl_global_idx: torch.Tensor  # ... and their global index
+    decode_rows: Optional[torch.Tensor]  # [n1] local rows of the decode (REPLICATED) tokens
+    decode_req_rows: Optional[torch.Tensor]  # [n1] their req_to_token rows
+    decode_slots: Optional[torch.Tensor]  # [n1, max_len] physical slots of the rows stored here (0 = pad)
+    decode_valid: Optional[torch.Tensor]  # [n1, max_len] bool
+    decode_pos: Optional[torch.Tensor]  # [max_len] positions of those columns
+    max_seq_len: int  # longest sequence of the batch (the same on every rank)
+
+
+def _owned_positions(layout: CPLayout, length: int, rank: int) -> torch.Tensor:
+    """Positions < length stored on `rank` (ascending)."""
+    owner = layout.slot_mapping.position_owner(torch.arange(length, dtype=torch.int64))
+    return torch.nonzero(owner == rank).flatten()
+
+
+def _gather_plan(layout: CPLayout, fb: "ForwardBatch", rows: list[int]) -> tuple[GatherPlan, list[int]]:
+    spec = layout.split_spec()
+    table = fb.req_to_token_pool.req_to_token
+    prefix_reqs = [i for i, k in enumerate(layout.kinds) if k == PREFIX]
+    offsets, total = [], 0
+    for i in prefix_reqs:
+        offsets.append(total)
+        total += layout.prefix_lens[i]
+    sizes, new_src, new_dst, prefix_src, prefix_dst = [], [], [], [], []
+    my_slots: list[torch.Tensor] = []
+    cursor = 0
+    for r in range(layout.cp_size):
+        n_new = spec.sizes[r]
+        new_src.append(torch.arange(cursor, cursor + n_new))
+        new_dst.append(spec.global_idx[sum(spec.sizes[:r]) : sum(spec.sizes[: r + 1])])
+        n_pre = 0
+        for i, off in zip(prefix_reqs, offsets):
+            pos = _owned_positions(layout, layout.prefix_lens[i], r)
+            prefix_dst.append(off + pos)
+            n_pre += int(pos.numel())
+            if r == layout.cp_rank and pos.numel():
+                virtual = table[rows[i]].index_select(0, pos.to(table.device)).to(torch.int64)
+                my_slots.append(layout.slot_mapping.local_slot(virtual))
+        prefix_src.append(torch.arange(cursor + n_new, cursor + n_new + n_pre))
+        sizes.append(n_new + n_pre)
+        cursor += n_new + n_pre
+    empty = torch.empty(0, dtype=torch.int64)
+    cat = lambda parts: torch.cat(parts) if parts else empty  # noqa: E731
+    plan = GatherPlan(sizes, spec.local_rows, cat(my_slots), cat(new_src), cat(new_dst), cat(prefix_src),
+                      cat(prefix_dst), total)  # fmt: skip
+    offset_of = {i: off for i, off in zip(prefix_reqs, offsets)}
+    return plan, [offset_of.get(i, 0) for i in range(layout.batch_size)]
+
+
+def build_mla_cp_metadata(fb: "ForwardBatch", layout: CPLayout) -> MLACPMetadata:
+    if layout.slot_mapping is None or layout.group is None:
+        raise ValueError("a CP layout used for attention needs its group and slot mapping")
+    mapping = layout.slot_mapping
+    table = fb.req_to_token_pool.req_to_token
+    dev = table.device
+    owner, local = mapping.to_physical(fb.out_cache_loc.to(torch.int64))
+    if not torch.equal(owner, mapping.position_owner(fb.positions.to(owner.device))):
+        raise RuntimeError("CP: KV slots are not aligned to virtual pages (slot owner != position owner)")
+    own_global_idx = torch.nonzero(owner == layout.cp_rank).flatten()
+    rows = fb.req_pool_indices.tolist()
+    plan, prefix_offsets = _gather_plan(layout, fb, rows)
+    extends, decodes = [], []
+    for i, kind in enumerate(layout.kinds):
+        if kind == REPLICATED:
+            decodes.append(i)
+            continue
+        pre = layout.prefix_lens[i]
+        extends.append(CPExtend(layout.starts[i], layout.ext_lens[i], pre, layout.local_starts[i],
+                                layout.local_counts[i], pre + layout.local_offsets[i], prefix_offsets[i]))  # fmt: skip
+    repl_local_rows = torch.nonzero(layout.holder_rank[layout.local_idx] < 0).flatten()
+    md = MLACPMetadata(
+        own_global_idx, local[own_global_idx], extends, plan, repl_local_rows, layout.local_idx[repl_local_rows],
+        None, None, None, None, None, max(fb.seq_lens_cpu) if fb.seq_lens_cpu else 0,
+    )  # fmt: skip
+    if decodes:
+        seqs = [layout.prefix_lens[i] + 1 for i in decodes]
+        lens = [mapping.local_token_count(s, layout.cp_rank) for s in seqs]
+        max_len = max(lens)
+        pos = _owned_positions(layout, max(seqs), layout.cp_rank)[:max_len].to(dev)
+        req_rows = torch.tensor([rows[i] for i in decodes], dtype=torch.int64, device=dev)
+        valid = torch.arange(max_len, device=dev).unsqueeze(0) < torch.tensor(lens, device=dev).unsqueeze(1)
+        virtual = table.index_select(0, req_rows).index_select(1, pos).to(torch.int64)
+        md.decode_rows = torch.tensor([layout.local_starts[i] for i in decodes], dtype=torch.int64)
+        md.decode_req_rows = req_rows
+        md.decode_slots = mapping.local_slot(virtual).masked_fill(~valid, 0)
+        md.decode_valid = valid
+        md.decode_pos = pos
+    return md
+
+
+def get_mla_cp_metadata(fb: "ForwardBatch", layout: CPLayout) -> MLACPMetadata:
+    md = fb.attn_metadata.get(METADATA_KEY)
+    if md is None:
+        md = fb.attn_metadata[METADATA_KEY] = build_mla_cp_metadata(fb, layout)
+    return md
+
