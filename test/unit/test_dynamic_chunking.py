@@ -357,3 +357,46 @@ def test_uniform_makespan_closed_form_and_event_recurrence_agree():
 
 def test_transfer_model():
     assert TransferModel(0.001, 1e-6).hop(1000) == pytest.approx(0.002)
+
+
+# ------------------------------------------------------------------ prefix-read term, plan following
+def test_prefix_term_is_fitted_when_identifiable_else_zero():
+    true = QuadraticLatencyModel(2e-9, 5e-5, 0.02, 3e-6)
+    rng = random.Random(3)
+    samples = []
+    for _ in range(80):
+        L, x = rng.randrange(0, 100_000, 64), rng.choice((512, 1024, 2048, 4096))
+        samples.append(ChunkSample(L, x, true.chunk_latency(L, x) * rng.uniform(0.99, 1.01)))
+    m = robust_fit_chunks(samples, prefix_term=True)
+    assert m.e == pytest.approx(true.e, rel=0.1) and m.a == pytest.approx(true.a, rel=0.05)
+    assert robust_fit_chunks(samples).e == 0.0  # default: upstream-shaped 3-coefficient fit
+    # no prefix variation: e cannot be told from c, so it stays 0 (no singular-fit error)
+    flat = [ChunkSample(0, x, true.chunk_latency(0, x)) for x in (512, 1024, 2048, 4096, 8192)]
+    assert robust_fit_chunks(flat, prefix_term=True).e == 0.0
+    assert QuadraticLatencyModel.from_dict(true.to_dict()) == true
+    assert true.chunk_latency(1000, 10) == pytest.approx(2e-9 * (20_000 + 100) + 5e-4 + 0.02 + 3e-3)
+
+
+def test_auto_never_predicted_worse_than_uniform_chunks():
+    model = QuadraticLatencyModel(5e-8, 3.3e-4, 0.01, 1e-5)  # fitted on this box's pp = 2 traces
+    planner = AutoChunkPlanner(2048, max_chunk_size=16384, prior=model)
+    for pp in (2, 4):
+        plan = planner.plan_chunks(16384, pp)
+        for size in (512, 1024, 2048, 4096, 8192):
+            uniform = [size] * (16384 // size)
+            assert planner.predict_ttft(plan, pp) <= planner.predict_ttft(uniform, pp) + 1e-12
+
+
+def test_a_prompt_follows_the_plan_made_at_its_first_chunk():
+    planner = AutoChunkPlanner(4096, max_chunk_size=16384, prior=TRUE)
+    plan = planner.plan_chunks(131_072, 4)
+    got, done = [], 0
+    while done < 131_072:
+        x = planner.chunk_budget(131_072, done, 4)
+        assert planner.chunk_budget(131_072, done, 4) == x  # asking twice in a pass: same answer
+        got.append(x)
+        planner.observe(done, x, TRUE.scaled(1.5).chunk_latency(done, x))  # the model moves meanwhile
+        done += x
+    assert got == plan
+    # a prefix that is no boundary of the kept plan (radix hit, chunk cut short) plans afresh
+    assert planner.chunk_budget(131_072, 1000, 4) == planner.plan_chunks(131_072, 4, 1000)[0]

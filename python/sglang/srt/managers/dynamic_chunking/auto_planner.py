@@ -1,13 +1,13 @@
 """`--dynamic-chunking-mode auto`: chunk plans that minimise predicted TTFT, no hand tuning.
 
-The per-stage chunk latency g(L, x) = a·(2Lx + x²) + b·x + c is refitted online from measured
+The per-stage chunk latency g(L, x) = a·(2Lx + x²) + b·x + c + e·L is refitted online from measured
 chunks (relative-error Huber IRLS, exponential forgetting, a prior from start-up profiling as
-regulariser). For a prompt it searches the number of chunks K: each candidate splits the prompt
-into chunks of equal predicted time V/K + c (V = the prompt's variable cost), aligned to
-max(page_size, 64), with no tail below C // 4 (merged into the previous chunk), and keeps the plan
-whose pipeline makespan (pp stages, ring of pp + async-depth slots, p2p hops) is smallest. The
-fixed-C plan (and the all-largest-chunks plan) are always candidates, so auto is never
-predicted worse than fixed chunks.
+regulariser). For a prompt it scores candidate plans by their pipeline makespan (pp stages, ring of
+pp + async-depth slots, p2p hops) and keeps the smallest: equal-time plans (for a time budget T
+from K chunks, each chunk as large as fits T), uniform plans (C, the body floor and its doublings,
+the cap). All are aligned to max(page_size, 64), with no tail below C // 4 (merged into the
+previous chunk). Since every uniform size is a candidate, auto is never predicted worse than any
+fixed chunk of those sizes, C included.
 Deterministic: same observations in the same order → same plans on every rank.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import deque
+from collections import OrderedDict, deque
 from typing import Optional, Sequence
 
 from sglang.srt.managers.dynamic_chunking.latency_model import (
@@ -73,6 +73,9 @@ class AutoChunkPlanner:
         self._prior = self._sanitize(prior) if prior is not None else None
         self._model: Optional[QuadraticLatencyModel] = self._prior
         self._dirty = False
+        # (prompt_len, pp_size, prefix_len) -> chunk size, the steps of plans being followed
+        self._plan_steps: OrderedDict[tuple[int, int, int], int] = OrderedDict()
+        self._max_plan_steps = 4096
 
     # -------------------------------------------------------------- the latency model
     def seed_profile(self, lengths: Sequence[int], latencies: Sequence[float], *, warmup: int = 1) -> bool:
@@ -136,15 +139,15 @@ class AutoChunkPlanner:
                 for x in (max(1, c // 4), max(1, c // 2), c):
                     samples.append(ChunkSample(prefix, x, self._prior.chunk_latency(prefix, x), self.prior_weight))
         try:
-            return self._sanitize(robust_fit_chunks(samples))
+            return self._sanitize(robust_fit_chunks(samples, prefix_term=True))
         except FitError:
             return None
 
     @staticmethod
     def _sanitize(model: QuadraticLatencyModel) -> Optional[QuadraticLatencyModel]:
-        if not (model.a > 0.0) or not all(math.isfinite(v) for v in (model.a, model.b, model.c)):
+        if not (model.a > 0.0) or not all(math.isfinite(v) for v in (model.a, model.b, model.c, model.e)):
             return None
-        return QuadraticLatencyModel(model.a, max(model.b, 0.0), max(model.c, 0.0))
+        return QuadraticLatencyModel(model.a, max(model.b, 0.0), max(model.c, 0.0), max(model.e, 0.0))
 
     # -------------------------------------------------------------- planning
     def predict_ttft(self, chunks: Sequence[int], pp_size: int, prefix_len: int = 0) -> float:
@@ -175,29 +178,56 @@ class AutoChunkPlanner:
         fixed = self._greedy(n, lambda _done: self.chunk_size)
         if model is None:
             return fixed
-        variable = model.chunk_latency(prefix_len, n) - model.c
-        best, best_key = fixed, (self.predict_ttft(fixed, pp_size, prefix_len), len(fixed))
-        largest = self._greedy(n, lambda _done: self.cap)
-        key = (self.predict_ttft(largest, pp_size, prefix_len), len(largest))
-        if key < best_key:
-            best, best_key = largest, key
-        for k in self._candidate_counts(n, pp_size, variable, model.c):
-            work = variable / k
+        candidates = [fixed, self._greedy(n, lambda _done: self.cap)]
+        # Uniform plans (a built-in sweep of fixed sizes, judged by the model): body floor, ×2, …
+        size = self.body_floor
+        while size < self.cap:
+            candidates.append(self._greedy(n, lambda _done, size=size: size))
+            size *= 2
+        # Equal-time plans: every chunk as large as fits a time budget T (greedy: for a given T
+        # this needs the fewest chunks, so the least fixed and prefix-read cost). T from K chunks:
+        # the variable cost over K plus a chunk's fixed cost at the mean prefix.
+        variable = model.chunk_latency(prefix_len, n) - model.c - model.e * prefix_len
+        per_chunk = model.c + model.e * (prefix_len + 0.5 * n)
+        for k in self._candidate_counts(n, pp_size, variable, per_chunk):
+            target = variable / k + per_chunk
 
-            def size(done: int, work: float = work) -> int:
-                x = model.tokens_for_work(done, work)
-                return self.cap if x is None else int(round(x / self.alignment)) * self.alignment
+            def size_for(done: int, target: float = target) -> int:
+                x = model.tokens_for_work(done, target - model.c - model.e * done)
+                return self.body_floor if x is None else int(round(x / self.alignment)) * self.alignment
 
-            plan = self._greedy(n, size, prefix_len)
+            candidates.append(self._greedy(n, size_for, prefix_len))
+        best, best_key = fixed, None
+        for plan in candidates:
             key = (self.predict_ttft(plan, pp_size, prefix_len), len(plan))
-            if key < best_key:
+            if best_key is None or key < best_key:
                 best, best_key = plan, key
         return best
 
     def next_chunk_size(self, prompt_len: int, prefix_len: int, pp_size: int) -> int:
-        """Budget for the next chunk (first element of a fresh plan from `prefix_len`)."""
-        plan = self.plan_chunks(prompt_len, pp_size, prefix_len)
-        return plan[0] if plan else 0
+        """Budget for the next chunk of a prompt.
+
+        A prompt follows the plan made at its first chunk: re-planning the rest at every chunk
+        would treat the pipeline as empty (its earlier chunks are still in flight) and, with the
+        model refitted between chunks, mix pieces of different plans (measured: 10 % slower).
+        A fresh plan is made when `prefix_len` is not a boundary of a kept plan (a radix hit, or
+        the adder cut a chunk short). Same calls in the same order → same plans on every rank.
+        """
+        key = (prompt_len, pp_size, prefix_len)
+        size = self._plan_steps.get(key)  # get, not pop: asking twice in a pass gives the same size
+        if size is None:
+            plan = self.plan_chunks(prompt_len, pp_size, prefix_len)
+            if not plan:
+                return 0
+            done = prefix_len
+            for x in plan:
+                self._plan_steps[(prompt_len, pp_size, done)] = x
+                self._plan_steps.move_to_end((prompt_len, pp_size, done))
+                done += x
+            while len(self._plan_steps) > self._max_plan_steps:
+                self._plan_steps.popitem(last=False)  # oldest first: plans of finished prompts
+            size = self._plan_steps[key]
+        return size
 
     def chunk_budget(self, prompt_len: int, prefix_len: int, pp_size: int) -> int:
         """Mode-independent entry point (same signature as `ChunkSizePredictor.chunk_budget`)."""

@@ -2,7 +2,11 @@
 
 f(l) = a·l² + b·l + c is the latency of one prefill of l tokens (c: fixed per-forward cost).
 A chunk of x tokens over a cached prefix of L tokens costs
-    g(L, x) = f(L + x) − f(L) + c = a·(2Lx + x²) + b·x + c.
+    g(L, x) = f(L + x) − f(L) + c + e·L = a·(2Lx + x²) + b·x + c + e·L,
+where e·L is the part of a chunk's cost that grows with the cached prefix but not with the chunk:
+reading the prefix K/V once per forward (memory-bound; it dominates small chunks over long
+prefixes). The start-up profile has no prefix, so it cannot see e (e = 0 there); the online fit
+of auto mode learns it from chunks over growing prefixes.
 
 All arithmetic is plain Python floats in a fixed order (IEEE-754 +, −, ×, ÷, √ are correctly
 rounded), so every rank that fits the same numbers gets bit-identical coefficients, whatever
@@ -22,20 +26,22 @@ class FitError(ValueError):
 
 @dataclass(frozen=True)
 class QuadraticLatencyModel:
-    """f(l) = a·l² + b·l + c; units of the latencies you fitted (seconds or ms)."""
+    """f(l) = a·l² + b·l + c, plus e per cached prefix token per chunk; units of the latencies
+    you fitted (seconds or ms)."""
 
     a: float
     b: float
     c: float = 0.0
+    e: float = 0.0
 
     def cumulative(self, length: float) -> float:
         """f(l): latency of a single prefill of `length` tokens."""
         return (self.a * length + self.b) * length + self.c
 
     def chunk_latency(self, prefix_len: float, chunk_len: float) -> float:
-        """g(L, x) = a·(2Lx + x²) + b·x + c: one chunk of x tokens over a prefix of L."""
+        """g(L, x) = a·(2Lx + x²) + b·x + c + e·L: one chunk of x tokens over a prefix of L."""
         x = float(chunk_len)
-        return self.a * (2.0 * prefix_len * x + x * x) + self.b * x + self.c
+        return self.a * (2.0 * prefix_len * x + x * x) + self.b * x + self.c + self.e * prefix_len
 
     def tokens_for_work(self, prefix_len: float, work: float) -> Optional[float]:
         """The x > 0 with a·x² + (2aL + b)·x = work (variable cost only); None if none exists."""
@@ -54,14 +60,14 @@ class QuadraticLatencyModel:
 
     def scaled(self, factor: float) -> "QuadraticLatencyModel":
         """Same shape, all latencies × factor (e.g. another GPU, or a stage of 1/pp layers)."""
-        return QuadraticLatencyModel(self.a * factor, self.b * factor, self.c * factor)
+        return QuadraticLatencyModel(self.a * factor, self.b * factor, self.c * factor, self.e * factor)
 
     def to_dict(self) -> dict:
-        return {"a": self.a, "b": self.b, "c": self.c}
+        return {"a": self.a, "b": self.b, "c": self.c, "e": self.e}
 
     @classmethod
     def from_dict(cls, data: dict) -> "QuadraticLatencyModel":
-        return cls(float(data["a"]), float(data["b"]), float(data.get("c", 0.0)))
+        return cls(float(data["a"]), float(data["b"]), float(data.get("c", 0.0)), float(data.get("e", 0.0)))
 
 
 # ------------------------------------------------------------------ weighted least squares
@@ -126,13 +132,14 @@ class ChunkSample:
     weight: float = 1.0
 
 
-def chunk_features(prefix_len: float, chunk_len: float) -> tuple[float, float, float]:
+def chunk_features(prefix_len: float, chunk_len: float, prefix_term: bool = False) -> tuple[float, ...]:
     x = float(chunk_len)
-    return (2.0 * prefix_len * x + x * x, x, 1.0)
+    base = (2.0 * prefix_len * x + x * x, x, 1.0)
+    return base + (float(prefix_len),) if prefix_term else base
 
 
 def robust_fit_chunks(
-    samples: Sequence[ChunkSample], iterations: int = 6, huber_k: float = 1.345
+    samples: Sequence[ChunkSample], iterations: int = 6, huber_k: float = 1.345, prefix_term: bool = False
 ) -> QuadraticLatencyModel:
     """Fit g(L, x) to chunk samples minimising *relative* error, with Huber IRLS against outliers.
 
@@ -141,16 +148,31 @@ def robust_fit_chunks(
     sample-weighted median |r/ŷ| (floor 1 %). So one slow chunk (a GC pause, a co-scheduled
     decode) cannot drag the fit, and forgotten (down-weighted) samples do not set the scale.
     Deterministic: a fixed number of passes, no randomness.
+
+    prefix_term: also fit e (cost per cached prefix token per chunk). Needs samples that vary the
+    prefix and the chunk independently; when they do not (singular), e is left at 0.
     """
+    if prefix_term:
+        try:
+            return _robust_fit(samples, iterations, huber_k, True)
+        except FitError:
+            pass
+    return _robust_fit(samples, iterations, huber_k, False)
+
+
+def _robust_fit(
+    samples: Sequence[ChunkSample], iterations: int, huber_k: float, prefix_term: bool
+) -> QuadraticLatencyModel:
     pts = [s for s in samples if s.latency > 0.0 and s.weight > 0.0 and s.chunk_len > 0]
-    if len(pts) < 3:
-        raise FitError("need at least 3 chunk samples with positive latency")
-    rows = [chunk_features(s.prefix_len, s.chunk_len) for s in pts]
+    if len(pts) < 3 + prefix_term:
+        raise FitError("need at least 3 chunk samples with positive latency (4 with the prefix term)")
+    rows = [chunk_features(s.prefix_len, s.chunk_len, prefix_term) for s in pts]
+    k = len(rows[0])
     ys = [s.latency for s in pts]
     sw = [s.weight for s in pts]
     theta = weighted_least_squares(rows, ys, [w / (y * y) for w, y in zip(sw, ys)])
     for _ in range(iterations):
-        pred = [max(sum(r[j] * theta[j] for j in range(3)), 0.1 * y) for r, y in zip(rows, ys)]
+        pred = [max(sum(r[j] * theta[j] for j in range(k)), 0.1 * y) for r, y in zip(rows, ys)]
         rel = [(p - y) / p for p, y in zip(pred, ys)]
         scale = max(1.4826 * _weighted_median([abs(v) for v in rel], sw), 0.01)
         cut = huber_k * scale
