@@ -70,8 +70,10 @@ def _workload(h: CPForwardHarness, model: AttnOnly, vps_multiple: int) -> dict:
     # step 4: decodes only
     outs.append(h.forward(model, [(r, [(11 + i) % VOCAB]) for i, r in enumerate(reqs + [hit])]))
     # step 5: a lone 2-token prompt: at cp 4 two ranks hold no token of the batch at all
-    outs.append(h.forward(model, [(h.new_request(), [5, 6])]))
-    stored_tokens = len(set(h.req_to_token_pool.req_to_token[[r.row for r in reqs + [hit]]].flatten().tolist()) - {0})
+    lone = h.new_request()
+    outs.append(h.forward(model, [(lone, [5, 6])]))
+    rows = [r.row for r in reqs + [hit, lone]]
+    stored_tokens = len(set(h.req_to_token_pool.req_to_token[rows].flatten().tolist()) - {0})
     return {"outs": outs, "rows": h.stored_rows(), "virtual_tokens": stored_tokens}
 
 
