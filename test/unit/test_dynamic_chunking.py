@@ -400,3 +400,28 @@ def test_a_prompt_follows_the_plan_made_at_its_first_chunk():
     assert got == plan
     # a prefix that is no boundary of the kept plan (radix hit, chunk cut short) plans afresh
     assert planner.chunk_budget(131_072, 1000, 4) == planner.plan_chunks(131_072, 4, 1000)[0]
+
+
+def test_auto_aligns_to_the_platform_attention_tile():
+    from sglang.srt.platforms import get_platform
+
+    assert get_platform("cpu").prefill_chunk_alignment == 512
+    args = SimpleNamespace(
+        enable_dynamic_chunking=False, dynamic_chunking_mode="auto", pp_size=2, chunked_prefill_size=4096,
+        page_size=16, max_prefill_tokens=16384, pp_async_batch_depth=0, device="cpu",
+    )  # fmt: skip
+    planner = build_chunk_policy(args)
+    assert planner.alignment == 512 and planner.body_floor == 1024  # 768 rounded up to the tile
+    planner.set_prior(TRUE)
+    plan = planner.plan_chunks(100_000, 4)
+    assert sum(plan) == 100_000 and all(x % 512 == 0 for x in plan[:-1])
+    assert AutoChunkPlanner(4096, page_size=1024, min_alignment=512).alignment == 1024  # lcm with the page
+
+
+def test_small_chunk_size_keeps_small_chunks_on_cpu():
+    args = SimpleNamespace(
+        enable_dynamic_chunking=False, dynamic_chunking_mode="auto", pp_size=2, chunked_prefill_size=256,
+        page_size=1, max_prefill_tokens=16384, pp_async_batch_depth=0, device="cpu",
+    )  # fmt: skip
+    planner = build_chunk_policy(args)
+    assert planner.alignment == 64 and planner.body_floor == 64

@@ -71,6 +71,15 @@ SGLANG_DYNAMIC_CHUNKING_PROFILE_POINTS: EnvVar[int] = EnvVar(
 )
 
 
+# ---------------------------------------------------------------- kernels
+SGLANG_CPU_PREPACK_LINEAR: EnvVar[bool] = EnvVar(
+    "SGLANG_CPU_PREPACK_LINEAR",
+    True,
+    parse_bool,
+    "Pack bf16 linear weights once for oneDNN on CPU (layers/linear_prepack.py); 0 disables.",
+)
+
+
 # ---------------------------------------------------------------- pipeline parallelism
 def parse_int_list(text: str) -> list[int]:
     """'15,15,15,16' → [15, 15, 15, 16] (spaces allowed); ValueError on anything else."""

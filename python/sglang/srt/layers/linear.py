@@ -16,10 +16,10 @@ from __future__ import annotations
 from typing import Optional, Sequence, Union
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from sglang.srt.distributed.parallel_state import GroupCoordinator
+from sglang.srt.layers.linear_prepack import linear
 
 ShardId = Union[int, str, None]
 
@@ -74,12 +74,13 @@ class LinearBase(nn.Module):
             self.bias: Optional[nn.Parameter] = _new_param((out_local,), params_dtype, self.weight_loader)
         else:
             self.register_parameter("bias", None)
+        self.packed_weight = None  # set once after loading where the platform packs weights
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: ShardId = None) -> None:
         raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias, self.packed_weight)
 
     def extra_repr(self) -> str:
         return f"in={self.weight.shape[1]}, out={self.weight.shape[0]}, bias={self.bias is not None}, tp={self.tp_size}"
@@ -127,7 +128,7 @@ class ColumnParallelLinear(LinearBase):
         _copy_checked(param.data, loaded_weight.narrow(0, self.tp_rank * n, n), "column-parallel")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = F.linear(x, self.weight, self.bias)
+        out = linear(x, self.weight, self.bias, self.packed_weight)
         if self.gather_output and self.tp_size > 1:
             out = self.tp.all_gather(out, dim=-1)
         return out
@@ -259,8 +260,8 @@ class RowParallelLinear(LinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return F.linear(x, self.weight, self.bias)
-        out = F.linear(x, self.weight)
+            return linear(x, self.weight, self.bias, self.packed_weight)
+        out = linear(x, self.weight, None, self.packed_weight)
         if self.reduce_results:
             out = self.tp.all_reduce(out)
         if self.bias is not None:

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sglang.srt.layers.linear_prepack import linear
 from sglang.srt.distributed.parallel_state import GroupCoordinator
 
 
@@ -90,6 +91,7 @@ class ParallelLMHead(VocabParallelEmbedding):
             self.bias.weight_loader = self._bias_loader  # type: ignore[attr-defined]
         else:
             self.register_parameter("bias", None)
+        self.packed_weight = None  # set once after loading where the platform packs weights
 
     def _bias_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id=None) -> None:
         start = min(self.vocab_start_index, self.num_embeddings)
@@ -109,7 +111,7 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """[n, hidden] -> [n, vocab] logits in the weight dtype (gathered over tp ranks)."""
-        logits = F.linear(hidden_states, self.weight, self.bias)
+        logits = linear(hidden_states, self.weight, self.bias, self.packed_weight)
         if self.tp_size > 1:
             logits = self.tp.all_gather(logits, dim=-1)
         if logits.shape[-1] != self.num_embeddings:

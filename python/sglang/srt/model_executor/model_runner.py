@@ -34,6 +34,8 @@ from sglang.srt.mem_cache.kv_pool import MHATokenToKVPool
 from sglang.srt.mem_cache.req_to_token import ReqToTokenPool
 from sglang.srt.model_executor.forward_batch import ForwardBatch, ForwardMode, PPProxyTensors
 from sglang.srt.model_executor.memory_budget import KVPoolPlan, plan_kv_pool
+from sglang.srt.layers.linear_prepack import prepack_linear_weights
+from sglang.srt.platforms import get_platform
 from sglang.srt.model_loader.loader import load_model_weights
 from sglang.srt.models.registry import ModelRegistry
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
@@ -79,6 +81,7 @@ class ModelRunner:
         )
         self.model.eval()
         weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        weight_bytes += prepack_linear_weights(self.model, get_platform(server_args.device))
         # Pipeline stage: this rank's layers [start_layer, end_layer); KV is stored for those only.
         self.is_first_stage, self.is_last_stage = groups.pp.is_first, groups.pp.is_last
         self.start_layer = int(getattr(self.model, "start_layer", 0))

@@ -51,6 +51,11 @@ class Platform:
     name: str = "base"
     device_type: str = "cpu"
     dist_backend: str = "gloo"
+    # Auto dynamic chunking keeps chunk sizes (and so prefixes) multiples of this: the tile of
+    # the platform's prefill attention kernel, so no chunk ends in a part-filled tile.
+    prefill_chunk_alignment: int = 64
+    # ... and never plans a chunk (but the last) below this: the kernel's smallest efficient query block.
+    prefill_min_chunk: int = 1
 
     @classmethod
     def is_available(cls) -> bool:
@@ -88,6 +93,11 @@ class Platform:
 
     def new_event(self, enable_timing: bool = False) -> Any:
         raise NotImplementedError
+
+    def prepacked_linear(self, dtype: torch.dtype, device: torch.device) -> Optional[tuple[Any, Any]]:
+        """(pack(weight) -> packed, kernel(x2d, packed, bias) -> y) for a packed-weight linear
+        of this dtype, or None (plain F.linear). See layers/linear_prepack.py."""
+        return None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(device_type={self.device_type!r}, dist_backend={self.dist_backend!r})"

@@ -37,6 +37,8 @@ class AutoChunkPlanner:
     chunk_size: C (tails never below C // 4). max_chunk_size: largest chunk (default C; the
     engine passes max(C, --max-prefill-tokens)). forgetting: weight λ per newer observation.
     transfer / async_depth: p2p hop cost and pp_async_batch_depth for the ring model.
+    min_alignment: chunk sizes are also multiples of this (the platform's attention tile).
+    min_chunk: no chunk but the last is smaller (the platform's smallest efficient chunk).
     """
 
     def __init__(
@@ -52,16 +54,20 @@ class AutoChunkPlanner:
         prior_weight: float = 0.25,
         transfer: TransferModel = TransferModel(),
         async_depth: int = 0,
+        min_alignment: int = 1,
+        min_chunk: int = 1,
     ) -> None:
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
         if not 0.0 < forgetting <= 1.0:
             raise ValueError(f"forgetting must be in (0, 1], got {forgetting}")
         self.chunk_size = int(chunk_size)
-        self.alignment = chunk_alignment(page_size)
+        # Chunk sizes (and so the prefixes after them) are multiples of the page / 64 and of the
+        # platform's attention tile (`Platform.prefill_chunk_alignment`; 512 on CPU).
+        self.alignment = math.lcm(chunk_alignment(page_size), max(1, int(min_alignment)))
         a_ = self.alignment
         self.tail_floor = max(1, self.chunk_size // 4)
-        self.body_floor = max(a_, -(-self.tail_floor // a_) * a_)
+        self.body_floor = max(a_, -(-max(self.tail_floor, int(min_chunk)) // a_) * a_)
         cap = self.chunk_size if max_chunk_size is None else int(max_chunk_size)
         self.cap = max(cap // a_ * a_, 2 * self.body_floor)
         self.forgetting = float(forgetting)

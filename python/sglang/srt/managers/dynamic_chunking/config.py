@@ -65,4 +65,21 @@ def build_chunk_policy(server_args: Any, context_len: Optional[int] = None) -> O
         max_chunk_size=max(c, int(server_args.max_prefill_tokens)),
         transfer=TransferModel(),
         async_depth=int(getattr(server_args, "pp_async_batch_depth", 0)),
+        **_platform_tiles(server_args, c),
     )
+
+
+def _platform_tiles(server_args: Any, chunk_size: int) -> dict:
+    """The platform's attention-tile alignment and smallest efficient chunk for auto mode; not
+    applied when C itself is below twice them (a deliberately small C keeps small chunks)."""
+    plat = _platform(server_args)
+    if chunk_size < 2 * max(plat.prefill_chunk_alignment, plat.prefill_min_chunk):
+        return {}
+    return {"min_alignment": plat.prefill_chunk_alignment, "min_chunk": plat.prefill_min_chunk}
+
+
+def _platform(server_args: Any):
+    from sglang.srt.platforms import current_platform, get_platform
+
+    device = getattr(server_args, "device", None)
+    return get_platform(device) if device else current_platform()
