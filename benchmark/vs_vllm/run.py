@@ -73,19 +73,22 @@ def shape(args: argparse.Namespace, workload: str) -> dict:
 
 
 def bench_serving(args: argparse.Namespace, url: str, workload: str, out_file: str) -> dict:
-    """Run bench_serving `repeats` times; per-run records and the median of the key metrics."""
+    """Run bench_serving `repeats` times; per-run records and the median of the key metrics.
+
+    Run r sends new random prompts (seed 1 + r): no run hits the prefix cache of an earlier one,
+    so TTFT is a real prefill in both engines (as peers.md measured vLLM)."""
     s = shape(args, workload)
     cmd = [
         sys.executable, "-m", "sglang.bench_serving", "--backend", "openai", "--base-url", url,
         "--tokenizer", args.hf_dir, "--dataset-name", "random", "--num-prompts", str(s["num"]),
         "--random-input-len", str(s["inp"]), "--random-output-len", str(s["out"]), "--random-range-ratio", "1.0",
-        "--max-concurrency", str(s["conc"]), "--seed", "1", "--output-file", out_file, "--disable-tqdm",
+        "--max-concurrency", str(s["conc"]), "--output-file", out_file, "--disable-tqdm",
     ]  # fmt: skip
     runs = []
-    for _ in range(args.repeats):
+    for r in range(args.repeats):
         if os.path.exists(out_file):
             os.remove(out_file)
-        servers.run(cmd)
+        servers.run(cmd + ["--seed", str(1 + r)])
         with open(out_file) as f:
             runs.append(json.loads(f.readline()))
     median = {k: statistics.median(r[k] for r in runs) for k in MEDIAN_KEYS}
