@@ -54,3 +54,13 @@ def test_float32_and_opt_out_keep_plain_weights(monkeypatch):
     assert prepack_linear_weights(m, CPU) == 0 and m["down"].packed_weight is None
     x = torch.randn(3, 64)
     torch.testing.assert_close(linear(x, m["up"].weight.float(), None, None), F.linear(x, m["up"].weight.float()))
+
+
+def test_cpu_process_tuning_runs_and_can_be_disabled(monkeypatch):
+    # mallopt is process-wide and harmless to repeat; this checks it is callable and gated.
+    CPU.configure_process()
+    monkeypatch.setenv("SGLANG_CPU_MALLOC_TUNE", "no")
+    CPU.configure_process()
+    monkeypatch.setenv("SGLANG_CPU_MALLOC_TUNE", "maybe")
+    with pytest.raises(ValueError, match="SGLANG_CPU_MALLOC_TUNE"):
+        CPU.configure_process()

@@ -80,6 +80,15 @@ SGLANG_CPU_PREPACK_LINEAR: EnvVar[bool] = EnvVar(
 )
 
 
+SGLANG_CPU_MALLOC_TUNE: EnvVar[bool] = EnvVar(
+    "SGLANG_CPU_MALLOC_TUNE",
+    True,
+    parse_bool,
+    "On CPU, keep freed activation memory in the model process (glibc mallopt: mmap threshold "
+    "32 MiB, no trimming) instead of re-faulting fresh pages every forward; 0 disables.",
+)
+
+
 # ---------------------------------------------------------------- pipeline parallelism
 def parse_int_list(text: str) -> list[int]:
     """'15,15,15,16' → [15, 15, 15, 16] (spaces allowed); ValueError on anything else."""

@@ -60,6 +60,7 @@ class ModelRunner:
         self.device = torch.device(server_args.device)
         torch.set_num_threads(server_args.num_threads or max(1, os.cpu_count() or 1))
         torch.manual_seed(server_args.random_seed)
+        get_platform(server_args.device).configure_process()
 
         self.model_config = ModelConfig(
             server_args.model_path,

@@ -94,6 +94,9 @@ class Platform:
     def new_event(self, enable_timing: bool = False) -> Any:
         raise NotImplementedError
 
+    def configure_process(self) -> None:
+        """Process-wide tuning for a process that runs a model (called once by ModelRunner)."""
+
     def prepacked_linear(self, dtype: torch.dtype, device: torch.device) -> Optional[tuple[Any, Any]]:
         """(pack(weight) -> packed, kernel(x2d, packed, bias) -> y) for a packed-weight linear
         of this dtype, or None (plain F.linear). See layers/linear_prepack.py."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 from typing import Any, ContextManager, Optional
 
@@ -47,6 +48,28 @@ class CpuPlatform(Platform):
 
     def device_count(self) -> int:
         return 1
+
+    def configure_process(self) -> None:
+        """Keep freed activation memory in the process (glibc malloc).
+
+        By default glibc serves blocks above a (dynamic) threshold with fresh mmaps and returns
+        freed heap tops to the OS, so every forward's multi-MB activations are new pages that
+        fault in again. Measured here: 4096-token MLP blocks 216 -> 157 ms, a 16 x 256 prefill
+        1.59 -> 1.11 s. Costs: the resident size stays at its peak. SGLANG_CPU_MALLOC_TUNE=0
+        turns it off; no-op where libc is not glibc.
+        """
+        from sglang.srt import envs
+
+        if not envs.SGLANG_CPU_MALLOC_TUNE.get():
+            return
+        try:
+            libc = ctypes.CDLL("libc.so.6")
+            mallopt = libc.mallopt
+        except (OSError, AttributeError):
+            return
+        m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
+        mallopt(m_mmap_threshold, 32 * 2**20)  # glibc's largest allowed mmap threshold (64-bit)
+        mallopt(m_trim_threshold, 2**31 - 1)
 
     def prepacked_linear(self, dtype: torch.dtype, device: torch.device):
         """oneDNN's packed bf16 linear, where this torch build and CPU support it."""
