@@ -23,6 +23,7 @@ from sglang.srt.model_executor.forward_batch import PPProxyTensors
 from sglang.srt.models.registry import ModelRegistry
 from sglang.test.cp_forward_helpers import CPForwardHarness
 from sglang.test.tiny_models import TINY_LLAMA_DIR, TINY_QWEN3_DIR, write_random_checkpoint
+from sglang.test.greedy_loop import chunked_greedy
 
 TOL = 1e-4
 PROMPT_LENS = (7, 19, 30)
@@ -59,27 +60,7 @@ def generate(path: str, groups: ParallelGroups, strategy: str) -> dict:
     gen = torch.Generator().manual_seed(5)
     prompts = [torch.randint(3, hf_config.vocab_size, (n,), generator=gen).tolist() for n in PROMPT_LENS]
     reqs = [h.new_request() for _ in prompts]
-    fed = [0] * len(prompts)
-    outputs: list[list[int]] = [[] for _ in prompts]
-    step_logits: list[torch.Tensor] = []
-    while any(len(o) < NEW_TOKENS for o in outputs):
-        items, owners = [], []
-        for i, (req, prompt) in enumerate(zip(reqs, prompts)):
-            if fed[i] < len(prompt):
-                items.append((req, prompt[fed[i] : fed[i] + CHUNK]))
-            elif len(outputs[i]) < NEW_TOKENS:
-                items.append((req, [outputs[i][-1]]))
-            else:
-                continue
-            owners.append(i)
-        logits = step(items)
-        step_logits.append(logits.clone())
-        for row, i in enumerate(owners):
-            if fed[i] < len(prompts[i]):
-                fed[i] += len(items[row][1])
-                if fed[i] < len(prompts[i]):
-                    continue
-            outputs[i].append(int(logits[row].argmax()))
+    outputs, step_logits = chunked_greedy(step, reqs, prompts, NEW_TOKENS, CHUNK)
     # radix hit: reuse the long prompt's first SHARED tokens, prefill the rest in one go
     hit = h.new_request(share_prefix_of=reqs[2], prefix_len=SHARED)
     hit_prompt = prompts[2][SHARED:] + prompts[0]

@@ -25,6 +25,7 @@ from sglang.srt.models.registry import ModelRegistry
 from sglang.test.forward_helpers import ForwardHarness
 from sglang.test.tiny_models import ASSETS_DIR
 from sglang.test.tiny_moe_models import deepseek_v32_config, qwen3_moe_config, save_random_model
+from sglang.test.greedy_loop import chunked_greedy
 
 TOL = 1e-4
 PROMPT_LENS = (7, 19, 30)
@@ -48,25 +49,11 @@ def generate(path: str, groups: ParallelGroups, weights: str = "ckpt", new_token
     gen = torch.Generator().manual_seed(5)
     prompts = [torch.randint(3, hf_config.vocab_size, (n,), generator=gen).tolist() for n in PROMPT_LENS]
     reqs = [h.new_request() for _ in prompts]
-    fed, outputs, step_logits = [0] * 3, [[] for _ in prompts], []
-    while any(len(o) < new_tokens for o in outputs):
-        items, owners = [], []
-        for i, (req, prompt) in enumerate(zip(reqs, prompts)):
-            if fed[i] < len(prompt):
-                items.append((req, prompt[fed[i] : fed[i] + CHUNK]))
-            elif len(outputs[i]) < new_tokens:
-                items.append((req, [outputs[i][-1]]))
-            else:
-                continue
-            owners.append(i)
-        logits = h.forward(model, items).next_token_logits
-        step_logits.append(logits.clone())
-        for row, i in enumerate(owners):
-            if fed[i] < len(prompts[i]):
-                fed[i] += len(items[row][1])
-                if fed[i] < len(prompts[i]):
-                    continue
-            outputs[i].append(int(logits[row].argmax()))
+
+    def _step(items):
+        return h.forward(model, items).next_token_logits
+
+    outputs, step_logits = chunked_greedy(_step, reqs, prompts, new_tokens, CHUNK)
     return {"tokens": outputs, "logits": step_logits}
 
 

@@ -22,6 +22,7 @@ from sglang.srt.model_loader.safetensors_loader import iter_safetensors_weights
 from sglang.srt.models.registry import ModelRegistry
 from sglang.test.forward_helpers import ForwardHarness
 from sglang.test.tiny_models import TINY_LLAMA_DIR, TINY_QWEN3_DIR, write_random_checkpoint
+from sglang.test.greedy_loop import chunked_greedy
 
 TOL = 1e-4
 PROMPT_LENS = (7, 19, 30)
@@ -51,27 +52,11 @@ def generate(path: str, groups: ParallelGroups, weights: str = "ckpt", new_token
     harness = ForwardHarness(hf_config, torch.float32, max_total_tokens=512, max_context_len=128, tp_size=groups.tp.size)
     prompts = _prompts(hf_config.vocab_size)
     reqs = [harness.new_request() for _ in prompts]
-    fed = [0] * len(prompts)  # prompt tokens already fed
-    outputs: list[list[int]] = [[] for _ in prompts]
-    step_logits: list[torch.Tensor] = []
-    while any(len(o) < new_tokens for o in outputs):
-        items, owners = [], []
-        for i, (req, prompt) in enumerate(zip(reqs, prompts)):
-            if fed[i] < len(prompt):
-                items.append((req, prompt[fed[i] : fed[i] + CHUNK]))
-            elif len(outputs[i]) < new_tokens:
-                items.append((req, [outputs[i][-1]]))
-            else:
-                continue
-            owners.append(i)
-        logits = harness.forward(model, items).next_token_logits
-        step_logits.append(logits.clone())
-        for row, i in enumerate(owners):
-            if fed[i] < len(prompts[i]):
-                fed[i] += len(items[row][1])
-                if fed[i] < len(prompts[i]):
-                    continue  # mid-prompt chunk: its logits are compared but nothing is sampled
-            outputs[i].append(int(logits[row].argmax()))
+
+    def _step(items):
+        return harness.forward(model, items).next_token_logits
+
+    outputs, step_logits = chunked_greedy(_step, reqs, prompts, new_tokens, CHUNK)
     return {"tokens": outputs, "logits": step_logits}
 
 

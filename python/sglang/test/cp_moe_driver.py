@@ -29,6 +29,7 @@ from sglang.srt.model_executor.forward_batch import PPProxyTensors
 from sglang.srt.model_loader.safetensors_loader import iter_safetensors_weights
 from sglang.srt.models.registry import ModelRegistry
 from sglang.test.cp_forward_helpers import CPForwardHarness
+from sglang.test.greedy_loop import chunked_greedy
 
 PROMPT_LENS = (7, 19, 30)
 CHUNK = 12
@@ -89,27 +90,7 @@ def generate(path: str, groups: ParallelGroups, strategy: str = "zigzag", new_to
     gen = torch.Generator().manual_seed(5)
     prompts = [torch.randint(3, hf_config.vocab_size, (n,), generator=gen).tolist() for n in PROMPT_LENS]
     reqs = [h.new_request() for _ in prompts]
-    fed = [0] * len(prompts)
-    outputs: list[list[int]] = [[] for _ in prompts]
-    step_logits: list[torch.Tensor] = []
-    while any(len(o) < new_tokens for o in outputs):
-        items, owners = [], []
-        for i, (req, prompt) in enumerate(zip(reqs, prompts)):
-            if fed[i] < len(prompt):
-                items.append((req, prompt[fed[i] : fed[i] + CHUNK]))
-            elif len(outputs[i]) < new_tokens:
-                items.append((req, [outputs[i][-1]]))
-            else:
-                continue
-            owners.append(i)
-        logits = step(items)
-        step_logits.append(logits.clone())
-        for row, i in enumerate(owners):
-            if fed[i] < len(prompts[i]):
-                fed[i] += len(items[row][1])
-                if fed[i] < len(prompts[i]):
-                    continue
-            outputs[i].append(int(logits[row].argmax()))
+    outputs, step_logits = chunked_greedy(step, reqs, prompts, new_tokens, CHUNK)
     hit = h.new_request(share_prefix_of=reqs[2], prefix_len=SHARED)
     fresh = h.new_request()
     fresh_prompt = torch.randint(3, hf_config.vocab_size, (FRESH_LEN,), generator=gen).tolist()
