@@ -19,9 +19,8 @@ from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.distributed.parallel_layout import ParallelLayout
 from sglang.srt.distributed.parallel_state import ParallelGroups
 from sglang.srt.model_loader.safetensors_loader import iter_safetensors_weights
-from sglang.srt.model_executor.forward_batch import PPProxyTensors
 from sglang.srt.models.registry import ModelRegistry
-from sglang.test.cp_forward_helpers import CPForwardHarness
+from sglang.test.cp_forward_helpers import CPForwardHarness, pp_stepper
 from sglang.test.tiny_models import TINY_LLAMA_DIR, TINY_QWEN3_DIR, write_random_checkpoint
 from sglang.test.greedy_loop import chunked_greedy
 
@@ -41,22 +40,8 @@ def generate(path: str, groups: ParallelGroups, strategy: str) -> dict:
     h = CPForwardHarness(hf_config, groups.attn_cp, strategy, max_total_tokens=1024)
     proxy_rows: list[tuple[int, int]] = []  # (rows sent to the next stage, tokens in the batch)
 
-    def step(items, all_logits: bool = False) -> torch.Tensor:
-        fb = h.build_batch(items, return_all_logits=all_logits)
-        pp = groups.pp
-        if pp.size == 1:
-            out = h.run(model, fb)
-            return out.full_logits if all_logits else out.next_token_logits
-        if not pp.is_last:  # stage 0: send this rank's token shard, get the logits back
-            out = h.run(model, fb)
-            proxy_rows.append((out["hidden_states"].shape[0], fb.num_tokens))
-            pp.send_tensor_dict(out.tensors, dst=pp.next_rank)
-            return pp.recv_tensor_dict(src=pp.size - 1)["logits"]
-        fb.pp_proxy_tensors = PPProxyTensors(pp.recv_tensor_dict(src=pp.prev_rank))
-        out = h.run(model, fb)
-        logits = out.full_logits if all_logits else out.next_token_logits
-        pp.send_tensor_dict({"logits": logits.contiguous()}, dst=0)
-        return logits
+    step = pp_stepper(h, model, groups, proxy_rows)
+
     gen = torch.Generator().manual_seed(5)
     prompts = [torch.randint(3, hf_config.vocab_size, (n,), generator=gen).tolist() for n in PROMPT_LENS]
     reqs = [h.new_request() for _ in prompts]

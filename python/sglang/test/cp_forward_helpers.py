@@ -24,7 +24,7 @@ from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.cp_slots import CPSlotMapping
 from sglang.srt.mem_cache.kv_pool import MHATokenToKVPool
 from sglang.srt.mem_cache.req_to_token import ReqToTokenPool
-from sglang.srt.model_executor.forward_batch import ForwardBatch, ForwardMode
+from sglang.srt.model_executor.forward_batch import ForwardBatch, ForwardMode, PPProxyTensors
 from sglang.test.forward_helpers import ReqHandle
 
 
@@ -125,3 +125,27 @@ class CPForwardHarness:
         """Rows of this rank's pool holding KV (non-zero keys): what this rank stores."""
         keys = self.token_to_kv_pool.get_key_buffer(layer_id)
         return int((keys.reshape(keys.shape[0], -1).abs().sum(dim=1) != 0).sum())
+
+
+def pp_stepper(h: "CPForwardHarness", model: torch.nn.Module, groups, proxy_rows: list):
+    """step(items, all_logits=False) -> logits on every rank: runs this rank's shard and, with pp,
+    passes proxy tensors down the stages and the logits back to stage 0; proxy_rows gets
+    (rows sent to the next stage, tokens in the batch) per step on stage 0."""
+    def step(items, all_logits: bool = False) -> torch.Tensor:
+        fb = h.build_batch(items, return_all_logits=all_logits)
+        pp = groups.pp
+        if pp.size == 1:
+            out = h.run(model, fb)
+            return out.full_logits if all_logits else out.next_token_logits
+        if not pp.is_last:  # stage 0: send this rank's token shard, get the logits back
+            out = h.run(model, fb)
+            proxy_rows.append((out["hidden_states"].shape[0], fb.num_tokens))
+            pp.send_tensor_dict(out.tensors, dst=pp.next_rank)
+            return pp.recv_tensor_dict(src=pp.size - 1)["logits"]
+        fb.pp_proxy_tensors = PPProxyTensors(pp.recv_tensor_dict(src=pp.prev_rank))
+        out = h.run(model, fb)
+        logits = out.full_logits if all_logits else out.next_token_logits
+        pp.send_tensor_dict({"logits": logits.contiguous()}, dst=0)
+        return logits
+
+    return step

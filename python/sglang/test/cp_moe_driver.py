@@ -25,10 +25,9 @@ import torch
 
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.distributed.parallel_state import ParallelGroups
-from sglang.srt.model_executor.forward_batch import PPProxyTensors
 from sglang.srt.model_loader.safetensors_loader import iter_safetensors_weights
 from sglang.srt.models.registry import ModelRegistry
-from sglang.test.cp_forward_helpers import CPForwardHarness
+from sglang.test.cp_forward_helpers import CPForwardHarness, pp_stepper
 from sglang.test.greedy_loop import chunked_greedy
 
 PROMPT_LENS = (7, 19, 30)
@@ -60,25 +59,6 @@ def _stored_rows(h: CPForwardHarness, model: torch.nn.Module) -> int:
     return int((keys.reshape(keys.shape[0], -1).abs().sum(dim=1) != 0).sum())
 
 
-def _stepper(h: CPForwardHarness, model: torch.nn.Module, groups: ParallelGroups, proxy_rows: list):
-    def step(items, all_logits: bool = False) -> torch.Tensor:
-        fb = h.build_batch(items, return_all_logits=all_logits)
-        pp = groups.pp
-        if pp.size == 1:
-            out = h.run(model, fb)
-            return out.full_logits if all_logits else out.next_token_logits
-        if not pp.is_last:  # stage 0: send this rank's token shard, get the logits back
-            out = h.run(model, fb)
-            proxy_rows.append((out["hidden_states"].shape[0], fb.num_tokens))
-            pp.send_tensor_dict(out.tensors, dst=pp.next_rank)
-            return pp.recv_tensor_dict(src=pp.size - 1)["logits"]
-        fb.pp_proxy_tensors = PPProxyTensors(pp.recv_tensor_dict(src=pp.prev_rank))
-        out = h.run(model, fb)
-        logits = out.full_logits if all_logits else out.next_token_logits
-        pp.send_tensor_dict({"logits": logits.contiguous()}, dst=0)
-        return logits
-
-    return step
 
 
 def generate(path: str, groups: ParallelGroups, strategy: str = "zigzag", new_tokens: int = 16,
@@ -86,7 +66,7 @@ def generate(path: str, groups: ParallelGroups, strategy: str = "zigzag", new_to
     hf_config, model = load_model(path, groups)
     h = make_harness(hf_config, model, groups, strategy, page_size, interleave)
     proxy_rows: list[tuple[int, int]] = []
-    step = _stepper(h, model, groups, proxy_rows)
+    step = pp_stepper(h, model, groups, proxy_rows)
     gen = torch.Generator().manual_seed(5)
     prompts = [torch.randint(3, hf_config.vocab_size, (n,), generator=gen).tolist() for n in PROMPT_LENS]
     reqs = [h.new_request() for _ in prompts]
@@ -106,7 +86,7 @@ def score_counts(path: str, groups: ParallelGroups, prompt_len: int = 40, decode
     """Indexer score work on this rank: after one fresh prefill, then over `decode_steps` decodes."""
     hf_config, model = load_model(path, groups)
     h = make_harness(hf_config, model, groups, "zigzag")
-    step = _stepper(h, model, groups, [])
+    step = pp_stepper(h, model, groups, [])
     idx = _indexers(model)
     prompt = torch.randint(3, hf_config.vocab_size, (prompt_len,), generator=torch.Generator().manual_seed(7)).tolist()
     req = h.new_request()
