@@ -64,3 +64,11 @@ def test_cpu_process_tuning_runs_and_can_be_disabled(monkeypatch):
     monkeypatch.setenv("SGLANG_CPU_MALLOC_TUNE", "maybe")
     with pytest.raises(ValueError, match="SGLANG_CPU_MALLOC_TUNE"):
         CPU.configure_process()
+
+
+@needs_packed
+def test_nothing_is_packed_past_the_memory_allowance(caplog):
+    m = _model()
+    with caplog.at_level("WARNING"):
+        assert prepack_linear_weights(m, CPU, max_bytes=1000) == 0
+    assert m["up"].packed_weight is None and "not prepacking" in caplog.text

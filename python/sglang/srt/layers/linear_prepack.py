@@ -43,12 +43,15 @@ def linear(
     return out.view(*x.shape[:-1], out.shape[-1])
 
 
-def prepack_linear_weights(model: torch.nn.Module, platform) -> int:
+def prepack_linear_weights(model: torch.nn.Module, platform, max_bytes: Optional[int] = None) -> int:
     """Pack the weight of every module with a `packed_weight` slot; returns the bytes the packed
-    copies take (the plain weights stay, so the memory budget must count these too)."""
+    copies take (the plain weights stay, so the memory budget must count these too).
+
+    max_bytes: when the copies would take more (a large model on a small host), nothing is packed
+    and a warning says so."""
     if not envs.SGLANG_CPU_PREPACK_LINEAR.get():
         return 0
-    count = nbytes = 0
+    todo = []
     for module in model.modules():
         if not hasattr(module, "packed_weight"):
             continue
@@ -56,9 +59,18 @@ def prepack_linear_weights(model: torch.nn.Module, platform) -> int:
         if weight is None or weight.dim() != 2:
             continue
         backend = platform.prepacked_linear(weight.dtype, weight.device)
-        if backend is None:
-            continue
-        pack, kernel = backend
+        if backend is not None:
+            todo.append((module, weight, backend))
+    total = sum(w.numel() * w.element_size() for _, w, _ in todo)
+    if max_bytes is not None and total > max_bytes:
+        logger.warning(
+            "not prepacking linear weights: the packed copies (%.0f MiB) exceed the %.0f MiB allowed",
+            total / 2**20,
+            max_bytes / 2**20,
+        )
+        return 0
+    count = nbytes = 0
+    for module, weight, (pack, kernel) in todo:
         packed = pack(weight.detach())
         module.packed_weight = (packed, kernel)
         count += 1

@@ -82,7 +82,9 @@ class ModelRunner:
         )
         self.model.eval()
         weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        weight_bytes += prepack_linear_weights(self.model, get_platform(server_args.device))
+        platform = get_platform(server_args.device)
+        # packed copies only while they take at most a quarter of the memory still free
+        weight_bytes += prepack_linear_weights(self.model, platform, max_bytes=platform.memory_info()[0] // 4)
         # Pipeline stage: this rank's layers [start_layer, end_layer); KV is stored for those only.
         self.is_first_stage, self.is_last_stage = groups.pp.is_first, groups.pp.is_last
         self.start_layer = int(getattr(self.model, "start_layer", 0))
