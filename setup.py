@@ -19,6 +19,8 @@ INSTALL_REQUIRES = [
     "requests",
     "tqdm",
     "prometheus_client",
+    # builds the fused CPU kernels (python/sglang/srt/kernels/cpu) with the host compiler
+    "ninja",
 ]
 
 setup(
@@ -27,7 +29,7 @@ setup(
     description="Clean-room SGLang-compatible serving engine with PP x CP event loops",
     package_dir={"": "python"},
     packages=find_packages("python"),
-    package_data={"sglang": ["test/assets/*/*"]},
+    package_data={"sglang": ["test/assets/*/*", "srt/kernels/cpu/csrc/*.cpp"]},
     include_package_data=True,
     python_requires=">=3.10",
     install_requires=INSTALL_REQUIRES,

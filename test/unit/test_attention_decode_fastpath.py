@@ -9,6 +9,7 @@ from typing import Sequence
 import pytest
 import torch
 
+from sglang.srt.kernels import dispatch
 from sglang.srt.layers.attention import torch_native_decode
 from sglang.srt.layers.attention import torch_native as tn
 from sglang.srt.layers.attention.radix_attention import RadixAttention
@@ -22,6 +23,18 @@ from sglang.srt.model_executor.forward_batch import ForwardBatch, ForwardMode
 
 HQ, HK, D, LAYERS = 4, 2, 8, 2
 ROWS = 512
+
+
+@pytest.fixture(autouse=True, params=["torch", "fused"])
+def decode_impl(request, monkeypatch):
+    """Every test runs twice: with the torch paths alone (SGLANG_CPU_KERNELS=0, what platforms
+    without fused kernels run) and with the CPU build's fused decode attention where it builds."""
+    monkeypatch.setenv("SGLANG_CPU_KERNELS", "0" if request.param == "torch" else "1")
+    dispatch.reset()
+    if request.param == "fused" and dispatch.kernels_for_device(torch.device("cpu")) is None:
+        pytest.skip("no C++ toolchain: the fused CPU kernels could not be built")
+    yield request.param
+    dispatch.reset()
 
 
 def _layers() -> list[RadixAttention]:
@@ -153,15 +166,18 @@ def test_plan_decode_segments_partitions_every_slot():
 # ---------------------------------------------------------------------------- backend vs reference
 @pytest.mark.parametrize("contiguous", [True, False])
 @pytest.mark.parametrize("min_run", [None, 8])
-def test_single_request_decode(monkeypatch, contiguous, min_run):
+def test_single_request_decode(monkeypatch, contiguous, min_run, decode_impl):
     if min_run is not None:
         monkeypatch.setattr(torch_native_decode, "MIN_RUN", min_run)
     pool, r2t, g = _world()
     slots = list(range(1, 41)) if contiguous else _runs((1, 20), (50, 60), (30, 41), (70, 72))
     md = _check(pool, _batch(pool, r2t, [slots], [1]), g)
     assert isinstance(md.single_source, KVRun if contiguous else KVGather)
-    # several runs of one request (a radix-cached prefix + its own pages): views when long enough
-    assert (md.single_segments is not None) == (not contiguous and min_run is not None)
+    # several runs of one request (a radix-cached prefix + its own pages): views when long enough;
+    # the fused kernel reads every slot in place, so it needs no plan
+    planned = decode_impl == "torch" and not contiguous and min_run is not None
+    assert (md.single_segments is not None) == planned
+    assert (md.kernels is not None) == (decode_impl == "fused")
 
 
 @pytest.mark.parametrize("page_size", [1, 4])
@@ -181,7 +197,9 @@ def test_batched_ragged_decode_from_allocator(page_size):
 
 
 @pytest.mark.parametrize("page_size", [1, 4])
-def test_decode_runs_as_views(monkeypatch, page_size):
+def test_decode_runs_as_views(monkeypatch, page_size, decode_impl):
+    if decode_impl == "fused":
+        pytest.skip("the fused kernel plans no runs (it reads every slot in place)")
     monkeypatch.setattr(torch_native_decode, "MIN_RUN", 8)
     pool, r2t, g = _world(page_size)
     slots = [

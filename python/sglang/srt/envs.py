@@ -89,6 +89,14 @@ SGLANG_CPU_MALLOC_TUNE: EnvVar[bool] = EnvVar(
 )
 
 
+SGLANG_CPU_KERNELS: EnvVar[bool] = EnvVar(
+    "SGLANG_CPU_KERNELS",
+    True,
+    parse_bool,
+    "Use the fused C++ CPU kernels (kernels/cpu: decode attention over the KV pool in place, "
+    "RMSNorm, SwiGLU, RoPE), compiled on first use; 0 keeps the torch implementations.",
+)
+
 # ---------------------------------------------------------------- pipeline parallelism
 def parse_int_list(text: str) -> list[int]:
     """'15,15,15,16' → [15, 15, 15, 16] (spaces allowed); ValueError on anything else."""

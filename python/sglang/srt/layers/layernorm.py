@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from sglang.srt.kernels.dispatch import fused_ops
 
 
 class RMSNorm(nn.Module):
@@ -30,9 +32,23 @@ class RMSNorm(nn.Module):
             return F.rms_norm(x, self._shape, self.weight, self.variance_epsilon)
         return F.rms_norm(x.float(), self._shape, self.weight.float(), self.variance_epsilon).to(x.dtype)
 
+    def _fused(self, x: torch.Tensor, residual: Optional[torch.Tensor]) -> Optional[Any]:
+        """The fused kernels when they cover this call (2-D rows of the weight's dtype)."""
+        if x.dim() != 2 or x.stride(-1) != 1 or self.weight.dtype != x.dtype:
+            return None
+        if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype or residual.stride(-1) != 1):
+            return None
+        return fused_ops(x)
+
     def forward(
         self, x: torch.Tensor, residual: Optional[torch.Tensor] = None
     ) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        ops = self._fused(x, residual)
+        if ops is not None:
+            if residual is None:
+                return ops.rms_norm(x, self.weight, self.variance_epsilon)
+            out, residual = ops.add_rms_norm(x, residual, self.weight, self.variance_epsilon)
+            return out, residual
         if residual is None:
             return self._norm(x)
         residual = x + residual

@@ -13,6 +13,8 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from sglang.srt.kernels.dispatch import fused_ops
+
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -104,6 +106,10 @@ class RotaryEmbedding(nn.Module):
 
     def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Rotate x [num_tokens, num_heads, head_dim] with tables from `cos_sin`."""
+        if x.dim() == 3 and x.stride(-1) == 1 and cos.dim() == 3 and cos.dtype == x.dtype == sin.dtype:
+            ops = fused_ops(x)
+            if ops is not None:
+                return ops.rope(x, cos.squeeze(1), sin.squeeze(1), self.rotary_dim)
         if self.rotary_dim == self.head_dim:
             return torch.addcmul(x * cos, x.roll(self.rotary_dim // 2, dims=-1), sin)
         rot, rest = x[..., : self.rotary_dim], x[..., self.rotary_dim :]

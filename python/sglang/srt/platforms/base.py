@@ -102,6 +102,12 @@ class Platform:
         of this dtype, or None (plain F.linear). See layers/linear_prepack.py."""
         return None
 
+    def fused_kernels(self) -> Optional[Any]:
+        """The module of fused kernels for this platform (signatures and torch references in
+        kernels/cpu/reference.py), or None: callers keep their torch implementations. Looked up
+        through `sglang.srt.kernels.dispatch`, which caches the answer per device type."""
+        return None
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(device_type={self.device_type!r}, dist_backend={self.dist_backend!r})"
 

@@ -90,6 +90,17 @@ class CpuPlatform(Platform):
 
         return pack, kernel
 
+    def fused_kernels(self) -> Optional[Any]:
+        """kernels/cpu, compiled for this host on first use (None without a C++ toolchain or
+        with SGLANG_CPU_KERNELS=0)."""
+        from sglang.srt import envs
+
+        if not envs.SGLANG_CPU_KERNELS.get():
+            return None
+        from sglang.srt.kernels.cpu import build
+
+        return build.load()
+
     def device(self, local_rank: int = 0) -> torch.device:
         return torch.device("cpu")
 

@@ -11,7 +11,10 @@ Per batch, `init_forward_metadata` gathers everything the layers share:
 Cached KV is read as planned once per forward (`torch_native_kv.py`): a zero-copy view of the
 head-major pool when the slots are one contiguous run (one long request), else one gather per
 layer into a scratch buffer shared by all layers. Batched decode requests with long contiguous
-runs attend those runs as views too (`torch_native_decode.py`).
+runs attend those runs as views too (`torch_native_decode.py`). Where the device has fused
+kernels (`kernels/dispatch.py`; the CPU build), single-token requests instead go through one
+`decode_attention` call that reads each request's slots from the pool in place (no gather, no
+padding) and splits long sequences across threads.
 
 `attention_with_lse` / `merge_attention_states` are the exact softmax-with-log-sum-exp building
 blocks used when attention over one sequence is split across ranks (context parallelism).
@@ -22,11 +25,12 @@ A batch that carries a context-parallel layout (`layers/context_parallel.py`) is
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 
+from sglang.srt.kernels.dispatch import kernels_for_device
 from sglang.srt.layers.attention.base import AttentionBackend
 from sglang.srt.layers.attention.torch_native_decode import (
     DecodeSegments,
@@ -134,6 +138,9 @@ class TorchNativeMetadata:
     # Else, on CPU, when some request has a long contiguous run: runs as views + the rest gathered.
     single_segments: Optional[DecodeSegments] = None
     workspace: KVWorkspace = field(default_factory=KVWorkspace)  # gathers, reused by all layers
+    # Fused kernels of the device (kernels/dispatch.py): decode attention reads the pool in place.
+    kernels: Optional[Any] = None
+    single_lens: Optional[torch.Tensor] = None  # [n1] int64 seq lens (for the fused kernel)
 
 
 def _build_metadata(fb: "ForwardBatch") -> TorchNativeMetadata:
@@ -143,6 +150,7 @@ def _build_metadata(fb: "ForwardBatch") -> TorchNativeMetadata:
     single = [i for i, n in enumerate(ext_lens) if n == 1]
     all_single = len(single) == fb.batch_size
     single_token_idx = single_kv = single_mask = single_source = single_segments = None
+    kernels = single_lens_t = None
     if single:
         if all_single:
             rows, lens = fb.req_pool_indices, fb.seq_lens
@@ -162,7 +170,11 @@ def _build_metadata(fb: "ForwardBatch") -> TorchNativeMetadata:
             single_mask = valid[:, None, None, :]
         flat = single_kv.reshape(-1)
         single_source = plan_source(flat) if len(single) == 1 else KVGather(flat)
-        if isinstance(single_source, KVGather) and device.type == "cpu":
+        kernels = kernels_for_device(device)
+        if kernels is not None:
+            single_kv = single_kv.to(torch.int64).contiguous()
+            single_lens_t = torch.tensor(single_lens, dtype=torch.int64)
+        elif isinstance(single_source, KVGather) and device.type == "cpu":
             single_segments = plan_decode_segments(single_kv, single_lens)
     extends: list[_ExtendItem] = []
     start = 0
@@ -179,7 +191,15 @@ def _build_metadata(fb: "ForwardBatch") -> TorchNativeMetadata:
                 extends.append(_ExtendItem(start, start + n, kv, mask, False, *srcs))
         start += n
     return TorchNativeMetadata(
-        all_single, single_token_idx, single_kv, single_mask, extends, single_source, single_segments
+        all_single,
+        single_token_idx,
+        single_kv,
+        single_mask,
+        extends,
+        single_source,
+        single_segments,
+        kernels=kernels,
+        single_lens=single_lens_t,
     )
 
 
@@ -222,6 +242,14 @@ class TorchNativeAttnBackend(AttentionBackend):
         contiguous run when `single_segments` is planned)."""
         n, max_len = md.single_kv_indices.shape
         k_buf, v_buf = head_major_kv(fb.token_to_kv_pool, layer.layer_id)
+        if (
+            md.kernels is not None
+            and k_buf.dtype == q.dtype
+            and k_buf.is_contiguous()
+            and v_buf.is_contiguous()
+            and q.stride(-1) == 1
+        ):
+            return md.kernels.decode_attention(q, k_buf, v_buf, md.single_kv_indices, md.single_lens, layer.scaling)
         if md.single_segments is not None and lse_kernel_available(q):
             return attend_decode_segments(q, k_buf, v_buf, md.single_segments, md.workspace, layer.scaling)
         src = md.single_source if md.single_source is not None else KVGather(md.single_kv_indices.reshape(-1))

@@ -1,0 +1,1 @@
+"""Fused C++ kernels for the CPU platform (decode attention, norms, SwiGLU, RoPE)."""

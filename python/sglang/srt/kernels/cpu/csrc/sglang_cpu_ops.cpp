@@ -1,0 +1,438 @@
+// Fused CPU kernels of the sglang engine (built on first use by kernels/cpu/build.py).
+//
+// float32 / bfloat16 inputs; everything is computed in float32 and rounded once to the output
+// dtype. The torch reference of each op is in kernels/cpu/reference.py (tests compare them).
+//
+//   decode_attention  one query per request over its KV slots in a head-major pool [Hk, rows, D],
+//                     read in place (no gather); GQA; long sequences split across threads and
+//                     merged by log-sum-exp.
+//   rms_norm          y = x * rsqrt(mean(x^2) + eps) * w
+//   add_rms_norm      r = x + residual (rounded like torch's add), y = rms_norm(r)
+//   silu_and_mul      [T, 2d] -> silu(x[:, :d]) * x[:, d:]
+//   rope              neox-layout rotary embedding of [T, H, D] rows (first `rot` dims)
+
+#include <ATen/Parallel.h>
+#include <torch/extension.h>
+
+#include <algorithm>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+inline float to_f(float x) { return x; }
+inline float to_f(at::BFloat16 x) {
+  return __builtin_bit_cast(float, static_cast<uint32_t>(x.x) << 16);
+}
+
+// exp(x) in float32 that the compiler vectorises (libm's expf is scalar without -ffast-math):
+// 2^n * e^r with n = round(x / ln 2), |r| <= ln 2 / 2, degree-6 Taylor series for e^r;
+// relative error < 2e-7. Inputs are clamped to [-87, 88] (results stay finite and normal).
+inline float vexp(float x) {
+  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  const float r = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;
+  float p = 1.f / 720.f;
+  p = p * r + 1.f / 120.f;
+  p = p * r + 1.f / 24.f;
+  p = p * r + 1.f / 6.f;
+  p = p * r + 0.5f;
+  p = p * r + 1.f;
+  p = p * r + 1.f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  return p * __builtin_bit_cast(float, bits);
+}
+
+template <typename T>
+inline T from_f(float x);
+template <>
+inline float from_f<float>(float x) {
+  return x;
+}
+template <>
+inline at::BFloat16 from_f<at::BFloat16>(float x) {
+  return at::BFloat16(x);  // round to nearest even, like Tensor.to(torch.bfloat16)
+}
+
+#if defined(__AVX512F__)
+// 16 lanes of float32 from float32 / bfloat16 memory
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const at::BFloat16* p) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+#endif
+
+void check_cpu_float(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu(), name, " must be a CPU tensor");
+  TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16, name,
+              " must be float32 or bfloat16, got ", t.scalar_type());
+}
+
+// ------------------------------------------------------------------------- decode attention
+struct Task {
+  int64_t req, head, begin, end;
+};
+
+// One (request, kv head, slot range) task: scores of its G query heads, softmax statistics and the
+// unnormalised output. HD > 0 fixes the head dim at compile time (accumulators stay in registers).
+template <typename T, int HD>
+void attend_task(const float* __restrict__ qf, const T* __restrict__ kh, const T* __restrict__ vh,
+                 const int64_t* __restrict__ srow, int64_t L, int64_t G, int64_t D_, int64_t Dv_,
+                 float* __restrict__ scores, float* __restrict__ part, float* __restrict__ mx,
+                 float* __restrict__ sm) {
+  const int64_t D = HD > 0 ? HD : D_;
+  const int64_t Dv = HD > 0 ? HD : Dv_;
+#if defined(__AVX512F__)
+  if constexpr (HD > 0 && HD % 16 == 0) {
+    constexpr int NV = HD / 16;
+    for (int64_t j = 0; j < L; ++j) {
+      const T* __restrict__ krow = kh + srow[j] * HD;
+      if (j + 8 < L) {  // rows are scattered over the pool: fetch ahead of use
+        const char* ahead = reinterpret_cast<const char*>(kh + srow[j + 8] * HD);
+        for (size_t b = 0; b < HD * sizeof(T); b += 64) _mm_prefetch(ahead + b, _MM_HINT_T0);
+        const char* vahead = reinterpret_cast<const char*>(vh + srow[j + 8] * HD);
+        for (size_t b = 0; b < HD * sizeof(T); b += 64) _mm_prefetch(vahead + b, _MM_HINT_T1);
+      }
+      __m512 kv[NV];
+      for (int c = 0; c < NV; ++c) kv[c] = load16(krow + 16 * c);
+      for (int64_t g = 0; g < G; ++g) {
+        const float* __restrict__ qg = qf + g * HD;
+        __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qg), kv[0]);
+        for (int c = 1; c < NV; ++c) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 16 * c), kv[c], acc);
+        scores[g * L + j] = _mm512_reduce_add_ps(acc);
+      }
+    }
+  } else
+#endif
+  {
+    for (int64_t j = 0; j < L; ++j) {
+      const T* __restrict__ krow = kh + srow[j] * D;
+      for (int64_t g = 0; g < G; ++g) {
+        const float* __restrict__ qg = qf + g * D;
+        float acc = 0.f;
+#pragma omp simd reduction(+ : acc)
+        for (int64_t d = 0; d < D; ++d) acc += qg[d] * to_f(krow[d]);
+        scores[g * L + j] = acc;
+      }
+    }
+  }
+  for (int64_t g = 0; g < G; ++g) {
+    float* __restrict__ s = scores + g * L;
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < L; ++j) m = s[j] > m ? s[j] : m;
+    float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < L; ++j) {
+      s[j] = vexp(s[j] - m);
+      sum += s[j];
+    }
+    mx[g] = m;
+    sm[g] = sum;
+    float* __restrict__ out = part + g * Dv;
+#if defined(__AVX512F__)
+    if constexpr (HD > 0 && HD % 16 == 0) {
+      constexpr int NV = HD / 16;
+      __m512 acc[NV];
+      for (int c = 0; c < NV; ++c) acc[c] = _mm512_setzero_ps();
+      for (int64_t j = 0; j < L; ++j) {
+        const T* __restrict__ vrow = vh + srow[j] * HD;
+        const __m512 p = _mm512_set1_ps(s[j]);
+        for (int c = 0; c < NV; ++c) acc[c] = _mm512_fmadd_ps(p, load16(vrow + 16 * c), acc[c]);
+      }
+      for (int c = 0; c < NV; ++c) _mm512_storeu_ps(out + 16 * c, acc[c]);
+    } else
+#endif
+    {
+      std::fill(out, out + Dv, 0.f);
+      for (int64_t j = 0; j < L; ++j) {
+        const T* __restrict__ vrow = vh + srow[j] * Dv;
+        const float p = s[j];
+#pragma omp simd
+        for (int64_t d = 0; d < Dv; ++d) out[d] += p * to_f(vrow[d]);
+      }
+    }
+  }
+}
+
+template <typename T>
+void decode_attention_impl(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
+                           const at::Tensor& slots, const at::Tensor& lens, double scale,
+                           at::Tensor& out) {
+  const int64_t n = q.size(0), H = q.size(1), D = q.size(2);
+  const int64_t Hk = k_buf.size(0), rows = k_buf.size(1), Dv = v_buf.size(2);
+  const int64_t G = H / Hk, max_len = slots.size(1);
+  const int64_t sq0 = q.stride(0), sq1 = q.stride(1);
+  const T* qp = q.data_ptr<T>();
+  const T* kp = k_buf.data_ptr<T>();
+  const T* vp = v_buf.data_ptr<T>();
+  const int64_t* sp = slots.data_ptr<int64_t>();
+  const int64_t* lp = lens.data_ptr<int64_t>();
+  T* op = out.data_ptr<T>();
+
+  // Split long sequences so that there are a few tasks per thread (flash-decoding).
+  int64_t total = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    TORCH_CHECK(lp[i] >= 1 && lp[i] <= max_len, "decode_attention: lens[", i, "] = ", lp[i],
+                " outside [1, ", max_len, "]");
+    total += lp[i];
+  }
+  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+  const int64_t split = std::max<int64_t>(256, (total * Hk + 4 * threads - 1) / (4 * threads));
+  std::vector<Task> tasks;
+  std::vector<int64_t> first_task(n * Hk + 1);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t h = 0; h < Hk; ++h) {
+      first_task[i * Hk + h] = static_cast<int64_t>(tasks.size());
+      for (int64_t b = 0; b < lp[i]; b += split) tasks.push_back({i, h, b, std::min(lp[i], b + split)});
+    }
+  }
+  first_task[n * Hk] = static_cast<int64_t>(tasks.size());
+  const int64_t nt = static_cast<int64_t>(tasks.size());
+  // per task and q head: unnormalised output [Dv], running max, sum of exp
+  std::vector<float> part(nt * G * Dv), mx(nt * G), sm(nt * G);
+  const float fscale = static_cast<float>(scale);
+
+  at::parallel_for(0, nt, 1, [&](int64_t tb, int64_t te) {
+    std::vector<float> qf(G * D), scores(G * std::min(split, max_len));
+    for (int64_t t = tb; t < te; ++t) {
+      const Task& task = tasks[t];
+      for (int64_t g = 0; g < G; ++g) {
+        const T* qrow = qp + task.req * sq0 + (task.head * G + g) * sq1;
+        for (int64_t d = 0; d < D; ++d) qf[g * D + d] = to_f(qrow[d]) * fscale;
+      }
+      const int64_t* srow = sp + task.req * max_len + task.begin;
+      const T* kh = kp + task.head * rows * D;
+      const T* vh = vp + task.head * rows * Dv;
+      const int64_t L = task.end - task.begin;
+      float* pt = part.data() + t * G * Dv;
+      if (D == 64 && Dv == 64) {
+        attend_task<T, 64>(qf.data(), kh, vh, srow, L, G, D, Dv, scores.data(), pt, &mx[t * G], &sm[t * G]);
+      } else if (D == 128 && Dv == 128) {
+        attend_task<T, 128>(qf.data(), kh, vh, srow, L, G, D, Dv, scores.data(), pt, &mx[t * G], &sm[t * G]);
+      } else {
+        attend_task<T, 0>(qf.data(), kh, vh, srow, L, G, D, Dv, scores.data(), pt, &mx[t * G], &sm[t * G]);
+      }
+    }
+  });
+
+  // merge the splits of each (request, kv head) and normalise
+  at::parallel_for(0, n * Hk, 4, [&](int64_t b, int64_t e) {
+    std::vector<float> acc(Dv);
+    for (int64_t ih = b; ih < e; ++ih) {
+      const int64_t i = ih / Hk, h = ih % Hk;
+      for (int64_t g = 0; g < G; ++g) {
+        float m = -std::numeric_limits<float>::infinity();
+        for (int64_t t = first_task[ih]; t < first_task[ih + 1]; ++t) m = std::max(m, mx[t * G + g]);
+        float denom = 0.f;
+        std::fill(acc.begin(), acc.end(), 0.f);
+        for (int64_t t = first_task[ih]; t < first_task[ih + 1]; ++t) {
+          const float w = std::exp(mx[t * G + g] - m);
+          denom += w * sm[t * G + g];
+          const float* pt = part.data() + (t * G + g) * Dv;
+          for (int64_t d = 0; d < Dv; ++d) acc[d] += w * pt[d];
+        }
+        T* orow = op + (i * H + h * G + g) * Dv;
+        const float inv = 1.f / denom;
+        for (int64_t d = 0; d < Dv; ++d) orow[d] = from_f<T>(acc[d] * inv);
+      }
+    }
+  });
+}
+
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
+                            const at::Tensor& slots, const at::Tensor& lens, double scale) {
+  check_cpu_float(q, "q");
+  TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1, "q must be [n, H, D] with contiguous D");
+  TORCH_CHECK(k_buf.dim() == 3 && v_buf.dim() == 3 && k_buf.is_contiguous() && v_buf.is_contiguous(),
+              "k_buf / v_buf must be contiguous head-major [Hk, rows, D]");
+  TORCH_CHECK(k_buf.scalar_type() == q.scalar_type() && v_buf.scalar_type() == q.scalar_type(),
+              "q, k_buf and v_buf must share a dtype");
+  TORCH_CHECK(k_buf.size(0) == v_buf.size(0) && k_buf.size(1) == v_buf.size(1), "k_buf / v_buf mismatch");
+  TORCH_CHECK(q.size(2) == k_buf.size(2), "q and k head dims differ");
+  TORCH_CHECK(q.size(1) % k_buf.size(0) == 0, "query heads must be a multiple of kv heads");
+  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.dim() == 2 && slots.is_contiguous() &&
+                  slots.size(0) == q.size(0),
+              "slots must be contiguous int64 [n, max_len]");
+  TORCH_CHECK(lens.scalar_type() == at::kLong && lens.dim() == 1 && lens.is_contiguous() &&
+                  lens.size(0) == q.size(0),
+              "lens must be contiguous int64 [n]");
+  auto out = at::empty({q.size(0), q.size(1), v_buf.size(2)}, q.options());
+  if (q.size(0) == 0) return out;
+  if (q.scalar_type() == at::kFloat) {
+    decode_attention_impl<float>(q, k_buf, v_buf, slots, lens, scale, out);
+  } else {
+    decode_attention_impl<at::BFloat16>(q, k_buf, v_buf, slots, lens, scale, out);
+  }
+  return out;
+}
+
+// ------------------------------------------------------------------------- norms
+// rows per parallel chunk: keep small batches (decode) on one thread
+inline int64_t row_grain(int64_t width) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, width)); }
+
+template <typename T>
+void rms_norm_impl(const at::Tensor& x, const at::Tensor* residual, const at::Tensor& w, double eps,
+                   at::Tensor& out, at::Tensor* res_out) {
+  const int64_t rows = x.size(0), N = x.size(1);
+  const int64_t sx = x.stride(0);
+  const T* xp = x.data_ptr<T>();
+  const T* rp = residual ? residual->data_ptr<T>() : nullptr;
+  const int64_t sr = residual ? residual->stride(0) : 0;
+  const T* wp = w.data_ptr<T>();
+  T* op = out.data_ptr<T>();
+  T* rop = res_out ? res_out->data_ptr<T>() : nullptr;
+  const float feps = static_cast<float>(eps);
+  at::parallel_for(0, rows, row_grain(N), [&](int64_t b, int64_t e) {
+    std::vector<float> buf(N);
+    for (int64_t r = b; r < e; ++r) {
+      const T* xr = xp + r * sx;
+      if (rp) {
+        const T* rr = rp + r * sr;
+        T* ro = rop + r * N;
+        for (int64_t c = 0; c < N; ++c) {
+          const T sum = from_f<T>(to_f(xr[c]) + to_f(rr[c]));  // the add is rounded, as torch's is
+          ro[c] = sum;
+          buf[c] = to_f(sum);
+        }
+      } else {
+        for (int64_t c = 0; c < N; ++c) buf[c] = to_f(xr[c]);
+      }
+      float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+      for (int64_t c = 0; c < N; ++c) ss += buf[c] * buf[c];
+      const float inv = 1.f / std::sqrt(ss / static_cast<float>(N) + feps);
+      T* orow = op + r * N;
+      for (int64_t c = 0; c < N; ++c) orow[c] = from_f<T>(buf[c] * inv * to_f(wp[c]));
+    }
+  });
+}
+
+void check_norm_args(const at::Tensor& x, const at::Tensor& w) {
+  check_cpu_float(x, "x");
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "x must be [rows, N] with contiguous rows");
+  TORCH_CHECK(w.dim() == 1 && w.size(0) == x.size(1) && w.is_contiguous() && w.scalar_type() == x.scalar_type(),
+              "weight must be a contiguous [N] tensor of x's dtype");
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
+  check_norm_args(x, w);
+  auto out = at::empty({x.size(0), x.size(1)}, x.options());
+  if (x.scalar_type() == at::kFloat) {
+    rms_norm_impl<float>(x, nullptr, w, eps, out, nullptr);
+  } else {
+    rms_norm_impl<at::BFloat16>(x, nullptr, w, eps, out, nullptr);
+  }
+  return out;
+}
+
+std::vector<at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& w,
+                                     double eps) {
+  check_norm_args(x, w);
+  TORCH_CHECK(residual.sizes() == x.sizes() && residual.stride(1) == 1 && residual.scalar_type() == x.scalar_type(),
+              "residual must match x");
+  auto out = at::empty({x.size(0), x.size(1)}, x.options());
+  auto res = at::empty({x.size(0), x.size(1)}, x.options());
+  if (x.scalar_type() == at::kFloat) {
+    rms_norm_impl<float>(x, &residual, w, eps, out, &res);
+  } else {
+    rms_norm_impl<at::BFloat16>(x, &residual, w, eps, out, &res);
+  }
+  return {out, res};
+}
+
+// ------------------------------------------------------------------------- silu_and_mul
+template <typename T>
+void silu_and_mul_impl(const at::Tensor& x, at::Tensor& out) {
+  const int64_t rows = x.size(0), d = out.size(1), sx = x.stride(0);
+  const T* xp = x.data_ptr<T>();
+  T* op = out.data_ptr<T>();
+  at::parallel_for(0, rows, row_grain(d), [&](int64_t b, int64_t e) {
+    std::vector<float> g(d);
+    for (int64_t r = b; r < e; ++r) {
+      const T* gate = xp + r * sx;
+      const T* up = gate + d;
+      float* __restrict__ gp = g.data();
+      for (int64_t c = 0; c < d; ++c) gp[c] = to_f(gate[c]);
+#pragma omp simd
+      for (int64_t c = 0; c < d; ++c) gp[c] = gp[c] / (1.f + vexp(-gp[c]));
+      T* orow = op + r * d;
+      for (int64_t c = 0; c < d; ++c) orow[c] = from_f<T>(gp[c] * to_f(up[c]));
+    }
+  });
+}
+
+at::Tensor silu_and_mul(const at::Tensor& x) {
+  check_cpu_float(x, "x");
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.size(1) % 2 == 0, "x must be [rows, 2d] with contiguous rows");
+  auto out = at::empty({x.size(0), x.size(1) / 2}, x.options());
+  if (x.scalar_type() == at::kFloat) {
+    silu_and_mul_impl<float>(x, out);
+  } else {
+    silu_and_mul_impl<at::BFloat16>(x, out);
+  }
+  return out;
+}
+
+// ------------------------------------------------------------------------- rope
+template <typename T>
+void rope_impl(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t rot, at::Tensor& out) {
+  const int64_t n = x.size(0), H = x.size(1), D = x.size(2);
+  const int64_t sx0 = x.stride(0), sx1 = x.stride(1), sc = cos.stride(0), ss = sin.stride(0);
+  const int64_t half = rot / 2;
+  const T* xp = x.data_ptr<T>();
+  const T* cp = cos.data_ptr<T>();
+  const T* snp = sin.data_ptr<T>();
+  T* op = out.data_ptr<T>();
+  at::parallel_for(0, n, row_grain(H * D), [&](int64_t b, int64_t e) {
+    std::vector<float> c(rot), s(rot);
+    for (int64_t t = b; t < e; ++t) {
+      for (int64_t i = 0; i < rot; ++i) {
+        c[i] = to_f(cp[t * sc + i]);
+        s[i] = to_f(snp[t * ss + i]);
+      }
+      for (int64_t h = 0; h < H; ++h) {
+        const T* xr = xp + t * sx0 + h * sx1;
+        T* orow = op + (t * H + h) * D;
+        // sin is "signed": its first half negated, so out = x * cos + roll(x, half) * sin
+        for (int64_t i = 0; i < half; ++i) orow[i] = from_f<T>(to_f(xr[i]) * c[i] + to_f(xr[i + half]) * s[i]);
+        for (int64_t i = half; i < rot; ++i) orow[i] = from_f<T>(to_f(xr[i]) * c[i] + to_f(xr[i - half]) * s[i]);
+        for (int64_t i = rot; i < D; ++i) orow[i] = xr[i];
+      }
+    }
+  });
+}
+
+at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t rot) {
+  check_cpu_float(x, "x");
+  TORCH_CHECK(x.dim() == 3 && x.stride(2) == 1, "x must be [T, H, D] with contiguous D");
+  TORCH_CHECK(rot > 0 && rot % 2 == 0 && rot <= x.size(2), "rot must be even and <= head_dim");
+  for (const at::Tensor* t : {&cos, &sin}) {
+    TORCH_CHECK(t->dim() == 2 && t->size(0) == x.size(0) && t->size(1) == rot && t->stride(1) == 1 &&
+                    t->scalar_type() == x.scalar_type(),
+                "cos / sin must be [T, rot] in x's dtype");
+  }
+  auto out = at::empty({x.size(0), x.size(1), x.size(2)}, x.options());
+  if (x.scalar_type() == at::kFloat) {
+    rope_impl<float>(x, cos, sin, rot, out);
+  } else {
+    rope_impl<at::BFloat16>(x, cos, sin, rot, out);
+  }
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("decode_attention", &decode_attention, "decode attention over a head-major KV pool, in place");
+  m.def("rms_norm", &rms_norm, "RMSNorm");
+  m.def("add_rms_norm", &add_rms_norm, "residual add + RMSNorm -> (normed, new residual)");
+  m.def("silu_and_mul", &silu_and_mul, "SwiGLU gate");
+  m.def("rope", &rope, "neox rotary embedding");
+}

@@ -1,0 +1,45 @@
+"""Torch references of the CPU kernels (same signatures); the tests compare the two."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def decode_attention(
+    q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, slots: torch.Tensor, lens: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """q [n, H, D]; k/v_buf [Hk, rows, D]; slots [n, max_len] pool rows (valid up to lens[i])."""
+    outs = []
+    group = q.shape[1] // k_buf.shape[0]
+    for i in range(q.shape[0]):
+        rows = slots[i, : int(lens[i])]
+        k = k_buf[:, rows].float().repeat_interleave(group, dim=0)  # [H, L, D]
+        v = v_buf[:, rows].float().repeat_interleave(group, dim=0)
+        p = torch.softmax(torch.einsum("hd,hld->hl", q[i].float() * scale, k), dim=-1)
+        outs.append(torch.einsum("hl,hld->hd", p, v))
+    return torch.stack(outs).to(q.dtype)
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, eps: float) -> list[torch.Tensor]:
+    res = x + residual
+    return [rms_norm(res, w, eps), res]
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    d = x.shape[-1] // 2
+    xf = x.float()
+    return (F.silu(xf[..., :d]) * xf[..., d:]).to(x.dtype)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rot: int) -> torch.Tensor:
+    """x [T, H, D]; cos / sin [T, rot] with sin's first half negated (RotaryEmbedding's tables)."""
+    xf = x.float()
+    r = xf[..., :rot]
+    r = r * cos.float()[:, None] + r.roll(rot // 2, dims=-1) * sin.float()[:, None]
+    return torch.cat((r, xf[..., rot:]), dim=-1).to(x.dtype)

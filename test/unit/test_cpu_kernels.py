@@ -1,0 +1,128 @@
+"""The fused CPU kernels (kernels/cpu) against their torch references, and the layers that use
+them against their torch paths. Skipped where no C++ toolchain can build the kernels."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sglang.srt.kernels import dispatch
+from sglang.srt.kernels.cpu import reference as ref
+from sglang.srt.layers.activation import SiluAndMul
+from sglang.srt.layers.layernorm import RMSNorm
+from sglang.srt.layers.rotary import RotaryEmbedding
+
+
+@pytest.fixture(scope="module")
+def ops():
+    dispatch.reset()
+    module = dispatch.kernels_for_device(torch.device("cpu"))
+    if module is None:
+        pytest.skip("the fused CPU kernels could not be built here (no C++ toolchain?)")
+    return module
+
+
+# float32: the same math up to summation order; bfloat16: one rounding of the output (plus the
+# rounded inputs the reference sees as well)
+TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> None:
+    assert a.dtype == b.dtype == dtype and a.shape == b.shape
+    torch.testing.assert_close(a.float(), b.float(), atol=TOL[dtype], rtol=TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 128, 24])  # AVX-512 paths (64, 128) and the generic one
+@pytest.mark.parametrize("heads", [(4, 4), (9, 3), (8, 1)])
+def test_decode_attention_matches_reference(ops, dtype, head_dim, heads):
+    hq, hk = heads
+    g = torch.Generator().manual_seed(head_dim + hq)
+    rows = 3000
+    k_buf = torch.randn(hk, rows, head_dim, generator=g).to(dtype)
+    v_buf = torch.randn(hk, rows, head_dim, generator=g).to(dtype)
+    lens = torch.tensor([1, 37, 700, 5, 1500])  # ragged; the long ones are split across tasks
+    slots = torch.zeros(len(lens), int(lens.max()), dtype=torch.int64)
+    for i, n in enumerate(lens.tolist()):
+        slots[i, :n] = torch.randperm(rows - 1, generator=g)[:n] + 1  # scattered pool rows
+    # q as a strided view (rows of a wider qkv projection), like the model passes it
+    qkv = torch.randn(len(lens), (hq + 2 * hk) * head_dim, generator=g).to(dtype)
+    q = qkv[:, : hq * head_dim].view(len(lens), hq, head_dim)
+    assert not q.is_contiguous()
+    out = ops.decode_attention(q, k_buf, v_buf, slots, lens, head_dim**-0.5)
+    _close(out, ref.decode_attention(q, k_buf, v_buf, slots, lens, head_dim**-0.5), dtype)
+
+
+def test_decode_attention_rejects_bad_input(ops):
+    q = torch.randn(2, 4, 8)
+    kb = torch.randn(2, 10, 8)
+    slots = torch.zeros(2, 3, dtype=torch.int64)
+    with pytest.raises(RuntimeError, match="lens"):
+        ops.decode_attention(q, kb, kb, slots, torch.tensor([1, 4]), 1.0)  # 4 > max_len
+    with pytest.raises(RuntimeError, match="share a dtype"):
+        ops.decode_attention(q, kb.bfloat16(), kb.bfloat16(), slots, torch.tensor([1, 2]), 1.0)
+    with pytest.raises(RuntimeError, match="float32 or bfloat16"):
+        ops.decode_attention(q.half(), kb.half(), kb.half(), slots, torch.tensor([1, 2]), 1.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 16, 3000])  # one thread / split over threads
+def test_norm_silu_rope_match_reference(ops, dtype, rows):
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 576, generator=g).to(dtype)
+    r = torch.randn(rows, 576, generator=g).to(dtype)
+    w = (1 + 0.1 * torch.randn(576, generator=g)).to(dtype)
+    _close(ops.rms_norm(x, w, 1e-5), ref.rms_norm(x, w, 1e-5), dtype)
+    out, res = ops.add_rms_norm(x, r, w, 1e-5)
+    ref_out, ref_res = ref.add_rms_norm(x, r, w, 1e-5)
+    assert torch.equal(res, ref_res)  # the residual add rounds exactly like torch's
+    _close(out, ref_out, dtype)
+    gu = torch.randn(rows, 2 * 1536, generator=g).to(dtype) * 4
+    _close(ops.silu_and_mul(gu), ref.silu_and_mul(gu), dtype)
+    for rot in (64, 32):  # full and partial rotary
+        qkv = torch.randn(rows, 15 * 64, generator=g).to(dtype)
+        x3 = qkv[:, : 12 * 64].view(rows, 12, 64)  # strided rows
+        cos = torch.randn(rows, rot, generator=g).to(dtype)
+        sin = torch.randn(rows, rot, generator=g).to(dtype)
+        _close(ops.rope(x3, cos, sin, rot), ref.rope(x3, cos, sin, rot), dtype)
+
+
+def test_exp_extremes_stay_finite(ops):
+    """silu of large negative / positive gates (the kernel's exp clamps instead of overflowing)."""
+    gate = torch.tensor([[-200.0, -90.0, -10.0, 0.0, 10.0, 90.0, 200.0]])
+    x = torch.cat((gate, torch.ones_like(gate)), dim=1)
+    out = ops.silu_and_mul(x)
+    assert torch.isfinite(out).all()
+    _close(out, ref.silu_and_mul(x), torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_layers_fused_equal_torch_paths(ops, monkeypatch, dtype):
+    """RMSNorm (with and without residual), SiluAndMul and RotaryEmbedding give the same results
+    through the kernels as through their torch code (SGLANG_CPU_KERNELS=0)."""
+    g = torch.Generator().manual_seed(7)
+    norm = RMSNorm(64, eps=1e-6, params_dtype=dtype)
+    norm.weight.data.copy_(1 + 0.1 * torch.randn(64, generator=g))
+    rope = RotaryEmbedding(32, 256, base=10000.0, dtype=dtype)
+    act = SiluAndMul()
+    x = torch.randn(11, 64, generator=g).to(dtype)
+    res = torch.randn(11, 64, generator=g).to(dtype)
+    gu = torch.randn(11, 128, generator=g).to(dtype)
+    pos = torch.randint(0, 256, (11,), generator=g)
+    qk = torch.randn(11, 2 * 32, generator=g).to(dtype).view(11, 2, 32)
+
+    def run():
+        cos, sin = rope.cos_sin(pos)
+        return [norm(x), *norm(x, res), act(gu), rope.apply(qk, cos, sin)]
+
+    fused = run()
+    monkeypatch.setenv("SGLANG_CPU_KERNELS", "0")
+    dispatch.reset()
+    try:
+        assert dispatch.kernels_for_device(torch.device("cpu")) is None
+        plain = run()
+    finally:
+        monkeypatch.delenv("SGLANG_CPU_KERNELS")
+        dispatch.reset()
+    for a, b in zip(fused, plain):
+        _close(a, b, dtype)
