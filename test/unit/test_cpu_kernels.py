@@ -126,3 +126,15 @@ def test_layers_fused_equal_torch_paths(ops, monkeypatch, dtype):
         dispatch.reset()
     for a, b in zip(fused, plain):
         _close(a, b, dtype)
+
+
+def test_bfloat16_rounding_and_nan_match_torch(ops):
+    """The kernels' float32 -> bfloat16 rounding is torch's (nearest even), NaN stays NaN."""
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(64, 32, generator=g) * 1000).bfloat16()
+    r = torch.randn(64, 32, generator=g).bfloat16()
+    _, res = ops.add_rms_norm(x, r, torch.ones(32, dtype=torch.bfloat16), 1e-6)
+    assert torch.equal(res, x + r)
+    x[3, 5] = float("nan")
+    out, res = ops.add_rms_norm(x, r, torch.ones(32, dtype=torch.bfloat16), 1e-6)
+    assert torch.isnan(res[3, 5]) and torch.isnan(out[3]).all() and not torch.isnan(out[4]).any()

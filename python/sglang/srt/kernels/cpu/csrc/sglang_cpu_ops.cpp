@@ -57,7 +57,12 @@ inline float from_f<float>(float x) {
 }
 template <>
 inline at::BFloat16 from_f<at::BFloat16>(float x) {
-  return at::BFloat16(x);  // round to nearest even, like Tensor.to(torch.bfloat16)
+  // round to nearest even, like Tensor.to(torch.bfloat16); NaN stays a (quiet) NaN. Written
+  // with integer ops and a select so that loops over it vectorise (BFloat16(float) does not).
+  const uint32_t u = __builtin_bit_cast(uint32_t, x);
+  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  const uint16_t bits = static_cast<uint16_t>(x != x ? 0x7FC0u : rounded);
+  return at::BFloat16(bits, at::BFloat16::from_bits());
 }
 
 #if defined(__AVX512F__)
