@@ -15,6 +15,7 @@
 #include <torch/extension.h>
 
 #include <algorithm>
+#include <type_traits>
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -27,9 +28,8 @@
 namespace {
 
 inline float to_f(float x) { return x; }
-inline float to_f(at::BFloat16 x) {
-  return __builtin_bit_cast(float, static_cast<uint32_t>(x.x) << 16);
-}
+// bfloat16 data is handled as its uint16_t bits (loops over at::BFloat16 values do not vectorise)
+inline float to_f(uint16_t x) { return __builtin_bit_cast(float, static_cast<uint32_t>(x) << 16); }
 
 // exp(x) in float32 that the compiler vectorises (libm's expf is scalar without -ffast-math):
 // 2^n * e^r with n = round(x / ln 2), |r| <= ln 2 / 2, degree-6 Taylor series for e^r;
@@ -56,19 +56,30 @@ inline float from_f<float>(float x) {
   return x;
 }
 template <>
-inline at::BFloat16 from_f<at::BFloat16>(float x) {
-  // round to nearest even, like Tensor.to(torch.bfloat16); NaN stays a (quiet) NaN. Written
-  // with integer ops and a select so that loops over it vectorise (BFloat16(float) does not).
+inline uint16_t from_f<uint16_t>(float x) {
+  // round to nearest even, like Tensor.to(torch.bfloat16); NaN stays a (quiet) NaN. Integer ops
+  // and a select, so that loops over it vectorise.
   const uint32_t u = __builtin_bit_cast(uint32_t, x);
   const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-  const uint16_t bits = static_cast<uint16_t>(x != x ? 0x7FC0u : rounded);
-  return at::BFloat16(bits, at::BFloat16::from_bits());
+  return static_cast<uint16_t>(x != x ? 0x7FC0u : rounded);
+}
+
+// Storage type of a tensor dtype in the kernels (bfloat16 -> its bits) and typed data pointers.
+template <typename T>
+using storage_t = std::conditional_t<std::is_same_v<T, at::BFloat16>, uint16_t, T>;
+template <typename T>
+const storage_t<T>* cptr(const at::Tensor& t) {
+  return reinterpret_cast<const storage_t<T>*>(t.data_ptr<T>());
+}
+template <typename T>
+storage_t<T>* mptr(const at::Tensor& t) {
+  return reinterpret_cast<storage_t<T>*>(t.data_ptr<T>());
 }
 
 #if defined(__AVX512F__)
 // 16 lanes of float32 from float32 / bfloat16 memory
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const at::BFloat16* p) {
+inline __m512 load16(const uint16_t* p) {
   const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
@@ -174,12 +185,12 @@ void decode_attention_impl(const at::Tensor& q, const at::Tensor& k_buf, const a
   const int64_t Hk = k_buf.size(0), rows = k_buf.size(1), Dv = v_buf.size(2);
   const int64_t G = H / Hk, max_len = slots.size(1);
   const int64_t sq0 = q.stride(0), sq1 = q.stride(1);
-  const T* qp = q.data_ptr<T>();
-  const T* kp = k_buf.data_ptr<T>();
-  const T* vp = v_buf.data_ptr<T>();
+  const auto* qp = cptr<T>(q);
+  const auto* kp = cptr<T>(k_buf);
+  const auto* vp = cptr<T>(v_buf);
   const int64_t* sp = slots.data_ptr<int64_t>();
   const int64_t* lp = lens.data_ptr<int64_t>();
-  T* op = out.data_ptr<T>();
+  auto* op = mptr<T>(out);
 
   // Split long sequences so that there are a few tasks per thread (flash-decoding).
   int64_t total = 0;
@@ -209,20 +220,20 @@ void decode_attention_impl(const at::Tensor& q, const at::Tensor& k_buf, const a
     for (int64_t t = tb; t < te; ++t) {
       const Task& task = tasks[t];
       for (int64_t g = 0; g < G; ++g) {
-        const T* qrow = qp + task.req * sq0 + (task.head * G + g) * sq1;
+        const storage_t<T>* qrow = qp + task.req * sq0 + (task.head * G + g) * sq1;
         for (int64_t d = 0; d < D; ++d) qf[g * D + d] = to_f(qrow[d]) * fscale;
       }
       const int64_t* srow = sp + task.req * max_len + task.begin;
-      const T* kh = kp + task.head * rows * D;
-      const T* vh = vp + task.head * rows * Dv;
+      const storage_t<T>* kh = kp + task.head * rows * D;
+      const storage_t<T>* vh = vp + task.head * rows * Dv;
       const int64_t L = task.end - task.begin;
       float* pt = part.data() + t * G * Dv;
       if (D == 64 && Dv == 64) {
-        attend_task<T, 64>(qf.data(), kh, vh, srow, L, G, D, Dv, scores.data(), pt, &mx[t * G], &sm[t * G]);
+        attend_task<storage_t<T>, 64>(qf.data(), kh, vh, srow, L, G, D, Dv, scores.data(), pt, &mx[t * G], &sm[t * G]);
       } else if (D == 128 && Dv == 128) {
-        attend_task<T, 128>(qf.data(), kh, vh, srow, L, G, D, Dv, scores.data(), pt, &mx[t * G], &sm[t * G]);
+        attend_task<storage_t<T>, 128>(qf.data(), kh, vh, srow, L, G, D, Dv, scores.data(), pt, &mx[t * G], &sm[t * G]);
       } else {
-        attend_task<T, 0>(qf.data(), kh, vh, srow, L, G, D, Dv, scores.data(), pt, &mx[t * G], &sm[t * G]);
+        attend_task<storage_t<T>, 0>(qf.data(), kh, vh, srow, L, G, D, Dv, scores.data(), pt, &mx[t * G], &sm[t * G]);
       }
     }
   });
@@ -243,9 +254,9 @@ void decode_attention_impl(const at::Tensor& q, const at::Tensor& k_buf, const a
           const float* pt = part.data() + (t * G + g) * Dv;
           for (int64_t d = 0; d < Dv; ++d) acc[d] += w * pt[d];
         }
-        T* orow = op + (i * H + h * G + g) * Dv;
+        storage_t<T>* orow = op + (i * H + h * G + g) * Dv;
         const float inv = 1.f / denom;
-        for (int64_t d = 0; d < Dv; ++d) orow[d] = from_f<T>(acc[d] * inv);
+        for (int64_t d = 0; d < Dv; ++d) orow[d] = from_f<storage_t<T>>(acc[d] * inv);
       }
     }
   });
@@ -287,22 +298,22 @@ void rms_norm_impl(const at::Tensor& x, const at::Tensor* residual, const at::Te
                    at::Tensor& out, at::Tensor* res_out) {
   const int64_t rows = x.size(0), N = x.size(1);
   const int64_t sx = x.stride(0);
-  const T* xp = x.data_ptr<T>();
-  const T* rp = residual ? residual->data_ptr<T>() : nullptr;
+  const auto* xp = cptr<T>(x);
+  const storage_t<T>* rp = residual ? cptr<T>(*residual) : nullptr;
   const int64_t sr = residual ? residual->stride(0) : 0;
-  const T* wp = w.data_ptr<T>();
-  T* op = out.data_ptr<T>();
-  T* rop = res_out ? res_out->data_ptr<T>() : nullptr;
+  const auto* wp = cptr<T>(w);
+  auto* op = mptr<T>(out);
+  storage_t<T>* rop = res_out ? mptr<T>(*res_out) : nullptr;
   const float feps = static_cast<float>(eps);
   at::parallel_for(0, rows, row_grain(N), [&](int64_t b, int64_t e) {
     std::vector<float> buf(N);
     for (int64_t r = b; r < e; ++r) {
-      const T* xr = xp + r * sx;
+      const storage_t<T>* xr = xp + r * sx;
       if (rp) {
-        const T* rr = rp + r * sr;
-        T* ro = rop + r * N;
+        const storage_t<T>* rr = rp + r * sr;
+        storage_t<T>* ro = rop + r * N;
         for (int64_t c = 0; c < N; ++c) {
-          const T sum = from_f<T>(to_f(xr[c]) + to_f(rr[c]));  // the add is rounded, as torch's is
+          const storage_t<T> sum = from_f<storage_t<T>>(to_f(xr[c]) + to_f(rr[c]));  // the add is rounded, as torch's is
           ro[c] = sum;
           buf[c] = to_f(sum);
         }
@@ -313,8 +324,8 @@ void rms_norm_impl(const at::Tensor& x, const at::Tensor* residual, const at::Te
 #pragma omp simd reduction(+ : ss)
       for (int64_t c = 0; c < N; ++c) ss += buf[c] * buf[c];
       const float inv = 1.f / std::sqrt(ss / static_cast<float>(N) + feps);
-      T* orow = op + r * N;
-      for (int64_t c = 0; c < N; ++c) orow[c] = from_f<T>(buf[c] * inv * to_f(wp[c]));
+      storage_t<T>* orow = op + r * N;
+      for (int64_t c = 0; c < N; ++c) orow[c] = from_f<storage_t<T>>(buf[c] * inv * to_f(wp[c]));
     }
   });
 }
@@ -356,19 +367,19 @@ std::vector<at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& resi
 template <typename T>
 void silu_and_mul_impl(const at::Tensor& x, at::Tensor& out) {
   const int64_t rows = x.size(0), d = out.size(1), sx = x.stride(0);
-  const T* xp = x.data_ptr<T>();
-  T* op = out.data_ptr<T>();
+  const auto* xp = cptr<T>(x);
+  auto* op = mptr<T>(out);
   at::parallel_for(0, rows, row_grain(d), [&](int64_t b, int64_t e) {
     std::vector<float> g(d);
     for (int64_t r = b; r < e; ++r) {
-      const T* gate = xp + r * sx;
-      const T* up = gate + d;
+      const storage_t<T>* gate = xp + r * sx;
+      const storage_t<T>* up = gate + d;
       float* __restrict__ gp = g.data();
       for (int64_t c = 0; c < d; ++c) gp[c] = to_f(gate[c]);
 #pragma omp simd
       for (int64_t c = 0; c < d; ++c) gp[c] = gp[c] / (1.f + vexp(-gp[c]));
-      T* orow = op + r * d;
-      for (int64_t c = 0; c < d; ++c) orow[c] = from_f<T>(gp[c] * to_f(up[c]));
+      storage_t<T>* orow = op + r * d;
+      for (int64_t c = 0; c < d; ++c) orow[c] = from_f<storage_t<T>>(gp[c] * to_f(up[c]));
     }
   });
 }
@@ -391,10 +402,10 @@ void rope_impl(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin
   const int64_t n = x.size(0), H = x.size(1), D = x.size(2);
   const int64_t sx0 = x.stride(0), sx1 = x.stride(1), sc = cos.stride(0), ss = sin.stride(0);
   const int64_t half = rot / 2;
-  const T* xp = x.data_ptr<T>();
-  const T* cp = cos.data_ptr<T>();
-  const T* snp = sin.data_ptr<T>();
-  T* op = out.data_ptr<T>();
+  const auto* xp = cptr<T>(x);
+  const auto* cp = cptr<T>(cos);
+  const auto* snp = cptr<T>(sin);
+  auto* op = mptr<T>(out);
   at::parallel_for(0, n, row_grain(H * D), [&](int64_t b, int64_t e) {
     std::vector<float> c(rot), s(rot);
     for (int64_t t = b; t < e; ++t) {
@@ -403,11 +414,11 @@ void rope_impl(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin
         s[i] = to_f(snp[t * ss + i]);
       }
       for (int64_t h = 0; h < H; ++h) {
-        const T* xr = xp + t * sx0 + h * sx1;
-        T* orow = op + (t * H + h) * D;
+        const storage_t<T>* xr = xp + t * sx0 + h * sx1;
+        storage_t<T>* orow = op + (t * H + h) * D;
         // sin is "signed": its first half negated, so out = x * cos + roll(x, half) * sin
-        for (int64_t i = 0; i < half; ++i) orow[i] = from_f<T>(to_f(xr[i]) * c[i] + to_f(xr[i + half]) * s[i]);
-        for (int64_t i = half; i < rot; ++i) orow[i] = from_f<T>(to_f(xr[i]) * c[i] + to_f(xr[i - half]) * s[i]);
+        for (int64_t i = 0; i < half; ++i) orow[i] = from_f<storage_t<T>>(to_f(xr[i]) * c[i] + to_f(xr[i + half]) * s[i]);
+        for (int64_t i = half; i < rot; ++i) orow[i] = from_f<storage_t<T>>(to_f(xr[i]) * c[i] + to_f(xr[i - half]) * s[i]);
         for (int64_t i = rot; i < D; ++i) orow[i] = xr[i];
       }
     }
