@@ -138,3 +138,22 @@ def test_bfloat16_rounding_and_nan_match_torch(ops):
     x[3, 5] = float("nan")
     out, res = ops.add_rms_norm(x, r, torch.ones(32, dtype=torch.bfloat16), 1e-6)
     assert torch.isnan(res[3, 5]) and torch.isnan(out[3]).all() and not torch.isnan(out[4]).any()
+
+
+def test_dispatch_table_answers_per_device_and_dtype(monkeypatch):
+    """Device choices live in kernels/dispatch.py: CPU float tensors get the CPU paths, other
+    devices / dtypes the portable ones (a meta tensor stands in for an accelerator here)."""
+    cpu32, meta = torch.zeros(2, 3), torch.zeros(2, 3, device="meta")
+    assert dispatch.flash_lse_op(cpu32) is not None and dispatch.flash_lse_op(meta) is None
+    assert dispatch.flash_lse_op(cpu32.half()) is None
+    assert dispatch.splits_attention(torch.device("cpu")) and not dispatch.splits_attention(meta.device)
+    assert dispatch.host_argmax(cpu32) and not dispatch.host_argmax(cpu32.bfloat16())
+    assert not dispatch.host_argmax(meta) and not dispatch.host_argmax(torch.zeros(0, 3))
+    assert dispatch.fused_ops(meta) is None and dispatch.fused_ops(cpu32.half()) is None
+    monkeypatch.setenv("SGLANG_CPU_KERNELS", "0")
+    dispatch.reset()
+    try:
+        assert dispatch.fused_ops(cpu32) is None
+    finally:
+        monkeypatch.delenv("SGLANG_CPU_KERNELS")
+        dispatch.reset()

@@ -1,4 +1,8 @@
-"""Kernel dispatch table: which fused kernels serve a tensor's device and dtype.
+"""Kernel dispatch table: which kernels serve a tensor's device and dtype.
+
+Besides our fused kernels (`fused_ops`), this is where device-specific choices among torch's own
+kernels are made (`flash_lse_op`, `splits_attention`, `host_argmax`), so that layers hold no
+device checks.
 
 Layers ask `fused_ops(x)` and fall back to their torch code when it returns None, so every
 platform without fused kernels (or a dtype they do not cover) keeps working unchanged. The
@@ -9,7 +13,7 @@ about half a minute the first time on a machine; later processes load the cached
 from __future__ import annotations
 
 import threading
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -48,3 +52,28 @@ def reset() -> None:
     """Forget the cached answers (tests that change SGLANG_CPU_KERNELS)."""
     with _lock:
         _by_device.clear()
+
+
+_FLASH_LSE = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def flash_lse_op(q: torch.Tensor) -> Optional[Callable[..., Any]]:
+    """torch's CPU flash attention, which also returns the log-sum-exp, when it serves q (CPU,
+    float32 / bfloat16); None elsewhere (callers use the exact-math fallback)."""
+    if _FLASH_LSE is None or q.device.type != "cpu" or q.dtype not in SUPPORTED_DTYPES:
+        return None
+    return _FLASH_LSE
+
+
+def splits_attention(device: torch.device) -> bool:
+    """Whether attention over cached KV is split on this device: a chunk's cached prefix attended
+    without a mask plus its own keys causally, and long decode runs read as views, merged by
+    log-sum-exp. It pays only where the flash kernel with LSE exists (CPU); elsewhere one call
+    under an explicit mask is faster."""
+    return _FLASH_LSE is not None and device.type == "cpu"
+
+
+def host_argmax(x: torch.Tensor) -> bool:
+    """Whether x's row argmax is best taken by numpy on the host (2-D, non-empty float32 CPU
+    tensors: single-threaded SIMD, ~7x faster than torch's parallel reduction here)."""
+    return x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2 and x.shape[0] > 0 and x.shape[1] > 0

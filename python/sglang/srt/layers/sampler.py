@@ -24,6 +24,7 @@ from typing import Optional
 
 import torch
 
+from sglang.srt.kernels.dispatch import host_argmax
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 
 TOP_P_CANDIDATES = 1024  # top_p first tries the 1024 most likely tokens before a full sort
@@ -162,7 +163,7 @@ def greedy_argmax(x: torch.Tensor) -> torch.Tensor:
     (single-threaded SIMD; torch's parallel reduction over [16, 49152] costs ~0.6 ms) and immune to
     OpenMP barrier stalls when the cores are shared.
     """
-    if x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2 and x.shape[0] > 0 and x.shape[1] > 0:
+    if host_argmax(x):
         return torch.from_numpy(x.detach().numpy().argmax(axis=-1).astype("int64", copy=False))
     return torch.argmax(x, dim=-1)
 

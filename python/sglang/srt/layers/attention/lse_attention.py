@@ -19,13 +19,13 @@ from typing import Optional
 
 import torch
 
+from sglang.srt.kernels.dispatch import flash_lse_op
 from sglang.srt.layers.attention.torch_native import attention_with_lse
 
 QUERY_BLOCK = 1024  # queries per block of scattered positions in causal_attention_lse
 MAX_GAP = 64  # a jump in query positions larger than this starts a new block
 MIN_RUN = 32  # a contiguous run of at least this many positions is a block of its own
 
-_flash_cpu = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
 def sdpa_lse(
@@ -44,13 +44,14 @@ def sdpa_lse(
     if lk == 0 or lq == 0:
         out = q.new_zeros((b, h, lq, v.shape[-1]))
         return out, torch.full((b, h, lq), float("-inf"), dtype=torch.float32, device=q.device)
-    if _flash_cpu is None or q.device.type != "cpu" or q.dtype not in (torch.float32, torch.bfloat16):
+    flash = flash_lse_op(q)
+    if flash is None:
         return attention_with_lse(q, k, v, scale, attn_mask=attn_mask, is_causal=is_causal)
     float_mask = None
     if attn_mask is not None:
         float_mask = torch.zeros(attn_mask.shape, dtype=q.dtype, device=q.device)
         float_mask.masked_fill_(~attn_mask, float("-inf"))
-    out, lse = _flash_cpu(q, k.to(q.dtype), v.to(q.dtype), 0.0, is_causal, attn_mask=float_mask, scale=scale)
+    out, lse = flash(q, k.to(q.dtype), v.to(q.dtype), 0.0, is_causal, attn_mask=float_mask, scale=scale)
     if attn_mask is not None:
         # the kernel reports lse = 0 for a fully masked row; make it -inf
         seen = attn_mask.any(dim=-1)  # [.., Lq]

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from sglang.srt.kernels.dispatch import kernels_for_device
+from sglang.srt.kernels.dispatch import kernels_for_device, splits_attention
 from sglang.srt.layers.attention.base import AttentionBackend
 from sglang.srt.layers.attention.torch_native_decode import (
     DecodeSegments,
@@ -174,7 +174,7 @@ def _build_metadata(fb: "ForwardBatch") -> TorchNativeMetadata:
         if kernels is not None:
             single_kv = single_kv.to(torch.int64).contiguous()
             single_lens_t = torch.tensor(single_lens, dtype=torch.int64)
-        elif isinstance(single_source, KVGather) and device.type == "cpu":
+        elif isinstance(single_source, KVGather) and splits_attention(device):
             single_segments = plan_decode_segments(single_kv, single_lens)
     extends: list[_ExtendItem] = []
     start = 0
@@ -186,7 +186,7 @@ def _build_metadata(fb: "ForwardBatch") -> TorchNativeMetadata:
             else:
                 kv = req_to_token[fb.req_pool_indices[i : i + 1].to(device), :seq_len][0]
                 # CPU splits prefix / chunk instead (no mask); a [n, seq_len] mask can be 100s of MB
-                mask = None if device.type == "cpu" else causal_mask(n, seq_len, prefix, device=device)
+                mask = None if splits_attention(device) else causal_mask(n, seq_len, prefix, device=device)
                 srcs = plan_source(kv), plan_source(kv[:prefix])
                 extends.append(_ExtendItem(start, start + n, kv, mask, False, *srcs))
         start += n

@@ -121,8 +121,9 @@ def lse_kernel_available(q: torch.Tensor) -> bool:
     """Whether `sdpa_lse` runs on torch's CPU flash kernel for q. Only then do the split paths
     (`attend_prefix_and_chunk`, decode runs) pay off; elsewhere its exact-math fallback would be
     slower than one SDPA over gathered keys."""
-    flash = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-    return flash is not None and q.device.type == "cpu" and q.dtype in (torch.float32, torch.bfloat16)
+    from sglang.srt.kernels.dispatch import flash_lse_op
+
+    return flash_lse_op(q) is not None
 
 
 def attend_prefix_and_chunk(
