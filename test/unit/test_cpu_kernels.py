@@ -157,3 +157,21 @@ def test_dispatch_table_answers_per_device_and_dtype(monkeypatch):
     finally:
         monkeypatch.delenv("SGLANG_CPU_KERNELS")
         dispatch.reset()
+
+
+@pytest.mark.parametrize("heads", [(9, 3), (4, 4), (8, 1)])
+def test_prefill_attention_matches_reference(ops, heads):
+    """The AMX prefill kernel (where the CPU has AMX): ragged lengths around its 16-row / 64-key
+    blocks, GQA, strided q / k / v views of one qkv projection, bf16 against float32 math."""
+    if not ops.prefill_attention_supported():
+        pytest.skip("this CPU has no AMX")
+    hq, hk = heads
+    g = torch.Generator().manual_seed(hq)
+    for n in (1, 15, 16, 17, 63, 64, 65, 300, 1100):
+        qkv = torch.randn(n, (hq + 2 * hk) * 64, generator=g).bfloat16()
+        q = qkv[:, : hq * 64].view(n, hq, 64)
+        k = qkv[:, hq * 64 : (hq + hk) * 64].view(n, hk, 64)
+        v = qkv[:, (hq + hk) * 64 :].view(n, hk, 64)
+        _close(ops.prefill_attention(q, k, v, 0.125), ref.prefill_attention(q, k, v, 0.125), torch.bfloat16)
+    with pytest.raises(RuntimeError, match="bfloat16"):
+        ops.prefill_attention(q.float(), k.float(), v.float(), 0.125)

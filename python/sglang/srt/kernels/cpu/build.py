@@ -1,4 +1,4 @@
-"""Builds the CPU kernels (csrc/sglang_cpu_ops.cpp) with the host C++ compiler on first use.
+"""Builds the CPU kernels (csrc/*.cpp) with the host C++ compiler on first use.
 
 torch's extension loader compiles once per source text into its cache directory
 (TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions) and holds a file lock while it does, so
@@ -25,7 +25,8 @@ from typing import Optional
 
 logger = logging.getLogger(__name__)
 
-_SOURCE = os.path.join(os.path.dirname(__file__), "csrc", "sglang_cpu_ops.cpp")
+_CSRC = os.path.join(os.path.dirname(__file__), "csrc")
+_SOURCES = [os.path.join(_CSRC, name) for name in ("sglang_cpu_ops.cpp", "prefill_attention_amx.cpp")]
 _lock = threading.Lock()
 _state: dict[str, Optional[ModuleType]] = {}
 
@@ -62,7 +63,7 @@ def load() -> Optional[ModuleType]:
             start = time.perf_counter()
             module = cpp_extension.load(
                 name=f"sglang_cpu_ops_{_cpu_tag()}",
-                sources=[_SOURCE],
+                sources=_SOURCES,
                 extra_cflags=["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-mprefer-vector-width=512"],
                 extra_ldflags=["-fopenmp"],
                 verbose=False,

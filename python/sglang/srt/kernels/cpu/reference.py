@@ -43,3 +43,10 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rot: int) -> tor
     r = xf[..., :rot]
     r = r * cos.float()[:, None] + r.roll(rot // 2, dims=-1) * sin.float()[:, None]
     return torch.cat((r, xf[..., rot:]), dim=-1).to(x.dtype)
+
+
+def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Causal attention of one fresh sequence: q [n, H, D], k / v [n, Hk, D] -> [n, H, D]."""
+    qh, kh, vh = (t.transpose(0, 1).unsqueeze(0).float() for t in (q, k, v))
+    out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    return out[0].transpose(0, 1).to(q.dtype)

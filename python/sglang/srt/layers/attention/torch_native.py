@@ -14,7 +14,8 @@ layer into a scratch buffer shared by all layers. Batched decode requests with l
 runs attend those runs as views too (`torch_native_decode.py`). Where the device has fused
 kernels (`kernels/dispatch.py`; the CPU build), single-token requests instead go through one
 `decode_attention` call that reads each request's slots from the pool in place (no gather, no
-padding) and splits long sequences across threads.
+padding) and splits long sequences across threads; where the CPU has AMX, a fresh prefill
+(no cached prefix) of a bf16 model with head dim 64 runs the fused `prefill_attention`.
 
 `attention_with_lse` / `merge_attention_states` are the exact softmax-with-log-sum-exp building
 blocks used when attention over one sequence is split across ranks (context parallelism).
@@ -141,6 +142,7 @@ class TorchNativeMetadata:
     # Fused kernels of the device (kernels/dispatch.py): decode attention reads the pool in place.
     kernels: Optional[Any] = None
     single_lens: Optional[torch.Tensor] = None  # [n1] int64 seq lens (for the fused kernel)
+    prefill_kernel: bool = False  # the fused kernels run fresh causal prefill here (CPU with AMX)
 
 
 def _build_metadata(fb: "ForwardBatch") -> TorchNativeMetadata:
@@ -149,8 +151,8 @@ def _build_metadata(fb: "ForwardBatch") -> TorchNativeMetadata:
     ext_lens, prefix_lens, seq_lens = fb.extend_seq_lens_cpu, fb.extend_prefix_lens_cpu, fb.seq_lens_cpu
     single = [i for i, n in enumerate(ext_lens) if n == 1]
     all_single = len(single) == fb.batch_size
-    single_token_idx = single_kv = single_mask = single_source = single_segments = None
-    kernels = single_lens_t = None
+    single_token_idx = single_kv = single_mask = single_source = single_segments = single_lens_t = None
+    kernels = kernels_for_device(device)
     if single:
         if all_single:
             rows, lens = fb.req_pool_indices, fb.seq_lens
@@ -170,7 +172,6 @@ def _build_metadata(fb: "ForwardBatch") -> TorchNativeMetadata:
             single_mask = valid[:, None, None, :]
         flat = single_kv.reshape(-1)
         single_source = plan_source(flat) if len(single) == 1 else KVGather(flat)
-        kernels = kernels_for_device(device)
         if kernels is not None:
             single_kv = single_kv.to(torch.int64).contiguous()
             single_lens_t = torch.tensor(single_lens, dtype=torch.int64)
@@ -200,6 +201,15 @@ def _build_metadata(fb: "ForwardBatch") -> TorchNativeMetadata:
         single_segments,
         kernels=kernels,
         single_lens=single_lens_t,
+        prefill_kernel=kernels is not None and bool(kernels.prefill_attention_supported()),
+    )
+
+
+def _amx_prefill_fits(q3: torch.Tensor, k3: torch.Tensor, v3: torch.Tensor) -> bool:
+    """Whether the fused `prefill_attention` covers these [n, heads, D] views (bf16, D = 64,
+    the heads of a token contiguous)."""
+    return q3.dtype == k3.dtype == v3.dtype == torch.bfloat16 and all(
+        t.shape[-1] == 64 and t.stride(-1) == 1 and t.stride(-2) == 64 for t in (q3, k3, v3)
     )
 
 
@@ -315,6 +325,10 @@ class TorchNativeAttnBackend(AttentionBackend):
             ki = k3[item.start : item.end].transpose(0, 1).unsqueeze(0)
             vi = v3[item.start : item.end].transpose(0, 1).unsqueeze(0)
             if item.kv_indices is None:
+                if md.prefill_kernel and _amx_prefill_fits(q3, k3, v3):
+                    s, e = item.start, item.end
+                    out[s:e] = md.kernels.prefill_attention(q3[s:e], k3[s:e], v3[s:e], layer.scaling)
+                    continue
                 oi = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=layer.scaling, enable_gqa=gqa)
                 out[item.start : item.end] = oi[0].transpose(0, 1)
                 continue

@@ -10,6 +10,7 @@
 //   add_rms_norm      r = x + residual (rounded like torch's add), y = rms_norm(r)
 //   silu_and_mul      [T, 2d] -> silu(x[:, :d]) * x[:, d:]
 //   rope              neox-layout rotary embedding of [T, H, D] rows (first `rot` dims)
+//   prefill_attention causal attention of one fresh sequence on AMX tiles (prefill_attention_amx.cpp)
 
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
@@ -445,10 +446,16 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
 
 }  // namespace
 
+// prefill_attention_amx.cpp
+bool prefill_attention_supported();
+at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale);
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention", &decode_attention, "decode attention over a head-major KV pool, in place");
   m.def("rms_norm", &rms_norm, "RMSNorm");
   m.def("add_rms_norm", &add_rms_norm, "residual add + RMSNorm -> (normed, new residual)");
   m.def("silu_and_mul", &silu_and_mul, "SwiGLU gate");
   m.def("rope", &rope, "neox rotary embedding");
+  m.def("prefill_attention_supported", &prefill_attention_supported, "whether prefill_attention runs here (AMX)");
+  m.def("prefill_attention", &prefill_attention, "causal attention of one fresh sequence on AMX (bf16, head dim 64)");
 }
