@@ -175,3 +175,25 @@ def test_prefill_attention_matches_reference(ops, heads):
         _close(ops.prefill_attention(q, k, v, 0.125), ref.prefill_attention(q, k, v, 0.125), torch.bfloat16)
     with pytest.raises(RuntimeError, match="bfloat16"):
         ops.prefill_attention(q.float(), k.float(), v.float(), 0.125)
+
+
+@pytest.mark.parametrize("prefix", [1, 40, 64, 200])
+def test_prefill_attention_over_cached_prefix(ops, prefix):
+    """A chunk over a cached prefix (chunked prefill / prefix-cache hit): prefix keys read from
+    scattered rows of head-major caches, then the chunk's own keys causally."""
+    if not ops.prefill_attention_supported():
+        pytest.skip("this CPU has no AMX")
+    g = torch.Generator().manual_seed(prefix)
+    hq, hk, rows = 9, 3, 1000
+    k_cache = torch.randn(hk, rows, 64, generator=g).bfloat16()
+    v_cache = torch.randn(hk, rows, 64, generator=g).bfloat16()
+    slots = torch.randperm(rows, generator=g)[:prefix]
+    for n in (1, 17, 130):
+        qkv = torch.randn(n, (hq + 2 * hk) * 64, generator=g).bfloat16()
+        q = qkv[:, : hq * 64].view(n, hq, 64)
+        k = qkv[:, hq * 64 : (hq + hk) * 64].view(n, hk, 64)
+        v = qkv[:, (hq + hk) * 64 :].view(n, hk, 64)
+        got = ops.prefill_attention(q, k, v, 0.125, k_cache, v_cache, slots)
+        _close(got, ref.prefill_attention(q, k, v, 0.125, k_cache, v_cache, slots), torch.bfloat16)
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        ops.prefill_attention(q, k, v, 0.125, k_cache, v_cache, torch.tensor([rows]))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 
@@ -45,8 +47,31 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rot: int) -> tor
     return torch.cat((r, xf[..., rot:]), dim=-1).to(x.dtype)
 
 
-def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """Causal attention of one fresh sequence: q [n, H, D], k / v [n, Hk, D] -> [n, H, D]."""
-    qh, kh, vh = (t.transpose(0, 1).unsqueeze(0).float() for t in (q, k, v))
-    out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+def prefill_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    k_cache: Optional[torch.Tensor] = None,
+    v_cache: Optional[torch.Tensor] = None,
+    prefix_slots: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Causal attention of n new tokens: q [n, H, D], k / v [n, Hk, D], after an optional cached
+    prefix (rows prefix_slots of head-major k/v_cache [Hk, rows, D]) -> [n, H, D]."""
+    keys, values = k.transpose(0, 1), v.transpose(0, 1)  # [Hk, n, D]
+    prefix = 0
+    if prefix_slots is not None and prefix_slots.numel():
+        prefix = prefix_slots.numel()
+        keys = torch.cat((k_cache[:, prefix_slots], keys), dim=1)
+        values = torch.cat((v_cache[:, prefix_slots], values), dim=1)
+    n = q.shape[0]
+    mask = torch.ones(n, prefix + n, dtype=torch.bool).tril(diagonal=prefix)
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1).unsqueeze(0).float(),
+        keys.unsqueeze(0).float(),
+        values.unsqueeze(0).float(),
+        attn_mask=mask,
+        scale=scale,
+        enable_gqa=q.shape[1] != k.shape[1],
+    )
     return out[0].transpose(0, 1).to(q.dtype)

@@ -205,11 +205,12 @@ def _build_metadata(fb: "ForwardBatch") -> TorchNativeMetadata:
     )
 
 
-def _amx_prefill_fits(q3: torch.Tensor, k3: torch.Tensor, v3: torch.Tensor) -> bool:
-    """Whether the fused `prefill_attention` covers these [n, heads, D] views (bf16, D = 64,
-    the heads of a token contiguous)."""
-    return q3.dtype == k3.dtype == v3.dtype == torch.bfloat16 and all(
-        t.shape[-1] == 64 and t.stride(-1) == 1 and t.stride(-2) == 64 for t in (q3, k3, v3)
+def _amx_prefill_fits(*tensors: torch.Tensor) -> bool:
+    """Whether the fused `prefill_attention` covers these tensors: bf16 with head dim 64, the
+    64 values of a head contiguous ([n, heads, 64] views of q / k / v, or the rows of the
+    head-major pool buffers [heads, rows, 64])."""
+    return all(
+        t.dtype == torch.bfloat16 and t.shape[-1] == 64 and t.stride(-1) == 1 and t.stride(-2) == 64 for t in tensors
     )
 
 
@@ -334,6 +335,14 @@ class TorchNativeAttnBackend(AttentionBackend):
                 continue
             if k_cache is None:
                 k_cache, v_cache = head_major_kv(fb.token_to_kv_pool, layer.layer_id)
+            caches_fit = k_cache.is_contiguous() and v_cache.is_contiguous() and _amx_prefill_fits(k_cache, v_cache)
+            if md.prefill_kernel and caches_fit and _amx_prefill_fits(q3, k3, v3):
+                s, e = item.start, item.end
+                prefix_slots = item.kv_indices[: item.kv_indices.shape[0] - (e - s)]
+                out[s:e] = md.kernels.prefill_attention(
+                    q3[s:e], k3[s:e], v3[s:e], layer.scaling, k_cache, v_cache, prefix_slots
+                )
+                continue
             if item.prefix_source is not None and lse_kernel_available(qi):
                 src = item.prefix_source
                 kp = fetch(k_cache, src, md.workspace, "k").unsqueeze(0).to(q3.dtype)

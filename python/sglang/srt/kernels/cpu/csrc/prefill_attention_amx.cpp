@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__)
@@ -111,14 +112,14 @@ inline __m512 exp512_fast(__m512 x) {
 //   S^T [64 keys x 16 rows] = K_blk . Q^T   (A: K rows, B: Q^T in d pairs)
 //   O^T [64 d x 16 rows]   += V^T_blk . P^T (A: V^T rows, B: P^T in key pairs)
 void attend_block_rows(const uint32_t* qt, const uint16_t* kpad, const uint16_t* vt, int64_t n, int64_t r0,
-                       float scale, uint16_t* out, int64_t so0) {
+                       int64_t prefix, float scale, uint16_t* out, int64_t so0) {
   alignas(64) float st[kK * 16];
   alignas(64) uint32_t pt[(kK / 2) * 16];
   alignas(64) float ot[kHeadDim * 16];
   alignas(64) float o[kHeadDim * 16];
   std::memset(o, 0, sizeof(o));
   const int64_t rows = std::min<int64_t>(kQ, n - r0);
-  const int64_t last_key = r0 + rows - 1;
+  const int64_t last_key = prefix + r0 + rows - 1;  // query row r sits at position prefix + r
   const __m512 vscale = _mm512_set1_ps(scale);
   __m512 m = _mm512_set1_ps(-1e30f);  // running max per row (finite: exp stays exact 0 for "none yet")
   __m512 l = _mm512_setzero_ps();
@@ -155,7 +156,7 @@ void attend_block_rows(const uint32_t* qt, const uint16_t* kpad, const uint16_t*
     _tile_stored(7, st + 768, 64);
     // causal: key k visible to lane r iff k <= r0 + r, i.e. lanes >= k - r0. The scale is applied
     // inside the exponent (p = exp(x * scale - m)); the max is taken over unscaled scores.
-    const int64_t full = r0 - k0;  // keys k0 + kk with kk <= full are visible to every lane
+    const int64_t full = prefix + r0 - k0;  // keys k0 + kk with kk <= full are visible to every lane
     // scale > 0: the max of the scaled scores is the scaled max
     __m512 raw = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
     if (full >= kK - 1) {
@@ -247,7 +248,9 @@ bool prefill_attention_supported() {
 #endif
 }
 
-at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) {
+at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                             const std::optional<at::Tensor>& k_cache, const std::optional<at::Tensor>& v_cache,
+                             const std::optional<at::Tensor>& prefix_slots) {
   TORCH_CHECK(prefill_attention_supported(), "prefill_attention: AMX is not available on this CPU / build");
 #if defined(SGL_HAVE_AMX)
   using namespace sgl_amx;
@@ -262,10 +265,36 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at:
               "prefill_attention: heads of a row must be contiguous");
   const int64_t n = q.size(0), H = q.size(1), Hk = k.size(1);
   TORCH_CHECK(k.size(0) == n && v.size(0) == n && v.size(1) == Hk && H % Hk == 0, "prefill_attention: shapes");
+  // optional cached prefix: keys / values of pool rows prefix_slots from head-major [Hk, rows, 64]
+  // buffers, before the fresh ones (the chunk of a chunked prefill, or a prompt with a cache hit)
+  const bool has_prefix = prefix_slots.has_value() && prefix_slots->numel() > 0;
+  const int64_t P = has_prefix ? prefix_slots->numel() : 0;
+  const uint16_t* kc = nullptr;
+  const uint16_t* vc = nullptr;
+  const int64_t* slots = nullptr;
+  int64_t cache_rows = 0;
+  if (has_prefix) {
+    TORCH_CHECK(k_cache.has_value() && v_cache.has_value(), "prefill_attention: prefix_slots needs k_cache / v_cache");
+    for (const at::Tensor* c : {&*k_cache, &*v_cache}) {
+      TORCH_CHECK(c->scalar_type() == at::kBFloat16 && c->dim() == 3 && c->is_contiguous() && c->size(0) == Hk &&
+                      c->size(2) == kHeadDim && c->size(1) == k_cache->size(1),
+                  "prefill_attention: caches must be contiguous head-major [Hk, rows, 64] bfloat16");
+    }
+    TORCH_CHECK(prefix_slots->scalar_type() == at::kLong && prefix_slots->dim() == 1 && prefix_slots->is_contiguous(),
+                "prefill_attention: prefix_slots must be contiguous int64 [P]");
+    cache_rows = k_cache->size(1);
+    kc = reinterpret_cast<const uint16_t*>(k_cache->data_ptr<at::BFloat16>());
+    vc = reinterpret_cast<const uint16_t*>(v_cache->data_ptr<at::BFloat16>());
+    slots = prefix_slots->data_ptr<int64_t>();
+    for (int64_t j = 0; j < P; ++j) {
+      TORCH_CHECK(slots[j] >= 0 && slots[j] < cache_rows, "prefill_attention: prefix slot ", slots[j], " outside the cache");
+    }
+  }
   auto out = at::empty({n, H, kHeadDim}, q.options());
   if (n == 0) return out;
   const int64_t G = H / Hk;
-  const int64_t lpad = (n + kK - 1) / kK * kK;
+  const int64_t L = P + n;  // keys: the prefix, then the fresh ones
+  const int64_t lpad = (L + kK - 1) / kK * kK;
   // Per kv head: K rows padded with zeros to lpad ([lpad][64] bf16) and V^T in blocks of 32 keys
   // ([lpad / 32][64 d][32 keys] bf16); per task, Q^T in d pairs ([32][16 rows] bf16 pairs).
   std::vector<uint16_t> kpad(Hk * lpad * kHeadDim, 0), vt(Hk * lpad * kHeadDim, 0);
@@ -278,9 +307,10 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at:
       uint16_t* vth = vt.data() + (h * (lpad / 32) + blk) * kHeadDim * 32;
       for (int64_t kk = 0; kk < 32; ++kk) {
         const int64_t key = blk * 32 + kk;
-        if (key >= n) break;
-        std::memcpy(kpad.data() + (h * lpad + key) * kHeadDim, kp + key * sk0 + h * kHeadDim, kHeadDim * 2);
-        const uint16_t* vrow = vp + key * sv0 + h * kHeadDim;
+        if (key >= L) break;
+        const uint16_t* krow = key < P ? kc + (h * cache_rows + slots[key]) * kHeadDim : kp + (key - P) * sk0 + h * kHeadDim;
+        const uint16_t* vrow = key < P ? vc + (h * cache_rows + slots[key]) * kHeadDim : vp + (key - P) * sv0 + h * kHeadDim;
+        std::memcpy(kpad.data() + (h * lpad + key) * kHeadDim, krow, kHeadDim * 2);
         for (int d = 0; d < kHeadDim; ++d) vth[d * 32 + kk] = vrow[d];
       }
     }
@@ -302,7 +332,7 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at:
         const uint32_t* qrow = reinterpret_cast<const uint32_t*>(qp + (r0 + i) * sq0 + hq * kHeadDim);
         for (int w = 0; w < 32; ++w) qt[w * 16 + i] = r0 + i < n ? qrow[w] : 0u;
       }
-      attend_block_rows(qt, kpad.data() + h * lpad * kHeadDim, vt.data() + h * lpad * kHeadDim, n, r0, fscale,
+      attend_block_rows(qt, kpad.data() + h * lpad * kHeadDim, vt.data() + h * lpad * kHeadDim, n, r0, P, fscale,
                         op + hq * kHeadDim, so0);
     }
     _tile_release();

@@ -10,7 +10,8 @@
 //   add_rms_norm      r = x + residual (rounded like torch's add), y = rms_norm(r)
 //   silu_and_mul      [T, 2d] -> silu(x[:, :d]) * x[:, d:]
 //   rope              neox-layout rotary embedding of [T, H, D] rows (first `rot` dims)
-//   prefill_attention causal attention of one fresh sequence on AMX tiles (prefill_attention_amx.cpp)
+//   prefill_attention causal attention of a sequence's new tokens (after an optional cached prefix
+//                     read from the pool) on AMX tiles (prefill_attention_amx.cpp)
 
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
@@ -448,7 +449,9 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
 
 // prefill_attention_amx.cpp
 bool prefill_attention_supported();
-at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale);
+at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                             const std::optional<at::Tensor>& k_cache, const std::optional<at::Tensor>& v_cache,
+                             const std::optional<at::Tensor>& prefix_slots);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention", &decode_attention, "decode attention over a head-major KV pool, in place");
@@ -457,5 +460,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_and_mul", &silu_and_mul, "SwiGLU gate");
   m.def("rope", &rope, "neox rotary embedding");
   m.def("prefill_attention_supported", &prefill_attention_supported, "whether prefill_attention runs here (AMX)");
-  m.def("prefill_attention", &prefill_attention, "causal attention of one fresh sequence on AMX (bf16, head dim 64)");
+  m.def("prefill_attention", &prefill_attention,
+        "causal attention of one sequence's new tokens on AMX (bf16, head dim 64), over an optional cached prefix",
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scale"), py::arg("k_cache") = py::none(),
+        py::arg("v_cache") = py::none(), py::arg("prefix_slots") = py::none());
 }
