@@ -14,8 +14,9 @@ layer into a scratch buffer shared by all layers. Batched decode requests with l
 runs attend those runs as views too (`torch_native_decode.py`). Where the device has fused
 kernels (`kernels/dispatch.py`; the CPU build), single-token requests instead go through one
 `decode_attention` call that reads each request's slots from the pool in place (no gather, no
-padding) and splits long sequences across threads; where the CPU has AMX, a fresh prefill
-(no cached prefix) of a bf16 model with head dim 64 runs the fused `prefill_attention`.
+padding) and splits long sequences across threads; where the CPU has AMX, the prefill of a bf16
+model with head dim 64 (fresh, or a chunk over a cached prefix read from the pool) runs the fused
+`prefill_attention`.
 
 `attention_with_lse` / `merge_attention_states` are the exact softmax-with-log-sum-exp building
 blocks used when attention over one sequence is split across ranks (context parallelism).
@@ -142,7 +143,7 @@ class TorchNativeMetadata:
     # Fused kernels of the device (kernels/dispatch.py): decode attention reads the pool in place.
     kernels: Optional[Any] = None
     single_lens: Optional[torch.Tensor] = None  # [n1] int64 seq lens (for the fused kernel)
-    prefill_kernel: bool = False  # the fused kernels run fresh causal prefill here (CPU with AMX)
+    prefill_kernel: bool = False  # the fused kernels run causal prefill here (CPU with AMX)
 
 
 def _build_metadata(fb: "ForwardBatch") -> TorchNativeMetadata:
@@ -320,6 +321,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         k3 = k.view(num_tokens, layer.num_kv_heads, layer.head_dim)
         v3 = v.view(num_tokens, layer.num_kv_heads, layer.v_head_dim)
         k_cache = v_cache = None
+        caches_fit = False  # the pool buffers suit the fused prefill kernel (checked once per layer)
         for item in md.extends:
             # NOTE: SDPA takes its fast (flash) CPU kernel only for 4-D inputs: [1, H, n, D]
             qi = q3[item.start : item.end].transpose(0, 1).unsqueeze(0)
@@ -335,7 +337,7 @@ class TorchNativeAttnBackend(AttentionBackend):
                 continue
             if k_cache is None:
                 k_cache, v_cache = head_major_kv(fb.token_to_kv_pool, layer.layer_id)
-            caches_fit = k_cache.is_contiguous() and v_cache.is_contiguous() and _amx_prefill_fits(k_cache, v_cache)
+                caches_fit = k_cache.is_contiguous() and v_cache.is_contiguous() and _amx_prefill_fits(k_cache, v_cache)
             if md.prefill_kernel and caches_fit and _amx_prefill_fits(q3, k3, v3):
                 s, e = item.start, item.end
                 prefix_slots = item.kv_indices[: item.kv_indices.shape[0] - (e - s)]
