@@ -3,6 +3,8 @@ them against their torch paths. Skipped where no C++ toolchain can build the ker
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -20,6 +22,18 @@ def ops():
     if module is None:
         pytest.skip("the fused CPU kernels could not be built here (no C++ toolchain?)")
     return module
+
+
+@contextlib.contextmanager
+def _kernels_off(monkeypatch):
+    """SGLANG_CPU_KERNELS=0 for the block (the dispatch table forgets its cached answer)."""
+    monkeypatch.setenv("SGLANG_CPU_KERNELS", "0")
+    dispatch.reset()
+    try:
+        yield
+    finally:
+        monkeypatch.delenv("SGLANG_CPU_KERNELS")
+        dispatch.reset()
 
 
 # float32: the same math up to summation order; bfloat16: one rounding of the output (plus the
@@ -116,14 +130,9 @@ def test_layers_fused_equal_torch_paths(ops, monkeypatch, dtype):
         return [norm(x), *norm(x, res), act(gu), rope.apply(qk, cos, sin)]
 
     fused = run()
-    monkeypatch.setenv("SGLANG_CPU_KERNELS", "0")
-    dispatch.reset()
-    try:
+    with _kernels_off(monkeypatch):
         assert dispatch.kernels_for_device(torch.device("cpu")) is None
         plain = run()
-    finally:
-        monkeypatch.delenv("SGLANG_CPU_KERNELS")
-        dispatch.reset()
     for a, b in zip(fused, plain):
         _close(a, b, dtype)
 
@@ -150,13 +159,8 @@ def test_dispatch_table_answers_per_device_and_dtype(monkeypatch):
     assert dispatch.host_argmax(cpu32) and not dispatch.host_argmax(cpu32.bfloat16())
     assert not dispatch.host_argmax(meta) and not dispatch.host_argmax(torch.zeros(0, 3))
     assert dispatch.fused_ops(meta) is None and dispatch.fused_ops(cpu32.half()) is None
-    monkeypatch.setenv("SGLANG_CPU_KERNELS", "0")
-    dispatch.reset()
-    try:
+    with _kernels_off(monkeypatch):
         assert dispatch.fused_ops(cpu32) is None
-    finally:
-        monkeypatch.delenv("SGLANG_CPU_KERNELS")
-        dispatch.reset()
 
 
 @pytest.mark.parametrize("heads", [(9, 3), (4, 4), (8, 1)])

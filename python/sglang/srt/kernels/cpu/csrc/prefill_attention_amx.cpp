@@ -107,6 +107,35 @@ inline __m512 exp512_fast(__m512 x) {
 }
 
 
+// Tiles 4 + c (c < 4) = A0_c . B0 + A1_c . B1 with B0 / B1 = tiles 2 / 3 (two 1 KB tiles at b),
+// A0_c = a0 + c * a_step, A1_c = a1 + c * a_step (rows a_stride bytes apart); the four 16 x 16
+// float results are stored one after another at dst. The tile intrinsics paste their tile numbers
+// into assembly text, so they must be literals: hence a macro, not a template.
+#define SGL_TILE_PAIR_DOT(c, tile)                 \
+  _tile_loadd(0, a0 + (c) * a_step, a_stride);     \
+  _tile_loadd(1, a1 + (c) * a_step, a_stride);     \
+  _tile_dpbf16ps(tile, 0, 2);                      \
+  _tile_dpbf16ps(tile, 1, 3)
+
+inline void four_tile_products(const uint32_t* b, const uint16_t* a0, const uint16_t* a1, int64_t a_step,
+                               int a_stride, float* dst) {
+  _tile_loadd(2, b, 64);
+  _tile_loadd(3, b + 256, 64);
+  _tile_zero(4);
+  _tile_zero(5);
+  _tile_zero(6);
+  _tile_zero(7);
+  SGL_TILE_PAIR_DOT(0, 4);
+  SGL_TILE_PAIR_DOT(1, 5);
+  SGL_TILE_PAIR_DOT(2, 6);
+  SGL_TILE_PAIR_DOT(3, 7);
+  _tile_stored(4, dst, 64);
+  _tile_stored(5, dst + 256, 64);
+  _tile_stored(6, dst + 512, 64);
+  _tile_stored(7, dst + 768, 64);
+}
+#undef SGL_TILE_PAIR_DOT
+
 // One task: 16 query rows of one q head against keys 0 .. last row, transposed so that the 16
 // query rows are the 16 lanes of every AVX-512 vector (the softmax needs no horizontal ops):
 //   S^T [64 keys x 16 rows] = K_blk . Q^T   (A: K rows, B: Q^T in d pairs)
@@ -127,33 +156,9 @@ void attend_block_rows(const uint32_t* qt, const uint16_t* kpad, const uint16_t*
                                                     8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
   const __m512i pair_idx = _mm512_load_si512(kPairIdx);
   for (int64_t k0 = 0; k0 <= last_key; k0 += kK) {
-    _tile_loadd(2, qt, 64);
-    _tile_loadd(3, qt + 256, 64);
-    _tile_zero(4);
-    _tile_zero(5);
-    _tile_zero(6);
-    _tile_zero(7);
+    // S^T = K.Q^T: A = 64 K rows (4 x 16 keys, d 0..31 / 32..63), B = Q^T in d pairs
     const uint16_t* kb = kpad + k0 * kHeadDim;
-    _tile_loadd(0, kb, kHeadDim * 2);
-    _tile_loadd(1, kb + 32, kHeadDim * 2);
-    _tile_dpbf16ps(4, 0, 2);
-    _tile_dpbf16ps(4, 1, 3);
-    _tile_loadd(0, kb + 16 * kHeadDim, kHeadDim * 2);
-    _tile_loadd(1, kb + 16 * kHeadDim + 32, kHeadDim * 2);
-    _tile_dpbf16ps(5, 0, 2);
-    _tile_dpbf16ps(5, 1, 3);
-    _tile_loadd(0, kb + 32 * kHeadDim, kHeadDim * 2);
-    _tile_loadd(1, kb + 32 * kHeadDim + 32, kHeadDim * 2);
-    _tile_dpbf16ps(6, 0, 2);
-    _tile_dpbf16ps(6, 1, 3);
-    _tile_loadd(0, kb + 48 * kHeadDim, kHeadDim * 2);
-    _tile_loadd(1, kb + 48 * kHeadDim + 32, kHeadDim * 2);
-    _tile_dpbf16ps(7, 0, 2);
-    _tile_dpbf16ps(7, 1, 3);
-    _tile_stored(4, st, 64);
-    _tile_stored(5, st + 256, 64);
-    _tile_stored(6, st + 512, 64);
-    _tile_stored(7, st + 768, 64);
+    four_tile_products(qt, kb, kb + 32, 16 * kHeadDim, kHeadDim * 2, st);
     // causal: key k visible to lane r iff k <= r0 + r, i.e. lanes >= k - r0. The scale is applied
     // inside the exponent (p = exp(x * scale - m)); the max is taken over unscaled scores.
     const int64_t full = prefix + r0 - k0;  // keys k0 + kk with kk <= full are visible to every lane
@@ -190,33 +195,8 @@ void attend_block_rows(const uint32_t* qt, const uint16_t* kpad, const uint16_t*
     }
     l = same_max ? _mm512_add_ps(l, sum) : _mm512_fmadd_ps(l, alpha, sum);
     // O^T += V^T P^T: B = P^T (2 tiles of 16 key pairs), A = V^T rows (16 d x 32 keys)
-    _tile_loadd(2, pt, 64);
-    _tile_loadd(3, pt + 256, 64);
-    _tile_zero(4);
-    _tile_zero(5);
-    _tile_zero(6);
-    _tile_zero(7);
     const uint16_t* vb = vt + (k0 / 32) * kHeadDim * 32;  // [key block of 32][64 d][32 keys]
-    _tile_loadd(0, vb, 64);
-    _tile_loadd(1, vb + kHeadDim * 32, 64);
-    _tile_dpbf16ps(4, 0, 2);
-    _tile_dpbf16ps(4, 1, 3);
-    _tile_loadd(0, vb + 16 * 32, 64);
-    _tile_loadd(1, vb + kHeadDim * 32 + 16 * 32, 64);
-    _tile_dpbf16ps(5, 0, 2);
-    _tile_dpbf16ps(5, 1, 3);
-    _tile_loadd(0, vb + 32 * 32, 64);
-    _tile_loadd(1, vb + kHeadDim * 32 + 32 * 32, 64);
-    _tile_dpbf16ps(6, 0, 2);
-    _tile_dpbf16ps(6, 1, 3);
-    _tile_loadd(0, vb + 48 * 32, 64);
-    _tile_loadd(1, vb + kHeadDim * 32 + 48 * 32, 64);
-    _tile_dpbf16ps(7, 0, 2);
-    _tile_dpbf16ps(7, 1, 3);
-    _tile_stored(4, ot, 64);
-    _tile_stored(5, ot + 256, 64);
-    _tile_stored(6, ot + 512, 64);
-    _tile_stored(7, ot + 768, 64);
+    four_tile_products(pt, vb, vb + kHeadDim * 32, 16 * 32, 64, ot);
     if (same_max) {
       for (int d = 0; d < kHeadDim; ++d) _mm512_store_ps(o + d * 16, _mm512_add_ps(_mm512_load_ps(o + d * 16), _mm512_load_ps(ot + d * 16)));
     } else {

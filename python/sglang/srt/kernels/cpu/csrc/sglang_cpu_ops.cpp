@@ -23,7 +23,6 @@
 #endif
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <vector>
 
