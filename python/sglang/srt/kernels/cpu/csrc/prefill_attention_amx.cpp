@@ -1,13 +1,18 @@
 // Causal prefill attention on AMX tiles (bfloat16, head dim 64): a flash-attention loop over
-// 16-query x 64-key blocks. S^T = K.Q^T and O^T += V^T.P^T run on the tile unit
-// (_tile_dpbf16ps); the online softmax runs on AVX-512 with the 16 query rows of a block in the
-// 16 lanes of each vector, so it needs no horizontal reductions.
+// 32-query x 64-key blocks. S^T = K.Q^T and O^T += V^T.P^T run on the tile unit
+// (_tile_dpbf16ps); the online softmax runs on AVX-512 with the 16 query rows of a half block in
+// the 16 lanes of each vector, so it needs no horizontal reductions.
 //
-// torch's CPU flash kernel spends most of its time in its softmax (a 4096-token layer takes
-// 28.7 ms at head dim 16 and 34.7 ms at 64), which is why this kernel exists: the same layer
-// takes 27.7 ms here (2 threads). A first version with the rows along the vectors (horizontal
-// max / sum per row) took 44 ms. Inputs are the fresh q / k / v of one sequence ([n, H, 64] rows,
-// any row stride); keys are causal from 0; P is rounded to bf16 for P.V, as in torch's kernel.
+// torch's CPU flash kernel spends most of its time in its softmax (a 4096-token layer of
+// SmolLM2-135M, 9 q / 3 kv heads, takes 34.7 ms at head dim 64), which is why this kernel
+// exists: the same layer takes about 17 ms here (2 threads). What mattered, measured per step
+// (benchmark/vs_vllm/profile_notes.md): query rows in the vector lanes (rows along the vectors,
+// with horizontal max / sum, took 44 ms); 64-byte aligned K / V scratch (tile rows that straddle
+// cache lines made every tile load ~3x slower: 25 -> 21 ms); kv-head-major task order so a
+// thread's tasks share one head's K / V in L2 (-> 18.4 ms); 2^x with one vreduceps, a degree-3
+// fit and scalef; two 16-row blocks per task sharing every K / V tile load (-> 16.7 ms).
+// Inputs are the fresh q / k / v of one sequence ([n, H, 64] rows, any row stride) and optionally
+// a cached prefix in a head-major pool; P is rounded to bf16 for P.V, as in torch's kernel.
 //
 // AMX needs the kernel's permission to use tile data (arch_prctl ARCH_REQ_XCOMP_PERM); where
 // that or the ISA is missing, `prefill_attention_supported()` is false and callers keep SDPA.
@@ -17,6 +22,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <optional>
@@ -45,6 +51,22 @@ struct alignas(64) TileConfig {
   uint8_t reserved[14];
   uint16_t colsb[16];
   uint8_t rows[16];
+};
+
+// zero-filled, 64-byte aligned scratch memory
+class AlignedBuffer {
+ public:
+  explicit AlignedBuffer(size_t bytes) : p_(static_cast<uint16_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64))) {
+    TORCH_CHECK(p_ != nullptr, "prefill_attention: out of memory");
+    std::memset(p_, 0, bytes);
+  }
+  ~AlignedBuffer() { std::free(p_); }
+  AlignedBuffer(const AlignedBuffer&) = delete;
+  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
+  uint16_t* data() const { return p_; }
+
+ private:
+  uint16_t* p_;
 };
 
 bool request_amx() {
@@ -91,128 +113,157 @@ inline __m512i bf16_bits(__m512 x) {
   return _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb), 16);
 }
 
-// e^x for x <= 0 to about bf16 precision (P is rounded to bf16 for P.V anyway): 2^n e^r with
-// n = round(x / ln 2), degree-5 series for e^r (|rel err| < 3e-6), 2^n by scalef (-> 0 below range)
-inline __m512 exp512_fast(__m512 x) {
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.6931471805599453f), x);
-  __m512 p = _mm512_set1_ps(1.f / 120.f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  return _mm512_scalef_ps(p, n);
+// 2^t to about 1e-4 relative error (P is rounded to bf16 for P.V anyway): 2^floor(t) * q(f) with
+// f = t - floor(t) in [0, 1) (one vreduceps) and a degree-3 fit q of 2^f; scalef applies 2^floor(t)
+// (-> 0 far below range)
+inline __m512 exp2_bf16(__m512 t) {
+  const __m512 f = _mm512_reduce_ps(t, 0x09);  // t - floor(t), precision exception suppressed
+  __m512 q = _mm512_set1_ps(0.07802402973175049f);
+  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(0.22606706619262695f));
+  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(0.6958339810371399f));
+  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(0.9999251365661621f));
+  return _mm512_scalef_ps(q, t);
 }
 
 
-// Tiles 4 + c (c < 4) = A0_c . B0 + A1_c . B1 with B0 / B1 = tiles 2 / 3 (two 1 KB tiles at b),
-// A0_c = a0 + c * a_step, A1_c = a1 + c * a_step (rows a_stride bytes apart); the four 16 x 16
-// float results are stored one after another at dst. The tile intrinsics paste their tile numbers
-// into assembly text, so they must be literals: hence a macro, not a template.
-#define SGL_TILE_PAIR_DOT(c, tile)                 \
-  _tile_loadd(0, a0 + (c) * a_step, a_stride);     \
-  _tile_loadd(1, a1 + (c) * a_step, a_stride);     \
-  _tile_dpbf16ps(tile, 0, 2);                      \
-  _tile_dpbf16ps(tile, 1, 3)
-
-inline void four_tile_products(const uint32_t* b, const uint16_t* a0, const uint16_t* a1, int64_t a_step,
-                               int a_stride, float* dst) {
-  _tile_loadd(2, b, 64);
-  _tile_loadd(3, b + 256, 64);
-  _tile_zero(4);
-  _tile_zero(5);
-  _tile_zero(6);
-  _tile_zero(7);
-  SGL_TILE_PAIR_DOT(0, 4);
-  SGL_TILE_PAIR_DOT(1, 5);
-  SGL_TILE_PAIR_DOT(2, 6);
-  SGL_TILE_PAIR_DOT(3, 7);
-  _tile_stored(4, dst, 64);
-  _tile_stored(5, dst + 256, 64);
-  _tile_stored(6, dst + 512, 64);
-  _tile_stored(7, dst + 768, 64);
-}
-#undef SGL_TILE_PAIR_DOT
-
-// One task: 16 query rows of one q head against keys 0 .. last row, transposed so that the 16
-// query rows are the 16 lanes of every AVX-512 vector (the softmax needs no horizontal ops):
-//   S^T [64 keys x 16 rows] = K_blk . Q^T   (A: K rows, B: Q^T in d pairs)
-//   O^T [64 d x 16 rows]   += V^T_blk . P^T (A: V^T rows, B: P^T in key pairs)
-void attend_block_rows(const uint32_t* qt, const uint16_t* kpad, const uint16_t* vt, int64_t n, int64_t r0,
-                       int64_t prefix, float scale, uint16_t* out, int64_t so0) {
-  alignas(64) float st[kK * 16];
-  alignas(64) uint32_t pt[(kK / 2) * 16];
-  alignas(64) float ot[kHeadDim * 16];
-  alignas(64) float o[kHeadDim * 16];
+// One task: 32 query rows (two 16-row blocks a / b) of one q head against keys 0 .. the last
+// row, transposed so that the 16 rows of a block are the 16 lanes of every AVX-512 vector (the
+// softmax needs no horizontal ops). The two blocks share every K / V tile load:
+//   S^T [16 keys x 16 rows] = K_16 . Q^T         (A: K rows, B: Q^T in d pairs)
+//   O^T [16 d x 16 rows]   += V^T_16x32 . P^T    (A: V^T rows, B: P^T in key pairs)
+// Tiles: 0 / 1 A operands, 2 / 3 Q_a^T (d 0..31 / 32..63), 6 / 7 Q_b^T in the score phase,
+// 4 / 5 the two blocks' score tiles; in the P.V phase 2 / 3 hold P_a^T / P_b^T and 4..7 the
+// O^T accumulators of one half of d.
+void attend_rows32(const uint32_t* qt, const uint16_t* kpad, const uint16_t* vt, int64_t n, int64_t r0,
+                   int64_t prefix, float scale, uint16_t* out, int64_t so0) {
+  alignas(64) float st[2][kK * 16];
+  alignas(64) uint32_t pt[2][(kK / 2) * 16];
+  alignas(64) float ot[2][kHeadDim * 16];
+  alignas(64) float o[2][kHeadDim * 16];
   std::memset(o, 0, sizeof(o));
-  const int64_t rows = std::min<int64_t>(kQ, n - r0);
-  const int64_t last_key = prefix + r0 + rows - 1;  // query row r sits at position prefix + r
-  const __m512 vscale = _mm512_set1_ps(scale);
-  __m512 m = _mm512_set1_ps(-1e30f);  // running max per row (finite: exp stays exact 0 for "none yet")
-  __m512 l = _mm512_setzero_ps();
+  const int64_t rows_b = std::max<int64_t>(0, std::min<int64_t>(kQ, n - r0 - kQ));
+  const int64_t last_key = prefix + r0 + (rows_b > 0 ? kQ + rows_b : std::min<int64_t>(kQ, n - r0)) - 1;
+  // scores in base-2 units: p = 2^(s * scale * log2(e) - m), m the running max in those units
+  const __m512 vscale = _mm512_set1_ps(scale * 1.44269504088896341f);
+  const __m512 vln2 = _mm512_set1_ps(0.6931471805599453f);
+  __m512 m[2], l[2];
+  for (int b = 0; b < 2; ++b) {
+    m[b] = _mm512_set1_ps(-1e30f);  // running max per row (finite: exp stays exact 0 for "none yet")
+    l[b] = _mm512_setzero_ps();
+  }
   alignas(64) static const uint16_t kPairIdx[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
                                                     8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
   const __m512i pair_idx = _mm512_load_si512(kPairIdx);
+  const uint32_t* qta = qt;
+  const uint32_t* qtb = qt + 512;
   for (int64_t k0 = 0; k0 <= last_key; k0 += kK) {
-    // S^T = K.Q^T: A = 64 K rows (4 x 16 keys, d 0..31 / 32..63), B = Q^T in d pairs
     const uint16_t* kb = kpad + k0 * kHeadDim;
-    four_tile_products(qt, kb, kb + 32, 16 * kHeadDim, kHeadDim * 2, st);
-    // causal: key k visible to lane r iff k <= r0 + r, i.e. lanes >= k - r0. The scale is applied
-    // inside the exponent (p = exp(x * scale - m)); the max is taken over unscaled scores.
-    const int64_t full = prefix + r0 - k0;  // keys k0 + kk with kk <= full are visible to every lane
-    // scale > 0: the max of the scaled scores is the scaled max
-    __m512 raw = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-    if (full >= kK - 1) {
-      for (int kk = 0; kk < kK; ++kk) raw = _mm512_max_ps(raw, _mm512_load_ps(st + kk * 16));
-    } else {
-      for (int kk = 0; kk < kK; ++kk) {
-        const int64_t first = kk - full;  // first visible lane
-        if (first >= 16) break;
-        const __mmask16 vis = first <= 0 ? 0xFFFF : static_cast<__mmask16>(0xFFFFu << first);
-        raw = _mm512_mask_max_ps(raw, vis, raw, _mm512_load_ps(st + kk * 16));
-      }
+    _tile_loadd(2, qta, 64);
+    _tile_loadd(3, qta + 256, 64);
+    _tile_loadd(6, qtb, 64);
+    _tile_loadd(7, qtb + 256, 64);
+    for (int c = 0; c < kK / 16; ++c) {
+      _tile_loadd(0, kb + c * 16 * kHeadDim, kHeadDim * 2);
+      _tile_loadd(1, kb + c * 16 * kHeadDim + 32, kHeadDim * 2);
+      _tile_zero(4);
+      _tile_zero(5);
+      _tile_dpbf16ps(4, 0, 2);
+      _tile_dpbf16ps(5, 0, 6);
+      _tile_dpbf16ps(4, 1, 3);
+      _tile_dpbf16ps(5, 1, 7);
+      _tile_stored(4, st[0] + c * 256, 64);
+      _tile_stored(5, st[1] + c * 256, 64);
     }
-    const __m512 mx = _mm512_max_ps(m, _mm512_mul_ps(raw, vscale));
-    const bool same_max = _mm512_cmp_ps_mask(mx, m, _CMP_NEQ_OQ) == 0;
-    const __m512 alpha = same_max ? _mm512_set1_ps(1.f) : exp512(_mm512_sub_ps(m, mx));
-    m = mx;
-    __m512 sum = _mm512_setzero_ps();
-    for (int kk = 0; kk < kK; kk += 2) {
-      __m512 p[2];
-      for (int e = 0; e < 2; ++e) {
-        p[e] = exp512_fast(_mm512_fmsub_ps(_mm512_load_ps(st + (kk + e) * 16), vscale, m));
-        const int64_t first = kk + e - full;
-        if (first > 0) {
-          p[e] = first < 16 ? _mm512_maskz_mov_ps(static_cast<__mmask16>(0xFFFFu << first), p[e]) : _mm512_setzero_ps();
+    __m512 alpha[2];
+    bool same_max[2];
+    for (int b = 0; b < 2; ++b) {
+      const float* sb = st[b];
+      // causal: key k0 + kk is visible to lane r iff kk <= full + r
+      const int64_t full = prefix + r0 + b * kQ - k0;
+      __m512 raw = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+      if (full >= kK - 1) {
+        __m512 r4[4];
+        for (int u = 0; u < 4; ++u) r4[u] = _mm512_load_ps(sb + u * 16);
+        for (int kk = 4; kk < kK; kk += 4)
+          for (int u = 0; u < 4; ++u) r4[u] = _mm512_max_ps(r4[u], _mm512_load_ps(sb + (kk + u) * 16));
+        raw = _mm512_max_ps(_mm512_max_ps(r4[0], r4[1]), _mm512_max_ps(r4[2], r4[3]));
+      } else {
+        for (int kk = 0; kk < kK; ++kk) {
+          const int64_t first = kk - full;  // first visible lane
+          if (first >= 16) break;
+          const __mmask16 vis = first <= 0 ? 0xFFFF : static_cast<__mmask16>(0xFFFFu << first);
+          raw = _mm512_mask_max_ps(raw, vis, raw, _mm512_load_ps(sb + kk * 16));
         }
-        sum = _mm512_add_ps(sum, p[e]);
       }
-      // 32 bf16 = [p1 (16) | p0 (16)] -> interleaved pairs (p0[r], p1[r]) per 32-bit lane r
-      const __m512i packed = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(p[1], p[0]));
-      _mm512_store_si512(pt + (kk / 2) * 16, _mm512_permutexvar_epi16(pair_idx, packed));
+      // scale > 0: the max of the scaled scores is the scaled max
+      const __m512 mx = _mm512_max_ps(m[b], _mm512_mul_ps(raw, vscale));
+      same_max[b] = _mm512_cmp_ps_mask(mx, m[b], _CMP_NEQ_OQ) == 0;
+      alpha[b] = same_max[b] ? _mm512_set1_ps(1.f) : exp512(_mm512_mul_ps(_mm512_sub_ps(m[b], mx), vln2));
+      m[b] = mx;
+      __m512 sum[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+      const int kend = static_cast<int>(std::min<int64_t>(kK, full + 16));  // keys past it: p = 0 for all lanes
+      int kk = 0;
+      for (; kk < kend; kk += 2) {
+        __m512 p[2];
+        for (int e = 0; e < 2; ++e) {
+          p[e] = exp2_bf16(_mm512_fmsub_ps(_mm512_load_ps(sb + (kk + e) * 16), vscale, m[b]));
+          const int64_t first = kk + e - full;
+          if (first > 0) {
+            p[e] = first < 16 ? _mm512_maskz_mov_ps(static_cast<__mmask16>(0xFFFFu << first), p[e]) : _mm512_setzero_ps();
+          }
+          sum[e] = _mm512_add_ps(sum[e], p[e]);
+        }
+        // 32 bf16 = [p1 (16) | p0 (16)] -> interleaved pairs (p0[r], p1[r]) per 32-bit lane r
+        const __m512i packed = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(p[1], p[0]));
+        _mm512_store_si512(pt[b] + (kk / 2) * 16, _mm512_permutexvar_epi16(pair_idx, packed));
+      }
+      for (; kk < kK; kk += 2) _mm512_store_si512(pt[b] + (kk / 2) * 16, _mm512_setzero_si512());
+      const __m512 bsum = _mm512_add_ps(sum[0], sum[1]);
+      l[b] = same_max[b] ? _mm512_add_ps(l[b], bsum) : _mm512_fmadd_ps(l[b], alpha[b], bsum);
     }
-    l = same_max ? _mm512_add_ps(l, sum) : _mm512_fmadd_ps(l, alpha, sum);
-    // O^T += V^T P^T: B = P^T (2 tiles of 16 key pairs), A = V^T rows (16 d x 32 keys)
+    // O^T += V^T P^T per half of d (tiles 4 / 5: block a, d tiles 2h / 2h + 1; 6 / 7: block b)
     const uint16_t* vb = vt + (k0 / 32) * kHeadDim * 32;  // [key block of 32][64 d][32 keys]
-    four_tile_products(pt, vb, vb + kHeadDim * 32, 16 * 32, 64, ot);
-    if (same_max) {
-      for (int d = 0; d < kHeadDim; ++d) _mm512_store_ps(o + d * 16, _mm512_add_ps(_mm512_load_ps(o + d * 16), _mm512_load_ps(ot + d * 16)));
-    } else {
-      for (int d = 0; d < kHeadDim; ++d) {
-        _mm512_store_ps(o + d * 16, _mm512_fmadd_ps(_mm512_load_ps(o + d * 16), alpha, _mm512_load_ps(ot + d * 16)));
+    for (int h = 0; h < 2; ++h) {
+      _tile_zero(4);
+      _tile_zero(5);
+      _tile_zero(6);
+      _tile_zero(7);
+      for (int kc = 0; kc < kK / 32; ++kc) {
+        const uint16_t* a = vb + kc * kHeadDim * 32 + h * 32 * 32;
+        _tile_loadd(2, pt[0] + kc * 256, 64);
+        _tile_loadd(3, pt[1] + kc * 256, 64);
+        _tile_loadd(0, a, 64);
+        _tile_loadd(1, a + 16 * 32, 64);
+        _tile_dpbf16ps(4, 0, 2);
+        _tile_dpbf16ps(5, 1, 2);
+        _tile_dpbf16ps(6, 0, 3);
+        _tile_dpbf16ps(7, 1, 3);
+      }
+      _tile_stored(4, ot[0] + h * 512, 64);
+      _tile_stored(5, ot[0] + h * 512 + 256, 64);
+      _tile_stored(6, ot[1] + h * 512, 64);
+      _tile_stored(7, ot[1] + h * 512 + 256, 64);
+    }
+    for (int b = 0; b < 2; ++b) {
+      float* ob = o[b];
+      const float* otb = ot[b];
+      if (same_max[b]) {
+        for (int d = 0; d < kHeadDim; ++d) _mm512_store_ps(ob + d * 16, _mm512_add_ps(_mm512_load_ps(ob + d * 16), _mm512_load_ps(otb + d * 16)));
+      } else {
+        for (int d = 0; d < kHeadDim; ++d)
+          _mm512_store_ps(ob + d * 16, _mm512_fmadd_ps(_mm512_load_ps(ob + d * 16), alpha[b], _mm512_load_ps(otb + d * 16)));
       }
     }
   }
-  const __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.f), l);
-  for (int d = 0; d < kHeadDim; ++d) {
-    _mm512_store_si512(reinterpret_cast<uint32_t*>(ot) + d * 16, bf16_bits(_mm512_mul_ps(_mm512_load_ps(o + d * 16), inv)));
-  }
-  const uint32_t* ob = reinterpret_cast<const uint32_t*>(ot);
-  for (int64_t i = 0; i < rows; ++i) {
-    uint16_t* orow = out + (r0 + i) * so0;
-    for (int d = 0; d < kHeadDim; ++d) orow[d] = static_cast<uint16_t>(ob[d * 16 + i]);
+  for (int b = 0; b < 2; ++b) {
+    const int64_t rows = b == 0 ? std::min<int64_t>(kQ, n - r0) : rows_b;
+    const __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.f), l[b]);
+    uint32_t* bits = reinterpret_cast<uint32_t*>(ot[0]);
+    for (int d = 0; d < kHeadDim; ++d) _mm512_store_si512(bits + d * 16, bf16_bits(_mm512_mul_ps(_mm512_load_ps(o[b] + d * 16), inv)));
+    for (int64_t i = 0; i < rows; ++i) {
+      uint16_t* orow = out + (r0 + b * kQ + i) * so0;
+      for (int d = 0; d < kHeadDim; ++d) orow[d] = static_cast<uint16_t>(bits[d * 16 + i]);
+    }
   }
 }
 
@@ -277,7 +328,9 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at:
   const int64_t lpad = (L + kK - 1) / kK * kK;
   // Per kv head: K rows padded with zeros to lpad ([lpad][64] bf16) and V^T in blocks of 32 keys
   // ([lpad / 32][64 d][32 keys] bf16); per task, Q^T in d pairs ([32][16 rows] bf16 pairs).
-  std::vector<uint16_t> kpad(Hk * lpad * kHeadDim, 0), vt(Hk * lpad * kHeadDim, 0);
+  // 64-byte aligned: a tile row that straddles two cache lines makes every tile load ~3x slower
+  const size_t buf_bytes = static_cast<size_t>(Hk * lpad * kHeadDim) * sizeof(uint16_t);
+  AlignedBuffer kpad(buf_bytes), vt(buf_bytes);
   const uint16_t* kp = reinterpret_cast<const uint16_t*>(k.data_ptr<at::BFloat16>());
   const uint16_t* vp = reinterpret_cast<const uint16_t*>(v.data_ptr<at::BFloat16>());
   const int64_t sk0 = k.stride(0), sv0 = v.stride(0);
@@ -295,7 +348,7 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at:
       }
     }
   });
-  const int64_t nqb = (n + kQ - 1) / kQ;
+  const int64_t nqb = (n + 2 * kQ - 1) / (2 * kQ);  // 32-row tasks
   std::vector<int64_t> order(nqb);
   for (int64_t i = 0, lo = 0, hi = nqb - 1; i < nqb; ++i) order[i] = (i % 2 == 0) ? lo++ : hi--;
   const uint16_t* qp = reinterpret_cast<const uint16_t*>(q.data_ptr<at::BFloat16>());
@@ -304,18 +357,25 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at:
   const float fscale = static_cast<float>(scale);
   at::parallel_for(0, H * nqb, 1, [&](int64_t b, int64_t e) {
     configure_tiles();
-    alignas(64) uint32_t qt[32 * 16];
+    // flush denormals to zero here: far-below-max scores give p ~ 2^-126 and below, where
+    // denormal arithmetic would take microcode assists
+    const unsigned int csr = _mm_getcsr();
+    _mm_setcsr(csr | 0x8040);
+    alignas(64) uint32_t qt[2 * 32 * 16];  // Q^T of the two row blocks, in d pairs
     for (int64_t t = b; t < e; ++t) {
-      const int64_t hq = t % H, r0 = order[t / H] * kQ;
-      const int64_t h = hq / G;
-      for (int64_t i = 0; i < kQ; ++i) {
+      // kv-head-major task order: a thread's consecutive tasks share one kv head's K / V (L2)
+      const int64_t h = t / (G * nqb), rem = t % (G * nqb);
+      const int64_t hq = h * G + rem % G, r0 = order[rem / G] * 2 * kQ;
+      for (int64_t i = 0; i < 2 * kQ; ++i) {
         const uint32_t* qrow = reinterpret_cast<const uint32_t*>(qp + (r0 + i) * sq0 + hq * kHeadDim);
-        for (int w = 0; w < 32; ++w) qt[w * 16 + i] = r0 + i < n ? qrow[w] : 0u;
+        uint32_t* dst = qt + (i / kQ) * 512 + i % kQ;
+        for (int w = 0; w < 32; ++w) dst[w * 16] = r0 + i < n ? qrow[w] : 0u;
       }
-      attend_block_rows(qt, kpad.data() + h * lpad * kHeadDim, vt.data() + h * lpad * kHeadDim, n, r0, P, fscale,
-                        op + hq * kHeadDim, so0);
+      attend_rows32(qt, kpad.data() + h * lpad * kHeadDim, vt.data() + h * lpad * kHeadDim, n, r0, P, fscale,
+                    op + hq * kHeadDim, so0);
     }
     _tile_release();
+    _mm_setcsr(csr);
   });
   return out;
 #else
