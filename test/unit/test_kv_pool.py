@@ -66,3 +66,33 @@ def test_mem_cache_layering():
     for path in pathlib.Path(pkg.__file__).parent.glob("*.py"):
         text = path.read_text()
         assert not re.search(r"sglang\.srt\.(managers|models)\b", text), path.name
+
+
+@pytest.mark.parametrize(
+    "slots",
+    [
+        list(range(5, 105)),  # one run: written by slice copies
+        list(range(104, 4, -1)),  # same slots, descending: scattered
+        list(range(5, 55)) + list(range(56, 106)),  # a gap in the middle
+        list(range(10, 30)),  # a run below the slice-copy threshold
+    ],
+)
+def test_set_kv_buffer_runs_match_scattered_writes(slots):
+    """Consecutive slots take the slice-copy path; every layer reusing the same `loc` tensor and
+    a new tensor with other slots must both land exactly where the scattered write puts them."""
+    pool = MHATokenToKVPool(300, 1, torch.float32, head_num=3, head_dim=4, layer_num=2)
+    loc = torch.tensor(slots)
+    n = len(slots)
+    qkv = torch.randn(n, 40)  # k / v as strided column slices of one projection, as in models
+    k, v = qkv[:, 8:20], qkv[:, 20:32]
+    for layer in (0, 1):
+        pool.set_kv_buffer(layer, loc, k, v)
+        kb, vb = pool.get_kv_buffer(layer)
+        torch.testing.assert_close(kb[loc], k.reshape(n, 3, 4), rtol=0, atol=0)
+        torch.testing.assert_close(vb[loc], v.reshape(n, 3, 4), rtol=0, atol=0)
+        untouched = torch.ones(301, dtype=torch.bool)
+        untouched[loc] = False
+        assert kb[untouched].abs().sum() == 0 and vb[untouched].abs().sum() == 0
+    other = torch.arange(120, 120 + n)
+    pool.set_kv_buffer(0, other, v, k)
+    torch.testing.assert_close(pool.get_key_buffer(0)[other], v.reshape(n, 3, 4), rtol=0, atol=0)

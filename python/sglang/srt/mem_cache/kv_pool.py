@@ -91,6 +91,7 @@ class MHATokenToKVPool(KVPool):
         ]
         self.k_buffer = [b.transpose(0, 1) for b in self.k_head_major]
         self.v_buffer = [b.transpose(0, 1) for b in self.v_head_major]
+        self._run_cache: Optional[tuple[torch.Tensor, Optional[int]]] = None
 
     def get_key_buffer(self, layer_id: int) -> torch.Tensor:
         return self.k_buffer[self._local(layer_id)]
@@ -110,8 +111,32 @@ class MHATokenToKVPool(KVPool):
         k = cache_k.reshape(n, self.head_num, self.head_dim).to(self.dtype)
         v = cache_v.reshape(n, self.head_num, self.v_head_dim).to(self.dtype)
         loc = loc.to(device=self.device, dtype=torch.int64)
+        start = self._slot_run_start(loc)
+        if start is not None:  # one run of consecutive slots (a fresh prefill): two slice copies
+            self.k_head_major[i][:, start : start + n].copy_(k.transpose(0, 1))
+            self.v_head_major[i][:, start : start + n].copy_(v.transpose(0, 1))
+            return
         self.k_buffer[i][loc] = k
         self.v_buffer[i][loc] = v
+
+    # below this many slots the scattered write is as fast as finding out whether they are a run
+    _RUN_MIN_SLOTS = 64
+
+    def _slot_run_start(self, loc: torch.Tensor) -> Optional[int]:
+        """First slot when `loc` is start, start + 1, ... (else None). Every layer of a forward
+        writes the same `loc` tensor, so the answer is kept for that tensor object: the scattered
+        index_put costs ~8x a slice copy for a 4096-token prefill (0.38 vs 0.05 ms per layer)."""
+        cached = self._run_cache
+        if cached is not None and cached[0] is loc:
+            return cached[1]
+        start = None
+        n = loc.shape[0]
+        if loc.dim() == 1 and n >= self._RUN_MIN_SLOTS:
+            first = int(loc[0])
+            if int(loc[-1]) - first == n - 1 and bool((loc[1:] - loc[:-1] == 1).all()):
+                start = first
+        self._run_cache = (loc, start)
+        return start
 
     def mem_bytes(self) -> int:
         return sum(b.numel() * b.element_size() for b in (*self.k_head_major, *self.v_head_major))
