@@ -39,6 +39,23 @@ namespace sgl_amx {
 
 #if defined(SGL_HAVE_AMX)
 
+// GCC's tile intrinsics are `asm volatile` without memory operands or a "memory" clobber, so the
+// compiler may move ordinary loads and stores across them: vector loads of the scores above the
+// tile store that writes them, stores of P below the tile load that reads them. Every tile load
+// and store goes through these, which fence the compiler (no instruction is emitted).
+#define SGL_TILE_LOAD(t, base, stride) \
+  do {                                 \
+    asm volatile("" ::: "memory");     \
+    _tile_loadd(t, base, stride);      \
+    asm volatile("" ::: "memory");     \
+  } while (0)
+#define SGL_TILE_STORE(t, base, stride) \
+  do {                                  \
+    asm volatile("" ::: "memory");      \
+    _tile_stored(t, base, stride);      \
+    asm volatile("" ::: "memory");      \
+  } while (0)
+
 constexpr int kHeadDim = 64;
 constexpr int kQ = 16;   // query rows per block (tile rows)
 constexpr int kK = 64;   // keys per block (4 score tiles of 16)
@@ -158,21 +175,21 @@ void attend_rows32(const uint32_t* qt, const uint16_t* kpad, const uint16_t* vt,
   const uint32_t* qtb = qt + 512;
   for (int64_t k0 = 0; k0 <= last_key; k0 += kK) {
     const uint16_t* kb = kpad + k0 * kHeadDim;
-    _tile_loadd(2, qta, 64);
-    _tile_loadd(3, qta + 256, 64);
-    _tile_loadd(6, qtb, 64);
-    _tile_loadd(7, qtb + 256, 64);
+    SGL_TILE_LOAD(2, qta, 64);
+    SGL_TILE_LOAD(3, qta + 256, 64);
+    SGL_TILE_LOAD(6, qtb, 64);
+    SGL_TILE_LOAD(7, qtb + 256, 64);
     for (int c = 0; c < kK / 16; ++c) {
-      _tile_loadd(0, kb + c * 16 * kHeadDim, kHeadDim * 2);
-      _tile_loadd(1, kb + c * 16 * kHeadDim + 32, kHeadDim * 2);
+      SGL_TILE_LOAD(0, kb + c * 16 * kHeadDim, kHeadDim * 2);
+      SGL_TILE_LOAD(1, kb + c * 16 * kHeadDim + 32, kHeadDim * 2);
       _tile_zero(4);
       _tile_zero(5);
       _tile_dpbf16ps(4, 0, 2);
       _tile_dpbf16ps(5, 0, 6);
       _tile_dpbf16ps(4, 1, 3);
       _tile_dpbf16ps(5, 1, 7);
-      _tile_stored(4, st[0] + c * 256, 64);
-      _tile_stored(5, st[1] + c * 256, 64);
+      SGL_TILE_STORE(4, st[0] + c * 256, 64);
+      SGL_TILE_STORE(5, st[1] + c * 256, 64);
     }
     __m512 alpha[2];
     bool same_max[2];
@@ -230,19 +247,19 @@ void attend_rows32(const uint32_t* qt, const uint16_t* kpad, const uint16_t* vt,
       _tile_zero(7);
       for (int kc = 0; kc < kK / 32; ++kc) {
         const uint16_t* a = vb + kc * kHeadDim * 32 + h * 32 * 32;
-        _tile_loadd(2, pt[0] + kc * 256, 64);
-        _tile_loadd(3, pt[1] + kc * 256, 64);
-        _tile_loadd(0, a, 64);
-        _tile_loadd(1, a + 16 * 32, 64);
+        SGL_TILE_LOAD(2, pt[0] + kc * 256, 64);
+        SGL_TILE_LOAD(3, pt[1] + kc * 256, 64);
+        SGL_TILE_LOAD(0, a, 64);
+        SGL_TILE_LOAD(1, a + 16 * 32, 64);
         _tile_dpbf16ps(4, 0, 2);
         _tile_dpbf16ps(5, 1, 2);
         _tile_dpbf16ps(6, 0, 3);
         _tile_dpbf16ps(7, 1, 3);
       }
-      _tile_stored(4, ot[0] + h * 512, 64);
-      _tile_stored(5, ot[0] + h * 512 + 256, 64);
-      _tile_stored(6, ot[1] + h * 512, 64);
-      _tile_stored(7, ot[1] + h * 512 + 256, 64);
+      SGL_TILE_STORE(4, ot[0] + h * 512, 64);
+      SGL_TILE_STORE(5, ot[0] + h * 512 + 256, 64);
+      SGL_TILE_STORE(6, ot[1] + h * 512, 64);
+      SGL_TILE_STORE(7, ot[1] + h * 512 + 256, 64);
     }
     for (int b = 0; b < 2; ++b) {
       float* ob = o[b];
