@@ -183,6 +183,20 @@ def test_prefill_attention_matches_reference(ops, heads):
         ops.prefill_attention(q.float(), k.float(), v.float(), 0.125)
 
 
+def test_prefill_attention_rising_scores(ops):
+    """Scores that grow along the keys (later keys far above every earlier running max): the
+    kernel's lazy max must notice the overflowing block sums, rescale and redo those blocks."""
+    if not ops.prefill_attention_supported():
+        pytest.skip("this CPU has no AMX")
+    g = torch.Generator().manual_seed(7)
+    n, hq, hk = 700, 4, 2
+    q = torch.randn(n, hq, 64, generator=g).abs().bfloat16()
+    ramp = torch.linspace(0.05, 40.0, n).view(n, 1, 1)  # late scores > 2^128 x early ones in p
+    k = (torch.randn(n, hk, 64, generator=g).abs() * ramp).bfloat16()
+    v = torch.randn(n, hk, 64, generator=g).bfloat16()
+    _close(ops.prefill_attention(q, k, v, 0.125), ref.prefill_attention(q, k, v, 0.125), torch.bfloat16)
+
+
 @pytest.mark.parametrize("prefix", [1, 40, 64, 200])
 def test_prefill_attention_over_cached_prefix(ops, prefix):
     """A chunk over a cached prefix (chunked prefill / prefix-cache hit): prefix keys read from

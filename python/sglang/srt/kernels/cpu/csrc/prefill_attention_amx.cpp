@@ -5,12 +5,15 @@
 //
 // torch's CPU flash kernel spends most of its time in its softmax (a 4096-token layer of
 // SmolLM2-135M, 9 q / 3 kv heads, takes 34.7 ms at head dim 64), which is why this kernel
-// exists: the same layer takes about 17 ms here (2 threads). What mattered, measured per step
+// exists: the same layer takes about 15 ms here (2 threads). What mattered, measured per step
 // (benchmark/vs_vllm/profile_notes.md): query rows in the vector lanes (rows along the vectors,
 // with horizontal max / sum, took 44 ms); 64-byte aligned K / V scratch (tile rows that straddle
 // cache lines made every tile load ~3x slower: 25 -> 21 ms); kv-head-major task order so a
 // thread's tasks share one head's K / V in L2 (-> 18.4 ms); 2^x with one vreduceps, a degree-3
-// fit and scalef; two 16-row blocks per task sharing every K / V tile load (-> 16.7 ms).
+// fit and scalef; two 16-row blocks per task sharing every K / V tile load (-> 16.7 ms); a lazy
+// running max that skips the max pass unless a block's sums overflow 2^8 (-> 15.2 ms). Not worth
+// it here: 128- or 256-key blocks, a degree-2 fit of 2^x, software-pipelining the next block's
+// scores / the previous block's P.V with the softmax (coarse: no gain; in small pieces: slower).
 // Inputs are the fresh q / k / v of one sequence ([n, H, 64] rows, any row stride) and optionally
 // a cached prefix in a head-major pool; P is rounded to bf16 for P.V, as in torch's kernel.
 //
@@ -197,45 +200,72 @@ void attend_rows32(const uint32_t* qt, const uint16_t* kpad, const uint16_t* vt,
       const float* sb = st[b];
       // causal: key k0 + kk is visible to lane r iff kk <= full + r
       const int64_t full = prefix + r0 + b * kQ - k0;
-      __m512 raw = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-      if (full >= kK - 1) {
-        __m512 r4[4];
-        for (int u = 0; u < 4; ++u) r4[u] = _mm512_load_ps(sb + u * 16);
-        for (int kk = 4; kk < kK; kk += 4)
-          for (int u = 0; u < 4; ++u) r4[u] = _mm512_max_ps(r4[u], _mm512_load_ps(sb + (kk + u) * 16));
-        raw = _mm512_max_ps(_mm512_max_ps(r4[0], r4[1]), _mm512_max_ps(r4[2], r4[3]));
-      } else {
-        for (int kk = 0; kk < kK; ++kk) {
-          const int64_t first = kk - full;  // first visible lane
-          if (first >= 16) break;
-          const __mmask16 vis = first <= 0 ? 0xFFFF : static_cast<__mmask16>(0xFFFFu << first);
-          raw = _mm512_mask_max_ps(raw, vis, raw, _mm512_load_ps(sb + kk * 16));
-        }
-      }
-      // scale > 0: the max of the scaled scores is the scaled max
-      const __m512 mx = _mm512_max_ps(m[b], _mm512_mul_ps(raw, vscale));
-      same_max[b] = _mm512_cmp_ps_mask(mx, m[b], _CMP_NEQ_OQ) == 0;
-      alpha[b] = same_max[b] ? _mm512_set1_ps(1.f) : exp512(_mm512_mul_ps(_mm512_sub_ps(m[b], mx), vln2));
-      m[b] = mx;
-      __m512 sum[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
       const int kend = static_cast<int>(std::min<int64_t>(kK, full + 16));  // keys past it: p = 0 for all lanes
-      int kk = 0;
-      for (; kk < kend; kk += 2) {
-        __m512 p[2];
-        for (int e = 0; e < 2; ++e) {
-          p[e] = exp2_bf16(_mm512_fmsub_ps(_mm512_load_ps(sb + (kk + e) * 16), vscale, m[b]));
-          const int64_t first = kk + e - full;
-          if (first > 0) {
-            p[e] = first < 16 ? _mm512_maskz_mov_ps(static_cast<__mmask16>(0xFFFFu << first), p[e]) : _mm512_setzero_ps();
+      // P^T of the block relative to the running max m; returns the rows' sums of p
+      auto exponentials = [&]() {
+        __m512 sum[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+        int kk = 0;
+        const int nfull = static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(kend, full + 1))) & ~1;
+        for (; kk < nfull; kk += 2) {  // keys every row sees
+          __m512 p[2];
+          for (int e = 0; e < 2; ++e) {
+            p[e] = exp2_bf16(_mm512_fmsub_ps(_mm512_load_ps(sb + (kk + e) * 16), vscale, m[b]));
+            sum[e] = _mm512_add_ps(sum[e], p[e]);
           }
-          sum[e] = _mm512_add_ps(sum[e], p[e]);
+          const __m512i packed = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(p[1], p[0]));
+          _mm512_store_si512(pt[b] + (kk / 2) * 16, _mm512_permutexvar_epi16(pair_idx, packed));
         }
-        // 32 bf16 = [p1 (16) | p0 (16)] -> interleaved pairs (p0[r], p1[r]) per 32-bit lane r
-        const __m512i packed = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(p[1], p[0]));
-        _mm512_store_si512(pt[b] + (kk / 2) * 16, _mm512_permutexvar_epi16(pair_idx, packed));
+        for (; kk < kend; kk += 2) {
+          __m512 p[2];
+          for (int e = 0; e < 2; ++e) {
+            p[e] = exp2_bf16(_mm512_fmsub_ps(_mm512_load_ps(sb + (kk + e) * 16), vscale, m[b]));
+            const int64_t first = kk + e - full;
+            if (first > 0) {
+              p[e] = first < 16 ? _mm512_maskz_mov_ps(static_cast<__mmask16>(0xFFFFu << first), p[e]) : _mm512_setzero_ps();
+            }
+            sum[e] = _mm512_add_ps(sum[e], p[e]);
+          }
+          // 32 bf16 = [p1 (16) | p0 (16)] -> interleaved pairs (p0[r], p1[r]) per 32-bit lane r
+          const __m512i packed = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(p[1], p[0]));
+          _mm512_store_si512(pt[b] + (kk / 2) * 16, _mm512_permutexvar_epi16(pair_idx, packed));
+        }
+        for (; kk < kK; kk += 2) _mm512_store_si512(pt[b] + (kk / 2) * 16, _mm512_setzero_si512());
+        return _mm512_add_ps(sum[0], sum[1]);
+      };
+      // Lazy max: after the first block, p is taken against the running max m without looking at
+      // the block's scores first; only when some row's sum exceeds 2^8 (a score more than 8 units
+      // of log2 above m, or many close to it) is the block's max taken and the block redone. p
+      // stays <= 2^8 otherwise, far inside fp32 / bf16 range; most blocks skip the max pass.
+      __m512 bsum = _mm512_setzero_ps();
+      bool redo = k0 == 0;
+      if (!redo) {
+        bsum = exponentials();
+        redo = _mm512_cmp_ps_mask(bsum, _mm512_set1_ps(256.f), _CMP_NLE_UQ) != 0;
       }
-      for (; kk < kK; kk += 2) _mm512_store_si512(pt[b] + (kk / 2) * 16, _mm512_setzero_si512());
-      const __m512 bsum = _mm512_add_ps(sum[0], sum[1]);
+      same_max[b] = !redo;
+      alpha[b] = _mm512_set1_ps(1.f);
+      if (redo) {
+        __m512 raw = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+        if (full >= kK - 1) {
+          __m512 r4[4];
+          for (int u = 0; u < 4; ++u) r4[u] = _mm512_load_ps(sb + u * 16);
+          for (int kk = 4; kk < kK; kk += 4)
+            for (int u = 0; u < 4; ++u) r4[u] = _mm512_max_ps(r4[u], _mm512_load_ps(sb + (kk + u) * 16));
+          raw = _mm512_max_ps(_mm512_max_ps(r4[0], r4[1]), _mm512_max_ps(r4[2], r4[3]));
+        } else {
+          for (int kk = 0; kk < kK; ++kk) {
+            const int64_t first = kk - full;  // first visible lane
+            if (first >= 16) break;
+            const __mmask16 vis = first <= 0 ? 0xFFFF : static_cast<__mmask16>(0xFFFFu << first);
+            raw = _mm512_mask_max_ps(raw, vis, raw, _mm512_load_ps(sb + kk * 16));
+          }
+        }
+        // scale > 0: the max of the scaled scores is the scaled max
+        const __m512 mx = _mm512_max_ps(m[b], _mm512_mul_ps(raw, vscale));
+        alpha[b] = exp512(_mm512_mul_ps(_mm512_sub_ps(m[b], mx), vln2));
+        m[b] = mx;
+        bsum = exponentials();
+      }
       l[b] = same_max[b] ? _mm512_add_ps(l[b], bsum) : _mm512_fmadd_ps(l[b], alpha[b], bsum);
     }
     // O^T += V^T P^T per half of d (tiles 4 / 5: block a, d tiles 2h / 2h + 1; 6 / 7: block b)
