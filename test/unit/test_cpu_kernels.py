@@ -110,6 +110,18 @@ def test_exp_extremes_stay_finite(ops):
     _close(out, ref.silu_and_mul(x), torch.float32)
 
 
+def test_silu_bf16_extremes_match_torch(ops):
+    """The bf16 vector path of silu_and_mul on huge, infinite and NaN gates, and a row length that
+    leaves a scalar tail (19 = 16 + 3): finite where torch is finite, inf / NaN where torch is."""
+    gate = torch.tensor([[-1e30, -200.0, -90.0, -10.0, -0.5, 0.0, 0.5, 10.0, 90.0, 200.0, 3e38]
+                         + [float("inf"), float("-inf"), float("nan")] + [1.5] * 5]).bfloat16()
+    up = torch.linspace(-2, 2, gate.shape[1]).view(1, -1).bfloat16()
+    got, want = ops.silu_and_mul(torch.cat((gate, up), dim=1)), ref.silu_and_mul(torch.cat((gate, up), dim=1))
+    assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.isinf(), want.isinf())
+    fin = want.isfinite()
+    torch.testing.assert_close(got[fin].float(), want[fin].float(), atol=1e-30, rtol=TOL[torch.bfloat16])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_layers_fused_equal_torch_paths(ops, monkeypatch, dtype):
     """RMSNorm (with and without residual), SiluAndMul and RotaryEmbedding give the same results

@@ -365,6 +365,30 @@ std::vector<at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& resi
 }
 
 // ------------------------------------------------------------------------- silu_and_mul
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+// silu(g) * u for 16 bfloat16 lanes, one pass: e^-g as 2^t (t = -g log2 e) with f = t - floor(t)
+// by vreduceps, a degree-3 fit of 2^f (|rel err| < 8e-5) and scalef; 1 / (1 + e^-g) by rcp14 and
+// one Newton step. Far below bf16's precision; t is clamped so 1 + e^-g stays finite. Measured:
+// [4096, 2 x 1536] 1.78 -> 1.07 ms (2 threads) against the three-pass loop below.
+inline __m256i silu_mul16(const uint16_t* gate, const uint16_t* up) {
+  const __m512 g = load16(gate);
+  const __m512 t_raw = _mm512_mul_ps(g, _mm512_set1_ps(-1.44269504088896341f));
+  const __m512 t = _mm512_min_ps(t_raw, _mm512_set1_ps(126.f));
+  const __m512 f = _mm512_reduce_ps(t, 0x09);
+  __m512 q = _mm512_set1_ps(0.07802402973175049f);
+  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(0.22606706619262695f));
+  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(0.6958339810371399f));
+  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(0.9999251365661621f));
+  const __m512 den = _mm512_add_ps(_mm512_scalef_ps(q, t), _mm512_set1_ps(1.f));
+  __m512 r = _mm512_rcp14_ps(den);
+  r = _mm512_mul_ps(r, _mm512_fnmadd_ps(den, r, _mm512_set1_ps(2.f)));  // Newton: r (2 - den r)
+  // below g = -126 ln 2 the sigmoid underflows (0, as in torch; and -inf * 0 = NaN, as in torch)
+  r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(t_raw, _mm512_set1_ps(126.f), _CMP_GT_OQ), _mm512_setzero_ps());
+  const __m512 y = _mm512_mul_ps(_mm512_mul_ps(g, r), load16(up));
+  return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(y));
+}
+#endif
+
 template <typename T>
 void silu_and_mul_impl(const at::Tensor& x, at::Tensor& out) {
   const int64_t rows = x.size(0), d = out.size(1), sx = x.stride(0);
@@ -375,12 +399,20 @@ void silu_and_mul_impl(const at::Tensor& x, at::Tensor& out) {
     for (int64_t r = b; r < e; ++r) {
       const storage_t<T>* gate = xp + r * sx;
       const storage_t<T>* up = gate + d;
-      float* __restrict__ gp = g.data();
-      for (int64_t c = 0; c < d; ++c) gp[c] = to_f(gate[c]);
-#pragma omp simd
-      for (int64_t c = 0; c < d; ++c) gp[c] = gp[c] / (1.f + vexp(-gp[c]));
       storage_t<T>* orow = op + r * d;
-      for (int64_t c = 0; c < d; ++c) orow[c] = from_f<storage_t<T>>(gp[c] * to_f(up[c]));
+      int64_t c0 = 0;
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+      if constexpr (std::is_same_v<T, at::BFloat16>) {
+        for (; c0 + 16 <= d; c0 += 16) {
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(orow + c0), silu_mul16(gate + c0, up + c0));
+        }
+      }
+#endif
+      float* __restrict__ gp = g.data();
+      for (int64_t c = c0; c < d; ++c) gp[c] = to_f(gate[c]);
+#pragma omp simd
+      for (int64_t c = c0; c < d; ++c) gp[c] = gp[c] / (1.f + vexp(-gp[c]));
+      for (int64_t c = c0; c < d; ++c) orow[c] = from_f<storage_t<T>>(gp[c] * to_f(up[c]));
     }
   });
 }
