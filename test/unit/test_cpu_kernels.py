@@ -227,5 +227,11 @@ def test_prefill_attention_over_cached_prefix(ops, prefix):
         v = qkv[:, (hq + hk) * 64 :].view(n, hk, 64)
         got = ops.prefill_attention(q, k, v, 0.125, k_cache, v_cache, slots)
         _close(got, ref.prefill_attention(q, k, v, 0.125, k_cache, v_cache, slots), torch.bfloat16)
+        # written in place into rows of a larger output (a batch's [tokens, heads, 64])
+        batch_out = torch.full((n + 5, hq, 64), 7.0).bfloat16()
+        assert ops.prefill_attention(q, k, v, 0.125, k_cache, v_cache, slots, out=batch_out[3 : 3 + n]) is not None
+        assert torch.equal(batch_out[3 : 3 + n], got) and (batch_out[:3] == 7).all() and (batch_out[3 + n :] == 7).all()
     with pytest.raises(RuntimeError, match="outside the cache"):
         ops.prefill_attention(q, k, v, 0.125, k_cache, v_cache, torch.tensor([rows]))
+    with pytest.raises(RuntimeError, match="out must be"):
+        ops.prefill_attention(q, k, v, 0.125, out=torch.empty(n, hq, 64))  # float32

@@ -55,9 +55,11 @@ def prefill_attention(
     k_cache: Optional[torch.Tensor] = None,
     v_cache: Optional[torch.Tensor] = None,
     prefix_slots: Optional[torch.Tensor] = None,
+    out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Causal attention of n new tokens: q [n, H, D], k / v [n, Hk, D], after an optional cached
-    prefix (rows prefix_slots of head-major k/v_cache [Hk, rows, D]) -> [n, H, D]."""
+    prefix (rows prefix_slots of head-major k/v_cache [Hk, rows, D]) -> [n, H, D] (written into
+    `out` and returned when given)."""
     keys, values = k.transpose(0, 1), v.transpose(0, 1)  # [Hk, n, D]
     prefix = 0
     if prefix_slots is not None and prefix_slots.numel():
@@ -66,12 +68,15 @@ def prefill_attention(
         values = torch.cat((v_cache[:, prefix_slots], values), dim=1)
     n = q.shape[0]
     mask = torch.ones(n, prefix + n, dtype=torch.bool).tril(diagonal=prefix)
-    out = F.scaled_dot_product_attention(
+    res = F.scaled_dot_product_attention(
         q.transpose(0, 1).unsqueeze(0).float(),
         keys.unsqueeze(0).float(),
         values.unsqueeze(0).float(),
         attn_mask=mask,
         scale=scale,
         enable_gqa=q.shape[1] != k.shape[1],
-    )
-    return out[0].transpose(0, 1).to(q.dtype)
+    )[0].transpose(0, 1).to(q.dtype)
+    if out is None:
+        return res
+    out.copy_(res)
+    return out

@@ -330,7 +330,7 @@ class TorchNativeAttnBackend(AttentionBackend):
             if item.kv_indices is None:
                 if md.prefill_kernel and _amx_prefill_fits(q3, k3, v3):
                     s, e = item.start, item.end
-                    out[s:e] = md.kernels.prefill_attention(q3[s:e], k3[s:e], v3[s:e], layer.scaling)
+                    md.kernels.prefill_attention(q3[s:e], k3[s:e], v3[s:e], layer.scaling, out=out[s:e])
                     continue
                 oi = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=layer.scaling, enable_gqa=gqa)
                 out[item.start : item.end] = oi[0].transpose(0, 1)
@@ -341,8 +341,8 @@ class TorchNativeAttnBackend(AttentionBackend):
             if md.prefill_kernel and caches_fit and _amx_prefill_fits(q3, k3, v3):
                 s, e = item.start, item.end
                 prefix_slots = item.kv_indices[: item.kv_indices.shape[0] - (e - s)]
-                out[s:e] = md.kernels.prefill_attention(
-                    q3[s:e], k3[s:e], v3[s:e], layer.scaling, k_cache, v_cache, prefix_slots
+                md.kernels.prefill_attention(
+                    q3[s:e], k3[s:e], v3[s:e], layer.scaling, k_cache, v_cache, prefix_slots, out=out[s:e]
                 )
                 continue
             if item.prefix_source is not None and lse_kernel_available(qi):

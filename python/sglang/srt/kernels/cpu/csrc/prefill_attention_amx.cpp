@@ -328,7 +328,7 @@ bool prefill_attention_supported() {
 
 at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                              const std::optional<at::Tensor>& k_cache, const std::optional<at::Tensor>& v_cache,
-                             const std::optional<at::Tensor>& prefix_slots) {
+                             const std::optional<at::Tensor>& prefix_slots, const std::optional<at::Tensor>& out_opt) {
   TORCH_CHECK(prefill_attention_supported(), "prefill_attention: AMX is not available on this CPU / build");
 #if defined(SGL_HAVE_AMX)
   using namespace sgl_amx;
@@ -368,7 +368,16 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at:
       TORCH_CHECK(slots[j] >= 0 && slots[j] < cache_rows, "prefill_attention: prefix slot ", slots[j], " outside the cache");
     }
   }
-  auto out = at::empty({n, H, kHeadDim}, q.options());
+  // `out` (optional): where the rows go, e.g. this sequence's rows of the batch's output
+  at::Tensor out;
+  if (out_opt.has_value() && out_opt->defined()) {
+    out = *out_opt;
+    TORCH_CHECK(out.scalar_type() == at::kBFloat16 && out.dim() == 3 && out.size(0) == n && out.size(1) == H &&
+                    out.size(2) == kHeadDim && out.stride(2) == 1 && out.stride(1) == kHeadDim,
+                "prefill_attention: out must be bfloat16 [n, heads, 64] with contiguous heads");
+  } else {
+    out = at::empty({n, H, kHeadDim}, q.options());
+  }
   if (n == 0) return out;
   const int64_t G = H / Hk;
   const int64_t L = P + n;  // keys: the prefix, then the fresh ones

@@ -482,7 +482,7 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
 bool prefill_attention_supported();
 at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                              const std::optional<at::Tensor>& k_cache, const std::optional<at::Tensor>& v_cache,
-                             const std::optional<at::Tensor>& prefix_slots);
+                             const std::optional<at::Tensor>& prefix_slots, const std::optional<at::Tensor>& out);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention", &decode_attention, "decode attention over a head-major KV pool, in place");
@@ -494,5 +494,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("prefill_attention", &prefill_attention,
         "causal attention of one sequence's new tokens on AMX (bf16, head dim 64), over an optional cached prefix",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scale"), py::arg("k_cache") = py::none(),
-        py::arg("v_cache") = py::none(), py::arg("prefix_slots") = py::none());
+        py::arg("v_cache") = py::none(), py::arg("prefix_slots") = py::none(), py::arg("out") = py::none());
 }
