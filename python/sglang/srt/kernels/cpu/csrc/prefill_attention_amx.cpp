@@ -11,7 +11,8 @@
 // cache lines made every tile load ~3x slower: 25 -> 21 ms); kv-head-major task order so a
 // thread's tasks share one head's K / V in L2 (-> 18.4 ms); 2^x with one vreduceps, a degree-3
 // fit and scalef; two 16-row blocks per task sharing every K / V tile load (-> 16.7 ms); a lazy
-// running max that skips the max pass unless a block's sums overflow 2^8 (-> 15.2 ms). Not worth
+// running max that skips the max pass unless a block's sums overflow 2^8 (-> 15.2 ms); Q^T and the
+// output rows by 16 x 16 vector transposes instead of scalar loops (-> 14.7 ms). Not worth
 // it here: 128- or 256-key blocks, a degree-2 fit of 2^x, software-pipelining the next block's
 // scores / the previous block's P.V with the softmax (coarse: no gain; in small pieces: slower).
 // Inputs are the fresh q / k / v of one sequence ([n, H, 64] rows, any row stride) and optionally
@@ -131,6 +132,33 @@ inline __m512i bf16_bits(__m512 x) {
   const __m512i u = _mm512_castps_si512(x);
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
   return _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb), 16);
+}
+
+// 16 x 16 transpose of 32-bit lanes: r[i] = row i in, r[j] = column j out (unpack within lanes,
+// then 64-bit interleave, then 128-bit lane shuffles)
+inline void transpose16x16(__m512 (&r)[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {  // r[4i + j], 128-bit lane L: column 4L + j of rows 4i .. 4i + 3
+    const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
+    const __m512d c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
+    r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+    r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+    r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+    r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+  }
+  for (int j = 0; j < 4; ++j) {
+    const __m512 lo01 = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x44), hi01 = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xEE);
+    const __m512 lo23 = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0x44), hi23 = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xEE);
+    t[j] = _mm512_shuffle_f32x4(lo01, lo23, 0x88);
+    t[4 + j] = _mm512_shuffle_f32x4(lo01, lo23, 0xDD);
+    t[8 + j] = _mm512_shuffle_f32x4(hi01, hi23, 0x88);
+    t[12 + j] = _mm512_shuffle_f32x4(hi01, hi23, 0xDD);
+  }
+  for (int i = 0; i < 16; ++i) r[i] = t[i];
 }
 
 // 2^t to about 1e-4 relative error (P is rounded to bf16 for P.V anyway): 2^floor(t) * q(f) with
@@ -305,11 +333,14 @@ void attend_rows32(const uint32_t* qt, const uint16_t* kpad, const uint16_t* vt,
   for (int b = 0; b < 2; ++b) {
     const int64_t rows = b == 0 ? std::min<int64_t>(kQ, n - r0) : rows_b;
     const __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.f), l[b]);
-    uint32_t* bits = reinterpret_cast<uint32_t*>(ot[0]);
-    for (int d = 0; d < kHeadDim; ++d) _mm512_store_si512(bits + d * 16, bf16_bits(_mm512_mul_ps(_mm512_load_ps(o[b] + d * 16), inv)));
-    for (int64_t i = 0; i < rows; ++i) {
-      uint16_t* orow = out + (r0 + b * kQ + i) * so0;
-      for (int d = 0; d < kHeadDim; ++d) orow[d] = static_cast<uint16_t>(bits[d * 16 + i]);
+    for (int c = 0; c < kHeadDim / 16; ++c) {  // O^T [16 d][16 rows] -> 16 rows of 16 d, bf16
+      __m512 r[16];
+      for (int dd = 0; dd < 16; ++dd) r[dd] = _mm512_mul_ps(_mm512_load_ps(o[b] + (c * 16 + dd) * 16), inv);
+      transpose16x16(r);
+      for (int64_t i = 0; i < rows; ++i) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + (r0 + b * kQ + i) * so0 + c * 16),
+                            _mm512_cvtepi32_epi16(bf16_bits(r[i])));
+      }
     }
   }
 }
@@ -422,10 +453,16 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at:
       // kv-head-major task order: a thread's consecutive tasks share one kv head's K / V (L2)
       const int64_t h = t / (G * nqb), rem = t % (G * nqb);
       const int64_t hq = h * G + rem % G, r0 = order[rem / G] * 2 * kQ;
-      for (int64_t i = 0; i < 2 * kQ; ++i) {
-        const uint32_t* qrow = reinterpret_cast<const uint32_t*>(qp + (r0 + i) * sq0 + hq * kHeadDim);
-        uint32_t* dst = qt + (i / kQ) * 512 + i % kQ;
-        for (int w = 0; w < 32; ++w) dst[w * 16] = r0 + i < n ? qrow[w] : 0u;
+      for (int half = 0; half < 2; ++half) {  // Q^T in d pairs: 16 rows x 32 pairs -> 32 x 16
+        for (int wb = 0; wb < 2; ++wb) {
+          __m512 r[16];
+          for (int i = 0; i < kQ; ++i) {
+            const int64_t row = r0 + half * kQ + i;
+            r[i] = row < n ? _mm512_loadu_ps(qp + row * sq0 + hq * kHeadDim + wb * 32) : _mm512_setzero_ps();
+          }
+          transpose16x16(r);
+          for (int w = 0; w < 16; ++w) _mm512_store_ps(reinterpret_cast<float*>(qt + half * 512 + (wb * 16 + w) * 16), r[w]);
+        }
       }
       attend_rows32(qt, kpad.data() + h * lpad * kHeadDim, vt.data() + h * lpad * kHeadDim, n, r0, P, fscale,
                     op + hq * kHeadDim, so0);
