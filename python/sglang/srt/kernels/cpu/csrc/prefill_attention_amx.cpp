@@ -1,20 +1,22 @@
 // Causal prefill attention on AMX tiles (bfloat16, head dim 64): a flash-attention loop over
-// 32-query x 64-key blocks. S^T = K.Q^T and O^T += V^T.P^T run on the tile unit
-// (_tile_dpbf16ps); the online softmax runs on AVX-512 with the 16 query rows of a half block in
-// the 16 lanes of each vector, so it needs no horizontal reductions.
+// 16-query x 64-key blocks. S^T = K.Q^T and O^T += V^T.P^T run on the tile unit
+// (_tile_dpbf16ps); the online softmax runs on AVX-512 with the 16 query rows of a block in the
+// 16 lanes of each vector, so it needs no horizontal reductions.
 //
 // torch's CPU flash kernel spends most of its time in its softmax (a 4096-token layer of
 // SmolLM2-135M, 9 q / 3 kv heads, takes 34.7 ms at head dim 64), which is why this kernel
-// exists: the same layer takes about 15 ms here (2 threads). What mattered, measured per step
+// exists: the same layer takes about 12.5 ms here (2 threads). What mattered, measured per step
 // (benchmark/vs_vllm/profile_notes.md): query rows in the vector lanes (rows along the vectors,
 // with horizontal max / sum, took 44 ms); 64-byte aligned K / V scratch (tile rows that straddle
 // cache lines made every tile load ~3x slower: 25 -> 21 ms); kv-head-major task order so a
 // thread's tasks share one head's K / V in L2 (-> 18.4 ms); 2^x with one vreduceps, a degree-3
 // fit and scalef; two 16-row blocks per task sharing every K / V tile load (-> 16.7 ms); a lazy
 // running max that skips the max pass unless a block's sums overflow 2^8 (-> 15.2 ms); Q^T and the
-// output rows by 16 x 16 vector transposes instead of scalar loops (-> 14.7 ms). Not worth
-// it here: 128- or 256-key blocks, a degree-2 fit of 2^x, software-pipelining the next block's
-// scores / the previous block's P.V with the softmax (coarse: no gain; in small pieces: slower).
+// output rows by 16 x 16 vector transposes instead of scalar loops (-> 14.7 ms); back to 16-row
+// tasks, with O^T held in tiles across all key blocks (no per-block O^T stores and vector
+// accumulation: -> 12.5 ms). Not worth it here: 128- or 256-key blocks, a degree-2 fit of 2^x,
+// software-pipelining the next block's scores / the previous block's P.V with the softmax
+// (coarse: no gain; in small pieces: slower).
 // Inputs are the fresh q / k / v of one sequence ([n, H, 64] rows, any row stride) and optionally
 // a cached prefix in a head-major pool; P is rounded to bf16 for P.V, as in torch's kernel.
 //
@@ -174,173 +176,143 @@ inline __m512 exp2_bf16(__m512 t) {
 }
 
 
-// One task: 32 query rows (two 16-row blocks a / b) of one q head against keys 0 .. the last
-// row, transposed so that the 16 rows of a block are the 16 lanes of every AVX-512 vector (the
-// softmax needs no horizontal ops). The two blocks share every K / V tile load:
-//   S^T [16 keys x 16 rows] = K_16 . Q^T         (A: K rows, B: Q^T in d pairs)
-//   O^T [16 d x 16 rows]   += V^T_16x32 . P^T    (A: V^T rows, B: P^T in key pairs)
-// Tiles: 0 / 1 A operands, 2 / 3 Q_a^T (d 0..31 / 32..63), 6 / 7 Q_b^T in the score phase,
-// 4 / 5 the two blocks' score tiles; in the P.V phase 2 / 3 hold P_a^T / P_b^T and 4..7 the
-// O^T accumulators of one half of d.
-void attend_rows32(const uint32_t* qt, const uint16_t* kpad, const uint16_t* vt, int64_t n, int64_t r0,
-                   int64_t prefix, float scale, uint16_t* out, int64_t so0) {
-  alignas(64) float st[2][kK * 16];
-  alignas(64) uint32_t pt[2][(kK / 2) * 16];
-  alignas(64) float ot[2][kHeadDim * 16];
-  alignas(64) float o[2][kHeadDim * 16];
-  std::memset(o, 0, sizeof(o));
-  const int64_t rows_b = std::max<int64_t>(0, std::min<int64_t>(kQ, n - r0 - kQ));
-  const int64_t last_key = prefix + r0 + (rows_b > 0 ? kQ + rows_b : std::min<int64_t>(kQ, n - r0)) - 1;
-  // scores in base-2 units: p = 2^(s * scale * log2(e) - m), m the running max in those units
+// One task: 16 query rows of one q head against keys 0 .. its last row, transposed so that the 16
+// rows are the 16 lanes of every AVX-512 vector (the softmax needs no horizontal ops):
+//   S^T [16 keys x 16 rows]  = K_16 . Q^T          (A: K rows, B: Q^T in d pairs)
+//   O^T [16 d x 16 rows]    += V^T_16x32 . P^T     (A: V^T rows, B: P^T in key pairs)
+// O^T stays in tiles 4..7 over all key blocks: with the lazy running max (below) the scale of p
+// rarely changes, and when it does the four tiles are stored, scaled and reloaded. Tiles 1 / 2
+// hold Q^T (d 0..31 / 32..63) in the score phase and V^T rows in the P.V phase, tile 0 stages A
+// operands, tile 3 holds a score sub-tile, then a P^T chunk.
+void attend_rows(const uint32_t* qt, const uint16_t* kpad, const uint16_t* vt, int64_t n, int64_t r0,
+                 int64_t prefix, float scale, uint16_t* out, int64_t so0) {
+  alignas(64) float st[kK * 16];
+  alignas(64) uint32_t pt[(kK / 2) * 16];
+  alignas(64) float o[kHeadDim * 16];
+  const int64_t rows = std::min<int64_t>(kQ, n - r0);
+  const int64_t last_key = prefix + r0 + rows - 1;
   const __m512 vscale = _mm512_set1_ps(scale * 1.44269504088896341f);
   const __m512 vln2 = _mm512_set1_ps(0.6931471805599453f);
-  __m512 m[2], l[2];
-  for (int b = 0; b < 2; ++b) {
-    m[b] = _mm512_set1_ps(-1e30f);  // running max per row (finite: exp stays exact 0 for "none yet")
-    l[b] = _mm512_setzero_ps();
-  }
+  __m512 m = _mm512_set1_ps(-1e30f), l = _mm512_setzero_ps();
   alignas(64) static const uint16_t kPairIdx[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
                                                     8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
   const __m512i pair_idx = _mm512_load_si512(kPairIdx);
-  const uint32_t* qta = qt;
-  const uint32_t* qtb = qt + 512;
+  _tile_zero(4);
+  _tile_zero(5);
+  _tile_zero(6);
+  _tile_zero(7);
   for (int64_t k0 = 0; k0 <= last_key; k0 += kK) {
+    // S^T of the block, 16 keys at a time (tile 0: K rows, d 0..31 then 32..63)
     const uint16_t* kb = kpad + k0 * kHeadDim;
-    SGL_TILE_LOAD(2, qta, 64);
-    SGL_TILE_LOAD(3, qta + 256, 64);
-    SGL_TILE_LOAD(6, qtb, 64);
-    SGL_TILE_LOAD(7, qtb + 256, 64);
+    SGL_TILE_LOAD(1, qt, 64);
+    SGL_TILE_LOAD(2, qt + 256, 64);
     for (int c = 0; c < kK / 16; ++c) {
       SGL_TILE_LOAD(0, kb + c * 16 * kHeadDim, kHeadDim * 2);
-      SGL_TILE_LOAD(1, kb + c * 16 * kHeadDim + 32, kHeadDim * 2);
-      _tile_zero(4);
-      _tile_zero(5);
-      _tile_dpbf16ps(4, 0, 2);
-      _tile_dpbf16ps(5, 0, 6);
-      _tile_dpbf16ps(4, 1, 3);
-      _tile_dpbf16ps(5, 1, 7);
-      SGL_TILE_STORE(4, st[0] + c * 256, 64);
-      SGL_TILE_STORE(5, st[1] + c * 256, 64);
+      _tile_zero(3);
+      _tile_dpbf16ps(3, 0, 1);
+      SGL_TILE_LOAD(0, kb + c * 16 * kHeadDim + 32, kHeadDim * 2);
+      _tile_dpbf16ps(3, 0, 2);
+      SGL_TILE_STORE(3, st + c * 256, 64);
     }
-    __m512 alpha[2];
-    bool same_max[2];
-    for (int b = 0; b < 2; ++b) {
-      const float* sb = st[b];
-      // causal: key k0 + kk is visible to lane r iff kk <= full + r
-      const int64_t full = prefix + r0 + b * kQ - k0;
-      const int kend = static_cast<int>(std::min<int64_t>(kK, full + 16));  // keys past it: p = 0 for all lanes
-      // P^T of the block relative to the running max m; returns the rows' sums of p
-      auto exponentials = [&]() {
-        __m512 sum[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
-        int kk = 0;
-        const int nfull = static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(kend, full + 1))) & ~1;
-        for (; kk < nfull; kk += 2) {  // keys every row sees
-          __m512 p[2];
-          for (int e = 0; e < 2; ++e) {
-            p[e] = exp2_bf16(_mm512_fmsub_ps(_mm512_load_ps(sb + (kk + e) * 16), vscale, m[b]));
-            sum[e] = _mm512_add_ps(sum[e], p[e]);
-          }
-          const __m512i packed = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(p[1], p[0]));
-          _mm512_store_si512(pt[b] + (kk / 2) * 16, _mm512_permutexvar_epi16(pair_idx, packed));
+    // causal: key k0 + kk is visible to lane r iff kk <= full + r; keys from kend on to no lane
+    const int64_t full = prefix + r0 - k0;
+    const int kend = static_cast<int>(std::min<int64_t>(kK, full + 16));
+    // P^T of the block against the running max m (keys every row sees, then the diagonal);
+    // returns the rows' sums of p
+    auto exponentials = [&]() {
+      __m512 sum[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+      int kk = 0;
+      const int nfull = static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(kend, full + 1))) & ~1;
+      for (; kk < nfull; kk += 2) {
+        __m512 p[2];
+        for (int e = 0; e < 2; ++e) {
+          p[e] = exp2_bf16(_mm512_fmsub_ps(_mm512_load_ps(st + (kk + e) * 16), vscale, m));
+          sum[e] = _mm512_add_ps(sum[e], p[e]);
         }
-        for (; kk < kend; kk += 2) {
-          __m512 p[2];
-          for (int e = 0; e < 2; ++e) {
-            p[e] = exp2_bf16(_mm512_fmsub_ps(_mm512_load_ps(sb + (kk + e) * 16), vscale, m[b]));
-            const int64_t first = kk + e - full;
-            if (first > 0) {
-              p[e] = first < 16 ? _mm512_maskz_mov_ps(static_cast<__mmask16>(0xFFFFu << first), p[e]) : _mm512_setzero_ps();
-            }
-            sum[e] = _mm512_add_ps(sum[e], p[e]);
-          }
-          // 32 bf16 = [p1 (16) | p0 (16)] -> interleaved pairs (p0[r], p1[r]) per 32-bit lane r
-          const __m512i packed = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(p[1], p[0]));
-          _mm512_store_si512(pt[b] + (kk / 2) * 16, _mm512_permutexvar_epi16(pair_idx, packed));
-        }
-        for (; kk < kK; kk += 2) _mm512_store_si512(pt[b] + (kk / 2) * 16, _mm512_setzero_si512());
-        return _mm512_add_ps(sum[0], sum[1]);
-      };
-      // Lazy max: after the first block, p is taken against the running max m without looking at
-      // the block's scores first; only when some row's sum exceeds 2^8 (a score more than 8 units
-      // of log2 above m, or many close to it) is the block's max taken and the block redone. p
-      // stays <= 2^8 otherwise, far inside fp32 / bf16 range; most blocks skip the max pass.
-      __m512 bsum = _mm512_setzero_ps();
-      bool redo = k0 == 0;
-      if (!redo) {
-        bsum = exponentials();
-        redo = _mm512_cmp_ps_mask(bsum, _mm512_set1_ps(256.f), _CMP_NLE_UQ) != 0;
+        // 32 bf16 = [p1 (16) | p0 (16)] -> interleaved pairs (p0[r], p1[r]) per 32-bit lane r
+        const __m512i packed = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(p[1], p[0]));
+        _mm512_store_si512(pt + (kk / 2) * 16, _mm512_permutexvar_epi16(pair_idx, packed));
       }
-      same_max[b] = !redo;
-      alpha[b] = _mm512_set1_ps(1.f);
-      if (redo) {
-        __m512 raw = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-        if (full >= kK - 1) {
-          __m512 r4[4];
-          for (int u = 0; u < 4; ++u) r4[u] = _mm512_load_ps(sb + u * 16);
-          for (int kk = 4; kk < kK; kk += 4)
-            for (int u = 0; u < 4; ++u) r4[u] = _mm512_max_ps(r4[u], _mm512_load_ps(sb + (kk + u) * 16));
-          raw = _mm512_max_ps(_mm512_max_ps(r4[0], r4[1]), _mm512_max_ps(r4[2], r4[3]));
-        } else {
-          for (int kk = 0; kk < kK; ++kk) {
-            const int64_t first = kk - full;  // first visible lane
-            if (first >= 16) break;
-            const __mmask16 vis = first <= 0 ? 0xFFFF : static_cast<__mmask16>(0xFFFFu << first);
-            raw = _mm512_mask_max_ps(raw, vis, raw, _mm512_load_ps(sb + kk * 16));
+      for (; kk < kend; kk += 2) {
+        __m512 p[2];
+        for (int e = 0; e < 2; ++e) {
+          p[e] = exp2_bf16(_mm512_fmsub_ps(_mm512_load_ps(st + (kk + e) * 16), vscale, m));
+          const int64_t first = kk + e - full;
+          if (first > 0) {
+            p[e] = first < 16 ? _mm512_maskz_mov_ps(static_cast<__mmask16>(0xFFFFu << first), p[e]) : _mm512_setzero_ps();
           }
+          sum[e] = _mm512_add_ps(sum[e], p[e]);
         }
-        // scale > 0: the max of the scaled scores is the scaled max
-        const __m512 mx = _mm512_max_ps(m[b], _mm512_mul_ps(raw, vscale));
-        alpha[b] = exp512(_mm512_mul_ps(_mm512_sub_ps(m[b], mx), vln2));
-        m[b] = mx;
-        bsum = exponentials();
+        const __m512i packed = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(p[1], p[0]));
+        _mm512_store_si512(pt + (kk / 2) * 16, _mm512_permutexvar_epi16(pair_idx, packed));
       }
-      l[b] = same_max[b] ? _mm512_add_ps(l[b], bsum) : _mm512_fmadd_ps(l[b], alpha[b], bsum);
+      for (; kk < kK; kk += 2) _mm512_store_si512(pt + (kk / 2) * 16, _mm512_setzero_si512());
+      return _mm512_add_ps(sum[0], sum[1]);
+    };
+    // Lazy max: after the first block, p is taken against the running max m without looking at
+    // the block's scores first; only when some row's sum exceeds 2^8 (a score more than 8 units
+    // of log2 above m, or many close to it) is the block's max taken, O^T and l rescaled and the
+    // block redone. p stays <= 2^8 otherwise, far inside fp32 / bf16 range.
+    __m512 bsum = _mm512_setzero_ps();
+    bool redo = k0 == 0;
+    if (!redo) {
+      bsum = exponentials();
+      redo = _mm512_cmp_ps_mask(bsum, _mm512_set1_ps(256.f), _CMP_NLE_UQ) != 0;
     }
-    // O^T += V^T P^T per half of d (tiles 4 / 5: block a, d tiles 2h / 2h + 1; 6 / 7: block b)
+    if (redo) {
+      __m512 raw = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+      for (int kk = 0; kk < kK; ++kk) {
+        const int64_t first = kk - full;
+        if (first >= 16) break;
+        const __mmask16 vis = first <= 0 ? 0xFFFF : static_cast<__mmask16>(0xFFFFu << first);
+        raw = _mm512_mask_max_ps(raw, vis, raw, _mm512_load_ps(st + kk * 16));
+      }
+      // scale > 0: the max of the scaled scores is the scaled max
+      const __m512 mx = _mm512_max_ps(m, _mm512_mul_ps(raw, vscale));
+      const __m512 alpha = exp512(_mm512_mul_ps(_mm512_sub_ps(m, mx), vln2));
+      m = mx;
+      l = _mm512_mul_ps(l, alpha);
+      if (k0 > 0) {  // rescale the O^T accumulators (rows = lanes = tile columns)
+        SGL_TILE_STORE(4, o, 64);
+        SGL_TILE_STORE(5, o + 256, 64);
+        SGL_TILE_STORE(6, o + 512, 64);
+        SGL_TILE_STORE(7, o + 768, 64);
+        for (int d = 0; d < kHeadDim; ++d) _mm512_store_ps(o + d * 16, _mm512_mul_ps(_mm512_load_ps(o + d * 16), alpha));
+        SGL_TILE_LOAD(4, o, 64);
+        SGL_TILE_LOAD(5, o + 256, 64);
+        SGL_TILE_LOAD(6, o + 512, 64);
+        SGL_TILE_LOAD(7, o + 768, 64);
+      }
+      bsum = exponentials();
+    }
+    l = _mm512_add_ps(l, bsum);
+    // O^T += V^T P^T, 32 keys at a time: B = P^T chunk (tile 3), A = the 4 d tiles of V^T
     const uint16_t* vb = vt + (k0 / 32) * kHeadDim * 32;  // [key block of 32][64 d][32 keys]
-    for (int h = 0; h < 2; ++h) {
-      _tile_zero(4);
-      _tile_zero(5);
-      _tile_zero(6);
-      _tile_zero(7);
-      for (int kc = 0; kc < kK / 32; ++kc) {
-        const uint16_t* a = vb + kc * kHeadDim * 32 + h * 32 * 32;
-        SGL_TILE_LOAD(2, pt[0] + kc * 256, 64);
-        SGL_TILE_LOAD(3, pt[1] + kc * 256, 64);
-        SGL_TILE_LOAD(0, a, 64);
-        SGL_TILE_LOAD(1, a + 16 * 32, 64);
-        _tile_dpbf16ps(4, 0, 2);
-        _tile_dpbf16ps(5, 1, 2);
-        _tile_dpbf16ps(6, 0, 3);
-        _tile_dpbf16ps(7, 1, 3);
-      }
-      SGL_TILE_STORE(4, ot[0] + h * 512, 64);
-      SGL_TILE_STORE(5, ot[0] + h * 512 + 256, 64);
-      SGL_TILE_STORE(6, ot[1] + h * 512, 64);
-      SGL_TILE_STORE(7, ot[1] + h * 512 + 256, 64);
-    }
-    for (int b = 0; b < 2; ++b) {
-      float* ob = o[b];
-      const float* otb = ot[b];
-      if (same_max[b]) {
-        for (int d = 0; d < kHeadDim; ++d) _mm512_store_ps(ob + d * 16, _mm512_add_ps(_mm512_load_ps(ob + d * 16), _mm512_load_ps(otb + d * 16)));
-      } else {
-        for (int d = 0; d < kHeadDim; ++d)
-          _mm512_store_ps(ob + d * 16, _mm512_fmadd_ps(_mm512_load_ps(ob + d * 16), alpha[b], _mm512_load_ps(otb + d * 16)));
-      }
+    for (int kc = 0; kc < kK / 32; ++kc) {
+      const uint16_t* av = vb + kc * kHeadDim * 32;
+      SGL_TILE_LOAD(3, pt + kc * 256, 64);
+      SGL_TILE_LOAD(0, av, 64);
+      SGL_TILE_LOAD(1, av + 16 * 32, 64);
+      SGL_TILE_LOAD(2, av + 32 * 32, 64);
+      _tile_dpbf16ps(4, 0, 3);
+      _tile_dpbf16ps(5, 1, 3);
+      _tile_dpbf16ps(6, 2, 3);
+      SGL_TILE_LOAD(0, av + 48 * 32, 64);
+      _tile_dpbf16ps(7, 0, 3);
     }
   }
-  for (int b = 0; b < 2; ++b) {
-    const int64_t rows = b == 0 ? std::min<int64_t>(kQ, n - r0) : rows_b;
-    const __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.f), l[b]);
-    for (int c = 0; c < kHeadDim / 16; ++c) {  // O^T [16 d][16 rows] -> 16 rows of 16 d, bf16
-      __m512 r[16];
-      for (int dd = 0; dd < 16; ++dd) r[dd] = _mm512_mul_ps(_mm512_load_ps(o[b] + (c * 16 + dd) * 16), inv);
-      transpose16x16(r);
-      for (int64_t i = 0; i < rows; ++i) {
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + (r0 + b * kQ + i) * so0 + c * 16),
-                            _mm512_cvtepi32_epi16(bf16_bits(r[i])));
-      }
+  SGL_TILE_STORE(4, o, 64);
+  SGL_TILE_STORE(5, o + 256, 64);
+  SGL_TILE_STORE(6, o + 512, 64);
+  SGL_TILE_STORE(7, o + 768, 64);
+  // O^T [16 d][16 rows] x 1 / l -> 16 rows of 16 d, bf16
+  const __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.f), l);
+  for (int c = 0; c < kHeadDim / 16; ++c) {
+    __m512 r[16];
+    for (int dd = 0; dd < 16; ++dd) r[dd] = _mm512_mul_ps(_mm512_load_ps(o + (c * 16 + dd) * 16), inv);
+    transpose16x16(r);
+    for (int64_t i = 0; i < rows; ++i) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + (r0 + i) * so0 + c * 16), _mm512_cvtepi32_epi16(bf16_bits(r[i])));
     }
   }
 }
@@ -435,7 +407,7 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at:
       }
     }
   });
-  const int64_t nqb = (n + 2 * kQ - 1) / (2 * kQ);  // 32-row tasks
+  const int64_t nqb = (n + kQ - 1) / kQ;  // 16-row tasks
   std::vector<int64_t> order(nqb);
   for (int64_t i = 0, lo = 0, hi = nqb - 1; i < nqb; ++i) order[i] = (i % 2 == 0) ? lo++ : hi--;
   const uint16_t* qp = reinterpret_cast<const uint16_t*>(q.data_ptr<at::BFloat16>());
@@ -448,23 +420,21 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at:
     // denormal arithmetic would take microcode assists
     const unsigned int csr = _mm_getcsr();
     _mm_setcsr(csr | 0x8040);
-    alignas(64) uint32_t qt[2 * 32 * 16];  // Q^T of the two row blocks, in d pairs
+    alignas(64) uint32_t qt[32 * 16];  // Q^T of the task's rows, in d pairs
     for (int64_t t = b; t < e; ++t) {
       // kv-head-major task order: a thread's consecutive tasks share one kv head's K / V (L2)
       const int64_t h = t / (G * nqb), rem = t % (G * nqb);
-      const int64_t hq = h * G + rem % G, r0 = order[rem / G] * 2 * kQ;
-      for (int half = 0; half < 2; ++half) {  // Q^T in d pairs: 16 rows x 32 pairs -> 32 x 16
-        for (int wb = 0; wb < 2; ++wb) {
-          __m512 r[16];
-          for (int i = 0; i < kQ; ++i) {
-            const int64_t row = r0 + half * kQ + i;
-            r[i] = row < n ? _mm512_loadu_ps(qp + row * sq0 + hq * kHeadDim + wb * 32) : _mm512_setzero_ps();
-          }
-          transpose16x16(r);
-          for (int w = 0; w < 16; ++w) _mm512_store_ps(reinterpret_cast<float*>(qt + half * 512 + (wb * 16 + w) * 16), r[w]);
+      const int64_t hq = h * G + rem % G, r0 = order[rem / G] * kQ;
+      for (int wb = 0; wb < 2; ++wb) {  // Q^T in d pairs: 16 rows x 32 pairs -> 32 x 16
+        __m512 r[16];
+        for (int i = 0; i < kQ; ++i) {
+          const int64_t row = r0 + i;
+          r[i] = row < n ? _mm512_loadu_ps(qp + row * sq0 + hq * kHeadDim + wb * 32) : _mm512_setzero_ps();
         }
+        transpose16x16(r);
+        for (int w = 0; w < 16; ++w) _mm512_store_ps(reinterpret_cast<float*>(qt + (wb * 16 + w) * 16), r[w]);
       }
-      attend_rows32(qt, kpad.data() + h * lpad * kHeadDim, vt.data() + h * lpad * kHeadDim, n, r0, P, fscale,
+      attend_rows(qt, kpad.data() + h * lpad * kHeadDim, vt.data() + h * lpad * kHeadDim, n, r0, P, fscale,
                     op + hq * kHeadDim, so0);
     }
     _tile_release();
