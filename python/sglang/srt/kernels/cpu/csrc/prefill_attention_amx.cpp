@@ -397,13 +397,29 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at:
     for (int64_t t = b; t < e; ++t) {
       const int64_t h = t / (lpad / 32), blk = t % (lpad / 32);
       uint16_t* vth = vt.data() + (h * (lpad / 32) + blk) * kHeadDim * 32;
-      for (int64_t kk = 0; kk < 32; ++kk) {
-        const int64_t key = blk * 32 + kk;
-        if (key >= L) break;
-        const uint16_t* krow = key < P ? kc + (h * cache_rows + slots[key]) * kHeadDim : kp + (key - P) * sk0 + h * kHeadDim;
-        const uint16_t* vrow = key < P ? vc + (h * cache_rows + slots[key]) * kHeadDim : vp + (key - P) * sv0 + h * kHeadDim;
-        std::memcpy(kpad.data() + (h * lpad + key) * kHeadDim, krow, kHeadDim * 2);
-        for (int d = 0; d < kHeadDim; ++d) vth[d * 32 + kk] = vrow[d];
+      for (int g = 0; g < 2; ++g) {  // 16 keys at a time
+        const uint16_t* vrows[16];
+        for (int i = 0; i < 16; ++i) {
+          const int64_t key = blk * 32 + g * 16 + i;
+          vrows[i] = nullptr;
+          if (key >= L) continue;
+          const uint16_t* krow = key < P ? kc + (h * cache_rows + slots[key]) * kHeadDim : kp + (key - P) * sk0 + h * kHeadDim;
+          vrows[i] = key < P ? vc + (h * cache_rows + slots[key]) * kHeadDim : vp + (key - P) * sv0 + h * kHeadDim;
+          std::memcpy(kpad.data() + (h * lpad + key) * kHeadDim, krow, kHeadDim * 2);
+        }
+        // V^T: the 16 keys' rows as 32-bit d pairs, transposed, then split into even / odd d
+        for (int wb = 0; wb < 2; ++wb) {
+          __m512 r[16];
+          for (int i = 0; i < 16; ++i) r[i] = vrows[i] ? _mm512_loadu_ps(vrows[i] + wb * 32) : _mm512_setzero_ps();
+          transpose16x16(r);
+          for (int w = 0; w < 16; ++w) {
+            const int d = (wb * 16 + w) * 2;
+            const __m512i pairs = _mm512_castps_si512(r[w]);
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(vth + d * 32 + g * 16), _mm512_cvtepi32_epi16(pairs));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(vth + (d + 1) * 32 + g * 16),
+                                _mm512_cvtepi32_epi16(_mm512_srli_epi32(pairs, 16)));
+          }
+        }
       }
     }
   });
