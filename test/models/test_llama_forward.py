@@ -193,3 +193,27 @@ def test_bfloat16_smoke():
     assert bf.dtype == torch.float32 and torch.isfinite(bf).all()
     agree = (bf.argmax(-1) == outs[torch.float32].argmax(-1)).float().mean()
     assert agree >= 0.8, f"bf16 argmax agrees with fp32 on only {agree:.0%} of positions"
+
+
+def test_last_layer_finishes_only_logit_rows(pair: Pair):
+    """Without all-token logits, the model's last layer runs o_proj / MLP only on each request's
+    last new token (its K / V are still cached for every token); the logits are those of the full
+    computation, and the next forward (decode over that cache) still matches HF."""
+    if not hasattr(pair.ours.model, "_logit_rows"):
+        pytest.skip("not a LlamaModel")
+    rows_seen = []
+    hook = pair.ours.model.layers[-1].mlp.register_forward_hook(lambda m, i, o: rows_seen.append(i[0].shape[0]))
+    try:
+        h = ForwardHarness(pair.cfg)
+        reqs = [h.new_request() for _ in pair.prompts]
+        out = h.forward(pair.ours, list(zip(reqs, pair.prompts)))
+        full = ForwardHarness(pair.cfg)
+        out_all = full.forward(pair.ours, [(full.new_request(), p) for p in pair.prompts], return_all_logits=True)
+    finally:
+        hook.remove()
+    assert rows_seen == [len(pair.prompts), sum(PROMPT_LENS)]
+    assert (out.next_token_logits - out_all.next_token_logits).abs().max() <= TOL
+    nxt = out.next_token_logits.argmax(-1).tolist()
+    step = h.run(pair.ours, h.build_batch([(r, [t]) for r, t in zip(reqs, nxt)])).next_token_logits
+    for i, prompt in enumerate(pair.prompts):
+        assert (step[i] - pair.hf_logits(prompt + [nxt[i]])[-1]).abs().max() <= TOL

@@ -98,7 +98,10 @@ class LlamaAttention(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         forward_batch: ForwardBatch,
+        keep_rows: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
+        """keep_rows: only these rows of the attention output go through o_proj (the last layer,
+        when only each request's last token needs logits; K / V of every token are still cached)."""
         qkv = self.qkv_proj(hidden_states)
         n, qk_size = qkv.shape[0], self.q_size + self.kv_size
         v = qkv[:, qk_size:]
@@ -114,7 +117,10 @@ class LlamaAttention(nn.Module):
             k = rotary.apply(k, cos, sin)
             self.attn.start_kv_exchange(k, v, forward_batch)  # CP: k/v all-gather overlaps q's rope
             q = rotary.apply(q, cos, sin)
-        return self.o_proj(self.attn(q, k, v, forward_batch))
+        out = self.attn(q, k, v, forward_batch)
+        if keep_rows is not None:
+            out = out[keep_rows]
+        return self.o_proj(out)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -147,9 +153,12 @@ class LlamaDecoderLayer(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         forward_batch: ForwardBatch,
+        keep_rows: Optional[torch.Tensor] = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         hidden_states, residual = self.comm.prepare_attn(hidden_states, residual, forward_batch)
-        hidden_states = self.self_attn(hidden_states, rotary, cos, sin, forward_batch)
+        hidden_states = self.self_attn(hidden_states, rotary, cos, sin, forward_batch, keep_rows)
+        if keep_rows is not None:  # dense layouts (identity moves): the rows stay put
+            residual = residual[keep_rows]
         hidden_states, residual = self.comm.prepare_mlp(hidden_states, residual, forward_batch)
         hidden_states = self.mlp(hidden_states)
         return self.comm.postprocess_layer(hidden_states, residual, forward_batch)
@@ -197,9 +206,24 @@ class LlamaModel(nn.Module):
         hidden_states, residual = stage_input(self, input_ids, pp_proxy_tensors)
         rotary = self.rotary_emb
         cos, sin = rotary.cos_sin(positions)
-        for layer in self._stage_layers:
+        layers = self._stage_layers
+        for layer in layers[:-1]:
             hidden_states, residual = layer(hidden_states, residual, rotary, cos, sin, forward_batch)
+        if layers:
+            keep = self._logit_rows(forward_batch, hidden_states.shape[0])
+            hidden_states, residual = layers[-1](hidden_states, residual, rotary, cos, sin, forward_batch, keep)
         return stage_output(self, hidden_states, residual)
+
+    def _logit_rows(self, forward_batch: ForwardBatch, num_tokens: int) -> Optional[torch.Tensor]:
+        """Rows the model's last layer must finish past attention: each request's last new token,
+        when that is all the logits processor takes (no all-token logits, no CP token shards, the
+        model's final layer is on this stage); None when every row is needed. The last layer then
+        skips o_proj, the MLP and the norms for the other rows (~1/num_layers of a long prefill)."""
+        if not self.pp_last or forward_batch.return_all_logits or is_cp_batch(forward_batch):
+            return None
+        if forward_batch.batch_size == num_tokens:  # decode: one row per request already
+            return None
+        return forward_batch.last_token_indices()
 
 
 class LlamaForCausalLM(CausalLM):
