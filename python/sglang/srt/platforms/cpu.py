@@ -67,9 +67,14 @@ class CpuPlatform(Platform):
             mallopt = libc.mallopt
         except (OSError, AttributeError):
             return
-        m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
+        m_trim_threshold, m_mmap_threshold, m_mmap_max = -1, -3, -4  # <malloc.h>
         mallopt(m_mmap_threshold, 32 * 2**20)  # glibc's largest allowed mmap threshold (64-bit)
         mallopt(m_trim_threshold, 2**31 - 1)
+        # Blocks above that threshold (an 8192-token chunk's [8192, 2 x intermediate] MLP
+        # activations, 50 MB for SmolLM2) would still be fresh mmaps, faulted in again every layer:
+        # serve every size from the heap instead (an 8000-token prefill 3.13 -> 2.87 s; 4K prefills
+        # and decode unchanged). glibc still falls back to mmap if the heap cannot grow.
+        mallopt(m_mmap_max, 0)
 
     def prepacked_linear(self, dtype: torch.dtype, device: torch.device):
         """oneDNN's packed bf16 linear, where this torch build and CPU support it."""
