@@ -183,7 +183,7 @@ def test_prefill_attention_matches_reference(ops, heads):
         pytest.skip("this CPU has no AMX")
     hq, hk = heads
     g = torch.Generator().manual_seed(hq)
-    # n around the 16-row halves and 32-row tasks; 300 also with scores 8x sharper (most p underflow
+    # n around the 16-row tasks and 64-key blocks; 300 also with scores 8x sharper (most p underflow
     # to 0 or far below bf16's range, and the running max jumps by large steps)
     for n, sharp in ((1, 1), (15, 1), (16, 1), (17, 1), (31, 1), (33, 1), (63, 1), (64, 1), (65, 1), (300, 1), (300, 8), (1100, 1)):
         qkv = torch.randn(n, (hq + 2 * hk) * 64, generator=g).bfloat16()

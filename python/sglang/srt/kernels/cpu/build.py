@@ -4,7 +4,8 @@ torch's extension loader compiles once per source text into its cache directory
 (TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions) and holds a file lock while it does, so
 several ranks starting together build it once. The code is compiled for the host CPU
 (-march=native); the module name carries a hash of the CPU's feature flags so a cache shared by
-different machines never loads a build for another instruction set. `make setup` builds it ahead
+different machines never loads a build for another instruction set, and a hash of the shared
+headers (csrc/*.h), which torch's loader does not watch. `make setup` builds it ahead
 (`python -m sglang.srt.kernels.cpu.build`), so the first server start does not wait.
 
 `load()` returns the module, or None (with one warning) when there is no compiler or the build
@@ -29,6 +30,17 @@ _CSRC = os.path.join(os.path.dirname(__file__), "csrc")
 _SOURCES = [os.path.join(_CSRC, name) for name in ("sglang_cpu_ops.cpp", "prefill_attention_amx.cpp")]
 _lock = threading.Lock()
 _state: dict[str, Optional[ModuleType]] = {}
+
+
+def _headers_tag() -> str:
+    """Hash of csrc/*.h: torch's loader rebuilds when a listed source changes, not an included
+    header, so the headers' text goes into the module name instead."""
+    h = hashlib.sha1()
+    for name in sorted(os.listdir(_CSRC)):
+        if name.endswith(".h"):
+            with open(os.path.join(_CSRC, name), "rb") as f:
+                h.update(name.encode() + b"\0" + f.read())
+    return h.hexdigest()[:8]
 
 
 def _cpu_tag() -> str:
@@ -62,7 +74,7 @@ def load() -> Optional[ModuleType]:
 
             start = time.perf_counter()
             module = cpp_extension.load(
-                name=f"sglang_cpu_ops_{_cpu_tag()}",
+                name=f"sglang_cpu_ops_{_cpu_tag()}_{_headers_tag()}",
                 sources=_SOURCES,
                 extra_cflags=["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-mprefer-vector-width=512"],
                 extra_ldflags=["-fopenmp"],

@@ -34,11 +34,13 @@
 #include <optional>
 #include <vector>
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__)
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__) && defined(__AVX512DQ__)
 #define SGL_HAVE_AMX 1
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+
+#include "vec_exp2.h"
 #endif
 
 namespace sgl_amx {
@@ -163,18 +165,7 @@ inline void transpose16x16(__m512 (&r)[16]) {
   for (int i = 0; i < 16; ++i) r[i] = t[i];
 }
 
-// 2^t to about 1e-4 relative error (P is rounded to bf16 for P.V anyway): 2^floor(t) * q(f) with
-// f = t - floor(t) in [0, 1) (one vreduceps) and a degree-3 fit q of 2^f; scalef applies 2^floor(t)
-// (-> 0 far below range)
-inline __m512 exp2_bf16(__m512 t) {
-  const __m512 f = _mm512_reduce_ps(t, 0x09);  // t - floor(t), precision exception suppressed
-  __m512 q = _mm512_set1_ps(0.07802402973175049f);
-  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(0.22606706619262695f));
-  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(0.6958339810371399f));
-  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(0.9999251365661621f));
-  return _mm512_scalef_ps(q, t);
-}
-
+using sgl_vec::exp2_fast;
 
 // One task: 16 query rows of one q head against keys 0 .. its last row, transposed so that the 16
 // rows are the 16 lanes of every AVX-512 vector (the softmax needs no horizontal ops):
@@ -221,31 +212,25 @@ void attend_rows(const uint32_t* qt, const uint16_t* kpad, const uint16_t* vt, i
     // returns the rows' sums of p
     auto exponentials = [&]() {
       __m512 sum[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
-      int kk = 0;
-      const int nfull = static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(kend, full + 1))) & ~1;
-      for (; kk < nfull; kk += 2) {
+      // keys kk, kk + 1 -> one 32-bit row of P^T; `diagonal`: key kk + e reaches lanes >= kk + e - full
+      auto key_pair = [&](int kk, bool diagonal) {
         __m512 p[2];
         for (int e = 0; e < 2; ++e) {
-          p[e] = exp2_bf16(_mm512_fmsub_ps(_mm512_load_ps(st + (kk + e) * 16), vscale, m));
+          p[e] = exp2_fast(_mm512_fmsub_ps(_mm512_load_ps(st + (kk + e) * 16), vscale, m));
+          const int64_t first = kk + e - full;
+          if (diagonal && first > 0) {
+            p[e] = first < 16 ? _mm512_maskz_mov_ps(static_cast<__mmask16>(0xFFFFu << first), p[e]) : _mm512_setzero_ps();
+          }
           sum[e] = _mm512_add_ps(sum[e], p[e]);
         }
         // 32 bf16 = [p1 (16) | p0 (16)] -> interleaved pairs (p0[r], p1[r]) per 32-bit lane r
         const __m512i packed = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(p[1], p[0]));
         _mm512_store_si512(pt + (kk / 2) * 16, _mm512_permutexvar_epi16(pair_idx, packed));
-      }
-      for (; kk < kend; kk += 2) {
-        __m512 p[2];
-        for (int e = 0; e < 2; ++e) {
-          p[e] = exp2_bf16(_mm512_fmsub_ps(_mm512_load_ps(st + (kk + e) * 16), vscale, m));
-          const int64_t first = kk + e - full;
-          if (first > 0) {
-            p[e] = first < 16 ? _mm512_maskz_mov_ps(static_cast<__mmask16>(0xFFFFu << first), p[e]) : _mm512_setzero_ps();
-          }
-          sum[e] = _mm512_add_ps(sum[e], p[e]);
-        }
-        const __m512i packed = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(p[1], p[0]));
-        _mm512_store_si512(pt + (kk / 2) * 16, _mm512_permutexvar_epi16(pair_idx, packed));
-      }
+      };
+      int kk = 0;
+      const int nfull = static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(kend, full + 1))) & ~1;
+      for (; kk < nfull; kk += 2) key_pair(kk, false);  // keys every row sees
+      for (; kk < kend; kk += 2) key_pair(kk, true);
       for (; kk < kK; kk += 2) _mm512_store_si512(pt + (kk / 2) * 16, _mm512_setzero_si512());
       return _mm512_add_ps(sum[0], sum[1]);
     };
