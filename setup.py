@@ -29,7 +29,7 @@ setup(
     description="Clean-room SGLang-compatible serving engine with PP x CP event loops",
     package_dir={"": "python"},
     packages=find_packages("python"),
-    package_data={"sglang": ["test/assets/*/*", "srt/kernels/cpu/csrc/*.cpp"]},
+    package_data={"sglang": ["test/assets/*/*", "srt/kernels/cpu/csrc/*.cpp", "srt/kernels/cpu/csrc/*.h"]},
     include_package_data=True,
     python_requires=">=3.10",
     install_requires=INSTALL_REQUIRES,
