@@ -1,6 +1,6 @@
 """sglang: a clean-room, SGLang-compatible LLM serving engine."""
 
-__version__ = "0.1.0"
+from sglang.version import __version__
 
 
 def __getattr__(name):

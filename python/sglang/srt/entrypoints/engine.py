@@ -18,6 +18,7 @@ from sglang.srt.managers.io_struct import FlushCacheReqOutput, GenerateReqInput,
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
 from sglang.srt.server_args import PortArgs, ServerArgs
 from sglang.srt.utils.process import configure_logger
+from sglang.version import __version__
 
 logger = logging.getLogger(__name__)
 
@@ -43,12 +44,10 @@ def _launch_subprocesses(
 
 def server_info(tokenizer_manager: TokenizerManager, internal_state: dict) -> dict:
     """SGLang's /get_server_info payload: server args + scheduler info + internal states."""
-    import sglang
-
     info = dataclasses.asdict(tokenizer_manager.server_args)
     info.update(dataclasses.asdict(tokenizer_manager.scheduler_info))
     info["internal_states"] = [internal_state]
-    info["version"] = sglang.__version__
+    info["version"] = __version__
     return info
 
 
