@@ -141,3 +141,38 @@ def flush(client: httpx.Client) -> None:
     wait_idle(client)
     r = client.post("/flush_cache")
     assert r.status_code == 200, r.text
+
+
+def openai_answers(handle: ServerHandle) -> dict:
+    """A server's greedy answers to a fixed set of openai-client requests: a chat, a completion, the
+    same completion streamed, and a completion of token ids (`ignore_eos`, so each answer has its
+    full length). Two servers of the same model must give equal dicts (parallel vs single rank)."""
+    import openai
+
+    client = openai.OpenAI(base_url=handle.url + "/v1", api_key=handle.api_key or "none", max_retries=0, timeout=120)
+    common = dict(model="default", temperature=0, extra_body={"ignore_eos": True})
+    chat = client.chat.completions.create(messages=[{"role": "user", "content": "hi there"}], max_tokens=8, **common)
+    whole = client.completions.create(prompt="hello", max_tokens=6, **common)
+    pieces = list(client.completions.create(prompt="hello", max_tokens=6, stream=True, **common))
+    ids = client.completions.create(prompt=list(range(5, 5 + 37)), max_tokens=6, **common)
+    return {
+        "chat": chat.choices[0].message.content,
+        "chat_usage": (chat.usage.prompt_tokens, chat.usage.completion_tokens),
+        "chat_finish": chat.choices[0].finish_reason,
+        "completion": whole.choices[0].text,
+        "completion_usage": (whole.usage.prompt_tokens, whole.usage.completion_tokens),
+        "stream": "".join(p.choices[0].text for p in pieces),
+        "stream_chunks": len(pieces) >= 2,
+        "stream_finish": pieces[-1].choices[0].finish_reason,
+        "ids_completion": ids.choices[0].text,
+        "ids_usage": (ids.usage.prompt_tokens, ids.usage.completion_tokens),
+    }
+
+
+def assert_full_answers(answers: dict) -> None:
+    """The answers ran to their length: 8 / 6 / 6 tokens, streamed in several chunks that add up to
+    the non-streamed text."""
+    assert answers["chat_usage"][1] == 8 and answers["chat_finish"] == "length"
+    assert answers["completion_usage"][1] == 6 and answers["ids_usage"] == (37, 6)
+    assert answers["stream_chunks"] and answers["stream_finish"] == "length"
+    assert answers["stream"] == answers["completion"]

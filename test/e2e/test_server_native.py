@@ -14,8 +14,11 @@ import time
 import httpx
 import pytest
 
+from sglang.srt.managers.incremental_detok import decode_ids
+from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 from server_helpers import (
     API_KEY,
+    TINY_LLAMA,
     child_pids,
     flush,
     internal_state,
@@ -26,6 +29,7 @@ from server_helpers import (
 )
 
 GREEDY = {"temperature": 0.0, "ignore_eos": True}
+TOKENIZER = get_tokenizer(TINY_LLAMA)
 
 
 def _sse_events(lines):
@@ -39,10 +43,10 @@ def test_generate_single(client):
     r = client.post("/generate", json={"text": "Hello", "sampling_params": {"max_new_tokens": 6, **GREEDY}})
     assert r.status_code == 200, r.text
     out = r.json()
-    assert isinstance(out["text"], str)
     assert len(out["output_ids"]) == 6
+    assert out["text"] == decode_ids(TOKENIZER, out["output_ids"], True, True)
     meta = out["meta_info"]
-    assert meta["completion_tokens"] == 6 and meta["prompt_tokens"] >= 1
+    assert meta["completion_tokens"] == 6 and meta["prompt_tokens"] == len(TOKENIZER.encode("Hello"))
     assert meta["finish_reason"] == {"type": "length", "length": 6}
     assert meta["e2e_latency"] > 0 and meta["id"]
 
@@ -91,11 +95,15 @@ def test_generate_with_logprobs(client):
         json={"text": "Hi", "sampling_params": {"max_new_tokens": 3, **GREEDY}, "return_logprob": True,
               "top_logprobs_num": 2, "return_text_in_logprobs": True},
     )  # fmt: skip
-    meta = r.json()["meta_info"]
-    assert len(meta["output_token_logprobs"]) == 3
-    lp, tid, text = meta["output_token_logprobs"][0]
-    assert lp <= 0 and isinstance(tid, int) and isinstance(text, str)
+    out = r.json()
+    meta = out["meta_info"]
+    assert [tid for _, tid, _ in meta["output_token_logprobs"]] == out["output_ids"]
+    assert all(lp <= 0 for lp, _, _ in meta["output_token_logprobs"])
+    assert [text for _, _, text in meta["output_token_logprobs"]] == [TOKENIZER.decode([t]) for t in out["output_ids"]]
     assert all(len(top) == 2 for top in meta["output_top_logprobs"])
+    for (lp, tid, _), top in zip(meta["output_token_logprobs"], meta["output_top_logprobs"]):
+        assert top[0][1] == tid and top[0][0] == pytest.approx(lp)  # greedy: the chosen token is the most likely
+        assert top[1][0] <= top[0][0]
 
 
 def test_info_endpoints(client, server):
