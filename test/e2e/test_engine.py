@@ -12,6 +12,8 @@ import threading
 import pytest
 
 import sglang as sgl
+from sglang.srt.managers.incremental_detok import decode_ids
+from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 from server_helpers import TINY_LLAMA, pid_alive, wait_until
 
 ENGINE_KW = dict(model_path=TINY_LLAMA, load_format="dummy", dtype="float32", log_level="warning")
@@ -28,7 +30,8 @@ def engine():
 def test_generate_single(engine):
     out = engine.generate("Hello", {"max_new_tokens": 5, **GREEDY})
     assert isinstance(out, dict)
-    assert len(out["output_ids"]) == 5 and isinstance(out["text"], str)
+    assert len(out["output_ids"]) == 5
+    assert out["text"] == decode_ids(get_tokenizer(TINY_LLAMA), out["output_ids"], True, True)
     assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 5}
 
 
@@ -106,7 +109,9 @@ def test_sync_calls_from_threads(engine):
 
 def test_server_info_and_unknown_kwarg(engine):
     info = engine.get_server_info()
-    assert info["internal_states"][0]["max_total_num_tokens"] > 0
+    state = info["internal_states"][0]
+    assert state["max_total_num_tokens"] == info["max_total_num_tokens"] > 0
+    assert state["num_running_reqs"] == state["num_waiting_reqs"] == 0
     with pytest.raises(ValueError, match="unknown server argument"):
         sgl.Engine(no_such_flag=1, **ENGINE_KW)
 

@@ -8,12 +8,21 @@ different machines never loads a build for another instruction set, and a hash o
 headers (csrc/*.h), which torch's loader does not watch. `make setup` builds it ahead
 (`python -m sglang.srt.kernels.cpu.build`), so the first server start does not wait.
 
+Two guards around torch's loader: the sources are copied into the build directory first (only
+when their text changed), so every checkout of the code shares one build instead of rebuilding
+whenever another checkout's paths were the last written into build.ninja; and the build runs
+under an `flock` of ours, which the kernel releases when a process dies, so a `lock` file that
+torch left behind in a build that was killed (Ctrl-C during the first start) is known to be stale
+and removed instead of making every later start wait forever.
+
 `load()` returns the module, or None (with one warning) when there is no compiler or the build
 fails: callers then keep their torch paths.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import logging
 import os
@@ -22,12 +31,12 @@ import sys
 import threading
 import time
 from types import ModuleType
-from typing import Optional
+from typing import Iterator, Optional
 
 logger = logging.getLogger(__name__)
 
 _CSRC = os.path.join(os.path.dirname(__file__), "csrc")
-_SOURCES = [os.path.join(_CSRC, name) for name in ("sglang_cpu_ops.cpp", "prefill_attention_amx.cpp")]
+_SOURCES = ("sglang_cpu_ops.cpp", "prefill_attention_amx.cpp")
 _lock = threading.Lock()
 _state: dict[str, Optional[ModuleType]] = {}
 
@@ -61,6 +70,47 @@ def _put_ninja_on_path() -> None:
             os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
 
 
+def copy_sources(src_dir: str, dst_dir: str) -> list[str]:
+    """Copy csrc's .cpp / .h files into dst_dir, rewriting only those whose text differs (an
+    unchanged file keeps its mtime, so ninja does not rebuild); returns the .cpp paths to build."""
+    os.makedirs(dst_dir, exist_ok=True)
+    for name in sorted(os.listdir(src_dir)):
+        if not name.endswith((".cpp", ".h")):
+            continue
+        with open(os.path.join(src_dir, name), "rb") as f:
+            text = f.read()
+        dst = os.path.join(dst_dir, name)
+        try:
+            with open(dst, "rb") as f:
+                same = f.read() == text
+        except OSError:
+            same = False
+        if not same:
+            tmp = f"{dst}.tmp{os.getpid()}"
+            with open(tmp, "wb") as f:
+                f.write(text)
+            os.replace(tmp, dst)
+    return [os.path.join(dst_dir, name) for name in _SOURCES]
+
+
+@contextlib.contextmanager
+def exclusive_build(build_dir: str) -> Iterator[None]:
+    """Hold this machine's build lock of `build_dir` (an flock, freed by the kernel when its
+    holder dies). Inside it nobody else is building, so torch's own `lock` file, if present, was
+    left by a killed build: remove it (torch would otherwise wait for it forever)."""
+    os.makedirs(build_dir, exist_ok=True)
+    with open(os.path.join(build_dir, "sglang-build.flock"), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            stale = os.path.join(build_dir, "lock")
+            if os.path.exists(stale):
+                logger.warning("removing %s, left by a CPU-kernel build that was killed", stale)
+                os.remove(stale)
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def load() -> Optional[ModuleType]:
     """The compiled kernel module (built when needed), or None where it cannot be built."""
     with _lock:
@@ -73,13 +123,17 @@ def load() -> Optional[ModuleType]:
             _put_ninja_on_path()
 
             start = time.perf_counter()
-            module = cpp_extension.load(
-                name=f"sglang_cpu_ops_{_cpu_tag()}_{_headers_tag()}",
-                sources=_SOURCES,
-                extra_cflags=["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-mprefer-vector-width=512"],
-                extra_ldflags=["-fopenmp"],
-                verbose=False,
-            )
+            name = f"sglang_cpu_ops_{_cpu_tag()}_{_headers_tag()}"
+            build_dir = cpp_extension._get_build_directory(name, False)
+            with exclusive_build(build_dir):
+                module = cpp_extension.load(
+                    name=name,
+                    sources=copy_sources(_CSRC, os.path.join(build_dir, "src")),
+                    extra_cflags=["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-mprefer-vector-width=512"],
+                    extra_ldflags=["-fopenmp"],
+                    build_directory=build_dir,
+                    verbose=False,
+                )
             elapsed = time.perf_counter() - start
             if elapsed > 2.0:
                 logger.info("built the CPU kernels in %.0f s", elapsed)
