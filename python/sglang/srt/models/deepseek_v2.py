@@ -153,6 +153,7 @@ class DeepseekV2Model(nn.Module):
 class DeepseekV3ForCausalLM(CausalLM):
     """DeepSeek-V3 / V3.1: dense MLA. `forward` returns logits on the last pipeline stage."""
 
+    stacked_params = _STACKED_MLP
     use_indexer: bool = False
     supports_context_parallel: bool = True  # sharded latent KV + zero-redundant indexer (mla_cp.py)
 

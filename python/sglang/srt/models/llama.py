@@ -230,6 +230,7 @@ class LlamaForCausalLM(CausalLM):
     """Causal LM head over LlamaModel. `forward` returns logits on the last pipeline stage and
     `PPProxyTensors` on the others."""
 
+    stacked_params = _STACKED_PARAMS
     force_qkv_bias: bool = False
     use_qk_norm: bool = False
     supports_context_parallel: bool = True  # token layout via layers/communicator.py

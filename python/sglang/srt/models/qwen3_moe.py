@@ -111,6 +111,7 @@ class Qwen3MoeModel(nn.Module):
 
 
 class Qwen3MoeForCausalLM(CausalLM):
+    stacked_params = _STACKED_PARAMS
     supports_context_parallel: bool = True  # Llama's CP attention; MoE layers gather the batch
 
     def __init__(self, config: Any, groups: Optional[ParallelGroups] = None, dtype: torch.dtype = torch.float32):
