@@ -1,5 +1,7 @@
-"""Checkpoint layouts derived from the models (`models/checkpoint_specs.py`) and the dummy weights
-drawn from them: every tiny test config of every registered model class."""
+"""The CausalLM / StageModel base: checkpoint layouts derived from the models
+(`models/checkpoint_specs.py`) and the dummy weights drawn from them, for every tiny test config of
+every registered model class; the defaults the model runner calls (stage layers, KV pool and its
+bytes per token, context-parallel support); the registry's CausalLM rule."""
 
 from __future__ import annotations
 
@@ -21,11 +23,14 @@ from transformers import (
 
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.distributed.parallel_state import GroupCoordinator, ParallelGroups, ParallelLayout
+from sglang.srt.mem_cache.kv_pool import MHATokenToKVPool
+from sglang.srt.mem_cache.mla_kv_pool import DSATokenToKVPool, MLATokenToKVPool
 from sglang.srt.model_loader.dummy_loader import init_dummy_weights, iter_dummy_weights
 from sglang.srt.models.causal_lm import CausalLM
 from sglang.srt.models.deepseek_v2 import DeepseekV3ForCausalLM, DeepseekV32ForCausalLM
 from sglang.srt.models.llama import LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
 from sglang.srt.models.qwen3_moe import Qwen3MoeForCausalLM
+from sglang.srt.models.registry import ModelRegistry
 from sglang.test.tiny_models import ASSETS_DIR, TINY_LLAMA_DIR, TINY_QWEN3_DIR
 from sglang.test.tiny_moe_models import (
     DEEPSEEK_SIZES,
@@ -132,3 +137,42 @@ def test_dummy_weights_follow_hf_checkpoint_layout(case, tmp_path):
         assert got.keys() == want.keys()
         for name in want:
             assert torch.equal(got[name], want[name]), name
+
+
+@pytest.mark.parametrize("path", [TINY_LLAMA_DIR, TINY_QWEN3_DIR, _DSV32_DIR])
+@pytest.mark.parametrize("pp_rank", [0, 1])
+def test_stage_range_and_kv_pool_defaults(path, pp_rank):
+    """What ModelRunner calls: the stage's layer range, a pool of exactly those layers, and the
+    pool's bytes per token slot. MHA models: the numbers ModelConfig gives (KV heads per attention
+    tp rank, head_dim); MLA models: their latent (+ index key) pool."""
+    mc = ModelConfig(path)
+    model = ModelRegistry.resolve(mc.architectures)(mc.hf_config, _stage_groups(pp_rank), torch.float32)
+    n = mc.num_hidden_layers
+    assert (model.start_layer, model.end_layer) == ((0, n // 2) if pp_rank == 0 else (n // 2, n))
+    pool = model.create_kv_pool(16, 1, torch.float32)
+    assert (pool.start_layer, pool.end_layer) == (model.start_layer, model.end_layer)
+    stage_layers = model.end_layer - model.start_layer
+    if isinstance(model, DeepseekV3ForCausalLM):
+        assert isinstance(pool, DSATokenToKVPool if model.use_indexer else MLATokenToKVPool)
+        cfg = mc.hf_config
+        want = DSATokenToKVPool.cell_size_bytes(
+            cfg.kv_lora_rank, cfg.qk_rope_head_dim, stage_layers, torch.bfloat16, int(cfg.index_head_dim)
+        )
+    else:
+        assert type(pool) is MHATokenToKVPool
+        assert (pool.head_num, pool.head_dim) == (mc.get_num_kv_heads(2), mc.head_dim)
+        want = MHATokenToKVPool.cell_size_bytes(mc.get_num_kv_heads(2), mc.head_dim, stage_layers, torch.bfloat16)
+    assert model.kv_cell_size_bytes(torch.bfloat16) == want
+
+
+def test_context_parallel_flag_and_registry_rule():
+    assert CausalLM.supports_context_parallel is False
+    for arch in ModelRegistry.supported_architectures():
+        model_cls = ModelRegistry.resolve(arch)
+        assert issubclass(model_cls, CausalLM) and model_cls.supports_context_parallel
+    ModelRegistry.register("NotACausalLM", torch.nn.Linear)
+    try:
+        with pytest.raises(TypeError, match="must derive from CausalLM"):
+            ModelRegistry.resolve("NotACausalLM")
+    finally:
+        ModelRegistry._models.pop("NotACausalLM")
