@@ -126,7 +126,7 @@ class FusedMoE(nn.Module):
         (name relative to this module, e.g. "3.gate_proj.weight", FULL shape), every expert."""
         h, i = self.hidden_size, self.intermediate_size
         if param_name == "w13_weight":
-            return [(f"{e}.{proj}.weight", (i, h)) for e in range(self.num_experts) for proj in ("gate_proj", "up_proj")]
+            return [(f"{e}.{p}.weight", (i, h)) for e in range(self.num_experts) for p in ("gate_proj", "up_proj")]
         if param_name == "w2_weight":
             return [(f"{e}.down_proj.weight", (h, i)) for e in range(self.num_experts)]
         raise ValueError(f"FusedMoE has no parameter {param_name!r}")
