@@ -3,6 +3,8 @@
 Every parameter carries a `weight_loader(param, loaded_weight, shard_id=None)` that takes the FULL
 (unsharded) checkpoint tensor and copies this rank's slice into the parameter, so the model loader
 never needs to know how a layer is sharded. Weights are stored as [out_features, in_features].
+The fused layers also say which checkpoint tensors a parameter is made of (`checkpoint_shape`), so
+a model's checkpoint layout can be derived from the model itself (`models/checkpoint_specs.py`).
 
 - ReplicatedLinear: no sharding.
 - ColumnParallelLinear: output dim sharded; each rank returns its slice of the outputs.
@@ -153,6 +155,12 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         self.local_sizes = [_divide(s, tp_size, f"output size {i}") for i, s in enumerate(self.output_sizes)]
         super().__init__(input_size, sum(self.output_sizes), bias, tp, params_dtype)
 
+    def checkpoint_shape(self, shard_id: ShardId, param: nn.Parameter) -> tuple[int, ...]:
+        """FULL shape of the checkpoint tensor that `weight_loader(param, tensor, shard_id)` takes."""
+        if not isinstance(shard_id, int) or not 0 <= shard_id < len(self.output_sizes):
+            raise ValueError(f"shard_id must be in 0..{len(self.output_sizes) - 1}, got {shard_id!r}")
+        return (self.output_sizes[shard_id], *param.shape[1:])
+
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: ShardId = None) -> None:
         if shard_id is None:  # an already fused checkpoint tensor: split it and load each part
             for i, part in enumerate(torch.split(loaded_weight, self.output_sizes, dim=0)):
@@ -205,6 +213,13 @@ class QKVParallelLinear(ColumnParallelLinear):
         self.kv_size = self.num_kv_heads * head_size
         out_total = (self.num_heads + 2 * self.num_kv_heads) * head_size * tp_size
         super().__init__(hidden_size, out_total, bias, tp, params_dtype)
+
+    def checkpoint_shape(self, shard_id: ShardId, param: nn.Parameter) -> tuple[int, ...]:
+        """FULL shape of the checkpoint tensor that `weight_loader(param, tensor, shard_id)` takes."""
+        if shard_id not in ("q", "k", "v"):
+            raise ValueError(f"QKV shard_id must be 'q', 'k' or 'v', got {shard_id!r}")
+        heads = self.total_num_heads if shard_id == "q" else self.total_num_kv_heads
+        return (heads * self.head_size, *param.shape[1:])
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: ShardId = None) -> None:
         if shard_id is None:  # fused qkv checkpoint tensor

@@ -30,7 +30,6 @@ from sglang.srt.layers.sampler import SampleOutput, Sampler
 from sglang.srt.managers.schedule_batch import ModelWorkerBatch
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.cp_slots import physical_kv_state, plan_virtual_pool
-from sglang.srt.mem_cache.kv_pool import MHATokenToKVPool
 from sglang.srt.mem_cache.req_to_token import ReqToTokenPool
 from sglang.srt.model_executor.forward_batch import ForwardBatch, ForwardMode, PPProxyTensors
 from sglang.srt.model_executor.memory_budget import KVPoolPlan, plan_kv_pool
@@ -73,7 +72,7 @@ class ModelRunner:
         self.dtype = cfg.dtype
         model_cls = ModelRegistry.resolve(cfg.architectures)
         self.cp: Optional[CPRuntime] = CPRuntime.from_server_args(server_args, groups.attn_cp)
-        if self.cp is not None and not getattr(model_cls, "supports_context_parallel", False):
+        if self.cp is not None and not model_cls.supports_context_parallel:
             raise ValueError(f"--cp-size > 1 is not supported for {cfg.architectures[0]} yet")
         with torch.device(self.device):
             self.model = model_cls(cfg.hf_config, groups, self.dtype)
@@ -87,16 +86,8 @@ class ModelRunner:
         weight_bytes += prepack_linear_weights(self.model, platform, max_bytes=platform.memory_info()[0] // 4)
         # Pipeline stage: this rank's layers [start_layer, end_layer); KV is stored for those only.
         self.is_first_stage, self.is_last_stage = groups.pp.is_first, groups.pp.is_last
-        self.start_layer = int(getattr(self.model, "start_layer", 0))
-        self.end_layer = int(getattr(self.model, "end_layer", cfg.num_hidden_layers))
-
-        stage_layers = self.end_layer - self.start_layer
-        if hasattr(model_cls, "kv_cell_size_bytes"):  # models with their own cache layout (MLA latent)
-            cell_bytes = model_cls.kv_cell_size_bytes(cfg.hf_config, self.dtype, stage_layers)
-        else:
-            cell_bytes = MHATokenToKVPool.cell_size_bytes(
-                cfg.get_num_kv_heads(groups.attn_tp.size), cfg.head_dim, stage_layers, self.dtype
-            )
+        self.start_layer, self.end_layer = self.model.start_layer, self.model.end_layer
+        cell_bytes = self.model.kv_cell_size_bytes(self.dtype)  # the model's cache layout (MHA, MLA latent, ...)
         plan = self._agree_on_plan(plan_kv_pool(server_args, cfg, weight_bytes, cell_bytes))
         self.max_running_requests = plan.max_running_requests
         page = server_args.page_size
@@ -111,20 +102,7 @@ class ModelRunner:
         self.req_to_token_pool = ReqToTokenPool(
             plan.max_running_requests + 1, cfg.context_len + self.kv_page_size, device=self.device
         )
-        make_pool = getattr(self.model, "create_kv_pool", None)  # own cache layout (MLA latent, DSA index keys)
-        if make_pool is not None:
-            self.token_to_kv_pool = make_pool(pool_tokens, page, self.dtype, self.device)
-        else:
-            self.token_to_kv_pool = MHATokenToKVPool(
-                pool_tokens,
-                page,
-                self.dtype,
-                cfg.get_num_kv_heads(groups.attn_tp.size),
-                cfg.head_dim,
-                self.end_layer - self.start_layer,
-                device=self.device,
-                start_layer=self.start_layer,
-            )
+        self.token_to_kv_pool = self.model.create_kv_pool(pool_tokens, page, self.dtype, self.device)
         # Slots are handed out by stage 0 only (later pipeline stages follow its numbers).
         self.allocator: Optional[TokenToKVPoolAllocator] = (
             TokenToKVPoolAllocator(self.max_total_num_tokens, self.kv_page_size, device=self.device)

@@ -7,11 +7,13 @@ tensor, then cast: not on dtype, device, or which other tensors exist.
 - everything else (matrices, embeddings, biases): normal(0, std), default std 0.02.
 
 Two paths:
-- Models that list their checkpoint tensors (`dummy_weight_specs(config)` -> [(hf_name, full_shape)],
-  a classmethod) get FULL checkpoint-level tensors, keyed by HF name, streamed through
-  `model.load_weights`; each parameter's `weight_loader` shards them. So dummy weights are identical
-  across tensor-parallel sizes and pipeline splits (a rank still draws the full tensors of its layers).
-- Other modules: each parameter is filled directly, keyed by its own name and (local) shape.
+- `CausalLM` models (every registered model) get FULL checkpoint-level tensors, keyed by HF name
+  (`dummy_weight_specs(config)` -> [(hf_name, full_shape)], derived from the model), streamed
+  through `model.load_weights`; each parameter's `weight_loader` shards them. So dummy weights are
+  identical across tensor-parallel sizes and pipeline splits (a rank still draws the full tensors
+  of its layers). Every parameter of the stage must be filled that way (else ValueError).
+- Other modules (plain `nn.Module`s of unit tests): each parameter is filled directly, keyed by
+  its own name and (local) shape.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import zlib
 from typing import Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
+
+from sglang.srt.models.causal_lm import CausalLM
 
 WeightSpec = tuple[str, Sequence[int]]
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.")
@@ -52,11 +56,8 @@ def iter_dummy_weights(
             yield name, dummy_tensor(name, shape, seed, std)
 
 
-def _stage_filter(model: torch.nn.Module) -> Optional[Callable[[str], bool]]:
-    """Skip `model.layers.N.*` tensors outside this pipeline stage's [start_layer, end_layer)."""
-    start, end = getattr(model, "start_layer", None), getattr(model, "end_layer", None)
-    if start is None or end is None:
-        return None
+def _stage_filter(start: int, end: int) -> Callable[[str], bool]:
+    """Skip `model.layers.N.*` tensors outside a pipeline stage's [start, end)."""
 
     def keep(name: str) -> bool:
         m = _LAYER_RE.match(name)
@@ -66,20 +67,19 @@ def _stage_filter(model: torch.nn.Module) -> Optional[Callable[[str], bool]]:
 
 
 @torch.no_grad()
-def _fill_parameters(model: torch.nn.Module, seed: int, std: float, skip: set[str]) -> None:
+def _fill_parameters(model: torch.nn.Module, seed: int, std: float) -> None:
     for name, param in model.named_parameters():
-        if name not in skip:
-            param.copy_(dummy_tensor(name, param.shape, seed, std).to(device=param.device, dtype=param.dtype))
+        param.copy_(dummy_tensor(name, param.shape, seed, std).to(device=param.device, dtype=param.dtype))
 
 
 @torch.no_grad()
 def init_dummy_weights(model: torch.nn.Module, seed: int, std: float = 0.02) -> None:
     """Fill every parameter of `model` in place with deterministic values (see module docstring)."""
-    specs_fn = getattr(model, "dummy_weight_specs", None)
-    config = getattr(model, "config", None)
-    if specs_fn is None or config is None or not hasattr(model, "load_weights"):
-        _fill_parameters(model, seed, std, skip=set())
+    if not isinstance(model, CausalLM):
+        _fill_parameters(model, seed, std)
         return
-    loaded = model.load_weights(iter_dummy_weights(specs_fn(config), seed, std, _stage_filter(model)))
-    # anything the specs do not cover still gets a value rather than uninitialised memory
-    _fill_parameters(model, seed, std, skip=set(loaded or ()))
+    specs = model.dummy_weight_specs(model.config)
+    loaded = model.load_weights(iter_dummy_weights(specs, seed, std, _stage_filter(model.start_layer, model.end_layer)))
+    missing = sorted(name for name, _ in model.named_parameters() if name not in loaded)
+    if missing:
+        raise ValueError(f"dummy checkpoint tensors left parameters of {type(model).__name__} unfilled: {missing}")

@@ -17,34 +17,28 @@ V3.2's also holds the indexer keys. Context parallelism: the model runs on this 
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 from torch import nn
 
-from sglang.srt.distributed.parallel_state import ParallelGroups, optional_groups
+from sglang.srt.distributed.parallel_state import ParallelGroups
 from sglang.srt.layers.attention.mla import MLAAttention
-from sglang.srt.layers.communicator import dense_tp_group, make_layer_communicator, scatter_model_input
+from sglang.srt.layers.communicator import dense_tp_group, make_layer_communicator
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.moe.moe_block import SparseMoeBlock
 from sglang.srt.layers.moe.topk import TopKConfig
 from sglang.srt.layers.rotary_yarn import DeepseekRotaryEmbedding
-from sglang.srt.layers.vocab_embedding import VocabParallelEmbedding
 from sglang.srt.mem_cache.kv_pool import KVPool
 from sglang.srt.mem_cache.mla_kv_pool import DSATokenToKVPool, MLATokenToKVPool
-from sglang.srt.model_executor.forward_batch import ForwardBatch, PPProxyTensors
+from sglang.srt.model_executor.forward_batch import ForwardBatch
 from sglang.srt.models.causal_lm import CausalLM
-from sglang.srt.models.moe_weights import load_moe_weights
+from sglang.srt.models.checkpoint_specs import StackedParam
 from sglang.srt.models.llama import LlamaMLP
-from sglang.srt.models.utils import PPMissingLayer, make_layers, pp_layer_range, stage_input, stage_output
+from sglang.srt.models.stage_model import StageModel
 
-_STACKED_MLP: list[tuple[str, str, int]] = [(".gate_proj.", ".gate_up_proj.", 0), (".up_proj.", ".gate_up_proj.", 1)]
-Spec = list[tuple[str, tuple[int, ...]]]
-
-
-def _reject_fp8(name: str) -> None:
-    if name.endswith("weight_scale_inv"):
-        raise ValueError(f"{name}: FP8 block-quantized checkpoints are not supported; use BF16 weights")
+# checkpoint name piece -> (fused parameter piece, shard id): dense and shared-expert MLPs
+_STACKED_MLP: list[StackedParam] = [(".gate_proj.", ".gate_up_proj.", 0), (".up_proj.", ".gate_up_proj.", 1)]
 
 
 def is_moe_layer(config: Any, layer_id: int) -> bool:
@@ -111,69 +105,52 @@ class DeepseekV2DecoderLayer(nn.Module):
         return self.comm.postprocess_layer(hidden_states, residual, forward_batch)
 
 
-class DeepseekV2Model(nn.Module):
-    """Embedding (first stage), decoder layers [start_layer, end_layer), final norm (last stage)."""
+class DeepseekV2Model(StageModel):
+    """DeepSeek decoder stage: `DeepseekV2DecoderLayer`s with one shared YaRN rope (see `StageModel`)."""
 
     def __init__(self, config: Any, groups: ParallelGroups, dtype: torch.dtype, use_indexer: bool):
-        super().__init__()
-        self.config = config
-        self.pp_first, self.pp_last = groups.pp.is_first, groups.pp.is_last
-        n = config.num_hidden_layers
-        self.start_layer, self.end_layer = pp_layer_range(n, groups.pp.rank, groups.pp.size)
-        if self.pp_first:
-            self.embed_tokens: nn.Module = VocabParallelEmbedding(
-                config.vocab_size, config.hidden_size, dense_tp_group(groups), dtype
-            )
-        else:
-            self.embed_tokens = PPMissingLayer()
-        self.rotary_emb = DeepseekRotaryEmbedding.from_config(config, int(config.qk_rope_head_dim), dtype)
-        self.layers = make_layers(
-            n, lambda i: DeepseekV2DecoderLayer(config, i, groups, dtype, use_indexer), self.start_layer, self.end_layer
+        super().__init__(
+            config,
+            groups,
+            dtype,
+            DeepseekRotaryEmbedding.from_config(config, int(config.qk_rope_head_dim), dtype),
+            lambda i: DeepseekV2DecoderLayer(config, i, groups, dtype, use_indexer),
         )
-        self.norm: nn.Module = (
-            RMSNorm(config.hidden_size, config.rms_norm_eps, dtype) if self.pp_last else PPMissingLayer()
-        )
-        self._stage_layers: list[DeepseekV2DecoderLayer] = list(self.layers)[self.start_layer : self.end_layer]
 
-    def forward(
+    def forward_layers(
         self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
+        hidden_states: torch.Tensor,
+        residual: Optional[torch.Tensor],
+        cos: torch.Tensor,
+        sin: torch.Tensor,
         forward_batch: ForwardBatch,
-        pp_proxy_tensors: Optional[PPProxyTensors] = None,
-    ) -> Union[torch.Tensor, PPProxyTensors]:
-        input_ids, positions = scatter_model_input(input_ids, positions, forward_batch)  # CP: local tokens
-        hidden_states, residual = stage_input(self, input_ids, pp_proxy_tensors)
-        cos, sin = self.rotary_emb.cos_sin(positions)
+    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         for layer in self._stage_layers:
             hidden_states, residual = layer(hidden_states, residual, cos, sin, forward_batch)
-        return stage_output(self, hidden_states, residual)
+        return hidden_states, residual
 
 
 class DeepseekV3ForCausalLM(CausalLM):
     """DeepSeek-V3 / V3.1: dense MLA. `forward` returns logits on the last pipeline stage."""
 
+    stacked_params = _STACKED_MLP
     use_indexer: bool = False
-    supports_context_parallel: bool = True  # sharded latent KV + zero-redundant indexer (mla_cp.py)
+    supports_context_parallel = True  # sharded latent KV + zero-redundant indexer (mla_cp.py)
 
     def __init__(self, config: Any, groups: Optional[ParallelGroups] = None, dtype: torch.dtype = torch.float32):
-        super().__init__()
-        groups = optional_groups(groups)
         if getattr(config, "quantization_config", None):
             raise ValueError("quantized DeepSeek checkpoints (FP8 block scales) are not supported; use BF16 weights")
-        self.config = config
-        self.groups = groups
-        self.dtype = dtype
-        self.model = DeepseekV2Model(config, groups, dtype, self.use_indexer)
-        self.init_lm_head(config, groups, dtype)
+        super().__init__(config, groups, dtype)
+
+    def build_model(self, config: Any, groups: ParallelGroups, dtype: torch.dtype) -> DeepseekV2Model:
+        return DeepseekV2Model(config, groups, dtype, self.use_indexer)
 
     # ------------------------------------------------------------------ KV pool
-    @classmethod
-    def kv_cell_size_bytes(cls, config: Any, dtype: torch.dtype, layer_num: Optional[int] = None) -> int:
-        """KV bytes per token (latent rows, plus indexer keys for V3.2) over `layer_num` layers."""
-        layers = config.num_hidden_layers if layer_num is None else layer_num
-        index_dim = int(config.index_head_dim) if cls.use_indexer else 0
-        return DSATokenToKVPool.cell_size_bytes(config.kv_lora_rank, config.qk_rope_head_dim, layers, dtype, index_dim)
+    def kv_cell_size_bytes(self, dtype: torch.dtype) -> int:
+        """KV bytes per token slot: latent rows (plus indexer keys for V3.2) of this stage's layers."""
+        cfg, layers = self.config, self.end_layer - self.start_layer
+        index_dim = int(cfg.index_head_dim) if self.use_indexer else 0
+        return DSATokenToKVPool.cell_size_bytes(cfg.kv_lora_rank, cfg.qk_rope_head_dim, layers, dtype, index_dim)
 
     def create_kv_pool(
         self, size: int, page_size: int, dtype: torch.dtype, device: Union[str, torch.device] = "cpu"
@@ -190,70 +167,11 @@ class DeepseekV3ForCausalLM(CausalLM):
         )
 
     # ------------------------------------------------------------------ weights
-    @classmethod
-    def _attn_specs(cls, config: Any, p: str) -> Spec:
-        hidden, heads = config.hidden_size, config.num_attention_heads
-        nope, rope, v = config.qk_nope_head_dim, config.qk_rope_head_dim, config.v_head_dim
-        lat, q_lora = config.kv_lora_rank, getattr(config, "q_lora_rank", None)
-        bias = bool(getattr(config, "attention_bias", False))
-        a = p + "self_attn."
-        specs: Spec = []
-        if q_lora:
-            specs += [(a + "q_a_proj.weight", (q_lora, hidden)), (a + "q_a_layernorm.weight", (q_lora,))]
-            specs += [(a + "q_b_proj.weight", (heads * (nope + rope), q_lora))]
-            if bias:
-                specs.append((a + "q_a_proj.bias", (q_lora,)))
-        else:
-            specs.append((a + "q_proj.weight", (heads * (nope + rope), hidden)))
-        specs += [(a + "kv_a_proj_with_mqa.weight", (lat + rope, hidden)), (a + "kv_a_layernorm.weight", (lat,))]
-        specs += [(a + "kv_b_proj.weight", (heads * (nope + v), lat)), (a + "o_proj.weight", (hidden, heads * v))]
-        if bias:
-            specs += [(a + "kv_a_proj_with_mqa.bias", (lat + rope,)), (a + "o_proj.bias", (hidden,))]
-        if cls.use_indexer:
-            ih, idim = int(config.index_n_heads), int(config.index_head_dim)
-            i = a + "indexer."
-            specs += [(i + "wq_b.weight", (ih * idim, q_lora)), (i + "wk.weight", (idim, hidden))]
-            specs += [(i + "k_norm.weight", (idim,)), (i + "k_norm.bias", (idim,))]
-            specs.append((i + "weights_proj.weight", (ih, hidden)))
-        return specs
-
-    @classmethod
-    def dummy_weight_specs(cls, config: Any) -> Spec:
-        """HF checkpoint names and FULL shapes of every tensor `load_weights` takes (dummy loading)."""
-        hidden, vocab = config.hidden_size, config.vocab_size
-        specs: Spec = [("model.embed_tokens.weight", (vocab, hidden))]
-        for layer in range(config.num_hidden_layers):
-            p = f"model.layers.{layer}."
-            specs += [(p + "input_layernorm.weight", (hidden,)), (p + "post_attention_layernorm.weight", (hidden,))]
-            specs += cls._attn_specs(config, p)
-            m = p + "mlp."
-            if is_moe_layer(config, layer):
-                experts, inter = int(config.n_routed_experts), int(config.moe_intermediate_size)
-                specs.append((m + "gate.weight", (experts, hidden)))
-                if getattr(config, "topk_method", "noaux_tc") == "noaux_tc":
-                    specs.append((m + "gate.e_score_correction_bias", (experts,)))
-                for e in range(experts):
-                    specs += [(f"{m}experts.{e}.{proj}.weight", (inter, hidden)) for proj in ("gate_proj", "up_proj")]
-                    specs.append((f"{m}experts.{e}.down_proj.weight", (hidden, inter)))
-                shared = inter * int(getattr(config, "n_shared_experts", 0) or 0)
-                if shared:
-                    m = m + "shared_experts."
-                else:
-                    continue
-            else:
-                shared = config.intermediate_size
-            specs += [(m + "gate_proj.weight", (shared, hidden)), (m + "up_proj.weight", (shared, hidden))]
-            specs.append((m + "down_proj.weight", (hidden, shared)))
-        specs.append(("model.norm.weight", (hidden,)))
-        if not bool(getattr(config, "tie_word_embeddings", False)):
-            specs.append(("lm_head.weight", (vocab, hidden)))
-        return specs
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """Load HF-named tensors (full, unsharded); returns the names of the parameters filled.
-
-        Layers past num_hidden_layers (the MTP / next-n layers of DeepSeek checkpoints) are skipped."""
-        return load_moe_weights(self, weights, _STACKED_MLP, check=_reject_fp8)
+    def check_checkpoint_tensor(self, name: str) -> None:
+        """FP8 block-quantized checkpoints (weight_scale_inv tensors) are refused. Layers past
+        num_hidden_layers (the MTP / next-n layers of DeepSeek checkpoints) are skipped by the loader."""
+        if name.endswith("weight_scale_inv"):
+            raise ValueError(f"{name}: FP8 block-quantized checkpoints are not supported; use BF16 weights")
 
 
 class DeepseekV32ForCausalLM(DeepseekV3ForCausalLM):

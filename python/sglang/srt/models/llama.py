@@ -4,47 +4,41 @@ Wiring only: every block is a shared layer. Tensor parallelism: attention projec
 over `groups.attn_tp`, the MLP, embedding and LM head over `dense_tp_group(groups)` (`groups.tp`
 without context parallelism). Context parallelism: the model runs on this rank's token shard
 (`layers/communicator.py` changes the token layout at the model entry and before the LM head); the
-attention backend exchanges K/V across the cp ranks. Pipeline parallelism: `model.layers` is
-indexed by global layer id, this stage's layers are [start_layer, end_layer) and the others are
-placeholders.
+attention backend exchanges K/V across the cp ranks. Pipeline parallelism: `LlamaModel` is a
+`StageModel` (`model.layers` indexed by global layer id, this stage's layers [start_layer,
+end_layer), placeholders elsewhere). Checkpoint loading and the checkpoint layout come from
+`CausalLM` and `_STACKED_PARAMS`.
 """
 
 from __future__ import annotations
 
-import re
-from typing import Iterable, Optional, Union
+from typing import Optional
 
 import torch
 from torch import nn
 from transformers import PretrainedConfig
 
-from sglang.srt.distributed.parallel_state import GroupCoordinator, ParallelGroups, optional_groups
+from sglang.srt.distributed.parallel_state import GroupCoordinator, ParallelGroups
 from sglang.srt.layers.activation import SiluAndMul
 from sglang.srt.layers.attention.radix_attention import RadixAttention
-from sglang.srt.layers.communicator import (
-    LayerCommunicator,
-    LayerScatterModes,
-    dense_tp_group,
-    scatter_model_input,
-)
+from sglang.srt.layers.communicator import LayerCommunicator, LayerScatterModes, dense_tp_group
 from sglang.srt.layers.context_parallel import is_cp_batch
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from sglang.srt.layers.rotary import RotaryEmbedding, get_rope
-from sglang.srt.layers.vocab_embedding import VocabParallelEmbedding
-from sglang.srt.model_executor.forward_batch import ForwardBatch, PPProxyTensors
+from sglang.srt.model_executor.forward_batch import ForwardBatch
 from sglang.srt.models.causal_lm import CausalLM
-from sglang.srt.models.utils import PPMissingLayer, make_layers, pp_layer_range, stage_input, stage_output
+from sglang.srt.models.checkpoint_specs import StackedParam
+from sglang.srt.models.stage_model import StageModel
 
 # checkpoint name piece -> (fused parameter piece, shard id)
-_STACKED_PARAMS: list[tuple[str, str, Union[int, str]]] = [
+_STACKED_PARAMS: list[StackedParam] = [
     (".q_proj.", ".qkv_proj.", "q"),
     (".k_proj.", ".qkv_proj.", "k"),
     (".v_proj.", ".qkv_proj.", "v"),
     (".gate_proj.", ".gate_up_proj.", 0),
     (".up_proj.", ".gate_up_proj.", 1),
 ]
-_LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.")
 
 
 def _head_dim(config: PretrainedConfig) -> int:
@@ -164,55 +158,37 @@ class LlamaDecoderLayer(nn.Module):
         return self.comm.postprocess_layer(hidden_states, residual, forward_batch)
 
 
-class LlamaModel(nn.Module):
-    """Embedding (first stage), decoder layers [start_layer, end_layer), final norm (last stage)."""
+class LlamaModel(StageModel):
+    """Llama decoder stage: `LlamaDecoderLayer`s with one shared rope (see `StageModel`). The
+    model's last layer finishes only the rows that need logits (`_logit_rows`)."""
 
     def __init__(
         self, config: PretrainedConfig, groups: ParallelGroups, dtype: torch.dtype, qkv_bias: bool, qk_norm: bool
     ):
-        super().__init__()
-        self.config = config
-        self.pp_first, self.pp_last = groups.pp.is_first, groups.pp.is_last
-        n = config.num_hidden_layers
-        self.start_layer, self.end_layer = pp_layer_range(n, groups.pp.rank, groups.pp.size)
-        if self.pp_first:
-            self.embed_tokens: nn.Module = VocabParallelEmbedding(
-                config.vocab_size, config.hidden_size, dense_tp_group(groups), dtype
-            )
-        else:
-            self.embed_tokens = PPMissingLayer()
-        self.rotary_emb = get_rope(config, _head_dim(config), dtype)
-        self.layers = make_layers(
-            n,
+        super().__init__(
+            config,
+            groups,
+            dtype,
+            get_rope(config, _head_dim(config), dtype),
             lambda i: LlamaDecoderLayer(config, i, groups, dtype, qkv_bias, qk_norm),
-            self.start_layer,
-            self.end_layer,
         )
-        if self.pp_last:
-            self.norm: nn.Module = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
-        else:
-            self.norm = PPMissingLayer()
-        # plain list for the hot loop (ModuleList indexing is slower); modules stay registered above
-        self._stage_layers: list[LlamaDecoderLayer] = list(self.layers)[self.start_layer : self.end_layer]
 
-    def forward(
+    def forward_layers(
         self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
+        hidden_states: torch.Tensor,
+        residual: Optional[torch.Tensor],
+        cos: torch.Tensor,
+        sin: torch.Tensor,
         forward_batch: ForwardBatch,
-        pp_proxy_tensors: Optional[PPProxyTensors] = None,
-    ) -> Union[torch.Tensor, PPProxyTensors]:
-        input_ids, positions = scatter_model_input(input_ids, positions, forward_batch)  # CP: local tokens
-        hidden_states, residual = stage_input(self, input_ids, pp_proxy_tensors)
+    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         rotary = self.rotary_emb
-        cos, sin = rotary.cos_sin(positions)
         layers = self._stage_layers
         for layer in layers[:-1]:
             hidden_states, residual = layer(hidden_states, residual, rotary, cos, sin, forward_batch)
         if layers:
             keep = self._logit_rows(forward_batch, hidden_states.shape[0])
             hidden_states, residual = layers[-1](hidden_states, residual, rotary, cos, sin, forward_batch, keep)
-        return stage_output(self, hidden_states, residual)
+        return hidden_states, residual
 
     def _logit_rows(self, forward_batch: ForwardBatch, num_tokens: int) -> Optional[torch.Tensor]:
         """Rows the model's last layer must finish past attention: each request's last new token,
@@ -230,110 +206,14 @@ class LlamaForCausalLM(CausalLM):
     """Causal LM head over LlamaModel. `forward` returns logits on the last pipeline stage and
     `PPProxyTensors` on the others."""
 
+    stacked_params = _STACKED_PARAMS
     force_qkv_bias: bool = False
     use_qk_norm: bool = False
-    supports_context_parallel: bool = True  # token layout via layers/communicator.py
+    supports_context_parallel = True  # token layout via layers/communicator.py
 
-    def __init__(
-        self,
-        config: PretrainedConfig,
-        groups: Optional[ParallelGroups] = None,
-        dtype: torch.dtype = torch.float32,
-    ):
-        super().__init__()
-        groups = optional_groups(groups)
-        self.config = config
-        self.groups = groups
-        self.dtype = dtype
+    def build_model(self, config: PretrainedConfig, groups: ParallelGroups, dtype: torch.dtype) -> LlamaModel:
         qkv_bias = self.force_qkv_bias or bool(getattr(config, "attention_bias", False))
-        self.model = LlamaModel(config, groups, dtype, qkv_bias, self.use_qk_norm)
-        self.init_lm_head(config, groups, dtype)
-
-    @classmethod
-    def dummy_weight_specs(cls, config: PretrainedConfig) -> list[tuple[str, tuple[int, ...]]]:
-        """HF checkpoint names and FULL (unsharded) shapes of every tensor `load_weights` takes.
-
-        The dummy loader draws these tensors and feeds them through `load_weights`, so dummy
-        weights do not depend on the tp size."""
-        hidden, inter, vocab = config.hidden_size, config.intermediate_size, config.vocab_size
-        head_dim = _head_dim(config)
-        heads = config.num_attention_heads
-        kv_heads = getattr(config, "num_key_value_heads", None) or heads
-        q_out, kv_out = heads * head_dim, kv_heads * head_dim
-        qkv_bias = cls.force_qkv_bias or bool(getattr(config, "attention_bias", False))
-        o_bias = bool(getattr(config, "attention_bias", False))
-        mlp_bias = bool(getattr(config, "mlp_bias", False))
-        specs: list[tuple[str, tuple[int, ...]]] = [("model.embed_tokens.weight", (vocab, hidden))]
-        for i in range(config.num_hidden_layers):
-            p = f"model.layers.{i}."
-            specs += [(p + "input_layernorm.weight", (hidden,)), (p + "post_attention_layernorm.weight", (hidden,))]
-            for proj, out in (("q_proj", q_out), ("k_proj", kv_out), ("v_proj", kv_out)):
-                specs.append((f"{p}self_attn.{proj}.weight", (out, hidden)))
-                if qkv_bias:
-                    specs.append((f"{p}self_attn.{proj}.bias", (out,)))
-            specs.append((p + "self_attn.o_proj.weight", (hidden, q_out)))
-            if o_bias:
-                specs.append((p + "self_attn.o_proj.bias", (hidden,)))
-            if cls.use_qk_norm:
-                specs += [(p + "self_attn.q_norm.weight", (head_dim,)), (p + "self_attn.k_norm.weight", (head_dim,))]
-            for proj, shape in (("gate_proj", (inter, hidden)), ("up_proj", (inter, hidden)), ("down_proj", (hidden, inter))):
-                specs.append((f"{p}mlp.{proj}.weight", shape))
-                if mlp_bias:
-                    specs.append((f"{p}mlp.{proj}.bias", (shape[0],)))
-        specs.append(("model.norm.weight", (hidden,)))
-        if not bool(getattr(config, "tie_word_embeddings", False)):
-            specs.append(("lm_head.weight", (vocab, hidden)))
-        return specs
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """Load HF-named tensors (full, unsharded); returns the names of the parameters filled."""
-        params = dict(self.named_parameters())  # a tied head shares (and is listed as) the embedding
-        separate_head = "lm_head.weight" in params
-        loaded: set[str] = set()
-        for name, tensor in weights:
-            if "rotary_emb.inv_freq" in name:
-                continue
-            m = _LAYER_RE.match(name)
-            if m and not self.start_layer <= int(m.group(1)) < self.end_layer:
-                continue  # a layer of another pipeline stage
-            if name == "lm_head.weight" and self.tie_word_embeddings:
-                continue  # tied: the head is the embedding weight
-            if name == "model.embed_tokens.weight" and self.tie_word_embeddings and separate_head:
-                self._load_param(params, "lm_head.weight", tensor, None, loaded)  # last stage, no embedding
-            if name in ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight") and name not in params:
-                continue  # held by another pipeline stage
-            for ckpt_piece, fused_piece, shard_id in _STACKED_PARAMS:
-                if ckpt_piece in name:
-                    self._load_param(params, name.replace(ckpt_piece, fused_piece), tensor, shard_id, loaded)
-                    break
-            else:
-                self._load_param(params, name, tensor, None, loaded)
-        return loaded
-
-    @staticmethod
-    def _load_param(
-        params: dict[str, nn.Parameter],
-        name: str,
-        tensor: torch.Tensor,
-        shard_id: Union[int, str, None],
-        loaded: set[str],
-    ) -> None:
-        param = params.get(name)
-        if param is None:
-            raise ValueError(f"checkpoint tensor {name!r} matches no model parameter")
-        loader = getattr(param, "weight_loader", None)
-        if loader is not None:
-            if shard_id is None:
-                loader(param, tensor)
-            else:
-                loader(param, tensor, shard_id)
-        else:
-            if tuple(param.shape) != tuple(tensor.shape):
-                raise ValueError(
-                    f"{name}: shape mismatch, model {tuple(param.shape)} vs checkpoint {tuple(tensor.shape)}"
-                )
-            param.data.copy_(tensor)
-        loaded.add(name)
+        return LlamaModel(config, groups, dtype, qkv_bias, self.use_qk_norm)
 
 
 class Qwen2ForCausalLM(LlamaForCausalLM):

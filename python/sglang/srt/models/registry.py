@@ -1,21 +1,21 @@
-"""ModelRegistry: HF `architectures` names -> model classes."""
+"""ModelRegistry: HF `architectures` names -> model classes (every one a `CausalLM`)."""
 
 from __future__ import annotations
 
 import importlib
 from typing import Iterable, Union
 
-from torch import nn
+from sglang.srt.models.causal_lm import CausalLM
 
 
 class ModelRegistry:
     """Resolves a model class from a config's `architectures` list (first supported name wins).
 
-    The table maps architecture name -> class or "module:Class" (imported on first use). Use it
-    through the class: `ModelRegistry.resolve(hf_config.architectures)`.
+    The table maps architecture name -> class or "module:Class" (imported on first use); a class
+    must derive from `CausalLM`. Use it through the class: `ModelRegistry.resolve(hf_config.architectures)`.
     """
 
-    _models: dict[str, Union[str, type[nn.Module]]] = {
+    _models: dict[str, Union[str, type[CausalLM]]] = {
         "LlamaForCausalLM": "sglang.srt.models.llama:LlamaForCausalLM",
         "Qwen2ForCausalLM": "sglang.srt.models.llama:Qwen2ForCausalLM",
         "Qwen3ForCausalLM": "sglang.srt.models.llama:Qwen3ForCausalLM",
@@ -25,7 +25,7 @@ class ModelRegistry:
     }
 
     @classmethod
-    def register(cls, arch: str, model_cls: Union[str, type[nn.Module]]) -> None:
+    def register(cls, arch: str, model_cls: Union[str, type[CausalLM]]) -> None:
         cls._models[arch] = model_cls
 
     @classmethod
@@ -33,16 +33,18 @@ class ModelRegistry:
         return sorted(cls._models)
 
     @classmethod
-    def _load(cls, arch: str) -> type[nn.Module]:
+    def _load(cls, arch: str) -> type[CausalLM]:
         entry = cls._models[arch]
         if isinstance(entry, str):
             module_name, cls_name = entry.split(":")
             entry = getattr(importlib.import_module(module_name), cls_name)
-            cls._models[arch] = entry
+        if not (isinstance(entry, type) and issubclass(entry, CausalLM)):
+            raise TypeError(f"model class for {arch!r} must derive from CausalLM, got {entry!r}")
+        cls._models[arch] = entry
         return entry
 
     @classmethod
-    def resolve(cls, architectures: Union[Iterable[str], str, None]) -> type[nn.Module]:
+    def resolve(cls, architectures: Union[Iterable[str], str, None]) -> type[CausalLM]:
         archs = [architectures] if isinstance(architectures, str) else list(architectures or [])
         for arch in archs:
             if arch in cls._models:

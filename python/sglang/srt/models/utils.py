@@ -1,4 +1,5 @@
-"""Helpers shared by model definitions: pipeline-stage layer ranges and placeholder layers."""
+"""Pipeline-stage layer ranges (`pp_partition`, `pp_layer_range`), the global-id layer list
+(`make_layers`) and the placeholder for modules of other stages (`PPMissingLayer`)."""
 
 from __future__ import annotations
 
@@ -63,25 +64,3 @@ def make_layers(
     if not 0 <= start <= end <= num_layers:
         raise ValueError(f"layer range [{start}, {end}) not within [0, {num_layers}]")
     return nn.ModuleList([layer_fn(i) if start <= i < end else PPMissingLayer() for i in range(num_layers)])
-
-
-def stage_input(model: nn.Module, input_ids, pp_proxy_tensors) -> tuple:
-    """(hidden_states, residual) entering this pipeline stage's layers: the embedding on the first
-    stage, the previous stage's `PPProxyTensors` elsewhere."""
-    if model.pp_first:
-        return model.embed_tokens(input_ids), None
-    if pp_proxy_tensors is None:
-        raise ValueError("a non-first pipeline stage needs pp_proxy_tensors")
-    return pp_proxy_tensors["hidden_states"], pp_proxy_tensors["residual"]
-
-
-def stage_output(model: nn.Module, hidden_states, residual):
-    """What leaves this stage: proxies for the next stage, or the final-normed hidden states."""
-    from sglang.srt.model_executor.forward_batch import PPProxyTensors
-
-    if not model.pp_last:
-        return PPProxyTensors({"hidden_states": hidden_states, "residual": residual})
-    if residual is None:  # a stage without layers
-        return model.norm(hidden_states)
-    hidden_states, _ = model.norm(hidden_states, residual)
-    return hidden_states

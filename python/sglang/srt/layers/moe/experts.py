@@ -121,6 +121,16 @@ class FusedMoE(nn.Module):
         self.w13_weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]
         self.w2_weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]
 
+    def checkpoint_tensors(self, param_name: str) -> list[tuple[str, tuple[int, ...]]]:
+        """The per-expert checkpoint tensors `param_name` ("w13_weight" or "w2_weight") is made of:
+        (name relative to this module, e.g. "3.gate_proj.weight", FULL shape), every expert."""
+        h, i = self.hidden_size, self.intermediate_size
+        if param_name == "w13_weight":
+            return [(f"{e}.{p}.weight", (i, h)) for e in range(self.num_experts) for p in ("gate_proj", "up_proj")]
+        if param_name == "w2_weight":
+            return [(f"{e}.down_proj.weight", (h, i)) for e in range(self.num_experts)]
+        raise ValueError(f"FusedMoE has no parameter {param_name!r}")
+
     def _local(self, expert_id: int) -> Optional[int]:
         e = expert_id - self.expert_start
         if not 0 <= expert_id < self.num_experts:
