@@ -111,8 +111,9 @@ def test_exp_extremes_stay_finite(ops):
 
 
 def test_silu_bf16_extremes_match_torch(ops):
-    """The bf16 vector path of silu_and_mul on huge, infinite and NaN gates, and a row length that
-    leaves a scalar tail (19 = 16 + 3): finite where torch is finite, inf / NaN where torch is."""
+    """silu_and_mul in bf16 on huge, infinite and NaN gates (the AVX-512 vector path where the CPU
+    has it, with a scalar tail: 19 = 16 + 3; the scalar path elsewhere): finite where torch is
+    finite, inf / NaN where torch is."""
     gate = torch.tensor([[-1e30, -200.0, -90.0, -10.0, -0.5, 0.0, 0.5, 10.0, 90.0, 200.0, 3e38]
                          + [float("inf"), float("-inf"), float("nan")] + [1.5] * 5]).bfloat16()
     up = torch.linspace(-2, 2, gate.shape[1]).view(1, -1).bfloat16()

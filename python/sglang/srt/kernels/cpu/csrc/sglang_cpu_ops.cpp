@@ -369,8 +369,8 @@ std::vector<at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& resi
 // ------------------------------------------------------------------------- silu_and_mul
 #if defined(__AVX512F__) && defined(__AVX512DQ__) && defined(__AVX512BF16__)
 // silu(g) * u for 16 bfloat16 lanes, one pass: e^-g as 2^t (t = -g log2 e, vec_exp2.h);
-// 1 / (1 + e^-g) by rcp14 and one Newton step. Far below bf16's precision; t is clamped so 1 + e^-g stays finite. Measured:
-// [4096, 2 x 1536] 1.78 -> 1.07 ms (2 threads) against the three-pass loop below.
+// 1 / (1 + e^-g) by rcp14 and one Newton step. Far below bf16's precision; t is clamped so 1 + e^-g stays finite.
+// Faster than the three-pass loop below (docs/benchmarks.md, fused CPU kernels).
 inline __m256i silu_mul16(const uint16_t* gate, const uint16_t* up) {
   const __m512 g = load16(gate);
   const __m512 t_raw = _mm512_mul_ps(g, _mm512_set1_ps(-1.44269504088896341f));
@@ -406,8 +406,13 @@ void silu_and_mul_impl(const at::Tensor& x, at::Tensor& out) {
 #endif
       float* __restrict__ gp = g.data();
       for (int64_t c = c0; c < d; ++c) gp[c] = to_f(gate[c]);
+      // below g = -126 ln 2 the sigmoid is 0, as in torch (and the vector path): g * 0 keeps
+      // -inf * 0 = NaN, where vexp's clamp alone would give a small finite value
 #pragma omp simd
-      for (int64_t c = c0; c < d; ++c) gp[c] = gp[c] / (1.f + vexp(-gp[c]));
+      for (int64_t c = c0; c < d; ++c) {
+        const float v = gp[c];
+        gp[c] = -v * 1.44269504088896341f > 126.f ? v * 0.f : v / (1.f + vexp(-v));
+      }
       for (int64_t c = c0; c < d; ++c) orow[c] = from_f<storage_t<T>>(gp[c] * to_f(up[c]));
     }
   });
