@@ -7,7 +7,7 @@ states gathered into original token order first under context parallelism.
 
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Any, ClassVar, Union
 
 import torch
 from torch import nn
@@ -26,6 +26,7 @@ class CausalLM(nn.Module):
     and then call `init_lm_head`."""
 
     model: nn.Module
+    attention_kind: ClassVar[str] = "mha"  # what its attention layers need from the backend ("mha" / "mla")
 
     def init_lm_head(self, config: Any, groups: ParallelGroups, dtype: torch.dtype) -> None:
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))

@@ -155,6 +155,7 @@ class DeepseekV3ForCausalLM(CausalLM):
 
     use_indexer: bool = False
     supports_context_parallel: bool = True  # sharded latent KV + zero-redundant indexer (mla_cp.py)
+    attention_kind = "mla"
 
     def __init__(self, config: Any, groups: Optional[ParallelGroups] = None, dtype: torch.dtype = torch.float32):
         super().__init__()
