@@ -41,7 +41,7 @@ QUICK = dict(num_hidden_layers=1)
 TIMED = {
     "indexer": [("sglang.srt.layers.attention.dsa.indexer", "index_topk_positions"),
                 ("sglang.srt.layers.attention.mla_cp", "own_query_topk")],
-    "sparse": [("sglang.srt.layers.attention.torch_native_mla", "sparse_latent_attention"),
+    "sparse": [("sglang.srt.layers.attention.latent_attention", "sparse_latent_attention"),
                ("sglang.srt.layers.attention.mla_cp", "sparse_latent_attention")],
 }  # fmt: skip
 

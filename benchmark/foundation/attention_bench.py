@@ -1,6 +1,9 @@
-"""Attention-only benchmark of the torch_native backend (no model weights needed).
+"""Attention-only benchmark of an attention backend (no model weights needed).
 
-    .venv/bin/python benchmark/foundation/attention_bench.py --threads 1 [--profile]
+    .venv/bin/python benchmark/foundation/attention_bench.py --threads 1 [--backend cpu] [--profile]
+
+The backend defaults to the CPU platform's (`cpu`: the fused-kernel backend the engine serves with);
+`--backend torch_native` times the reference.
 
 Builds the real KV pool / allocator / req_to_token for SmolLM2-135M's attention shape (30 layers,
 9 query heads, 3 KV heads, head_dim 64, bf16), lays slots out the way the scheduler does (batched
@@ -18,7 +21,7 @@ from typing import Callable
 import torch
 
 from sglang.srt.layers.attention.radix_attention import RadixAttention
-from sglang.srt.layers.attention.registry import create_attention_backend
+from sglang.srt.layers.attention.registry import create_attention_backend, default_attention_backend
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.kv_pool import MHATokenToKVPool
 from sglang.srt.mem_cache.req_to_token import ReqToTokenPool
@@ -30,13 +33,13 @@ LAYERS, HQ, HK, D = 30, 9, 3, 64
 class _World:
     """Pools + backend; `step` allocates slots for [(row, new tokens)] like the scheduler."""
 
-    def __init__(self, tokens: int, reqs: int, ctx: int, page: int, dtype: torch.dtype):
+    def __init__(self, tokens: int, reqs: int, ctx: int, page: int, dtype: torch.dtype, backend: str):
         self.r2t = ReqToTokenPool(reqs, ctx)
         self.pool = MHATokenToKVPool(tokens, page, dtype, HK, D, LAYERS)
         for b in (*self.pool.k_buffer, *self.pool.v_buffer):  # views; works for any layout
             b.normal_()
         self.alloc = TokenToKVPoolAllocator(tokens, page)
-        self.backend = create_attention_backend("torch_native")
+        self.backend = create_attention_backend(backend)
         self.lens: dict[int, int] = {}
 
     def step(self, items: list[tuple[int, int]]) -> ForwardBatch:
@@ -76,25 +79,27 @@ class _World:
         )
 
 
-def _decode(batch: int, prompt: int, steps: int, page: int, dtype: torch.dtype) -> tuple[_World, ForwardBatch]:
-    w = _World(batch * (prompt + steps + page + 1) + 256, batch, prompt + steps + 8, page, dtype)
+def _decode(
+    batch: int, prompt: int, steps: int, page: int, dtype: torch.dtype, backend: str
+) -> tuple[_World, ForwardBatch]:
+    w = _World(batch * (prompt + steps + page + 1) + 256, batch, prompt + steps + 8, page, dtype, backend)
     fb = w.step([(r, prompt) for r in range(batch)])
     for _ in range(steps):
         fb = w.step([(r, 1) for r in range(batch)])
     return w, fb
 
 
-def _extend(prefix: int, chunk: int, page: int, dtype: torch.dtype) -> tuple[_World, ForwardBatch]:
-    w = _World(prefix + chunk + 256, 1, prefix + chunk + 8, page, dtype)
+def _extend(prefix: int, chunk: int, page: int, dtype: torch.dtype, backend: str) -> tuple[_World, ForwardBatch]:
+    w = _World(prefix + chunk + 256, 1, prefix + chunk + 8, page, dtype, backend)
     w.step([(0, prefix)])
     return w, w.step([(0, chunk)])
 
 
-SCENARIOS: dict[str, Callable[[int, torch.dtype], tuple[_World, ForwardBatch]]] = {
-    "decode 1 x 4096": lambda page, dt: _decode(1, 4064, 31, page, dt),
-    "decode 16 x 300": lambda page, dt: _decode(16, 256, 43, page, dt),
-    "decode 4 x 4096": lambda page, dt: _decode(4, 4064, 31, page, dt),
-    "extend 512 over 3584": lambda page, dt: _extend(3584, 512, page, dt),
+SCENARIOS: dict[str, Callable[[int, torch.dtype, str], tuple[_World, ForwardBatch]]] = {
+    "decode 1 x 4096": lambda page, dt, be: _decode(1, 4064, 31, page, dt, be),
+    "decode 16 x 300": lambda page, dt, be: _decode(16, 256, 43, page, dt, be),
+    "decode 4 x 4096": lambda page, dt, be: _decode(4, 4064, 31, page, dt, be),
+    "extend 512 over 3584": lambda page, dt, be: _extend(3584, 512, page, dt, be),
 }
 
 
@@ -104,7 +109,7 @@ def _step_fn(w: _World, fb: ForwardBatch) -> Callable[[], None]:
     q, k, v = torch.randn(n, HQ * D, dtype=dt), torch.randn(n, HK * D, dtype=dt), torch.randn(n, HK * D, dtype=dt)
 
     def step() -> None:
-        fb.attn_metadata = {}
+        fb.attn_metadata = None
         w.backend.init_forward_metadata(fb)
         for layer in layers:
             w.backend.forward(q, k, v, layer, fb, save_kv_cache=False)
@@ -119,13 +124,15 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--profile", action="store_true")
     p.add_argument("--only", default=None, help="run the scenarios whose name contains this")
+    p.add_argument("--backend", default=None, help="attention backend (default: the CPU platform's)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    backend = args.backend or default_attention_backend("cpu")
     for name, build in SCENARIOS.items():
         if args.only and args.only not in name:
             continue
         torch.manual_seed(0)
-        w, fb = build(args.page_size, torch.bfloat16)
+        w, fb = build(args.page_size, torch.bfloat16, backend)
         step = _step_fn(w, fb)
         iters = 2 if name.startswith("extend") else 10
         with torch.inference_mode():

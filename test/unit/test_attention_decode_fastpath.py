@@ -1,21 +1,24 @@
-"""torch_native fast paths (pool views, workspace gathers, split prefix, decode runs) against a
-plain reference: per request, gather K/V through the token-major pool API and apply the
-offset-causal softmax in float32 math."""
+"""The `cpu` backend's fast paths (fused kernels, pool views, workspace gathers, split prefix,
+decode runs) against the `torch_native` reference backend, both run on the same batch; the
+reference itself is checked against plain float32 math (per request, K/V gathered through the
+token-major pool API, offset-causal softmax)."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 import pytest
 import torch
 
 from sglang.srt.kernels import dispatch
-from sglang.srt.layers.attention import torch_native_decode
-from sglang.srt.layers.attention import torch_native as tn
+from sglang.srt.layers.attention import cpu_backend, cpu_decode
+from sglang.srt.layers.attention.cpu_backend import CPUAttnBackend, CPUMetadata
+from sglang.srt.layers.attention.cpu_decode import plan_decode_segments
+from sglang.srt.layers.attention.kv_source import KVGather, KVRun, KVWorkspace, contiguous_run, fetch
+from sglang.srt.layers.attention.ops import attention_with_lse, causal_mask
 from sglang.srt.layers.attention.radix_attention import RadixAttention
-from sglang.srt.layers.attention.torch_native import TorchNativeAttnBackend, attention_with_lse, causal_mask
-from sglang.srt.layers.attention.torch_native_decode import plan_decode_segments
-from sglang.srt.layers.attention.torch_native_kv import KVGather, KVRun, KVWorkspace, contiguous_run, fetch
+from sglang.srt.layers.attention.torch_native import TorchNativeAttnBackend
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.kv_pool import MHATokenToKVPool
 from sglang.srt.mem_cache.req_to_token import ReqToTokenPool
@@ -49,8 +52,9 @@ def _world(page_size: int = 1, dtype: torch.dtype = torch.float32, seed: int = 0
     return pool, ReqToTokenPool(8, ROWS), g
 
 
-def _batch(pool, r2t, slots: Sequence[Sequence[int]], ext: Sequence[int]) -> ForwardBatch:
-    """Request i owns slots[i] (its whole sequence) and brings its last ext[i] tokens now."""
+def _batch(pool, r2t, slots: Sequence[Sequence[int]], ext: Sequence[int], backend=None) -> ForwardBatch:
+    """Request i owns slots[i] (its whole sequence) and brings its last ext[i] tokens now; run by
+    `backend` (default: a fresh `cpu` backend)."""
     seq = [len(s) for s in slots]
     prefix = [n - e for n, e in zip(seq, ext)]
     for i, s in enumerate(slots):
@@ -73,7 +77,7 @@ def _batch(pool, r2t, slots: Sequence[Sequence[int]], ext: Sequence[int]) -> For
         list(ext),
         r2t,
         pool,
-        TorchNativeAttnBackend(),
+        backend if backend is not None else CPUAttnBackend(),
     )
 
 
@@ -92,17 +96,27 @@ def _reference(pool, fb: ForwardBatch, layer: RadixAttention, q: torch.Tensor) -
     return torch.cat(outs)
 
 
-def _check(pool, fb: ForwardBatch, g: torch.Generator, atol: float = 1e-5) -> tn.TorchNativeMetadata:
-    """Run every layer through the backend (saving the new k/v) and compare to the reference."""
+def _oracle_batch(fb: ForwardBatch) -> ForwardBatch:
+    """The same batch (same pool, slots and tokens) run by the torch_native reference backend."""
+    return dataclasses.replace(fb, attn_backend=TorchNativeAttnBackend(), attn_metadata=None)
+
+
+def _check(pool, fb: ForwardBatch, g: torch.Generator, atol: float = 1e-5) -> CPUMetadata:
+    """Run every layer through the fast backend and the reference (each saving the same new k/v)
+    and compare them; the reference is also compared to plain float32 math."""
+    ref = _oracle_batch(fb)
     fb.attn_backend.init_forward_metadata(fb)
+    ref.attn_backend.init_forward_metadata(ref)
     t = fb.num_tokens
     for layer in _layers():
         q = torch.randn(t, HQ * D, generator=g).to(pool.dtype)
         k = torch.randn(t, HK * D, generator=g).to(pool.dtype)
         v = torch.randn(t, HK * D, generator=g).to(pool.dtype)
+        expect = ref.attn_backend.forward(q, k, v, layer, ref)
         out = fb.attn_backend.forward(q, k, v, layer, fb)
-        torch.testing.assert_close(out.float(), _reference(pool, fb, layer, q), atol=atol, rtol=atol)
-    return fb.attn_metadata["torch_native"]
+        torch.testing.assert_close(out.float(), expect.float(), atol=atol, rtol=atol)
+        torch.testing.assert_close(expect.float(), _reference(pool, fb, layer, q), atol=atol, rtol=atol)
+    return fb.attn_metadata.fast
 
 
 def _runs(*ranges: tuple[int, int]) -> list[int]:
@@ -168,7 +182,7 @@ def test_plan_decode_segments_partitions_every_slot():
 @pytest.mark.parametrize("min_run", [None, 8])
 def test_single_request_decode(monkeypatch, contiguous, min_run, decode_impl):
     if min_run is not None:
-        monkeypatch.setattr(torch_native_decode, "MIN_RUN", min_run)
+        monkeypatch.setattr(cpu_decode, "MIN_RUN", min_run)
     pool, r2t, g = _world()
     slots = list(range(1, 41)) if contiguous else _runs((1, 20), (50, 60), (30, 41), (70, 72))
     md = _check(pool, _batch(pool, r2t, [slots], [1]), g)
@@ -200,7 +214,7 @@ def test_batched_ragged_decode_from_allocator(page_size):
 def test_decode_runs_as_views(monkeypatch, page_size, decode_impl):
     if decode_impl == "fused":
         pytest.skip("the fused kernel plans no runs (it reads every slot in place)")
-    monkeypatch.setattr(torch_native_decode, "MIN_RUN", 8)
+    monkeypatch.setattr(cpu_decode, "MIN_RUN", 8)
     pool, r2t, g = _world(page_size)
     slots = [
         _runs((4, 20), (300, 301), (40, 52), (310, 312)),  # two runs + scattered
@@ -221,7 +235,7 @@ def test_decode_runs_as_views(monkeypatch, page_size, decode_impl):
 @pytest.mark.parametrize("split", [True, False])
 def test_extend_over_cached_prefix(monkeypatch, contiguous, split):
     if not split:
-        monkeypatch.setattr(tn, "lse_kernel_available", lambda q: False)
+        monkeypatch.setattr(cpu_backend, "lse_kernel_available", lambda q: False)
     pool, r2t, g = _world(4)
     a = list(range(8, 38)) if contiguous else _runs((8, 20), (100, 118))
     b = _runs((200, 209), (60, 66))  # prefix 9 + chunk 6 elsewhere (a radix hit + new pages)
@@ -231,23 +245,18 @@ def test_extend_over_cached_prefix(monkeypatch, contiguous, split):
     assert isinstance(md.extends[0].prefix_source, KVRun if contiguous else KVGather)
 
 
-def test_bfloat16_fast_paths_match_gather(monkeypatch):
-    """bf16 pool: the view / split paths agree with the plain gather + masked SDPA path."""
-    monkeypatch.setattr(torch_native_decode, "MIN_RUN", 8)
+def test_bfloat16_fast_paths_match_reference(monkeypatch):
+    """bf16 pool: the view / split paths agree with the reference's gather + masked SDPA."""
+    monkeypatch.setattr(cpu_decode, "MIN_RUN", 8)
     cases = [([list(range(1, 60))], [1]), ([_runs((1, 30), (90, 120))], [12]), ([_runs((1, 20), (90, 99))], [1])]
     for slots, ext in cases:
+        pool, r2t, g = _world(1, torch.bfloat16, seed=3)
+        fb = _batch(pool, r2t, slots, ext)
+        ref = _oracle_batch(fb)
+        t = fb.num_tokens
+        q, k, v = (torch.randn(t, h * D, generator=g).bfloat16() for h in (HQ, HK, HK))
         outs = []
-        for fast in (True, False):
-            if not fast:
-                monkeypatch.setattr(tn, "plan_source", lambda s: KVGather(s))
-                monkeypatch.setattr(tn, "plan_decode_segments", lambda kv, lens: None)
-                monkeypatch.setattr(tn, "lse_kernel_available", lambda q: False)
-            pool, r2t, g = _world(1, torch.bfloat16, seed=3)
-            fb = _batch(pool, r2t, slots, ext)
-            fb.attn_backend.init_forward_metadata(fb)
-            t = fb.num_tokens
-            q, k, v = (torch.randn(t, h * D, generator=g).bfloat16() for h in (HQ, HK, HK))
-            outs.append(fb.attn_backend.forward(q, k, v, _layers()[1], fb).float())
-        monkeypatch.undo()
-        monkeypatch.setattr(torch_native_decode, "MIN_RUN", 8)
+        for batch in (fb, ref):
+            batch.attn_backend.init_forward_metadata(batch)
+            outs.append(batch.attn_backend.forward(q, k, v, _layers()[1], batch).float())
         torch.testing.assert_close(outs[0], outs[1], atol=2e-2, rtol=2e-2)

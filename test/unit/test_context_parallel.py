@@ -8,8 +8,7 @@ import itertools
 import pytest
 import torch
 
-from sglang.srt.layers.attention.lse_attention import causal_attention_lse, sdpa_lse
-from sglang.srt.layers.attention.torch_native import attention_with_lse, merge_attention_states
+from sglang.srt.layers.attention.ops import attention_with_lse, causal_attention_lse, merge_state, sdpa_lse
 from sglang.srt.layers.context_parallel import (
     FRESH,
     PREFIX,
@@ -200,7 +199,7 @@ def test_merge_of_partials_equals_full_softmax():
         outs.append(o)
         lses.append(l)
     assert torch.isinf(lses[4]).all()  # the empty shard drops out
-    merged, lse = merge_attention_states(outs, lses)
+    merged, lse = merge_state(outs, lses)
     torch.testing.assert_close(merged, full, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(lse, full_lse, atol=1e-6, rtol=1e-5)
 
@@ -257,3 +256,29 @@ def test_cp_server_args():
         ServerArgs(model_path=TINY_LLAMA_DIR, cp_size=2, page_size=4, cp_kv_cache_interleave_size=3).validate()
     with pytest.raises(ValueError, match="dp"):  # DP attention (not built yet) is refused with CP
         ServerArgs(model_path=TINY_LLAMA_DIR, cp_size=2, tp_size=4, dp_size=2, enable_dp_attention=True).validate()
+
+
+def test_attention_backend_flag_validation():
+    """Unknown names are refused by name; under CP the backend must support context parallelism."""
+    with pytest.raises(ValueError, match="--attention-backend must be one of .*torch_native.*'nope'"):
+        ServerArgs(model_path=TINY_LLAMA_DIR, attention_backend="nope").validate()
+    for name in (None, "cpu", "intel_amx", "torch_native", "torch_native_mla"):
+        ServerArgs(model_path=TINY_LLAMA_DIR, cp_size=2, attention_backend=name).validate()
+    assert ServerArgs(model_path=TINY_LLAMA_DIR).resolved_attention_backend == "cpu"
+    assert ServerArgs(model_path=TINY_LLAMA_DIR, attention_backend="torch_native").resolved_attention_backend == (
+        "torch_native"
+    )
+    from sglang.srt.layers.attention import registry
+    from sglang.srt.layers.attention.torch_native import TorchNativeAttnBackend
+
+    class NoCP(TorchNativeAttnBackend):
+        name = "no_cp_test"
+        supports_context_parallel = False
+
+    registry.register_attention_backend("no_cp_test")(NoCP)
+    try:
+        ServerArgs(model_path=TINY_LLAMA_DIR, attention_backend="no_cp_test").validate()
+        with pytest.raises(ValueError, match="supports context parallelism, got 'no_cp_test'"):
+            ServerArgs(model_path=TINY_LLAMA_DIR, cp_size=2, attention_backend="no_cp_test").validate()
+    finally:
+        registry._REGISTERED.pop("no_cp_test")

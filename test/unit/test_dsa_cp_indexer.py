@@ -10,7 +10,7 @@ from sglang.srt.layers.attention.dsa import cp_indexer
 from sglang.srt.layers.attention.dsa.cp_indexer import own_query_topk, shard_topk_candidates
 from sglang.srt.layers.attention.dsa.scoring import index_scores, merge_candidates, select_topk
 from sglang.srt.layers.attention.dsa.sparse_attention import sparse_latent_attention
-from sglang.srt.layers.attention.torch_native import merge_attention_states
+from sglang.srt.layers.attention.ops import merge_state
 
 
 def _brute(q, w, keys, q_pos, k_pos, topk, scale):
@@ -92,7 +92,7 @@ def test_sparse_attention_partials_merge_to_full():
         o, lse = sparse_latent_attention(q, kv, slots, mine, 0.3, v_dim, return_lse=True)
         outs.append(o)
         lses.append(lse)
-    merged, _ = merge_attention_states(outs, lses)
+    merged, _ = merge_state(outs, lses)
     torch.testing.assert_close(merged, full, atol=1e-5, rtol=0)
     none = sparse_latent_attention(q, kv, slots, torch.zeros_like(valid), 0.3, v_dim, return_lse=True)
     assert torch.all(none[0] == 0) and torch.all(torch.isinf(none[1]))

@@ -1,7 +1,8 @@
 """Shared layers against plain formulas / HF reference code.
 
 If a model parity test fails, check these first: they isolate norm, rope, attention math, the
-torch_native backend's paged gathers and the tp weight loaders.
+attention backends' paged gathers (the torch_native reference and the fast cpu backend) and the
+tp weight loaders.
 """
 
 from __future__ import annotations
@@ -16,17 +17,16 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply
 from sglang.srt.distributed.parallel_state import GroupCoordinator
 from sglang.srt.layers.activation import SiluAndMul
 from sglang.srt.layers.attention.radix_attention import RadixAttention
+from sglang.srt.layers.attention.cpu_backend import CPUAttnBackend
+from sglang.srt.layers.attention.ops import attention_with_lse, causal_mask, merge_state
 from sglang.srt.layers.attention.registry import (
     attention_backend_choices,
+    check_attention_backend,
     create_attention_backend,
+    default_attention_backend,
     get_attention_backend_class,
 )
-from sglang.srt.layers.attention.torch_native import (
-    TorchNativeAttnBackend,
-    attention_with_lse,
-    causal_mask,
-    merge_attention_states,
-)
+from sglang.srt.layers.attention.torch_native import TorchNativeAttnBackend
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import (
     ColumnParallelLinear,
@@ -146,7 +146,7 @@ def test_attention_with_lse_matches_softmax_and_merges():
     # split the keys in two disjoint shards (a context-parallel split) and merge
     shards = (slice(0, 4), slice(4, 11))
     parts = [attention_with_lse(q, k[:, :, s], v[:, :, s], scale, attn_mask=mask[:, s]) for s in shards]
-    merged, merged_lse = merge_attention_states([p[0] for p in parts], [p[1] for p in parts])
+    merged, merged_lse = merge_state([p[0] for p in parts], [p[1] for p in parts])
     torch.testing.assert_close(merged, ref_out, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(merged_lse, ref_lse, atol=1e-5, rtol=1e-5)
 
@@ -158,18 +158,19 @@ def test_attention_with_lse_fully_masked_rows_drop_out_of_merge():
     out, lse = attention_with_lse(q, k, v, 0.5, attn_mask=none_visible)
     assert torch.all(out == 0) and torch.all(torch.isneginf(lse))
     full_out, full_lse = attention_with_lse(q, k, v, 0.5)
-    merged, merged_lse = merge_attention_states([out, full_out], [lse, full_lse])
+    merged, merged_lse = merge_state([out, full_out], [lse, full_lse])
     torch.testing.assert_close(merged, full_out)
     torch.testing.assert_close(merged_lse, full_lse)
     causal_out, _ = attention_with_lse(q, k[:, :3], v[:, :3], 0.5, is_causal=True)
     torch.testing.assert_close(causal_out[:, 0], v[:, 0])  # first query sees only the first key
 
 
-def test_torch_native_backend_mixed_batch_matches_reference():
+@pytest.mark.parametrize("backend", ["torch_native", "cpu"])
+def test_torch_native_backend_mixed_batch_matches_reference(backend):
     """Decode rows, an extend over a cached prefix and a fresh prefill in one MIXED batch."""
     torch.manual_seed(0)
     cfg = LlamaConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=1)
-    h = ForwardHarness(cfg, max_total_tokens=256)
+    h = ForwardHarness(cfg, max_total_tokens=256, attention_backend=backend)
     layer = RadixAttention(4, 8, 8**-0.5, 2, layer_id=0)
     reqs = [h.new_request() for _ in range(4)]
     # Requests 0..2 already hold 6, 9 and 4 tokens of random KV.
@@ -208,6 +209,47 @@ def test_attention_registry():
     assert isinstance(create_attention_backend("torch_native", None), TorchNativeAttnBackend)
     with pytest.raises(ValueError, match="torch_native"):
         create_attention_backend("flashinfer-on-a-toaster")
+    # the fast CPU backend, under its upstream name too; the former MLA reference is the reference
+    assert get_attention_backend_class("cpu") is CPUAttnBackend
+    assert get_attention_backend_class("intel_amx") is CPUAttnBackend
+    assert get_attention_backend_class("torch_native_mla") is TorchNativeAttnBackend
+    assert {"cpu", "intel_amx", "torch_native", "torch_native_mla"} <= set(attention_backend_choices())
+    assert default_attention_backend("cpu") == "cpu" and default_attention_backend("cuda") == "torch_native"
+    for cls in (TorchNativeAttnBackend, CPUAttnBackend):
+        assert cls.supports_mha and cls.supports_mla and cls.supports_context_parallel
+
+
+def test_attention_backend_model_pairing():
+    from sglang.srt.layers.attention.base import AttentionBackend
+
+    class MHAOnly(AttentionBackend):
+        name = "mha_only_test"
+
+        def init_forward_metadata(self, forward_batch):
+            pass
+
+        def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True):
+            raise AssertionError
+
+        forward_decode = forward_extend
+
+    from sglang.srt.layers.attention import registry
+
+    registry.register_attention_backend("mha_only_test")(MHAOnly)
+    try:
+        check_attention_backend("mha_only_test", "mha", "LlamaForCausalLM")
+        check_attention_backend("torch_native", "mla", "DeepseekV3ForCausalLM")
+        with pytest.raises(ValueError, match="--attention-backend mha_only_test .*MLA.*DeepseekV3ForCausalLM"):
+            check_attention_backend("mha_only_test", "mla", "DeepseekV3ForCausalLM")
+        with pytest.raises(NotImplementedError, match="mha_only_test"):
+            MHAOnly().forward_mla(None, None, None, None)
+    finally:
+        registry._REGISTERED.pop("mha_only_test")
+    from sglang.srt.models.deepseek_v2 import DeepseekV3ForCausalLM, DeepseekV32ForCausalLM
+    from sglang.srt.models.llama import LlamaForCausalLM
+
+    assert LlamaForCausalLM.attention_kind == "mha"
+    assert DeepseekV3ForCausalLM.attention_kind == DeepseekV32ForCausalLM.attention_kind == "mla"
 
 
 def test_model_registry():

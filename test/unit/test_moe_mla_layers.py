@@ -26,8 +26,8 @@ from sglang.srt.distributed.parallel_state import GroupCoordinator
 from sglang.srt.layers.attention.dsa import indexer as indexer_mod
 from sglang.srt.layers.attention.dsa.indexer import hadamard_matrix, index_topk_positions
 from sglang.srt.layers.attention.mla import MLACore
-from sglang.srt.layers.attention.mla_metadata import get_mla_metadata
-from sglang.srt.layers.attention.torch_native_mla import TorchNativeMLABackend
+from sglang.srt.layers.attention.paged_metadata import build_paged_metadata
+from sglang.srt.layers.attention.torch_native import TorchNativeAttnBackend
 from sglang.srt.layers.moe.experts import FusedMoE, match_expert_weight
 from sglang.srt.layers.moe.router import MoEGate
 from sglang.srt.layers.moe.topk import TopKConfig
@@ -195,7 +195,7 @@ def test_index_topk_positions_match_brute_force(monkeypatch):
     n, heads, dim, topk = fb.num_tokens, 3, 8, 4
     q, w = torch.randn(n, heads, dim, generator=g), torch.randn(n, heads, generator=g)
     k_cache = torch.randn(129, dim, generator=g)
-    got = index_topk_positions(q, w, k_cache, get_mla_metadata(fb), topk, dim**-0.5)
+    got = index_topk_positions(q, w, k_cache, build_paged_metadata(fb), topk, dim**-0.5)
     assert got.shape == (n, topk)
     table = h.req_to_token_pool.req_to_token
     starts = [0, 1, 6, 13]
@@ -219,12 +219,12 @@ def test_sparse_selecting_all_visible_equals_dense():
     q = torch.randn(fb.num_tokens, heads, lat + rope, generator=g)
     kv_new = torch.randn(fb.num_tokens, lat + rope, generator=g)
     core = MLACore(heads, lat, rope, 0.3, layer_id)
-    backend = TorchNativeMLABackend()
-    dense = backend.forward_mla(q, kv_new, core, fb)
+    backend = TorchNativeAttnBackend()
+    dense = backend.forward_mla(q, kv_new, core, fb)  # stores kv_new, then dense attention
     width = max(fb.seq_lens_cpu)
     pos = torch.arange(width).expand(fb.num_tokens, width)
     all_visible = torch.where(pos <= fb.positions[:, None], pos, -1)
-    sparse = backend.forward_mla(q, kv_new, core, fb, topk_positions=all_visible)
+    sparse = backend.attend_latent(q, core, fb, topk_positions=all_visible)
     torch.testing.assert_close(sparse, dense, atol=1e-5, rtol=0)
     # a brute-force check of one extend token (request b, its 3rd new token at position 11)
     t, row = 3, int(fb.req_pool_indices[1])
@@ -233,7 +233,7 @@ def test_sparse_selecting_all_visible_equals_dense():
     torch.testing.assert_close(dense[t], p @ rows[:, :lat], atol=1e-5, rtol=0)
     # selecting fewer keys changes the result
     first_two = torch.where(pos < 2, pos, -1)
-    assert (backend.forward_mla(q, kv_new, core, fb, topk_positions=first_two) - dense).abs().max() > 1e-3
+    assert (backend.attend_latent(q, core, fb, topk_positions=first_two) - dense).abs().max() > 1e-3
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,10 @@ def test_get_platform_names_and_backends():
         ("cpu", "gloo"), ("cuda", "nccl"), ("npu", "hccl"),
     ]
     assert get_platform("cuda:1").device_type == "cuda"
+    # attention backend served when --attention-backend is not given: the fused-kernel one on CPU
+    assert [get_platform(n).default_attention_backend for n in ("cpu", "cuda", "npu")] == [
+        "cpu", "torch_native", "torch_native",
+    ]
     with pytest.raises(ValueError, match="unknown platform 'tpu'"):
         get_platform("tpu")
 

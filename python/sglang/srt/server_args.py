@@ -77,7 +77,7 @@ class ServerArgs:
     max_running_requests: Optional[int] = None
     schedule_policy: str = "fcfs"
     disable_radix_cache: bool = False
-    attention_backend: str = "torch_native"
+    attention_backend: Optional[str] = None  # None: the device platform's choice (see resolved_attention_backend)
     watchdog_timeout: float = 300.0
     num_threads: Optional[int] = None  # torch threads per rank; None = cores / local ranks
 
@@ -148,6 +148,7 @@ class ServerArgs:
                 raise ValueError(f"--{_flag(name)} must be >= 1, got {getattr(self, name)}")
         if not (0 <= self.node_rank < self.nnodes):
             raise ValueError(f"--node-rank must be in [0, --nnodes), got {self.node_rank}")
+        self._validate_attention_backend()
         unsupported = [n for n in ("dp_size",) if getattr(self, n) > 1]
         if unsupported:
             raise ValueError(
@@ -170,6 +171,16 @@ class ServerArgs:
         if self.cp_size > 1 or self.cp_kv_cache_interleave_size != 1:
             self._validate_context_parallel()
 
+    def _validate_attention_backend(self) -> None:
+        """A known backend name (checked by name: no backend module is imported)."""
+        if self.attention_backend is None:
+            return
+        from sglang.srt.layers.attention.registry import attention_backend_choices
+
+        choices = attention_backend_choices()
+        if self.attention_backend not in choices:
+            raise ValueError(f"--attention-backend must be one of {choices}, got {self.attention_backend!r}")
+
     def _validate_context_parallel(self) -> None:
         """Context-parallel flags (docs/context_parallel.md)."""
         inter = self.cp_kv_cache_interleave_size
@@ -177,8 +188,13 @@ class ServerArgs:
             raise ValueError(
                 f"--cp-kv-cache-interleave-size ({inter}) must be >= 1 and divide --page-size ({self.page_size})"
             )
-        if self.cp_size > 1 and self.attention_backend != "torch_native":
-            raise ValueError(f"--cp-size > 1 needs --attention-backend torch_native, got {self.attention_backend!r}")
+        if self.cp_size > 1:
+            from sglang.srt.layers.attention.registry import get_attention_backend_class
+
+            backend = self.resolved_attention_backend
+            if not get_attention_backend_class(backend).supports_context_parallel:
+                raise ValueError(f"--cp-size > 1 needs an --attention-backend that supports context parallelism, "
+                                 f"got {backend!r}")  # fmt: skip
         if self.cp_size > 1 and self.enable_dp_attention:
             raise ValueError("--cp-size > 1 together with --enable-dp-attention is not supported yet")
 
@@ -197,6 +213,16 @@ class ServerArgs:
             pp_partition(int(config["num_hidden_layers"]), self.pp_size)
 
     # ------------------------------------------------------------------ derived
+    @property
+    def resolved_attention_backend(self) -> str:
+        """`--attention-backend`, or when not given the device platform's default (`cpu` on CPU:
+        the fused-kernel backend; `torch_native` elsewhere)."""
+        if self.attention_backend is not None:
+            return self.attention_backend
+        from sglang.srt.layers.attention.registry import default_attention_backend
+
+        return default_attention_backend(self.device)
+
     @property
     def chunked_prefill_enabled(self) -> bool:
         return self.chunked_prefill_size is not None and self.chunked_prefill_size > 0

@@ -4,7 +4,8 @@ Like `forward_helpers.ForwardHarness`, but the memory is laid out the way the en
 under CP: the allocator and `req_to_token` work in the virtual slot space (page size
 `page_size · cp`), each rank's KV pool holds only its physical share, and every batch carries a
 `CPLayout` for this rank. With `group=None` (or a group of size 1) it is the plain single-rank
-setup, which serves as the reference.
+setup, which serves as the reference. The attention backend is the CPU platform's default (what
+the engine serves with) unless `attention_backend` names another.
 
     h = CPForwardHarness(hf_config, groups.attn_cp, strategy="zigzag")
     a = h.new_request()
@@ -18,7 +19,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from sglang.srt.layers.attention.registry import create_attention_backend
+from sglang.srt.layers.attention.registry import create_attention_backend, default_attention_backend
 from sglang.srt.layers.context_parallel import build_cp_layout_for_batch
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.cp_slots import CPSlotMapping
@@ -41,6 +42,7 @@ class CPForwardHarness:
         max_requests: int = 16,
         max_context_len: int = 512,
         attn_tp_size: int = 1,
+        attention_backend: Optional[str] = None,
     ):
         self.group = group
         cp = group.size if group is not None else 1
@@ -55,7 +57,7 @@ class CPForwardHarness:
             physical, page_size, dtype, max(1, kv_heads // attn_tp_size), head_dim, hf_config.num_hidden_layers
         )
         self.req_to_token_pool = ReqToTokenPool(max_requests, max_context_len)
-        self.attn_backend = create_attention_backend("torch_native")
+        self.attn_backend = create_attention_backend(attention_backend or default_attention_backend("cpu"))
 
     def new_request(self, share_prefix_of: Optional[ReqHandle] = None, prefix_len: int = 0) -> ReqHandle:
         """A request row; optionally starting with `prefix_len` tokens of another request's KV

@@ -7,7 +7,8 @@
 
 Each call appends the given tokens to each request: it allocates KV slots, writes them into the
 request's `req_to_token` row, builds the ForwardBatch (mode chosen from the shapes) and runs the
-attention backend's metadata step and the model.
+attention backend's metadata step and the model. The backend is the one the engine serves with
+on CPU (the platform default) unless `attention_backend` names another.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from sglang.srt.layers.attention.registry import create_attention_backend
+from sglang.srt.layers.attention.registry import create_attention_backend, default_attention_backend
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.kv_pool import MHATokenToKVPool
 from sglang.srt.mem_cache.req_to_token import ReqToTokenPool
@@ -46,7 +47,7 @@ class ForwardHarness:
         max_total_tokens: int = 4096,
         max_requests: int = 16,
         max_context_len: int = 1024,
-        attention_backend: str = "torch_native",
+        attention_backend: Optional[str] = None,
         tp_size: int = 1,
     ):
         heads = hf_config.num_attention_heads
@@ -57,7 +58,7 @@ class ForwardHarness:
             max_total_tokens, 1, dtype, max(1, kv_heads // tp_size), head_dim, hf_config.num_hidden_layers
         )
         self.allocator = TokenToKVPoolAllocator(max_total_tokens)
-        self.attn_backend = create_attention_backend(attention_backend)
+        self.attn_backend = create_attention_backend(attention_backend or default_attention_backend("cpu"))
 
     def new_request(self) -> ReqHandle:
         rows = self.req_to_token_pool.alloc(1)

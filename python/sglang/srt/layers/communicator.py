@@ -202,5 +202,5 @@ def gather_for_logits(hidden_states: torch.Tensor, forward_batch: "ForwardBatch"
         return hidden_states
     if forward_batch.return_all_logits:
         return cp.gather_all(hidden_states)
-    spec = cp.cached_spec("last_tokens", cp.last_token_idx)
+    spec = cp.last_tokens_spec()
     return cp.gather_rows(hidden_states, cp.last_token_idx(), spec)

@@ -14,14 +14,18 @@ ranks), including who holds each split token, so that any set of tokens can be g
 into the original order (`GatherSpec` + `start_gather`): K/V per layer, queries of chunked
 prefills, and the final hidden states before the LM head.
 
-`CPLayout` is attached to a `ForwardBatch` with `set_cp_layout` and read with `get_cp_layout`
-(stored in `forward_batch.attn_metadata` under `CP_LAYOUT_KEY`).
+`CPLayout` is attached to a `ForwardBatch` (`forward_batch.cp_layout`) with `set_cp_layout` and
+read with `get_cp_layout`. Per batch it also keeps the gather specs it derives (typed fields, built
+on first use) and the exchanges in flight (`pending`: layer id -> `PendingGather`, e.g. a layer's
+K/V all-gather started by the attention backend's early-exchange hook).
+
+This module does not import `model_executor`: the batch is seen through the `CPBatch` protocol.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Protocol, Sequence
 
 import torch
 import torch.distributed as dist
@@ -30,12 +34,10 @@ from sglang.srt.mem_cache.cp_slots import CPSlotMapping
 
 if TYPE_CHECKING:
     from sglang.srt.distributed.group_coordinator import GroupCoordinator
-    from sglang.srt.model_executor.forward_batch import ForwardBatch
 
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 CP_STRATEGIES = ("zigzag", "round-robin")
-CP_LAYOUT_KEY = "context_parallel"
 
 # Request kinds inside a CP batch.
 FRESH = 0  # multi-token extend without cached prefix: split; local queries vs gathered full K/V
@@ -152,7 +154,12 @@ class CPLayout:
     holder_row: torch.Tensor  # [num_tokens] that rank's local row (for replicated: this rank's row)
     group: Optional["GroupCoordinator"] = None
     slot_mapping: Optional[CPSlotMapping] = None
-    cache: dict = field(default_factory=dict)  # per-batch derived state (specs, attention metadata)
+    # Derived per batch, built on first use (see the *_spec methods).
+    _split_spec: Optional[GatherSpec] = field(default=None, repr=False)
+    _last_tokens_spec: Optional[GatherSpec] = field(default=None, repr=False)
+    _prefix_query_spec: Optional[GatherSpec] = field(default=None, repr=False)
+    # Exchanges in flight: layer id -> its all-gather (started early, waited on by the layer).
+    pending: dict[int, PendingGather] = field(default_factory=dict, repr=False)
 
     # ------------------------------------------------------------------ construction
     @staticmethod
@@ -249,15 +256,23 @@ class CPLayout:
             mine = torch.empty(0, dtype=torch.int64)
         return GatherSpec(sizes, mine, torch.cat(per_rank) if per_rank else mine)
 
-    def cached_spec(self, name: str, global_idx_fn) -> GatherSpec:
-        spec = self.cache.get(name)
-        if spec is None:
-            spec = self.cache[name] = self.gather_spec(global_idx_fn())
-        return spec
-
     def split_spec(self) -> GatherSpec:
         """All split tokens of the batch (for K/V and full hidden-state gathers)."""
-        return self.cached_spec("split", lambda: torch.nonzero(self.holder_rank >= 0).flatten())
+        if self._split_spec is None:
+            self._split_spec = self.gather_spec(torch.nonzero(self.holder_rank >= 0).flatten())
+        return self._split_spec
+
+    def last_tokens_spec(self) -> GatherSpec:
+        """Each request's last new token (the hidden states the LM head needs)."""
+        if self._last_tokens_spec is None:
+            self._last_tokens_spec = self.gather_spec(self.last_token_idx())
+        return self._last_tokens_spec
+
+    def prefix_query_spec(self) -> GatherSpec:
+        """The new tokens of the PREFIX requests (queries that attend over every rank's KV shard)."""
+        if self._prefix_query_spec is None:
+            self._prefix_query_spec = self.gather_spec(torch.nonzero(self.token_kinds() == PREFIX).flatten())
+        return self._prefix_query_spec
 
     # ------------------------------------------------------------------ data movement
     def scatter(self, x: torch.Tensor) -> torch.Tensor:
@@ -299,25 +314,33 @@ class CPLayout:
 
 
 # ---------------------------------------------------------------------------- forward batch glue
-def set_cp_layout(forward_batch: "ForwardBatch", layout: Optional[CPLayout]) -> None:
-    forward_batch.attn_metadata[CP_LAYOUT_KEY] = layout
+class CPBatch(Protocol):
+    """What this module reads and writes on a `ForwardBatch`."""
+
+    cp_layout: Optional[CPLayout]
+    extend_seq_lens_cpu: list[int]
+    extend_prefix_lens_cpu: list[int]
 
 
-def is_cp_batch(forward_batch: "ForwardBatch") -> bool:
+def set_cp_layout(forward_batch: CPBatch, layout: Optional[CPLayout]) -> None:
+    forward_batch.cp_layout = layout
+
+
+def is_cp_batch(forward_batch: CPBatch) -> bool:
     """True when the batch runs context-parallel (cp > 1)."""
     return get_cp_layout(forward_batch) is not None
 
 
-def get_cp_layout(forward_batch: "ForwardBatch") -> Optional[CPLayout]:
+def get_cp_layout(forward_batch: CPBatch) -> Optional[CPLayout]:
     """The batch's CP layout, or None when the batch is not context-parallel (cp 1)."""
-    layout = forward_batch.attn_metadata.get(CP_LAYOUT_KEY)
+    layout = forward_batch.cp_layout
     if layout is None or layout.cp_size == 1:
         return None
     return layout
 
 
 def build_cp_layout_for_batch(
-    forward_batch: "ForwardBatch",
+    forward_batch: CPBatch,
     group: "GroupCoordinator",
     strategy: str,
     slot_mapping: CPSlotMapping,
@@ -357,7 +380,7 @@ class CPRuntime:
         interleave = int(getattr(server_args, "cp_kv_cache_interleave_size", 1) or 1)
         return CPRuntime(group, strategy, CPSlotMapping(server_args.page_size, group.size, interleave))
 
-    def attach(self, forward_batch: "ForwardBatch") -> CPLayout:
+    def attach(self, forward_batch: CPBatch) -> CPLayout:
         """Compute this rank's layout of the batch and attach it (before the backend's metadata)."""
         layout = build_cp_layout_for_batch(forward_batch, self.group, self.strategy, self.mapping)
         assert layout is not None

@@ -9,17 +9,23 @@ contributes `extend_seq_lens[i]` tokens that follow `extend_prefix_lens[i]` toke
 already in the pool (radix-cache hit or an earlier chunk). A batch may mix both kinds
 (`ForwardMode.MIXED`); attention treats every request as "queries = the new tokens, keys = the
 whole sequence so far", so one code path serves prefill, chunked prefill and decode.
+
+Per-forward state other than the tokens: `cp_layout`, this rank's share of the batch under
+context parallelism (`layers/context_parallel.py`, set by the model runner before the backend
+sees the batch), and `attn_metadata`, the attention backend's own per-batch object (for the
+torch-native family a `TorchNativeBatch`), set by `attn_backend.init_forward_metadata`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import IntEnum, auto
 from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
 if TYPE_CHECKING:
+    from sglang.srt.layers.context_parallel import CPLayout
     from sglang.srt.mem_cache.req_to_token import ReqToTokenPool
     from sglang.srt.mem_cache.kv_pool import KVPool
 
@@ -74,8 +80,10 @@ class ForwardBatch:
     # Which tokens need logits: by default the last new token of each request.
     return_all_logits: bool = False
     pp_proxy_tensors: Optional[PPProxyTensors] = None
-    # Backend-private metadata built once per batch (e.g. gathered KV indices).
-    attn_metadata: dict = field(default_factory=dict)
+    # The attention backend's per-batch object (typed by the backend; the layers never read it).
+    attn_metadata: Any = None
+    # This rank's token layout when the batch runs context-parallel (None: cp 1).
+    cp_layout: Optional["CPLayout"] = None
 
     @property
     def num_tokens(self) -> int:

@@ -24,7 +24,7 @@ import torch
 
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.distributed.parallel_state import ParallelGroups
-from sglang.srt.layers.attention.registry import create_attention_backend
+from sglang.srt.layers.attention.registry import check_attention_backend, create_attention_backend
 from sglang.srt.layers.context_parallel import CPRuntime
 from sglang.srt.layers.sampler import SampleOutput, Sampler
 from sglang.srt.managers.schedule_batch import ModelWorkerBatch
@@ -71,6 +71,9 @@ class ModelRunner:
         cfg = self.model_config
         self.dtype = cfg.dtype
         model_cls = ModelRegistry.resolve(cfg.architectures)
+        # the attention the model's layers need, served by the chosen backend (before any weights load)
+        self.attention_backend_name = server_args.resolved_attention_backend
+        check_attention_backend(self.attention_backend_name, model_cls.attention_kind, cfg.architectures[0])
         self.cp: Optional[CPRuntime] = CPRuntime.from_server_args(server_args, groups.attn_cp)
         if self.cp is not None and not model_cls.supports_context_parallel:
             raise ValueError(f"--cp-size > 1 is not supported for {cfg.architectures[0]} yet")
@@ -109,7 +112,7 @@ class ModelRunner:
             if self.is_first_stage
             else None
         )
-        self.attn_backend = create_attention_backend(server_args.attention_backend, self)
+        self.attn_backend = create_attention_backend(self.attention_backend_name, self)
         self.sampler = Sampler(seed=server_args.random_seed)
         logger.info(
             "model %s loaded: %.1f MB weights (%s); KV pool %d tokens (%.1f MB%s), max running requests %d",

@@ -38,6 +38,7 @@ class CausalLM(nn.Module):
     model: StageModel
     stacked_params: ClassVar[Sequence[StackedParam]] = ()
     supports_context_parallel: ClassVar[bool] = False
+    attention_kind: ClassVar[str] = "mha"  # what its attention layers need from the backend ("mha" / "mla")
 
     def __init__(self, config: Any, groups: Optional[ParallelGroups] = None, dtype: torch.dtype = torch.float32):
         super().__init__()

@@ -136,6 +136,7 @@ class DeepseekV3ForCausalLM(CausalLM):
     stacked_params = _STACKED_MLP
     use_indexer: bool = False
     supports_context_parallel = True  # sharded latent KV + zero-redundant indexer (mla_cp.py)
+    attention_kind = "mla"
 
     def __init__(self, config: Any, groups: Optional[ParallelGroups] = None, dtype: torch.dtype = torch.float32):
         if getattr(config, "quantization_config", None):

@@ -56,6 +56,8 @@ class Platform:
     prefill_chunk_alignment: int = 64
     # ... and never plans a chunk (but the last) below this: the kernel's smallest efficient query block.
     prefill_min_chunk: int = 1
+    # The attention backend served when `--attention-backend` is not given (layers/attention/registry.py).
+    default_attention_backend: str = "torch_native"
 
     @classmethod
     def is_available(cls) -> bool:

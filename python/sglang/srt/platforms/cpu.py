@@ -41,6 +41,8 @@ class CpuPlatform(Platform):
     # Below 768 queries it switches to query blocks of 64 (measured: 32 x 512 chunks 7 % slower
     # than 16 x 1024 at pp = 2 / 16K although their bubble was lower), so auto's chunks start there.
     prefill_min_chunk = 768
+    # fused decode / AMX prefill kernels and zero-copy pool views (layers/attention/cpu_backend.py)
+    default_attention_backend = "cpu"
 
     @classmethod
     def is_available(cls) -> bool:

@@ -1,0 +1,1 @@
+"""Attention layers, the backends that compute them and the math underneath (see README.md)."""

@@ -10,9 +10,10 @@ rows [latent ; k_rope], output o_latent = softmax Â· latent, then o = o_latent Â
 Keys and values are never up-projected per head and the pool holds only the latent rows. With a
 Lightning Indexer (V3.2) each query attends to its top-k selected rows only.
 
-Context parallelism (a batch carrying a CP layout): the rows of this rank's tokens are
-all-gathered while the q up-projection runs and attention goes through `mla_cp.py` (sharded latent
-KV, zero-redundant indexer, LSE merge for decodes and prefix chunks).
+The attention itself (storing the rows, the indexer's selection, context parallelism) is the
+batch's backend's `forward_mla`; the layer hands it the indexer's inputs as one `IndexerInputs`
+and calls the backend's early-exchange hook (`start_mla_exchange`) as soon as the new rows exist,
+so that a context-parallel backend can move them while the q up-projection runs.
 
 Rope: MLA rotates interleaved pairs (`rope_interleave`, default True); the softmax scale is
 qk_head_dim^-0.5 with the YaRN mscale correction (`rotary_yarn.mla_softmax_scale`).
@@ -26,10 +27,7 @@ import torch
 from torch import nn
 
 from sglang.srt.distributed.parallel_state import GroupCoordinator
-from sglang.srt.layers.attention.dsa.indexer import Indexer
-from sglang.srt.layers.attention.mla_cp import mla_cp_forward, start_row_exchange
-from sglang.srt.layers.attention.torch_native_mla import TorchNativeMLABackend
-from sglang.srt.layers.context_parallel import is_cp_batch
+from sglang.srt.layers.attention.dsa.indexer import Indexer, IndexerInputs
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from sglang.srt.layers.rotary_yarn import DeepseekRotaryEmbedding, mla_softmax_scale
@@ -44,7 +42,7 @@ LORA_NORM_EPS = 1e-6
 class MLACore(nn.Module):
     """The attention op of one MLA layer (what RadixAttention is for MHA): sizes, scale, global layer id.
 
-    Runs on the batch's backend when it implements `forward_mla`, else on a torch-native one."""
+    Runs on the batch's backend (`AttentionBackend.forward_mla`)."""
 
     def __init__(self, num_heads: int, kv_lora_rank: int, qk_rope_head_dim: int, scaling: float, layer_id: int):
         super().__init__()
@@ -55,21 +53,24 @@ class MLACore(nn.Module):
         self.v_head_dim = kv_lora_rank
         self.scaling = scaling
         self.layer_id = layer_id
-        self._fallback = TorchNativeMLABackend()
+
+    def start_row_exchange(
+        self, kv_new: torch.Tensor, forward_batch: "ForwardBatch", indexer: Optional[IndexerInputs] = None
+    ) -> None:
+        """Let the backend start moving this layer's new rows early (context parallelism: an async
+        all-gather overlapping the query projections); a no-op for backends that do not need it."""
+        forward_batch.attn_backend.start_mla_exchange(kv_new, self, forward_batch, indexer)
 
     def forward(
         self,
         q: torch.Tensor,
         kv_new: torch.Tensor,
         forward_batch: "ForwardBatch",
-        topk_positions: Optional[torch.Tensor] = None,
+        indexer: Optional[IndexerInputs] = None,
         save_kv_cache: bool = True,
     ) -> torch.Tensor:
-        """q [n, H, L + R], kv_new [n, L + R] -> [n, H, L]."""
-        backend = forward_batch.attn_backend
-        if not hasattr(backend, "forward_mla"):
-            backend = self._fallback
-        return backend.forward_mla(q, kv_new, self, forward_batch, topk_positions, save_kv_cache)
+        """q [n, H, L + R], kv_new [n, L + R] -> [n, H, L]; `indexer` for DSA."""
+        return forward_batch.attn_backend.forward_mla(q, kv_new, self, forward_batch, indexer, save_kv_cache)
 
     def extra_repr(self) -> str:
         return f"layer_id={self.layer_id}, heads={self.num_heads}, latent={self.kv_lora_rank}+{self.qk_rope_head_dim}"
@@ -137,17 +138,14 @@ class MLAAttention(nn.Module):
         self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, forward_batch: "ForwardBatch"
     ) -> torch.Tensor:
         n, heads = hidden_states.shape[0], self.num_heads
-        cp = is_cp_batch(forward_batch)
-        # kv first: under context parallelism its rows (with the index keys) are all-gathered
-        # asynchronously while the q up-projection below runs
+        # kv first: the backend may start moving its rows (context parallelism: an async
+        # all-gather, with the index keys for DSA) while the q up-projection below runs
         latent, k_rope = self.kv_a_proj_with_mqa(hidden_states).split([self.kv_lora_rank, self.qk_rope_head_dim], -1)
         latent = self.kv_a_layernorm(latent)
         k_rope = self._rope(k_rope.unsqueeze(1), cos, sin).squeeze(1)
         kv_new = torch.cat((latent, k_rope), dim=-1)
-        if cp:
-            if self.indexer is not None:
-                kv_new = torch.cat((kv_new, self.indexer.project_key(hidden_states, cos, sin)), dim=-1)
-            start_row_exchange(forward_batch, self.attn.layer_id, kv_new, with_index=self.indexer is not None)
+        dsa = None if self.indexer is None else IndexerInputs(self.indexer, hidden_states, cos, sin)
+        self.attn.start_row_exchange(kv_new, forward_batch, dsa)
 
         q_lora = None
         if self.q_lora_rank:
@@ -162,16 +160,8 @@ class MLAAttention(nn.Module):
         w_uk, w_uv = w_kv[:, : self.qk_nope_head_dim], w_kv[:, self.qk_nope_head_dim :]
         q_latent = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)  # [n, H, L]
         q_full = torch.cat((q_latent, q_rope), dim=-1)
-
-        if cp:
-            index_q = index_w = None
-            if self.indexer is not None:
-                index_q, index_w = self.indexer.project_query(q_lora, hidden_states, cos, sin)
-            o_latent = mla_cp_forward(self.attn, q_full, kv_new, forward_batch, self.indexer, index_q, index_w)
-        else:
-            topk = None
-            if self.indexer is not None:
-                topk = self.indexer(hidden_states, q_lora, cos, sin, forward_batch)
-            o_latent = self.attn(q_full, kv_new, forward_batch, topk)  # [n, H, L]
+        if dsa is not None:
+            dsa.q_lora = q_lora  # the indexer's queries come from the q-LoRA latent (projected if needed)
+        o_latent = self.attn(q_full, kv_new, forward_batch, dsa)  # [n, H, L]
         out = torch.bmm(o_latent.transpose(0, 1), w_uv.transpose(1, 2))  # [H, n, v]
         return self.o_proj(out.transpose(0, 1).reshape(n, heads * self.v_head_dim))

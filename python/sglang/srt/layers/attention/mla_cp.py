@@ -2,9 +2,10 @@
 
 Per layer, on each cp rank (the model runs on this rank's tokens, `layers/context_parallel.py`):
 
-1. Row exchange (ONE async all-gather, started by `start_row_exchange` right after the kv
-   down-projection, so it overlaps the q-LoRA up-projection and the absorbed query in
-   `MLAAttention.forward`): every rank sends the new rows `[latent ; k_rope (; index key)]` of
+1. Row exchange (ONE async all-gather, started by `start_row_exchange` from the backend's
+   `start_mla_exchange` hook right after the kv down-projection, so it overlaps the q-LoRA
+   up-projection and the absorbed query in `MLAAttention.forward`; kept in `layout.pending` under
+   the layer id): every rank sends the new rows `[latent ; k_rope (; index key)]` of
    the split tokens it holds, plus the cached prefix rows it stores of the batch's PREFIX requests
    (chunked-prefill continuations, radix hits). With the replicated tokens' local rows this gives
    every multi-token request's whole sequence of rows.
@@ -19,7 +20,10 @@ Per layer, on each cp rank (the model runs on this rank's tokens, `layers/contex
    its local top-k candidates (score, position), the candidates are all-gathered and merged into
    the global top-k (`exchange_and_merge`: identical on every rank, equal to single-rank top-k),
    and each rank attends to the selected tokens it stores. The partials (out, lse) are
-   all-gathered and merged exactly (`merge_attention_states`).
+   all-gathered and merged exactly (`ops.merge_state`).
+
+DSA: the indexer's keys are appended to the rows (`IndexerInputs.rows_with_key`) and its queries
+projected only when the batch selects (some sequence longer than index_topk).
 
 Why rows for extends and partials for decodes: a token's latent row (kv_lora_rank + rope dims)
 is smaller than its absorbed queries (heads x the same dims), so for a multi-token chunk it is
@@ -36,13 +40,12 @@ import torch
 
 from sglang.srt.layers.attention.dsa.cp_indexer import exchange_and_merge, own_query_topk, shard_topk_candidates
 from sglang.srt.layers.attention.dsa.sparse_attention import sparse_latent_attention
-from sglang.srt.layers.attention.lse_attention import causal_attention_lse, sdpa_lse
-from sglang.srt.layers.attention.mla_cp_metadata import MLACPMetadata, get_mla_cp_metadata
-from sglang.srt.layers.attention.torch_native import merge_attention_states
-from sglang.srt.layers.context_parallel import CPLayout, get_cp_layout, start_gather
+from sglang.srt.layers.attention.mla_cp_metadata import MLACPMetadata
+from sglang.srt.layers.attention.ops import causal_attention_lse, merge_state, sdpa_lse
+from sglang.srt.layers.context_parallel import CPLayout, start_gather
 
 if TYPE_CHECKING:
-    from sglang.srt.layers.attention.dsa.indexer import Indexer
+    from sglang.srt.layers.attention.dsa.indexer import Indexer, IndexerInputs
     from sglang.srt.layers.attention.mla import MLACore
     from sglang.srt.model_executor.forward_batch import ForwardBatch
 
@@ -63,26 +66,27 @@ def _start(fb, layout: CPLayout, md: MLACPMetadata, layer_id: int, rows: torch.T
     if plan.prefix_slots.numel():
         cached = _pool_rows(fb, layer_id, plan.prefix_slots, with_index).to(rows.dtype)
         send = torch.cat((send, cached), dim=0)
-    layout.cache[("mla_rows", layer_id)] = start_gather(layout.group, send, plan.sizes)
+    layout.pending[layer_id] = start_gather(layout.group, send, plan.sizes)
 
 
-def start_row_exchange(fb: "ForwardBatch", layer_id: int, rows: torch.Tensor, with_index: bool = False) -> None:
+def start_row_exchange(
+    fb: "ForwardBatch", layout: CPLayout, md: MLACPMetadata, layer_id: int, rows: torch.Tensor, with_index: bool
+) -> None:
     """Start this layer's async row all-gather (new split rows + stored prefix rows); call it as
     soon as the new rows of this rank's tokens exist: [latent ; k_rope], with the index key
     appended when `with_index` (DSA)."""
-    layout = get_cp_layout(fb)
-    if layout is None or layout.is_trivial or ("mla_rows", layer_id) in layout.cache:
+    if layout.is_trivial or layer_id in layout.pending:
         return
-    _start(fb, layout, get_mla_cp_metadata(fb, layout), layer_id, rows, with_index)
+    _start(fb, layout, md, layer_id, rows, with_index)
 
 
 def _exchange(fb, layout: CPLayout, md: MLACPMetadata, layer_id: int, rows: torch.Tensor, with_index: bool):
     """(new rows of the whole batch in original order [N, W], prefix buffer [P, W])."""
     if layout.is_trivial:
         return rows, rows.new_empty((0, rows.shape[1]))  # every token is local and in global order
-    if ("mla_rows", layer_id) not in layout.cache:
+    if layer_id not in layout.pending:
         _start(fb, layout, md, layer_id, rows, with_index)
-    gathered = layout.cache.pop(("mla_rows", layer_id)).wait()
+    gathered = layout.pending.pop(layer_id).wait()
     plan, dev = md.plan, rows.device
     full = rows.new_empty((layout.num_tokens, rows.shape[1]))
     if plan.new_src.numel():
@@ -99,20 +103,19 @@ def _exchange(fb, layout: CPLayout, md: MLACPMetadata, layer_id: int, rows: torc
 def mla_cp_forward(
     core: "MLACore",
     q: torch.Tensor,
-    rows: torch.Tensor,
+    kv_new: torch.Tensor,
     fb: "ForwardBatch",
-    indexer: Optional["Indexer"] = None,
-    index_q: Optional[torch.Tensor] = None,
-    index_w: Optional[torch.Tensor] = None,
+    layout: CPLayout,
+    md: MLACPMetadata,
+    dsa: Optional["IndexerInputs"] = None,
     save_kv_cache: bool = True,
 ) -> torch.Tensor:
     """CP latent attention of this rank's tokens.
 
-    q [n, H, L + R] absorbed queries; rows [n, L + R (+ index_head_dim)] new latent rows (with the
-    index keys for DSA); index_q [n, Hi, Di] / index_w [n, Hi] the indexer queries and head
-    weights (DSA). Returns [n, H, L]."""
-    layout = get_cp_layout(fb)
-    md = get_mla_cp_metadata(fb, layout)
+    q [n, H, L + R] absorbed queries; kv_new [n, L + R] new latent rows; `dsa` the layer's
+    Lightning Indexer inputs (DSA). Returns [n, H, L]."""
+    indexer = dsa.indexer if dsa is not None else None
+    rows = dsa.rows_with_key(kv_new) if dsa is not None else kv_new
     dim, v_dim = core.head_dim, core.kv_lora_rank
     full, prefix = _exchange(fb, layout, md, core.layer_id, rows, indexer is not None)
     pool = fb.token_to_kv_pool
@@ -122,6 +125,7 @@ def mla_cp_forward(
         if indexer is not None:
             pool.set_index_k_buffer(core.layer_id, md.own_slots, own[:, dim:])
     sparse = indexer is not None and md.max_seq_len > indexer.index_topk
+    index_q, index_w = dsa.query() if sparse else (None, None)
 
     out = q.new_zeros((q.shape[0], q.shape[1], v_dim))
     for it in md.extends:
@@ -186,5 +190,5 @@ def _decode_attention(core, q, index_q, index_w, indexer, fb, layout: CPLayout, 
     allp = layout.group.all_gather(packed, dim=0).view(layout.cp_size, n1, heads * v_dim + heads)
     outs = [allp[r, :, : heads * v_dim].view(n1, heads, v_dim) for r in range(layout.cp_size)]
     lses = [allp[r, :, heads * v_dim :] for r in range(layout.cp_size)]
-    merged, _ = merge_attention_states(outs, lses)
+    merged, _ = merge_state(outs, lses)
     out.index_copy_(0, rows, merged.to(out.dtype))

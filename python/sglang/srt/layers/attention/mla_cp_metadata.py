@@ -24,8 +24,6 @@ from sglang.srt.layers.context_parallel import PREFIX, REPLICATED, CPLayout
 if TYPE_CHECKING:
     from sglang.srt.model_executor.forward_batch import ForwardBatch
 
-METADATA_KEY = "mla_cp"
-
 
 @dataclass
 class CPExtend:
@@ -112,6 +110,7 @@ def _gather_plan(layout: CPLayout, fb: "ForwardBatch", rows: list[int]) -> tuple
 
 
 def build_mla_cp_metadata(fb: "ForwardBatch", layout: CPLayout) -> MLACPMetadata:
+    """This rank's view of the batch for CP latent attention (kept by the backend per batch)."""
     if layout.slot_mapping is None or layout.group is None:
         raise ValueError("a CP layout used for attention needs its group and slot mapping")
     mapping = layout.slot_mapping
@@ -149,12 +148,5 @@ def build_mla_cp_metadata(fb: "ForwardBatch", layout: CPLayout) -> MLACPMetadata
         md.decode_slots = mapping.local_slot(virtual).masked_fill(~valid, 0)
         md.decode_valid = valid
         md.decode_pos = pos
-    return md
-
-
-def get_mla_cp_metadata(fb: "ForwardBatch", layout: CPLayout) -> MLACPMetadata:
-    md = fb.attn_metadata.get(METADATA_KEY)
-    if md is None:
-        md = fb.attn_metadata[METADATA_KEY] = build_mla_cp_metadata(fb, layout)
     return md
 

@@ -50,9 +50,7 @@ class RadixAttention(nn.Module):
     def start_kv_exchange(self, k: torch.Tensor, v: torch.Tensor, forward_batch: "ForwardBatch") -> None:
         """Let the backend start moving this layer's new k/v early (context parallelism: an async
         all-gather overlapping the query's rope); a no-op for backends that do not need it."""
-        starter = getattr(forward_batch.attn_backend, "start_kv_exchange", None)
-        if starter is not None:
-            starter(k, v, self, forward_batch)
+        forward_batch.attn_backend.start_kv_exchange(k, v, self, forward_batch)
 
     def extra_repr(self) -> str:
         return (

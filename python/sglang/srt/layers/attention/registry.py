@@ -1,24 +1,42 @@
-"""Attention backends by name (the values of `--attention-backend`)."""
+"""Attention backends by name (the values of `--attention-backend`), and the start-up checks.
+
+The names are known without importing any backend (`attention_backend_choices`), so
+`ServerArgs.validate` can reject a bad flag before anything heavy loads; a backend's module is
+imported when its class is first asked for. `--attention-backend` left unset means the device
+platform's choice (`Platform.default_attention_backend`: `cpu` on CPU, `torch_native` elsewhere).
+
+Built-in backends:
+- `torch_native`: the reference (oracle). SDPA over KV gathered from the pool under explicit
+  masks; MHA, MLA (dense and DSA sparse) and context parallelism for both.
+- `cpu`: the fast CPU backend (fused C++ / AMX kernels, zero-copy views of the pool, LSE-split
+  prefix/chunk attention); the torch-native reference for everything else.
+"""
 
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from sglang.srt.layers.attention.base import AttentionBackend
+if TYPE_CHECKING:
+    from sglang.srt.layers.attention.base import AttentionBackend
 
 # Built-in backends, imported on first use so that importing the registry stays cheap.
 _BUILTIN: dict[str, str] = {
     "torch_native": "sglang.srt.layers.attention.torch_native:TorchNativeAttnBackend",
-    "torch_native_mla": "sglang.srt.layers.attention.torch_native_mla:TorchNativeMLABackend",
+    "cpu": "sglang.srt.layers.attention.cpu_backend:CPUAttnBackend",
 }
-_REGISTERED: dict[str, type[AttentionBackend]] = {}
+# Other spellings: upstream SGLang's CPU backend name, and the former MLA-only reference.
+ALIASES: dict[str, str] = {
+    "intel_amx": "cpu",
+    "torch_native_mla": "torch_native",
+}
+_REGISTERED: dict[str, type["AttentionBackend"]] = {}
 
 
-def register_attention_backend(name: str) -> Callable[[type[AttentionBackend]], type[AttentionBackend]]:
+def register_attention_backend(name: str) -> Callable[[type["AttentionBackend"]], type["AttentionBackend"]]:
     """Class decorator adding a backend under `name` (re-registering the same class is allowed)."""
 
-    def wrap(cls: type[AttentionBackend]) -> type[AttentionBackend]:
+    def wrap(cls: type["AttentionBackend"]) -> type["AttentionBackend"]:
         old = _REGISTERED.get(name)
         if old is not None and old is not cls:
             raise ValueError(f"attention backend {name!r} is already registered to {old.__name__}")
@@ -29,21 +47,55 @@ def register_attention_backend(name: str) -> Callable[[type[AttentionBackend]], 
 
 
 def attention_backend_choices() -> list[str]:
-    return sorted(set(_BUILTIN) | set(_REGISTERED))
+    """Every accepted `--attention-backend` value (aliases included); imports no backend."""
+    return sorted(set(_BUILTIN) | set(ALIASES) | set(_REGISTERED))
 
 
-def get_attention_backend_class(name: str) -> type[AttentionBackend]:
-    if name in _REGISTERED:
-        return _REGISTERED[name]
-    if name in _BUILTIN:
-        module_name, cls_name = _BUILTIN[name].split(":")
+def canonical_attention_backend(name: str) -> str:
+    """The name behind an alias (`intel_amx` -> `cpu`); other names unchanged."""
+    return ALIASES.get(name, name)
+
+
+def default_attention_backend(device: str = "cpu") -> str:
+    """The backend a device platform serves with when `--attention-backend` is not given."""
+    from sglang.srt.platforms import get_platform
+
+    return get_platform(device).default_attention_backend
+
+
+def get_attention_backend_class(name: str) -> type["AttentionBackend"]:
+    key = canonical_attention_backend(name)
+    if key in _REGISTERED:
+        return _REGISTERED[key]
+    if key in _BUILTIN:
+        module_name, cls_name = _BUILTIN[key].split(":")
         cls = getattr(importlib.import_module(module_name), cls_name)
-        _REGISTERED.setdefault(name, cls)
+        _REGISTERED.setdefault(key, cls)
         return cls
     raise ValueError(f"unknown attention backend {name!r}; choices: {attention_backend_choices()}")
 
 
-def create_attention_backend(name: str, *args: Any, **kwargs: Any) -> AttentionBackend:
+def create_attention_backend(name: str, *args: Any, **kwargs: Any) -> "AttentionBackend":
     """Instantiate the backend registered under `name` (arguments go to its constructor,
     conventionally the ModelRunner)."""
     return get_attention_backend_class(name)(*args, **kwargs)
+
+
+def check_attention_backend(name: str, attention_kind: str, model_name: str) -> None:
+    """Start-up check that backend `name` serves a model whose layers need `attention_kind`
+    ("mha": `RadixAttention`, "mla": `MLACore`); a ValueError naming the flag otherwise."""
+    cls = get_attention_backend_class(name)
+    supported = {"mha": cls.supports_mha, "mla": cls.supports_mla}
+    if attention_kind not in supported:
+        raise ValueError(f"{model_name} declares an unknown attention_kind {attention_kind!r}")
+    if not supported[attention_kind]:
+        able = [n for n in attention_backend_choices() if _supports(n, attention_kind)]
+        raise ValueError(
+            f"--attention-backend {name} does not support {attention_kind.upper()} attention, which "
+            f"{model_name} needs; backends that do: {able}"
+        )
+
+
+def _supports(name: str, attention_kind: str) -> bool:
+    cls = get_attention_backend_class(name)
+    return cls.supports_mla if attention_kind == "mla" else cls.supports_mha

@@ -1,9 +1,9 @@
-"""Context-parallel attention for the torch-native backend (used when a batch carries a CPLayout).
+"""Context-parallel MHA attention of the torch-native backend (a batch that carries a CPLayout).
 
 Per layer, on each cp rank (q/k/v are this rank's local tokens, see `layers/context_parallel.py`):
 1. K/V exchange: the k/v of the split tokens are all-gathered over the cp group (started early by
-   `start_kv_exchange`, async, while the model rotates q); with the replicated tokens' local k/v
-   this gives the batch's new K/V in original order.
+   `start_kv_exchange`, async, while the model rotates q; kept in `layout.pending` under the layer
+   id); with the replicated tokens' local k/v this gives the batch's new K/V in original order.
 2. Sharded KV write: each rank stores only the tokens it owns (virtual slot -> owner / physical
    slot by `CPSlotMapping`).
 3. FRESH requests (prefill, no cached prefix): local queries attend causally to the request's
@@ -11,7 +11,10 @@ Per layer, on each cp rank (q/k/v are this rank's local tokens, see `layers/cont
 4. PREFIX requests (chunked prefill / radix hit: queries all-gathered) and REPLICATED requests
    (decodes): every rank computes the partial attention (out, lse) of ALL their queries over its
    own KV shard (prefix shard + owned new tokens, causal by absolute position); the partials are
-   all-gathered and merged exactly (`merge_attention_states`), each rank keeping its tokens' rows.
+   all-gathered and merged exactly (`ops.merge_state`), each rank keeping its tokens' rows.
+
+The per-batch metadata (`CPAttnMetadata`) is built by `build_cp_attn_metadata` and kept by the
+backend in its per-batch object; the functions here take it explicitly.
 """
 
 from __future__ import annotations
@@ -21,16 +24,13 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
-from sglang.srt.layers.attention.lse_attention import causal_attention_lse, sdpa_lse
-from sglang.srt.layers.attention.torch_native import merge_attention_states
-from sglang.srt.layers.attention.torch_native_kv import KVGather, fetch, head_major_kv
-from sglang.srt.layers.context_parallel import FRESH, PREFIX, REPLICATED, CPLayout, get_cp_layout, start_gather
+from sglang.srt.layers.attention.kv_source import KVGather, fetch, head_major_kv
+from sglang.srt.layers.attention.ops import causal_attention_lse, merge_state, sdpa_lse
+from sglang.srt.layers.context_parallel import FRESH, PREFIX, CPLayout, GatherSpec, start_gather
 
 if TYPE_CHECKING:
     from sglang.srt.layers.attention.radix_attention import RadixAttention
     from sglang.srt.model_executor.forward_batch import ForwardBatch
-
-_MD_KEY = "cp_attention"
 
 
 @dataclass
@@ -66,7 +66,7 @@ class CPAttnMetadata:
     repl_local_rows: torch.Tensor  # local rows of replicated tokens ...
     repl_global_idx: torch.Tensor  # ... and their global index
     repl_b_idx: torch.Tensor  # index into the B list of each replicated local row
-    q_spec_name: Optional[str]  # gather spec of the PREFIX queries (None: no PREFIX request)
+    q_spec: Optional[GatherSpec]  # gather spec of the PREFIX queries (None: no PREFIX request)
     prefix_b_idx: Optional[torch.Tensor]  # index into the B list of each gathered PREFIX query
 
 
@@ -78,6 +78,7 @@ def _shard_of(layout: CPLayout, virtual_row: torch.Tensor) -> tuple[torch.Tensor
 
 
 def build_cp_attn_metadata(fb: "ForwardBatch", layout: CPLayout) -> CPAttnMetadata:
+    """This rank's view of the batch for CP attention (computed from data identical on all ranks)."""
     if layout.slot_mapping is None or layout.group is None:
         raise ValueError("a CP layout used for attention needs its group and slot mapping")
     table = fb.req_to_token_pool.req_to_token
@@ -124,40 +125,21 @@ def build_cp_attn_metadata(fb: "ForwardBatch", layout: CPLayout) -> CPAttnMetada
     b_local_rows = torch.nonzero(local_b >= 0).flatten()
     repl_local_rows = torch.nonzero(layout.holder_rank[layout.local_idx] < 0).flatten()
     repl_global_idx = layout.local_idx[repl_local_rows]
-    q_spec_name = prefix_b_idx = None
+    q_spec = prefix_b_idx = None
     if prefix:
-        q_spec_name = "prefix_queries"
-        tk = layout.token_kinds()
-        spec = layout.cached_spec(q_spec_name, lambda: torch.nonzero(tk == PREFIX).flatten())
-        prefix_b_idx = b_pos[spec.global_idx]
+        q_spec = layout.prefix_query_spec()
+        prefix_b_idx = b_pos[q_spec.global_idx]
     return CPAttnMetadata(
         own_global_idx, own_slots, fresh, prefix, single_rows, single_slots, single_mask, b_global_idx,
         b_local_rows, local_b[b_local_rows], repl_local_rows, repl_global_idx, b_pos[repl_global_idx],
-        q_spec_name, prefix_b_idx,
+        q_spec, prefix_b_idx,
     )  # fmt: skip
 
 
-def init_cp_metadata(fb: "ForwardBatch") -> Optional[CPAttnMetadata]:
-    layout = get_cp_layout(fb)
-    if layout is None:
-        return None
-    md = build_cp_attn_metadata(fb, layout)
-    fb.attn_metadata[_MD_KEY] = md
-    return md
-
-
-def _metadata(fb: "ForwardBatch", layout: CPLayout) -> CPAttnMetadata:
-    md = fb.attn_metadata.get(_MD_KEY)
-    if md is None:
-        md = fb.attn_metadata[_MD_KEY] = build_cp_attn_metadata(fb, layout)
-    return md
-
-
 # ---------------------------------------------------------------------------- K/V exchange
-def start_kv_exchange(fb: "ForwardBatch", layer_id: int, k: torch.Tensor, v: torch.Tensor) -> None:
+def start_kv_exchange(layout: CPLayout, layer_id: int, k: torch.Tensor, v: torch.Tensor) -> None:
     """Start the async all-gather of this layer's split-token k/v (call as soon as k is rotated)."""
-    layout = get_cp_layout(fb)
-    if layout is None or layout.is_trivial or ("kv", layer_id) in layout.cache:
+    if layout.is_trivial or layer_id in layout.pending:
         return
     _start_kv_gather(layout, layer_id, k, v)
 
@@ -166,9 +148,9 @@ def _full_kv(k3, v3, layer_id, layout, md) -> tuple[torch.Tensor, torch.Tensor]:
     """New K/V of the whole batch in original order: gathered split tokens + local replicated ones."""
     if layout.is_trivial:
         return k3, v3  # every token is local and the local order is the global one
-    if ("kv", layer_id) not in layout.cache:
+    if layer_id not in layout.pending:
         _start_kv_gather(layout, layer_id, k3, v3)
-    gathered = layout.cache.pop(("kv", layer_id)).wait()
+    gathered = layout.pending.pop(layer_id).wait()
     kd = k3.shape[1] * k3.shape[2]
     spec = layout.split_spec()
     dev = k3.device
@@ -190,7 +172,7 @@ def _start_kv_gather(layout: CPLayout, layer_id: int, k: torch.Tensor, v: torch.
     rows = spec.local_rows.to(k.device)
     # flatten(1), not reshape(n, -1): a rank may hold no tokens (n == 0)
     packed = torch.cat([k.flatten(1).index_select(0, rows), v.flatten(1).index_select(0, rows)], dim=1)
-    layout.cache[("kv", layer_id)] = start_gather(layout.group, packed, spec.sizes)
+    layout.pending[layer_id] = start_gather(layout.group, packed, spec.sizes)
 
 
 # ---------------------------------------------------------------------------- forward
@@ -200,11 +182,11 @@ def cp_attention_forward(
     v: torch.Tensor,
     layer: "RadixAttention",
     fb: "ForwardBatch",
+    layout: CPLayout,
+    md: CPAttnMetadata,
     save_kv_cache: bool = True,
 ) -> torch.Tensor:
     """CP attention of this rank's local tokens; returns [num_local, heads * v_head_dim]."""
-    layout = get_cp_layout(fb)
-    md = _metadata(fb, layout)
     n_local = q.shape[0]
     h, hk, d, dv = layer.num_heads, layer.num_kv_heads, layer.head_dim, layer.v_head_dim
     q3 = q.reshape(n_local, h, d)
@@ -217,8 +199,8 @@ def cp_attention_forward(
         pool.set_kv_buffer(layer.layer_id, md.own_slots, k_full.index_select(0, own), v_full.index_select(0, own))
 
     q_pending = None
-    if md.q_spec_name is not None:  # PREFIX queries: gather them while the FRESH work runs
-        spec = layout.cache[md.q_spec_name]
+    if md.q_spec is not None:  # PREFIX queries: gather them while the FRESH work runs
+        spec = md.q_spec
         q_pending = start_gather(layout.group, q3.index_select(0, spec.local_rows.to(q.device)), spec.sizes)
 
     out = q.new_empty((n_local, h, dv))
@@ -282,7 +264,7 @@ def _shard_attention(q3, q_pending, layer, fb, layout: CPLayout, md: CPAttnMetad
     allp = layout.group.all_gather(packed, dim=0).view(layout.cp_size, nb, h * dv + h)
     outs = [allp[r, :, : h * dv].view(nb, h, dv) for r in range(layout.cp_size)]
     lses = [allp[r, :, h * dv :] for r in range(layout.cp_size)]
-    merged, _ = merge_attention_states(outs, lses)
+    merged, _ = merge_state(outs, lses)
     if md.b_local_rows.numel():
         mine = merged.index_select(0, md.b_sel.to(out.device)).to(out.dtype)
         out.index_copy_(0, md.b_local_rows.to(out.device), mine)

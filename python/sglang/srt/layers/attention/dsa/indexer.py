@@ -12,19 +12,25 @@ masked causally, and each query keeps its `index_topk` best positions (exact tie
 position, independent of batch composition; HF's `topk` leaves ties implementation-defined). Keys are stored in the DSA
 pool (`set_index_k_buffer`) so later chunks and decode steps score against every cached token.
 When no sequence of the batch is longer than `index_topk`, every visible token would be selected:
-the indexer then returns None and the layer runs dense MLA (identical result, no scoring).
+the selection is then None and the layer runs dense MLA (identical result, no scoring).
+
+The attention backend runs the indexer: a layer hands it one `IndexerInputs` (the indexer and the
+activations it projects from), whose keys, queries and key-extended rows are computed on first
+use, so a batch that needs no selection never projects queries. `IndexerInputs.select` is the
+single-rank form; `cp_indexer.py` holds the context-parallel one.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 import torch
 from torch import nn
 
 from sglang.srt.layers.attention.dsa.scoring import index_scores, topk_columns
-from sglang.srt.layers.attention.mla_metadata import MLAMetadata, get_mla_metadata
-from sglang.srt.layers.attention.torch_native import causal_mask
+from sglang.srt.layers.attention.ops import causal_mask
+from sglang.srt.layers.attention.paged_metadata import PagedMetadata
 from sglang.srt.layers.linear import ReplicatedLinear
 from sglang.srt.layers.rotary_yarn import DeepseekRotaryEmbedding
 
@@ -49,7 +55,7 @@ def index_topk_positions(
     q: torch.Tensor,
     weights: torch.Tensor,
     k_cache: torch.Tensor,
-    md: MLAMetadata,
+    md: PagedMetadata,
     topk: int,
     softmax_scale: float,
 ) -> torch.Tensor:
@@ -156,31 +162,63 @@ class Indexer(nn.Module):
     def reset_counters(self) -> None:
         self.score_rows = self.score_pairs = 0
 
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        q_lora: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        forward_batch: "ForwardBatch",
-    ) -> Optional[torch.Tensor]:
-        """Store this batch's index keys; return [n, K] selected positions, or None for "attend to all".
 
-        Single-rank form (no context parallelism; see `cp_indexer.py` for the sharded one)."""
-        n = hidden_states.shape[0]
-        k = self.project_key(hidden_states, cos, sin)
+@dataclass
+class IndexerInputs:
+    """One layer's Lightning Indexer and what it projects from, handed to the attention backend.
+
+    `q_lora` is filled in by the layer once its q-LoRA latent exists (a context-parallel backend
+    already needs the keys before that). Keys, queries and the key-extended latent rows are
+    computed on first use and kept, so each is projected at most once per layer call.
+    """
+
+    indexer: Indexer
+    hidden_states: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    q_lora: Optional[torch.Tensor] = None
+    _key: Optional[torch.Tensor] = field(default=None, repr=False)
+    _query: Optional[tuple[torch.Tensor, torch.Tensor]] = field(default=None, repr=False)
+    _rows: Optional[torch.Tensor] = field(default=None, repr=False)
+
+    def key(self) -> torch.Tensor:
+        """Index keys [n, index_head_dim] of the new tokens."""
+        if self._key is None:
+            self._key = self.indexer.project_key(self.hidden_states, self.cos, self.sin)
+        return self._key
+
+    def query(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(queries [n, n_heads, head_dim], head weights [n, n_heads] float32)."""
+        if self._query is None:
+            if self.q_lora is None:
+                raise RuntimeError("IndexerInputs.query: q_lora was not set by the layer")
+            self._query = self.indexer.project_query(self.q_lora, self.hidden_states, self.cos, self.sin)
+        return self._query
+
+    def rows_with_key(self, kv_new: torch.Tensor) -> torch.Tensor:
+        """The new latent rows [n, L + R] with the index key appended [n, L + R + index_head_dim]
+        (what context parallelism moves and stores per token); built once per layer call."""
+        if self._rows is None:
+            self._rows = torch.cat((kv_new, self.key()), dim=-1)
+        return self._rows
+
+    def select(self, forward_batch: "ForwardBatch", md: PagedMetadata) -> Optional[torch.Tensor]:
+        """Single-rank selection: store this batch's index keys; return [n, K] selected positions,
+        or None for "attend to all" (no sequence longer than index_topk: queries never projected)."""
+        idx = self.indexer
+        n = self.hidden_states.shape[0]
+        k = self.key()
         pool = forward_batch.token_to_kv_pool
         if n:
-            pool.set_index_k_buffer(self.layer_id, forward_batch.out_cache_loc, k)
+            pool.set_index_k_buffer(idx.layer_id, forward_batch.out_cache_loc, k)
         if n == 0 or forward_batch.forward_mode.is_idle():
             return None
-        md = get_mla_metadata(forward_batch)
-        if md.max_seq_len <= self.index_topk:
+        if md.max_seq_len <= idx.index_topk:
             return None
-        q, weights = self.project_query(q_lora, hidden_states, cos, sin)
+        q, weights = self.query()
         pairs = sum(e * p + e * (e + 1) // 2 for e, p in zip(forward_batch.extend_seq_lens_cpu,
                                                                forward_batch.extend_prefix_lens_cpu))  # fmt: skip
-        self.count(n, pairs)
+        idx.count(n, pairs)
         return index_topk_positions(
-            q, weights, pool.get_index_k_buffer(self.layer_id), md, self.index_topk, self.softmax_scale
+            q, weights, pool.get_index_k_buffer(idx.layer_id), md, idx.index_topk, idx.softmax_scale
         )

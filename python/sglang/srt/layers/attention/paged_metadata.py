@@ -1,10 +1,11 @@
-"""Per-batch metadata of latent attention (MLA, DSA): built once per ForwardBatch, shared by all layers.
+"""How the torch-native backend walks a (non context-parallel) batch over the paged KV pool.
 
-Requests bringing one new token (decode, or a one-token chunk) are attended together over their KV
-slots padded to the longest sequence; requests bringing several tokens (prefill, chunked prefill)
-are attended one by one over the slots of their whole sequence (prefix + new tokens). For sparse
-(DSA) attention every token also knows its request's `req_to_token` row, so top-k positions map
-straight to KV slots.
+Built once per ForwardBatch and shared by all layers, for plain (MHA) and latent (MLA, DSA)
+attention alike. Requests bringing one new token (decode, or a one-token chunk) are attended
+together over their KV slots padded to the longest sequence; requests bringing several tokens
+(prefill, chunked prefill) are attended one by one over the slots of their whole sequence (prefix
++ new tokens). For sparse (DSA) attention every token also knows its request's `req_to_token`
+row, so top-k positions map straight to KV slots.
 """
 
 from __future__ import annotations
@@ -17,11 +18,8 @@ import torch
 if TYPE_CHECKING:
     from sglang.srt.model_executor.forward_batch import ForwardBatch
 
-METADATA_KEY = "mla"
-
-
 @dataclass
-class MLAExtendItem:
+class PagedExtend:
     """One multi-token request: its new tokens [start, end) at positions prefix_len .. seq_len - 1."""
 
     start: int
@@ -32,18 +30,18 @@ class MLAExtendItem:
 
 
 @dataclass
-class MLAMetadata:
+class PagedMetadata:
     all_single: bool  # every request brings exactly one token
     single_token_idx: Optional[torch.Tensor]  # [n1] flat index of each single-token request (None if all_single)
     single_slots: Optional[torch.Tensor]  # [n1, max_len] slots, 0 past seq_len
     single_valid: Optional[torch.Tensor]  # [n1, max_len] bool; None when all lengths are equal
-    extends: list[MLAExtendItem]
+    extends: list[PagedExtend]
     token_req_rows: torch.Tensor  # [num_tokens] req_to_token row of each token's request
     token_positions: torch.Tensor  # [num_tokens] absolute position of each token
     max_seq_len: int
 
 
-def build_mla_metadata(fb: "ForwardBatch") -> MLAMetadata:
+def build_paged_metadata(fb: "ForwardBatch") -> PagedMetadata:
     req_to_token = fb.req_to_token_pool.req_to_token
     device = req_to_token.device
     ext_lens, prefix_lens, seq_lens = fb.extend_seq_lens_cpu, fb.extend_prefix_lens_cpu, fb.seq_lens_cpu
@@ -65,15 +63,15 @@ def build_mla_metadata(fb: "ForwardBatch") -> MLAMetadata:
             for n in ext_lens:
                 starts.append(starts[-1] + n)
             single_idx = torch.tensor([starts[i] for i in single], dtype=torch.int64, device=device)
-    extends: list[MLAExtendItem] = []
+    extends: list[PagedExtend] = []
     start = 0
     for i, n in enumerate(ext_lens):
         if n > 1:
             slots = req_to_token[rows[i], : seq_lens[i]]
-            extends.append(MLAExtendItem(start, start + n, prefix_lens[i], seq_lens[i], slots))
+            extends.append(PagedExtend(start, start + n, prefix_lens[i], seq_lens[i], slots))
         start += n
     counts = torch.tensor(ext_lens, dtype=torch.int64, device=device)
-    return MLAMetadata(
+    return PagedMetadata(
         all_single=all_single,
         single_token_idx=single_idx,
         single_slots=single_slots,
@@ -84,11 +82,3 @@ def build_mla_metadata(fb: "ForwardBatch") -> MLAMetadata:
         max_seq_len=max(seq_lens) if seq_lens else 0,
     )
 
-
-def get_mla_metadata(fb: "ForwardBatch") -> MLAMetadata:
-    """The batch's metadata, built on first use."""
-    md = fb.attn_metadata.get(METADATA_KEY)
-    if md is None:
-        md = build_mla_metadata(fb)
-        fb.attn_metadata[METADATA_KEY] = md
-    return md

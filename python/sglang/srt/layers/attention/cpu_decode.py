@@ -1,4 +1,4 @@
-"""Decode attention over long contiguous runs of KV slots without gathering them.
+"""Decode attention over long contiguous runs of KV slots without gathering them (`cpu` backend).
 
 A single-token request's KV slots are usually a few long contiguous runs of pool rows (a cached
 prefix, its own prefill, ...) plus scattered slots (decode tokens interleaved with other requests'
@@ -7,13 +7,11 @@ tokens). Gathering the whole sequence every layer costs a copy of all of its K/V
 - runs of at least `MIN_RUN` slots are attended one SDPA call each over a zero-copy view of the
   head-major pool ([H, rows, D] narrowed to the run),
 - the remaining slots of all requests are gathered and attended in one padded SDPA call,
-- the partial results are merged exactly by their log-sum-exp.
+- the partial results are merged exactly by their log-sum-exp (`ops.merge_state`).
 
 A call per run costs more than gathering a short run, so runs shorter than `MIN_RUN` are gathered
-(SmolLM2-135M shapes, 1 thread: 16 requests with 256-slot runs lose 25% this way, 1024-slot runs
-win 17%; 4 x 4096-token decode attention is 2.6x faster, see benchmark/foundation/
-decode_attention.md). Every request keeps at least one gathered slot, so no padded row of the
-gathered call is fully masked.
+(measurements: benchmark/foundation/decode_attention.md). Every request keeps at least one
+gathered slot, so no padded row of the gathered call is fully masked.
 """
 
 from __future__ import annotations
@@ -23,7 +21,8 @@ from typing import Optional, Sequence
 
 import torch
 
-from sglang.srt.layers.attention.torch_native_kv import KVGather, KVWorkspace, fetch
+from sglang.srt.layers.attention.kv_source import KVGather, KVWorkspace, fetch
+from sglang.srt.layers.attention.ops import merge_state, sdpa_lse
 
 MIN_RUN = 1024  # slots; a contiguous run at least this long is attended as a view
 
@@ -116,8 +115,6 @@ def attend_decode_segments(
     scale: float,
 ) -> torch.Tensor:
     """q [n1, H, D] (one query per request); k/v_buf head-major [Hk, rows, D] -> [n1, H, Dv]."""
-    from sglang.srt.layers.attention.lse_attention import merge_two, sdpa_lse
-
     n1 = q.shape[0]
     q4 = q.unsqueeze(2)  # [n1, H, 1, D]
     src = KVGather(plan.tail_indices)
@@ -137,9 +134,9 @@ def attend_decode_segments(
         o_seg = torch.cat([p[0] for p in parts]) if len(parts) > 1 else parts[0][0]
         l_seg = torch.cat([p[1] for p in parts]) if len(parts) > 1 else parts[0][1]
         if len(ids) == n1:  # a run for every request (rows of a round ascend): no scatter
-            out, lse = merge_two(out, lse, o_seg, l_seg)
+            out, lse = merge_state((out, o_seg), (lse, l_seg))
             continue
-        o_m, l_m = merge_two(out.index_select(0, rows), lse.index_select(0, rows), o_seg, l_seg)
+        o_m, l_m = merge_state((out.index_select(0, rows), o_seg), (lse.index_select(0, rows), l_seg))
         out = out.index_copy(0, rows, o_m)
         lse = lse.index_copy(0, rows, l_m)
     return out.squeeze(2)

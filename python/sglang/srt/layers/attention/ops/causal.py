@@ -1,62 +1,27 @@
-"""Attention that returns the log-sum-exp (LSE), for attention split over key sets.
+"""Causal attention split over key sets and merged by log-sum-exp.
 
-- `sdpa_lse(q, k, v, scale, mask, is_causal)`: 4-D SDPA returning (out, lse). On CPU it uses
-  torch's flash kernel (`_scaled_dot_product_flash_attention_for_cpu`, which returns the LSE and
-  handles GQA); elsewhere the exact math version `attention_with_lse`. Queries that see no key get
-  out = 0 and lse = -inf (so they drop out of `merge_attention_states`).
 - `causal_attention_lse(q, q_pos, k, v, k_pos, scale)`: queries at arbitrary ascending absolute
-  positions against keys at ascending absolute positions, key visible iff k_pos <= q_pos. Queries
-  are processed in blocks: every contiguous run of positions (a zigzag segment) is one block,
-  scattered positions (round-robin) are grouped into blocks of up to QUERY_BLOCK rows. For a block
-  spanning positions [a, b] the keys before a are attended without a mask and only the keys in
-  [a, b] need one (a plain causal square when the block is a contiguous run whose keys are all
-  present), and the two parts are merged by their LSE, so the work stays ~ the causal triangle.
+  positions against keys at ascending absolute positions, key visible iff k_pos <= q_pos (the
+  local queries of a context-parallel rank). Queries are processed in blocks: every contiguous
+  run of positions (a zigzag segment) is one block, scattered positions (round-robin) are grouped
+  into blocks of up to QUERY_BLOCK rows. For a block spanning positions [a, b] the keys before a
+  are attended without a mask and only the keys in [a, b] need one (a plain causal square when
+  the block is a contiguous run whose keys are all present), and the two parts are merged by
+  their LSE, so the work stays ~ the causal triangle.
+- `attend_prefix_and_chunk`: a prefill chunk over its cached prefix (no mask) plus its own keys
+  (causal), merged; equal to one SDPA over both under the offset causal mask.
 """
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
-from sglang.srt.kernels.dispatch import flash_lse_op
-from sglang.srt.layers.attention.torch_native import attention_with_lse
+from sglang.srt.layers.attention.ops.lse import sdpa_lse
+from sglang.srt.layers.attention.ops.merge import merge_state
 
 QUERY_BLOCK = 1024  # queries per block of scattered positions in causal_attention_lse
 MAX_GAP = 64  # a jump in query positions larger than this starts a new block
 MIN_RUN = 32  # a contiguous run of at least this many positions is a block of its own
-
-
-
-def sdpa_lse(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    scale: float,
-    attn_mask: Optional[torch.Tensor] = None,
-    is_causal: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """q [B, H, Lq, D], k/v [B, Hk, Lk, D] (H a multiple of Hk); `attn_mask` bool, broadcastable to
-    [B, H, Lq, Lk], True = attend; `is_causal` top-left aligned. Returns (out [B, H, Lq, Dv] in q's
-    dtype, lse [B, H, Lq] float32)."""
-    b, h, lq = q.shape[0], q.shape[1], q.shape[2]
-    lk = k.shape[2]
-    if lk == 0 or lq == 0:
-        out = q.new_zeros((b, h, lq, v.shape[-1]))
-        return out, torch.full((b, h, lq), float("-inf"), dtype=torch.float32, device=q.device)
-    flash = flash_lse_op(q)
-    if flash is None:
-        return attention_with_lse(q, k, v, scale, attn_mask=attn_mask, is_causal=is_causal)
-    float_mask = None
-    if attn_mask is not None:
-        float_mask = torch.zeros(attn_mask.shape, dtype=q.dtype, device=q.device)
-        float_mask.masked_fill_(~attn_mask, float("-inf"))
-    out, lse = flash(q, k.to(q.dtype), v.to(q.dtype), 0.0, is_causal, attn_mask=float_mask, scale=scale)
-    if attn_mask is not None:
-        # the kernel reports lse = 0 for a fully masked row; make it -inf
-        seen = attn_mask.any(dim=-1)  # [.., Lq]
-        lse = lse.float().masked_fill(~seen.expand(b, h, lq), float("-inf"))
-    return out, lse.float()
 
 
 def _blocks(q_pos: list[int], block: int, max_gap: int = MAX_GAP, min_run: int = MIN_RUN) -> list[tuple[int, int]]:
@@ -87,21 +52,6 @@ def _blocks(q_pos: list[int], block: int, max_gap: int = MAX_GAP, min_run: int =
     if open_block:
         out.append((open_block[0], open_block[1]))
     return out
-
-
-def merge_two(
-    o1: torch.Tensor, l1: torch.Tensor, o2: torch.Tensor, l2: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`merge_attention_states` of two partials (o [..., L, D], lse [..., L]), computed in float32."""
-    m = torch.maximum(l1, l2)
-    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
-    w1, w2 = torch.exp(l1 - m), torch.exp(l2 - m)
-    total = w1 + w2
-    lse = m + torch.log(total)
-    total = torch.where(total == 0, torch.ones_like(total), total)
-    out = o1.float().mul_((w1 / total).unsqueeze(-1))
-    out.addcmul_(o2.float(), (w2 / total).unsqueeze(-1))
-    return out.to(o1.dtype), lse
 
 
 def causal_attention_lse(
@@ -149,7 +99,27 @@ def causal_attention_lse(
         if len(parts_o) == 1:
             ob, lb = parts_o[0], parts_l[0]
         else:
-            ob, lb = merge_two(parts_o[0], parts_l[0], parts_o[1], parts_l[1])
+            ob, lb = merge_state(parts_o, parts_l)
         out[s:e] = ob[0].transpose(0, 1)
         lse[s:e] = lb[0].transpose(0, 1)
     return out, lse
+
+
+def attend_prefix_and_chunk(
+    q: torch.Tensor,
+    k_prefix: torch.Tensor,
+    v_prefix: torch.Tensor,
+    k_chunk: torch.Tensor,
+    v_chunk: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of a chunk over [cached prefix, chunk]: q [1, H, m, D] are the chunk's
+    queries, k/v_prefix [1, Hk, P, D] every key before it, k/v_chunk [1, Hk, m, D] its own keys.
+
+    The prefix is visible to every query (no mask), the chunk causally (`is_causal`, which lets
+    the kernel skip the upper triangle); the two partials are merged by their log-sum-exp.
+    Equals SDPA over the concatenated keys with the offset causal mask. Returns [1, H, m, Dv].
+    """
+    o1, l1 = sdpa_lse(q, k_prefix, v_prefix, scale)
+    o2, l2 = sdpa_lse(q, k_chunk, v_chunk, scale, is_causal=True)
+    return merge_state((o1, o2), (l1, l2))[0]

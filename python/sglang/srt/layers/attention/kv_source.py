@@ -1,10 +1,10 @@
-"""Where the torch-native backend reads a request's cached K/V from, planned once per forward.
+"""Where a backend reads a request's cached K/V from, planned once per forward (imports only torch).
 
 A request's KV slots (`req_to_token[row, :seq_len]`) are often one contiguous run of pool rows
-(the allocator hands out consecutive pages): then every layer attends over a zero-copy view of
-the pool. Otherwise the slots are gathered with one `index_select` per layer into a scratch
-buffer that the forward allocates once and every layer reuses (a fresh multi-MB tensor per layer
-can cost page faults: up to ~1.7x slower gathers in isolated measurements).
+(the allocator hands out consecutive pages): then every layer can attend over a zero-copy view of
+the pool (`KVRun`). Otherwise the slots are gathered (`KVGather`) with one `index_select` per
+layer, optionally into a scratch buffer that the forward allocates once and every layer reuses
+(`KVWorkspace`: a fresh multi-MB tensor per layer can cost page faults).
 
 Buffers are addressed head-major, [H, rows, D]: `MHATokenToKVPool` stores them that way, so a
 view or a gather hands SDPA one contiguous [L, D] block per head (its fastest CPU input).
@@ -115,34 +115,3 @@ def fetch(buf: torch.Tensor, src: KVSource, ws: Optional[KVWorkspace], name: str
         return buf.view(heads * rows, dim).index_select(0, flat_idx).view(heads, n, dim)
     out = ws.take(name, (heads * n, dim), buf.dtype, buf.device)
     return torch.index_select(buf.view(heads * rows, dim), 0, flat_idx, out=out).view(heads, n, dim)
-
-
-def lse_kernel_available(q: torch.Tensor) -> bool:
-    """Whether `sdpa_lse` runs on torch's CPU flash kernel for q. Only then do the split paths
-    (`attend_prefix_and_chunk`, decode runs) pay off; elsewhere its exact-math fallback would be
-    slower than one SDPA over gathered keys."""
-    from sglang.srt.kernels.dispatch import flash_lse_op
-
-    return flash_lse_op(q) is not None
-
-
-def attend_prefix_and_chunk(
-    q: torch.Tensor,
-    k_prefix: torch.Tensor,
-    v_prefix: torch.Tensor,
-    k_chunk: torch.Tensor,
-    v_chunk: torch.Tensor,
-    scale: float,
-) -> torch.Tensor:
-    """Causal attention of a chunk over [cached prefix, chunk]: q [1, H, m, D] are the chunk's
-    queries, k/v_prefix [1, Hk, P, D] every key before it, k/v_chunk [1, Hk, m, D] its own keys.
-
-    The prefix is visible to every query (no mask), the chunk causally (`is_causal`, which lets
-    the kernel skip the upper triangle); the two partials are merged by their log-sum-exp.
-    Equals SDPA over the concatenated keys with the offset causal mask. Returns [1, H, m, Dv].
-    """
-    from sglang.srt.layers.attention.lse_attention import merge_two, sdpa_lse
-
-    o1, l1 = sdpa_lse(q, k_prefix, v_prefix, scale)
-    o2, l2 = sdpa_lse(q, k_chunk, v_chunk, scale, is_causal=True)
-    return merge_two(o1, l1, o2, l2)[0]

@@ -1,0 +1,182 @@
+"""Import structure of python/sglang: no import cycles, and the layering rules between the
+packages of `sglang.srt` (docs/architecture.md, "Packages and import rules").
+
+Imports are read from the source (AST), so module-level, function-level and TYPE_CHECKING imports
+all count: a cycle hidden behind a function-level import is still a cycle.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2] / "python"
+
+# area (first package under sglang.srt, or a top-level srt module) -> areas it must never import
+FORBIDDEN: dict[str, set[str]] = {
+    "managers": {"layers", "models"},
+    "layers": {"managers", "entrypoints"},
+    "models": {"managers", "entrypoints"},
+    "mem_cache": {"models", "layers", "managers", "entrypoints", "model_executor"},
+    "distributed": {"models", "layers", "managers", "entrypoints", "model_executor", "mem_cache"},
+    "kernels": {
+        "managers", "entrypoints", "models", "layers", "model_executor", "mem_cache", "distributed",
+        "sampling", "metrics", "model_loader", "server_args",
+    },
+}  # fmt: skip
+
+
+def module_files(root: Path, package: str = "sglang") -> dict[str, Path]:
+    """Dotted module name -> file, for every .py file under root/package."""
+    mods: dict[str, Path] = {}
+    for dirpath, _, files in os.walk(root / package):
+        for f in files:
+            if f.endswith(".py"):
+                path = Path(dirpath) / f
+                name = ".".join(path.relative_to(root).with_suffix("").parts)
+                mods[name.removesuffix(".__init__")] = path
+    return mods
+
+
+def import_graph(root: Path, package: str = "sglang") -> dict[str, set[str]]:
+    """Module -> the modules of the tree it imports (anywhere in its source)."""
+    mods = module_files(root, package)
+
+    def resolve(name: str):
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    edges: dict[str, set[str]] = {m: set() for m in mods}
+    for mod, path in mods.items():
+        pkg = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                    base = ".".join(parts + ([base] if base else []))
+                names = [base] + [f"{base}.{a.name}" for a in node.names]
+            else:
+                continue
+            for name in names:
+                target = resolve(name)
+                if target is not None and target != mod:
+                    edges[mod].add(target)
+    return edges
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (iterative Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    counter = 0
+    for start in edges:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(edges[start])))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, it = work[-1]
+            advanced = False
+            for nxt in it:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = counter
+                    counter += 1
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(edges[nxt]))))
+                    advanced = True
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            if advanced:
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    comp.append(w)
+                    if w == node:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return out
+
+
+def area(module: str):
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["sglang", "srt"] else None
+
+
+def rule_breaks(edges: dict[str, set[str]]) -> list[str]:
+    return sorted(
+        f"{src} -> {dst}"
+        for src, targets in edges.items()
+        for dst in targets
+        if area(dst) in FORBIDDEN.get(area(src), ())
+    )
+
+
+# ---------------------------------------------------------------------------- the checker itself
+def _write(root: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+
+
+def test_checker_finds_function_level_cycles_and_rule_breaks(tmp_path):
+    _write(
+        tmp_path,
+        {
+            "sglang/__init__.py": "",
+            "sglang/srt/__init__.py": "",
+            "sglang/srt/layers/__init__.py": "",
+            "sglang/srt/layers/a.py": "def f():\n    from sglang.srt.layers import b\n",
+            "sglang/srt/layers/b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import f\n",
+            "sglang/srt/layers/c.py": "from sglang.srt.managers.m import x\n",
+            "sglang/srt/managers/__init__.py": "",
+            "sglang/srt/managers/m.py": "x = 1\n",
+        },
+    )
+    edges = import_graph(tmp_path)
+    assert cycles(edges) == [["sglang.srt.layers.a", "sglang.srt.layers.b"]]
+    assert rule_breaks(edges) == ["sglang.srt.layers.c -> sglang.srt.managers.m"]
+
+
+# ---------------------------------------------------------------------------- the tree
+@pytest.fixture(scope="module")
+def tree_edges() -> dict[str, set[str]]:
+    return import_graph(ROOT)
+
+
+def test_tree_is_read(tree_edges):
+    assert "sglang.srt.managers.scheduler" in tree_edges
+    assert len(tree_edges) > 100
+
+
+def test_no_import_cycles(tree_edges):
+    found = cycles(tree_edges)
+    assert not found, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_package_layering(tree_edges):
+    breaks = rule_breaks(tree_edges)
+    assert not breaks, "imports that break the layering rules:\n" + "\n".join(breaks)
