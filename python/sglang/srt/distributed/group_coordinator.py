@@ -189,18 +189,6 @@ class GroupCoordinator:
         return world
 
     # Empty tensors move no bytes (both sides know the shape), so nothing is sent for them.
-    def send(self, tensor: torch.Tensor, dst: int) -> None:
-        peer = self._check_peer(dst)
-        if tensor.numel():
-            dist.send(tensor.contiguous(), dst=peer, group=self.device_group)
-
-    def recv(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
-        """Receive into `tensor` (contiguous, right shape and dtype); returns it."""
-        peer = self._check_peer(src)
-        if tensor.numel():
-            dist.recv(tensor, src=peer, group=self.device_group)
-        return tensor
-
     def isend(self, tensor: torch.Tensor, dst: int) -> PendingSend:
         peer = self._check_peer(dst)
         if not tensor.numel():
