@@ -71,7 +71,7 @@ def run_policy(model_dir: str, name: str, flags: dict, env: dict, prompt: list[i
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    from sglang.srt.managers.pp_trace import merge_trace
+    from sglang.srt.managers.pp.trace import merge_trace
 
     trace = os.path.join(trace_dir, "t.json")
     merge_trace(trace)

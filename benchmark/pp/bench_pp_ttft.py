@@ -156,7 +156,7 @@ def main() -> None:
                 trace=args.trace,
             )
             results["trace"] = {"path": args.trace, "pp": args.trace_pp, "chunk": args.trace_chunk, "ttft_s": times[0]}
-    from sglang.srt.managers.pp_trace import merge_trace
+    from sglang.srt.managers.pp.trace import merge_trace
 
     if args.trace:
         merge_trace(args.trace)

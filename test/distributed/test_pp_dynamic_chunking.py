@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from dist_spawn import run_ranks
-from sglang.srt.managers.pp_trace import merge_trace
+from sglang.srt.managers.pp.trace import merge_trace
 from sglang.test.pp_harness import pp_rank_main, req, run_single_rank
 from sglang.test.tiny_models import TINY_LLAMA_DIR, write_random_checkpoint
 
@@ -47,7 +47,7 @@ def _curve_rank_main(rank: int, world_size: int, kwargs: dict, waves: list, curv
 def _policy_rank_main(rank: int, world_size: int, kwargs: dict) -> dict:
     """Build this rank's pipeline part (real profiling) and report its fitted policy."""
     from sglang.srt.distributed.parallel_state import ParallelGroups, ParallelLayout
-    from sglang.srt.managers.pp_driver import build_pp_rank
+    from sglang.srt.managers.pp.rank import build_pp_rank
     from sglang.srt.server_args import ServerArgs
     from sglang.test.pp_harness import ScriptedIO
 

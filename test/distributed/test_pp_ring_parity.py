@@ -20,7 +20,7 @@ import torch
 
 from dist_spawn import run_ranks
 from sglang.srt.managers.io_struct import AbortReq
-from sglang.srt.managers.pp_trace import merge_trace
+from sglang.srt.managers.pp.trace import merge_trace
 from sglang.test.pp_harness import When, pp_rank_main, req, run_single_rank
 from sglang.test.tiny_models import TINY_LLAMA_DIR, TINY_QWEN3_DIR, write_random_checkpoint
 

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from sglang.srt import envs
-from sglang.srt.managers.pp_comm import Inbox, Message
-from sglang.srt.managers.pp_messages import MsgType, StageBatch
+from sglang.srt.distributed.p2p import Message
+from sglang.srt.distributed.pp_comm import Inbox
+from sglang.srt.managers.pp.messages import MsgType, StageBatch
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch, ScheduledReq
 from sglang.srt.models.utils import pp_layer_range, pp_partition
 from sglang.srt.sampling.sampling_params import SamplingParams
@@ -107,7 +108,7 @@ def test_inbox_demultiplexes_by_type_in_arrival_order():
     assert inbox.take(MsgType.BATCH, block=False) is None
 
     threading.Timer(0.05, lambda: inbox.put(Message(MsgType.STOP, -1))).start()
-    assert inbox.take((MsgType.BATCH, MsgType.STOP)).type == MsgType.STOP  # blocks until it arrives
+    assert inbox.take((MsgType.BATCH, MsgType.STOP)).kind == MsgType.STOP  # blocks until it arrives
     inbox.fail("peer gone")
     with pytest.raises(RuntimeError, match="pipeline link failed: peer gone"):
         inbox.take(MsgType.OUTPUT)

@@ -6,9 +6,10 @@ the same workload on one in-process `Scheduler` (the pp = 1 reference).
     ref = run_single_rank(server_kwargs, waves, triggers)
     got = run_ranks(pp_rank_main, world_size, args=(server_kwargs, waves, triggers))[0]["outputs"]
 
-`ScriptedIO` stands in for the entry rank's `SchedulerIO`: it releases the next wave when the
-scheduler is idle (`recv_all(block=True)`), fires each trigger once its condition holds on the
-scheduler's request mirror, and collects the `BatchTokenIDOut` messages per request.
+`ScriptedIO` stands in for the entry rank's `SchedulerIO` (a `SchedulerPort`): it releases the
+next wave when the scheduler is idle (`recv_all(block=True)`), fires each trigger once its
+condition holds on the scheduler's request mirror, and collects the `BatchTokenIDOut` messages it
+is given (`emit`) per request.
 """
 
 from __future__ import annotations
@@ -44,14 +45,6 @@ class When:
         return False
 
 
-class _Sink:
-    def __init__(self) -> None:
-        self.items: list = []
-
-    def send_pyobj(self, obj: Any) -> None:
-        self.items.append(obj)
-
-
 @dataclass
 class RequestResult:
     output_ids: list[int] = field(default_factory=list)
@@ -68,8 +61,8 @@ class ScriptedIO:
         self.triggers = list(triggers or [])
         self.next_wave = 0
         self.scheduler: Any = None
-        self.send_to_detokenizer = _Sink()
-        self.send_to_tokenizer = _Sink()
+        self.emitted: list = []  # what the detokenizer would get
+        self.replies: list = []  # what the tokenizer would get
 
     def bind(self, scheduler: Any) -> "ScriptedIO":
         self.scheduler = scheduler
@@ -86,12 +79,18 @@ class ScriptedIO:
             self.next_wave += 1
         return out
 
+    def reply(self, msg: Any) -> None:
+        self.replies.append(msg)
+
+    def emit(self, out: Any) -> None:
+        self.emitted.append(out)
+
     def finished(self) -> bool:
         return self.next_wave == len(self.waves)
 
     def results(self) -> dict[str, RequestResult]:
         res: dict[str, RequestResult] = defaultdict(RequestResult)
-        for out in self.send_to_detokenizer.items:
+        for out in self.emitted:
             assert isinstance(out, BatchTokenIDOut)
             for i, rid in enumerate(out.rids):
                 r = res[rid]
@@ -121,11 +120,10 @@ def run_single_rank(server_kwargs: dict, waves: list[list], triggers: Optional[l
         msgs = io.recv_all(block=idle)
         if idle and not msgs and io.finished():
             break
-        for msg in msgs:
-            scheduler.handle_message(msg)
+        scheduler.apply_messages(msgs, io)
         out = scheduler.step()
         if out is not None:
-            io.send_to_detokenizer.send_pyobj(out)
+            io.emit(out)
     return {"outputs": io.results(), "state": scheduler.internal_state(), "num_retractions": scheduler.num_retractions}
 
 
@@ -143,7 +141,7 @@ def pp_rank_main(
     import os
 
     from sglang.srt.distributed.parallel_state import ParallelGroups, ParallelLayout
-    from sglang.srt.managers.pp_driver import build_pp_rank
+    from sglang.srt.managers.pp.rank import build_pp_rank
     from sglang.srt.server_args import ServerArgs
 
     os.environ.update(env or {})

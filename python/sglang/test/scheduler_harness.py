@@ -2,7 +2,8 @@
 
 Used by parity tests: the scheduler runs its real policy, cache and runner; outputs are collected
 from the BatchTokenIDOut messages it would send to the detokenizer, and the float32 logits of every
-sampled row are captured per request through `Scheduler.on_step_result`.
+sampled row (`ForwardResult.logits`) are captured per request through the `on_step_result`
+observer the harness gives the `Scheduler`.
 """
 
 from __future__ import annotations
@@ -24,8 +25,7 @@ class SchedulerHarness:
         server_kwargs.setdefault("num_threads", 1)
         self.server_args = ServerArgs(**server_kwargs)
         self.server_args.validate()
-        self.scheduler = Scheduler(self.server_args, keep_logits=True)
-        self.scheduler.on_step_result = self._on_step
+        self.scheduler = Scheduler(self.server_args, on_step_result=self._on_step)
         self.logits: dict[str, list[torch.Tensor]] = defaultdict(list)
         self.outputs: dict[str, list[int]] = defaultdict(list)
         self.finish: dict[str, dict] = {}
@@ -36,7 +36,7 @@ class SchedulerHarness:
     def _on_step(self, batch, result) -> None:
         self.batch_shapes.append((len(batch.items), batch.num_tokens))
         rows = [item.req.rid for item in batch.items if item.samples]
-        for i, rid in enumerate(rows):
+        for i, rid in enumerate(rows):  # `result.logits` is the runner's tensor: keep a copy
             self.logits[rid].append(result.logits[i].clone())
 
     def submit(self, input_ids: list[int], max_new_tokens: int = 16, rid: Optional[str] = None, **params) -> str:

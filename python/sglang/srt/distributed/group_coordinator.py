@@ -9,39 +9,17 @@ no-op that returns its input, so layers written against a coordinator run unchan
 
 from __future__ import annotations
 
-import pickle
 from typing import Any, Optional, Sequence
 
 import torch
 import torch.distributed as dist
 
+from sglang.srt.distributed.p2p import PendingSend, isend_message, recv_message
+
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
-
-
-class PendingSend:
-    """Handles of asynchronous sends (or receives) plus the buffers they use.
-
-    The buffers are kept alive until `wait()` returns (a buffer freed or reused before its send
-    completes would corrupt the message)."""
-
-    def __init__(self, works: Sequence[Any] = (), buffers: Sequence[torch.Tensor] = ()):
-        self.works = [w for w in works if w is not None]
-        self.buffers = list(buffers)
-
-    def is_completed(self) -> bool:
-        return all(w.is_completed() for w in self.works)
-
-    def wait(self) -> None:
-        for w in self.works:
-            w.wait()
-        self.works, self.buffers = [], []
-
-
-def _to_bytes_tensor(obj: Any) -> torch.Tensor:
-    return torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
 
 
 class GroupCoordinator:
@@ -211,18 +189,6 @@ class GroupCoordinator:
         return world
 
     # Empty tensors move no bytes (both sides know the shape), so nothing is sent for them.
-    def send(self, tensor: torch.Tensor, dst: int) -> None:
-        peer = self._check_peer(dst)
-        if tensor.numel():
-            dist.send(tensor.contiguous(), dst=peer, group=self.device_group)
-
-    def recv(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
-        """Receive into `tensor` (contiguous, right shape and dtype); returns it."""
-        peer = self._check_peer(src)
-        if tensor.numel():
-            dist.recv(tensor, src=peer, group=self.device_group)
-        return tensor
-
     def isend(self, tensor: torch.Tensor, dst: int) -> PendingSend:
         peer = self._check_peer(dst)
         if not tensor.numel():
@@ -237,47 +203,27 @@ class GroupCoordinator:
             return PendingSend()
         return PendingSend([dist.irecv(tensor, src=peer, group=self.device_group)], [tensor])
 
-    # ------------------------------------------------------------------ point to point: objects (CPU group)
+    # ------------------------------------------------------------------ point to point: messages (p2p.py)
+    # Objects and named tensors travel in p2p.py's message format (the pipeline ring's too):
+    # header and pickled payload over the CPU group, tensor bytes over the device group.
     def isend_object(self, obj: Any, dst: int) -> PendingSend:
-        """Start sending a pickled object (length, then bytes); keep the handle until `wait()`."""
-        peer = self._check_peer(dst)
-        payload = _to_bytes_tensor(obj)
-        length = torch.tensor([payload.numel()], dtype=torch.int64)
-        works = [dist.isend(length, dst=peer, group=self.cpu_group)]
-        if payload.numel():
-            works.append(dist.isend(payload, dst=peer, group=self.cpu_group))
-        return PendingSend(works, [length, payload])
+        """Start sending a pickled object; keep the handle until `wait()`."""
+        return isend_message(self._check_peer(dst), self.cpu_group, self.device_group, 0, obj=obj)
 
     def send_object(self, obj: Any, dst: int) -> None:
         self.isend_object(obj, dst).wait()
 
     def recv_object(self, src: int) -> Any:
-        peer = self._check_peer(src)
-        length = torch.empty(1, dtype=torch.int64)
-        dist.recv(length, src=peer, group=self.cpu_group)
-        payload = torch.empty(int(length.item()), dtype=torch.uint8)
-        if payload.numel():
-            dist.recv(payload, src=peer, group=self.cpu_group)
-        return pickle.loads(payload.numpy().tobytes())
+        return recv_message(self._check_peer(src), self.cpu_group, self.device_group).obj
 
-    # ------------------------------------------------------------------ point to point: tensor dicts
     def isend_tensor_dict(self, tensors: dict[str, torch.Tensor], dst: int) -> PendingSend:
         """Start sending named tensors: metadata over the CPU group, data over the device group."""
-        meta = [(k, tuple(t.shape), t.dtype) for k, t in tensors.items()]
-        pending = self.isend_object(meta, dst)
-        for t in tensors.values():
-            part = self.isend(t, dst)
-            pending.works += part.works
-            pending.buffers += part.buffers
-        return pending
+        return isend_message(self._check_peer(dst), self.cpu_group, self.device_group, 0, tensors=tensors)
 
     def send_tensor_dict(self, tensors: dict[str, torch.Tensor], dst: int) -> None:
         self.isend_tensor_dict(tensors, dst).wait()
 
     def recv_tensor_dict(self, src: int, device: Optional[torch.device] = None) -> dict[str, torch.Tensor]:
         """Named tensors sent by `send_tensor_dict` / `isend_tensor_dict`, on `device` (default: the group's)."""
-        meta = self.recv_object(src)
-        out: dict[str, torch.Tensor] = {}
-        for key, shape, dtype in meta:
-            out[key] = self.recv(torch.empty(shape, dtype=dtype, device=device or self.device), src)
-        return out
+        peer = self._check_peer(src)
+        return recv_message(peer, self.cpu_group, self.device_group, device or self.device).tensors

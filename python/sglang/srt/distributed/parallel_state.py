@@ -16,7 +16,8 @@ from typing import Any, Optional, Union
 import torch
 import torch.distributed as dist
 
-from sglang.srt.distributed.group_coordinator import GroupCoordinator, PendingSend
+from sglang.srt.distributed.group_coordinator import GroupCoordinator
+from sglang.srt.distributed.p2p import PendingSend
 from sglang.srt.distributed.parallel_layout import AXES, ParallelLayout, RankCoords, resolve_tp_size
 
 __all__ = [

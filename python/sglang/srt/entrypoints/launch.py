@@ -48,7 +48,7 @@ def _scheduler_entry(
     kill_itself_when_parent_died()
     try:
         if entry is None:
-            from sglang.srt.managers.scheduler import run_scheduler_process as entry
+            from sglang.srt.managers.scheduler_process import run_scheduler_process as entry
         entry(server_args, port_args, rank, pipe_writer)
     except Exception:
         # Harmless if the scheduler already reported (the launcher reads one message only).

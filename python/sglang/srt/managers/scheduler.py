@@ -5,14 +5,18 @@
 - `ModelRunner` runs the forward and samples (the scheduler never touches tensors);
 - `SchedulerIO` (ZMQ) carries messages in and out when running as a process.
 
-The same object runs in-process (tests, benchmarks) through `add_request` / `step`.
+The same object runs in-process (tests, benchmarks) through `add_request` / `step`. Its loop is
+`event_loop`; with pipeline parallelism stage 0's `managers/pp/driver.py` drives it instead (the
+process entry is `managers/scheduler_process.py`). Whatever the loop, everything the scheduler
+takes from outside comes through its constructor: an existing `ModelRunner`, a dynamic-chunking
+budget, extra `internal_state()` entries, an observer of every step's result.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from sglang.srt.distributed.parallel_state import ParallelGroups
 from sglang.srt.managers.cache_manager import KVCacheManager
@@ -27,15 +31,21 @@ from sglang.srt.managers.io_struct import (
     TokenizedGenerateReqInput,
 )
 from sglang.srt.managers.schedule_batch import ModelWorkerBatch, Req, ScheduleBatch
-from sglang.srt.managers.schedule_policy import SchedulePolicy, StepBudget, pick_retract_victim
+from sglang.srt.managers.schedule_policy import ChunkBudgetFn, SchedulePolicy, StepBudget, pick_retract_victim
 from sglang.srt.managers.scheduler_output import build_token_id_out, due_for_output
 from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.model_executor.model_runner import ForwardResult, ModelRunner
 from sglang.srt.server_args import ServerArgs
 
+if TYPE_CHECKING:
+    from sglang.srt.managers.scheduler_io import SchedulerPort
+
 logger = logging.getLogger(__name__)
 
 STATS_LOG_INTERVAL_S = 10.0
+
+# Called with every applied step: the scheduled batch and its result (tests read the logits).
+StepObserver = Callable[[ScheduleBatch, ForwardResult], None]
 
 
 class Scheduler:
@@ -44,11 +54,18 @@ class Scheduler:
         server_args: ServerArgs,
         groups: Optional[ParallelGroups] = None,
         tokenizer=None,
-        keep_logits: bool = False,
+        runner: Optional[ModelRunner] = None,
+        chunk_budget: Optional[ChunkBudgetFn] = None,
+        extra_state: Optional[Callable[[], dict]] = None,
+        on_step_result: Optional[StepObserver] = None,
     ):
+        """`runner`: an already built runner of this rank (default: build one). `chunk_budget`:
+        dynamic chunking's per-step prefill budget (None: fixed chunks). `extra_state`: more
+        `internal_state()` entries (the PP driver's bubble ratios). `on_step_result`: observer of
+        each applied step (tests)."""
         self.server_args = server_args
         self.groups = groups or ParallelGroups.single()
-        self.runner = ModelRunner(server_args, self.groups, keep_logits=keep_logits)
+        self.runner = runner if runner is not None else ModelRunner(server_args, self.groups)
         self.model_config = self.runner.model_config
         self.tokenizer = tokenizer
         self.eos_token_ids = set(self.model_config.eos_token_ids)
@@ -70,6 +87,7 @@ class Scheduler:
                 page_size=kv_page,
             ),
             self.cache,
+            chunk_budget=chunk_budget,
         )
         self.max_req_input_len = min(self.context_len - 1, self.runner.max_total_num_tokens - 1)
 
@@ -78,31 +96,10 @@ class Scheduler:
         self._pending_outputs: list[Req] = []  # finished/aborted outside a step, to report
         self.forward_ct = 0
         self.num_retractions = 0
-        self.last_logits = None  # float32 logits of the sampled rows of the last step (tests)
-        self.on_step_result: Optional[Callable[[ScheduleBatch, ForwardResult], None]] = None
+        self.on_step_result = on_step_result
+        self.extra_state = extra_state
         self._last_stats = time.monotonic()
         self._stats = {"prefill_tokens": 0, "decode_tokens": 0, "steps": 0}
-        # Bubble ratio of each pipeline stage (index = pp rank), filled by the PP loop (metrics).
-        self.pp_bubble_ratio: list[float] = []
-        self.chunk_policy = None  # dynamic chunking (pipeline stage 0 only): `set_chunk_policy`
-
-    # ------------------------------------------------------------------ dynamic chunking
-    def set_chunk_policy(self, policy, pp_size: int) -> None:
-        """Chunk sizes from a fitted `ChunkSizePredictor` / `AutoChunkPlanner` (None: fixed)."""
-        self.chunk_policy = policy
-        self.policy.chunk_budget = (
-            None if policy is None else lambda fill_len, prefix_len: policy.chunk_budget(fill_len, prefix_len, pp_size)
-        )
-
-    def observe_chunk(self, batch: ScheduleBatch, stage_forward_s: list[float]) -> None:
-        """Auto mode learns from each finished micro-batch that was one prefill chunk alone: its
-        slowest stage's forward time (the same numbers reach every rank of stage 0)."""
-        observe = getattr(self.chunk_policy, "observe", None)
-        if observe is None or len(batch.items) != 1 or not stage_forward_s:
-            return
-        item = batch.items[0]
-        if item.num_tokens > 1:
-            observe(item.start, item.num_tokens, max(stage_forward_s))
 
     # ------------------------------------------------------------------ info
     def ready_info(self) -> SchedulerReadyInfo:
@@ -124,8 +121,9 @@ class Scheduler:
             "num_waiting_reqs": len(self.waiting),
             "max_running_requests": self.runner.max_running_requests,
             "forward_ct": self.forward_ct,
-            "pp_bubble_ratio": list(self.pp_bubble_ratio),
+            "pp_bubble_ratio": [],  # each pipeline stage's bubble ratio: the PP driver's `extra_state`
             **self.runner.kv_state(self.cache.free_slots()),  # cp size, physical KV pool / usage per rank
+            **(self.extra_state() if self.extra_state is not None else {}),
         }
 
     @property
@@ -133,6 +131,14 @@ class Scheduler:
         return bool(self.running or self.waiting)
 
     # ------------------------------------------------------------------ inputs
+    def apply_messages(self, msgs: list, io: Optional["SchedulerPort"]) -> None:
+        """The message step of every loop: apply the incoming messages in order and send each
+        control reply to the tokenizer (through `io`: the entry rank's; None on mirror ranks)."""
+        for msg in msgs:
+            reply = self.handle_message(msg)
+            if reply is not None and io is not None:
+                io.reply(reply)
+
     def handle_message(self, msg):
         """Apply one incoming message; returns a control reply for the tokenizer, if any."""
         if isinstance(msg, TokenizedGenerateReqInput):
@@ -275,7 +281,6 @@ class Scheduler:
 
     def process_result(self, batch: ScheduleBatch, result: ForwardResult) -> None:
         """Apply a finished step: append sampled tokens, finish requests, release their KV."""
-        self.last_logits = result.logits
         if self.on_step_result is not None:
             self.on_step_result(batch, result)
         sampled = 0
@@ -331,20 +336,17 @@ class Scheduler:
         self._last_stats = now
 
     # ------------------------------------------------------------------ process loop
-    def event_loop(self, io) -> None:
+    def event_loop(self, io: Optional["SchedulerPort"]) -> None:
         """Serve forever. `io` is the entry rank's SchedulerIO, None on the other ranks."""
         stage = self.groups.tp
         while True:
             msgs = io.recv_all(block=not self.has_work) if io is not None else None
             if stage.size > 1:
                 msgs = stage.broadcast_object(msgs, src=0)
-            for msg in msgs:
-                reply = self.handle_message(msg)
-                if reply is not None and io is not None:
-                    io.send_to_tokenizer.send_pyobj(reply)
+            self.apply_messages(msgs, io)
             out = self.step()
             if out is not None and io is not None:
-                io.send_to_detokenizer.send_pyobj(out)
+                io.emit(out)
 
     # ------------------------------------------------------------------ in-process driver
     def run_until_idle(self, max_steps: int = 1_000_000) -> list[BatchTokenIDOut]:
@@ -356,66 +358,3 @@ class Scheduler:
             if not self.has_work and not self._pending_outputs:
                 break
         return outputs
-
-
-# ---------------------------------------------------------------------------- process entry
-def run_scheduler_process(server_args: ServerArgs, port_args, rank: int, pipe_writer) -> None:
-    """Entry of the scheduler process of world rank `rank`: join the process groups, build the
-    scheduler, report readiness, then serve forever.
-
-    Only the entry rank (pp 0, tp 0) owns ZMQ sockets. It broadcasts every incoming message to
-    the other ranks of its stage, so every rank applies the same messages in the same order and
-    its request mirror, and therefore its batch, stays identical (pp-cp.md invariant 1).
-    With `--pp-size > 1` the rank runs its part of the pipeline ring instead
-    (`managers/pp_driver.py`: stage 0 schedules, later stages follow).
-    """
-    import traceback
-
-    from sglang.srt.managers.scheduler_io import SchedulerIO
-
-    try:
-        groups = init_rank_groups(server_args, rank)
-        tokenizer = None
-        if not server_args.skip_tokenizer_init and groups.pp.is_first:
-            from sglang.srt.utils.hf_transformers_utils import get_tokenizer
-
-            tokenizer = get_tokenizer(server_args.tokenizer_path)
-        if groups.pp.size > 1:
-            from sglang.srt.managers.pp_driver import build_pp_rank
-
-            pp_rank = build_pp_rank(server_args, groups, port_args=port_args, tokenizer=tokenizer)
-            info = pp_rank.info
-        else:
-            scheduler = Scheduler(server_args, groups=groups, tokenizer=tokenizer)
-            io = SchedulerIO(port_args) if groups.is_entry_rank else None
-            info = scheduler.ready_info()
-    except Exception:
-        pipe_writer.send({"status": "error", "error": traceback.format_exc()})
-        raise
-    pipe_writer.send({"status": "ready", "info": info})
-    logger.info("scheduler ready")
-    if groups.pp.size > 1:
-        pp_rank.run()
-    else:
-        scheduler.event_loop(io)
-
-
-def init_rank_groups(server_args: ServerArgs, rank: int) -> ParallelGroups:
-    """Join torch.distributed (when the world has more than one rank) and build the groups."""
-    from sglang.srt.distributed.parallel_state import ParallelLayout
-
-    layout = ParallelLayout.from_server_args(server_args)  # `--cp-size N` alone means tp = dp · cp
-    if layout.world_size == 1:
-        return ParallelGroups.single()
-    from sglang.srt.distributed.init import init_distributed
-    from sglang.srt.platforms import current_platform
-
-    platform = current_platform()
-    init_distributed(
-        layout.world_size,
-        rank,
-        server_args.dist_init_addr,
-        platform.dist_backend,
-        server_args.dist_timeout,
-    )
-    return ParallelGroups.build(layout, rank, platform.dist_backend, platform.device(rank))

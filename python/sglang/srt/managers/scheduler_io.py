@@ -1,12 +1,27 @@
-"""ZMQ sockets of the scheduler entry rank: requests in, token ids and control replies out."""
+"""ZMQ sockets of the scheduler entry rank: requests in, token ids and control replies out.
+
+`SchedulerPort` is what a scheduler loop needs of them (`Scheduler.event_loop`, the PP driver,
+and test doubles such as `sglang.test.pp_harness.ScriptedIO`): `recv_all` the tokenizer's
+messages, `reply` to the tokenizer (control replies), `emit` token ids to the detokenizer.
+"""
 
 from __future__ import annotations
+
+from typing import Any, Protocol
 
 import zmq
 
 from sglang.srt.server_args import PortArgs
 
 IDLE_POLL_MS = 1000  # how long an idle scheduler blocks before re-checking its surroundings
+
+
+class SchedulerPort(Protocol):
+    def recv_all(self, block: bool) -> list: ...
+
+    def reply(self, msg: Any) -> None: ...
+
+    def emit(self, out: Any) -> None: ...
 
 
 class SchedulerIO:
@@ -31,6 +46,14 @@ class SchedulerIO:
                 msgs.append(self.recv_from_tokenizer.recv_pyobj(zmq.NOBLOCK))
             except zmq.ZMQError:
                 return msgs
+
+    def reply(self, msg: Any) -> None:
+        """A control reply (flush, abort, internal state) to the tokenizer."""
+        self.send_to_tokenizer.send_pyobj(msg)
+
+    def emit(self, out: Any) -> None:
+        """A `BatchTokenIDOut` to the detokenizer."""
+        self.send_to_detokenizer.send_pyobj(out)
 
     def close(self) -> None:
         self.context.destroy(linger=0)

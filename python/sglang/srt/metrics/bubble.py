@@ -2,9 +2,10 @@
 
 The PP event loop calls `busy(seconds)` after each forward it ran and `idle(seconds)` after each
 wait for proxies or outputs; `ratio()` is idle / (idle + busy) over the last `window_s` seconds.
-The entry rank gathers one ratio per stage into `Scheduler.pp_bubble_ratio` (index = pp rank),
-which `internal_state()["pp_bubble_ratio"]` reports and `/metrics` exports as
-`sglang:pp_bubble_ratio{pp_stage="k"}`.
+Stage k's ratio travels to stage 0 inside the micro-batch messages and the outputs; stage 0's
+`PPDriver` (managers/pp/driver.py) keeps one ratio per stage (index = pp rank) and hands them to
+its `Scheduler` as extra internal state, so `internal_state()["pp_bubble_ratio"]` reports them and
+`/metrics` exports them as `sglang:pp_bubble_ratio{pp_stage="k"}`.
 """
 
 from __future__ import annotations

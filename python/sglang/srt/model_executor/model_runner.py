@@ -48,14 +48,16 @@ class ForwardResult:
     next_token_ids: list[int]  # one per sampled row, in sample_rows order
     logprobs: Optional[list[float]]
     top_logprobs: Optional[list[list[tuple[float, int]]]]
-    logits: Optional[torch.Tensor] = None  # float32 [num sampled rows, vocab] (kept for tests)
+    # float32 [num sampled rows, vocab], the raw logits the sampler read (a reference, no copy: the
+    # sampler never writes its input). None when no row sampled or the result crossed the pipeline
+    # ring (stage 0 gets ids only).
+    logits: Optional[torch.Tensor] = None
 
 
 class ModelRunner:
-    def __init__(self, server_args: ServerArgs, groups: ParallelGroups, keep_logits: bool = False):
+    def __init__(self, server_args: ServerArgs, groups: ParallelGroups):
         self.server_args = server_args
         self.groups = groups
-        self.keep_logits = keep_logits
         self.device = torch.device(server_args.device)
         torch.set_num_threads(server_args.num_threads or max(1, os.cpu_count() or 1))
         torch.manual_seed(server_args.random_seed)
@@ -211,7 +213,7 @@ class ModelRunner:
         )
         raw_logits = logits.float()
         result: SampleOutput = self.sampler(
-            raw_logits.clone() if self.keep_logits else raw_logits,
+            raw_logits,
             info,
             return_logprob=wb.return_logprob,
             top_logprobs_nums=wb.top_logprobs_nums,
@@ -224,5 +226,5 @@ class ModelRunner:
             next_token_ids=next_ids.tolist(),
             logprobs=None if result.next_token_logprobs is None else result.next_token_logprobs.tolist(),
             top_logprobs=result.top_logprobs,
-            logits=raw_logits if self.keep_logits else None,
+            logits=raw_logits,
         )

@@ -7,7 +7,7 @@ namespaces); the profiling and wiring into the pipeline ring are in `managers/ch
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional, Union
+from typing import Any, Optional, Protocol, Sequence
 
 from sglang.srt.managers.dynamic_chunking.auto_planner import AutoChunkPlanner
 from sglang.srt.managers.dynamic_chunking.pipeline import TransferModel
@@ -16,7 +16,19 @@ from sglang.srt.managers.dynamic_chunking.predictor import ChunkSizePredictor
 logger = logging.getLogger(__name__)
 
 MODES = ("upstream", "auto")
-ChunkPolicy = Union[ChunkSizePredictor, AutoChunkPlanner]
+
+
+class ChunkPolicy(Protocol):
+    """What the pipeline ring needs of a chunk policy (`ChunkSizePredictor`, `AutoChunkPlanner`)."""
+
+    def fit(self, lengths: Sequence[int], latencies: Sequence[float], *, warmup: int = 1) -> bool:
+        """Fit on the start-up profile (every rank with the same numbers); False: fixed chunks."""
+
+    def chunk_budget(self, prompt_len: int, prefix_len: int, pp_size: int) -> int:
+        """Token budget of the next chunk of a prompt of `prompt_len` tokens, `prefix_len` done."""
+
+    def observe(self, prefix_len: int, chunk_len: int, latency_s: float) -> None:
+        """One finished chunk's slowest-stage time (shared by every rank of stage 0, same order)."""
 
 
 def resolve_dynamic_chunking(

@@ -9,6 +9,9 @@
 - `MsgType.STOP` (round the ring): shut down (tests and clean exits).
 - `MsgType.PING` (round the ring): keep-alive of an idle ring.
 
+The transport (`distributed/pp_comm.py`) carries a message's kind as a plain int; `MsgType` is
+an `IntEnum`, so its members are those ints (and `MsgType.STOP` is the transport's stop kind).
+
 Row updates: a request's row on a later stage must hold the slots of positions [0, seq_len) when its
 micro-batch runs there. Each micro-batch brings this step's slots (`out_cache_loc`); the first step
 after an admission (`start == cached_prefix_len`) also brings the slots of its cached prefix. Later

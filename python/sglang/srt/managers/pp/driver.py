@@ -1,5 +1,4 @@
-"""Pipeline parallelism: stage 0's micro-batch ring (`PPDriver`) and the process entry of every
-rank when `--pp-size > 1` (`build_pp_rank`).
+"""Pipeline parallelism: stage 0's loop (`PPDriver`), which drives the micro-batch ring.
 
 Stage 0 decides, the other stages follow (docs/architecture.md, "Pipeline parallelism"): only the
 ranks of stage 0 run a `Scheduler` (policy, radix cache, allocator); inside stage 0 the tp ranks
@@ -8,8 +7,9 @@ and the sampled outputs it received. Each iteration of the ring on stage 0:
 
 1. entry rank: take the tokenizer's messages and the outputs that came back from the last stage
    (without blocking, unless the ring is full or nothing can be scheduled while something is in
-   flight); broadcast them inside the stage; every rank applies them, outputs in micro-batch order
-   (`Scheduler.process_result`);
+   flight); broadcast them inside the stage (an `ExchangePacket`); every rank applies them
+   (`Scheduler.apply_messages`, the message step `Scheduler.event_loop` uses too), outputs in
+   micro-batch order (`Scheduler.process_result`);
 2. if fewer than `pp_size + pp_async_batch_depth` micro-batches are in flight: schedule the next
    one (at most `--pp-max-micro-batch-size` requests, and 1/pp_size of the decoding requests, so
    decodes are spread over the ring), run stage 0's layers and `isend` the
@@ -20,6 +20,11 @@ and the sampled outputs it received. Each iteration of the ring on stage 0:
 A request due a token is not schedulable until its output is back, but a prefill chunk that does
 not sample does not block: chunk k+1 of a long prompt enters stage 0 while chunk k runs on later
 stages, and decodes of other requests fill the other slots.
+
+The driver owns its `Scheduler` (built with the chunk policy's budget and the driver's state as
+explicit constructor arguments), the dynamic-chunking policy (it feeds `observe` the stage times
+of returned micro-batches) and the per-stage bubble ratios, which reach
+`Scheduler.internal_state()` through that state provider.
 """
 
 from __future__ import annotations
@@ -27,20 +32,20 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-import torch.distributed as dist
-
 from sglang.srt.distributed.parallel_state import ParallelGroups
-from sglang.srt.managers.io_struct import SchedulerReadyInfo
-from sglang.srt.managers.pp_comm import PPComm
-from sglang.srt.managers.pp_messages import MsgType, StageBatch, StageOutput
-from sglang.srt.managers.pp_stage import PendingRing, PPStageWorker, stage_ready_info
-from sglang.srt.managers.pp_trace import PPTracer, merge_trace, now_s, parts_signature
+from sglang.srt.distributed.pp_comm import PPComm
+from sglang.srt.managers.dynamic_chunking.config import ChunkPolicy
+from sglang.srt.managers.pp.messages import MsgType, StageBatch, StageOutput
+from sglang.srt.managers.pp.stage import PendingRing
+from sglang.srt.managers.pp.trace import PPTracer, merge_trace, parts_signature
 from sglang.srt.managers.schedule_batch import ModelWorkerBatch, ScheduleBatch
 from sglang.srt.managers.scheduler import Scheduler
+from sglang.srt.managers.scheduler_io import SchedulerPort
 from sglang.srt.metrics.bubble import BubbleMeter
+from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -61,6 +66,16 @@ class PPStats:
 
 
 @dataclass
+class ExchangePacket:
+    """What the entry rank gathered in one iteration; every rank of stage 0 applies the same."""
+
+    msgs: list = field(default_factory=list)  # tokenizer messages
+    outputs: list[StageOutput] = field(default_factory=list)  # returned micro-batches, in launch order
+    halt: bool = False  # the ring is idle and `stop()` said so
+    ping: bool = False  # the ring has been idle long enough to send a keep-alive round
+
+
+@dataclass
 class _InFlight:
     mb_id: int
     batch: ScheduleBatch
@@ -72,21 +87,32 @@ class PPDriver:
 
     def __init__(
         self,
-        scheduler: Scheduler,
+        server_args: ServerArgs,
         groups: ParallelGroups,
+        runner: ModelRunner,
         comm: PPComm,
-        io: Any = None,
+        io: Optional[SchedulerPort] = None,
         tracer: Optional[PPTracer] = None,
+        chunk_policy: Optional[ChunkPolicy] = None,
+        tokenizer: Any = None,
     ):
-        args = scheduler.server_args
-        self.scheduler = scheduler
         self.groups = groups
         self.comm = comm
         self.io = io
         self.is_entry = groups.is_entry_rank
         self.tracer = tracer or PPTracer(None, groups.world_rank, 0, groups.tp.rank)
-        self.ring_size = groups.pp.size + args.pp_async_batch_depth
-        self.max_mb_reqs: Optional[int] = args.pp_max_micro_batch_size  # None: token budget only
+        self.chunk_policy = chunk_policy  # dynamic chunking (None: fixed chunks)
+        self.bubble_ratios: list[float] = []  # each stage's bubble ratio (index = pp rank)
+        self.scheduler = Scheduler(
+            server_args,
+            groups=groups,
+            tokenizer=tokenizer,
+            runner=runner,
+            chunk_budget=None if chunk_policy is None else self._chunk_budget,
+            extra_state=self.ring_state,
+        )
+        self.ring_size = groups.pp.size + server_args.pp_async_batch_depth
+        self.max_mb_reqs: Optional[int] = server_args.pp_max_micro_batch_size  # None: token budget only
         self.inflight: deque[_InFlight] = deque()
         self.pending = PendingRing(self.ring_size, self.tracer)
         self.next_mb_id = 0
@@ -95,6 +121,24 @@ class PPDriver:
         self._must_wait = False
         self._last_ring_traffic = time.monotonic()
         self._trace_signature: tuple = ()
+
+    # ------------------------------------------------------------------ state
+    def ring_state(self) -> dict:
+        """The driver's entries of `Scheduler.internal_state()` (and so of the metrics)."""
+        return {"pp_bubble_ratio": list(self.bubble_ratios)}
+
+    def _chunk_budget(self, fill_len: int, prefix_len: int) -> int:
+        """`SchedulePolicy`'s budget function: the policy's chunk size for this ring."""
+        return self.chunk_policy.chunk_budget(fill_len, prefix_len, self.groups.pp.size)
+
+    def _observe_chunk(self, batch: ScheduleBatch, stage_forward_s: list[float]) -> None:
+        """The policy learns from each finished micro-batch that was one prefill chunk alone: its
+        slowest stage's forward time (the same numbers reach every rank of stage 0)."""
+        if self.chunk_policy is None or len(batch.items) != 1 or not stage_forward_s:
+            return
+        item = batch.items[0]
+        if item.num_tokens > 1:
+            self.chunk_policy.observe(item.start, item.num_tokens, max(stage_forward_s))
 
     # ------------------------------------------------------------------ loop
     def run(self, stop: Optional[Callable[[], bool]] = None) -> None:
@@ -106,30 +150,30 @@ class PPDriver:
         """One iteration of the ring; True when asked to stop."""
         if self.tracer.enabled and not self.scheduler.has_work and not self.inflight:
             self.tracer.flush()  # every rank of stage 0 writes its part before it may block
-        msgs, outputs, halt, ping = self._exchange(stop)
-        for msg in msgs:
-            reply = self.scheduler.handle_message(msg)
-            if reply is not None and self.io is not None:
-                self.io.send_to_tokenizer.send_pyobj(reply)
-        for out in outputs:
+        packet = self._exchange(stop)
+        self.scheduler.apply_messages(packet.msgs, self.io)
+        for out in packet.outputs:
             self._apply_output(out)
-        if halt:
+        if packet.halt:
             return True
-        if ping:
+        if packet.ping:
             self._send_control(MsgType.PING)
         launched = False
         if len(self.inflight) < self.ring_size and self.scheduler.has_work:
-            t0 = now_s()
-            batch, wb = self.scheduler.schedule(max_reqs=self.max_mb_reqs, max_decodes=self._decode_share())
+            with self.tracer.span("schedule") as span:
+                batch, wb = self.scheduler.schedule(max_reqs=self.max_mb_reqs, max_decodes=self._decode_share())
+                if wb is None:
+                    span.drop()
+                else:
+                    span.set(reqs=len(batch.items), tokens=batch.num_tokens)
             if wb is not None:
-                self.tracer.complete("schedule", t0, now_s(), reqs=len(batch.items), tokens=batch.num_tokens)
                 self._launch(batch, wb)
                 launched = True
         # Nothing launched but something in flight: the next iteration waits for an output.
         self._must_wait = bool(self.inflight) and not launched
         out = self.scheduler.collect_outputs()
         if out is not None and self.io is not None:
-            self.io.send_to_detokenizer.send_pyobj(out)
+            self.io.emit(out)
         return False
 
     def _decode_share(self) -> int:
@@ -138,9 +182,9 @@ class PPDriver:
         decoding = sum(1 for r in self.scheduler.running if not r.is_prefilling)
         return max(1, -(-decoding // self.groups.pp.size))
 
-    def _exchange(self, stop: Optional[Callable[[], bool]]) -> tuple[list, list[StageOutput], bool, bool]:
+    def _exchange(self, stop: Optional[Callable[[], bool]]) -> ExchangePacket:
         """Entry rank: gather tokenizer messages and returned outputs; share them with the stage."""
-        packet: Any = None
+        packet: Optional[ExchangePacket] = None
         if self.is_entry:
             idle = not self.scheduler.has_work and not self.inflight
             if idle:
@@ -151,15 +195,16 @@ class PPDriver:
             outputs = [m.obj for m in inbox.take_all(MsgType.OUTPUT)]
             if self._must_wait and not outputs:
                 self.tracer.flush()
-                t0 = now_s()
-                outputs = [inbox.take(MsgType.OUTPUT).obj] + [m.obj for m in inbox.take_all(MsgType.OUTPUT)]
-                t1 = now_s()
-                self.meter.idle(t1 - t0)
+                with self.tracer.span("output wait", in_flight=len(self.inflight)) as wait:
+                    outputs = [inbox.take(MsgType.OUTPUT).obj] + [m.obj for m in inbox.take_all(MsgType.OUTPUT)]
+                self.meter.idle(wait.duration)
                 self.stats.output_waits += 1
-                self.tracer.complete("output wait", t0, t1, in_flight=len(self.inflight))
-            halt = idle and not msgs and stop is not None and bool(stop())
-            ping = idle and time.monotonic() - self._last_ring_traffic > KEEPALIVE_S
-            packet = (msgs, outputs, halt, ping)
+            packet = ExchangePacket(
+                msgs=msgs,
+                outputs=outputs,
+                halt=idle and not msgs and stop is not None and bool(stop()),
+                ping=idle and time.monotonic() - self._last_ring_traffic > KEEPALIVE_S,
+            )
         if self.groups.tp.size > 1:
             packet = self.groups.tp.broadcast_object(packet, src=0)
         return packet
@@ -181,19 +226,18 @@ class PPDriver:
         rids = frozenset(item.req.rid for item in batch.items)
         if any(rids & f.rids for f in self.inflight):
             self.stats.overlapped += 1
-        msg = StageBatch.from_schedule(mb_id, batch, wb, self.scheduler.runner.req_to_token_pool.req_to_token)
+        runner = self.scheduler.runner
+        msg = StageBatch.from_schedule(mb_id, batch, wb, runner.req_to_token_pool.req_to_token)
         msg.ring_was_empty = not self.inflight
-        t0 = now_s()
-        msg.launched_at = t0
-        proxies = self.scheduler.runner.forward_stage(wb)
-        t1 = now_s()
-        self.meter.busy(t1 - t0)
-        self.tracer.complete("forward", t0, t1, **msg.trace_args(0))
-        msg.stage_forward_s.append(t1 - t0)
+        with self.tracer.span("forward", **msg.trace_args(0)) as fwd:
+            msg.launched_at = fwd.start
+            proxies = runner.forward_stage(wb)
+        self.meter.busy(fwd.duration)
+        msg.stage_forward_s.append(fwd.duration)
         msg.stage_bubble.append(self.meter.ratio())
-        self.pending.add(mb_id, self.comm.send_next(MsgType.BATCH, mb_id, msg))
-        self.pending.add(mb_id, self.comm.send_next(MsgType.PROXY, mb_id, tensors=proxies.tensors))
-        self.tracer.complete("send", t1, now_s(), mb=mb_id)
+        with self.tracer.span("send", mb=mb_id):
+            self.pending.add(mb_id, self.comm.send_next(MsgType.BATCH, mb_id, msg))
+            self.pending.add(mb_id, self.comm.send_next(MsgType.PROXY, mb_id, tensors=proxies.tensors))
         self.inflight.append(_InFlight(mb_id, batch, rids))
         self.stats.micro_batches += 1
         self.stats.max_in_flight = max(self.stats.max_in_flight, len(self.inflight))
@@ -205,17 +249,15 @@ class PPDriver:
         entry = self.inflight.popleft()
         if entry.mb_id != out.mb_id:
             raise RuntimeError(f"output of micro-batch {out.mb_id} arrived, expected {entry.mb_id}")
-        t0 = now_s()
-        self.scheduler.process_result(entry.batch, out.to_forward_result())
-        self.scheduler.observe_chunk(entry.batch, out.stage_forward_s)
-        self.tracer.complete("process result", t0, now_s(), mb=out.mb_id)
-        own = self.meter.ratio()
-        ratios = [own] + list(out.stage_bubble[1:])
-        self.scheduler.pp_bubble_ratio = [0.0 if r is None else float(r) for r in ratios]
+        with self.tracer.span("process result", mb=out.mb_id):
+            self.scheduler.process_result(entry.batch, out.to_forward_result())
+            self._observe_chunk(entry.batch, out.stage_forward_s)
+        ratios = [self.meter.ratio()] + list(out.stage_bubble[1:])
+        self.bubble_ratios = [0.0 if r is None else float(r) for r in ratios]
 
     # ------------------------------------------------------------------ shutdown
-    def _send_control(self, mtype: MsgType) -> None:
-        self.comm.send_next(mtype, -1).wait()
+    def _send_control(self, kind: MsgType) -> None:
+        self.comm.send_next(kind, -1).wait()
         self._last_ring_traffic = time.monotonic()
 
     def shutdown(self) -> None:
@@ -224,83 +266,7 @@ class PPDriver:
         self.pending.commit_all()
         self._send_control(MsgType.STOP)
         if self.comm.receives_outputs:
-            while self.comm.inbox.take((MsgType.OUTPUT, MsgType.PING, MsgType.STOP)).type != MsgType.STOP:
+            while self.comm.inbox.take((MsgType.OUTPUT, MsgType.PING, MsgType.STOP)).kind != MsgType.STOP:
                 pass
         self.tracer.flush()
         self.comm.join()
-
-
-# ---------------------------------------------------------------------------- process entry
-class PPRank:
-    """One rank of a pipeline-parallel engine: stage 0 runs a `PPDriver`, later stages a `PPStageWorker`."""
-
-    def __init__(
-        self,
-        loop: Any,
-        info: SchedulerReadyInfo,
-        scheduler: Optional[Scheduler],
-        comm: PPComm,
-        tracer: PPTracer,
-        chunk_policy: Any = None,
-    ):
-        self.loop = loop
-        self.chunk_policy = chunk_policy  # dynamic chunking: equal on every rank; stage 0 uses it
-        self.info = info
-        self.scheduler = scheduler
-        self.comm = comm
-        self.tracer = tracer
-
-    @property
-    def is_first_stage(self) -> bool:
-        return self.scheduler is not None
-
-    def run(self, stop: Optional[Callable[[], bool]] = None) -> None:
-        """Serve; returns (stage 0: when `stop()` says so, after STOP went round; later stages:
-        when STOP arrives). A server never stops its ring: its processes are terminated."""
-        self.loop.run(stop)
-        if isinstance(self.loop, PPDriver):
-            self.loop.shutdown()
-
-
-def build_pp_rank(
-    server_args: ServerArgs,
-    groups: ParallelGroups,
-    port_args: Any = None,
-    tokenizer: Any = None,
-    io: Any = None,
-) -> PPRank:
-    """Build this rank's part of the pipeline (collective: every rank calls it, in any stage).
-
-    The entry rank gets `io` (a `SchedulerIO` on `port_args` unless one is given, e.g. a test
-    double with `recv_all(block)`, `send_to_detokenizer` and `send_to_tokenizer`)."""
-    from sglang.srt.managers.chunk_profiler import build_dynamic_chunking
-    from sglang.srt.model_executor.model_runner import ModelRunner
-
-    tracer = PPTracer(server_args.pp_trace_path, groups.world_rank, groups.pp.rank, groups.tp.rank)
-    backend = dist.get_backend() if dist.is_initialized() else "gloo"
-    if groups.pp.is_first:
-        scheduler = Scheduler(server_args, groups=groups, tokenizer=tokenizer)
-        # collective with the later stages' call below: profile every stage, fit on stage 0
-        policy = build_dynamic_chunking(server_args, scheduler.runner, groups)
-        scheduler.set_chunk_policy(policy, groups.pp.size)
-        comm = PPComm(groups, backend, scheduler.runner.device)
-        if groups.is_entry_rank and io is None and port_args is not None:
-            from sglang.srt.managers.scheduler_io import SchedulerIO
-
-            io = SchedulerIO(port_args)
-        driver = PPDriver(scheduler, groups, comm, io if groups.is_entry_rank else None, tracer)
-        logger.info(
-            "pipeline stage 0 of %d: layers [%d, %d), ring of %d micro-batches (request cap %s)",
-            groups.pp.size, scheduler.runner.start_layer, scheduler.runner.end_layer, driver.ring_size,
-            driver.max_mb_reqs,
-        )  # fmt: skip
-        return PPRank(driver, scheduler.ready_info(), scheduler, comm, tracer, policy)
-    runner = ModelRunner(server_args, groups)
-    policy = build_dynamic_chunking(server_args, runner, groups)  # this stage's profile goes into stage 0's fit
-    comm = PPComm(groups, backend, runner.device)
-    ring_size = groups.pp.size + server_args.pp_async_batch_depth
-    worker = PPStageWorker(runner, groups, comm, tracer, ring_size)
-    logger.info(
-        "pipeline stage %d of %d: layers [%d, %d)", groups.pp.rank, groups.pp.size, runner.start_layer, runner.end_layer
-    )
-    return PPRank(worker, stage_ready_info(runner), None, comm, tracer, policy)

@@ -13,11 +13,12 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
-from sglang.srt.distributed.parallel_state import ParallelGroups, PendingSend
+from sglang.srt.distributed.p2p import Message, PendingSend
+from sglang.srt.distributed.parallel_state import ParallelGroups
+from sglang.srt.distributed.pp_comm import PPComm
 from sglang.srt.managers.io_struct import SchedulerReadyInfo
-from sglang.srt.managers.pp_comm import PPComm
-from sglang.srt.managers.pp_messages import MsgType, StageBatch, StageOutput
-from sglang.srt.managers.pp_trace import PPTracer, now_s
+from sglang.srt.managers.pp.messages import MsgType, StageBatch, StageOutput
+from sglang.srt.managers.pp.trace import PPTracer
 from sglang.srt.metrics.bubble import BubbleMeter
 from sglang.srt.model_executor.forward_batch import PPProxyTensors
 from sglang.srt.model_executor.model_runner import ForwardResult, ModelRunner
@@ -47,11 +48,10 @@ class PendingRing:
     def commit(self, mb_id: int) -> None:
         slot = self.slots[mb_id % len(self.slots)]
         if slot:
-            t0 = now_s()
-            for p in slot:
-                p.wait()
-            slot.clear()
-            self.tracer.complete("send commit", t0, now_s(), mb=mb_id)
+            with self.tracer.span("send commit", mb=mb_id):
+                for p in slot:
+                    p.wait()
+                slot.clear()
 
     def add(self, mb_id: int, pending: Optional[PendingSend]) -> None:
         if pending is not None:
@@ -80,62 +80,69 @@ class PPStageWorker:
 
     def run(self, stop=None) -> None:
         """Serve micro-batches until STOP comes down the ring (`stop` is unused: stage 0 decides)."""
-        inbox = self.comm.inbox
-        wanted = (MsgType.BATCH, MsgType.STOP, MsgType.PING)
         while True:
-            t0 = now_s()
-            msg = inbox.take(wanted, block=False)
-            if msg is None:
-                self.tracer.flush()  # about to block: nothing buffered is lost if we idle or die
-                msg = inbox.take(wanted)
-            if msg.type != MsgType.BATCH:
-                self._pass_on(msg.type, msg.mb_id)
-                if msg.type == MsgType.STOP:
+            with self.tracer.span("recv wait") as wait:
+                msg = self._next_message()
+                if msg.kind == MsgType.BATCH:
+                    proxy = self.comm.inbox.take(MsgType.PROXY)
+                    if proxy.mb_id != msg.mb_id:
+                        raise RuntimeError(
+                            f"pipeline stage {self.pp_rank}: proxy of micro-batch {proxy.mb_id} for {msg.mb_id}"
+                        )
+                    wait.set(mb=msg.mb_id, pp_rank=self.pp_rank)
+                else:
+                    wait.drop()
+            if msg.kind != MsgType.BATCH:
+                self._pass_on(msg.kind, msg.mb_id)
+                if msg.kind == MsgType.STOP:
                     self.pending.commit_all()
                     self.tracer.flush()
                     self.comm.join()
                     return
                 continue
-            proxy = inbox.take(MsgType.PROXY)
-            if proxy.mb_id != msg.mb_id:
-                raise RuntimeError(f"pipeline stage {self.pp_rank}: proxy of micro-batch {proxy.mb_id} for {msg.mb_id}")
-            t1 = now_s()
             batch: StageBatch = msg.obj
-            self.tracer.complete("recv wait", t0, t1, mb=batch.mb_id, pp_rank=self.pp_rank)
-            wait = t1 - t0
+            idle = wait.duration
             if batch.ring_was_empty:  # waiting for work that did not exist yet is not a bubble
-                wait = min(wait, max(t1 - batch.launched_at, 0.0))
-            self.meter.idle(wait)
+                idle = min(idle, max(wait.end - batch.launched_at, 0.0))
+            self.meter.idle(idle)
             self._run_batch(batch, proxy.tensors)
+
+    def _next_message(self) -> Message:
+        """The next BATCH / STOP / PING; the trace is flushed before blocking (nothing buffered is
+        lost if the rank idles or dies)."""
+        wanted = (MsgType.BATCH, MsgType.STOP, MsgType.PING)
+        msg = self.comm.inbox.take(wanted, block=False)
+        if msg is None:
+            self.tracer.flush()
+            msg = self.comm.inbox.take(wanted)
+        return msg
 
     def _run_batch(self, batch: StageBatch, tensors: dict) -> None:
         runner = self.runner
         batch.apply_rows(runner.req_to_token_pool.req_to_token)
         wb = batch.to_worker_batch()
-        t0 = now_s()
-        out = runner.forward_stage(wb, PPProxyTensors(tensors))
-        t1 = now_s()
-        self.meter.busy(t1 - t0)
-        self.tracer.complete("forward", t0, t1, **batch.trace_args(self.pp_rank))
-        batch.stage_forward_s.append(t1 - t0)
+        with self.tracer.span("forward", **batch.trace_args(self.pp_rank)) as fwd:
+            out = runner.forward_stage(wb, PPProxyTensors(tensors))
+        self.meter.busy(fwd.duration)
+        batch.stage_forward_s.append(fwd.duration)
         batch.stage_bubble.append(self.meter.ratio())
         self.num_micro_batches += 1
-        self.pending.commit(batch.mb_id)
-        if self.is_last:
-            assert isinstance(out, ForwardResult)
-            sent = self.comm.send_return(MsgType.OUTPUT, batch.mb_id, StageOutput.from_result(batch, out))
-            self.pending.add(batch.mb_id, sent)
-        else:
-            assert isinstance(out, PPProxyTensors)
-            self.pending.add(batch.mb_id, self.comm.send_next(MsgType.BATCH, batch.mb_id, batch))
-            self.pending.add(batch.mb_id, self.comm.send_next(MsgType.PROXY, batch.mb_id, tensors=out.tensors))
-        self.tracer.complete("send", t1, now_s(), mb=batch.mb_id)
+        with self.tracer.span("send", mb=batch.mb_id):
+            self.pending.commit(batch.mb_id)
+            if self.is_last:
+                assert isinstance(out, ForwardResult)
+                sent = self.comm.send_return(MsgType.OUTPUT, batch.mb_id, StageOutput.from_result(batch, out))
+                self.pending.add(batch.mb_id, sent)
+            else:
+                assert isinstance(out, PPProxyTensors)
+                self.pending.add(batch.mb_id, self.comm.send_next(MsgType.BATCH, batch.mb_id, batch))
+                self.pending.add(batch.mb_id, self.comm.send_next(MsgType.PROXY, batch.mb_id, tensors=out.tensors))
 
-    def _pass_on(self, mtype: MsgType, mb_id: int) -> None:
+    def _pass_on(self, kind: int, mb_id: int) -> None:
         """Control messages go round the ring: to the next stage, or from the last back to stage 0."""
         if self.is_last:
-            sent = self.comm.send_return(mtype, mb_id)
+            sent = self.comm.send_return(kind, mb_id)
         else:
-            sent = self.comm.send_next(mtype, mb_id)
+            sent = self.comm.send_next(kind, mb_id)
         if sent is not None:
             sent.wait()

@@ -12,6 +12,16 @@ scripts) joins every part into `<path>`:
 Event names: `forward` (busy), `recv wait` / `output wait` (bubbles), `send` (isend issue),
 `send commit` (waiting for an earlier send before a ring slot is reused), `schedule`, `process result`.
 `benchmark/pp/trace_report.py` turns a trace into per-stage bubble ratios and a PNG timeline.
+
+The loops time their work with spans:
+
+    with tracer.span("forward", mb=mb_id) as span:
+        out = runner.forward_stage(wb)
+        span.set(tokens=n)              # arguments known only at the end
+    meter.busy(span.duration)           # the span's times serve the bubble meter as well
+
+A span always measures its wall time (two clock reads; the bubble meter needs them with tracing
+off); it records an event only when tracing is on and it was not `drop()`ped.
 """
 
 from __future__ import annotations
@@ -30,6 +40,39 @@ FLUSH_EVERY = 4096  # events buffered before a rank appends them to its part fil
 def now_s() -> float:
     """Wall-clock seconds (comparable across the processes of one machine)."""
     return time.time()
+
+
+class Span:
+    """One timed region (see the module docstring); `start` / `end` are `now_s()` seconds."""
+
+    __slots__ = ("tracer", "name", "args", "start", "end", "keep")
+
+    def __init__(self, tracer: "PPTracer", name: str, args: dict):
+        self.tracer, self.name, self.args = tracer, name, args
+        self.start = self.end = 0.0
+        self.keep = tracer.enabled
+
+    def __enter__(self) -> "Span":
+        self.start = now_s()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.end = now_s()
+        if self.keep:
+            self.tracer.complete(self.name, self.start, self.end, **self.args)
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+    def set(self, **args: Any) -> None:
+        """Add event arguments (e.g. ones known only at the end of the region)."""
+        if self.keep:
+            self.args.update(args)
+
+    def drop(self) -> None:
+        """Record no event for this region (its times stay readable)."""
+        self.keep = False
 
 
 class PPTracer:
@@ -54,6 +97,10 @@ class PPTracer:
             "tid": 0,
             "args": {"name": f"rank {self.world_rank} (pp {self.pp_rank}, tp {self.tp_rank})"},
         }
+
+    def span(self, name: str, **args: Any) -> Span:
+        """A timed region, used as `with tracer.span(name, **args) as span:`."""
+        return Span(self, name, args)
 
     def complete(self, name: str, start_s: float, end_s: float, cat: str = "pp", **args: Any) -> None:
         """Record one span [start_s, end_s] (seconds from `now_s`)."""

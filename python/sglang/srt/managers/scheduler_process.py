@@ -1,0 +1,75 @@
+"""Entry of a scheduler process (one per world rank): join the process groups, build this rank's
+loop, report readiness, serve forever.
+
+Without pipeline parallelism every rank runs `Scheduler.event_loop`; with `--pp-size > 1` it runs
+its part of the ring (`managers/pp/rank.py`: stage 0 schedules, later stages follow). Keeping
+the entry here lets `scheduler.py` know nothing of the ring.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+
+from sglang.srt.distributed.parallel_state import ParallelGroups, ParallelLayout
+from sglang.srt.managers.scheduler import Scheduler
+from sglang.srt.managers.scheduler_io import SchedulerIO
+from sglang.srt.server_args import PortArgs, ServerArgs
+
+logger = logging.getLogger(__name__)
+
+
+def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, rank: int, pipe_writer) -> None:
+    """Entry of the scheduler process of world rank `rank`: join the process groups, build the
+    scheduler, report readiness, then serve forever.
+
+    Only the entry rank (pp 0, tp 0) owns ZMQ sockets. It broadcasts every incoming message to
+    the other ranks of its stage, so every rank applies the same messages in the same order and
+    its request mirror, and therefore its batch, stays identical (pp-cp.md invariant 1).
+    With `--pp-size > 1` the rank runs its part of the pipeline ring instead
+    (`managers/pp/driver.py`: stage 0 schedules, later stages follow).
+    """
+    try:
+        groups = init_rank_groups(server_args, rank)
+        tokenizer = None
+        if not server_args.skip_tokenizer_init and groups.pp.is_first:
+            from sglang.srt.utils.hf_transformers_utils import get_tokenizer
+
+            tokenizer = get_tokenizer(server_args.tokenizer_path)
+        if groups.pp.size > 1:
+            from sglang.srt.managers.pp.rank import build_pp_rank
+
+            pp_rank = build_pp_rank(server_args, groups, port_args=port_args, tokenizer=tokenizer)
+            info = pp_rank.info
+        else:
+            scheduler = Scheduler(server_args, groups=groups, tokenizer=tokenizer)
+            io = SchedulerIO(port_args) if groups.is_entry_rank else None
+            info = scheduler.ready_info()
+    except Exception:
+        pipe_writer.send({"status": "error", "error": traceback.format_exc()})
+        raise
+    pipe_writer.send({"status": "ready", "info": info})
+    logger.info("scheduler ready")
+    if groups.pp.size > 1:
+        pp_rank.run()
+    else:
+        scheduler.event_loop(io)
+
+
+def init_rank_groups(server_args: ServerArgs, rank: int) -> ParallelGroups:
+    """Join torch.distributed (when the world has more than one rank) and build the groups."""
+    layout = ParallelLayout.from_server_args(server_args)  # `--cp-size N` alone means tp = dp · cp
+    if layout.world_size == 1:
+        return ParallelGroups.single()
+    from sglang.srt.distributed.init import init_distributed
+    from sglang.srt.platforms import current_platform
+
+    platform = current_platform()
+    init_distributed(
+        layout.world_size,
+        rank,
+        server_args.dist_init_addr,
+        platform.dist_backend,
+        server_args.dist_timeout,
+    )
+    return ParallelGroups.build(layout, rank, platform.dist_backend, platform.device(rank))
