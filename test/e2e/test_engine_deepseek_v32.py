@@ -1,5 +1,5 @@
 """`sgl.Engine` on the tiny DeepSeek-V3.2 config (dummy float32 weights) with `--tp-size 2 --ep-size 2`
-and the `torch_native_mla` backend: the launch path builds the latent/DSA pool, splits the experts
+and the `torch_native` (reference) backend: the launch path builds the latent/DSA pool, splits the experts
 over two ranks, and greedy generation equals the in-process single-rank scheduler's (a 30-token
 prompt, longer than index_topk 8, so attention is sparse, chunked by 16; a 5-token one; and a text
 prompt, tokenized by the engine and detokenized back to its text).
@@ -38,7 +38,7 @@ def test_engine_tp2_ep2_matches_single_rank():
         log_level="warning",
         tp_size=2,
         ep_size=2,
-        attention_backend="torch_native_mla",
+        attention_backend="torch_native",
         chunked_prefill_size=16,
     )
     try:
