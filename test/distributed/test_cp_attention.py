@@ -22,6 +22,8 @@ from sglang.srt.layers.communicator import scatter_model_input
 from sglang.srt.layers.context_parallel import get_cp_layout
 from sglang.test.cp_forward_helpers import CPForwardHarness
 
+pytestmark = pytest.mark.slow  # spawns gloo ranks and builds engines
+
 TOL = 1e-5
 HEADS, KV_HEADS, HEAD_DIM, VOCAB = 4, 2, 8, 50
 # (strategy, page_size, interleave)

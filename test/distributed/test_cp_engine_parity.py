@@ -19,6 +19,8 @@ import torch
 import sglang as sgl
 from sglang.test.tiny_models import TINY_LLAMA_DIR, write_random_checkpoint
 
+pytestmark = pytest.mark.slow  # spawns gloo ranks and builds engines
+
 NEW_TOKENS = 32
 TOL = 1e-4
 MAX_TOTAL = 4096

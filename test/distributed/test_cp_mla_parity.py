@@ -24,6 +24,8 @@ from sglang.srt.distributed.parallel_state import ParallelGroups
 from sglang.test.cp_moe_driver import generate, score_counts
 from sglang.test.tiny_moe_models import deepseek_v3_config, deepseek_v32_config, qwen3_moe_config, save_random_model
 
+pytestmark = pytest.mark.slow  # spawns gloo ranks and builds engines
+
 TOL = 1e-4
 NEW_TOKENS = 16
 MODELS = {"v32": lambda: deepseek_v32_config(index_topk=8), "v3": deepseek_v3_config, "qwen3moe": qwen3_moe_config}

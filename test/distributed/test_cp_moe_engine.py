@@ -17,6 +17,8 @@ import sglang as sgl
 from sglang.test.scheduler_harness import SchedulerHarness
 from sglang.test.tiny_moe_models import deepseek_v32_config, save_random_model
 
+pytestmark = pytest.mark.slow  # spawns gloo ranks and builds engines
+
 NEW_TOKENS = 16
 TOL = 1e-4
 ENGINE = dict(dtype="float32", chunked_prefill_size=16, max_total_tokens=4096, num_threads=1, log_level="warning")

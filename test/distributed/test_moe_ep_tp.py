@@ -27,6 +27,8 @@ from sglang.test.tiny_models import ASSETS_DIR
 from sglang.test.tiny_moe_models import deepseek_v32_config, qwen3_moe_config, save_random_model
 from sglang.test.greedy_loop import chunked_greedy
 
+pytestmark = pytest.mark.slow  # spawns gloo ranks and builds engines
+
 TOL = 1e-4
 PROMPT_LENS = (7, 19, 30)
 CHUNK = 8
@@ -44,8 +46,7 @@ def generate(path: str, groups: ParallelGroups, weights: str = "ckpt", new_token
     else:
         model.load_weights(iter_safetensors_weights(path))
     h = ForwardHarness(hf_config, torch.float32, max_total_tokens=512, max_context_len=128, tp_size=groups.tp.size)
-    if hasattr(model, "create_kv_pool"):
-        h.token_to_kv_pool = model.create_kv_pool(512, 1, torch.float32)
+    h.token_to_kv_pool = model.create_kv_pool(512, 1, torch.float32)
     gen = torch.Generator().manual_seed(5)
     prompts = [torch.randint(3, hf_config.vocab_size, (n,), generator=gen).tolist() for n in PROMPT_LENS]
     reqs = [h.new_request() for _ in prompts]

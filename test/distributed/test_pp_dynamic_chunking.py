@@ -23,6 +23,8 @@ from sglang.srt.managers.pp.trace import merge_trace
 from sglang.test.pp_harness import pp_rank_main, req, run_single_rank
 from sglang.test.tiny_models import TINY_LLAMA_DIR, write_random_checkpoint
 
+pytestmark = pytest.mark.slow  # spawns gloo ranks and builds engines
+
 C = 256  # --chunked-prefill-size
 LOGPROB_TOL = 1e-4
 # Known per-stage latency curve f(l) = a·l² + b·l + c (seconds) used instead of the measured one.

@@ -17,6 +17,8 @@ import sglang as sgl
 from sglang.test.pp_harness import req, run_single_rank
 from sglang.test.tiny_models import TINY_LLAMA_DIR, write_random_checkpoint
 
+pytestmark = pytest.mark.slow  # spawns gloo ranks and builds engines
+
 NEW_TOKENS = 16
 TOL = 1e-4
 

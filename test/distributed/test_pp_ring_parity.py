@@ -24,6 +24,8 @@ from sglang.srt.managers.pp.trace import merge_trace
 from sglang.test.pp_harness import When, pp_rank_main, req, run_single_rank
 from sglang.test.tiny_models import TINY_LLAMA_DIR, TINY_QWEN3_DIR, write_random_checkpoint
 
+pytestmark = pytest.mark.slow  # spawns gloo ranks and builds engines
+
 LOGPROB_TOL = 1e-4
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -14,6 +14,8 @@ import torch
 import sglang as sgl
 from sglang.test.tiny_models import TINY_LLAMA_DIR, TINY_QWEN3_DIR, write_random_checkpoint
 
+pytestmark = pytest.mark.slow  # spawns gloo ranks and builds engines
+
 NEW_TOKENS = 32
 TOL = 1e-4
 

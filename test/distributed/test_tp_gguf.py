@@ -7,6 +7,8 @@ import pytest
 
 import sglang as sgl
 
+pytestmark = pytest.mark.slow  # spawns gloo ranks and builds engines
+
 PROMPT_IDS = [504, 3575, 282, 4649, 314]  # "The capital of France is"
 REFERENCE = [7042, 30, 198, 198, 504, 2988, 314, 42, 216, 34, 32, 33]  # tp=1, transformers, vLLM
 

@@ -24,6 +24,8 @@ from sglang.test.forward_helpers import ForwardHarness
 from sglang.test.tiny_models import TINY_LLAMA_DIR, TINY_QWEN3_DIR, write_random_checkpoint
 from sglang.test.greedy_loop import chunked_greedy
 
+pytestmark = pytest.mark.slow  # spawns gloo ranks and builds engines
+
 TOL = 1e-4
 PROMPT_LENS = (7, 19, 30)
 CHUNK = 8

@@ -21,6 +21,8 @@ from sglang.benchmark.datasets import (
 from sglang.benchmark.metrics import calculate_metrics
 from server_helpers import API_KEY, REPO, TINY_LLAMA
 
+pytestmark = pytest.mark.slow  # starts its own servers / engines
+
 TOOL_TIMEOUT_S = 120
 
 

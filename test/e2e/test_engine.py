@@ -16,6 +16,8 @@ from sglang.srt.managers.incremental_detok import decode_ids
 from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 from server_helpers import TINY_LLAMA, pid_alive, wait_until
 
+pytestmark = pytest.mark.slow  # starts its own servers / engines
+
 ENGINE_KW = dict(model_path=TINY_LLAMA, load_format="dummy", dtype="float32", log_level="warning")
 GREEDY = {"temperature": 0.0, "ignore_eos": True}
 

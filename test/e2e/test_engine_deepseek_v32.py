@@ -7,6 +7,7 @@ prompt, tokenized by the engine and detokenized back to its text).
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import sglang as sgl
@@ -14,6 +15,8 @@ from sglang.srt.managers.incremental_detok import decode_ids
 from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 from sglang.test.scheduler_harness import SchedulerHarness
 from sglang.test.tiny_models import ASSETS_DIR
+
+pytestmark = pytest.mark.slow  # starts its own servers / engines
 
 TINY_V32 = f"{ASSETS_DIR}/tiny-deepseek-v32"
 NEW_TOKENS = 12

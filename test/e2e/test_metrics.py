@@ -17,6 +17,8 @@ from sglang.srt.metrics.bubble import BubbleMeter
 from sglang.srt.metrics.collector import ServerMetrics
 from server_helpers import API_KEY, ServerHandle, launch_server, wait_idle
 
+pytestmark = pytest.mark.slow  # starts its own servers / engines
+
 HISTOGRAMS = ("time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds")
 COUNTERS = ("prompt_tokens", "generation_tokens", "cached_tokens", "num_requests", "num_aborted_requests")
 GAUGES = ("num_running_reqs", "num_queue_reqs", "num_used_tokens", "token_usage", "cache_hit_rate", "pp_bubble_ratio")

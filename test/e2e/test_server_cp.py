@@ -9,6 +9,8 @@ import pytest
 
 from server_helpers import assert_full_answers, internal_state, launch_server, openai_answers
 
+pytestmark = pytest.mark.slow  # starts its own servers / engines
+
 GREEDY = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
 PROMPTS = [list(range(5, 5 + 37)), [40, 41, 42]]
 ARGS = ("--max-total-tokens", "2048", "--chunked-prefill-size", "16")

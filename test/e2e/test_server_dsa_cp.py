@@ -14,6 +14,8 @@ from sglang.srt.managers.incremental_detok import decode_ids
 from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 from sglang.test.scheduler_harness import SchedulerHarness
 
+pytestmark = pytest.mark.slow  # starts its own servers / engines
+
 TINY_V32 = str(REPO / "python" / "sglang" / "test" / "assets" / "tiny-deepseek-v32")
 NEW_TOKENS = 8
 PROMPTS = [list(range(5, 5 + 37)), [40, 41, 42]]

@@ -264,6 +264,7 @@ def test_abort_request_endpoint(client, server):
 
 
 # ---------------------------------------------------------------------------- life cycle
+@pytest.mark.slow  # its own server, stopped by a signal
 def test_sigterm_stops_all_children():
     handle = launch_server(("--disable-radix-cache",))
     children = child_pids(handle.proc.pid)
@@ -273,6 +274,7 @@ def test_sigterm_stops_all_children():
     assert wait_until(lambda: not any(pid_alive(p) for p in children), 10.0)
 
 
+@pytest.mark.slow  # its own server, stopped by a signal
 def test_killing_scheduler_makes_server_exit():
     handle = launch_server()
     children = child_pids(handle.proc.pid)
@@ -293,6 +295,7 @@ def test_killing_scheduler_makes_server_exit():
     assert "exited unexpectedly" in handle.log()
 
 
+@pytest.mark.slow  # its own server, stopped by a signal
 def test_children_exit_when_server_is_killed():
     handle = launch_server(("--disable-radix-cache",))
     children = child_pids(handle.proc.pid)

@@ -11,6 +11,8 @@ import pytest
 from server_helpers import TINY_LLAMA, launch_server, wait_idle
 from sglang.test.pp_harness import req, run_single_rank
 
+pytestmark = pytest.mark.slow  # starts its own servers / engines
+
 GREEDY = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [40, 41, 42]]
 

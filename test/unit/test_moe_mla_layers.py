@@ -256,8 +256,7 @@ def test_dummy_weights_cover_every_parameter_and_run(model_cls, config):
     loaded = model.load_weights(iter_dummy_weights(model_cls.dummy_weight_specs(cfg), seed=0, std=0.2))
     assert loaded == {name for name, _ in model.named_parameters()}
     h = ForwardHarness(cfg, max_total_tokens=64, max_context_len=32)
-    if hasattr(model, "create_kv_pool"):
-        h.token_to_kv_pool = model.create_kv_pool(64, 1, torch.float32)
+    h.token_to_kv_pool = model.create_kv_pool(64, 1, torch.float32)
     empty = torch.empty(0, dtype=torch.int64)
     idle = ForwardBatch(
         forward_mode=ForwardMode.IDLE, batch_size=0, input_ids=empty, positions=empty, out_cache_loc=empty,

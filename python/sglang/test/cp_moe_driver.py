@@ -26,6 +26,7 @@ import torch
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.distributed.parallel_state import ParallelGroups
 from sglang.srt.model_loader.safetensors_loader import iter_safetensors_weights
+from sglang.srt.models.causal_lm import CausalLM
 from sglang.srt.models.registry import ModelRegistry
 from sglang.test.cp_forward_helpers import CPForwardHarness, pp_stepper
 from sglang.test.greedy_loop import chunked_greedy
@@ -36,26 +37,24 @@ SHARED = 16  # radix-hit prefix: whole virtual pages for cp 2 / 4 with page 1 or
 FRESH_LEN = 13
 
 
-def load_model(path: str, groups: ParallelGroups) -> tuple[Any, torch.nn.Module]:
+def load_model(path: str, groups: ParallelGroups) -> tuple[Any, CausalLM]:
     hf_config = ModelConfig(path).hf_config
     model = ModelRegistry.resolve(hf_config.architectures)(hf_config, groups, torch.float32).eval()
     model.load_weights(iter_safetensors_weights(path))
     return hf_config, model
 
 
-def make_harness(hf_config: Any, model: torch.nn.Module, groups: ParallelGroups, strategy: str,
+def make_harness(hf_config: Any, model: CausalLM, groups: ParallelGroups, strategy: str,
                  page_size: int = 1, interleave: int = 1) -> CPForwardHarness:  # fmt: skip
-    """A CP harness whose pool is the model's own (latent / DSA) pool when it has one."""
+    """A CP harness whose pool is the model's own (MHA, latent or DSA) pool."""
     h = CPForwardHarness(hf_config, groups.attn_cp, strategy, page_size=page_size, interleave=interleave,
                          max_total_tokens=1024, attn_tp_size=groups.attn_tp.size)  # fmt: skip
-    make_pool = getattr(model, "create_kv_pool", None)
-    if make_pool is not None:
-        h.token_to_kv_pool = make_pool(h.mapping.physical_pool_size(h.allocator.size), page_size, torch.float32)
+    h.token_to_kv_pool = model.create_kv_pool(h.mapping.physical_pool_size(h.allocator.size), page_size, torch.float32)
     return h
 
 
-def _stored_rows(h: CPForwardHarness, model: torch.nn.Module) -> int:
-    keys = h.token_to_kv_pool.get_key_buffer(int(getattr(model, "start_layer", 0)))
+def _stored_rows(h: CPForwardHarness, model: CausalLM) -> int:
+    keys = h.token_to_kv_pool.get_key_buffer(model.start_layer)
     return int((keys.reshape(keys.shape[0], -1).abs().sum(dim=1) != 0).sum())
 
 
@@ -78,7 +77,7 @@ def generate(path: str, groups: ParallelGroups, strategy: str = "zigzag", new_to
     return {"tokens": outputs, "logits": step_logits, "rows": _stored_rows(h, model), "proxy_rows": proxy_rows}
 
 
-def _indexers(model: torch.nn.Module) -> list:
+def _indexers(model: CausalLM) -> list:
     return [m.indexer for m in model.modules() if getattr(m, "indexer", None) is not None]
 
 

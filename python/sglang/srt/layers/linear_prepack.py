@@ -5,8 +5,7 @@ loading, `prepack_linear_weights` asks the platform whether it has a packed-weig
 model dtype (`Platform.prepacked_linear`) and, if so, packs every linear layer's weight once into
 the kernel's blocked layout; `linear()` then calls the packed kernel. The plain weight stays in
 place (loading, tied embeddings and state_dict keep working); the packed copy is a plain
-attribute, not a parameter. Measured on the project box (2 threads, bf16, SmolLM2 shapes):
-[16 x 576] x [576 x 1536] 87 -> 44 us, the 49152-row LM head 2.75 -> 1.48 ms, identical results.
+attribute, not a parameter. Results are identical to the plain GEMM (speed-ups: docs/benchmarks.md).
 
 Disable with SGLANG_CPU_PREPACK_LINEAR=0. Weights must not change after packing.
 """

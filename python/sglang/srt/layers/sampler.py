@@ -159,9 +159,9 @@ class Sampler(torch.nn.Module):
 def greedy_argmax(x: torch.Tensor) -> torch.Tensor:
     """`torch.argmax(x, dim=-1)` ([bs] int64): same ties (lowest id) and NaN rule (first NaN wins).
 
-    A 2-D float32 CPU tensor takes numpy's argmax, about 7x faster than torch's here
-    (single-threaded SIMD; torch's parallel reduction over [16, 49152] costs ~0.6 ms) and immune to
-    OpenMP barrier stalls when the cores are shared.
+    A 2-D float32 CPU tensor takes numpy's argmax: single-threaded SIMD, faster than torch's
+    parallel reduction at these sizes and immune to OpenMP barrier stalls when the cores are shared
+    (numbers: docs/benchmarks.md).
     """
     if host_argmax(x):
         return torch.from_numpy(x.detach().numpy().argmax(axis=-1).astype("int64", copy=False))

@@ -35,11 +35,11 @@ class CpuPlatform(Platform):
     device_type = "cpu"
     dist_backend = "gloo"
     # torch's CPU flash attention works in key blocks of 512 (query blocks of 256 from 768
-    # queries on). Measured at pp = 2, 16K prompt: chunks of exactly 1024 ran 5-7 % faster per
-    # token than chunks of 576-1984 at the same prefix (docs/benchmarks.md, dynamic chunking).
+    # queries on): chunks that are whole multiples of its tiles run faster per token than chunks
+    # between them at the same prefix (docs/benchmarks.md, dynamic chunking).
     prefill_chunk_alignment = 512
-    # Below 768 queries it switches to query blocks of 64 (measured: 32 x 512 chunks 7 % slower
-    # than 16 x 1024 at pp = 2 / 16K although their bubble was lower), so auto's chunks start there.
+    # Below 768 queries it switches to query blocks of 64, which loses more than a smaller pipeline
+    # bubble gains (docs/benchmarks.md), so auto's chunks start there.
     prefill_min_chunk = 768
     # fused decode / AMX prefill kernels and zero-copy pool views (layers/attention/cpu_backend.py)
     default_attention_backend = "cpu"
@@ -56,9 +56,8 @@ class CpuPlatform(Platform):
 
         By default glibc serves blocks above a (dynamic) threshold with fresh mmaps and returns
         freed heap tops to the OS, so every forward's multi-MB activations are new pages that
-        fault in again. Measured here: 4096-token MLP blocks 216 -> 157 ms, a 16 x 256 prefill
-        1.59 -> 1.11 s. Costs: the resident size stays at its peak. SGLANG_CPU_MALLOC_TUNE=0
-        turns it off; no-op where libc is not glibc.
+        fault in again (the gain: docs/benchmarks.md). Costs: the resident size stays at its peak.
+        SGLANG_CPU_MALLOC_TUNE=0 turns it off; no-op where libc is not glibc.
         """
         from sglang.srt import envs
 

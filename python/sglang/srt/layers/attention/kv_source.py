@@ -37,7 +37,7 @@ class KVGather:
     def head_flat_indices(self, heads: int, rows: int) -> torch.Tensor:
         """Indices that gather all heads of `indices` from a [H, rows, D] buffer seen as
         [H * rows, D] in ONE dim-0 `index_select` (which torch parallelises over rows; a dim-1
-        select over H = 2-8 heads runs on one thread: 3x slower with 2 threads)."""
+        select over H = 2-8 heads runs on one thread)."""
         key = (heads, rows)
         idx = self._flat.get(key)
         if idx is None:
