@@ -3,20 +3,16 @@
 // (_tile_dpbf16ps); the online softmax runs on AVX-512 with the 16 query rows of a block in the
 // 16 lanes of each vector, so it needs no horizontal reductions.
 //
-// torch's CPU flash kernel spends most of its time in its softmax (a 4096-token layer of
-// SmolLM2-135M, 9 q / 3 kv heads, takes 34.7 ms at head dim 64), which is why this kernel
-// exists: the same layer takes about 12.5 ms here (2 threads). What mattered, measured per step
-// (benchmark/vs_vllm/profile_notes.md): query rows in the vector lanes (rows along the vectors,
-// with horizontal max / sum, took 44 ms); 64-byte aligned K / V scratch (tile rows that straddle
-// cache lines made every tile load ~3x slower: 25 -> 21 ms); kv-head-major task order so a
-// thread's tasks share one head's K / V in L2 (-> 18.4 ms); 2^x with one vreduceps, a degree-3
-// fit and scalef; two 16-row blocks per task sharing every K / V tile load (-> 16.7 ms); a lazy
-// running max that skips the max pass unless a block's sums overflow 2^8 (-> 15.2 ms); Q^T and the
-// output rows by 16 x 16 vector transposes instead of scalar loops (-> 14.7 ms); back to 16-row
-// tasks, with O^T held in tiles across all key blocks (no per-block O^T stores and vector
-// accumulation: -> 12.5 ms). Not worth it here: 128- or 256-key blocks, a degree-2 fit of 2^x,
-// software-pipelining the next block's scores / the previous block's P.V with the softmax
-// (coarse: no gain; in small pieces: slower).
+// torch's CPU flash kernel spends most of its time in its softmax, which is why this kernel
+// exists. What mattered, step by step, with the numbers (benchmark/vs_vllm/profile_notes.md):
+// query rows in the vector lanes (no horizontal max / sum); 64-byte aligned K / V scratch (tile
+// rows that straddle cache lines make every tile load slow); kv-head-major task order so a
+// thread's tasks share one head's K / V in L2; 2^x with one vreduceps, a degree-3 fit and scalef;
+// a lazy running max that skips the max pass unless a block's sums overflow 2^8; Q^T and the
+// output rows by 16 x 16 vector transposes; 16-row tasks with O^T held in tiles across all key
+// blocks (no per-block O^T stores and vector accumulation). Not worth it here: 128- or 256-key
+// blocks, a degree-2 fit of 2^x, software-pipelining the next block's scores / the previous
+// block's P.V with the softmax.
 // Inputs are the fresh q / k / v of one sequence ([n, H, 64] rows, any row stride) and optionally
 // a cached prefix in a head-major pool; P is rounded to bf16 for P.V, as in torch's kernel.
 //
@@ -372,7 +368,7 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at:
   const int64_t lpad = (L + kK - 1) / kK * kK;
   // Per kv head: K rows padded with zeros to lpad ([lpad][64] bf16) and V^T in blocks of 32 keys
   // ([lpad / 32][64 d][32 keys] bf16); per task, Q^T in d pairs ([32][16 rows] bf16 pairs).
-  // 64-byte aligned: a tile row that straddles two cache lines makes every tile load ~3x slower
+  // 64-byte aligned: a tile row that straddles two cache lines makes every tile load slower
   const size_t buf_bytes = static_cast<size_t>(Hk * lpad * kHeadDim) * sizeof(uint16_t);
   AlignedBuffer kpad(buf_bytes), vt(buf_bytes);
   const uint16_t* kp = reinterpret_cast<const uint16_t*>(k.data_ptr<at::BFloat16>());
