@@ -406,12 +406,13 @@ void silu_and_mul_impl(const at::Tensor& x, at::Tensor& out) {
 #endif
       float* __restrict__ gp = g.data();
       for (int64_t c = c0; c < d; ++c) gp[c] = to_f(gate[c]);
-      // below g = -126 ln 2 the sigmoid is 0, as in torch (and the vector path): g * 0 keeps
-      // -inf * 0 = NaN, where vexp's clamp alone would give a small finite value
+      // e^-g overflows to inf below g = -88 (vexp alone clamps to a finite value): g / inf is
+      // -0 for a finite g and NaN for -inf, as torch's g * sigmoid(g) (and the vector path)
 #pragma omp simd
       for (int64_t c = c0; c < d; ++c) {
         const float v = gp[c];
-        gp[c] = -v * 1.44269504088896341f > 126.f ? v * 0.f : v / (1.f + vexp(-v));
+        const float e = -v > 88.f ? std::numeric_limits<float>::infinity() : vexp(-v);
+        gp[c] = v / (1.f + e);
       }
       for (int64_t c = c0; c < d; ++c) orow[c] = from_f<storage_t<T>>(gp[c] * to_f(up[c]));
     }
