@@ -104,8 +104,12 @@ def _body(rank: int, world_size: int, layout: ParallelLayout, ring_axis: str) ->
     prev, nxt = layout.pp_neighbors(rank)
     assert (groups.pp_prev_rank, groups.pp_next_rank) == (prev, nxt)
     ring = _check_ring(groups, ring_axis)
+    assert groups.replica.ranks == layout.replica_ranks(rank)
+    assert int(groups.replica.all_reduce(torch.ones(1)).item()) == groups.replica.size
     return {
         "entry": groups.is_entry_rank,
+        "replica_entry": groups.is_replica_entry,
+        "dp_rank": groups.dp_rank,
         "ring_from": ring[0],
         "sizes": {a: groups.axis(a).size for a in AXES},
         "shared_tp_world": groups.tp.cpu_group is groups.world.cpu_group,
@@ -119,6 +123,14 @@ def test_groups_pp2_tp2():
     assert [r["ring_from"] for r in res] == [2, 3, 0, 1]  # pp ring: stage 1 <-> stage 0, same tp rank
     assert res[0]["sizes"] == {"tp": 2, "pp": 2, "attn_dp": 1, "attn_cp": 1, "attn_tp": 2, "moe_ep": 1, "moe_tp": 2}
     assert not res[0]["shared_tp_world"]
+
+
+def test_groups_tp4_dp2():
+    layout = ParallelLayout(tp=4, attn_dp=2)
+    res = run_ranks(_body, 4, args=(layout, "attn_dp"))
+    assert [r["replica_entry"] for r in res] == [True, False, True, False]
+    assert [r["dp_rank"] for r in res] == [0, 0, 1, 1]
+    assert [r["ring_from"] for r in res] == [2, 3, 0, 1]  # attn_dp group: same attn_tp rank, other replica
 
 
 def test_groups_tp4_cp2():

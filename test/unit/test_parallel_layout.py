@@ -103,6 +103,20 @@ def test_pp_neighbors_ring():
 def test_entry_rank():
     lay = ParallelLayout(pp=2, tp=2)
     assert [lay.is_entry_rank(r) for r in range(4)] == [True, False, False, False]
+    assert [lay.is_replica_entry(r) for r in range(4)] == [True, False, False, False]  # one replica
+
+
+def test_replicas():
+    """An attention-DP replica is the attn_cp × attn_tp block of one attn_dp coordinate in one stage."""
+    lay = ParallelLayout(pp=2, tp=8, attn_dp=2, attn_cp=2)  # attn_tp 2
+    assert lay.replica_ranks(5) == [4, 5, 6, 7] and lay.replica_ranks(9) == [8, 9, 10, 11]
+    assert lay.all_replica_groups() == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
+    assert [r for r in range(16) if lay.is_replica_entry(r)] == [0, 4]  # stage 0 only
+    for r in range(16):
+        c = lay.coords(r)
+        assert all(lay.coords(x).attn_dp == c.attn_dp and lay.coords(x).pp == c.pp for x in lay.replica_ranks(r))
+    one = ParallelLayout(tp=4, attn_cp=2)
+    assert one.all_replica_groups() == [[0, 1, 2, 3]] == [one.ranks_of("tp", 0)]
 
 
 @pytest.mark.parametrize(

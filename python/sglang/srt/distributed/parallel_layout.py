@@ -186,6 +186,19 @@ class ParallelLayout:
                 groups.append(group)
         return groups
 
+    def replica_ranks(self, world_rank: int) -> list[int]:
+        """World ranks of the attention-DP replica of `world_rank`: the attn_cp × attn_tp ranks of its
+        stage that share its attn_dp coordinate (the whole stage when attn_dp = 1), in tp order."""
+        c = self.coords(world_rank)
+        per = self.attn_cp * self.attn_tp
+        first = c.attn_dp * per
+        return [self.world_rank_of(c.pp, first + i) for i in range(per)]
+
+    def all_replica_groups(self) -> list[list[int]]:
+        """Every attention-DP replica of every stage, in order of their smallest rank."""
+        return [self.replica_ranks(self.world_rank_of(pp, d * self.attn_cp * self.attn_tp))
+                for pp in range(self.pp) for d in range(self.attn_dp)]  # fmt: skip
+
     def pp_neighbors(self, world_rank: int) -> tuple[int, int]:
         """(previous, next) stage's world rank with the same tp rank, wrapping round the ring
         (the last stage's next is stage 0, whose previous is the last; with pp = 1 both are self)."""
@@ -198,6 +211,12 @@ class ParallelLayout:
         """pp stage 0, tp rank 0: the rank that talks to the tokenizer."""
         c = self.coords(world_rank)
         return c.pp == 0 and c.tp == 0
+
+    def is_replica_entry(self, world_rank: int) -> bool:
+        """pp stage 0, first rank of its attention-DP replica (attn_cp 0, attn_tp 0): the rank that
+        takes its replica's requests (the entry rank when attn_dp = 1)."""
+        c = self.coords(world_rank)
+        return c.pp == 0 and c.attn_cp == 0 and c.attn_tp == 0
 
     def describe(self) -> str:
         return (

@@ -53,11 +53,17 @@ class ParallelGroups:
     attn_dp: Optional[GroupCoordinator] = None
     moe_tp: Optional[GroupCoordinator] = None
     world: Optional[GroupCoordinator] = None
+    # The ranks of this rank's attention-DP replica in its stage (attn_cp × attn_tp; `layout.replica_ranks`).
+    replica: Optional[GroupCoordinator] = None
 
     def __post_init__(self) -> None:
         for name in ("attn_dp", "moe_tp", "world"):
             if getattr(self, name) is None:
                 setattr(self, name, _single(name, self.tp.device, self.world_rank))
+        if self.replica is None:
+            if self.layout.attn_dp != 1:
+                raise ValueError("hand-built groups with attn_dp > 1 need their `replica` coordinator")
+            self.replica = self.tp  # one replica: the whole stage
 
     # ------------------------------------------------------------------ construction
     @staticmethod
@@ -111,6 +117,16 @@ class ParallelGroups:
             assert mine is not None, f"rank {world_rank} is in no {axis} group"
             device_group, cpu_group = made.get(tuple(mine), (None, None))
             coordinators[axis] = GroupCoordinator(axis, mine, mine.index(world_rank), device_group, cpu_group, dev)
+        mine = None
+        for ranks in layout.all_replica_groups():  # same rank sets as tp when attn_dp = 1: shared groups
+            key = tuple(ranks)
+            if len(ranks) > 1 and key not in made:
+                made[key] = (dist.new_group(ranks, backend=backend), dist.new_group(ranks, backend="gloo"))
+            if world_rank in ranks:
+                mine = ranks
+        assert mine is not None, f"rank {world_rank} is in no attention-DP replica"
+        device_group, cpu_group = made.get(tuple(mine), (None, None))
+        coordinators["replica"] = GroupCoordinator("replica", mine, mine.index(world_rank), device_group, cpu_group, dev)
         return ParallelGroups(layout=layout, world_rank=world_rank, **coordinators)
 
     # ------------------------------------------------------------------ queries
@@ -138,6 +154,17 @@ class ParallelGroups:
     def is_entry_rank(self) -> bool:
         """Stage 0, tp rank 0: receives requests from the tokenizer."""
         return self.pp.is_first and self.tp.is_first
+
+    @property
+    def is_replica_entry(self) -> bool:
+        """Stage 0, first rank of its attention-DP replica: receives that replica's requests
+        (the entry rank when attn_dp = 1)."""
+        return self.pp.is_first and self.replica.is_first
+
+    @property
+    def dp_rank(self) -> int:
+        """This rank's attention-DP replica (0 when attn_dp = 1)."""
+        return self.layout.coords(self.world_rank).attn_dp
 
 
 def optional_groups(groups: Optional[ParallelGroups]) -> ParallelGroups:
