@@ -56,6 +56,35 @@ class PPProxyTensors:
         return self.tensors[key]
 
 
+@dataclass(frozen=True)
+class DPForwardInfo:
+    """One lockstep forward of the attention-DP replicas (docs/dp_attention.md): what every
+    replica brings (identical on every rank of the stage), and which replica this rank is in.
+
+    `num_tokens[d]`: the new tokens of replica d's batch (0 for an IDLE forward);
+    `num_logit_rows[d]`: its rows that need logits (its batch size; its tokens when all-token logits
+    are asked for)."""
+
+    replica: int
+    num_tokens: tuple[int, ...]
+    num_logit_rows: tuple[int, ...]
+
+    @property
+    def dp_size(self) -> int:
+        return len(self.num_tokens)
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.num_tokens)
+
+    def token_offset(self, replica: Optional[int] = None) -> int:
+        """First row of `replica`'s (default: this rank's) tokens in the FULL layout."""
+        return sum(self.num_tokens[: self.replica if replica is None else replica])
+
+    def logit_row_offset(self, replica: Optional[int] = None) -> int:
+        return sum(self.num_logit_rows[: self.replica if replica is None else replica])
+
+
 @dataclass
 class ForwardBatch:
     forward_mode: ForwardMode
@@ -84,6 +113,8 @@ class ForwardBatch:
     attn_metadata: Any = None
     # This rank's token layout when the batch runs context-parallel (None: cp 1).
     cp_layout: Optional["CPLayout"] = None
+    # Every attention-DP replica's share of this lockstep forward (None: dp 1).
+    dp: Optional[DPForwardInfo] = None
 
     @property
     def num_tokens(self) -> int:

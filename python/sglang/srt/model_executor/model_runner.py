@@ -31,7 +31,7 @@ from sglang.srt.managers.schedule_batch import ModelWorkerBatch
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.cp_slots import physical_kv_state, plan_virtual_pool
 from sglang.srt.mem_cache.req_to_token import ReqToTokenPool
-from sglang.srt.model_executor.forward_batch import ForwardBatch, ForwardMode, PPProxyTensors
+from sglang.srt.model_executor.forward_batch import DPForwardInfo, ForwardBatch, ForwardMode, PPProxyTensors
 from sglang.srt.model_executor.memory_budget import KVPoolPlan, plan_kv_pool
 from sglang.srt.layers.linear_prepack import prepack_linear_weights
 from sglang.srt.platforms import get_platform
@@ -146,7 +146,7 @@ class ModelRunner:
         return KVPoolPlan(max_total_tokens=tokens, max_running_requests=running, cell_bytes=plan.cell_bytes)
 
     # ------------------------------------------------------------------ forward
-    def build_forward_batch(self, wb: ModelWorkerBatch) -> ForwardBatch:
+    def build_forward_batch(self, wb: ModelWorkerBatch, dp: Optional[DPForwardInfo] = None) -> ForwardBatch:
         seq_lens = [p + e for p, e in zip(wb.prefix_lens, wb.extend_lens)]
         as_long = lambda values: torch.tensor(values, dtype=torch.int64, device=self.device)  # noqa: E731
         if wb.is_decode:
@@ -171,26 +171,55 @@ class ModelRunner:
             req_to_token_pool=self.req_to_token_pool,
             token_to_kv_pool=self.token_to_kv_pool,
             attn_backend=self.attn_backend,
+            dp=dp,
         )
         if self.cp is not None and fb.batch_size:
             self.cp.attach(fb)  # this rank's token layout; the backend builds its metadata from it
         self.attn_backend.init_forward_metadata(fb)
         return fb
 
-    def forward(self, wb: ModelWorkerBatch) -> ForwardResult:
-        """Whole-model forward + sampling (one pipeline stage)."""
-        out = self.forward_stage(wb)
+    def idle_forward_batch(self, dp: DPForwardInfo) -> ForwardBatch:
+        """A batch with no tokens: this replica's part of a lockstep forward it has no work for."""
+        empty = torch.empty(0, dtype=torch.int64, device=self.device)
+        fb = ForwardBatch(
+            forward_mode=ForwardMode.IDLE, batch_size=0, input_ids=empty, positions=empty, out_cache_loc=empty,
+            req_pool_indices=empty, seq_lens=empty, extend_prefix_lens=empty, extend_seq_lens=empty,
+            seq_lens_cpu=[], extend_prefix_lens_cpu=[], extend_seq_lens_cpu=[],
+            req_to_token_pool=self.req_to_token_pool, token_to_kv_pool=self.token_to_kv_pool,
+            attn_backend=self.attn_backend, dp=dp,
+        )  # fmt: skip
+        self.attn_backend.init_forward_metadata(fb)
+        return fb
+
+    def forward(self, wb: ModelWorkerBatch, dp: Optional[DPForwardInfo] = None) -> ForwardResult:
+        """Whole-model forward + sampling (one pipeline stage). `dp`: this step's attention-DP
+        counts when the replicas run in lockstep (dp > 1)."""
+        out = self.forward_stage(wb, dp=dp)
         if isinstance(out, PPProxyTensors):
             raise RuntimeError("ModelRunner.forward on a pipeline stage that is not the last: use forward_stage")
         return out
 
     @torch.inference_mode()
+    def forward_idle(
+        self, dp: DPForwardInfo, pp_proxy_tensors: Optional[PPProxyTensors] = None
+    ) -> Optional[PPProxyTensors]:
+        """This replica's IDLE part of a lockstep forward: no tokens, every collective joined
+        (pp-cp.md invariant 2). Returns the (empty) activations for the next stage, if any."""
+        fb = self.idle_forward_batch(dp)
+        fb.pp_proxy_tensors = pp_proxy_tensors
+        out = self.model(fb.input_ids, fb.positions, fb)
+        return out if isinstance(out, PPProxyTensors) else None
+
+    @torch.inference_mode()
     def forward_stage(
-        self, wb: ModelWorkerBatch, pp_proxy_tensors: Optional[PPProxyTensors] = None
+        self,
+        wb: ModelWorkerBatch,
+        pp_proxy_tensors: Optional[PPProxyTensors] = None,
+        dp: Optional[DPForwardInfo] = None,
     ) -> Union[ForwardResult, PPProxyTensors]:
         """This stage's layers. Not the last stage: the activations for the next stage. The last
         stage: the sampled tokens. Stages after the first take the previous stage's activations."""
-        fb = self.build_forward_batch(wb)
+        fb = self.build_forward_batch(wb, dp)
         fb.pp_proxy_tensors = pp_proxy_tensors
         out = self.model(fb.input_ids, fb.positions, fb)
         if isinstance(out, PPProxyTensors):
@@ -219,9 +248,9 @@ class ModelRunner:
             top_logprobs_nums=wb.top_logprobs_nums,
         )
         next_ids = result.next_token_ids
-        if self.groups.tp.size > 1:
-            # Every rank of the stage must append the same token: rank 0's choice wins.
-            next_ids = self.groups.tp.broadcast(next_ids.contiguous(), src=0)
+        if self.groups.replica.size > 1:
+            # Every rank of the replica must append the same token: its first rank's choice wins.
+            next_ids = self.groups.replica.broadcast(next_ids.contiguous(), src=0)
         return ForwardResult(
             next_token_ids=next_ids.tolist(),
             logprobs=None if result.next_token_logprobs is None else result.next_token_logprobs.tolist(),
