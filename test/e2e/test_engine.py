@@ -152,3 +152,19 @@ def failing_scheduler(server_args, port_args, rank, pipe_writer):
 def test_start_up_failure_reports_child_error():
     with pytest.raises(RuntimeError, match="boom from the test scheduler"):
         sgl.Engine(_scheduler_entry=failing_scheduler, **ENGINE_KW)
+
+
+def rank1_fails_scheduler(server_args, port_args, rank, pipe_writer):
+    """Rank 0 waits (as in a rendezvous that rank 1 never joins); rank 1 fails its start-up."""
+    import time
+
+    if rank == 0:
+        time.sleep(120)
+    raise ValueError(f"boom from rank {rank}")
+
+
+def test_start_up_failure_of_another_rank_reports_its_error():
+    # The ranks of one engine fail on the same check in any order; the error raised must be the
+    # dead rank's own report, not a generic "exited before rank 0 was ready".
+    with pytest.raises(RuntimeError, match="(?s)Scheduler rank 1 failed to start.*boom from rank 1"):
+        sgl.Engine(_scheduler_entry=rank1_fails_scheduler, tp_size=2, **ENGINE_KW)

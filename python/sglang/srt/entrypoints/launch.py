@@ -138,17 +138,42 @@ _EARLY_EXIT_HINT = (
 )
 
 
-def _wait_ready(reader: Any, proc: mp.process.BaseProcess, name: str, children: ChildProcesses) -> SchedulerReadyInfo:
+def _reported_error(reader: Any) -> Optional[str]:
+    """The error text a scheduler rank sent before it died, if it sent one."""
+    try:
+        if reader.poll(0):
+            msg = reader.recv()
+            if isinstance(msg, dict) and msg.get("status") == "error":
+                return str(msg.get("error"))
+    except (EOFError, OSError):
+        pass
+    return None
+
+
+def _death_error(children: ChildProcesses, readers: dict[str, Any], waiting_for: str) -> RuntimeError:
+    """The error to raise when a child died during start-up: the dead rank's own report (the
+    ranks of one engine often fail on the same check, and whichever exits first is a race)."""
+    dead = children.dead()
+    for dead_name, _proc in dead:
+        reader = readers.get(dead_name)
+        error = _reported_error(reader) if reader is not None else None
+        if error is not None:
+            return RuntimeError(f"{dead_name} failed to start:\n{error}")
+    dead_name, dead_proc = dead[0]
+    return RuntimeError(
+        f"{dead_name} process exited with code {dead_proc.exitcode} before {waiting_for} was ready{_EARLY_EXIT_HINT}"
+    )
+
+
+def _wait_ready(
+    reader: Any, proc: mp.process.BaseProcess, name: str, children: ChildProcesses, readers: dict[str, Any]
+) -> SchedulerReadyInfo:
     """The ready message of one scheduler rank; fails fast if any child dies meanwhile."""
     while not reader.poll(READY_POLL_S):
         if reader.poll(0):
             break
-        dead = children.dead()
-        if dead:
-            dead_name, dead_proc = dead[0]
-            raise RuntimeError(
-                f"{dead_name} process exited with code {dead_proc.exitcode} before {name} was ready{_EARLY_EXIT_HINT}"
-            )
+        if children.dead():
+            raise _death_error(children, readers, name)
     try:
         msg = reader.recv()
     except EOFError:
@@ -228,11 +253,10 @@ def launch_processes(
             from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 
             tokenizer = get_tokenizer(server_args.tokenizer_path)
-        infos = [_wait_ready(reader, proc, name, children) for reader, proc, name in readers]
-        dead = children.dead()
-        if dead:
-            name, proc = dead[0]
-            raise RuntimeError(f"{name} process exited with code {proc.exitcode} during start-up")
+        by_name = {name: reader for reader, _, name in readers}
+        infos = [_wait_ready(reader, proc, name, children, by_name) for reader, proc, name in readers]
+        if children.dead():
+            raise _death_error(children, by_name, "the engine")
     except BaseException:
         children.terminate(grace_s=2.0)
         raise
