@@ -102,11 +102,14 @@ def _check_mlp(tp, x: torch.Tensor) -> None:
     _close(act, full_act[:, tp.rank * n : (tp.rank + 1) * n])
     _close(row(act), full_act @ down.T + bd)
 
-    # row without the reduction: partial sums, bias not added yet
+    # row without the reduction: partial sums, the bias added by tp rank 0 only, so the caller's sum
+    # (e.g. the DP partial gather) is the full output
     partial = RowParallelLinear(inter, HIDDEN, bias=True, tp=tp, reduce_results=False)
     partial.weight.weight_loader(partial.weight, down)
     partial.bias.weight_loader(partial.bias, bd)
-    _close(tp.all_reduce(partial(act) - bd) + bd, full_act @ down.T + bd)
+    mine = partial(act)
+    _close(mine, act @ down[:, tp.rank * n : (tp.rank + 1) * n].T + (bd if tp.rank == 0 else 0))
+    _close(tp.all_reduce(mine), full_act @ down.T + bd)
 
 
 def _check_column(tp, x: torch.Tensor) -> None:

@@ -22,7 +22,7 @@ from sglang.srt.layers.attention.registry import create_attention_backend, defau
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.kv_pool import MHATokenToKVPool
 from sglang.srt.mem_cache.req_to_token import ReqToTokenPool
-from sglang.srt.model_executor.forward_batch import ForwardBatch, ForwardMode
+from sglang.srt.model_executor.forward_batch import DPForwardInfo, ForwardBatch, ForwardMode
 
 
 @dataclass
@@ -115,6 +115,10 @@ class ForwardHarness:
             attn_backend=self.attn_backend,
             return_all_logits=return_all_logits,
         )
+
+    def idle_batch(self, dp: DPForwardInfo) -> ForwardBatch:
+        """This replica's IDLE part of a lockstep attention-DP forward (no tokens)."""
+        return ForwardBatch.idle(dp, self.req_to_token_pool, self.token_to_kv_pool, self.attn_backend)
 
     def run(self, model: torch.nn.Module, batch: ForwardBatch):
         batch.attn_backend.init_forward_metadata(batch)

@@ -54,6 +54,11 @@ class ParallelLayout:
     attn_dp: int = 1
     attn_cp: int = 1
     moe_ep: int = 1
+    # DP attention's sharding choices (docs/dp_attention.md): dense MLPs over the whole tp group
+    # (None) or replicated on every rank (1, `--moe-dense-tp-size 1`); the LM head over the whole
+    # tp group (False) or inside the attention-TP group (`--enable-dp-lm-head`).
+    moe_dense_tp: Optional[int] = None
+    dp_lm_head: bool = False
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -93,6 +98,8 @@ class ParallelLayout:
             attn_dp=dp,
             attn_cp=cp,
             moe_ep=int(getattr(server_args, "ep_size", 1) or 1),
+            moe_dense_tp=getattr(server_args, "moe_dense_tp_size", None),
+            dp_lm_head=bool(getattr(server_args, "enable_dp_lm_head", False)),
         )
         layout.validate()
         return layout
@@ -112,6 +119,8 @@ class ParallelLayout:
             )
         if self.tp % self.moe_ep:
             raise ValueError(f"tp_size ({self.tp}) must be divisible by ep_size ({self.moe_ep})")
+        if self.moe_dense_tp not in (None, 1):
+            raise ValueError(f"moe_dense_tp_size must be unset or 1, got {self.moe_dense_tp!r}")
 
     # ------------------------------------------------------------------ rank <-> coordinates
     def _check_rank(self, world_rank: int) -> None:

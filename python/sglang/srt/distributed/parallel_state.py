@@ -55,11 +55,15 @@ class ParallelGroups:
     world: Optional[GroupCoordinator] = None
     # The ranks of this rank's attention-DP replica in its stage (attn_cp × attn_tp; `layout.replica_ranks`).
     replica: Optional[GroupCoordinator] = None
+    # This rank alone (weights replicated on every rank, e.g. dense MLPs with `--moe-dense-tp-size 1`).
+    local: Optional[GroupCoordinator] = None
 
     def __post_init__(self) -> None:
         for name in ("attn_dp", "moe_tp", "world"):
             if getattr(self, name) is None:
                 setattr(self, name, _single(name, self.tp.device, self.world_rank))
+        if self.local is None:
+            self.local = _single("local", self.tp.device, self.world_rank)
         if self.replica is None:
             if self.layout.attn_dp != 1:
                 raise ValueError("hand-built groups with attn_dp > 1 need their `replica` coordinator")

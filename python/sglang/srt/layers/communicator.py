@@ -1,24 +1,27 @@
 """Token layouts between the parts of a decoder layer: the ONE place where tokens change layout.
 
-Scatter modes (what a rank holds of the batch's tokens, per hidden-state tensor):
-- SCATTERED: this rank's context-parallel shard of its attention-DP group's tokens (the split
+Scatter modes (what a rank holds of the step's tokens, per hidden-state tensor):
+- SCATTERED: this rank's context-parallel shard of its attention-DP replica's tokens (the split
   tokens it was dealt plus every replicated token; see `layers/context_parallel.py`). The ranks of
   one attn_tp group hold the same tokens. With cp = 1 this equals TP_ATTN_FULL.
-- TP_ATTN_FULL: every token of this rank's attention-DP group, in original order.
-- FULL: every token of the stage's batch (all attention-DP groups). With dp = 1 this equals
-  TP_ATTN_FULL.
+- TP_ATTN_FULL: every token of this rank's replica, in original order.
+- FULL: every token of every replica of the stage, replica 0's first (`ForwardBatch.dp` has the
+  counts). With dp = 1 this equals TP_ATTN_FULL.
 
-`LayerScatterModes` says which mode a layer's input, attention, MLP and output use;
-`LayerCommunicator` applies the layer norms and the layout changes between them. A dense Llama
-layer under CP stays SCATTERED throughout: attention weights are whole on every cp rank (the
-heads are sharded over attn_tp only), the MLP is replicated across cp ranks and TP-sharded over
-attn_tp (`dense_tp_group`), and it runs on local tokens only. The model entry
-(`scatter_model_input`) and exit (`gather_for_logits`) change layout between TP_ATTN_FULL and
-SCATTERED. DP attention / EP plug in by adding their transitions to `change_layout`.
-MoE layers under CP (`LayerScatterModes.gathered_mlp`, `GatheredMLPCommunicator`): the experts are
-sharded over the whole tp group (cp ranks included), so the normed hidden states are gathered to
-TP_ATTN_FULL before the MoE block (which then combines with its usual all-reduce) and each rank
-keeps its own rows after it; the residual never leaves the rank.
+A decoder layer runs its attention in the attention layout (SCATTERED) and its MLP in the layout
+of the group its weights are sharded over (`mlp_mode`): its own tokens when the MLP is replicated
+across the ranks that hold different tokens (dense MLPs under CP: sharded over attn_tp; with DP
+attention and `--moe-dense-tp-size 1`: replicated), every token of the replica when it is sharded
+over a tp group of one replica (MoE under CP), every token of the stage when it is sharded over a
+tp group that spans replicas (MoE, and dense MLPs by default, with DP attention). The attention's
+o_proj leaves its sum over attn_tp to `LayerCommunicator.prepare_mlp`, which completes it by an
+all-reduce over attn_tp, or, going TP_ATTN_FULL -> FULL, by the partial gather's all-reduce over
+the whole tp group (`dp_attention.py`: the o_proj reduction and the gather in one collective). The
+residual never leaves the attention layout; the MLP output comes back to it by a local slice.
+
+The model entry (`scatter_model_input`) and exit (`gather_for_logits`) change layout between
+TP_ATTN_FULL and SCATTERED; the logits processor moves its rows to FULL and back when the LM head
+spans the replicas (`dp_gather_logit_rows`, `dp_scatter_logit_rows`).
 """
 
 from __future__ import annotations
@@ -30,9 +33,10 @@ from typing import TYPE_CHECKING, Optional
 import torch
 
 from sglang.srt.layers.context_parallel import get_cp_layout
+from sglang.srt.layers.dp_attention import dp_gather, dp_scatter
 
 if TYPE_CHECKING:
-    from sglang.srt.distributed.parallel_state import GroupCoordinator, ParallelGroups, ParallelLayout
+    from sglang.srt.distributed.parallel_state import GroupCoordinator, ParallelGroups
     from sglang.srt.model_executor.forward_batch import ForwardBatch
 
 
@@ -40,6 +44,9 @@ class ScatterMode(Enum):
     SCATTERED = auto()
     TP_ATTN_FULL = auto()
     FULL = auto()
+
+
+_WIDTH = {ScatterMode.SCATTERED: 0, ScatterMode.TP_ATTN_FULL: 1, ScatterMode.FULL: 2}
 
 
 @dataclass(frozen=True)
@@ -50,136 +57,151 @@ class LayerScatterModes:
     layer_output: ScatterMode
 
     @classmethod
-    def dense(cls) -> "LayerScatterModes":
-        """A dense decoder layer (attention + dense MLP): tokens stay in their CP shard."""
+    def with_mlp(cls, mlp: ScatterMode) -> "LayerScatterModes":
+        """Attention, layer input and output in this rank's tokens, the MLP in `mlp`."""
         s = ScatterMode.SCATTERED
-        return cls(s, s, s, s)
-
-    @classmethod
-    def gathered_mlp(cls) -> "LayerScatterModes":
-        """A layer whose MLP is sharded over the whole tp group (MoE: EP / MoE-TP over the stage's
-        tp ranks, cp ranks included): attention on this rank's tokens, the MLP on every token of
-        the batch (every tp rank holds all of them, so the MoE combine stays one all-reduce)."""
-        s = ScatterMode.SCATTERED
-        return cls(s, s, ScatterMode.TP_ATTN_FULL, s)
+        return cls(s, s, mlp, s)
 
 
-def dense_tp_group(groups: "ParallelGroups") -> "GroupCoordinator":
-    """Group over which dense (non-attention) weights are sharded: embedding, MLP, LM head.
+# ---------------------------------------------------------------------------- weight groups
+def embedding_tp_group(groups: "ParallelGroups") -> "GroupCoordinator":
+    """Group the embedding is vocab-sharded over. The cp ranks of a replica, and the replicas,
+    hold different tokens, so under CP or DP attention each attention-TP group embeds its own
+    tokens (sharded over attn_tp); otherwise the stage's tp group."""
+    lay = groups.layout
+    return groups.attn_tp if lay.attn_cp > 1 or lay.attn_dp > 1 else groups.tp
 
-    Under CP the cp ranks hold different tokens, so dense layers are replicated across them and
-    sharded over attn_tp only; without CP this is the stage's tp group (unchanged pure TP)."""
-    return groups.attn_tp if groups.layout.attn_cp > 1 else groups.tp
+
+def lm_head_tp_group(groups: "ParallelGroups", tied: bool) -> "GroupCoordinator":
+    """Group the LM head is vocab-sharded over: with DP attention the whole tp group (its rows are
+    gathered across the replicas) unless `--enable-dp-lm-head` or the head is tied to the embedding
+    (it must be sharded like the embedding's weight); otherwise the embedding's group."""
+    lay = groups.layout
+    if lay.attn_dp > 1 and not lay.dp_lm_head and not tied:
+        return groups.tp
+    return embedding_tp_group(groups)
 
 
-def _canonical(mode: ScatterMode, attn_dp: int) -> ScatterMode:
-    if mode == ScatterMode.FULL and attn_dp == 1:
+def dense_mlp_tp_group(groups: "ParallelGroups") -> "GroupCoordinator":
+    """Group a dense MLP is sharded over: with DP attention the whole tp group, or nobody
+    (replicated) with `--moe-dense-tp-size 1`; under CP attn_tp (the cp ranks hold different
+    tokens); otherwise the stage's tp group."""
+    lay = groups.layout
+    if lay.attn_dp > 1:
+        return groups.local if lay.moe_dense_tp == 1 else groups.tp
+    return groups.attn_tp if lay.attn_cp > 1 else groups.tp
+
+
+def mlp_mode(mlp_group: "GroupCoordinator", groups: "ParallelGroups") -> ScatterMode:
+    """The token layout an MLP sharded over `mlp_group` must see: every token that any rank of its
+    group holds (the ranks of a sharded layer must run the same rows)."""
+    lay = groups.layout
+    if mlp_group.size == 1:
+        return ScatterMode.SCATTERED
+    if lay.attn_dp > 1 and mlp_group.size > groups.replica.size:
+        return ScatterMode.FULL
+    if lay.attn_cp > 1 and mlp_group.size > groups.attn_tp.size:
         return ScatterMode.TP_ATTN_FULL
+    return ScatterMode.SCATTERED
+
+
+# ---------------------------------------------------------------------------- layout changes
+def _canonical(mode: ScatterMode, forward_batch: "ForwardBatch") -> ScatterMode:
+    """Modes that hold the same rows in this batch are one (cp 1: SCATTERED = TP_ATTN_FULL; dp 1:
+    TP_ATTN_FULL = FULL)."""
+    if mode == ScatterMode.FULL and forward_batch.dp is None:
+        mode = ScatterMode.TP_ATTN_FULL
+    if mode == ScatterMode.TP_ATTN_FULL and get_cp_layout(forward_batch) is None:
+        mode = ScatterMode.SCATTERED
     return mode
 
 
 def change_layout(
-    x: Optional[torch.Tensor], src: ScatterMode, dst: ScatterMode, forward_batch: "ForwardBatch", attn_dp: int = 1
-) -> Optional[torch.Tensor]:
-    """Move the rows of `x` from layout `src` to layout `dst` (collectives where needed)."""
-    if x is None:
-        return None
-    src, dst = _canonical(src, attn_dp), _canonical(dst, attn_dp)
+    x: torch.Tensor, src: ScatterMode, dst: ScatterMode, forward_batch: "ForwardBatch", groups: "ParallelGroups"
+) -> torch.Tensor:
+    """Move the rows of `x` (complete values on every rank that holds them) from `src` to `dst`."""
+    src, dst = _canonical(src, forward_batch), _canonical(dst, forward_batch)
     if src == dst:
         return x
-    cp = get_cp_layout(forward_batch)
-    if {src, dst} == {ScatterMode.SCATTERED, ScatterMode.TP_ATTN_FULL}:
-        if cp is None:  # cp = 1: the two modes coincide
-            return x
-        return cp.gather_all(x) if src == ScatterMode.SCATTERED else cp.scatter(x)
-    raise NotImplementedError(f"layout change {src.name} -> {dst.name} needs DP attention (attn_dp={attn_dp})")
+    cp, dp = get_cp_layout(forward_batch), forward_batch.dp
+    if _WIDTH[src] < _WIDTH[dst]:  # widen: CP gather, then DP gather
+        if src == ScatterMode.SCATTERED and cp is not None:
+            x = cp.gather_all(x)
+        if dst == ScatterMode.FULL:
+            x = dp_gather(x, dp.num_tokens, dp.replica, groups, partial=False)
+        return x
+    if src == ScatterMode.FULL:  # narrow: this replica's slice, then this rank's CP shard
+        x = dp_scatter(x, dp.num_tokens, dp.replica)
+    if dst == ScatterMode.SCATTERED and cp is not None:
+        x = cp.scatter(x)
+    return x
 
 
 class LayerCommunicator:
-    """Norms + layout changes around the attention and MLP of one decoder layer."""
+    """Norms + layout changes around the attention and MLP of one decoder layer.
+
+    `prepare_attn`: input norm (with the previous layer's residual add) in the attention layout.
+    `prepare_mlp`: completes the attention output (its o_proj partial sum over attn_tp), adds the
+    residual, post-attention norm, and widens the normed states to the MLP layout.
+    `postprocess_layer`: the MLP output (complete: the MLP reduced over its own group) back to the
+    attention layout."""
 
     def __init__(
         self,
         modes: LayerScatterModes,
         input_layernorm: torch.nn.Module,
         post_attention_layernorm: torch.nn.Module,
-        layout: Optional["ParallelLayout"] = None,
+        groups: "ParallelGroups",
     ):
+        if not (modes.layer_input == modes.attn == modes.layer_output == ScatterMode.SCATTERED):
+            raise ValueError(f"layer input, attention and output run in this rank's tokens (SCATTERED), got {modes}")
         self.modes = modes
         self.input_layernorm = input_layernorm
         self.post_attention_layernorm = post_attention_layernorm
-        self.attn_dp = layout.attn_dp if layout is not None else 1
-
-    def _move(self, x, src, dst, fb):
-        return change_layout(x, src, dst, fb, self.attn_dp)
+        self.groups = groups
 
     def prepare_attn(
         self, hidden_states: torch.Tensor, residual: Optional[torch.Tensor], forward_batch: "ForwardBatch"
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Input norm (with the residual add of the previous layer) and move to the attention layout."""
         if residual is None:
-            residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
-        else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
-        m = self.modes
-        hidden_states = self._move(hidden_states, m.layer_input, m.attn, forward_batch)
-        residual = self._move(residual, m.layer_input, m.attn, forward_batch)
-        return hidden_states, residual
+            return self.input_layernorm(hidden_states), hidden_states
+        return self.input_layernorm(hidden_states, residual)
 
     def prepare_mlp(
         self, hidden_states: torch.Tensor, residual: torch.Tensor, forward_batch: "ForwardBatch"
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Move the attention output to the MLP layout, then residual add + post-attention norm."""
-        m = self.modes
-        hidden_states = self._move(hidden_states, m.attn, m.mlp, forward_batch)
-        residual = self._move(residual, m.attn, m.mlp, forward_batch)
-        return self.post_attention_layernorm(hidden_states, residual)
-
-    def postprocess_layer(
-        self, hidden_states: torch.Tensor, residual: torch.Tensor, forward_batch: "ForwardBatch"
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        m = self.modes
-        hidden_states = self._move(hidden_states, m.mlp, m.layer_output, forward_batch)
-        residual = self._move(residual, m.mlp, m.layer_output, forward_batch)
-        return hidden_states, residual
-
-
-class GatheredMLPCommunicator(LayerCommunicator):
-    """`LayerCommunicator` for `LayerScatterModes.gathered_mlp()`-like modes where the MLP sees more
-    tokens than attention: the post-attention norm runs in the attention layout and only the
-    normed hidden states move to the MLP layout (one all-gather under CP); the residual stays in
-    the attention layout, and the MLP output moves back to it (a local row selection)."""
-
-    def prepare_mlp(
-        self, hidden_states: torch.Tensor, residual: torch.Tensor, forward_batch: "ForwardBatch"
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        m = self.modes
+        """hidden_states: this rank's attention output, a partial sum over attn_tp. Returns (the
+        MLP's input in its layout, the new residual in the attention layout)."""
+        mlp = _canonical(self.modes.mlp, forward_batch)
+        if mlp == ScatterMode.FULL and get_cp_layout(forward_batch) is None:
+            # partial gather: the o_proj reduction over attn_tp and the gather over the replicas in
+            # one all-reduce; the residual is added once (by attn_tp rank 0) before it
+            dp = forward_batch.dp
+            if self.groups.attn_tp.is_first:
+                hidden_states = hidden_states + residual
+            full = dp_gather(hidden_states, dp.num_tokens, dp.replica, self.groups, partial=True)
+            return self.post_attention_layernorm(full), dp_scatter(full, dp.num_tokens, dp.replica)
+        hidden_states = self.groups.attn_tp.all_reduce(hidden_states)
         hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
-        return self._move(hidden_states, m.attn, m.mlp, forward_batch), residual
+        return change_layout(hidden_states, self.modes.attn, mlp, forward_batch, self.groups), residual
 
     def postprocess_layer(
         self, hidden_states: torch.Tensor, residual: torch.Tensor, forward_batch: "ForwardBatch"
     ) -> tuple[torch.Tensor, torch.Tensor]:
         m = self.modes
-        hidden_states = self._move(hidden_states, m.mlp, m.layer_output, forward_batch)
-        return hidden_states, self._move(residual, m.attn, m.layer_output, forward_batch)
+        return change_layout(hidden_states, m.mlp, m.layer_output, forward_batch, self.groups), residual
 
 
 def make_layer_communicator(
-    mlp_over_tp_group: bool,
+    mlp_group: "GroupCoordinator",
     input_layernorm: torch.nn.Module,
     post_attention_layernorm: torch.nn.Module,
     groups: "ParallelGroups",
 ) -> LayerCommunicator:
-    """The communicator of a decoder layer. Dense MLPs stay on this rank's tokens (replicated over
-    cp, sharded over attn_tp); an MLP sharded over the whole tp group (`mlp_over_tp_group`: MoE
-    experts over moe_ep x moe_tp) gets the whole batch under CP."""
-    if mlp_over_tp_group and groups.layout.attn_cp > 1:
-        return GatheredMLPCommunicator(
-            LayerScatterModes.gathered_mlp(), input_layernorm, post_attention_layernorm, groups.layout
-        )
-    return LayerCommunicator(LayerScatterModes.dense(), input_layernorm, post_attention_layernorm, groups.layout)
+    """The communicator of a decoder layer whose MLP is sharded over `mlp_group`
+    (`dense_mlp_tp_group(groups)` for a dense MLP, `groups.tp` for MoE experts)."""
+    modes = LayerScatterModes.with_mlp(mlp_mode(mlp_group, groups))
+    return LayerCommunicator(modes, input_layernorm, post_attention_layernorm, groups)
 
 
 # ---------------------------------------------------------------------------- model entry / exit

@@ -10,7 +10,8 @@ a model's checkpoint layout can be derived from the model itself (`models/checkp
 - ColumnParallelLinear: output dim sharded; each rank returns its slice of the outputs.
 - MergedColumnParallelLinear: several column-parallel outputs fused into one matmul (gate/up).
 - QKVParallelLinear: q, k, v fused; KV heads are replicated when there are fewer KV heads than ranks.
-- RowParallelLinear: input dim sharded; partial outputs summed with an all-reduce over the tp group.
+- RowParallelLinear: input dim sharded; partial outputs summed with an all-reduce over the tp group
+  (or returned unreduced, `reduce_results=False`, for a caller that sums them itself).
 """
 
 from __future__ import annotations
@@ -246,7 +247,7 @@ class RowParallelLinear(LinearBase):
     """Y = X A^T with A's columns (inputs) split over tp ranks; outputs summed by all-reduce.
 
     The input is expected already split (the output of a column-parallel layer). The bias is added
-    once, after the reduction.
+    once: after the reduction, or, unreduced, by tp rank 0 only (so the caller's sum counts it once).
     """
 
     def __init__(
@@ -279,6 +280,6 @@ class RowParallelLinear(LinearBase):
         out = linear(x, self.weight, None, self.packed_weight)
         if self.reduce_results:
             out = self.tp.all_reduce(out)
-        if self.bias is not None:
+        if self.bias is not None and (self.reduce_results or self.tp_rank == 0):
             out = out + self.bias
         return out

@@ -1,16 +1,23 @@
-"""LogitsProcessor: hidden states of the tokens that need logits -> float32 logits."""
+"""LogitsProcessor: hidden states of the tokens that need logits -> float32 logits.
+
+With DP attention and an LM head sharded over the whole tp group (not `--enable-dp-lm-head`), the
+rows that need logits are gathered from every replica first (`layers/dp_attention.py`: the counts
+are `ForwardBatch.dp.num_logit_rows`, or `num_tokens` for all-token logits), the vocab-parallel
+logits computed for all of them, and each replica keeps its own rows."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import torch
 from torch import nn
 
+from sglang.srt.layers.dp_attention import dp_gather, dp_scatter
 from sglang.srt.layers.vocab_embedding import ParallelLMHead
 
 if TYPE_CHECKING:
+    from sglang.srt.distributed.parallel_state import ParallelGroups
     from sglang.srt.model_executor.forward_batch import ForwardBatch
 
 
@@ -23,17 +30,27 @@ class LogitsProcessorOutput:
 
 
 class LogitsProcessor(nn.Module):
-    """Selects each request's last new token (unless all logits are asked for) and applies the LM head."""
+    """Selects each request's last new token (unless all logits are asked for) and applies the LM head.
 
-    def __init__(self, vocab_size: int):
+    `dp_groups`: set when the LM head is sharded over the ranks of several attention-DP replicas."""
+
+    def __init__(self, vocab_size: int, dp_groups: Optional["ParallelGroups"] = None):
         super().__init__()
         self.vocab_size = vocab_size
+        self.dp_groups = dp_groups
+
+    def _logits(self, rows: torch.Tensor, lm_head: ParallelLMHead, fb: "ForwardBatch", counts: Sequence[int]):
+        if self.dp_groups is None or fb.dp is None:
+            return lm_head.compute_logits(rows).float()
+        full = dp_gather(rows, counts, fb.dp.replica, self.dp_groups, partial=False)
+        return dp_scatter(lm_head.compute_logits(full).float(), counts, fb.dp.replica)
 
     def forward(
         self, hidden_states: torch.Tensor, lm_head: ParallelLMHead, forward_batch: "ForwardBatch"
     ) -> LogitsProcessorOutput:
+        dp = forward_batch.dp
         if forward_batch.return_all_logits:
-            full = lm_head.compute_logits(hidden_states).float()
+            full = self._logits(hidden_states, lm_head, forward_batch, dp.num_tokens if dp else ())
             if forward_batch.forward_mode.is_decode():
                 return LogitsProcessorOutput(next_token_logits=full, full_logits=full)
             return LogitsProcessorOutput(next_token_logits=full[forward_batch.last_token_indices()], full_logits=full)
@@ -41,4 +58,6 @@ class LogitsProcessor(nn.Module):
             last = hidden_states  # one new token per request: already in request order
         else:
             last = hidden_states[forward_batch.last_token_indices()]
-        return LogitsProcessorOutput(next_token_logits=lm_head.compute_logits(last).float())
+        return LogitsProcessorOutput(
+            next_token_logits=self._logits(last, lm_head, forward_batch, dp.num_logit_rows if dp else ())
+        )

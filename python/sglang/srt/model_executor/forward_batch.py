@@ -116,6 +116,24 @@ class ForwardBatch:
     # Every attention-DP replica's share of this lockstep forward (None: dp 1).
     dp: Optional[DPForwardInfo] = None
 
+    @classmethod
+    def idle(
+        cls,
+        dp: DPForwardInfo,
+        req_to_token_pool: "ReqToTokenPool",
+        token_to_kv_pool: "KVPool",
+        attn_backend: Any,
+        device: Optional[torch.device] = None,
+    ) -> "ForwardBatch":
+        """A batch with no tokens: a replica's part of a lockstep forward it has no work for."""
+        empty = torch.empty(0, dtype=torch.int64, device=device)
+        return cls(
+            forward_mode=ForwardMode.IDLE, batch_size=0, input_ids=empty, positions=empty, out_cache_loc=empty,
+            req_pool_indices=empty, seq_lens=empty, extend_prefix_lens=empty, extend_seq_lens=empty,
+            seq_lens_cpu=[], extend_prefix_lens_cpu=[], extend_seq_lens_cpu=[],
+            req_to_token_pool=req_to_token_pool, token_to_kv_pool=token_to_kv_pool, attn_backend=attn_backend, dp=dp,
+        )  # fmt: skip
+
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[0])

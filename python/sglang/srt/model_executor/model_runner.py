@@ -180,14 +180,7 @@ class ModelRunner:
 
     def idle_forward_batch(self, dp: DPForwardInfo) -> ForwardBatch:
         """A batch with no tokens: this replica's part of a lockstep forward it has no work for."""
-        empty = torch.empty(0, dtype=torch.int64, device=self.device)
-        fb = ForwardBatch(
-            forward_mode=ForwardMode.IDLE, batch_size=0, input_ids=empty, positions=empty, out_cache_loc=empty,
-            req_pool_indices=empty, seq_lens=empty, extend_prefix_lens=empty, extend_seq_lens=empty,
-            seq_lens_cpu=[], extend_prefix_lens_cpu=[], extend_seq_lens_cpu=[],
-            req_to_token_pool=self.req_to_token_pool, token_to_kv_pool=self.token_to_kv_pool,
-            attn_backend=self.attn_backend, dp=dp,
-        )  # fmt: skip
+        fb = ForwardBatch.idle(dp, self.req_to_token_pool, self.token_to_kv_pool, self.attn_backend, self.device)
         self.attn_backend.init_forward_metadata(fb)
         return fb
 

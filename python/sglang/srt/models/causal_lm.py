@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from sglang.srt.distributed.parallel_state import ParallelGroups, optional_groups
-from sglang.srt.layers.communicator import dense_tp_group, gather_for_logits
+from sglang.srt.layers.communicator import gather_for_logits, lm_head_tp_group
 from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
 from sglang.srt.layers.vocab_embedding import ParallelLMHead
 from sglang.srt.mem_cache.kv_pool import KVPool, MHATokenToKVPool
@@ -55,13 +55,16 @@ class CausalLM(nn.Module):
 
     def init_lm_head(self, config: Any, groups: ParallelGroups, dtype: torch.dtype) -> None:
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        head_group = lm_head_tp_group(groups, self.tie_word_embeddings)
         if groups.pp.is_last:
-            self.lm_head: nn.Module = ParallelLMHead(config.vocab_size, config.hidden_size, dense_tp_group(groups), dtype)
+            self.lm_head: nn.Module = ParallelLMHead(config.vocab_size, config.hidden_size, head_group, dtype)
             if self.tie_word_embeddings and groups.pp.is_first:
                 self.lm_head.tie_to(self.model.embed_tokens)
         else:
             self.lm_head = PPMissingLayer()
-        self.logits_processor = LogitsProcessor(config.vocab_size)
+        # an LM head sharded over ranks of other DP replicas sees every replica's rows
+        spans_replicas = groups.layout.attn_dp > 1 and head_group.size > groups.replica.size
+        self.logits_processor = LogitsProcessor(config.vocab_size, groups if spans_replicas else None)
 
     @property
     def start_layer(self) -> int:

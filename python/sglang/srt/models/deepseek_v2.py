@@ -6,13 +6,13 @@ and the sparse MoE block elsewhere (`layers/moe/`: sigmoid grouped top-k with
 e_score_correction_bias, routed_scaling_factor, shared experts). Pre-norm decoder with the residual
 carried through fused RMSNorms, like Llama.
 
-Parallelism: attention heads over `attn_tp` (latent path and indexer replicated), embedding and
-dense MLP over `dense_tp_group` (tp without CP), routed experts over `moe_ep` x `moe_tp`, pipeline
-stages own [start_layer, end_layer). The KV pool holds compressed latent rows (`create_kv_pool`);
-V3.2's also holds the indexer keys. Context parallelism: the model runs on this rank's tokens
-(`scatter_model_input`), each rank stores its share of the latent rows / index keys
-(`layers/attention/mla_cp.py`), MoE layers gather the batch around the experts
-(`GatheredMLPCommunicator`), dense layers stay local.
+Parallelism: attention heads over `attn_tp` (latent path and indexer replicated), dense MLPs over
+`dense_mlp_tp_group`, routed experts over `moe_ep` x `moe_tp` (the whole tp group), pipeline stages
+own [start_layer, end_layer). The KV pool holds compressed latent rows (`create_kv_pool`); V3.2's
+also holds the indexer keys. Context parallelism: the model runs on this rank's tokens
+(`scatter_model_input`), each rank stores its share of the latent rows / index keys (the attention
+backend's sharded CP). With CP or DP attention the layer's communicator gathers, around an MLP
+sharded over the tp group, every token that group holds, and keeps this rank's rows after it.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from torch import nn
 
 from sglang.srt.distributed.parallel_state import ParallelGroups
 from sglang.srt.layers.attention.mla import MLAAttention
-from sglang.srt.layers.communicator import dense_tp_group, make_layer_communicator
+from sglang.srt.layers.communicator import dense_mlp_tp_group, make_layer_communicator
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.moe.moe_block import SparseMoeBlock
 from sglang.srt.layers.moe.topk import TopKConfig
@@ -71,6 +71,7 @@ class DeepseekV2DecoderLayer(nn.Module):
         self.layer_id = layer_id
         self.self_attn = MLAAttention(config, layer_id, groups.attn_tp, dtype, use_indexer)
         self.is_moe = is_moe_layer(config, layer_id)
+        mlp_group = groups.tp if self.is_moe else dense_mlp_tp_group(groups)  # experts: moe_ep x moe_tp = tp
         if self.is_moe:
             moe_inter = int(config.moe_intermediate_size)
             self.mlp: nn.Module = SparseMoeBlock(
@@ -85,10 +86,10 @@ class DeepseekV2DecoderLayer(nn.Module):
                 router_logits_fp32=True,
             )
         else:
-            self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, dense_tp_group(groups), dtype, False)
+            self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, mlp_group, dtype, False)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
-        self.comm = make_layer_communicator(self.is_moe, self.input_layernorm, self.post_attention_layernorm, groups)
+        self.comm = make_layer_communicator(mlp_group, self.input_layernorm, self.post_attention_layernorm, groups)
 
     def forward(
         self,

@@ -1,10 +1,11 @@
 """Llama-family decoder-only models: Llama / SmolLM, Qwen2 (qkv bias), Qwen3 (q/k RMSNorm).
 
 Wiring only: every block is a shared layer. Tensor parallelism: attention projections are sharded
-over `groups.attn_tp`, the MLP, embedding and LM head over `dense_tp_group(groups)` (`groups.tp`
-without context parallelism). Context parallelism: the model runs on this rank's token shard
-(`layers/communicator.py` changes the token layout at the model entry and before the LM head); the
-attention backend exchanges K/V across the cp ranks. Pipeline parallelism: `LlamaModel` is a
+over `groups.attn_tp`, the MLP over `dense_mlp_tp_group(groups)`, the embedding and LM head over
+their groups (`layers/communicator.py`: `groups.tp` without context parallelism or DP attention).
+Context parallelism / DP attention: the model runs on this rank's token shard; the layer's
+`LayerCommunicator` completes the attention output (o_proj leaves its sum to it) and moves tokens
+to the MLP's layout and back; the attention backend exchanges K/V across the cp ranks. Pipeline parallelism: `LlamaModel` is a
 `StageModel` (`model.layers` indexed by global layer id, this stage's layers [start_layer,
 end_layer), placeholders elsewhere). Checkpoint loading and the checkpoint layout come from
 `CausalLM` and `_STACKED_PARAMS`.
@@ -21,7 +22,7 @@ from transformers import PretrainedConfig
 from sglang.srt.distributed.parallel_state import GroupCoordinator, ParallelGroups
 from sglang.srt.layers.activation import SiluAndMul
 from sglang.srt.layers.attention.radix_attention import RadixAttention
-from sglang.srt.layers.communicator import LayerCommunicator, LayerScatterModes, dense_tp_group
+from sglang.srt.layers.communicator import dense_mlp_tp_group, make_layer_communicator
 from sglang.srt.layers.context_parallel import is_cp_batch
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
@@ -72,7 +73,8 @@ class LlamaAttention(nn.Module):
         num_heads = config.num_attention_heads
         num_kv_heads = getattr(config, "num_key_value_heads", None) or num_heads
         self.qkv_proj = QKVParallelLinear(config.hidden_size, head_dim, num_heads, num_kv_heads, qkv_bias, tp, dtype)
-        self.o_proj = RowParallelLinear(num_heads * head_dim, config.hidden_size, o_bias, tp, dtype)
+        # unreduced: the layer's communicator completes the sum over attn_tp (with the DP gather, if any)
+        self.o_proj = RowParallelLinear(num_heads * head_dim, config.hidden_size, o_bias, tp, dtype, reduce_results=False)
         self.num_heads = self.qkv_proj.num_heads
         self.num_kv_heads = self.qkv_proj.num_kv_heads
         self.head_dim = head_dim
@@ -132,12 +134,11 @@ class LlamaDecoderLayer(nn.Module):
         o_bias = bool(getattr(config, "attention_bias", False))
         self.self_attn = LlamaAttention(config, layer_id, groups.attn_tp, dtype, qkv_bias, o_bias, qk_norm)
         mlp_bias = bool(getattr(config, "mlp_bias", False))
-        self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, dense_tp_group(groups), dtype, mlp_bias)
+        mlp_group = dense_mlp_tp_group(groups)
+        self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, mlp_group, dtype, mlp_bias)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
-        self.comm = LayerCommunicator(
-            LayerScatterModes.dense(), self.input_layernorm, self.post_attention_layernorm, groups.layout
-        )
+        self.comm = make_layer_communicator(mlp_group, self.input_layernorm, self.post_attention_layernorm, groups)
 
     def forward(
         self,
@@ -192,10 +193,13 @@ class LlamaModel(StageModel):
 
     def _logit_rows(self, forward_batch: ForwardBatch, num_tokens: int) -> Optional[torch.Tensor]:
         """Rows the model's last layer must finish past attention: each request's last new token,
-        when that is all the logits processor takes (no all-token logits, no CP token shards, the
+        when that is all the logits processor takes (no all-token logits, no CP token shards, no DP
+        attention step, whose MLP may gather every replica's rows by the step's token counts, the
         model's final layer is on this stage); None when every row is needed. The last layer then
-        skips o_proj, the MLP and the norms for the other rows (~1/num_layers of a long prefill)."""
+        skips o_proj, the MLP and the norms for the other rows."""
         if not self.pp_last or forward_batch.return_all_logits or is_cp_batch(forward_batch):
+            return None
+        if forward_batch.dp is not None:
             return None
         if forward_batch.batch_size == num_tokens:  # decode: one row per request already
             return None

@@ -3,9 +3,10 @@
 Wiring only: the attention block is Llama's (`LlamaAttention` with qk_norm), MLP layers are the
 shared `SparseMoeBlock` (softmax routing, `norm_topk_prob`, no shared experts) except layers listed
 in `mlp_only_layers` or off the `decoder_sparse_step` grid, which keep a dense SwiGLU MLP.
-Parallelism as in llama.py, with routed experts over `moe_ep` x `moe_tp`. Context parallelism:
-attention as Llama's (sharded KV, k/v all-gather), dense layers on this rank's tokens, MoE layers
-on the whole batch (`GatheredMLPCommunicator`: gather the normed hidden states, keep own rows).
+Parallelism as in llama.py, with routed experts over `moe_ep` x `moe_tp` (the whole tp group).
+Context parallelism / DP attention: attention as Llama's, dense layers in their group's layout, MoE
+layers on every token the tp group holds (the layer's communicator gathers the normed hidden
+states into the replica's or the stage's tokens and keeps its own rows of the output).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 from torch import nn
 
 from sglang.srt.distributed.parallel_state import ParallelGroups
-from sglang.srt.layers.communicator import dense_tp_group, make_layer_communicator
+from sglang.srt.layers.communicator import dense_mlp_tp_group, make_layer_communicator
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.moe.moe_block import SparseMoeBlock
 from sglang.srt.layers.moe.topk import TopKConfig
@@ -41,16 +42,17 @@ class Qwen3MoeDecoderLayer(nn.Module):
         bias = bool(getattr(config, "attention_bias", False))
         self.self_attn = LlamaAttention(config, layer_id, groups.attn_tp, dtype, bias, False, True)
         self.is_moe = is_sparse_layer(config, layer_id)
+        mlp_group = groups.tp if self.is_moe else dense_mlp_tp_group(groups)  # experts: moe_ep x moe_tp = tp
         if self.is_moe:
             topk = TopKConfig(top_k=int(config.num_experts_per_tok), renormalize=bool(config.norm_topk_prob))
             self.mlp: nn.Module = SparseMoeBlock(
                 config.hidden_size, int(config.num_experts), int(config.moe_intermediate_size), topk, groups, dtype
             )
         else:
-            self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, dense_tp_group(groups), dtype, False)
+            self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, mlp_group, dtype, False)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
-        self.comm = make_layer_communicator(self.is_moe, self.input_layernorm, self.post_attention_layernorm, groups)
+        self.comm = make_layer_communicator(mlp_group, self.input_layernorm, self.post_attention_layernorm, groups)
 
     def forward(
         self,

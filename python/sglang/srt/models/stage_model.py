@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from sglang.srt.distributed.parallel_state import ParallelGroups
-from sglang.srt.layers.communicator import dense_tp_group, scatter_model_input
+from sglang.srt.layers.communicator import embedding_tp_group, scatter_model_input
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.vocab_embedding import VocabParallelEmbedding
 from sglang.srt.model_executor.forward_batch import ForwardBatch, PPProxyTensors
@@ -50,7 +50,7 @@ class StageModel(nn.Module):
         self.start_layer, self.end_layer = pp_layer_range(n, groups.pp.rank, groups.pp.size)
         if self.pp_first:
             self.embed_tokens: nn.Module = VocabParallelEmbedding(
-                config.vocab_size, config.hidden_size, dense_tp_group(groups), dtype
+                config.vocab_size, config.hidden_size, embedding_tp_group(groups), dtype
             )
         else:
             self.embed_tokens = PPMissingLayer()

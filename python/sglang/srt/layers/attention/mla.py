@@ -109,7 +109,8 @@ class MLAAttention(nn.Module):
         self.kv_b_proj = ColumnParallelLinear(
             self.kv_lora_rank, total_heads * (self.qk_nope_head_dim + self.v_head_dim), False, tp, dtype
         )
-        self.o_proj = RowParallelLinear(total_heads * self.v_head_dim, hidden, bias, tp, dtype)
+        # unreduced: the layer's communicator completes the sum over attn_tp (with the DP gather, if any)
+        self.o_proj = RowParallelLinear(total_heads * self.v_head_dim, hidden, bias, tp, dtype, reduce_results=False)
         self.num_heads = total_heads // (tp.size if tp is not None else 1)
         self.attn = MLACore(
             self.num_heads, self.kv_lora_rank, self.qk_rope_head_dim, mla_softmax_scale(qk_head_dim, config), layer_id
