@@ -34,6 +34,7 @@ CHOICES = {
     "cp_strategy": ["zigzag", "round-robin"],
     "dynamic_chunking_mode": ["upstream", "auto"],
     "device": ["cpu", "cuda", "npu"],
+    "load_balance_method": ["auto", "round_robin", "total_requests", "total_tokens"],
     "log_level": ["debug", "info", "warning", "error"],
 }
 
@@ -89,7 +90,12 @@ class ServerArgs:
     ep_size: int = 1
     cp_strategy: str = "zigzag"
     cp_kv_cache_interleave_size: int = 1  # CP KV sharding: consecutive tokens stored per rank
+    # Attention DP (docs/dp_attention.md): `--dp-size D --enable-dp-attention` runs D attention
+    # replicas (own requests and KV each) inside the tp group; MLPs / MoE stay sharded over tp.
     enable_dp_attention: bool = False
+    moe_dense_tp_size: Optional[int] = None  # 1: dense MLPs replicated (purely data-parallel)
+    enable_dp_lm_head: bool = False  # LM head vocab-parallel inside each attention-TP group
+    load_balance_method: str = "auto"  # how the DP controller picks a replica ("auto" = round_robin)
     pp_async_batch_depth: int = 0
     pp_max_micro_batch_size: Optional[int] = None
     # Chunked-pipeline prefill: chunk sizes from a latency fit (docs/dynamic_chunking.md); only with pp > 1.
@@ -149,11 +155,7 @@ class ServerArgs:
         if not (0 <= self.node_rank < self.nnodes):
             raise ValueError(f"--node-rank must be in [0, --nnodes), got {self.node_rank}")
         self._validate_attention_backend()
-        unsupported = [n for n in ("dp_size",) if getattr(self, n) > 1]
-        if unsupported:
-            raise ValueError(
-                f"{', '.join('--' + _flag(n) for n in unsupported)} > 1 is not supported by this build yet"
-            )
+        self._validate_dp_attention()
         from sglang.srt.distributed.parallel_layout import ParallelLayout
 
         layout = ParallelLayout.from_server_args(self)
@@ -170,6 +172,19 @@ class ServerArgs:
             self._validate_pipeline()
         if self.cp_size > 1 or self.cp_kv_cache_interleave_size != 1:
             self._validate_context_parallel()
+
+    def _validate_dp_attention(self) -> None:
+        """Attention DP flags (docs/dp_attention.md, "What composes")."""
+        if self.dp_size > 1 and not self.enable_dp_attention:
+            raise ValueError(
+                "--dp-size > 1 needs --enable-dp-attention (data parallelism of whole engines is not built; "
+                "run several servers behind a router instead)"
+            )
+        if self.moe_dense_tp_size is not None and self.moe_dense_tp_size != 1:
+            raise ValueError(f"--moe-dense-tp-size must be 1 or unset, got {self.moe_dense_tp_size}")
+        if self.dp_size > 1 and self.nnodes > 1:
+            raise ValueError("--dp-size > 1 with --nnodes > 1 is not supported (the replicas' entry ranks "
+                             "talk to the data-parallel controller over ipc sockets of node 0)")  # fmt: skip
 
     def _validate_attention_backend(self) -> None:
         """A known backend name (checked by name: no backend module is imported)."""
@@ -195,8 +210,6 @@ class ServerArgs:
             if not get_attention_backend_class(backend).supports_context_parallel:
                 raise ValueError(f"--cp-size > 1 needs an --attention-backend that supports context parallelism, "
                                  f"got {backend!r}")  # fmt: skip
-        if self.cp_size > 1 and self.enable_dp_attention:
-            raise ValueError("--cp-size > 1 together with --enable-dp-attention is not supported yet")
 
     def _validate_pipeline(self) -> None:
         """Pipeline flags, and the layer partition against the model's layer count (cheap: config only)."""
@@ -279,11 +292,17 @@ def prepare_server_args(argv: list[str]) -> ServerArgs:
 
 @dataclass
 class PortArgs:
-    """ZMQ endpoints between the processes of one server (ipc:// files in a private temp dir)."""
+    """ZMQ endpoints between the processes of one server (ipc:// files in a private temp dir).
+
+    With attention DP (`--dp-size D --enable-dp-attention`) the data-parallel controller binds
+    `scheduler_input_ipc_name` (the tokenizer's target, unchanged), each replica's entry rank binds
+    `replica_input_ipc_name(d)` and sends its control replies and load reports to
+    `dp_controller_ipc_name`; token ids still go straight to the detokenizer."""
 
     tokenizer_ipc_name: str
     scheduler_input_ipc_name: str
     detokenizer_ipc_name: str
+    dp_controller_ipc_name: str = ""
 
     @staticmethod
     def init_new(server_args: ServerArgs) -> "PortArgs":
@@ -292,5 +311,14 @@ class PortArgs:
             tokenizer_ipc_name=f"ipc://{base}/tokenizer",
             scheduler_input_ipc_name=f"ipc://{base}/scheduler",
             detokenizer_ipc_name=f"ipc://{base}/detokenizer",
+            dp_controller_ipc_name=f"ipc://{base}/dp_controller",
         )
 
+    def replica_input_ipc_name(self, dp_rank: int, dp_size: int) -> str:
+        """Where replica `dp_rank`'s entry rank takes its messages (the tokenizer's target when
+        there is one replica)."""
+        return self.scheduler_input_ipc_name if dp_size == 1 else f"{self.scheduler_input_ipc_name}-dp{dp_rank}"
+
+    def control_reply_ipc_name(self, dp_size: int) -> str:
+        """Where scheduler entry ranks send control replies: the tokenizer, or the DP controller."""
+        return self.tokenizer_ipc_name if dp_size == 1 else self.dp_controller_ipc_name

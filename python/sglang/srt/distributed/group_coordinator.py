@@ -171,6 +171,17 @@ class GroupCoordinator:
         dist.broadcast_object_list(box, src=self._world(src), group=self.cpu_group)
         return box[0]
 
+    def all_gather_ints(self, values: Sequence[int]) -> list[list[int]]:
+        """Every rank's list of ints (same length on every rank), in group order: one small gloo
+        all-gather on the CPU group (cheaper than pickling for per-step control numbers)."""
+        if self.size == 1:
+            return [list(values)]
+        self._need_groups()
+        mine = torch.tensor(list(values), dtype=torch.int64)
+        out = [torch.empty_like(mine) for _ in range(self.size)]
+        dist.all_gather(out, mine, group=self.cpu_group)
+        return [t.tolist() for t in out]
+
     def all_gather_object(self, obj: Any) -> list[Any]:
         """Every rank's picklable object, in group order."""
         if self.size == 1:

@@ -1,7 +1,8 @@
 """Point-to-point links of the pipeline ring: asynchronous typed sends, receiver threads, an inbox.
 
 Each directed link of the ring (stage k -> k+1 for every tp coordinate, and last stage -> stage 0
-for tp coordinate 0, which carries the sampled outputs back) gets its own gloo process group, used
+for the first tp coordinate of each attention-DP replica (tp 0 when dp = 1), which carries the
+sampled outputs back) gets its own gloo process group, used
 by exactly one thread at each end: the main loop sends, a receiver thread on the other end reads.
 The receiver thread puts every message into the rank's `Inbox`, demultiplexed by kind, so a proxy
 is never taken for an output and the main loop can poll for outputs without blocking (gloo's
@@ -123,15 +124,17 @@ class PPComm:
         me = groups.world_rank
         coords = layout.coords(me)
         self.pp_rank, self.tp_rank, self.pp_size = coords.pp, coords.tp, layout.pp
+        # the first rank of each attention-DP replica (tp coordinate 0 when dp = 1) returns outputs
+        self.replica_size = layout.attn_cp * layout.attn_tp
         self.device = device or groups.tp.device
         self.inbox = Inbox()
         self.next_link: Optional[Link] = None  # to stage k+1 (not on the last stage)
-        self.return_link: Optional[Link] = None  # last stage, tp 0: outputs back to stage 0
+        self.return_link: Optional[Link] = None  # last stage, a replica's first rank: outputs back to stage 0
         incoming: list[Link] = []
         for col in range(layout.tp):
             for k in range(layout.pp):
-                if k == layout.pp - 1 and col != 0:
-                    continue  # only tp coordinate 0 returns outputs
+                if k == layout.pp - 1 and col % self.replica_size:
+                    continue  # only each replica's first rank returns outputs
                 src, dst = layout.world_rank_of(k, col), layout.world_rank_of((k + 1) % layout.pp, col)
                 link = self._make_link(src, dst, backend)
                 if me == src:
@@ -154,8 +157,8 @@ class PPComm:
 
     @property
     def receives_outputs(self) -> bool:
-        """Stage 0, tp 0: the outputs of the last stage come here."""
-        return self.pp_rank == 0 and self.tp_rank == 0
+        """Stage 0, first rank of a replica (tp 0 when dp = 1): the outputs of the last stage come here."""
+        return self.pp_rank == 0 and self.tp_rank % self.replica_size == 0
 
     def send_next(
         self, kind: int, mb_id: int, obj: Any = None, tensors: Optional[dict[str, torch.Tensor]] = None
@@ -165,7 +168,7 @@ class PPComm:
         return self.next_link.send(kind, mb_id, obj, tensors)
 
     def send_return(self, kind: int, mb_id: int, obj: Any = None) -> Optional[PendingSend]:
-        """Last stage -> stage 0 (only tp coordinate 0 has this link; others return None)."""
+        """Last stage -> stage 0 (only each replica's first rank has this link; others return None)."""
         if self.return_link is None:
             return None
         return self.return_link.send(kind, mb_id, obj)

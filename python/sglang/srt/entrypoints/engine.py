@@ -14,7 +14,12 @@ import threading
 from typing import Any, AsyncIterator, Callable, Iterator, Optional, Union
 
 from sglang.srt.entrypoints.launch import ChildProcesses, launch_processes
-from sglang.srt.managers.io_struct import FlushCacheReqOutput, GenerateReqInput, SchedulerReadyInfo
+from sglang.srt.managers.io_struct import (
+    FlushCacheReqOutput,
+    GenerateReqInput,
+    GetInternalStateReqOutput,
+    SchedulerReadyInfo,
+)
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
 from sglang.srt.server_args import PortArgs, ServerArgs
 from sglang.srt.utils.process import configure_logger
@@ -42,11 +47,12 @@ def _launch_subprocesses(
     return tokenizer_manager, info
 
 
-def server_info(tokenizer_manager: TokenizerManager, internal_state: dict) -> dict:
-    """SGLang's /get_server_info payload: server args + scheduler info + internal states."""
+def server_info(tokenizer_manager: TokenizerManager, state: GetInternalStateReqOutput) -> dict:
+    """SGLang's /get_server_info payload: server args + scheduler info + internal states (one per
+    attention-DP replica, as upstream lists one per DP rank)."""
     info = dataclasses.asdict(tokenizer_manager.server_args)
     info.update(dataclasses.asdict(tokenizer_manager.scheduler_info))
-    info["internal_states"] = [internal_state]
+    info["internal_states"] = state.replica_states or [state.state]
     info["version"] = __version__
     return info
 
@@ -186,7 +192,7 @@ class Engine:
         return self._run(self.tokenizer_manager.flush_cache())
 
     def get_server_info(self) -> dict:
-        state = self._run(self.tokenizer_manager.get_internal_state())
+        state = self._run(self.tokenizer_manager.get_internal_state_reply())
         return server_info(self.tokenizer_manager, state)
 
     def shutdown(self) -> None:

@@ -155,7 +155,7 @@ def create_app(tokenizer_manager: TokenizerManager, on_started: Optional[Callabl
     @app.get("/get_server_info")
     @app.get("/server_info")
     async def get_server_info() -> dict:
-        return server_info(tm, await tm.get_internal_state())
+        return server_info(tm, await tm.get_internal_state_reply())
 
     if tm.metrics is not None:
 
@@ -163,8 +163,8 @@ def create_app(tokenizer_manager: TokenizerManager, on_started: Optional[Callabl
         async def metrics() -> Response:
             # Scheduler gauges are pulled at scrape time; on timeout the previous values stay.
             try:
-                state = await asyncio.wait_for(tm.get_internal_state(), timeout=METRICS_STATE_TIMEOUT_S)
-                tm.metrics.update_scheduler_state(state)
+                reply = await asyncio.wait_for(tm.get_internal_state_reply(), timeout=METRICS_STATE_TIMEOUT_S)
+                tm.metrics.update_scheduler_state(reply.state, reply.replica_states)
             except Exception as err:  # noqa: BLE001 - still serve the tokenizer-side metrics
                 logger.warning("metrics: scheduler state unavailable (%r)", err)
             return Response(tm.metrics.render(), media_type=METRICS_CONTENT_TYPE)

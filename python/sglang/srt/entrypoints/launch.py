@@ -1,4 +1,5 @@
-"""Start the scheduler and detokenizer processes, wait until they are ready, watch them.
+"""Start the scheduler, detokenizer (and, with attention DP, data-parallel controller) processes,
+wait until they are ready, watch them.
 
 Used by both the offline `Engine` and the HTTP server. Children are started with the spawn
 context, watch their parent (they exit when it dies) and are stopped with `ChildProcesses.terminate`.
@@ -57,6 +58,15 @@ def _scheduler_entry(
         except OSError:
             pass
         raise
+
+
+def _dp_controller_entry(server_args: ServerArgs, port_args: PortArgs) -> None:
+    set_process_name("sglang-dp-ctrl")
+    _ignore_sigint()
+    kill_itself_when_parent_died()
+    from sglang.srt.managers.dp_controller import run_data_parallel_controller_process
+
+    run_data_parallel_controller_process(server_args, port_args)
 
 
 def _detokenizer_entry(server_args: ServerArgs, port_args: PortArgs) -> None:
@@ -247,6 +257,13 @@ def launch_processes(
             )
             detok.start()
             children.add("Detokenizer", detok)
+            if server_args.enable_dp_attention and server_args.dp_size > 1:
+                ctrl = ctx.Process(
+                    target=_dp_controller_entry, args=(server_args, port_args), name="sglang-dp-controller",
+                    daemon=False,
+                )  # fmt: skip
+                ctrl.start()
+                children.add("DP controller", ctrl)
 
         tokenizer = None
         if is_head_node and not server_args.skip_tokenizer_init:

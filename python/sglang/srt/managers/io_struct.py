@@ -112,6 +112,8 @@ class GetInternalStateReqInput:
 @dataclass
 class GetInternalStateReqOutput:
     state: dict[str, Any] = field(default_factory=dict)
+    # With attention DP: each replica's own state (`state` is then their merge, see dp_controller)
+    replica_states: list[dict[str, Any]] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------------------- scheduler -> detokenizer
@@ -166,3 +168,30 @@ class SchedulerReadyInfo:
     context_len: int
     vocab_size: int
     max_running_requests: int
+
+
+# ---------------------------------------------------------------------------- attention DP
+@dataclass
+class DPLoadReport:
+    """A replica's load, to the data-parallel controller (sent when it changes). `received` counts
+    the generate requests the replica has taken so far, so the controller adds exactly the ones
+    still on their way to it."""
+
+    dp_rank: int
+    num_reqs: int  # running + waiting
+    num_tokens: int  # KV tokens in use + tokens of waiting prompts
+    received: int
+
+
+@dataclass
+class DPReply:
+    """A replica's control reply (flush, internal state), to the data-parallel controller."""
+
+    dp_rank: int
+    reply: Any
+
+
+@dataclass
+class DPWakeUp:
+    """Controller -> a replica: another replica got work; stop blocking in the idle receive and
+    join the next lockstep exchange at once."""

@@ -3,7 +3,9 @@
 - `KVCacheManager` gives requests KV rows/slots and returns them to the radix cache;
 - `SchedulePolicy` picks each step's work (decodes + prefill chunks, continuous batching);
 - `ModelRunner` runs the forward and samples (the scheduler never touches tensors);
-- `SchedulerIO` (ZMQ) carries messages in and out when running as a process.
+- `SchedulerIO` (ZMQ) carries messages in and out when running as a process;
+- `DPLockstep` (attention DP only) agrees every step's token counts with the other replicas of the
+  stage and makes this replica run an IDLE forward when it has no tokens but another has.
 
 The same object runs in-process (tests, benchmarks) through `add_request` / `step`. Its loop is
 `event_loop`; with pipeline parallelism stage 0's `managers/pp/driver.py` drives it instead (the
@@ -20,9 +22,12 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 from sglang.srt.distributed.parallel_state import ParallelGroups
 from sglang.srt.managers.cache_manager import KVCacheManager
+from sglang.srt.managers.dp_lockstep import DPLockstep
 from sglang.srt.managers.io_struct import (
     AbortReq,
     BatchTokenIDOut,
+    DPLoadReport,
+    DPWakeUp,
     FlushCacheReqInput,
     FlushCacheReqOutput,
     GetInternalStateReqInput,
@@ -58,11 +63,13 @@ class Scheduler:
         chunk_budget: Optional[ChunkBudgetFn] = None,
         extra_state: Optional[Callable[[], dict]] = None,
         on_step_result: Optional[StepObserver] = None,
+        dp_lockstep: Optional[DPLockstep] = None,
     ):
         """`runner`: an already built runner of this rank (default: build one). `chunk_budget`:
         dynamic chunking's per-step prefill budget (None: fixed chunks). `extra_state`: more
         `internal_state()` entries (the PP driver's bubble ratios). `on_step_result`: observer of
-        each applied step (tests)."""
+        each applied step (tests). `dp_lockstep`: with attention DP, the agreement `step()` makes
+        with the other replicas (the PP driver does its own and passes none)."""
         self.server_args = server_args
         self.groups = groups or ParallelGroups.single()
         self.runner = runner if runner is not None else ModelRunner(server_args, self.groups)
@@ -98,6 +105,9 @@ class Scheduler:
         self.num_retractions = 0
         self.on_step_result = on_step_result
         self.extra_state = extra_state
+        self.dp = dp_lockstep
+        self.num_received = 0  # generate requests taken (the DP controller's load accounting)
+        self._last_load: Optional[tuple[int, int]] = None
         self._last_stats = time.monotonic()
         self._stats = {"prefill_tokens": 0, "decode_tokens": 0, "steps": 0}
 
@@ -113,6 +123,7 @@ class Scheduler:
 
     def internal_state(self) -> dict:
         return {
+            "dp_rank": self.groups.dp_rank,
             "max_total_num_tokens": self.runner.max_total_num_tokens,
             "available_kv_tokens": self.cache.available_tokens(),
             "free_kv_tokens": self.cache.free_slots(),
@@ -123,12 +134,23 @@ class Scheduler:
             "forward_ct": self.forward_ct,
             "pp_bubble_ratio": [],  # each pipeline stage's bubble ratio: the PP driver's `extra_state`
             **self.runner.kv_state(self.cache.free_slots()),  # cp size, physical KV pool / usage per rank
+            **(self.dp.state() if self.dp is not None else {}),
             **(self.extra_state() if self.extra_state is not None else {}),
         }
 
     @property
     def has_work(self) -> bool:
         return bool(self.running or self.waiting)
+
+    def load_report(self) -> Optional[DPLoadReport]:
+        """This replica's load for the DP controller, when it changed since the last report."""
+        used = self.runner.max_total_num_tokens - self.cache.available_tokens()
+        tokens = used + sum(len(r.origin_input_ids) for r in self.waiting)
+        load = (len(self.running) + len(self.waiting), tokens, self.num_received)
+        if load == self._last_load:
+            return None
+        self._last_load = load
+        return DPLoadReport(self.groups.dp_rank, load[0], load[1], load[2])
 
     # ------------------------------------------------------------------ inputs
     def apply_messages(self, msgs: list, io: Optional["SchedulerPort"]) -> None:
@@ -142,7 +164,10 @@ class Scheduler:
     def handle_message(self, msg):
         """Apply one incoming message; returns a control reply for the tokenizer, if any."""
         if isinstance(msg, TokenizedGenerateReqInput):
+            self.num_received += 1
             self.add_request(msg)
+        elif isinstance(msg, DPWakeUp):
+            pass  # its only job was to end the idle receive
         elif isinstance(msg, AbortReq):
             return self.abort(msg)
         elif isinstance(msg, FlushCacheReqInput):
@@ -204,13 +229,30 @@ class Scheduler:
 
     # ------------------------------------------------------------------ one step
     def step(self) -> Optional[BatchTokenIDOut]:
-        """Run one forward step (if there is work) and return the outputs due."""
-        if self.has_work:
+        """Run one forward step (if there is work) and return the outputs due. With attention DP
+        every replica of the stage calls it each iteration (it joins the lockstep agreement)."""
+        if self.dp is not None:
+            self._dp_step()
+        elif self.has_work:
             batch, worker_batch = self.schedule()
             if worker_batch is not None:
                 result = self.runner.forward(worker_batch)
                 self.process_result(batch, result)
         return self.collect_outputs()
+
+    def _dp_step(self) -> None:
+        """Schedule this replica's step, agree the counts with the other replicas, and run the
+        forward when any replica has tokens (IDLE when this one has none)."""
+        batch, worker_batch = self.schedule() if self.has_work else (None, None)
+        tokens = len(worker_batch.input_ids) if worker_batch is not None else 0
+        rows = worker_batch.batch_size if worker_batch is not None else 0
+        info = self.dp.agree(tokens, rows, self.has_work)
+        if info is None:
+            return
+        if worker_batch is None:
+            self.runner.forward_idle(info)
+        else:
+            self.process_result(batch, self.runner.forward(worker_batch, info))
 
     def collect_outputs(self) -> Optional[BatchTokenIDOut]:
         due, self._pending_outputs = self._pending_outputs, []
@@ -319,7 +361,7 @@ class Scheduler:
     # ------------------------------------------------------------------ logging
     def _maybe_log_stats(self) -> None:
         now = time.monotonic()
-        if now - self._last_stats < STATS_LOG_INTERVAL_S or not self._stats["steps"] or not self.groups.tp.is_first:
+        if now - self._last_stats < STATS_LOG_INTERVAL_S or not self._stats["steps"] or not self.groups.replica.is_first:
             return
         dt = now - self._last_stats
         used = self.runner.max_total_num_tokens - self.cache.available_tokens()
@@ -337,16 +379,27 @@ class Scheduler:
 
     # ------------------------------------------------------------------ process loop
     def event_loop(self, io: Optional["SchedulerPort"]) -> None:
-        """Serve forever. `io` is the entry rank's SchedulerIO, None on the other ranks."""
-        stage = self.groups.tp
+        """Serve forever. `io` is the entry rank's SchedulerIO (its replica's, with attention DP),
+        None on the other ranks, which mirror it: every message is broadcast inside the replica."""
+        mirrors = self.groups.replica  # the stage's tp group when dp = 1
         while True:
-            msgs = io.recv_all(block=not self.has_work) if io is not None else None
-            if stage.size > 1:
-                msgs = stage.broadcast_object(msgs, src=0)
+            msgs = io.recv_all(block=self.may_block()) if io is not None else None
+            if mirrors.size > 1:
+                msgs = mirrors.broadcast_object(msgs, src=0)
             self.apply_messages(msgs, io)
             out = self.step()
-            if out is not None and io is not None:
-                io.emit(out)
+            if io is not None:
+                if out is not None:
+                    io.emit(out)
+                if self.dp is not None:
+                    report = self.load_report()
+                    if report is not None:
+                        io.report(report)
+
+    def may_block(self) -> bool:
+        """Whether the next receive may wait for messages: nothing to do here, and (attention DP)
+        no replica had work at the last agreement, so nobody waits for this one."""
+        return not self.has_work and (self.dp is None or not self.dp.any_work)
 
     # ------------------------------------------------------------------ in-process driver
     def run_until_idle(self, max_steps: int = 1_000_000) -> list[BatchTokenIDOut]:

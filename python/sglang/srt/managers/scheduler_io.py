@@ -3,6 +3,8 @@
 `SchedulerPort` is what a scheduler loop needs of them (`Scheduler.event_loop`, the PP driver,
 and test doubles such as `sglang.test.pp_harness.ScriptedIO`): `recv_all` the tokenizer's
 messages, `reply` to the tokenizer (control replies), `emit` token ids to the detokenizer.
+With attention DP each replica's entry rank has one: its messages come from the data-parallel
+controller, its control replies and load reports (`report`) go back to it.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from typing import Any, Protocol
 
 import zmq
 
+from sglang.srt.managers.io_struct import DPReply
 from sglang.srt.server_args import PortArgs
 
 IDLE_POLL_MS = 1000  # how long an idle scheduler blocks before re-checking its surroundings
@@ -21,18 +24,23 @@ class SchedulerPort(Protocol):
 
     def reply(self, msg: Any) -> None: ...
 
+    def report(self, msg: Any) -> None:
+        """A load report to the data-parallel controller (attention DP only)."""
+        self.send_to_tokenizer.send_pyobj(msg)
+
     def emit(self, out: Any) -> None: ...
 
 
 class SchedulerIO:
-    def __init__(self, port_args: PortArgs):
+    def __init__(self, port_args: PortArgs, dp_rank: int = 0, dp_size: int = 1):
         self.context = zmq.Context(2)
         self.recv_from_tokenizer = self.context.socket(zmq.PULL)
-        self.recv_from_tokenizer.bind(port_args.scheduler_input_ipc_name)
+        self.recv_from_tokenizer.bind(port_args.replica_input_ipc_name(dp_rank, dp_size))
         self.send_to_detokenizer = self.context.socket(zmq.PUSH)
         self.send_to_detokenizer.connect(port_args.detokenizer_ipc_name)
         self.send_to_tokenizer = self.context.socket(zmq.PUSH)
-        self.send_to_tokenizer.connect(port_args.tokenizer_ipc_name)
+        self.send_to_tokenizer.connect(port_args.control_reply_ipc_name(dp_size))
+        self.dp_rank = dp_rank if dp_size > 1 else None  # replies go to the DP controller, tagged
         self.poller = zmq.Poller()
         self.poller.register(self.recv_from_tokenizer, zmq.POLLIN)
 
@@ -48,7 +56,11 @@ class SchedulerIO:
                 return msgs
 
     def reply(self, msg: Any) -> None:
-        """A control reply (flush, abort, internal state) to the tokenizer."""
+        """A control reply (flush, abort, internal state) to the tokenizer (or the DP controller)."""
+        self.send_to_tokenizer.send_pyobj(msg if self.dp_rank is None else DPReply(self.dp_rank, msg))
+
+    def report(self, msg: Any) -> None:
+        """A load report to the data-parallel controller (attention DP only)."""
         self.send_to_tokenizer.send_pyobj(msg)
 
     def emit(self, out: Any) -> None:

@@ -12,6 +12,7 @@ import logging
 import traceback
 
 from sglang.srt.distributed.parallel_state import ParallelGroups, ParallelLayout
+from sglang.srt.managers.dp_lockstep import DPLockstep
 from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.managers.scheduler_io import SchedulerIO
 from sglang.srt.server_args import PortArgs, ServerArgs
@@ -26,6 +27,8 @@ def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, rank: in
     Only the entry rank (pp 0, tp 0) owns ZMQ sockets. It broadcasts every incoming message to
     the other ranks of its stage, so every rank applies the same messages in the same order and
     its request mirror, and therefore its batch, stays identical (pp-cp.md invariant 1).
+    With attention DP each replica is such an engine of its own (its entry rank owns its sockets
+    and broadcasts inside the replica), and the replicas agree every step (`DPLockstep`).
     With `--pp-size > 1` the rank runs its part of the pipeline ring instead
     (`managers/pp/driver.py`: stage 0 schedules, later stages follow).
     """
@@ -42,8 +45,9 @@ def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, rank: in
             pp_rank = build_pp_rank(server_args, groups, port_args=port_args, tokenizer=tokenizer)
             info = pp_rank.info
         else:
-            scheduler = Scheduler(server_args, groups=groups, tokenizer=tokenizer)
-            io = SchedulerIO(port_args) if groups.is_entry_rank else None
+            lockstep = DPLockstep(groups) if groups.layout.attn_dp > 1 else None
+            scheduler = Scheduler(server_args, groups=groups, tokenizer=tokenizer, dp_lockstep=lockstep)
+            io = SchedulerIO(port_args, groups.dp_rank, groups.layout.attn_dp) if groups.is_replica_entry else None
             info = scheduler.ready_info()
     except Exception:
         pipe_writer.send({"status": "error", "error": traceback.format_exc()})

@@ -142,7 +142,11 @@ class TokenizerManager:
         self.child_processes: Optional[Any] = None
         self.metrics: Optional[ServerMetrics] = None
         if server_args.enable_metrics:
-            self.metrics = ServerMetrics(server_args.served_model_name, pp_size=server_args.pp_size)
+            self.metrics = ServerMetrics(
+                server_args.served_model_name,
+                pp_size=server_args.pp_size,
+                dp_size=server_args.dp_size if server_args.enable_dp_attention else 1,
+            )
 
     # ------------------------------------------------------------------ life cycle
     def _ensure_started(self) -> None:
@@ -442,9 +446,13 @@ class TokenizerManager:
     async def flush_cache(self) -> FlushCacheReqOutput:
         return await self._control(self.flush_waiters, FlushCacheReqInput())
 
+    async def get_internal_state_reply(self) -> GetInternalStateReqOutput:
+        """The scheduler's state: `.state` for the whole server, `.replica_states` one per
+        attention-DP replica (empty without DP)."""
+        return await self._control(self.state_waiters, GetInternalStateReqInput())
+
     async def get_internal_state(self) -> dict:
-        out: GetInternalStateReqOutput = await self._control(self.state_waiters, GetInternalStateReqInput())
-        return out.state
+        return (await self.get_internal_state_reply()).state
 
     @property
     def num_running(self) -> int:

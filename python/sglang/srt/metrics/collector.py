@@ -12,6 +12,9 @@ Names follow SGLang's (`sglang:` prefix, label `model_name`):
 | `sglang:cache_hit_rate` | gauge | cached / prompt tokens of finished requests (cumulative) |
 | `sglang:num_running_reqs`, `sglang:num_queue_reqs` | gauge | scheduler `internal_state()` at scrape |
 | `sglang:num_used_tokens`, `sglang:token_usage`, `sglang:max_total_num_tokens` | gauge | same (KV pool) |
+
+With attention DP (dp_size > 1) these five scheduler gauges carry a `dp_rank` label too: one series
+per replica (each replica has its own requests and KV pool).
 | `sglang:pp_bubble_ratio{pp_stage}` | gauge | same, `pp_bubble_ratio` list (0 until PP reports it) |
 
 TTFT and E2E are measured from the moment the TokenizerManager registered the request (after
@@ -48,10 +51,13 @@ E2E_BUCKETS = (
 class ServerMetrics:
     """Every metric of one server; `render()` gives the Prometheus text exposition."""
 
-    def __init__(self, model_name: str, pp_size: int = 1, registry: Optional[CollectorRegistry] = None):
+    def __init__(
+        self, model_name: str, pp_size: int = 1, registry: Optional[CollectorRegistry] = None, dp_size: int = 1
+    ):
         self.registry = registry or CollectorRegistry(auto_describe=True)
         self.model_name = model_name
         self.pp_size = max(1, pp_size)
+        self.dp_size = max(1, dp_size)
         labels = ["model_name"]
         reg = self.registry
 
@@ -64,6 +70,13 @@ class ServerMetrics:
         def gauge(name: str, doc: str) -> Any:
             return Gauge(name, doc, labels, registry=reg).labels(model_name)
 
+        def scheduler_gauge(name: str, doc: str) -> Any:
+            """One series, or one per attention-DP replica (label dp_rank)."""
+            if self.dp_size == 1:
+                return [gauge(name, doc)]
+            g = Gauge(name, doc, labels + ["dp_rank"], registry=reg)
+            return [g.labels(model_name, str(d)) for d in range(self.dp_size)]
+
         self.ttft = hist("sglang:time_to_first_token_seconds", "Time to first token in seconds.", TTFT_BUCKETS)
         self.itl = hist("sglang:inter_token_latency_seconds", "Latency between output tokens in seconds.", ITL_BUCKETS)
         self.e2e = hist("sglang:e2e_request_latency_seconds", "End-to-end request latency in seconds.", E2E_BUCKETS)
@@ -73,11 +86,11 @@ class ServerMetrics:
         self.num_requests = counter("sglang:num_requests", "Number of finished requests.")
         self.num_aborted = counter("sglang:num_aborted_requests", "Number of aborted requests.")
         self.cache_hit_rate = gauge("sglang:cache_hit_rate", "Prefix cache hit rate (cached / prompt tokens).")
-        self.num_running = gauge("sglang:num_running_reqs", "Number of running requests.")
-        self.num_queue = gauge("sglang:num_queue_reqs", "Number of requests waiting in the scheduler queue.")
-        self.num_used_tokens = gauge("sglang:num_used_tokens", "KV cache tokens held by running requests.")
-        self.token_usage = gauge("sglang:token_usage", "Fraction of the KV cache pool in use.")
-        self.max_total_tokens = gauge("sglang:max_total_num_tokens", "Size of the KV cache pool in tokens.")
+        self.num_running = scheduler_gauge("sglang:num_running_reqs", "Number of running requests.")
+        self.num_queue = scheduler_gauge("sglang:num_queue_reqs", "Number of requests waiting in the scheduler queue.")
+        self.num_used_tokens = scheduler_gauge("sglang:num_used_tokens", "KV cache tokens held by running requests.")
+        self.token_usage = scheduler_gauge("sglang:token_usage", "Fraction of the KV cache pool in use.")
+        self.max_total_tokens = scheduler_gauge("sglang:max_total_num_tokens", "Size of the KV cache pool in tokens.")
         self.bubble = Gauge(
             "sglang:pp_bubble_ratio",
             "Share of wall time a pipeline stage waited instead of computing (recent window).",
@@ -117,19 +130,22 @@ class ServerMetrics:
             self.cache_hit_rate.set(self._cached_total / self._prompt_total)
 
     # ------------------------------------------------------------------ scheduler state
-    def update_scheduler_state(self, state: dict) -> None:
-        """Refresh the scheduler gauges from `Scheduler.internal_state()` (missing keys are skipped)."""
-        if "num_running_reqs" in state:
-            self.num_running.set(state["num_running_reqs"])
-        if "num_waiting_reqs" in state:
-            self.num_queue.set(state["num_waiting_reqs"])
-        total = state.get("max_total_num_tokens")
-        available = state.get("available_kv_tokens")
-        if total and available is not None:
-            used = max(total - available, 0)
-            self.max_total_tokens.set(total)
-            self.num_used_tokens.set(used)
-            self.token_usage.set(used / total)
+    def update_scheduler_state(self, state: dict, replica_states: Optional[list] = None) -> None:
+        """Refresh the scheduler gauges from `Scheduler.internal_state()` (missing keys are skipped);
+        with attention DP from each replica's state."""
+        per_series = replica_states if self.dp_size > 1 and replica_states else [state]
+        for i, s in enumerate(per_series[: len(self.num_running)]):
+            if "num_running_reqs" in s:
+                self.num_running[i].set(s["num_running_reqs"])
+            if "num_waiting_reqs" in s:
+                self.num_queue[i].set(s["num_waiting_reqs"])
+            total = s.get("max_total_num_tokens")
+            available = s.get("available_kv_tokens")
+            if total and available is not None:
+                used = max(total - available, 0)
+                self.max_total_tokens[i].set(total)
+                self.num_used_tokens[i].set(used)
+                self.token_usage[i].set(used / total)
         ratios = state.get("pp_bubble_ratio") or []
         for stage in range(max(self.pp_size, len(ratios))):
             value = ratios[stage] if stage < len(ratios) and ratios[stage] is not None else 0.0

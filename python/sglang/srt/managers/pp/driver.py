@@ -21,6 +21,12 @@ A request due a token is not schedulable until its output is back, but a prefill
 not sample does not block: chunk k+1 of a long prompt enters stage 0 while chunk k runs on later
 stages, and decodes of other requests fill the other slots.
 
+With attention DP every replica of stage 0 runs a driver of its own (its entry rank owns its
+sockets, broadcasts inside the replica) and the drivers launch in lockstep (`DPLockstep`): before
+step 2 they agree that every replica has room in its ring and some has work; then each schedules
+and they agree the counts, and every replica launches micro-batch j (IDLE when it has no tokens),
+so every later stage runs micro-batch j of every replica together.
+
 The driver owns its `Scheduler` (built with the chunk policy's budget and the driver's state as
 explicit constructor arguments), the dynamic-chunking policy (it feeds `observe` the stage times
 of returned micro-batches) and the per-stage bubble ratios, which reach
@@ -37,6 +43,7 @@ from typing import Any, Callable, Optional
 
 from sglang.srt.distributed.parallel_state import ParallelGroups
 from sglang.srt.distributed.pp_comm import PPComm
+from sglang.srt.managers.dp_lockstep import DPLockstep
 from sglang.srt.managers.dynamic_chunking.config import ChunkPolicy
 from sglang.srt.managers.pp.messages import MsgType, StageBatch, StageOutput
 from sglang.srt.managers.pp.stage import PendingRing
@@ -45,6 +52,7 @@ from sglang.srt.managers.schedule_batch import ModelWorkerBatch, ScheduleBatch
 from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.managers.scheduler_io import SchedulerPort
 from sglang.srt.metrics.bubble import BubbleMeter
+from sglang.srt.model_executor.forward_batch import DPForwardInfo
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.server_args import ServerArgs
 
@@ -99,7 +107,8 @@ class PPDriver:
         self.groups = groups
         self.comm = comm
         self.io = io
-        self.is_entry = groups.is_entry_rank
+        self.is_entry = groups.is_replica_entry
+        self.dp = DPLockstep(groups) if groups.layout.attn_dp > 1 else None
         self.tracer = tracer or PPTracer(None, groups.world_rank, 0, groups.tp.rank)
         self.chunk_policy = chunk_policy  # dynamic chunking (None: fixed chunks)
         self.bubble_ratios: list[float] = []  # each stage's bubble ratio (index = pp rank)
@@ -125,7 +134,7 @@ class PPDriver:
     # ------------------------------------------------------------------ state
     def ring_state(self) -> dict:
         """The driver's entries of `Scheduler.internal_state()` (and so of the metrics)."""
-        return {"pp_bubble_ratio": list(self.bubble_ratios)}
+        return {"pp_bubble_ratio": list(self.bubble_ratios), **(self.dp.state() if self.dp is not None else {})}
 
     def _chunk_budget(self, fill_len: int, prefix_len: int) -> int:
         """`SchedulePolicy`'s budget function: the policy's chunk size for this ring."""
@@ -154,27 +163,60 @@ class PPDriver:
         self.scheduler.apply_messages(packet.msgs, self.io)
         for out in packet.outputs:
             self._apply_output(out)
+        room = len(self.inflight) < self.ring_size
+        launch_ok = room and self.scheduler.has_work
+        if self.dp is not None:  # launch and halt together with the other replicas or not at all
+            launch_ok, packet.halt = self.dp.all_ready(room, self.scheduler.has_work or bool(self.inflight), packet.halt)
         if packet.halt:
             return True
         if packet.ping:
             self._send_control(MsgType.PING)
-        launched = False
-        if len(self.inflight) < self.ring_size and self.scheduler.has_work:
-            with self.tracer.span("schedule") as span:
-                batch, wb = self.scheduler.schedule(max_reqs=self.max_mb_reqs, max_decodes=self._decode_share())
-                if wb is None:
-                    span.drop()
-                else:
-                    span.set(reqs=len(batch.items), tokens=batch.num_tokens)
-            if wb is not None:
-                self._launch(batch, wb)
-                launched = True
+        if self.dp is None:
+            launched = launch_ok and self._schedule_and_launch()
+        else:
+            launched = launch_ok and self._dp_schedule_and_launch()
         # Nothing launched but something in flight: the next iteration waits for an output.
         self._must_wait = bool(self.inflight) and not launched
         out = self.scheduler.collect_outputs()
-        if out is not None and self.io is not None:
-            self.io.emit(out)
+        if self.io is not None:
+            if out is not None:
+                self.io.emit(out)
+            if self.dp is not None:
+                report = self.scheduler.load_report()
+                if report is not None:
+                    self.io.report(report)
         return False
+
+    def _schedule(self):
+        with self.tracer.span("schedule") as span:
+            batch, wb = self.scheduler.schedule(max_reqs=self.max_mb_reqs, max_decodes=self._decode_share())
+            if wb is None:
+                span.drop()
+            else:
+                span.set(reqs=len(batch.items), tokens=batch.num_tokens)
+        return batch, wb
+
+    def _schedule_and_launch(self) -> bool:
+        batch, wb = self._schedule()
+        if wb is None:
+            return False
+        self._launch(batch, wb)
+        return True
+
+    def _dp_schedule_and_launch(self) -> bool:
+        """Attention DP, every replica ready: schedule, agree the counts, launch (IDLE if no tokens
+        here) when any replica has tokens."""
+        has_work = self.scheduler.has_work or bool(self.inflight)
+        batch, wb = self._schedule() if self.scheduler.has_work else (None, None)
+        tokens = len(wb.input_ids) if wb is not None else 0
+        info = self.dp.agree(tokens, wb.batch_size if wb is not None else 0, has_work)
+        if info is None:
+            return False
+        if wb is None:
+            self._launch_idle(info)
+        else:
+            self._launch(batch, wb, info)
+        return True
 
     def _decode_share(self) -> int:
         """Decodes per micro-batch: the decoding requests spread evenly over the pp stages, so
@@ -189,7 +231,8 @@ class PPDriver:
             idle = not self.scheduler.has_work and not self.inflight
             if idle:
                 self._on_idle()
-            msgs = self.io.recv_all(block=idle) if self.io is not None else []
+            block = idle and (self.dp is None or not self.dp.any_work)  # DP: nobody waits for us
+            msgs = self.io.recv_all(block=block) if self.io is not None else []
             inbox = self.comm.inbox
             inbox.take_all(MsgType.PING)
             outputs = [m.obj for m in inbox.take_all(MsgType.OUTPUT)]
@@ -205,8 +248,8 @@ class PPDriver:
                 halt=idle and not msgs and stop is not None and bool(stop()),
                 ping=idle and time.monotonic() - self._last_ring_traffic > KEEPALIVE_S,
             )
-        if self.groups.tp.size > 1:
-            packet = self.groups.tp.broadcast_object(packet, src=0)
+        if self.groups.replica.size > 1:  # the stage's tp group when dp = 1
+            packet = self.groups.replica.broadcast_object(packet, src=0)
         return packet
 
     def _on_idle(self) -> None:
@@ -219,19 +262,28 @@ class PPDriver:
             self._trace_signature = signature
 
     # ------------------------------------------------------------------ micro-batches
-    def _launch(self, batch: ScheduleBatch, wb: ModelWorkerBatch) -> None:
+    def _launch(self, batch: ScheduleBatch, wb: ModelWorkerBatch, dp: Optional[DPForwardInfo] = None) -> None:
+        runner = self.scheduler.runner
+        msg = StageBatch.from_schedule(self.next_mb_id, batch, wb, runner.req_to_token_pool.req_to_token)
+        msg.dp = dp
+        self._send_micro_batch(msg, batch, lambda: runner.forward_stage(wb, dp=dp))
+
+    def _launch_idle(self, dp: DPForwardInfo) -> None:
+        """Attention DP: this replica's empty part of a micro-batch another replica has tokens for."""
+        runner = self.scheduler.runner
+        self._send_micro_batch(StageBatch.idle(self.next_mb_id, dp), ScheduleBatch(), lambda: runner.forward_idle(dp))
+
+    def _send_micro_batch(self, msg: StageBatch, batch: ScheduleBatch, forward: Callable[[], Any]) -> None:
         mb_id = self.next_mb_id
         self.next_mb_id += 1
         self.pending.commit(mb_id)  # this ring slot's previous sends must be done before reuse
         rids = frozenset(item.req.rid for item in batch.items)
         if any(rids & f.rids for f in self.inflight):
             self.stats.overlapped += 1
-        runner = self.scheduler.runner
-        msg = StageBatch.from_schedule(mb_id, batch, wb, runner.req_to_token_pool.req_to_token)
         msg.ring_was_empty = not self.inflight
         with self.tracer.span("forward", **msg.trace_args(0)) as fwd:
             msg.launched_at = fwd.start
-            proxies = runner.forward_stage(wb)
+            proxies = forward()
         self.meter.busy(fwd.duration)
         msg.stage_forward_s.append(fwd.duration)
         msg.stage_bubble.append(self.meter.ratio())

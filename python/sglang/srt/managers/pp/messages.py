@@ -28,6 +28,7 @@ from typing import Optional
 import torch
 
 from sglang.srt.managers.schedule_batch import ModelWorkerBatch, ScheduleBatch
+from sglang.srt.model_executor.forward_batch import DPForwardInfo
 from sglang.srt.model_executor.model_runner import ForwardResult
 from sglang.srt.sampling.sampling_params import SamplingParams
 
@@ -62,6 +63,23 @@ class StageBatch:
     ring_was_empty: bool = False  # nothing else was in flight when stage 0 launched it
     stage_forward_s: list[float] = field(default_factory=list)  # forward time of each stage so far
     stage_bubble: list[Optional[float]] = field(default_factory=list)  # bubble ratio of each stage so far
+    # attention DP: every replica's counts for this micro-batch (each stage runs it in lockstep with
+    # the other replicas' micro-batch of the same id); None when dp = 1
+    dp: Optional[DPForwardInfo] = None
+
+    @classmethod
+    def idle(cls, mb_id: int, dp: DPForwardInfo) -> "StageBatch":
+        """A micro-batch with no tokens: this replica's part of a lockstep micro-batch in which
+        another replica has work (every stage runs it as an IDLE forward)."""
+        return cls(
+            mb_id=mb_id, req_pool_indices=[], prefix_lens=[], extend_lens=[], out_cache_loc=[], prefix_slots={},
+            is_decode=False, sample_rows=[], sampling_params=[], prompt_ids=[], output_ids=[], return_logprob=False,
+            top_logprobs_nums=[], dp=dp,
+        )  # fmt: skip
+
+    @property
+    def is_idle(self) -> bool:
+        return not self.out_cache_loc
 
     @classmethod
     def from_schedule(

@@ -82,14 +82,14 @@ def build_pp_rank(
     policy = build_dynamic_chunking(server_args, runner, groups)
     comm = PPComm(groups, MsgType.STOP, backend, runner.device)
     if groups.pp.is_first:
-        if groups.is_entry_rank and io is None and port_args is not None:
-            io = SchedulerIO(port_args)
+        if groups.is_replica_entry and io is None and port_args is not None:
+            io = SchedulerIO(port_args, groups.dp_rank, groups.layout.attn_dp)
         driver = PPDriver(
             server_args,
             groups,
             runner,
             comm,
-            io=io if groups.is_entry_rank else None,
+            io=io if groups.is_replica_entry else None,
             tracer=tracer,
             chunk_policy=policy,
             tokenizer=tokenizer,

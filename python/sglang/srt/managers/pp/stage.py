@@ -5,7 +5,10 @@ stage's layers and KV pool, and a mirror of stage 0's req_to_token table that ea
 updates (`StageBatch.apply_rows`). Middle stages forward the micro-batch and their activations to
 the next stage; the last stage samples and returns the token ids to stage 0 (the rank with tp
 coordinate 0 sends them; every tp rank of the stage agrees on them inside `ModelRunner.sample`).
-Micro-batches are processed strictly in the order stage 0 launched them.
+Micro-batches are processed strictly in the order stage 0 launched them. With attention DP each
+replica's ranks run their replica's micro-batches (the first rank of each replica returns them);
+micro-batch ids advance in lockstep over the replicas, so every stage runs micro-batch j of every
+replica at the same time (an IDLE forward for a replica whose micro-batch j has no tokens).
 """
 
 from __future__ import annotations
@@ -119,10 +122,14 @@ class PPStageWorker:
 
     def _run_batch(self, batch: StageBatch, tensors: dict) -> None:
         runner = self.runner
-        batch.apply_rows(runner.req_to_token_pool.req_to_token)
-        wb = batch.to_worker_batch()
         with self.tracer.span("forward", **batch.trace_args(self.pp_rank)) as fwd:
-            out = runner.forward_stage(wb, PPProxyTensors(tensors))
+            if batch.is_idle:  # attention DP: another replica's micro-batch has tokens
+                out = runner.forward_idle(batch.dp, PPProxyTensors(tensors))
+                if self.is_last:
+                    out = ForwardResult([], None, None)
+            else:
+                batch.apply_rows(runner.req_to_token_pool.req_to_token)
+                out = runner.forward_stage(batch.to_worker_batch(), PPProxyTensors(tensors), dp=batch.dp)
         self.meter.busy(fwd.duration)
         batch.stage_forward_s.append(fwd.duration)
         batch.stage_bubble.append(self.meter.ratio())
