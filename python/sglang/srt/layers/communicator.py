@@ -173,9 +173,11 @@ class LayerCommunicator:
         """hidden_states: this rank's attention output, a partial sum over attn_tp. Returns (the
         MLP's input in its layout, the new residual in the attention layout)."""
         mlp = _canonical(self.modes.mlp, forward_batch)
-        if mlp == ScatterMode.FULL and get_cp_layout(forward_batch) is None:
+        if mlp == ScatterMode.FULL and self.groups.layout.attn_cp == 1:
             # partial gather: the o_proj reduction over attn_tp and the gather over the replicas in
-            # one all-reduce; the residual is added once (by attn_tp rank 0) before it
+            # one all-reduce; the residual is added once (by attn_tp rank 0) before it. Chosen by
+            # the layout, never by the batch: every replica must bring the same kind of rows to the
+            # all-reduce (an IDLE replica under CP has no CP layout but must still gather normed rows)
             dp = forward_batch.dp
             if self.groups.attn_tp.is_first:
                 hidden_states = hidden_states + residual
