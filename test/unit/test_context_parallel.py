@@ -254,8 +254,10 @@ def test_cp_server_args():
     assert (layout.world_size, layout.attn_cp, layout.attn_tp) == (2, 2, 1)
     with pytest.raises(ValueError, match="interleave-size"):
         ServerArgs(model_path=TINY_LLAMA_DIR, cp_size=2, page_size=4, cp_kv_cache_interleave_size=3).validate()
-    with pytest.raises(ValueError, match="dp"):  # DP attention (not built yet) is refused with CP
-        ServerArgs(model_path=TINY_LLAMA_DIR, cp_size=2, tp_size=4, dp_size=2, enable_dp_attention=True).validate()
+    # CP inside each attention-DP replica composes (test_dp_attention_engine.py runs it)
+    args = ServerArgs(model_path=TINY_LLAMA_DIR, cp_size=2, tp_size=4, dp_size=2, enable_dp_attention=True)
+    args.validate()
+    assert ParallelLayout.from_server_args(args).attn_tp == 1
 
 
 def test_attention_backend_flag_validation():
