@@ -53,6 +53,7 @@ SUMMED_STATE_KEYS = (
     "num_running_reqs",
     "num_waiting_reqs",
     "max_running_requests",
+    "num_retractions",
 )
 
 

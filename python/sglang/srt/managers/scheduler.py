@@ -132,6 +132,7 @@ class Scheduler:
             "num_waiting_reqs": len(self.waiting),
             "max_running_requests": self.runner.max_running_requests,
             "forward_ct": self.forward_ct,
+            "num_retractions": self.num_retractions,
             "pp_bubble_ratio": [],  # each pipeline stage's bubble ratio: the PP driver's `extra_state`
             **self.runner.kv_state(self.cache.free_slots()),  # cp size, physical KV pool / usage per rank
             **(self.dp.state() if self.dp is not None else {}),
