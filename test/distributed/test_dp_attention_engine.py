@@ -10,7 +10,8 @@ then one request alone (the other replica runs IDLE forwards all the while). Gre
 and every sampled token's logprob within 1e-4 of the reference; afterwards every replica's KV pool
 is back to its initial free count.
 
-MLA / MoE: tiny DeepSeek-V3.2 (DSA, index_topk 8) with dp 2 × ep 2, and dp 2 × cp 2 (4 ranks);
+MLA / MoE: tiny DeepSeek-V3.2 (DSA, index_topk 8) with dp 2 × ep 2 (the MoE on every replica's
+tokens, or on each rank's own with the all-to-all dispatch), and dp 2 × cp 2 (4 ranks);
 tiny DeepSeek-V3 with dp 2 × pp 2 (4 ranks).
 """
 
@@ -105,6 +106,7 @@ def test_smollm2_tp2_dp2_matches_single_rank(smollm2, dense_tp):
 # ---------------------------------------------------------------------------- MLA / MoE
 MLA_CONFIGS = {
     "v32-dp2-ep2": ("v32", dict(tp_size=2, ep_size=2)),
+    "v32-dp2-ep2-a2a": ("v32", dict(tp_size=2, ep_size=2, moe_a2a_backend="all_to_all")),
     "v32-dp2-cp2": ("v32", dict(tp_size=4, cp_size=2)),
     "v3-dp2-pp2": ("v3", dict(tp_size=2, pp_size=2)),
 }

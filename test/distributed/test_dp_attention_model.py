@@ -11,7 +11,8 @@ group, as the scheduler does) and stop when no replica has work.
 Layouts (2 gloo ranks unless said): tp 2 × dp 2 (attn_tp 1: the MLP over both replicas, one
 all-reduce gathers); `moe_dense_tp=1` (dense MLP replicated: no cross-replica collective in
 dense layers); `dp_lm_head` (LM head inside the replica); 4 ranks tp 4 × dp 2 (attn_tp 2: the
-partial gather completes o_proj's reduction); MoE models with ep 2 under dp 2.
+partial gather completes o_proj's reduction); MoE models with ep 2 under dp 2, with the MoE on
+every replica's tokens (FULL) or on each rank's own tokens with the all-to-all dispatch (SCATTERED).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ LAYOUTS_2 = {
     "dp2_dense_tp1": dict(tp=2, attn_dp=2, moe_dense_tp=1),
     "dp2_lm_head": dict(tp=2, attn_dp=2, dp_lm_head=True),
     "dp2_ep2": dict(tp=2, attn_dp=2, moe_ep=2),
+    "dp2_ep2_a2a": dict(tp=2, attn_dp=2, moe_ep=2, moe_a2a=True),  # MoE SCATTERED, all-to-all dispatch
 }
 LAYOUTS_4 = {"dp2_attn_tp2": dict(tp=4, attn_dp=2)}
 

@@ -100,6 +100,8 @@ def test_metrics_have_a_series_per_replica():
         (dict(tp_size=2, dp_size=2, enable_dp_attention=True, load_balance_method="x"), "--load-balance-method"),
         (dict(tp_size=2, dp_size=2, enable_dp_attention=True, nnodes=2, dist_init_addr="127.0.0.1:5000"),
          "--dp-size > 1 with --nnodes > 1"),
+        (dict(tp_size=2, ep_size=1, moe_a2a_backend="all_to_all"), r"ep_size == tp_size"),
+        (dict(tp_size=2, ep_size=2, moe_a2a_backend="deepep"), "--moe-a2a-backend must be one of"),
     ],
 )  # fmt: skip
 def test_flag_refusals(kwargs, message):
@@ -110,4 +112,5 @@ def test_flag_refusals(kwargs, message):
 def test_accepted_flags():
     ServerArgs(model_path=TINY_LLAMA_DIR, tp_size=2, dp_size=2, enable_dp_attention=True,
                moe_dense_tp_size=1, enable_dp_lm_head=True, load_balance_method="total_tokens").validate()  # fmt: skip
+    ServerArgs(model_path=TINY_LLAMA_DIR, tp_size=2, ep_size=2, moe_a2a_backend="all_to_all").validate()
     ServerArgs(model_path=TINY_LLAMA_DIR, enable_dp_attention=True).validate()  # dp 1: one replica

@@ -35,6 +35,7 @@ CHOICES = {
     "dynamic_chunking_mode": ["upstream", "auto"],
     "device": ["cpu", "cuda", "npu"],
     "load_balance_method": ["auto", "round_robin", "total_requests", "total_tokens"],
+    "moe_a2a_backend": ["none", "all_to_all"],
     "log_level": ["debug", "info", "warning", "error"],
 }
 
@@ -96,6 +97,11 @@ class ServerArgs:
     moe_dense_tp_size: Optional[int] = None  # 1: dense MLPs replicated (purely data-parallel)
     enable_dp_lm_head: bool = False  # LM head vocab-parallel inside each attention-TP group
     load_balance_method: str = "auto"  # how the DP controller picks a replica ("auto" = round_robin)
+    # MoE token dispatch: "none" = every rank of the tp group runs the MoE on the same tokens (one
+    # combine all-reduce); "all_to_all" = each rank's tokens go to their experts' ranks and back
+    # (torch.distributed all_to_all; needs --ep-size == --tp-size). Upstream's deepep / mooncake /
+    # nixl backends need their hardware and are refused.
+    moe_a2a_backend: str = "none"
     pp_async_batch_depth: int = 0
     pp_max_micro_batch_size: Optional[int] = None
     # Chunked-pipeline prefill: chunk sizes from a latency fit (docs/dynamic_chunking.md); only with pp > 1.

@@ -59,6 +59,9 @@ class ParallelLayout:
     # tp group (False) or inside the attention-TP group (`--enable-dp-lm-head`).
     moe_dense_tp: Optional[int] = None
     dp_lm_head: bool = False
+    # MoE tokens reach their experts by an all-to-all over moe_ep (`--moe-a2a-backend all_to_all`)
+    # instead of every rank of the tp group seeing every token
+    moe_a2a: bool = False
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -100,6 +103,7 @@ class ParallelLayout:
             moe_ep=int(getattr(server_args, "ep_size", 1) or 1),
             moe_dense_tp=getattr(server_args, "moe_dense_tp_size", None),
             dp_lm_head=bool(getattr(server_args, "enable_dp_lm_head", False)),
+            moe_a2a=getattr(server_args, "moe_a2a_backend", "none") == "all_to_all",
         )
         layout.validate()
         return layout
@@ -121,6 +125,9 @@ class ParallelLayout:
             raise ValueError(f"tp_size ({self.tp}) must be divisible by ep_size ({self.moe_ep})")
         if self.moe_dense_tp not in (None, 1):
             raise ValueError(f"moe_dense_tp_size must be unset or 1, got {self.moe_dense_tp!r}")
+        if self.moe_a2a and self.moe_ep != self.tp:
+            raise ValueError(f"the all-to-all MoE dispatch needs ep_size == tp_size (whole experts per rank), "
+                             f"got ep {self.moe_ep}, tp {self.tp}")  # fmt: skip
 
     # ------------------------------------------------------------------ rank <-> coordinates
     def _check_rank(self, world_rank: int) -> None:

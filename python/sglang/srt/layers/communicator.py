@@ -92,6 +92,13 @@ def dense_mlp_tp_group(groups: "ParallelGroups") -> "GroupCoordinator":
     return groups.attn_tp if lay.attn_cp > 1 else groups.tp
 
 
+def moe_mlp_group(groups: "ParallelGroups") -> "GroupCoordinator":
+    """The group whose ranks must see the same tokens around an MoE block: the tp group (experts
+    over moe_ep x moe_tp, one combine all-reduce), or this rank alone when an all-to-all dispatch
+    moves each token to its experts (`--moe-a2a-backend all_to_all`: the MLP runs SCATTERED)."""
+    return groups.local if groups.layout.moe_a2a else groups.tp
+
+
 def mlp_mode(mlp_group: "GroupCoordinator", groups: "ParallelGroups") -> ScatterMode:
     """The token layout an MLP sharded over `mlp_group` must see: every token that any rank of its
     group holds (the ranks of a sharded layer must run the same rows)."""

@@ -24,7 +24,7 @@ from torch import nn
 
 from sglang.srt.distributed.parallel_state import ParallelGroups
 from sglang.srt.layers.attention.mla import MLAAttention
-from sglang.srt.layers.communicator import dense_mlp_tp_group, make_layer_communicator
+from sglang.srt.layers.communicator import dense_mlp_tp_group, make_layer_communicator, moe_mlp_group
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.moe.moe_block import SparseMoeBlock
 from sglang.srt.layers.moe.topk import TopKConfig
@@ -71,7 +71,7 @@ class DeepseekV2DecoderLayer(nn.Module):
         self.layer_id = layer_id
         self.self_attn = MLAAttention(config, layer_id, groups.attn_tp, dtype, use_indexer)
         self.is_moe = is_moe_layer(config, layer_id)
-        mlp_group = groups.tp if self.is_moe else dense_mlp_tp_group(groups)  # experts: moe_ep x moe_tp = tp
+        mlp_group = moe_mlp_group(groups) if self.is_moe else dense_mlp_tp_group(groups)
         if self.is_moe:
             moe_inter = int(config.moe_intermediate_size)
             self.mlp: nn.Module = SparseMoeBlock(
@@ -84,6 +84,7 @@ class DeepseekV2DecoderLayer(nn.Module):
                 shared_intermediate_size=moe_inter * int(getattr(config, "n_shared_experts", 0) or 0),
                 correction_bias=getattr(config, "topk_method", "noaux_tc") == "noaux_tc",
                 router_logits_fp32=True,
+                all_to_all=groups.layout.moe_a2a,
             )
         else:
             self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, mlp_group, dtype, False)

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from sglang.srt.distributed.parallel_state import ParallelGroups
-from sglang.srt.layers.communicator import dense_mlp_tp_group, make_layer_communicator
+from sglang.srt.layers.communicator import dense_mlp_tp_group, make_layer_communicator, moe_mlp_group
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.moe.moe_block import SparseMoeBlock
 from sglang.srt.layers.moe.topk import TopKConfig
@@ -42,11 +42,12 @@ class Qwen3MoeDecoderLayer(nn.Module):
         bias = bool(getattr(config, "attention_bias", False))
         self.self_attn = LlamaAttention(config, layer_id, groups.attn_tp, dtype, bias, False, True)
         self.is_moe = is_sparse_layer(config, layer_id)
-        mlp_group = groups.tp if self.is_moe else dense_mlp_tp_group(groups)  # experts: moe_ep x moe_tp = tp
+        mlp_group = moe_mlp_group(groups) if self.is_moe else dense_mlp_tp_group(groups)
         if self.is_moe:
             topk = TopKConfig(top_k=int(config.num_experts_per_tok), renormalize=bool(config.norm_topk_prob))
             self.mlp: nn.Module = SparseMoeBlock(
-                config.hidden_size, int(config.num_experts), int(config.moe_intermediate_size), topk, groups, dtype
+                config.hidden_size, int(config.num_experts), int(config.moe_intermediate_size), topk, groups, dtype,
+                all_to_all=groups.layout.moe_a2a,
             )
         else:
             self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, mlp_group, dtype, False)

@@ -1,7 +1,10 @@
 """Sparse MoE block: router + routed experts (EP / MoE-TP sharded) + optional shared experts.
 
 Shared experts are a SwiGLU MLP TP-sharded over the whole MoE group; their partial output is added
-to the routed partial before the single combine (see `ep_dispatch.py`).
+to the routed partial before the single combine (see `ep_dispatch.py`). With an all-to-all dispatch
+(`all_to_all=True`, `ep_all_to_all.py`) the block runs on this rank's own tokens: routed pairs
+travel to their experts' ranks and back, and the shared experts are replicated (whole on every
+rank), so the output needs no combine.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from torch import nn
 from sglang.srt.distributed.parallel_state import GroupCoordinator, ParallelGroups
 from sglang.srt.layers.activation import SiluAndMul
 from sglang.srt.layers.linear import MergedColumnParallelLinear, RowParallelLinear
+from sglang.srt.layers.moe.ep_all_to_all import AllToAllDispatcher
 from sglang.srt.layers.moe.ep_dispatch import MoEDispatcher
 from sglang.srt.layers.moe.experts import FusedMoE
 from sglang.srt.layers.moe.router import MoEGate
@@ -49,16 +53,27 @@ class SparseMoeBlock(nn.Module):
         correction_bias: bool = False,
         router_logits_fp32: bool = False,
         tokens_replicated: bool = True,
+        all_to_all: bool = False,
     ):
         super().__init__()
         self.gate = MoEGate(hidden_size, num_experts, topk_config, dtype, correction_bias, router_logits_fp32)
         self.experts = FusedMoE(num_experts, hidden_size, moe_intermediate_size, groups.moe_ep, groups.moe_tp, dtype)
         self.shared_experts: Optional[SharedExpertMLP] = None
         if shared_intermediate_size:
-            self.shared_experts = SharedExpertMLP(hidden_size, shared_intermediate_size, groups.tp, dtype)
+            shared_group = groups.local if all_to_all else groups.tp
+            self.shared_experts = SharedExpertMLP(hidden_size, shared_intermediate_size, shared_group, dtype)
         self.dispatcher = MoEDispatcher(groups.tp, tokens_replicated)
+        self.all_to_all: Optional[AllToAllDispatcher] = None
+        if all_to_all:
+            if groups.moe_tp.size != 1:
+                raise ValueError("the all-to-all MoE dispatch needs whole experts per rank (--ep-size == --tp-size)")
+            self.all_to_all = AllToAllDispatcher(groups.moe_ep, num_experts)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.all_to_all is not None:
+            weights, ids = self.gate(x)
+            out = self.all_to_all.run(x, weights, ids, self.experts)
+            return out if self.shared_experts is None else out + self.shared_experts(x)
         tokens = self.dispatcher.dispatch(x)
         weights, ids = self.gate(tokens)
         out = self.experts(tokens, weights, ids)

@@ -1,0 +1,61 @@
+"""Expert-parallel all-to-all dispatch (`--moe-a2a-backend all_to_all`): each rank keeps its own
+tokens, sends every (token, chosen expert) pair to the rank that holds that expert, and gets the
+weighted expert outputs back; no rank sees tokens its experts do not need.
+
+Versus the all-gather scheme (`ep_dispatch.py`: every rank routes every token of the group and
+the partials are all-reduced), the bytes moved per MoE layer are ~2 · n · top_k · H (each pair
+goes out and comes back once) instead of ~3 · N · H over the whole group, and each rank computes
+only the pairs of its experts. It needs whole experts per rank (moe_tp = 1, i.e. ep = tp) and
+works on the tokens a rank holds in the attention layout (the SCATTERED MLP mode of
+`layers/communicator.py`); ranks of one attention-TP group hold the same tokens and each dispatches
+its copy (correct, duplicated work when attn_tp > 1).
+
+Two `all_to_all_single` calls over the group (gloo, nccl and hccl implement it) after one exchange
+of the per-destination pair counts. Exact: no capacity factor, every pair is computed once; the
+outputs are summed per token in float32.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from sglang.srt.distributed.parallel_state import GroupCoordinator
+
+
+class AllToAllDispatcher:
+    def __init__(self, group: GroupCoordinator, num_experts: int):
+        if num_experts % group.size:
+            raise ValueError(f"number of experts ({num_experts}) must be divisible by the ep size ({group.size})")
+        self.group = group
+        self.experts_per_rank = num_experts // group.size
+
+    def _exchange(self, x: torch.Tensor, send_counts: list[int], recv_counts: list[int]) -> torch.Tensor:
+        out = x.new_empty((sum(recv_counts),) + tuple(x.shape[1:]))
+        dist.all_to_all_single(out, x.contiguous(), recv_counts, send_counts, group=self.group.device_group)
+        return out
+
+    def run(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts) -> torch.Tensor:
+        """x [n, H] this rank's tokens, weights / ids [n, k] their routing -> [n, H] the weighted sum
+        of their experts' outputs (`experts(x, w, ids)` computes the pairs of this rank's experts)."""
+        n, k = ids.shape
+        size = self.group.size
+        if size == 1:
+            return experts(x, weights, ids)
+        flat_ids = ids.reshape(-1)
+        dest = torch.div(flat_ids, self.experts_per_rank, rounding_mode="floor")
+        order = torch.argsort(dest, stable=True)
+        send_counts = torch.bincount(dest, minlength=size).cpu()
+        recv_counts_t = torch.empty_like(send_counts)
+        dist.all_to_all_single(recv_counts_t, send_counts, group=self.group.cpu_group)
+        send, recv = send_counts.tolist(), recv_counts_t.tolist()
+        token_of_pair = torch.div(order, k, rounding_mode="floor")
+        recv_x = self._exchange(x[token_of_pair], send, recv)
+        # ids and weights travel as one float32 tensor [pairs, 2] (expert ids are far below 2^24)
+        meta = torch.stack((flat_ids[order].float(), weights.reshape(-1)[order].float()), dim=1)
+        recv_meta = self._exchange(meta, send, recv)
+        out_pairs = experts(recv_x, recv_meta[:, 1:2].to(weights.dtype), recv_meta[:, 0:1].long())
+        back = self._exchange(out_pairs, recv, send)
+        out = torch.zeros((n, x.shape[1]), dtype=torch.float32, device=x.device)
+        out.index_add_(0, token_of_pair, back.float())
+        return out.to(x.dtype)
