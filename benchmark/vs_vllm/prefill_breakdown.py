@@ -39,9 +39,10 @@ def main() -> None:
 
         return wrapper
 
-    from sglang.srt.kernels.cpu import build
+    from sglang.srt.kernels.cpu import loader
 
-    module = build.load()
+    chosen = loader.choose()
+    module = chosen.module
     if module is not None:
 
         class Timed:
@@ -49,7 +50,7 @@ def main() -> None:
                 attr = getattr(module, name)
                 return timed(name, attr) if callable(attr) and name != "prefill_attention_supported" else attr
 
-        build._state["module"] = Timed()  # before the model is built: layers look kernels up lazily
+        loader._loaded[chosen.variant] = loader.LoadResult(chosen.variant, Timed())  # before the model is built: layers look kernels up lazily
     from sglang import bench_one_batch
     from sglang.srt.mem_cache import kv_pool
 

@@ -1,27 +1,43 @@
 """The fused CPU kernels (kernels/cpu) against their torch references, and the layers that use
-them against their torch paths. Skipped where no C++ toolchain can build the kernels."""
+them against their torch paths.
+
+Every test that takes `ops` runs once per instruction-set build this CPU can execute
+(kernels/cpu/isa.py: avx512, avx2, generic), so an AVX-512 / AMX machine also checks the code that
+AVX2-only and older CPUs run. A build that is missing fails the test where a C++ compiler exists
+(`make setup` builds them all); without a compiler it skips."""
 
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 
 import pytest
 import torch
 
 from sglang.srt.kernels import dispatch
+from sglang.srt.kernels.cpu import isa, loader
 from sglang.srt.kernels.cpu import reference as ref
 from sglang.srt.layers.activation import SiluAndMul
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.rotary import RotaryEmbedding
 
+RUNNABLE = [v.name for v in isa.runnable_variants()]
 
-@pytest.fixture(scope="module")
-def ops():
-    dispatch.reset()
-    module = dispatch.kernels_for_device(torch.device("cpu"))
-    if module is None:
-        pytest.skip("the fused CPU kernels could not be built here (no C++ toolchain?)")
-    return module
+
+def _compiler() -> bool:
+    return shutil.which(os.environ.get("CXX", "c++")) is not None
+
+
+@pytest.fixture(scope="module", params=RUNNABLE)
+def ops(request):
+    result = loader.load_variant(request.param)
+    if result.module is None:
+        if _compiler():
+            pytest.fail(f"CPU kernels: {result.reason}")
+        pytest.skip(f"no C++ compiler here, so no CPU kernels ({result.reason})")
+    assert result.module.isa() == request.param
+    return result.module
 
 
 @contextlib.contextmanager
@@ -142,7 +158,11 @@ def test_layers_fused_equal_torch_paths(ops, monkeypatch, dtype):
         cos, sin = rope.cos_sin(pos)
         return [norm(x), *norm(x, res), act(gu), rope.apply(qk, cos, sin)]
 
+    monkeypatch.setenv("SGLANG_CPU_ISA", ops.isa())  # the layers' kernels: the build under test
+    dispatch.reset()
+    assert dispatch.kernels_for_device(torch.device("cpu")) is ops
     fused = run()
+    monkeypatch.delenv("SGLANG_CPU_ISA")
     with _kernels_off(monkeypatch):
         assert dispatch.kernels_for_device(torch.device("cpu")) is None
         plain = run()
@@ -181,7 +201,7 @@ def test_prefill_attention_matches_reference(ops, heads):
     """The AMX prefill kernel (where the CPU has AMX): ragged lengths around its 16-row / 64-key
     blocks, GQA, strided q / k / v views of one qkv projection, bf16 against float32 math."""
     if not ops.prefill_attention_supported():
-        pytest.skip("this CPU has no AMX")
+        pytest.skip(f"no AMX in this CPU or in the {ops.isa()} build")
     hq, hk = heads
     g = torch.Generator().manual_seed(hq)
     # n around the 16-row tasks and 64-key blocks; 300 also with scores 8x sharper (most p underflow
@@ -200,7 +220,7 @@ def test_prefill_attention_rising_scores(ops):
     """Scores that grow along the keys (later keys far above every earlier running max): the
     kernel's lazy max must notice the overflowing block sums, rescale and redo those blocks."""
     if not ops.prefill_attention_supported():
-        pytest.skip("this CPU has no AMX")
+        pytest.skip(f"no AMX in this CPU or in the {ops.isa()} build")
     g = torch.Generator().manual_seed(7)
     n, hq, hk = 700, 4, 2
     q = torch.randn(n, hq, 64, generator=g).abs().bfloat16()
@@ -215,7 +235,7 @@ def test_prefill_attention_over_cached_prefix(ops, prefix):
     """A chunk over a cached prefix (chunked prefill / prefix-cache hit): prefix keys read from
     scattered rows of head-major caches, then the chunk's own keys causally."""
     if not ops.prefill_attention_supported():
-        pytest.skip("this CPU has no AMX")
+        pytest.skip(f"no AMX in this CPU or in the {ops.isa()} build")
     g = torch.Generator().manual_seed(prefix)
     hq, hk, rows = 9, 3, 1000
     k_cache = torch.randn(hk, rows, 64, generator=g).bfloat16()
@@ -236,3 +256,173 @@ def test_prefill_attention_over_cached_prefix(ops, prefix):
         ops.prefill_attention(q, k, v, 0.125, k_cache, v_cache, torch.tensor([rows]))
     with pytest.raises(RuntimeError, match="out must be"):
         ops.prefill_attention(q, k, v, 0.125, out=torch.empty(n, hq, 64))  # float32
+
+
+# ---------------------------------------------------------------------------- edge values, every build
+SPECIALS = [0.0, -0.0, 1e-40, -1e-40, 1e-30, 1e19, -1e19, 1e20, -1e20, 3e38, -3e38,
+            float("inf"), float("-inf"), float("nan")]  # fmt: skip
+
+
+def _same_specials(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> None:
+    """NaN and inf exactly where torch has them (with inf's sign); the finite rest close."""
+    assert got.dtype == want.dtype == dtype and got.shape == want.shape
+    assert torch.equal(got.isnan(), want.isnan()), (got, want)
+    assert torch.equal(got.isinf(), want.isinf()) and torch.equal(got[got.isinf()], want[want.isinf()]), (got, want)
+    fin = want.isfinite()
+    torch.testing.assert_close(got[fin].float(), want[fin].float(), atol=1e-30, rtol=TOL[dtype])
+
+
+def _cycle(values: torch.Tensor, shift: int, width: int) -> torch.Tensor:
+    return values.roll(shift).repeat(width // len(values) + 1)[:width]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("width", [1, 15, 16, 17, 35, 64])  # below, at and past the 16-lane vector body
+def test_silu_edge_values_every_width(ops, dtype, width):
+    """silu_and_mul on huge, tiny (denormal), signed-zero, infinite and NaN gates and ups, every
+    value at every lane position, at row widths around the vector length (AVX-512: vector body
+    plus scalar tail)."""
+    vals = torch.tensor(SPECIALS + [-200.0, -90.0, -88.5, -87.0, -10.0, -0.5, 0.5, 10.0, 87.0, 89.0, 200.0])
+    g = torch.Generator().manual_seed(width)
+    rows = [torch.cat((_cycle(vals, shift, width), torch.randn(width, generator=g) * 3)) for shift in range(len(vals))]
+    rows += [torch.cat((torch.randn(width, generator=g), _cycle(vals, shift, width))) for shift in range(0, len(vals), 5)]
+    x = torch.stack(rows).to(dtype)
+    _same_specials(ops.silu_and_mul(x), ref.silu_and_mul(x), dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_edge_values(ops, dtype):
+    """Rows of zeros (eps alone), denormals, values whose squares overflow, inf and NaN."""
+    n = 40
+    g = torch.Generator().manual_seed(5)
+    base = torch.randn(8, n, generator=g)
+    base[0] = 0.0
+    base[1] = 1e-40
+    base[2] *= 1e18  # squares near float32's top
+    base[3] *= 1e20  # squares overflow to inf: the row's norm is 0 (torch: x * rsqrt(inf))
+    base[4, 7] = float("inf")
+    base[5, 9] = float("nan")
+    base[6, 3] = -3e38
+    x = base.to(dtype)
+    w = (1 + 0.1 * torch.randn(n, generator=g)).to(dtype)
+    _same_specials(ops.rms_norm(x, w, 1e-6), ref.rms_norm(x, w, 1e-6), dtype)
+    r = torch.randn(8, n, generator=g).to(dtype)
+    out, res = ops.add_rms_norm(x, r, w, 1e-6)
+    want_out, want_res = ref.add_rms_norm(x, r, w, 1e-6)
+    _same_specials(res, want_res, dtype)
+    _same_specials(out, want_out, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_edge_values(ops, dtype):
+    """RoPE with inf / NaN / huge entries in x: they propagate where torch's do."""
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(3, 2, 48, generator=g)
+    x[0, 0, 1] = float("inf")
+    x[1, 1, 30] = float("nan")
+    x[2, 0, 5] = 1e38
+    cos = torch.rand(3, 32, generator=g)
+    sin = torch.rand(3, 32, generator=g)
+    x, cos, sin = x.to(dtype), cos.to(dtype), sin.to(dtype)
+    _same_specials(ops.rope(x, cos, sin, 32), ref.rope(x, cos, sin, 32), dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 128, 80])  # the fixed-width paths and the generic one
+def test_decode_attention_sharp_and_flat_scores(ops, dtype, head_dim):
+    """Softmax extremes: one key far above the rest (it takes all the weight), one key repeated
+    (uniform weights), and a long sequence split across tasks and merged by log-sum-exp."""
+    g = torch.Generator().manual_seed(head_dim)
+    hk, hq, rows = 2, 4, 2100
+    k_buf = torch.randn(hk, rows, head_dim, generator=g)
+    v_buf = torch.randn(hk, rows, head_dim, generator=g)
+    k_buf[:, 7] *= 40
+    k_buf[:, 100:200] = k_buf[:, 100:101]
+    lens = torch.tensor([1, 100, 2000])
+    slots = torch.zeros(3, 2000, dtype=torch.int64)
+    slots[0, 0] = 7
+    slots[1, :100] = torch.arange(100, 200)
+    slots[2, :] = torch.randperm(rows, generator=g)[:2000]
+    slots[2, 1234] = 7  # the sharp key inside one split of the long sequence
+    q = (torch.randn(3, hq, head_dim, generator=g) * 4).to(dtype)
+    k_buf, v_buf = k_buf.to(dtype), v_buf.to(dtype)
+    out = ops.decode_attention(q, k_buf, v_buf, slots, lens, head_dim**-0.5)
+    _close(out, ref.decode_attention(q, k_buf, v_buf, slots, lens, head_dim**-0.5), dtype)
+
+
+def test_builds_without_amx_refuse_prefill_attention(ops):
+    """Only the avx512 build carries the AMX kernel; the others say so instead of crashing."""
+    if ops.isa() == "avx512":
+        pytest.skip("the avx512 build has the AMX kernel (tested above where the CPU has AMX)")
+    assert not ops.prefill_attention_supported()
+    q = torch.zeros(2, 1, 64).bfloat16()
+    with pytest.raises(RuntimeError, match="AMX is not available"):
+        ops.prefill_attention(q, q, q, 0.125)
+
+
+# ---------------------------------------------------------------------------- choosing a build
+def test_every_build_is_the_one_it_claims(ops):
+    """Each module reports its variant and the sources it was built from (the current ones)."""
+    assert ops.isa() in RUNNABLE and ops.source_tag() == isa.source_tag()
+
+
+def test_loader_picks_the_best_runnable_build_and_obeys_sglang_cpu_isa(monkeypatch):
+    if not all(loader.load_variant(v).module is not None for v in RUNNABLE):
+        pytest.skip("not every variant is built here")
+    monkeypatch.delenv("SGLANG_CPU_ISA", raising=False)
+    assert loader.choose().variant == RUNNABLE[0]
+    for name in RUNNABLE:
+        monkeypatch.setenv("SGLANG_CPU_ISA", name)
+        assert loader.load().isa() == name
+    if isa.is_x86():  # an AVX2-only CPU: the avx512 build is never chosen, and refused when asked for
+        avx2_cpu = frozenset({"sse2", "avx", "avx2", "fma", "f16c"})
+        monkeypatch.delenv("SGLANG_CPU_ISA")
+        assert loader.choose(avx2_cpu).variant == "avx2"
+        monkeypatch.setenv("SGLANG_CPU_ISA", "avx512")
+        refused = loader.choose(avx2_cpu)
+        assert refused.module is None and "cannot run the avx512 variant" in refused.reason and "avx512f" in refused.reason
+    monkeypatch.setenv("SGLANG_CPU_ISA", "sse9")
+    with pytest.raises(ValueError, match="SGLANG_CPU_ISA"):
+        loader.choose()
+
+
+def test_variants_a_cpu_runs():
+    x86 = "x86_64"
+    assert [v.name for v in isa.runnable_variants(flags=frozenset(), machine=x86)] == ["generic"]
+    assert [v.name for v in isa.runnable_variants(flags=frozenset({"avx2", "fma", "f16c"}), machine=x86)] == [
+        "avx2", "generic",
+    ]  # fmt: skip
+    assert not isa.runnable(isa.variant("avx2", x86), None)  # flags unknown: generic only
+    assert [(v.name, v.cflags) for v in isa.variants("aarch64")] == [("generic", ())]
+    assert isa.variant("avx512", x86).sources == (isa.OPS_SOURCE, isa.AMX_SOURCE)
+    assert isa.variant("avx2", x86).sources == (isa.OPS_SOURCE,)
+    with pytest.raises(ValueError, match="unknown CPU kernel variant"):
+        isa.variant("sse9", x86)
+
+
+def test_a_build_older_than_its_sources_is_not_loaded(monkeypatch):
+    """After an edit of csrc/ without a rebuild the old module is refused, with the command that
+    rebuilds it (tests and servers would otherwise run stale code)."""
+    v = isa.variant(RUNNABLE[-1])
+    if loader.load_variant(v.name).module is None:
+        pytest.skip("not built here")
+    monkeypatch.setattr(isa, "source_tag", lambda csrc=isa.CSRC: "0123456789abcdef")
+    stale = loader._import(v)
+    assert stale.module is None and "older than the sources" in stale.reason and "make setup" in stale.reason
+
+
+def test_a_missing_build_falls_back_to_torch_with_one_warning(monkeypatch, caplog):
+    """No module for this CPU (never built, no compiler): load() warns once and returns None, and
+    the dispatch table gives callers None (their torch code)."""
+    missing = loader.LoadResult("none", None, "the avx2 variant is not built")
+    monkeypatch.setattr(loader, "choose", lambda flags=None: missing)
+    monkeypatch.setattr(loader, "_warned", set())
+    with caplog.at_level("WARNING", logger=loader.__name__):
+        assert loader.load() is None and loader.load() is None
+    texts = [r.getMessage() for r in caplog.records]
+    assert texts.count("CPU kernels unavailable, using the torch implementations: the avx2 variant is not built") == 1
+    dispatch.reset()
+    try:
+        assert dispatch.fused_ops(torch.zeros(2, 2)) is None
+    finally:
+        dispatch.reset()

@@ -94,7 +94,23 @@ SGLANG_CPU_KERNELS: EnvVar[bool] = EnvVar(
     True,
     parse_bool,
     "Use the fused C++ CPU kernels (kernels/cpu: decode attention over the KV pool in place, "
-    "RMSNorm, SwiGLU, RoPE), compiled on first use; 0 keeps the torch implementations.",
+    "RMSNorm, SwiGLU, RoPE), compiled at install time (setup.py); 0 keeps the torch implementations.",
+)
+
+
+def parse_cpu_isa(text: str) -> str:
+    value = text.strip().lower() or "auto"
+    if value not in ("auto", "avx512", "avx2", "generic"):
+        raise ValueError(f"expected auto, avx512, avx2 or generic, got {text!r}")
+    return value
+
+
+SGLANG_CPU_ISA: EnvVar[str] = EnvVar(
+    "SGLANG_CPU_ISA",
+    "auto",
+    parse_cpu_isa,
+    "Which instruction-set build of the CPU kernels to load (kernels/cpu/isa.py): auto (the best "
+    "this CPU runs), avx512, avx2 or generic; e.g. avx2 runs an AVX2 machine's code on an AVX-512 one.",
 )
 
 # ---------------------------------------------------------------- pipeline parallelism

@@ -63,3 +63,26 @@ def destroy_distributed() -> None:
     """Tear down every process group of this process (safe to call when none exists)."""
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def init_rank_distributed(
+    layout,
+    world_rank: int,
+    device: str,
+    dist_init_addr: Optional[str],
+    timeout_s: Optional[float] = 300.0,
+    nnodes: int = 1,
+):
+    """A rank's start-up: bind it to its device first (`platforms.rank_device.bind_rank`: the
+    platform of `device`, i.e. `--device`; the node-local device made current before anything
+    is allocated; kernels loaded), then join torch.distributed with that platform's backend
+    (gloo / nccl / hccl) when the world has more than one rank, and build every axis' groups on
+    the rank's device. Returns the `ParallelGroups`."""
+    from sglang.srt.distributed.parallel_state import ParallelGroups
+    from sglang.srt.platforms.rank_device import bind_rank
+
+    rank = bind_rank(device, world_rank, layout.world_size, nnodes)
+    if layout.world_size == 1:
+        return ParallelGroups.single(rank.device)
+    init_distributed(layout.world_size, world_rank, dist_init_addr, rank.dist_backend, timeout_s)
+    return ParallelGroups.build(layout, world_rank, rank.dist_backend, rank.device)

@@ -61,19 +61,12 @@ def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, rank: in
 
 
 def init_rank_groups(server_args: ServerArgs, rank: int) -> ParallelGroups:
-    """Join torch.distributed (when the world has more than one rank) and build the groups."""
-    layout = ParallelLayout.from_server_args(server_args)  # `--cp-size N` alone means tp = dp · cp
-    if layout.world_size == 1:
-        return ParallelGroups.single()
-    from sglang.srt.distributed.init import init_distributed
-    from sglang.srt.platforms import current_platform
+    """Bind the rank to its device (platforms/rank_device.py: `--device`'s platform, the
+    node-local device, kernels loaded), join torch.distributed with that platform's backend (when
+    the world has more than one rank) and build the groups."""
+    from sglang.srt.distributed.init import init_rank_distributed
 
-    platform = current_platform()
-    init_distributed(
-        layout.world_size,
-        rank,
-        server_args.dist_init_addr,
-        platform.dist_backend,
-        server_args.dist_timeout,
+    layout = ParallelLayout.from_server_args(server_args)  # `--cp-size N` alone means tp = dp · cp
+    return init_rank_distributed(
+        layout, rank, server_args.device, server_args.dist_init_addr, server_args.dist_timeout, server_args.nnodes
     )
-    return ParallelGroups.build(layout, rank, platform.dist_backend, platform.device(rank))

@@ -32,7 +32,7 @@ from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.cp_slots import physical_kv_state, plan_virtual_pool
 from sglang.srt.mem_cache.req_to_token import ReqToTokenPool
 from sglang.srt.model_executor.forward_batch import DPForwardInfo, ForwardBatch, ForwardMode, PPProxyTensors
-from sglang.srt.model_executor.memory_budget import KVPoolPlan, plan_kv_pool
+from sglang.srt.model_executor.memory_budget import KVPoolPlan, MemoryReading, plan_kv_pool
 from sglang.srt.layers.linear_prepack import prepack_linear_weights
 from sglang.srt.platforms import get_platform
 from sglang.srt.model_loader.loader import load_model_weights
@@ -58,10 +58,12 @@ class ModelRunner:
     def __init__(self, server_args: ServerArgs, groups: ParallelGroups):
         self.server_args = server_args
         self.groups = groups
-        self.device = torch.device(server_args.device)
+        platform = get_platform(server_args.device)
+        self.device = platform.current_device()  # the rank's own device (bound at rank start-up)
         torch.set_num_threads(server_args.num_threads or max(1, os.cpu_count() or 1))
         torch.manual_seed(server_args.random_seed)
-        get_platform(server_args.device).configure_process()
+        platform.configure_process()
+        free_before_load = platform.memory_info()[0]  # the KV pool formula's pre-load reading
 
         self.model_config = ModelConfig(
             server_args.model_path,
@@ -86,14 +88,15 @@ class ModelRunner:
         )
         self.model.eval()
         weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        platform = get_platform(server_args.device)
         # packed copies only while they take at most a quarter of the memory still free
         weight_bytes += prepack_linear_weights(self.model, platform, max_bytes=platform.memory_info()[0] // 4)
         # Pipeline stage: this rank's layers [start_layer, end_layer); KV is stored for those only.
         self.is_first_stage, self.is_last_stage = groups.pp.is_first, groups.pp.is_last
         self.start_layer, self.end_layer = self.model.start_layer, self.model.end_layer
         cell_bytes = self.model.kv_cell_size_bytes(self.dtype)  # the model's cache layout (MHA, MLA latent, ...)
-        plan = self._agree_on_plan(plan_kv_pool(server_args, cfg, weight_bytes, cell_bytes))
+        local_ranks = groups.world.size // max(1, server_args.nnodes)
+        memory = MemoryReading.after_load(platform, free_before_load, local_ranks, groups.tp.size)
+        plan = self._agree_on_plan(plan_kv_pool(server_args, cfg, cell_bytes, memory))
         self.max_running_requests = plan.max_running_requests
         page = server_args.page_size
         if self.cp is None:

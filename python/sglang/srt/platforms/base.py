@@ -58,6 +58,9 @@ class Platform:
     prefill_min_chunk: int = 1
     # The attention backend served when `--attention-backend` is not given (layers/attention/registry.py).
     default_attention_backend: str = "torch_native"
+    # Whether the local ranks of a node draw on one memory (CPU: host RAM), so that the KV pool
+    # budget is split between them; accelerator ranks each own a device.
+    memory_shared_by_local_ranks: bool = False
 
     @classmethod
     def is_available(cls) -> bool:
@@ -67,20 +70,32 @@ class Platform:
         raise NotImplementedError
 
     def device(self, local_rank: int = 0) -> torch.device:
-        """The torch device a rank with this node-local index uses."""
+        """The torch device a rank with this node-local index uses (the node-local rank, never
+        the global one: rank 9 of a 2 x 8 world is device 1 of its node)."""
         raise NotImplementedError
 
     def set_device(self, local_rank: int = 0) -> None:
-        """Make `device(local_rank)` the current device of this process."""
+        """Make `device(local_rank)` the current device of this process (before it allocates
+        anything on the device)."""
+        raise NotImplementedError
+
+    def current_device(self) -> torch.device:
+        """This process's current device (the one `set_device` chose)."""
         raise NotImplementedError
 
     def synchronize(self) -> None:
         """Wait for all queued work on the current device."""
         raise NotImplementedError
 
-    def memory_info(self, local_rank: int = 0) -> tuple[int, int]:
-        """(free_bytes, total_bytes) of the memory the KV cache and weights live in."""
+    def memory_info(self) -> tuple[int, int]:
+        """(free_bytes, total_bytes) of the memory the KV cache and weights live in, on the
+        current device."""
         raise NotImplementedError
+
+    def default_mem_fraction_static(self, tp_size: int) -> Optional[float]:
+        """`--mem-fraction-static` when the flag is not given, or None: size the pool by the
+        platform's own rule (model_executor/memory_budget.py)."""
+        return None
 
     # streams / events (no-ops where a device has none)
     def current_stream(self) -> Any:
@@ -128,17 +143,33 @@ class AcceleratorPlatform(Platform):
         count = self.device_count()
         if count == 0:
             raise RuntimeError(f"no {self.device_type} device is visible")
-        return torch.device(self.device_type, local_rank % count)
+        if not 0 <= local_rank < count:
+            raise ValueError(
+                f"local rank {local_rank} needs {self.device_type} device {local_rank}, but this node has "
+                f"{count} visible; run at most {count} ranks per node (--tp-size x --pp-size / --nnodes)"
+            )
+        return torch.device(self.device_type, local_rank)
 
     def set_device(self, local_rank: int = 0) -> None:
         self.module().set_device(self.device(local_rank))
 
+    def current_device(self) -> torch.device:
+        return torch.device(self.device_type, int(self.module().current_device()))
+
     def synchronize(self) -> None:
         self.module().synchronize()
 
-    def memory_info(self, local_rank: int = 0) -> tuple[int, int]:
-        free, total = self.module().mem_get_info(self.device(local_rank))
+    def memory_info(self) -> tuple[int, int]:
+        free, total = self.module().mem_get_info(self.current_device())
         return int(free), int(total)
+
+    def default_mem_fraction_static(self, tp_size: int) -> Optional[float]:
+        """Upstream SGLang's choice when the flag is not given (its earlier, size-free rule): the
+        more tp ranks, the more each keeps back for communication buffers."""
+        for at_least, fraction in ((16, 0.79), (8, 0.81), (4, 0.85), (2, 0.87)):
+            if tp_size >= at_least:
+                return fraction
+        return 0.88
 
     def current_stream(self) -> Any:
         return self.module().current_stream()

@@ -43,6 +43,7 @@ class CpuPlatform(Platform):
     prefill_min_chunk = 768
     # fused decode / AMX prefill kernels and zero-copy pool views (layers/attention/cpu_backend.py)
     default_attention_backend = "cpu"
+    memory_shared_by_local_ranks = True  # every rank of the host draws on its RAM
 
     @classmethod
     def is_available(cls) -> bool:
@@ -97,15 +98,15 @@ class CpuPlatform(Platform):
         return pack, kernel
 
     def fused_kernels(self) -> Optional[Any]:
-        """kernels/cpu, compiled for this host on first use (None without a C++ toolchain or
-        with SGLANG_CPU_KERNELS=0)."""
+        """kernels/cpu: the install-time build for this CPU's instruction set (None where it was
+        not built, or with SGLANG_CPU_KERNELS=0)."""
         from sglang.srt import envs
 
         if not envs.SGLANG_CPU_KERNELS.get():
             return None
-        from sglang.srt.kernels.cpu import build
+        from sglang.srt.kernels.cpu import loader
 
-        return build.load()
+        return loader.load()
 
     def device(self, local_rank: int = 0) -> torch.device:
         return torch.device("cpu")
@@ -113,10 +114,13 @@ class CpuPlatform(Platform):
     def set_device(self, local_rank: int = 0) -> None:
         pass
 
+    def current_device(self) -> torch.device:
+        return torch.device("cpu")
+
     def synchronize(self) -> None:
         pass
 
-    def memory_info(self, local_rank: int = 0) -> tuple[int, int]:
+    def memory_info(self) -> tuple[int, int]:
         return read_meminfo()
 
     def current_stream(self) -> Any:

@@ -32,6 +32,7 @@
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__) && defined(__AVX512DQ__)
 #define SGL_HAVE_AMX 1
+#include <cpuid.h>
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -304,7 +305,14 @@ void attend_rows(const uint32_t* qt, const uint16_t* kpad, const uint16_t* vt, i
 
 bool prefill_attention_supported() {
 #if defined(SGL_HAVE_AMX)
-  return sgl_amx::request_amx();
+  // the CPU must have the tiles (CPUID leaf 7: EDX bit 24 AMX-TILE, bit 22 AMX-BF16; this build
+  // also runs on AVX-512 CPUs without them) and the kernel must grant their use
+  static const bool cpu_has_amx = [] {
+    unsigned int eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+    return (edx & (1u << 24)) != 0 && (edx & (1u << 22)) != 0;
+  }();
+  return cpu_has_amx && sgl_amx::request_amx();
 #else
   return false;
 #endif

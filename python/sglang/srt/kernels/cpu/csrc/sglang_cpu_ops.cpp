@@ -1,4 +1,7 @@
-// Fused CPU kernels of the sglang engine (built on first use by kernels/cpu/build.py).
+// Fused CPU kernels of the sglang engine, compiled at install time (setup.py) once per instruction
+// set variant (kernels/cpu/isa.py: avx512, avx2, generic); the loader imports the best one the CPU
+// runs. Intrinsics paths are guarded by the compiler's ISA macros, so the avx2 / generic builds are
+// the portable loops (which the compiler vectorises for the variant's target).
 //
 // float32 / bfloat16 inputs; everything is computed in float32 and rounded once to the output
 // dtype. The torch reference of each op is in kernels/cpu/reference.py (tests compare them).
@@ -26,6 +29,8 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
+#include <string>
 #include <vector>
 
 namespace {
@@ -480,13 +485,39 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
 
 }  // namespace
 
-// prefill_attention_amx.cpp
+#define SGL_STR2(x) #x
+#define SGL_STR(x) SGL_STR2(x)
+#if defined(SGLANG_CPU_ISA)
+#define SGL_ISA_NAME SGL_STR(SGLANG_CPU_ISA)
+#else
+#define SGL_ISA_NAME "unnamed"
+#endif
+#if defined(SGLANG_CSRC_TAG)
+#define SGL_CSRC_TAG SGL_STR(SGLANG_CSRC_TAG)
+#else
+#define SGL_CSRC_TAG ""
+#endif
+
+#if defined(SGLANG_WITH_AMX_SOURCE)
+// prefill_attention_amx.cpp (built into the variants that can have AMX)
 bool prefill_attention_supported();
 at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                              const std::optional<at::Tensor>& k_cache, const std::optional<at::Tensor>& v_cache,
                              const std::optional<at::Tensor>& prefix_slots, const std::optional<at::Tensor>& out);
+#else
+// variants without AMX do not compile prefill_attention_amx.cpp: the kernel is never available
+bool prefill_attention_supported() { return false; }
+at::Tensor prefill_attention(const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
+                             const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+                             const std::optional<at::Tensor>&, const std::optional<at::Tensor>&) {
+  TORCH_CHECK(false, "prefill_attention: AMX is not available in the ", SGL_ISA_NAME, " build of the CPU kernels");
+  return at::Tensor();
+}
+#endif
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("isa", []() { return std::string(SGL_ISA_NAME); }, "the instruction-set variant this module was built for");
+  m.def("source_tag", []() { return std::string(SGL_CSRC_TAG); }, "hash of the csrc files it was built from");
   m.def("decode_attention", &decode_attention, "decode attention over a head-major KV pool, in place");
   m.def("rms_norm", &rms_norm, "RMSNorm");
   m.def("add_rms_norm", &add_rms_norm, "residual add + RMSNorm -> (normed, new residual)");

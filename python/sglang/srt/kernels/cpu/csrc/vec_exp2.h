@@ -2,8 +2,8 @@
 // rounded to bfloat16 anyway (the prefill kernel's P, the SiLU gate): 2^floor(t) * q(f) with
 // f = t - floor(t) in [0, 1) by one vreduceps, q a degree-3 fit of 2^f, and scalef for 2^floor(t)
 // (which goes to 0 far below range and to inf far above). Shared by sglang_cpu_ops.cpp and
-// prefill_attention_amx.cpp; build.py folds this file's text into the module name, so editing
-// it rebuilds both.
+// prefill_attention_amx.cpp; its text is part of the sources' tag (kernels/cpu/isa.py), so a
+// build older than an edit of it is not loaded.
 #pragma once
 
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
