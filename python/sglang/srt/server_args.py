@@ -25,6 +25,17 @@ FLAG_ALIASES = {
     "ep_size": ["--expert-parallel-size"],
     "dist_init_addr": ["--nccl-init-addr"],
     "model_path": ["--model"],
+    # DSA (issue 18): upstream's newer spellings of the nsa flags
+    "nsa_prefill_backend": ["--dsa-prefill-backend"],
+    "nsa_decode_backend": ["--dsa-decode-backend"],
+}
+
+# `--help` text of flags that have one (the others are SGLang's and documented upstream).
+FLAG_HELP = {
+    "nsa_prefill_backend": "DSA ops implementation of the dsa/nsa attention backend for extend batches: auto "
+    "(the platform's), reference, cpu, triton, torch_npu, or upstream's names (flashmla_sparse, fa3, tilelang, ... "
+    "-> triton; ascend -> torch_npu)",
+    "nsa_decode_backend": "like --nsa-prefill-backend, for decode batches",
 }
 
 CHOICES = {
@@ -78,6 +89,9 @@ class ServerArgs:
     schedule_policy: str = "fcfs"
     disable_radix_cache: bool = False
     attention_backend: Optional[str] = None  # None: the device platform's choice (see resolved_attention_backend)
+    # DSA (DeepSeek-V3.2) op implementations of the dsa/nsa backend (layers/attention/dsa/backend_names.py)
+    nsa_prefill_backend: Optional[str] = None
+    nsa_decode_backend: Optional[str] = None
     watchdog_timeout: float = 300.0
     num_threads: Optional[int] = None  # torch threads per rank; None = cores / local ranks
 
@@ -149,6 +163,7 @@ class ServerArgs:
         if not (0 <= self.node_rank < self.nnodes):
             raise ValueError(f"--node-rank must be in [0, --nnodes), got {self.node_rank}")
         self._validate_attention_backend()
+        self._validate_nsa_backends()
         unsupported = [n for n in ("dp_size",) if getattr(self, n) > 1]
         if unsupported:
             raise ValueError(
@@ -180,6 +195,22 @@ class ServerArgs:
         choices = attention_backend_choices()
         if self.attention_backend not in choices:
             raise ValueError(f"--attention-backend must be one of {choices}, got {self.attention_backend!r}")
+
+    def _validate_nsa_backends(self) -> None:
+        """--nsa-prefill-backend / --nsa-decode-backend: known names, and only with the dsa backend."""
+        from sglang.srt.layers.attention.dsa.backend_names import DSA_ATTENTION_BACKENDS, resolve_nsa_backend
+
+        for name in ("nsa_prefill_backend", "nsa_decode_backend"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            try:
+                resolve_nsa_backend(value)
+            except ValueError as e:
+                raise ValueError(f"--{_flag(name)}: {e}") from None
+            if self.attention_backend not in DSA_ATTENTION_BACKENDS:
+                raise ValueError(f"--{_flag(name)} applies to --attention-backend dsa (alias nsa), "
+                                 f"got --attention-backend {self.resolved_attention_backend}")  # fmt: skip
 
     def _validate_context_parallel(self) -> None:
         """Context-parallel flags (docs/context_parallel.md)."""
@@ -236,11 +267,12 @@ class ServerArgs:
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
         for f in fields(ServerArgs):
             names = ["--" + _flag(f.name)] + FLAG_ALIASES.get(f.name, [])
+            extra = {"help": FLAG_HELP[f.name]} if f.name in FLAG_HELP else {}
             if f.type in ("bool", bool):
-                parser.add_argument(*names, dest=f.name, action="store_true", default=f.default)
+                parser.add_argument(*names, dest=f.name, action="store_true", default=f.default, **extra)
                 continue
             kind = _parse_type(f.type)
-            parser.add_argument(*names, dest=f.name, type=kind, default=f.default)
+            parser.add_argument(*names, dest=f.name, type=kind, default=f.default, **extra)
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "ServerArgs":

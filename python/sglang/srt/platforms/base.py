@@ -58,6 +58,9 @@ class Platform:
     prefill_min_chunk: int = 1
     # The attention backend served when `--attention-backend` is not given (layers/attention/registry.py).
     default_attention_backend: str = "torch_native"
+    # The implementation of the DSA ops (sgl_kernel_npu: lightning indexer, sparse flash attention)
+    # the `dsa` attention backend runs when --nsa-prefill/decode-backend is auto.
+    dsa_ops_impl: str = "reference"
 
     @classmethod
     def is_available(cls) -> bool:
