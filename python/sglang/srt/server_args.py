@@ -36,6 +36,9 @@ FLAG_HELP = {
     "(the platform's), reference, cpu, triton, torch_npu, or upstream's names (flashmla_sparse, fa3, tilelang, ... "
     "-> triton; ascend -> torch_npu)",
     "nsa_decode_backend": "like --nsa-prefill-backend, for decode batches",
+    "enable_shard_linear": "Shard Linear (context parallelism, DeepSeek MLA with q-LoRA, tp = cp): each layer's "
+    "q_b_proj and o_proj weights are kept only on cp rank layer_id %% cp and broadcast to the cp group before use "
+    "(the next layer's broadcast overlaps the current layer); less weight memory per rank, identical outputs",
 }
 
 CHOICES = {
@@ -92,6 +95,7 @@ class ServerArgs:
     # DSA (DeepSeek-V3.2) op implementations of the dsa/nsa backend (layers/attention/dsa/backend_names.py)
     nsa_prefill_backend: Optional[str] = None
     nsa_decode_backend: Optional[str] = None
+    enable_shard_linear: bool = False  # Shard Linear: q_b_proj / o_proj held by one cp rank per layer
     watchdog_timeout: float = 300.0
     num_threads: Optional[int] = None  # torch threads per rank; None = cores / local ranks
 
@@ -164,6 +168,8 @@ class ServerArgs:
             raise ValueError(f"--node-rank must be in [0, --nnodes), got {self.node_rank}")
         self._validate_attention_backend()
         self._validate_nsa_backends()
+        if self.enable_shard_linear and self.cp_size == 1:
+            raise ValueError("--enable-shard-linear shares weights across context-parallel ranks: it needs --cp-size > 1")
         unsupported = [n for n in ("dp_size",) if getattr(self, n) > 1]
         if unsupported:
             raise ValueError(
@@ -226,6 +232,13 @@ class ServerArgs:
             if not get_attention_backend_class(backend).supports_context_parallel:
                 raise ValueError(f"--cp-size > 1 needs an --attention-backend that supports context parallelism, "
                                  f"got {backend!r}")  # fmt: skip
+        if self.enable_shard_linear:
+            from sglang.srt.distributed.parallel_layout import ParallelLayout
+
+            layout = ParallelLayout.from_server_args(self)
+            if layout.attn_tp != 1:
+                raise ValueError(f"--enable-shard-linear needs attention TP 1 (--tp-size = --cp-size), got tp "
+                                 f"{layout.tp}, cp {self.cp_size}")  # fmt: skip
         if self.cp_size > 1 and self.enable_dp_attention:
             raise ValueError("--cp-size > 1 together with --enable-dp-attention is not supported yet")
 

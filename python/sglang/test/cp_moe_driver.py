@@ -62,8 +62,10 @@ def _stored_rows(h: CPForwardHarness, model: CausalLM) -> int:
 
 
 def generate(path: str, groups: ParallelGroups, strategy: str = "zigzag", new_tokens: int = 16,
-             page_size: int = 1, interleave: int = 1, attention_backend: Optional[str] = None) -> dict:  # fmt: skip
+             page_size: int = 1, interleave: int = 1, attention_backend: Optional[str] = None,
+             shard_linear: bool = False) -> dict:  # fmt: skip
     hf_config, model = load_model(path, groups)
+    series = model.enable_shard_linear() if shard_linear else None
     h = make_harness(hf_config, model, groups, strategy, page_size, interleave, attention_backend)
     proxy_rows: list[tuple[int, int]] = []
     step = pp_stepper(h, model, groups, proxy_rows)
@@ -75,7 +77,11 @@ def generate(path: str, groups: ParallelGroups, strategy: str = "zigzag", new_to
     fresh = h.new_request()
     fresh_prompt = torch.randint(3, hf_config.vocab_size, (FRESH_LEN,), generator=gen).tolist()
     step_logits.append(step([(hit, prompts[2][SHARED:] + prompts[0]), (fresh, fresh_prompt)], all_logits=True).clone())
-    return {"tokens": outputs, "logits": step_logits, "rows": _stored_rows(h, model), "proxy_rows": proxy_rows}
+    out = {"tokens": outputs, "logits": step_logits, "rows": _stored_rows(h, model), "proxy_rows": proxy_rows}
+    out["param_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
+    if series is not None:  # Shard Linear: what this rank holds for the series, and how many broadcasts ran
+        out["shard_bytes"], out["shard_broadcasts"] = series.weight_bytes(), series.broadcasts
+    return out
 
 
 def _indexers(model: CausalLM) -> list:
