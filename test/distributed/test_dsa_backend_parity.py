@@ -60,6 +60,12 @@ def test_dsa_backend_cp1_matches_reference(checkpoint, reference):
     _same(got, reference, "cp1 dsa")
 
 
+def test_dsa_backend_paged_blocks_match_reference(checkpoint, reference):
+    """Pool pages of 4 become the ops' PA_BSND blocks (block table of page ids)."""
+    got = generate(checkpoint, ParallelGroups.single(), "zigzag", NEW_TOKENS, page_size=4, attention_backend="dsa")
+    _same(got, reference, "cp1 dsa page 4")
+
+
 def _cp2(rank: int, world_size: int, path: str) -> list:
     groups = ParallelGroups.build(ParallelLayout(tp=2, attn_cp=2), rank)
     return [generate(path, groups, s, NEW_TOKENS, attention_backend="dsa") for s in ("zigzag", "round-robin")]

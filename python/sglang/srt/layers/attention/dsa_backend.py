@@ -46,12 +46,19 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class DSAPaged:
-    """The batch in the ops' TND / PA_BSND terms (block size 1: the block table is req_to_token)."""
+    """The batch in the ops' TND / PA_BSND terms: blocks are the pool's pages (block_table[b, j] =
+    page of position j * page_size), or single slots when the pool's rows are not whole pages."""
 
     cu_q: torch.Tensor  # [B] int32 cumulative new-token counts
     kv_lens: torch.Tensor  # [B] int32 sequence lengths
-    table: torch.Tensor  # [B, max_seq_len] int32 slots
+    table: torch.Tensor  # [B, ceil(max_seq_len / block)] int32 block ids
+    block: int  # block size: the page size, or 1
     decode: bool
+
+    def blocks(self, buffer: torch.Tensor) -> torch.Tensor:
+        """A pool buffer [rows, D] as PA_BSND [rows / block, block, 1, D]."""
+        rows, dim = buffer.shape[0], buffer.shape[-1]
+        return buffer.reshape(rows, dim)[: rows - rows % self.block].view(rows // self.block, self.block, 1, dim)
 
 
 @dataclass
@@ -96,10 +103,15 @@ class DSAAttnBackend(CPUAttnBackend):
             table_all = fb.req_to_token_pool.req_to_token
             rows = fb.req_pool_indices.to(table_all.device)
             max_len = max(fb.seq_lens_cpu) if fb.seq_lens_cpu else 0
+            page = int(getattr(fb.token_to_kv_pool, "page_size", 1) or 1)
+            slots = table_all[rows, :max_len]
+            # pages as blocks (what NPU kernels want: blocks of 16+); slots of a page are consecutive
+            block = page if page > 1 and max_len and bool((slots[:, ::page] % page == 0).all()) else 1
             state.dsa = DSAPaged(
                 cu_q=torch.tensor(fb.extend_seq_lens_cpu, dtype=torch.int64).cumsum(0).to(torch.int32),
                 kv_lens=torch.tensor(fb.seq_lens_cpu, dtype=torch.int32),
-                table=table_all[rows, :max_len].to(torch.int32),
+                table=(slots[:, ::block] // block).to(torch.int32),
+                block=block,
                 decode=fb.forward_mode.is_decode(),
             )
         return state.dsa
@@ -127,7 +139,7 @@ class DSAAttnBackend(CPUAttnBackend):
         if selected is None:
             return self.attend_latent(q, layer, forward_batch, None)
         d = self._dsa(forward_batch)
-        kv = pool.get_key_buffer(layer.layer_id).squeeze(1)
+        kv = d.blocks(pool.get_key_buffer(layer.layer_id))
         return self.kernels.attend_paged(q, kv, layer.kv_lora_rank, layer.scaling, selected, d.table, d.cu_q,
                                          d.kv_lens, d.decode)  # fmt: skip
 
@@ -143,5 +155,5 @@ class DSAAttnBackend(CPUAttnBackend):
         pairs = sum(e * p + e * (e + 1) // 2 for e, p in zip(fb.extend_seq_lens_cpu, fb.extend_prefix_lens_cpu))
         idx.count(q.shape[0], pairs)
         d = self._dsa(fb)
-        return self.kernels.select_paged(q, weights, idx.softmax_scale, pool.get_index_k_buffer(idx.layer_id), d.table,
-                                         d.cu_q, d.kv_lens, idx.index_topk, d.decode)  # fmt: skip
+        return self.kernels.select_paged(q, weights, idx.softmax_scale, d.blocks(pool.get_index_k_buffer(idx.layer_id)),
+                                         d.table, d.cu_q, d.kv_lens, idx.index_topk, d.decode)  # fmt: skip

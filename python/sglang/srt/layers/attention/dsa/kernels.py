@@ -5,8 +5,8 @@
 the tensors' device decides) for:
 
 - a batch over the paged pool (`select_paged`, `attend_paged`): queries in TND (tokens grouped by
-  request), keys PA_BSND with block size 1 whose block table is each request's `req_to_token` row
-  (slots), right-down causal (`sparse_mode` 3): every request's new tokens are the last of its
+  request), keys PA_BSND whose blocks are the pool's pages (block table from `req_to_token`),
+  right-down causal (`sparse_mode` 3): every request's new tokens are the last of its
   sequence;
 - context parallelism: own queries at arbitrary positions against a request's gathered rows
   (`own_query_topk`, `attend_rows`: every run of consecutive positions is one TND entry whose keys
@@ -65,8 +65,9 @@ class DSAKernels:
         topk: int,
         decode: bool,
     ) -> torch.Tensor:
-        """q [n, H, D], weights [n, H], index_k [rows, D]; table [B, max_len] slots. -> [n, topk] int32."""
-        key = index_k.view(index_k.shape[0], 1, 1, index_k.shape[1])
+        """q [n, H, D], weights [n, H], index_k [num_blocks, block, 1, D] (PA_BSND view of the pool);
+        table [B, max_blocks] block ids. -> [n, topk] int32."""
+        key = index_k
         idx = skn.lightning_indexer(
             q, key, weights.float() * scale, cu_q, kv_lens, table, "TND", "PA_BSND", topk, 3, impl=self.impl(decode)
         )
@@ -84,8 +85,9 @@ class DSAKernels:
         kv_lens: torch.Tensor,
         decode: bool,
     ) -> torch.Tensor:
-        """q [n, H, L + R] absorbed queries, kv [rows, L + R] the latent pool, positions [n, K] -> [n, H, L]."""
-        rows = kv.view(kv.shape[0], 1, 1, kv.shape[-1])
+        """q [n, H, L + R] absorbed queries, kv [num_blocks, block, 1, L + R] the latent pool (PA_BSND),
+        positions [n, K] -> [n, H, L]."""
+        rows = kv
         return skn.sparse_flash_attention(
             q[..., :v_dim], rows[..., :v_dim], rows[..., :v_dim], positions.unsqueeze(1), scale, table, cu_q, kv_lens,
             q[..., v_dim:], rows[..., v_dim:], 1, "TND", "PA_BSND", 3, impl=self.impl(decode),
