@@ -106,16 +106,16 @@ class DSAKernels:
         self, q: torch.Tensor, w: torch.Tensor, q_pos: torch.Tensor, keys: torch.Tensor, topk: int, scale: float
     ) -> torch.Tensor:
         """Like `cp_indexer.own_query_topk`: queries at ascending positions q_pos against keys [T, D]
-        at positions 0..T-1 -> [m, min(topk, T)] int64, -1 padded."""
+        at positions 0..T-1 -> [m, min(topk, T)] int32 (what `attend_rows` takes), -1 padded."""
         m, total = q.shape[0], keys.shape[0]
         width = min(topk, total)
         if m == 0 or total == 0:
-            return torch.full((m, width), -1, dtype=torch.int64, device=q.device)
+            return torch.full((m, width), -1, dtype=torch.int32, device=q.device)
         cu, kv_lens, table = self._run_layout(q_pos, total)
         key = keys.view(1, total, 1, keys.shape[1])
         idx = skn.lightning_indexer(q, key, w.float() * scale, cu, kv_lens, table, "TND", "PA_BSND", width, 3,
                                     impl=self.prefill_impl)  # fmt: skip
-        return idx[:, 0].long()
+        return idx[:, 0]
 
     def attend_rows(
         self, q: torch.Tensor, seq: torch.Tensor, q_pos: torch.Tensor, positions: torch.Tensor, scale: float, v_dim: int
