@@ -11,8 +11,8 @@
 // float tile (keys in the vector lanes), scored for every query of the group with a register-
 // blocked heads x keys micro-kernel (relu and the head weights applied in registers, so no
 // [queries x keys] score matrix exists), and pushed into a per-query streaming top-k: a buffer of
-// 2k candidates compacted to the best k by nth_element when full, after which only scores above
-// the k-th best pass a vector compare. Order: score descending, exact ties to the earlier
+// 4k candidates compacted to the best k when full (nth_element on the bare scores), after which
+// only scores above the k-th best pass a vector compare. Order: score descending, exact ties to the earlier
 // position (a later key never displaces an equal score). Queries that see <= k keys and want no
 // values are answered without scoring (all their keys are selected).
 //
@@ -63,29 +63,57 @@ struct CandBetter {
   bool operator()(const Cand& a, const Cand& b) const { return a.v > b.v || (a.v == b.v && a.p < b.p); }
 };
 
+struct FloatGreater {
+  bool operator()(float a, float b) const { return a > b; }
+};
+struct CandEarlier {
+  bool operator()(const Cand& a, const Cand& b) const { return a.p < b.p; }
+};
+
+// Streaming top-k of one query: candidates collect in a buffer of TOPK_SLACK * k; when it is full
+// the k-th best score is found by nth_element on the bare floats, everything above it is kept, and
+// of the candidates equal to it the earliest positions fill up to k (later keys never beat an
+// equal score, so `thr` then rejects them with a plain compare).
+constexpr int TOPK_SLACK = 4;
+
 struct StreamTopK {
   Cand* buf;
-  int k, cnt;
+  Cand* ties;
+  float* tmp;
+  int k, cap, cnt;
   float thr;
-  void init(Cand* b, int kk) {
+  void init(Cand* b, Cand* t, float* f, int kk) {
     buf = b;
+    ties = t;
+    tmp = f;
     k = kk;
+    cap = TOPK_SLACK * kk;
     cnt = 0;
     thr = -std::numeric_limits<float>::infinity();
   }
   void push(float v, int32_t p) {
     buf[cnt].v = v;
     buf[cnt].p = p;
-    if (++cnt == 2 * k) compact();
+    if (++cnt == cap) compact();
   }
   void compact() {
-    std::nth_element(buf, buf + (k - 1), buf + cnt, CandBetter());
-    cnt = k;
-    thr = buf[k - 1].v;
+    for (int i = 0; i < cnt; ++i) tmp[i] = buf[i].v;
+    std::nth_element(tmp, tmp + (k - 1), tmp + cnt, FloatGreater());
+    const float t = tmp[k - 1];
+    int w = 0, nt = 0;
+    for (int i = 0; i < cnt; ++i) {
+      if (buf[i].v > t) buf[w++] = buf[i];
+      else if (buf[i].v == t) ties[nt++] = buf[i];
+    }
+    const int need = k - w;  // >= 1: t is the k-th best
+    if (nt > need) std::nth_element(ties, ties + (need - 1), ties + nt, CandEarlier());
+    for (int i = 0; i < need && i < nt; ++i) buf[w++] = ties[i];
+    cnt = w;
+    thr = t;
   }
   void finish(int32_t* oi, float* ov) {
-    if (cnt > k) std::nth_element(buf, buf + (k - 1), buf + cnt, CandBetter());
-    int n = cnt < k ? cnt : k;
+    if (cnt > k) compact();
+    const int n = cnt < k ? cnt : k;
     for (int i = 0; i < n; ++i) oi[i] = buf[i].p;
     for (int i = n; i < k; ++i) oi[i] = -1;
     if (ov) {
@@ -134,7 +162,8 @@ void indexer_impl(const IndexerArgs& a, int64_t t0, int64_t t1) {
   const E* q = static_cast<const E*>(a.q);
   const E* keys = static_cast<const E*>(a.keys.base);
   ABuf<float> qf(size_t(IDX_GROUP) * N * D), kt(size_t(D) * IDX_TILE), sc(IDX_TILE);
-  ABuf<Cand> cands(size_t(IDX_GROUP) * 2 * K);
+  ABuf<Cand> cands(size_t(IDX_GROUP) * TOPK_SLACK * K), ties(size_t(TOPK_SLACK) * K);
+  ABuf<float> tmp(size_t(TOPK_SLACK) * K);
   StreamTopK tk[IDX_GROUP];
   int64_t ts[IDX_GROUP];
   int64_t t = t0;
@@ -160,7 +189,7 @@ void indexer_impl(const IndexerArgs& a, int64_t t0, int64_t t1) {
       float* dst = qf.p + size_t(gi) * N * D;
       for (int h = 0; h < N; ++h)
         for (int d = 0; d < D; ++d) dst[h * D + d] = cvt(qt[h * a.q_stride_h + d]);
-      tk[gi].init(cands.p + size_t(gi) * 2 * K, K);
+      tk[gi].init(cands.p + size_t(gi) * TOPK_SLACK * K, ties.p, tmp.p, K);
     }
     for (int64_t k0 = 0; k0 < kmax; k0 += IDX_TILE) {
       const int nk = int(kmax - k0 < IDX_TILE ? kmax - k0 : IDX_TILE);
