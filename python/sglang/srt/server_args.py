@@ -169,7 +169,7 @@ class ServerArgs:
         self._validate_attention_backend()
         self._validate_nsa_backends()
         if self.enable_shard_linear and self.cp_size == 1:
-            raise ValueError("--enable-shard-linear shares weights across context-parallel ranks: it needs --cp-size > 1")
+            raise ValueError("--enable-shard-linear shares weights across context-parallel ranks: needs --cp-size > 1")
         unsupported = [n for n in ("dp_size",) if getattr(self, n) > 1]
         if unsupported:
             raise ValueError(

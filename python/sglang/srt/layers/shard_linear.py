@@ -39,12 +39,14 @@ class ShardLinearSeries:
         self.modules = dict(layers)
         first = layers[0][1]
         self.names = list(first)
-        self.specs = {n: (tuple(first[n].weight.shape), first[n].weight.dtype, first[n].weight.device) for n in self.names}
+        self.specs = {n: (tuple(first[n].weight.shape), first[n].weight.dtype, first[n].weight.device)
+                      for n in self.names}  # fmt: skip
         for lid, mods in layers:
             for n in self.names:
                 w = mods[n].weight
                 if (tuple(w.shape), w.dtype, w.device) != self.specs[n]:
-                    raise ValueError(f"Shard Linear: {n} of layer {lid} differs in shape / dtype from layer {self.order[0]}")
+                    raise ValueError(f"Shard Linear: {n} of layer {lid} differs in shape / dtype from layer "
+                                     f"{self.order[0]}")  # fmt: skip
         self._held: dict[int, tuple[dict[str, torch.Tensor], list[Any], bool]] = {}
         self._free: list[dict[str, torch.Tensor]] = []
         self.windows_allocated = 0
@@ -67,7 +69,8 @@ class ShardLinearSeries:
 
     def weight_bytes(self) -> int:
         """Bytes this rank holds for the series: owned weights plus the windows allocated so far."""
-        per_layer = sum(torch.Size(s).numel() * torch.empty(0, dtype=d).element_size() for s, d, _ in self.specs.values())
+        specs = self.specs.values()
+        per_layer = sum(torch.Size(s).numel() * torch.empty(0, dtype=d).element_size() for s, d, _ in specs)
         owned = sum(1 for lid in self.order if self.owner(lid) == self.rank)
         return (owned + self.windows_allocated) * per_layer
 
@@ -84,7 +87,8 @@ class ShardLinearSeries:
         mine = src == self.rank
         bufs = {n: m.weight.data for n, m in self.modules[layer_id].items()} if mine else self._window()
         world_src = self.group.ranks[src]
-        works = [dist.broadcast(bufs[n], src=world_src, group=self.group.device_group, async_op=True) for n in self.names]
+        group = self.group.device_group
+        works = [dist.broadcast(bufs[n], src=world_src, group=group, async_op=True) for n in self.names]
         self.broadcasts += 1
         self._held[layer_id] = (bufs, works, not mine)
 

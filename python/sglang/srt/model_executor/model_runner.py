@@ -85,7 +85,7 @@ class ModelRunner:
             self.model, server_args.model_path, server_args.load_format, self.dtype, server_args.random_seed
         )
         self.model.eval()
-        if server_args.enable_shard_linear:  # Shard Linear (issue 18): drop the q_b_proj / o_proj weights other cp ranks own
+        if server_args.enable_shard_linear:  # Shard Linear (issue 18): drop q_b_proj / o_proj that other cp ranks own
             self.model.enable_shard_linear()
         weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         platform = get_platform(server_args.device)

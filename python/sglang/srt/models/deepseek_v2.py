@@ -181,7 +181,7 @@ class DeepseekV3ForCausalLM(CausalLM):
         if cp.size == 1:
             return None
         if self.groups.attn_tp.size != 1:
-            raise ValueError("--enable-shard-linear needs attention TP 1 (tp = cp): cp ranks must hold the same weights")
+            raise ValueError("--enable-shard-linear needs attention TP 1 (tp = cp): cp ranks must hold equal weights")
         layers = []
         for layer in self.model._stage_layers:
             attn = layer.self_attn
