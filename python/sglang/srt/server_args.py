@@ -25,6 +25,20 @@ FLAG_ALIASES = {
     "ep_size": ["--expert-parallel-size"],
     "dist_init_addr": ["--nccl-init-addr"],
     "model_path": ["--model"],
+    # DSA (issue 18): upstream's newer spellings of the nsa flags
+    "nsa_prefill_backend": ["--dsa-prefill-backend"],
+    "nsa_decode_backend": ["--dsa-decode-backend"],
+}
+
+# `--help` text of flags that have one (the others are SGLang's and documented upstream).
+FLAG_HELP = {
+    "nsa_prefill_backend": "DSA ops implementation of the dsa/nsa attention backend for extend batches: auto "
+    "(the platform's), reference, cpu, triton, torch_npu, or upstream's names (flashmla_sparse, fa3, tilelang, ... "
+    "-> triton; ascend -> torch_npu)",
+    "nsa_decode_backend": "like --nsa-prefill-backend, for decode batches",
+    "enable_shard_linear": "Shard Linear (context parallelism, DeepSeek MLA with q-LoRA, tp = cp): each layer's "
+    "q_b_proj and o_proj weights are kept only on cp rank layer_id %% cp and broadcast to the cp group before use "
+    "(the next layer's broadcast overlaps the current layer); less weight memory per rank, identical outputs",
 }
 
 CHOICES = {
@@ -80,6 +94,10 @@ class ServerArgs:
     schedule_policy: str = "fcfs"
     disable_radix_cache: bool = False
     attention_backend: Optional[str] = None  # None: the device platform's choice (see resolved_attention_backend)
+    # DSA (DeepSeek-V3.2) op implementations of the dsa/nsa backend (layers/attention/dsa/backend_names.py)
+    nsa_prefill_backend: Optional[str] = None
+    nsa_decode_backend: Optional[str] = None
+    enable_shard_linear: bool = False  # Shard Linear: q_b_proj / o_proj held by one cp rank per layer
     watchdog_timeout: float = 300.0
     num_threads: Optional[int] = None  # torch threads per rank; None = cores / local ranks
 
@@ -162,6 +180,9 @@ class ServerArgs:
             raise ValueError(f"--node-rank must be in [0, --nnodes), got {self.node_rank}")
         self._validate_attention_backend()
         self._validate_dp_attention()
+        self._validate_nsa_backends()
+        if self.enable_shard_linear and self.cp_size == 1:
+            raise ValueError("--enable-shard-linear shares weights across context-parallel ranks: needs --cp-size > 1")
         from sglang.srt.distributed.parallel_layout import ParallelLayout
 
         layout = ParallelLayout.from_server_args(self)
@@ -202,6 +223,22 @@ class ServerArgs:
         if self.attention_backend not in choices:
             raise ValueError(f"--attention-backend must be one of {choices}, got {self.attention_backend!r}")
 
+    def _validate_nsa_backends(self) -> None:
+        """--nsa-prefill-backend / --nsa-decode-backend: known names, and only with the dsa backend."""
+        from sglang.srt.layers.attention.dsa.backend_names import DSA_ATTENTION_BACKENDS, resolve_nsa_backend
+
+        for name in ("nsa_prefill_backend", "nsa_decode_backend"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            try:
+                resolve_nsa_backend(value)
+            except ValueError as e:
+                raise ValueError(f"--{_flag(name)}: {e}") from None
+            if self.attention_backend not in DSA_ATTENTION_BACKENDS:
+                raise ValueError(f"--{_flag(name)} applies to --attention-backend dsa (alias nsa), "
+                                 f"got --attention-backend {self.resolved_attention_backend}")  # fmt: skip
+
     def _validate_context_parallel(self) -> None:
         """Context-parallel flags (docs/context_parallel.md)."""
         inter = self.cp_kv_cache_interleave_size
@@ -216,6 +253,13 @@ class ServerArgs:
             if not get_attention_backend_class(backend).supports_context_parallel:
                 raise ValueError(f"--cp-size > 1 needs an --attention-backend that supports context parallelism, "
                                  f"got {backend!r}")  # fmt: skip
+        if self.enable_shard_linear:
+            from sglang.srt.distributed.parallel_layout import ParallelLayout
+
+            layout = ParallelLayout.from_server_args(self)
+            if layout.attn_tp != 1:
+                raise ValueError(f"--enable-shard-linear needs attention TP 1 (--tp-size = dp size x --cp-size), got tp "
+                                 f"{layout.tp}, cp {self.cp_size}")  # fmt: skip
 
     def _validate_pipeline(self) -> None:
         """Pipeline flags, and the layer partition against the model's layer count (cheap: config only)."""
@@ -255,11 +299,12 @@ class ServerArgs:
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
         for f in fields(ServerArgs):
             names = ["--" + _flag(f.name)] + FLAG_ALIASES.get(f.name, [])
+            extra = {"help": FLAG_HELP[f.name]} if f.name in FLAG_HELP else {}
             if f.type in ("bool", bool):
-                parser.add_argument(*names, dest=f.name, action="store_true", default=f.default)
+                parser.add_argument(*names, dest=f.name, action="store_true", default=f.default, **extra)
                 continue
             kind = _parse_type(f.type)
-            parser.add_argument(*names, dest=f.name, type=kind, default=f.default)
+            parser.add_argument(*names, dest=f.name, type=kind, default=f.default, **extra)
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "ServerArgs":

@@ -19,7 +19,7 @@ prefill, then decode steps (`Indexer.score_rows` / `score_pairs` summed over lay
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -45,10 +45,11 @@ def load_model(path: str, groups: ParallelGroups) -> tuple[Any, CausalLM]:
 
 
 def make_harness(hf_config: Any, model: CausalLM, groups: ParallelGroups, strategy: str,
-                 page_size: int = 1, interleave: int = 1) -> CPForwardHarness:  # fmt: skip
+                 page_size: int = 1, interleave: int = 1, attention_backend: Optional[str] = None) -> CPForwardHarness:  # fmt: skip
     """A CP harness whose pool is the model's own (MHA, latent or DSA) pool."""
     h = CPForwardHarness(hf_config, groups.attn_cp, strategy, page_size=page_size, interleave=interleave,
-                         max_total_tokens=1024, attn_tp_size=groups.attn_tp.size)  # fmt: skip
+                         max_total_tokens=1024, attn_tp_size=groups.attn_tp.size,
+                         attention_backend=attention_backend)  # fmt: skip
     h.token_to_kv_pool = model.create_kv_pool(h.mapping.physical_pool_size(h.allocator.size), page_size, torch.float32)
     return h
 
@@ -61,9 +62,11 @@ def _stored_rows(h: CPForwardHarness, model: CausalLM) -> int:
 
 
 def generate(path: str, groups: ParallelGroups, strategy: str = "zigzag", new_tokens: int = 16,
-             page_size: int = 1, interleave: int = 1) -> dict:  # fmt: skip
+             page_size: int = 1, interleave: int = 1, attention_backend: Optional[str] = None,
+             shard_linear: bool = False) -> dict:  # fmt: skip
     hf_config, model = load_model(path, groups)
-    h = make_harness(hf_config, model, groups, strategy, page_size, interleave)
+    series = model.enable_shard_linear() if shard_linear else None
+    h = make_harness(hf_config, model, groups, strategy, page_size, interleave, attention_backend)
     proxy_rows: list[tuple[int, int]] = []
     step = pp_stepper(h, model, groups, proxy_rows)
     gen = torch.Generator().manual_seed(5)
@@ -74,7 +77,11 @@ def generate(path: str, groups: ParallelGroups, strategy: str = "zigzag", new_to
     fresh = h.new_request()
     fresh_prompt = torch.randint(3, hf_config.vocab_size, (FRESH_LEN,), generator=gen).tolist()
     step_logits.append(step([(hit, prompts[2][SHARED:] + prompts[0]), (fresh, fresh_prompt)], all_logits=True).clone())
-    return {"tokens": outputs, "logits": step_logits, "rows": _stored_rows(h, model), "proxy_rows": proxy_rows}
+    out = {"tokens": outputs, "logits": step_logits, "rows": _stored_rows(h, model), "proxy_rows": proxy_rows}
+    out["param_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
+    if series is not None:  # Shard Linear: what this rank holds for the series, and how many broadcasts ran
+        out["shard_bytes"], out["shard_broadcasts"] = series.weight_bytes(), series.broadcasts
+    return out
 
 
 def _indexers(model: CausalLM) -> list:

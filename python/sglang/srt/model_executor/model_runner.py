@@ -87,6 +87,8 @@ class ModelRunner:
             self.model, server_args.model_path, server_args.load_format, self.dtype, server_args.random_seed
         )
         self.model.eval()
+        if server_args.enable_shard_linear:  # Shard Linear (issue 18): drop q_b_proj / o_proj that other cp ranks own
+            self.model.enable_shard_linear()
         weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         # packed copies only while they take at most a quarter of the memory still free
         weight_bytes += prepack_linear_weights(self.model, platform, max_bytes=platform.memory_info()[0] // 4)

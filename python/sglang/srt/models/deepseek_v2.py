@@ -17,7 +17,7 @@ sharded over the tp group, every token that group holds, and keeps this rank's r
 
 from __future__ import annotations
 
-from typing import Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 import torch
 from torch import nn
@@ -36,6 +36,9 @@ from sglang.srt.models.causal_lm import CausalLM
 from sglang.srt.models.checkpoint_specs import StackedParam
 from sglang.srt.models.llama import LlamaMLP
 from sglang.srt.models.stage_model import StageModel
+
+if TYPE_CHECKING:
+    from sglang.srt.layers.shard_linear import ShardLinearSeries
 
 # checkpoint name piece -> (fused parameter piece, shard id): dense and shared-expert MLPs
 _STACKED_MLP: list[StackedParam] = [(".gate_proj.", ".gate_up_proj.", 0), (".up_proj.", ".gate_up_proj.", 1)]
@@ -168,6 +171,31 @@ class DeepseekV3ForCausalLM(CausalLM):
         return MLATokenToKVPool(
             size, page_size, dtype, cfg.kv_lora_rank, cfg.qk_rope_head_dim, layers, device, self.start_layer
         )
+
+    # ------------------------------------------------------------------ Shard Linear
+    def enable_shard_linear(self) -> Optional["ShardLinearSeries"]:
+        """Shard Linear (`--enable-shard-linear`, layers/shard_linear.py): after loading, keep each
+        layer's q_b_proj / o_proj weights only on cp rank layer_id % cp; they are broadcast before
+        use. Needs attn_tp = 1. Returns the series (None at cp = 1: nothing to share)."""
+        from sglang.srt.layers.shard_linear import ShardLinearSeries
+
+        cp = self.groups.attn_cp
+        if cp.size == 1:
+            return None
+        if self.groups.attn_tp.size != 1:
+            raise ValueError("--enable-shard-linear needs attention TP 1 (tp = cp): cp ranks must hold equal weights")
+        layers = []
+        for layer in self.model._stage_layers:
+            attn = layer.self_attn
+            if not getattr(attn, "q_lora_rank", None):
+                raise ValueError("--enable-shard-linear shards q_b_proj, which this model (no q-LoRA) does not have")
+            layers.append((layer.layer_id, {"q_b_proj": attn.q_b_proj, "o_proj": attn.o_proj}))
+        series = ShardLinearSeries(cp, layers)
+        series.activate()
+        for layer in self.model._stage_layers:
+            layer.self_attn.shard_linear = series
+        self.shard_linear_series = series
+        return series
 
     # ------------------------------------------------------------------ weights
     def check_checkpoint_tensor(self, name: str) -> None:

@@ -61,6 +61,9 @@ class Platform:
     # Whether the local ranks of a node draw on one memory (CPU: host RAM), so that the KV pool
     # budget is split between them; accelerator ranks each own a device.
     memory_shared_by_local_ranks: bool = False
+    # The implementation of the DSA ops (sgl_kernel_npu: lightning indexer, sparse flash attention)
+    # the `dsa` attention backend runs when --nsa-prefill/decode-backend is auto.
+    dsa_ops_impl: str = "reference"
 
     @classmethod
     def is_available(cls) -> bool:

@@ -34,6 +34,7 @@ class CpuPlatform(Platform):
     name = "cpu"
     device_type = "cpu"
     dist_backend = "gloo"
+    dsa_ops_impl = "cpu"  # fused C++ DSA kernels of sgl_kernel_npu (AVX-512 / AVX2 / portable by CPU flags)
     # torch's CPU flash attention works in key blocks of 512 (query blocks of 256 from 768
     # queries on): chunks that are whole multiples of its tiles run faster per token than chunks
     # between them at the same prefix (docs/benchmarks.md, dynamic chunking).

@@ -13,6 +13,7 @@ class CudaPlatform(AcceleratorPlatform):
     name = "cuda"
     device_type = "cuda"
     dist_backend = "nccl"
+    dsa_ops_impl = "triton"  # the Triton DSA kernels of sgl_kernel_npu
 
     @classmethod
     def is_available(cls) -> bool:

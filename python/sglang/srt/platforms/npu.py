@@ -23,6 +23,7 @@ class NpuPlatform(AcceleratorPlatform):
     name = "npu"
     device_type = "npu"
     dist_backend = "hccl"
+    dsa_ops_impl = "torch_npu"  # CANN's fused ops (torch_npu.npu_lightning_indexer / npu_sparse_flash_attention)
 
     @classmethod
     def is_available(cls) -> bool:

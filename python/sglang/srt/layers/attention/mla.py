@@ -115,6 +115,8 @@ class MLAAttention(nn.Module):
         self.attn = MLACore(
             self.num_heads, self.kv_lora_rank, self.qk_rope_head_dim, mla_softmax_scale(qk_head_dim, config), layer_id
         )
+        # Shard Linear (layers/shard_linear.py): set by the model when q_b_proj / o_proj are sharded over cp
+        self.shard_linear: Optional[Any] = None
         self.indexer: Optional[Indexer] = None
         if use_indexer:
             if not self.q_lora_rank:
@@ -139,6 +141,8 @@ class MLAAttention(nn.Module):
         self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, forward_batch: "ForwardBatch"
     ) -> torch.Tensor:
         n, heads = hidden_states.shape[0], self.num_heads
+        if self.shard_linear is not None:  # this layer's q_b_proj / o_proj from their owner rank; next layer's starts
+            self.shard_linear.acquire(self.attn.layer_id)
         # kv first: the backend may start moving its rows (context parallelism: an async
         # all-gather, with the index keys for DSA) while the q up-projection below runs
         latent, k_rope = self.kv_a_proj_with_mqa(hidden_states).split([self.kv_lora_rank, self.qk_rope_head_dim], -1)
@@ -165,4 +169,7 @@ class MLAAttention(nn.Module):
             dsa.q_lora = q_lora  # the indexer's queries come from the q-LoRA latent (projected if needed)
         o_latent = self.attn(q_full, kv_new, forward_batch, dsa)  # [n, H, L]
         out = torch.bmm(o_latent.transpose(0, 1), w_uv.transpose(1, 2))  # [H, n, v]
-        return self.o_proj(out.transpose(0, 1).reshape(n, heads * self.v_head_dim))
+        out = self.o_proj(out.transpose(0, 1).reshape(n, heads * self.v_head_dim))
+        if self.shard_linear is not None:
+            self.shard_linear.release(self.attn.layer_id)
+        return out

@@ -46,6 +46,7 @@ from sglang.srt.layers.context_parallel import CPLayout, start_gather
 
 if TYPE_CHECKING:
     from sglang.srt.layers.attention.dsa.indexer import Indexer, IndexerInputs
+    from sglang.srt.layers.attention.dsa.kernels import DSAKernels
     from sglang.srt.layers.attention.mla import MLACore
     from sglang.srt.model_executor.forward_batch import ForwardBatch
 
@@ -109,11 +110,13 @@ def mla_cp_forward(
     md: MLACPMetadata,
     dsa: Optional["IndexerInputs"] = None,
     save_kv_cache: bool = True,
+    kernels: Optional["DSAKernels"] = None,
 ) -> torch.Tensor:
     """CP latent attention of this rank's tokens.
 
     q [n, H, L + R] absorbed queries; kv_new [n, L + R] new latent rows; `dsa` the layer's
-    Lightning Indexer inputs (DSA). Returns [n, H, L]."""
+    Lightning Indexer inputs (DSA); `kernels` the DSA ops to run them with (the `dsa` backend's
+    sgl_kernel_npu ops; None: the torch reference functions). Returns [n, H, L]."""
     indexer = dsa.indexer if dsa is not None else None
     rows = dsa.rows_with_key(kv_new) if dsa is not None else kv_new
     dim, v_dim = core.head_dim, core.kv_lora_rank
@@ -136,7 +139,12 @@ def mla_cp_forward(
         if it.prefix_len:
             seq = torch.cat((prefix[it.prefix_offset : it.prefix_offset + it.prefix_len], seq), dim=0)
         kv = seq[:, :dim]
-        if sparse:
+        if sparse and kernels is not None:
+            pos = kernels.own_query_topk(index_q[loc], index_w[loc], it.q_pos, seq[:, dim:], indexer.index_topk,
+                                         indexer.softmax_scale)  # fmt: skip
+            indexer.count(it.local_count, int((it.q_pos + 1).sum()))
+            out[loc] = kernels.attend_rows(q[loc], kv, it.q_pos, pos, core.scaling, v_dim)
+        elif sparse:
             pos = own_query_topk(index_q[loc], index_w[loc], it.q_pos, seq[:, dim:], indexer.index_topk,
                                  indexer.softmax_scale)  # fmt: skip
             indexer.count(it.local_count, int((it.q_pos + 1).sum()))
@@ -146,22 +154,27 @@ def mla_cp_forward(
             o, _ = causal_attention_lse(q[loc], it.q_pos, k3, k3, torch.arange(kv.shape[0]), core.scaling)
             out[loc] = o[..., :v_dim]
     if md.decode_rows is not None:
-        _decode_attention(core, q, index_q, index_w, indexer if sparse else None, fb, layout, md, out)
+        _decode_attention(core, q, index_q, index_w, indexer if sparse else None, fb, layout, md, out, kernels)
     return out
 
 
-def _decode_topk(indexer: "Indexer", iq, iw, fb: "ForwardBatch", layout: CPLayout, md: MLACPMetadata):
+def _decode_topk(indexer: "Indexer", iq, iw, fb: "ForwardBatch", layout: CPLayout, md: MLACPMetadata, kernels=None):
     """Global top-k positions [n1, topk] of the decode queries (identical on every rank)."""
     n1, max_len = md.decode_slots.shape
     keys_all = fb.token_to_kv_pool.get_index_k_buffer(indexer.layer_id)
-    keys = keys_all.index_select(0, md.decode_slots.reshape(-1)).view(n1, max_len, -1)
-    vals, pos = shard_topk_candidates(iq, iw, keys, md.decode_pos.unsqueeze(0), md.decode_valid, indexer.index_topk,
-                                      indexer.softmax_scale)  # fmt: skip
+    if kernels is not None:
+        vals, pos = kernels.shard_topk_candidates(iq, iw, keys_all, md.decode_slots, md.decode_valid, md.decode_pos,
+                                                  indexer.index_topk, indexer.softmax_scale)  # fmt: skip
+    else:
+        keys = keys_all.index_select(0, md.decode_slots.reshape(-1)).view(n1, max_len, -1)
+        vals, pos = shard_topk_candidates(iq, iw, keys, md.decode_pos.unsqueeze(0), md.decode_valid,
+                                          indexer.index_topk, indexer.softmax_scale)  # fmt: skip
     indexer.count(n1, int(md.decode_valid.sum()))
     return exchange_and_merge(layout.group, vals, pos, indexer.index_topk)
 
 
-def _decode_attention(core, q, index_q, index_w, indexer, fb, layout: CPLayout, md: MLACPMetadata, out) -> None:
+def _decode_attention(core, q, index_q, index_w, indexer, fb, layout: CPLayout, md: MLACPMetadata, out,
+                      kernels=None) -> None:  # fmt: skip
     """Partial attention of the decode queries over this rank's rows, exchanged and merged."""
     dev = q.device
     rows = md.decode_rows.to(dev)
@@ -171,14 +184,18 @@ def _decode_attention(core, q, index_q, index_w, indexer, fb, layout: CPLayout, 
     kv_cache = fb.token_to_kv_pool.get_key_buffer(core.layer_id)
     kv_cache = kv_cache.view(kv_cache.shape[0], dim)
     if indexer is not None:
-        sel = _decode_topk(indexer, index_q.index_select(0, rows), index_w.index_select(0, rows), fb, layout, md)
+        sel = _decode_topk(indexer, index_q.index_select(0, rows), index_w.index_select(0, rows), fb, layout, md,
+                           kernels)  # fmt: skip
         safe = sel.clamp(min=0)
         mapping = layout.slot_mapping
         mine = (sel >= 0) & (mapping.position_owner(safe) == layout.cp_rank)
         table = fb.req_to_token_pool.req_to_token
         virtual = table[md.decode_req_rows.unsqueeze(1), safe.to(table.device)].to(torch.int64)
         slots = mapping.local_slot(virtual).masked_fill(~mine.to(virtual.device), 0)
-        part_o, part_l = sparse_latent_attention(qd, kv_cache, slots, mine, core.scaling, v_dim, return_lse=True)
+        if kernels is not None:
+            part_o, part_l = kernels.attend_slots(qd, kv_cache, slots, mine, core.scaling, v_dim)
+        else:
+            part_o, part_l = sparse_latent_attention(qd, kv_cache, slots, mine, core.scaling, v_dim, return_lse=True)
     else:
         max_len = md.decode_slots.shape[1]
         keys = kv_cache.index_select(0, md.decode_slots.reshape(-1)).view(n1, 1, max_len, dim).to(qd.dtype)

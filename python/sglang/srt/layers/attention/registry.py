@@ -10,6 +10,8 @@ Built-in backends:
   masks; MHA, MLA (dense and DSA sparse) and context parallelism for both.
 - `cpu`: the fast CPU backend (fused C++ / AMX kernels, zero-copy views of the pool, LSE-split
   prefix/chunk attention); the torch-native reference for everything else.
+- `dsa` (alias `nsa`): `cpu` plus DeepSeek Sparse Attention (V3.2) on sgl_kernel_npu's fused ops
+  (`--nsa-prefill-backend` / `--nsa-decode-backend` pick their implementation).
 """
 
 from __future__ import annotations
@@ -24,11 +26,14 @@ if TYPE_CHECKING:
 _BUILTIN: dict[str, str] = {
     "torch_native": "sglang.srt.layers.attention.torch_native:TorchNativeAttnBackend",
     "cpu": "sglang.srt.layers.attention.cpu_backend:CPUAttnBackend",
+    # DeepSeek-V3.2 sparse attention on sgl_kernel_npu's ops (fused CPU / Triton / torch_npu)
+    "dsa": "sglang.srt.layers.attention.dsa_backend:DSAAttnBackend",
 }
 # Other spellings: upstream SGLang's CPU backend name, and the former MLA-only reference.
 ALIASES: dict[str, str] = {
     "intel_amx": "cpu",
     "torch_native_mla": "torch_native",
+    "nsa": "dsa",  # upstream's name of its DSA backend
 }
 _REGISTERED: dict[str, type["AttentionBackend"]] = {}
 

@@ -1,0 +1,44 @@
+"""Values of `--nsa-prefill-backend` / `--nsa-decode-backend` (aliases `--dsa-prefill-backend` /
+`--dsa-decode-backend`): which implementation of the DSA ops (`sgl_kernel_npu`) the `dsa`
+attention backend runs for prefill (extend / mixed batches) and for decode batches.
+
+Ours: `auto` (the device platform's choice: `Platform.dsa_ops_impl`), `reference` (torch),
+`cpu` (fused C++ kernels), `triton`, `torch_npu` (CANN's fused ops). Upstream SGLang's names are
+accepted where they map: its CUDA kernel families (`flashmla_sparse`, `flashmla_kv`,
+`flashmla_auto`, `fa3`, `tilelang`, `aiter`, `trtllm`) all name a GPU implementation of the same
+sparse MLA op, which here is the Triton one; `ascend` names the torch_npu ops. Imports nothing heavy
+(ServerArgs.validate reads it).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+OUR_IMPLS = ("auto", "reference", "cpu", "triton", "torch_npu")
+UPSTREAM_ALIASES = {
+    "flashmla_sparse": "triton",
+    "flashmla_kv": "triton",
+    "flashmla_auto": "triton",
+    "fa3": "triton",
+    "tilelang": "triton",
+    "aiter": "triton",
+    "trtllm": "triton",
+    "ascend": "torch_npu",
+}
+# attention backend names that run the DSA ops (the others use the torch reference for DSA)
+DSA_ATTENTION_BACKENDS = ("dsa", "nsa")
+
+
+def nsa_backend_choices() -> list[str]:
+    return list(OUR_IMPLS) + sorted(UPSTREAM_ALIASES)
+
+
+def resolve_nsa_backend(name: Optional[str]) -> str:
+    """Our implementation name for a flag value (None -> "auto"); ValueError for an unknown one."""
+    if name is None:
+        return "auto"
+    if name in OUR_IMPLS:
+        return name
+    if name in UPSTREAM_ALIASES:
+        return UPSTREAM_ALIASES[name]
+    raise ValueError(f"unknown DSA op backend {name!r}; choices: {nsa_backend_choices()}")

@@ -1,0 +1,172 @@
+"""The DSA ops of `sgl_kernel_npu` in the forms the attention backends need.
+
+`DSAKernels(prefill_impl, decode_impl)` wraps `sgl_kernel_npu.lightning_indexer` and
+`sparse_flash_attention` (implementations: "reference", "cpu", "triton", "torch_npu"; "auto" =
+the tensors' device decides) for:
+
+- a batch over the paged pool (`select_paged`, `attend_paged`): queries in TND (tokens grouped by
+  request), keys PA_BSND whose blocks are the pool's pages (block table from `req_to_token`),
+  right-down causal (`sparse_mode` 3): every request's new tokens are the last of its
+  sequence;
+- context parallelism: own queries at arbitrary positions against a request's gathered rows
+  (`own_query_topk`, `attend_rows`: every run of consecutive positions is one TND entry whose keys
+  end right after it, so zigzag segments are two entries and the causal rule stays sparse_mode 3),
+  and decode queries against this rank's key shard (`shard_topk_candidates`: sparse_mode 0 over
+  the stored rows, with scores, for the exact global merge; `attend_slots`: the selected rows this
+  rank stores, with LSE).
+
+The indexer's softmax scale is folded into the head weights (relu(x * s) = s * relu(x), s > 0).
+Which implementation runs is decided once, by the platform (`Platform.dsa_ops_impl`) or the
+`--nsa-prefill-backend` / `--nsa-decode-backend` flags (see `dsa/impl_names.py`).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+import sgl_kernel_npu as skn
+
+
+def _runs(q_pos: list[int]) -> list[tuple[int, int]]:
+    """[start, end) index ranges of consecutive positions."""
+    out, start = [], 0
+    for i in range(1, len(q_pos) + 1):
+        if i == len(q_pos) or q_pos[i] != q_pos[i - 1] + 1:
+            out.append((start, i))
+            start = i
+    return out
+
+
+class DSAKernels:
+    """sgl_kernel_npu ops with one implementation for prefill (extend / mixed batches) and one for decode."""
+
+    def __init__(self, prefill_impl: str = "auto", decode_impl: str = "auto"):
+        for impl in (prefill_impl, decode_impl):
+            if impl not in skn.IMPLS:
+                raise ValueError(f"unknown DSA op implementation {impl!r}; choices: {skn.IMPLS}")
+        self.prefill_impl = prefill_impl
+        self.decode_impl = decode_impl
+
+    def impl(self, decode: bool) -> str:
+        return self.decode_impl if decode else self.prefill_impl
+
+    # ------------------------------------------------------------------ paged pool (no CP)
+    def select_paged(
+        self,
+        q: torch.Tensor,
+        weights: torch.Tensor,
+        scale: float,
+        index_k: torch.Tensor,
+        table: torch.Tensor,
+        cu_q: torch.Tensor,
+        kv_lens: torch.Tensor,
+        topk: int,
+        decode: bool,
+    ) -> torch.Tensor:
+        """q [n, H, D], weights [n, H], index_k [num_blocks, block, 1, D] (PA_BSND view of the pool);
+        table [B, max_blocks] block ids. -> [n, topk] int32."""
+        key = index_k
+        idx = skn.lightning_indexer(
+            q, key, weights.float() * scale, cu_q, kv_lens, table, "TND", "PA_BSND", topk, 3, impl=self.impl(decode)
+        )
+        return idx[:, 0]
+
+    def attend_paged(
+        self,
+        q: torch.Tensor,
+        kv: torch.Tensor,
+        v_dim: int,
+        scale: float,
+        positions: torch.Tensor,
+        table: torch.Tensor,
+        cu_q: torch.Tensor,
+        kv_lens: torch.Tensor,
+        decode: bool,
+    ) -> torch.Tensor:
+        """q [n, H, L + R] absorbed queries, kv [num_blocks, block, 1, L + R] the latent pool (PA_BSND),
+        positions [n, K] -> [n, H, L]."""
+        rows = kv
+        return skn.sparse_flash_attention(
+            q[..., :v_dim], rows[..., :v_dim], rows[..., :v_dim], positions.unsqueeze(1), scale, table, cu_q, kv_lens,
+            q[..., v_dim:], rows[..., v_dim:], 1, "TND", "PA_BSND", 3, impl=self.impl(decode),
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------ context parallelism
+    def _run_layout(self, q_pos: torch.Tensor, total: int):
+        pos = q_pos.tolist()
+        runs = _runs(pos)
+        cu = torch.tensor([e for _, e in runs], dtype=torch.int32)
+        kv_lens = torch.tensor([int(pos[e - 1]) + 1 for _, e in runs], dtype=torch.int32)
+        table = torch.zeros((len(runs), 1), dtype=torch.int32)  # one block holding the whole sequence
+        return cu, kv_lens, table
+
+    def own_query_topk(
+        self, q: torch.Tensor, w: torch.Tensor, q_pos: torch.Tensor, keys: torch.Tensor, topk: int, scale: float
+    ) -> torch.Tensor:
+        """Like `cp_indexer.own_query_topk`: queries at ascending positions q_pos against keys [T, D]
+        at positions 0..T-1 -> [m, min(topk, T)] int32 (what `attend_rows` takes), -1 padded."""
+        m, total = q.shape[0], keys.shape[0]
+        width = min(topk, total)
+        if m == 0 or total == 0:
+            return torch.full((m, width), -1, dtype=torch.int32, device=q.device)
+        cu, kv_lens, table = self._run_layout(q_pos, total)
+        key = keys.view(1, total, 1, keys.shape[1])
+        idx = skn.lightning_indexer(q, key, w.float() * scale, cu, kv_lens, table, "TND", "PA_BSND", width, 3,
+                                    impl=self.prefill_impl)  # fmt: skip
+        return idx[:, 0]
+
+    def attend_rows(
+        self, q: torch.Tensor, seq: torch.Tensor, q_pos: torch.Tensor, positions: torch.Tensor, scale: float, v_dim: int
+    ) -> torch.Tensor:
+        """q [m, H, L + R] own queries at q_pos, seq [T, L + R] the request's rows, positions [m, K]."""
+        total = seq.shape[0]
+        cu, kv_lens, table = self._run_layout(q_pos, total)
+        rows = seq.view(1, total, 1, seq.shape[1])
+        return skn.sparse_flash_attention(
+            q[..., :v_dim], rows[..., :v_dim], rows[..., :v_dim], positions.to(torch.int32).unsqueeze(1), scale,
+            table, cu, kv_lens, q[..., v_dim:], rows[..., v_dim:], 1, "TND", "PA_BSND", 3, impl=self.prefill_impl,
+        )  # fmt: skip
+
+    def shard_topk_candidates(
+        self,
+        q: torch.Tensor,
+        w: torch.Tensor,
+        index_k: torch.Tensor,
+        slots: torch.Tensor,
+        valid: torch.Tensor,
+        key_pos: torch.Tensor,
+        width: int,
+        scale: float,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decode queries [n1, H, D] against the index keys this rank stores (slots [n1, L], valid a
+        prefix mask, key_pos [L] their positions). -> (values [n1, width] float32, positions int64)."""
+        n1 = q.shape[0]
+        lens = valid.sum(dim=1).to(torch.int32)
+        cu = torch.arange(1, n1 + 1, dtype=torch.int32)
+        key = index_k.view(index_k.shape[0], 1, 1, index_k.shape[1])
+        idx, vals = skn.lightning_indexer(q, key, w.float() * scale, cu, lens, slots.to(torch.int32), "TND", "PA_BSND",
+                                          width, 0, return_value=True, impl=self.decode_impl)  # fmt: skip
+        idx, vals = idx[:, 0].long(), vals[:, 0]
+        pos = key_pos.to(idx.device)[idx.clamp(min=0)].masked_fill(idx < 0, -1)
+        return vals, pos
+
+    def attend_slots(
+        self, q: torch.Tensor, kv: torch.Tensor, slots: torch.Tensor, valid: torch.Tensor, scale: float, v_dim: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decode queries [n1, H, L + R] over the rows at slots [n1, K] where valid -> (out, lse)."""
+        n1, k = slots.shape
+        rows = kv.view(kv.shape[0], 1, 1, kv.shape[-1])
+        cu = torch.arange(1, n1 + 1, dtype=torch.int32)
+        lens = torch.full((n1,), k, dtype=torch.int32)
+        idx = torch.where(valid, torch.arange(k, dtype=torch.int32).unsqueeze(0), -1).to(torch.int32)
+        return skn.sparse_flash_attention(
+            q[..., :v_dim], rows[..., :v_dim], rows[..., :v_dim], idx.unsqueeze(1), scale, slots.to(torch.int32),
+            cu, lens, q[..., v_dim:], rows[..., v_dim:], 1, "TND", "PA_BSND", 0, return_softmax_lse=True,
+            impl=self.decode_impl,
+        )  # fmt: skip
+
+
+def make_kernels(prefill_impl: Optional[str], decode_impl: Optional[str]) -> DSAKernels:
+    return DSAKernels(prefill_impl or "auto", decode_impl or "auto")

@@ -1,0 +1,79 @@
+// Plain argument blocks shared by the binding (dsa_ops.cpp) and the per-instruction-set kernel
+// translation units (dsa_isa_*.cpp). No torch headers here or in the kernel units: they are
+// compiled with different -m flags, and an inline function from a shared header compiled with
+// AVX-512 could be the copy the linker keeps for an AVX2 machine.
+#pragma once
+#include <cstdint>
+
+namespace sgl_dsa {
+
+enum class DType : int { F32 = 0, BF16 = 1 };
+
+// Paged rows: position j of request b is row block_table[b * bt_stride + j / block_size] *
+// block_size + j % block_size; a row starts at base + row * row_stride (elements).
+struct Rows {
+  const void* base;
+  int64_t row_stride;
+};
+
+struct IndexerArgs {
+  DType dtype;          // of q and keys
+  const void* q;        // [T, N, D], d contiguous
+  int64_t q_stride_t, q_stride_h;
+  const float* w;       // [T, N] float32 contiguous
+  Rows keys;            // [R, D]
+  const int32_t* block_table;
+  int64_t bt_stride;
+  int64_t block_size;
+  const int32_t* q_batch;  // [T]
+  const int32_t* kv_end;   // [T]
+  int64_t num_tokens;
+  int n_heads, head_dim, topk;
+  int32_t* out_idx;     // [T, topk]
+  float* out_val;       // [T, topk] or nullptr
+};
+
+struct SparseAttnArgs {
+  DType dtype;            // of q, q_rope and the rows
+  const void* q;          // [T, N, Dk]
+  int64_t q_stride_t, q_stride_h;
+  const void* q_rope;     // [T, N, Dr] or nullptr
+  int64_t qr_stride_t, qr_stride_h;
+  Rows key, key_rope, value;  // key_rope.base may be nullptr
+  const int32_t* block_table;
+  int64_t bt_stride;
+  int64_t block_size;
+  const int32_t* q_batch;  // [T]
+  const int32_t* kv_limit; // [T] a query's valid positions are [0, kv_limit)
+  const int32_t* indices;  // [T, K] positions, -1 = none
+  int64_t idx_stride;
+  int64_t num_tokens;
+  int n_heads, dk, dr, dv, topk;
+  float scale;
+  float* out;   // [T, N, Dv] float32
+  float* lse;   // [T, N] float32
+};
+
+struct MergeArgs {
+  int parts;
+  const float* const* outs;  // parts x [rows, D] float32 contiguous
+  const float* const* lses;  // parts x [rows]
+  int64_t rows;
+  int64_t dim;
+  float* out;  // [rows, D]
+  float* lse;  // [rows]
+};
+
+// One entry per instruction set, defined in dsa_isa_<name>.cpp.
+#define SGL_DSA_DECLARE(isa)                                                  \
+  namespace isa {                                                             \
+  void indexer_topk(const IndexerArgs& a, int64_t t0, int64_t t1);            \
+  void sparse_attention(const SparseAttnArgs& a, int64_t t0, int64_t t1);     \
+  void merge_states(const MergeArgs& a, int64_t r0, int64_t r1);              \
+  }
+
+SGL_DSA_DECLARE(portable)
+SGL_DSA_DECLARE(avx2)
+SGL_DSA_DECLARE(avx512)
+
+}  // namespace sgl_dsa

@@ -1,0 +1,88 @@
+// DSA CPU kernels, AVX2 + FMA build (8 float lanes): AMD and Intel machines without AVX-512.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+
+#include "dsa_args.h"
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#elif defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#endif
+
+namespace sgl_dsa {
+namespace avx2 {
+namespace {
+
+struct V {
+  static constexpr int W = 8;
+  using R = __m256;
+  static R zero() { return _mm256_setzero_ps(); }
+  static R load(const float* p) { return _mm256_loadu_ps(p); }
+  static R loadc(const float* p) { return _mm256_loadu_ps(p); }
+  static R loadc(const uint16_t* p) {
+    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  static void store(float* p, R x) { _mm256_storeu_ps(p, x); }
+  static R set1(float x) { return _mm256_set1_ps(x); }
+  static R fmadd(R a, R b, R c) { return _mm256_fmadd_ps(a, b, c); }
+  static R add(R a, R b) { return _mm256_add_ps(a, b); }
+  static R sub(R a, R b) { return _mm256_sub_ps(a, b); }
+  static R mul(R a, R b) { return _mm256_mul_ps(a, b); }
+  static R max(R a, R b) { return _mm256_max_ps(a, b); }
+  static unsigned gt_mask(R a, R b) { return unsigned(_mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_GT_OQ))); }
+  static R exp(R x) {
+    const R live = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_GE_OQ);
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+    R n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    R r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    R p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+    // 2^n: n in [-126, 128] after the clamp; split as 2^(n/2) twice so 128 does not overflow the exponent
+    __m256i ni = _mm256_cvtps_epi32(n);
+    __m256i half = _mm256_srai_epi32(ni, 1);
+    R s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, _mm256_set1_epi32(127)), 23));
+    R s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, half), _mm256_set1_epi32(127)), 23));
+    return _mm256_and_ps(_mm256_mul_ps(_mm256_mul_ps(p, s1), s2), live);
+  }
+};
+
+constexpr int HB_IDX = 2, KVB_IDX = 4;  // 8 accumulators of 16
+constexpr int HB_PV = 2, VB_PV = 4;
+
+#include "dsa_kernels_impl.h"
+
+}  // namespace
+
+void indexer_topk(const IndexerArgs& a, int64_t t0, int64_t t1) {
+  if (a.dtype == DType::BF16) indexer_impl<uint16_t>(a, t0, t1);
+  else indexer_impl<float>(a, t0, t1);
+}
+void sparse_attention(const SparseAttnArgs& a, int64_t t0, int64_t t1) {
+  if (a.dtype == DType::BF16) sparse_impl<uint16_t>(a, t0, t1);
+  else sparse_impl<float>(a, t0, t1);
+}
+void merge_states(const MergeArgs& a, int64_t r0, int64_t r1) { merge_impl(a, r0, r1); }
+
+}  // namespace avx2
+}  // namespace sgl_dsa
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#elif defined(__GNUC__)
+#pragma GCC pop_options
+#endif

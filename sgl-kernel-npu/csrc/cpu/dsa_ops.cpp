@@ -1,0 +1,198 @@
+// Python binding of the DSA CPU kernels: argument checks, the instruction-set choice (runtime, by
+// CPU flags; a lower one can be forced for tests), torch's thread pool.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <string>
+#include <vector>
+
+#include "dsa_args.h"
+
+namespace sgl_dsa {
+namespace {
+
+bool cpu_has(const std::string& isa) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  if (isa == "avx512") return __builtin_cpu_supports("avx512f");
+  if (isa == "avx2") return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#endif
+  return isa == "portable";
+}
+
+enum class Isa { Portable, Avx2, Avx512 };
+
+Isa pick(const std::string& isa) {
+  std::string want = isa;
+  if (want == "auto") want = cpu_has("avx512") ? "avx512" : cpu_has("avx2") ? "avx2" : "portable";
+  TORCH_CHECK(want == "avx512" || want == "avx2" || want == "portable", "unknown instruction set '", isa,
+              "' (auto, avx512, avx2, portable)");
+  TORCH_CHECK(cpu_has(want), "this CPU cannot run the ", want, " kernels");
+  return want == "avx512" ? Isa::Avx512 : want == "avx2" ? Isa::Avx2 : Isa::Portable;
+}
+
+DType dtype_of(const at::Tensor& t) {
+  if (t.scalar_type() == at::kFloat) return DType::F32;
+  TORCH_CHECK(t.scalar_type() == at::kBFloat16, "DSA CPU kernels take float32 or bfloat16, got ", t.scalar_type());
+  return DType::BF16;
+}
+
+void check_rows(const at::Tensor& rows, const char* name, at::ScalarType st) {
+  TORCH_CHECK(rows.dim() == 2 && rows.stride(1) == 1, name, " must be 2-D rows with contiguous columns");
+  TORCH_CHECK(rows.scalar_type() == st, name, " dtype ", rows.scalar_type(), " differs from the query's ", st);
+}
+
+}  // namespace
+
+std::string pick_isa(const std::string& isa) {
+  switch (pick(isa)) {
+    case Isa::Avx512: return "avx512";
+    case Isa::Avx2: return "avx2";
+    default: return "portable";
+  }
+}
+
+bool cpu_supports(const std::string& isa) { return cpu_has(isa); }
+
+// q [T, N, D]; w [T, N] float32; key_rows [R, D]; block_table [B, M] int32; q_batch, kv_end [T] int32.
+std::vector<at::Tensor> indexer_topk(const at::Tensor& q, const at::Tensor& w, const at::Tensor& key_rows,
+                                     const at::Tensor& block_table, int64_t block_size, const at::Tensor& q_batch,
+                                     const at::Tensor& kv_end, int64_t topk, bool want_values,
+                                     const std::string& isa) {
+  TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1, "query must be [T, N, D] with contiguous D");
+  check_rows(key_rows, "key", q.scalar_type());
+  TORCH_CHECK(key_rows.size(1) == q.size(2), "key dim ", key_rows.size(1), " != query dim ", q.size(2));
+  TORCH_CHECK(w.scalar_type() == at::kFloat && w.is_contiguous() && w.size(0) == q.size(0) && w.size(1) == q.size(1),
+              "weights must be contiguous float32 [T, N]");
+  TORCH_CHECK(block_table.scalar_type() == at::kInt && block_table.stride(1) == 1, "block_table must be int32");
+  TORCH_CHECK(q_batch.scalar_type() == at::kInt && kv_end.scalar_type() == at::kInt && q_batch.is_contiguous() &&
+                  kv_end.is_contiguous(),
+              "q_batch / kv_end must be contiguous int32");
+  const int64_t T = q.size(0);
+  auto idx = at::empty({T, topk}, q.options().dtype(at::kInt));
+  at::Tensor val = want_values ? at::empty({T, topk}, q.options().dtype(at::kFloat)) : at::Tensor();
+  IndexerArgs a{dtype_of(q), q.data_ptr(), q.stride(0), q.stride(1), w.data_ptr<float>(),
+                Rows{key_rows.data_ptr(), key_rows.stride(0)}, block_table.data_ptr<int32_t>(), block_table.stride(0),
+                block_size, q_batch.data_ptr<int32_t>(), kv_end.data_ptr<int32_t>(), T, int(q.size(1)),
+                int(q.size(2)), int(topk), idx.data_ptr<int32_t>(), want_values ? val.data_ptr<float>() : nullptr};
+  const Isa which = pick(isa);
+  at::parallel_for(0, T, 8, [&](int64_t t0, int64_t t1) {
+    if (false) {
+#if defined(__x86_64__)
+    } else if (which == Isa::Avx512) { avx512::indexer_topk(a, t0, t1);
+    } else if (which == Isa::Avx2) { avx2::indexer_topk(a, t0, t1);
+#endif
+    } else { portable::indexer_topk(a, t0, t1); }
+  });
+  return {idx, val};
+}
+
+// q [T, N, Dk], q_rope [T, N, Dr] (optional); key/key_rope/value rows [R, *]; indices [T, K] int32.
+std::vector<at::Tensor> sparse_attention(const at::Tensor& q, const c10::optional<at::Tensor>& q_rope,
+                                         const at::Tensor& key_rows, const c10::optional<at::Tensor>& key_rope_rows,
+                                         const at::Tensor& value_rows, const at::Tensor& block_table,
+                                         int64_t block_size, const at::Tensor& q_batch, const at::Tensor& kv_limit,
+                                         const at::Tensor& indices, double scale, const std::string& isa) {
+  TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1, "query must be [T, N, Dk] with contiguous Dk");
+  check_rows(key_rows, "key", q.scalar_type());
+  check_rows(value_rows, "value", q.scalar_type());
+  TORCH_CHECK(key_rows.size(1) == q.size(2), "key dim ", key_rows.size(1), " != query dim ", q.size(2));
+  const bool rope = q_rope.has_value() && q_rope->defined();
+  TORCH_CHECK(rope == (key_rope_rows.has_value() && key_rope_rows->defined()),
+              "query_rope and key_rope come together");
+  if (rope) {
+    TORCH_CHECK(q_rope->dim() == 3 && q_rope->stride(2) == 1 && q_rope->size(0) == q.size(0) &&
+                    q_rope->size(1) == q.size(1) && q_rope->scalar_type() == q.scalar_type(),
+                "query_rope must be [T, N, Dr] like the query");
+    check_rows(*key_rope_rows, "key_rope", q.scalar_type());
+    TORCH_CHECK(key_rope_rows->size(1) == q_rope->size(2), "key_rope dim != query_rope dim");
+  }
+  TORCH_CHECK(indices.scalar_type() == at::kInt && indices.dim() == 2 && indices.stride(1) == 1 &&
+                  indices.size(0) == q.size(0),
+              "indices must be int32 [T, K]");
+  TORCH_CHECK(block_table.scalar_type() == at::kInt && block_table.stride(1) == 1, "block_table must be int32");
+  TORCH_CHECK(q_batch.scalar_type() == at::kInt && kv_limit.scalar_type() == at::kInt && q_batch.is_contiguous() &&
+                  kv_limit.is_contiguous() && kv_limit.numel() == q.size(0),
+              "q_batch / kv_limit must be contiguous int32 [T]");
+  const int64_t T = q.size(0), N = q.size(1), Dv = value_rows.size(1);
+  auto out = at::empty({T, N, Dv}, q.options().dtype(at::kFloat));
+  auto lse = at::empty({T, N}, q.options().dtype(at::kFloat));
+  SparseAttnArgs a{};
+  a.dtype = dtype_of(q);
+  a.q = q.data_ptr();
+  a.q_stride_t = q.stride(0);
+  a.q_stride_h = q.stride(1);
+  a.q_rope = rope ? q_rope->data_ptr() : nullptr;
+  a.qr_stride_t = rope ? q_rope->stride(0) : 0;
+  a.qr_stride_h = rope ? q_rope->stride(1) : 0;
+  a.key = Rows{key_rows.data_ptr(), key_rows.stride(0)};
+  a.key_rope = rope ? Rows{key_rope_rows->data_ptr(), key_rope_rows->stride(0)} : Rows{nullptr, 0};
+  a.value = Rows{value_rows.data_ptr(), value_rows.stride(0)};
+  a.block_table = block_table.data_ptr<int32_t>();
+  a.bt_stride = block_table.stride(0);
+  a.block_size = block_size;
+  a.q_batch = q_batch.data_ptr<int32_t>();
+  a.kv_limit = kv_limit.data_ptr<int32_t>();
+  a.indices = indices.data_ptr<int32_t>();
+  a.idx_stride = indices.stride(0);
+  a.num_tokens = T;
+  a.n_heads = int(N);
+  a.dk = int(q.size(2));
+  a.dr = rope ? int(q_rope->size(2)) : 0;
+  a.dv = int(Dv);
+  a.topk = int(indices.size(1));
+  a.scale = float(scale);
+  a.out = out.data_ptr<float>();
+  a.lse = lse.data_ptr<float>();
+  const Isa which = pick(isa);
+  at::parallel_for(0, T, 4, [&](int64_t t0, int64_t t1) {
+    if (false) {
+#if defined(__x86_64__)
+    } else if (which == Isa::Avx512) { avx512::sparse_attention(a, t0, t1);
+    } else if (which == Isa::Avx2) { avx2::sparse_attention(a, t0, t1);
+#endif
+    } else { portable::sparse_attention(a, t0, t1); }
+  });
+  return {out, lse};
+}
+
+// outs: parts x [rows, D] float32 contiguous; lses: parts x [rows] float32 contiguous.
+std::vector<at::Tensor> merge_states(const std::vector<at::Tensor>& outs, const std::vector<at::Tensor>& lses,
+                                     const std::string& isa) {
+  TORCH_CHECK(!outs.empty() && outs.size() == lses.size(), "merge needs as many outputs as lses (>= 1)");
+  const int64_t rows = outs[0].size(0), dim = outs[0].size(1);
+  std::vector<const float*> op, lp;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    TORCH_CHECK(outs[i].scalar_type() == at::kFloat && outs[i].is_contiguous() && outs[i].dim() == 2 &&
+                    outs[i].size(0) == rows && outs[i].size(1) == dim,
+                "merge outputs must be contiguous float32 [rows, D] of one shape");
+    TORCH_CHECK(lses[i].scalar_type() == at::kFloat && lses[i].is_contiguous() && lses[i].numel() == rows,
+                "merge lses must be contiguous float32 [rows]");
+    op.push_back(outs[i].data_ptr<float>());
+    lp.push_back(lses[i].data_ptr<float>());
+  }
+  auto out = at::empty({rows, dim}, outs[0].options());
+  auto lse = at::empty({rows}, lses[0].options());
+  MergeArgs a{int(outs.size()), op.data(), lp.data(), rows, dim, out.data_ptr<float>(), lse.data_ptr<float>()};
+  const Isa which = pick(isa);
+  at::parallel_for(0, rows, 64, [&](int64_t r0, int64_t r1) {
+    if (false) {
+#if defined(__x86_64__)
+    } else if (which == Isa::Avx512) { avx512::merge_states(a, r0, r1);
+    } else if (which == Isa::Avx2) { avx2::merge_states(a, r0, r1);
+#endif
+    } else { portable::merge_states(a, r0, r1); }
+  });
+  return {out, lse};
+}
+
+}  // namespace sgl_dsa
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "DSA CPU kernels (lightning indexer, sparse flash attention, LSE merge)";
+  m.def("pick_isa", &sgl_dsa::pick_isa, "the instruction set a request resolves to ('auto' -> the best)");
+  m.def("cpu_supports", &sgl_dsa::cpu_supports);
+  m.def("indexer_topk", &sgl_dsa::indexer_topk);
+  m.def("sparse_attention", &sgl_dsa::sparse_attention);
+  m.def("merge_states", &sgl_dsa::merge_states);
+}

@@ -1,0 +1,188 @@
+"""sgl_kernel_npu: DeepSeek Sparse Attention ops with one Python signature each and several
+implementations behind it.
+
+    lightning_indexer(query, key, weights, ...)            -> top-k key positions per query (int32)
+    sparse_flash_attention(query, key, value, indices, ...) -> MLA attention over the selected rows (+ LSE)
+    merge_attn_states(outputs, lses)                        -> partial attentions merged by their LSE
+
+The signatures follow upstream's Ascend ops (`torch_npu.npu_lightning_indexer`,
+`npu_sparse_flash_attention`: argument names, the TND / BSND / PA_BSND layouts, `sparse_mode` 0 / 3;
+see `layouts.py`). `impl` picks the implementation:
+
+- "reference": plain torch (`reference.py`), the oracle; any device;
+- "cpu": fused C++ kernels (`cpu.py`, csrc/cpu; AVX-512 / AVX2 / portable by CPU flags);
+- "triton": Triton kernels (`triton_kernels.py`; CUDA, triton-ascend, or TRITON_INTERPRET=1 on CPU);
+- "torch_npu": CANN's fused ops via torch_npu (`npu.py`);
+- "auto" (default): by the tensors' device: cpu -> "cpu" when built (else "reference"), cuda ->
+  "triton", npu -> "torch_npu".
+
+Index order: the reference and Triton return the top-k by score (descending, ties to the earlier
+position); the CPU kernel returns the same SET in its own order. Positions are within each
+request's key sequence; -1 pads rows that see fewer than `sparse_count` keys.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Union
+
+import torch
+
+from sgl_kernel_npu import reference
+from sgl_kernel_npu.layouts import PagedKeys, Queries, canonical_keys, canonical_queries
+
+IMPLS = ("auto", "reference", "cpu", "triton", "torch_npu")
+
+__all__ = ["IMPLS", "lightning_indexer", "merge_attn_states", "resolve_impl", "sparse_flash_attention"]
+
+
+def resolve_impl(impl: str, device: torch.device) -> str:
+    """The concrete implementation `impl` means for tensors on `device`."""
+    if impl not in IMPLS:
+        raise ValueError(f"unknown DSA op implementation {impl!r}; choices: {IMPLS}")
+    if impl != "auto":
+        return impl
+    if device.type == "cpu":
+        from sgl_kernel_npu import cpu
+
+        return "cpu" if cpu.available() else "reference"
+    if device.type == "npu":
+        return "torch_npu"
+    return "triton"
+
+
+def _backend(name: str):
+    if name == "reference":
+        return reference
+    if name == "cpu":
+        from sgl_kernel_npu import cpu
+
+        return cpu
+    if name == "triton":
+        from sgl_kernel_npu import triton_kernels
+
+        return triton_kernels
+    raise ValueError(f"no canonical-form implementation {name!r}")
+
+
+def _check_indexer_shapes(query: torch.Tensor, weights: torch.Tensor, layout_query: str) -> None:
+    want = query.shape[:-1]
+    if tuple(weights.shape) != tuple(want):
+        raise ValueError(f"weights must be {tuple(want)} (the query without its last dim), got {tuple(weights.shape)}")
+
+
+def lightning_indexer(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    weights: torch.Tensor,
+    actual_seq_lengths_query=None,
+    actual_seq_lengths_key=None,
+    block_table: Optional[torch.Tensor] = None,
+    layout_query: str = "BSND",
+    layout_key: str = "BSND",
+    sparse_count: int = 2048,
+    sparse_mode: int = 3,
+    *,
+    return_value: bool = False,
+    impl: str = "auto",
+) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """Top-`sparse_count` key positions of every query: score[t, j] = sum_h relu(q[t, h] . k[j]) * w[t, h]
+    (scales belong in `weights`), over the keys query t may see (`sparse_mode` 3: right-down causal).
+
+    query [T, N, D] (TND) or [B, S, N, D] (BSND); key [T_k, 1, D] (TND), [B, S_k, 1, D] (BSND) or
+    [num_blocks, block_size, 1, D] (PA_BSND, with block_table and actual_seq_lengths_key); weights
+    the query's shape without D. Returns int32 indices [T, 1, K] / [B, S, 1, K] (-1 padded), and
+    with `return_value` also their float32 scores (-inf padded)."""
+    if sparse_count < 1:
+        raise ValueError(f"sparse_count must be >= 1, got {sparse_count}")
+    _check_indexer_shapes(query, weights, layout_query)
+    name = resolve_impl(impl, query.device)
+    if name == "torch_npu":
+        from sgl_kernel_npu import npu
+
+        return npu.lightning_indexer(
+            query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key, block_table, layout_query,
+            layout_key, sparse_count, sparse_mode, return_value,
+        )  # fmt: skip
+    batch = None if actual_seq_lengths_key is None else len(torch.as_tensor(actual_seq_lengths_key).reshape(-1))
+    keys = canonical_keys(key, layout_key, actual_seq_lengths_key, block_table, batch)
+    qs = canonical_queries(query, layout_query, keys.kv_lens, actual_seq_lengths_query, sparse_mode)
+    w = weights.reshape(qs.q.shape[0], qs.q.shape[1])
+    if name == "cpu":
+        idx, val = _backend(name).indexer_topk(qs, w, keys, sparse_count, want_values=return_value)
+    else:
+        idx, val = _backend(name).indexer_topk(qs, w, keys, sparse_count)
+    idx = qs.unflatten(idx.unsqueeze(1))
+    return (idx, qs.unflatten(val.unsqueeze(1))) if return_value else idx
+
+
+def sparse_flash_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    sparse_indices: torch.Tensor,
+    scale_value: float,
+    block_table: Optional[torch.Tensor] = None,
+    actual_seq_lengths_query=None,
+    actual_seq_lengths_kv=None,
+    query_rope: Optional[torch.Tensor] = None,
+    key_rope: Optional[torch.Tensor] = None,
+    sparse_block_size: int = 1,
+    layout_query: str = "BSND",
+    layout_kv: str = "BSND",
+    sparse_mode: int = 3,
+    *,
+    return_softmax_lse: bool = False,
+    impl: str = "auto",
+) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """MLA (absorbed) attention of every query over the key rows `sparse_indices` selects.
+
+    query [T, N, Dk] / [B, S, N, Dk] (the latent part), query_rope the same with Dr; key, value and
+    key_rope in `layout_kv` with one kv head (PA_BSND: [num_blocks, block_size, 1, dim] plus
+    block_table and actual_seq_lengths_kv); the value may be the key itself (MLA: value = latent).
+    sparse_indices [T, 1, K] / [B, S, 1, K] int32 positions in the request's key sequence, -1 =
+    none; with `sparse_mode` 3 indices past a query's causal limit are ignored as well.
+    scores = (q . k + q_rope . k_rope) * scale_value. Returns out [.., N, Dv] in query's dtype, and
+    with `return_softmax_lse` the natural-log LSE [.., N] float32 (-inf, out 0: no valid index)."""
+    if sparse_block_size != 1:
+        raise ValueError(f"only sparse_block_size 1 is implemented, got {sparse_block_size}")
+    if (query_rope is None) != (key_rope is None):
+        raise ValueError("query_rope and key_rope come together")
+    name = resolve_impl(impl, query.device)
+    if name == "torch_npu":
+        from sgl_kernel_npu import npu
+
+        return npu.sparse_flash_attention(
+            query, key, value, sparse_indices, scale_value, block_table, actual_seq_lengths_query,
+            actual_seq_lengths_kv, query_rope, key_rope, sparse_block_size, layout_query, layout_kv, sparse_mode,
+            return_softmax_lse,
+        )  # fmt: skip
+    keys = canonical_keys(key, layout_kv, actual_seq_lengths_kv, block_table)
+    values = canonical_keys(value, layout_kv, actual_seq_lengths_kv, block_table).rows
+    rope_rows = None if key_rope is None else canonical_keys(key_rope, layout_kv, actual_seq_lengths_kv, block_table).rows
+    qs = canonical_queries(query, layout_query, keys.kv_lens, actual_seq_lengths_query, sparse_mode)
+    n = qs.q.shape[0]
+    qr = None if query_rope is None else query_rope.reshape(n, *query_rope.shape[-2:])
+    idx = sparse_indices.reshape(n, sparse_indices.shape[-1])
+    out, lse = _backend(name).sparse_attention(qs.q, qr, keys, rope_rows, values, qs.batch, qs.kv_end, idx, scale_value)
+    out = qs.unflatten(out)
+    return (out, qs.unflatten(lse)) if return_softmax_lse else out
+
+
+def merge_attn_states(
+    outputs: Sequence[torch.Tensor], lses: Sequence[torch.Tensor], *, impl: str = "auto"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Partial attentions of the same queries over disjoint key sets, merged by their log-sum-exp.
+
+    outputs[r] [..., L, D], lses[r] [..., L] float32 (-inf: part r saw no key of that query).
+    Returns (out in outputs[0]'s dtype, lse float32); a query no part saw gets out 0, lse -inf.
+    The reference may overwrite a float32 outputs[0] (pass partials not needed afterwards)."""
+    if len(outputs) != len(lses) or not outputs:
+        raise ValueError("merge_attn_states needs as many outputs as lses (at least one)")
+    name = resolve_impl(impl, outputs[0].device)
+    if name == "torch_npu":  # CANN has no merge op of this form: the reference's torch ops run on the NPU
+        name = "reference"
+    return _backend(name).merge_attn_states(outputs, lses)
+
+
+# the canonical types, for callers that build them directly
+__all__ += ["PagedKeys", "Queries", "canonical_keys", "canonical_queries"]

@@ -1,0 +1,118 @@
+"""Fused CPU implementation of the DSA ops (csrc/cpu, built at install time).
+
+The instruction set is chosen at run time from the CPU's flags (AVX-512, else AVX2 + FMA, else the
+portable build); `SGL_KERNEL_NPU_CPU_ISA=avx2|portable|avx512|auto` forces one (a set the CPU lacks
+is an error), and `force_isa()` does the same for one block of code (tests run every path the
+machine can). Inputs are float32 or bfloat16; outputs are float32 (the callers cast).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Iterator, Optional, Sequence
+
+import torch
+
+from sgl_kernel_npu.layouts import PagedKeys, Queries
+
+try:  # the extension built by setup.py
+    from sgl_kernel_npu import _cpu_ops as _ops
+except ImportError as e:  # pragma: no cover - a build without the CPU kernels
+    _ops = None
+    _IMPORT_ERROR: Optional[ImportError] = e
+else:
+    _IMPORT_ERROR = None
+
+ISAS = ("avx512", "avx2", "portable")
+_forced: Optional[str] = None
+
+
+def available() -> bool:
+    return _ops is not None
+
+
+def _require() -> None:
+    if _ops is None:
+        raise RuntimeError(f"sgl_kernel_npu was installed without its CPU kernels ({_IMPORT_ERROR})")
+
+
+def requested_isa() -> str:
+    return _forced or os.environ.get("SGL_KERNEL_NPU_CPU_ISA", "auto") or "auto"
+
+
+def active_isa() -> str:
+    """The instruction set the kernels run with now."""
+    _require()
+    return _ops.pick_isa(requested_isa())
+
+
+def supported_isas() -> list[str]:
+    """The instruction sets this CPU can run, best first."""
+    _require()
+    return [isa for isa in ISAS if _ops.cpu_supports(isa)]
+
+
+@contextlib.contextmanager
+def force_isa(isa: str) -> Iterator[None]:
+    global _forced
+    old, _forced = _forced, isa
+    try:
+        yield
+    finally:
+        _forced = old
+
+
+def _int32(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.int32).contiguous()
+
+
+def _rows(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    x = x.to(dtype)
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def indexer_topk(
+    qs: Queries, weights: torch.Tensor, keys: PagedKeys, k: int, want_values: bool = False
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    _require()
+    q = qs.q if qs.q.stride(-1) == 1 else qs.q.contiguous()
+    if q.dtype not in (torch.float32, torch.bfloat16):
+        q = q.float()
+    idx, val = _ops.indexer_topk(
+        q, weights.float().contiguous(), _rows(keys.rows, q.dtype), _int32(keys.block_table), keys.block_size,
+        _int32(qs.batch), _int32(qs.kv_end), k, want_values, requested_isa(),
+    )  # fmt: skip
+    return idx, (val if want_values else None)
+
+
+def sparse_attention(
+    q: torch.Tensor,
+    q_rope: Optional[torch.Tensor],
+    key: PagedKeys,
+    key_rope: Optional[torch.Tensor],
+    value: torch.Tensor,
+    batch: torch.Tensor,
+    limit: torch.Tensor,
+    indices: torch.Tensor,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    _require()
+    dt = q.dtype if q.dtype in (torch.float32, torch.bfloat16) else torch.float32
+    qq = _rows(q, dt)
+    qr = _rows(q_rope, dt) if q_rope is not None else None
+    out, lse = _ops.sparse_attention(
+        qq, qr, _rows(key.rows, dt), _rows(key_rope, dt) if key_rope is not None else None, _rows(value, dt),
+        _int32(key.block_table), key.block_size, _int32(batch), _int32(limit), _int32(indices), float(scale),
+        requested_isa(),
+    )  # fmt: skip
+    return out.to(q.dtype), lse
+
+
+def merge_attn_states(outs: Sequence[torch.Tensor], lses: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    _require()
+    shape, dim = lses[0].shape, outs[0].shape[-1]
+    o2 = [o.float().reshape(-1, dim).contiguous() for o in outs]
+    l2 = [x.float().reshape(-1).contiguous() for x in lses]
+    out, lse = _ops.merge_states(o2, l2, requested_isa())
+    return out.view(*shape, dim).to(outs[0].dtype), lse.view(shape)

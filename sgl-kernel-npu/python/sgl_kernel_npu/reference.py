@@ -1,0 +1,133 @@
+"""Torch reference of the DSA ops (the oracle every other implementation is tested against).
+
+All three work on the canonical form of `layouts.py`, in float32, with plain tensor ops:
+
+- `indexer_topk`: score[t, j] = sum_h relu(q[t, h] . k[j]) * w[t, h] over the visible keys
+  j < kv_end[t]; the `k` best positions per query (score descending, exact ties to the earlier
+  position), -1 / -inf where fewer keys are visible. Memory is bounded by scoring blocks of
+  queries of one request at a time.
+- `sparse_attention`: each query attends to the key rows its indices select (absorbed MLA:
+  one shared kv head; scores = q . k (+ q_rope . k_rope), softmax, weighted sum of value rows);
+  returns the output [T, N, Dv] and the log-sum-exp [T, N] (natural log; -inf and a zero output
+  for a query with no valid index).
+- `merge_attn_states`: partial attentions of the same queries over disjoint key sets, combined
+  by their log-sum-exp.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+from sgl_kernel_npu.layouts import PagedKeys, Queries
+
+SCORE_BUDGET = 1 << 24  # score elements (queries x heads x keys) per block
+
+
+def select_topk(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values [b, k], columns [b, k]) of the k best columns per row: stable sort, so exact ties
+    go to the lower column; -inf values get column -1. Pads to k columns."""
+    b, c = scores.shape
+    vals, idx = torch.sort(scores, dim=-1, descending=True, stable=True)
+    vals, idx = vals[:, :k], idx[:, :k]
+    idx = idx.masked_fill(torch.isinf(vals) & (vals < 0), -1)
+    if c < k:
+        vals = torch.cat([vals, vals.new_full((b, k - c), float("-inf"))], dim=1)
+        idx = torch.cat([idx, idx.new_full((b, k - c), -1)], dim=1)
+    return vals, idx
+
+
+def indexer_topk(qs: Queries, weights: torch.Tensor, keys: PagedKeys, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(indices [T, k] int32, values [T, k] float32)."""
+    q = qs.q
+    t_total, heads, _ = q.shape
+    dev = q.device
+    out_idx = torch.full((t_total, k), -1, dtype=torch.int32, device=dev)
+    out_val = torch.full((t_total, k), float("-inf"), dtype=torch.float32, device=dev)
+    if t_total == 0 or k == 0:
+        return out_idx, out_val
+    batch = qs.batch.long()
+    for b in torch.unique(batch).tolist():
+        rows = torch.nonzero(batch == b).flatten()
+        kv_len = int(keys.kv_lens[b])
+        if kv_len == 0:
+            continue
+        pos = torch.arange(kv_len, device=dev)
+        kb = keys.rows.index_select(0, keys.slots(torch.tensor(b, device=dev), pos)).float()  # [S, D]
+        block = max(1, SCORE_BUDGET // max(1, heads * kv_len))
+        for s in range(0, rows.numel(), block):
+            r = rows[s : s + block]
+            sc = torch.einsum("thd,sd->ths", q[r].float(), kb).relu_()
+            sc = torch.einsum("ths,th->ts", sc, weights[r].float())
+            sc = sc.masked_fill(pos.unsqueeze(0) >= qs.kv_end[r].long().unsqueeze(1), float("-inf"))
+            vals, idx = select_topk(sc, k)
+            out_idx[r] = idx.to(torch.int32)
+            out_val[r] = vals
+    return out_idx, out_val
+
+
+def sparse_attention(
+    q: torch.Tensor,
+    q_rope: Optional[torch.Tensor],
+    key: PagedKeys,
+    key_rope: Optional[torch.Tensor],
+    value: torch.Tensor,
+    batch: torch.Tensor,
+    limit: torch.Tensor,
+    indices: torch.Tensor,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [T, N, Dk], q_rope [T, N, Dr] or None; key (rows [R, Dk] + block table), key_rope rows
+    [R, Dr] and value rows [R, Dv] addressed by the same block table; indices [T, K] positions
+    (valid: 0 <= index < limit[t]; -1 pads). Returns (out [T, N, Dv] in q's dtype, lse [T, N])."""
+    t_total, heads, _ = q.shape
+    dv = value.shape[-1]
+    out = torch.zeros((t_total, heads, dv), dtype=torch.float32, device=q.device)
+    lse = torch.full((t_total, heads), float("-inf"), dtype=torch.float32, device=q.device)
+    if t_total == 0 or indices.shape[1] == 0:
+        return out.to(q.dtype), lse
+    kv_len = limit.long().unsqueeze(1)
+    idx = indices.long()
+    valid = (idx >= 0) & (idx < kv_len)
+    slots = key.slots(batch.long().unsqueeze(1), idx.clamp(min=0)).masked_fill(~valid, 0)
+    block = max(1, SCORE_BUDGET // max(1, indices.shape[1] * (q.shape[-1] + dv)))
+    for s in range(0, t_total, block):
+        e = min(t_total, s + block)
+        flat = slots[s:e].reshape(-1)
+        kr = key.rows.index_select(0, flat).view(e - s, -1, key.rows.shape[-1]).float()
+        sc = torch.einsum("thd,tkd->thk", q[s:e].float(), kr)
+        if q_rope is not None:
+            rr = key_rope.index_select(0, flat).view(e - s, -1, key_rope.shape[-1]).float()
+            sc = sc + torch.einsum("thd,tkd->thk", q_rope[s:e].float(), rr)
+        sc = (sc * scale).masked_fill(~valid[s:e].unsqueeze(1), float("-inf"))
+        lse[s:e] = torch.logsumexp(sc, dim=-1)
+        p = torch.nan_to_num(torch.softmax(sc, dim=-1), nan=0.0)
+        vr = value.index_select(0, flat).view(e - s, -1, dv).float()
+        out[s:e] = torch.einsum("thk,tkd->thd", p, vr)
+    return out.to(q.dtype), lse
+
+
+def merge_attn_states(outs: Sequence[torch.Tensor], lses: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Combine partial attentions of the same queries over disjoint key sets.
+
+    outs[r] [..., L, D], lses[r] [..., L] (float32; -inf for a query that saw no key of part r).
+    With m = max_r lse_r, w_r = exp(lse_r - m) and W = sum_r w_r: lse = m + log W and
+    out = sum_r (w_r / W) * out_r, accumulated in float32. A query with no key in any part gets
+    out = 0 and lse = -inf. Returns (out in outs[0]'s dtype, lse float32). When outs[0] is
+    float32 it is used as the accumulator (overwritten): pass partials not needed afterwards.
+    """
+    m = lses[0]
+    for lse_r in lses[1:]:
+        m = torch.maximum(m, lse_r)
+    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    weights = [torch.exp(lse_r - m) for lse_r in lses]
+    total = weights[0]
+    for w in weights[1:]:
+        total = total + w
+    lse = m + torch.log(total)
+    total = torch.where(total == 0, torch.ones_like(total), total)
+    out = outs[0].float().mul_((weights[0] / total).unsqueeze(-1))
+    for o, w in zip(outs[1:], weights[1:]):
+        out.addcmul_(o.float(), (w / total).unsqueeze(-1))
+    return out.to(outs[0].dtype), lse

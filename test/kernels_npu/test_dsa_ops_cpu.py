@@ -1,0 +1,226 @@
+"""sgl_kernel_npu DSA ops: the torch reference against exact math, and the fused CPU kernels against
+the reference on every instruction set this CPU can run (AVX-512, AVX2, portable: the AVX2 and
+portable builds are forced on an AVX-512 machine), float32 and bfloat16.
+
+Cases: ragged batches (prefill chunks over a cached prefix, decodes), paged keys with shuffled
+blocks, top-k >= the visible keys, causal edges (a request whose queries outnumber its keys), a
+request with no keys. Indexer selections are compared as sets: exactly with small-integer inputs
+(every score exact in float32, so ties are real and must go to the earlier position), and within
+float tolerance of the exact k-th best score with random inputs.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import sgl_kernel_npu as skn
+from dsa_cases import check_near_topk, check_same_selection, full_scores, indexer_case, paged, visible_counts
+from sgl_kernel_npu import cpu
+
+pytestmark = pytest.mark.skipif(not cpu.available(), reason="sgl_kernel_npu built without its CPU kernels")
+
+ISAS = cpu.supported_isas() if cpu.available() else []
+RAGGED = dict(q_lens=[5, 1, 37, 1, 3], kv_lens=[40, 9, 37, 130, 2])
+
+
+@pytest.fixture(params=ISAS)
+def isa(request):
+    with cpu.force_isa(request.param):
+        assert cpu.active_isa() == request.param
+        yield request.param
+
+
+def test_reference_indexer_matches_exact_scores():
+    case = indexer_case(**RAGGED, topk=16)
+    idx, val = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), return_value=True,
+                                     impl="reference")  # fmt: skip
+    assert idx.shape == (sum(case.q_lens), 1, 16) and idx.dtype == torch.int32
+    check_near_topk(idx[:, 0], full_scores(case), tol=1e-5)
+    vis = visible_counts(case)
+    for t, v in enumerate(vis):  # values are the picks' scores, sorted descending, -inf padded
+        row = val[t, 0]
+        assert torch.all(row[: min(v, 16)][:-1] >= row[: min(v, 16)][1:])
+        assert torch.isinf(row[min(v, 16) :]).all()
+
+
+@pytest.mark.parametrize("topk", [4, 16, 200])  # 200 >= every request's keys
+@pytest.mark.parametrize("block_size", [1, 4, 16])
+def test_cpu_indexer_exact_ties(isa, topk, block_size):
+    case = indexer_case(**RAGGED, topk=topk, block_size=block_size, integer=True, seed=topk + block_size)
+    ref_idx, ref_val = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), return_value=True,
+                                             impl="reference")  # fmt: skip
+    got, got_val = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), return_value=True,
+                                         impl="cpu")  # fmt: skip
+    check_same_selection(got[:, 0], ref_idx[:, 0], ref_val[:, 0], visible_counts(case))
+    # the values belong to the picks: same multiset as the reference's
+    assert torch.equal(got_val[:, 0].sort(dim=-1).values, ref_val[:, 0].sort(dim=-1).values)
+    # without values, rows that see <= topk keys are answered without scoring: all their keys
+    plain = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), impl="cpu")
+    check_same_selection(plain[:, 0], ref_idx[:, 0], ref_val[:, 0], visible_counts(case))
+
+
+def test_cpu_indexer_random_long(isa):
+    case = indexer_case(q_lens=[70, 1, 1], kv_lens=[600, 300, 1000], heads=16, dim=64, topk=64, block_size=16, seed=3)
+    got = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), impl="cpu")
+    check_near_topk(got[:, 0], full_scores(case), tol=1e-5)
+
+
+def test_cpu_indexer_bf16(isa):
+    case = indexer_case(**RAGGED, topk=8, dtype=torch.bfloat16, integer=True)
+    ref_idx, ref_val = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), return_value=True,
+                                             impl="reference")  # fmt: skip
+    got = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), impl="cpu")
+    check_same_selection(got[:, 0], ref_idx[:, 0], ref_val[:, 0], visible_counts(case))
+
+
+def test_indexer_layouts_agree():
+    """BSND queries / keys and TND keys give what the paged TND case gives."""
+    gen = torch.Generator().manual_seed(1)
+    b, s, n, d, k = 2, 6, 4, 16, 3
+    q = torch.randn(b, s, n, d, generator=gen)
+    keys = torch.randn(b, s, 1, d, generator=gen)
+    w = torch.randn(b, s, n, generator=gen)
+    for impl in ["reference"] + (["cpu"] if ISAS else []):
+        bsnd = skn.lightning_indexer(q, keys, w, layout_query="BSND", layout_key="BSND", sparse_count=k, impl=impl)
+        assert bsnd.shape == (b, s, 1, k)
+        tnd = skn.lightning_indexer(q.reshape(b * s, n, d), keys.reshape(b * s, 1, d), w.reshape(b * s, n),
+                                    actual_seq_lengths_query=[s, 2 * s], actual_seq_lengths_key=[s, 2 * s],
+                                    layout_query="TND", layout_key="TND", sparse_count=k, impl=impl)  # fmt: skip
+        assert torch.equal(bsnd.reshape(b * s, k).sort(-1).values, tnd[:, 0].sort(-1).values)
+        # mode 0: no causal mask, every query sees all s keys
+        full = skn.lightning_indexer(q, keys, w, sparse_count=s, sparse_mode=0, impl=impl)
+        assert (full >= 0).all()
+
+
+def test_bad_arguments_are_clear_errors():
+    case = indexer_case(**RAGGED)
+    with pytest.raises(ValueError, match="layout_query"):
+        skn.lightning_indexer(case.query, case.key, case.weights, **{**case.kwargs(), "layout_query": "SBH"})
+    with pytest.raises(ValueError, match="sparse_mode"):
+        skn.lightning_indexer(case.query, case.key, case.weights, **{**case.kwargs(), "sparse_mode": 1})
+    with pytest.raises(ValueError, match="block_table"):
+        skn.lightning_indexer(case.query, case.key, case.weights, **{**case.kwargs(), "block_table": None})
+    with pytest.raises(ValueError, match="weights"):
+        skn.lightning_indexer(case.query, case.key, case.weights[:, :2], **case.kwargs())
+    with pytest.raises(ValueError, match="implementation"):
+        skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), impl="cuda_magic")
+
+
+# ----------------------------------------------------------------------------- sparse attention
+def sfa_case(q_lens, kv_lens, heads=4, dk=32, dr=8, topk=24, block_size=4, seed=0, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(seed)
+    t = sum(q_lens)
+    q = torch.randn(t, heads, dk, generator=gen).to(dtype)
+    q_rope = torch.randn(t, heads, dr, generator=gen).to(dtype)
+    cache, table = paged(kv_lens, block_size, dk + dr, gen, dtype)  # rows [latent ; rope], like the MLA pool
+    key, key_rope = cache[..., :dk], cache[..., dk:]
+    idx = torch.full((t, 1, topk), -1, dtype=torch.int32)
+    start = 0
+    for q_len, kv_len in zip(q_lens, kv_lens):
+        for i in range(q_len):
+            vis = max(0, min(kv_len, kv_len - q_len + i + 1))
+            pick = torch.randperm(vis, generator=gen)[:topk]
+            idx[start + i, 0, : pick.numel()] = pick.to(torch.int32)
+            idx[start + i, 0] = idx[start + i, 0, torch.randperm(topk, generator=gen)]  # -1s anywhere
+        start += q_len
+    kw = dict(block_table=table, actual_seq_lengths_query=torch.tensor(q_lens).cumsum(0),
+              actual_seq_lengths_kv=torch.tensor(kv_lens), query_rope=q_rope, key_rope=key_rope,
+              layout_query="TND", layout_kv="PA_BSND", sparse_mode=3, return_softmax_lse=True)  # fmt: skip
+    return q, key, idx, kw
+
+
+def exact_sfa(q, key, idx, kw, scale):
+    """float64 per query, straight from the definition."""
+    table, bs = kw["block_table"], key.shape[1]
+    q_lens = torch.diff(torch.cat([torch.zeros(1, dtype=torch.long), kw["actual_seq_lengths_query"].long()])).tolist()
+    flat = key.reshape(-1, key.shape[-1]).double()
+    rope = kw["key_rope"].reshape(-1, kw["key_rope"].shape[-1]).double()
+    outs, lses, t = [], [], 0
+    for b, q_len in enumerate(q_lens):
+        for _ in range(q_len):
+            pos = torch.tensor([int(p) for p in idx[t, 0] if p >= 0], dtype=torch.long)
+            if pos.numel() == 0:
+                outs.append(torch.zeros(q.shape[1], key.shape[-1], dtype=torch.float64))
+                lses.append(torch.full((q.shape[1],), float("-inf"), dtype=torch.float64))
+                t += 1
+                continue
+            rows = table[b, pos // bs].long() * bs + pos % bs
+            s = (q[t].double() @ flat[rows].T + kw["query_rope"][t].double() @ rope[rows].T) * scale
+            outs.append(torch.softmax(s, -1) @ flat[rows])
+            lses.append(torch.logsumexp(s, -1))
+            t += 1
+    return torch.stack(outs), torch.stack(lses)
+
+
+SFA_CASES = [dict(q_lens=[5, 1, 20, 1], kv_lens=[30, 7, 20, 90]),
+             dict(q_lens=[3, 2], kv_lens=[2, 50], heads=16, dk=64, dr=16, topk=80, block_size=1)]  # fmt: skip
+
+
+@pytest.mark.parametrize("spec", SFA_CASES)
+def test_reference_sparse_attention_exact(spec):
+    q, key, idx, kw = sfa_case(**spec)
+    out, lse = skn.sparse_flash_attention(q, key, key, idx, 0.3, **kw, impl="reference")
+    eo, el = exact_sfa(q, key, idx, kw, 0.3)
+    torch.testing.assert_close(out.double(), eo, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse.double(), el, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("spec", SFA_CASES)
+def test_cpu_sparse_attention(isa, spec):
+    q, key, idx, kw = sfa_case(**spec)
+    ro, rl = skn.sparse_flash_attention(q, key, key, idx, 0.3, **kw, impl="reference")
+    co, cl = skn.sparse_flash_attention(q, key, key, idx, 0.3, **kw, impl="cpu")
+    torch.testing.assert_close(co, ro, atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(cl, rl, atol=2e-6, rtol=1e-5)
+    # a request whose queries outnumber its keys: its first query sees none (out 0, lse -inf)
+    if spec["kv_lens"][0] < spec["q_lens"][0]:
+        assert torch.isinf(cl[0]).all() and (co[0] == 0).all()
+
+
+def test_cpu_sparse_attention_bf16(isa):
+    q, key, idx, kw = sfa_case(**SFA_CASES[1], dtype=torch.bfloat16)
+    ro, rl = skn.sparse_flash_attention(q, key, key, idx, 0.2, **kw, impl="reference")
+    co, cl = skn.sparse_flash_attention(q, key, key, idx, 0.2, **kw, impl="cpu")
+    assert co.dtype == torch.bfloat16
+    torch.testing.assert_close(co.float(), ro.float(), atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(cl, rl, atol=1e-4, rtol=1e-4)
+
+
+def test_sparse_attention_causal_limit_ignores_future_indices():
+    """sparse_mode 3 ignores an index past the query's causal limit (sparse_mode 0 uses it)."""
+    q, key, idx, kw = sfa_case(q_lens=[4], kv_lens=[4], topk=4)
+    idx = torch.arange(4, dtype=torch.int32).repeat(4, 1).unsqueeze(1)  # every query names every key
+    for impl in ["reference"] + (["cpu"] if ISAS else []):
+        o3, l3 = skn.sparse_flash_attention(q, key, key, idx, 0.5, **kw, impl=impl)
+        limited = torch.where(torch.arange(4).unsqueeze(1) <= torch.arange(4).unsqueeze(0), idx[:, 0].T, -1).T
+        ol, ll = skn.sparse_flash_attention(q, key, key, limited.unsqueeze(1).contiguous(), 0.5, **kw, impl=impl)
+        torch.testing.assert_close(o3, ol)
+        o0, _ = skn.sparse_flash_attention(q, key, key, idx, 0.5, **{**kw, "sparse_mode": 0}, impl=impl)
+        assert not torch.allclose(o0[0], o3[0])
+
+
+# ----------------------------------------------------------------------------------------- merge
+def test_merge_matches_one_softmax_and_cpu(isa):
+    gen = torch.Generator().manual_seed(2)
+    scores = torch.randn(3, 5, 7, 20, generator=gen)  # [parts... as key blocks] -> split keys in 3 parts
+    values = torch.randn(20, 24, generator=gen)
+    parts = [(0, 6), (6, 13), (13, 20)]
+    outs, lses = [], []
+    for a, b in parts:
+        s = scores[..., a:b]
+        outs.append(torch.softmax(s, -1) @ values[a:b])
+        lses.append(torch.logsumexp(s, -1))
+    lses[1][0, 0, 0] = float("-inf")  # part 1 saw no key of one query
+    outs[1][0, 0, 0] = 0.0
+    for p in range(3):  # and one query no part saw
+        lses[p][1, 2, 3] = float("-inf")
+    whole = torch.cat([scores[..., a:b] for (a, b) in parts if (a, b) != (6, 13)], -1)
+    ref_o, ref_l = skn.merge_attn_states([o.clone() for o in outs], lses, impl="reference")
+    cpu_o, cpu_l = skn.merge_attn_states(outs, lses, impl="cpu")
+    torch.testing.assert_close(cpu_o, ref_o, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(cpu_l, ref_l, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(ref_l[0, 0, 0], torch.logsumexp(whole[0, 0, 0], -1))
+    assert torch.isinf(ref_l[1, 2, 3]) and (ref_o[1, 2, 3] == 0).all() and (cpu_o[1, 2, 3] == 0).all()
+    full = torch.softmax(scores, -1) @ values
+    torch.testing.assert_close(ref_o[2], full[2], atol=1e-5, rtol=1e-5)

@@ -1,0 +1,78 @@
+"""sgl_kernel_npu's Triton DSA kernels against the torch reference, run by Triton's interpreter on CPU
+(TRITON_INTERPRET=1, float32): the same kernels run compiled on CUDA and triton-ascend; we have no GPU
+or NPU here, so only their semantics are tested, not their speed or their compiled form.
+
+Run by test_dsa_ops_triton.py in a fresh process whose environment has TRITON_INTERPRET=1 from the
+start: triton's own library functions (tl.sum, tl.max, ...) are jitted when triton is first
+imported, so a process that imported triton earlier cannot switch to the interpreter.
+
+Cases: ragged batches over paged keys with shuffled blocks, top-k >= the visible keys, causal edges;
+indexer picks compared as sets (exactly on small-integer inputs, where ties are real).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # effective only if triton is not imported yet (see above)
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+
+import sgl_kernel_npu as skn  # noqa: E402
+from dsa_cases import check_near_topk, check_same_selection, full_scores, indexer_case, visible_counts  # noqa: E402
+from test_dsa_ops_cpu import SFA_CASES, sfa_case  # noqa: E402
+
+RAGGED = dict(q_lens=[3, 1, 9, 1], kv_lens=[20, 9, 9, 70])
+
+
+@pytest.mark.parametrize("topk", [4, 100])
+def test_triton_indexer_exact(topk):
+    case = indexer_case(**RAGGED, topk=topk, integer=True, seed=topk)
+    ref_idx, ref_val = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), return_value=True,
+                                             impl="reference")  # fmt: skip
+    got, got_val = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), return_value=True,
+                                         impl="triton")  # fmt: skip
+    check_same_selection(got[:, 0], ref_idx[:, 0], ref_val[:, 0], visible_counts(case))
+    assert torch.equal(got, ref_idx)  # same order too: both sort stably by score
+    torch.testing.assert_close(got_val, ref_val)
+
+
+def test_triton_indexer_random():
+    case = indexer_case(q_lens=[6, 1], kv_lens=[80, 150], heads=16, dim=64, topk=32, block_size=16, seed=4)
+    got = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), impl="triton")
+    check_near_topk(got[:, 0], full_scores(case), tol=1e-5)
+
+
+@pytest.mark.parametrize("spec", SFA_CASES)
+def test_triton_sparse_attention(spec):
+    q, key, idx, kw = sfa_case(**spec)
+    ro, rl = skn.sparse_flash_attention(q, key, key, idx, 0.3, **kw, impl="reference")
+    to, tl_ = skn.sparse_flash_attention(q, key, key, idx, 0.3, **kw, impl="triton")
+    torch.testing.assert_close(to, ro, atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(tl_, rl, atol=2e-6, rtol=1e-5)
+
+
+def test_triton_sparse_attention_without_rope():
+    q, key, idx, kw = sfa_case(**SFA_CASES[0])
+    kw = {**kw, "query_rope": None, "key_rope": None}
+    ro, rl = skn.sparse_flash_attention(q, key, key, idx, 0.3, **kw, impl="reference")
+    to, tl_ = skn.sparse_flash_attention(q, key, key, idx, 0.3, **kw, impl="triton")
+    torch.testing.assert_close(to, ro, atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(tl_, rl, atol=2e-6, rtol=1e-5)
+
+
+def test_triton_merge():
+    gen = torch.Generator().manual_seed(0)
+    outs = [torch.randn(3, 4, 40, generator=gen) for _ in range(3)]
+    lses = [torch.randn(3, 4, generator=gen) for _ in range(3)]
+    lses[2][1, 1] = float("-inf")
+    for p in range(3):
+        lses[p][2, 3] = float("-inf")
+    ro, rl = skn.merge_attn_states([o.clone() for o in outs], lses, impl="reference")
+    to, tl_ = skn.merge_attn_states(outs, lses, impl="triton")
+    torch.testing.assert_close(to, ro, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(tl_, rl, atol=1e-6, rtol=1e-6)
+    assert torch.isinf(tl_[2, 3]) and (to[2, 3] == 0).all()
