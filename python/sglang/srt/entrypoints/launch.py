@@ -222,6 +222,8 @@ def launch_processes(
     Raises RuntimeError with the child's error text when a child fails to start (the other
     children are stopped first).
     """
+    for note in server_args.compat_notes():  # upstream flags accepted here: say what they do
+        logger.info("%s", note)
     port_args = port_args or PortArgs.init_new(server_args)
     server_args = prepare_rank_args(server_args)
     is_head_node = server_args.node_rank == 0
