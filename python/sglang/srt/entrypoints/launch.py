@@ -254,7 +254,7 @@ def launch_processes(
         if is_head_node and not server_args.skip_tokenizer_init:
             from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 
-            tokenizer = get_tokenizer(server_args.tokenizer_path)
+            tokenizer = get_tokenizer(server_args.tokenizer_path, server_args.trust_remote_code)
         by_name = {name: reader for reader, _, name in readers}
         infos = [_wait_ready(reader, proc, name, children, by_name) for reader, proc, name in readers]
         if children.dead():

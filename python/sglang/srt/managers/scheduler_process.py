@@ -35,7 +35,7 @@ def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, rank: in
         if not server_args.skip_tokenizer_init and groups.pp.is_first:
             from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 
-            tokenizer = get_tokenizer(server_args.tokenizer_path)
+            tokenizer = get_tokenizer(server_args.tokenizer_path, server_args.trust_remote_code)
         if groups.pp.size > 1:
             from sglang.srt.managers.pp.rank import build_pp_rank
 
