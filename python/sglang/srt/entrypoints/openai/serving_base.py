@@ -22,6 +22,7 @@ from sglang.srt.entrypoints.openai.utils import (
     OpenAIError,
     error_body,
     finish_reason_of,
+    check_constrained_decoding,
     from_error,
     make_usage,
     parse_model,
@@ -73,6 +74,7 @@ class OpenAIServingBase(ABC):
         """Serve one request body: a JSONResponse, a StreamingResponse or an error response."""
         try:
             req = parse_model(self.request_cls, body)
+            check_constrained_decoding(req)
             obj = self._build(req)
             call = await self.tm.submit(obj)
         except OpenAIError as err:
