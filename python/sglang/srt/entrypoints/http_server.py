@@ -27,16 +27,14 @@ from sglang.srt.entrypoints.openai.protocol import ModelCard, ModelList
 from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
 from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
 from sglang.srt.entrypoints.openai.utils import SSE_DONE, OpenAIError, error_body, error_response, from_error, sse
-from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.tokenizer_input import generate_req_from_dict
-from sglang.srt.managers.tokenizer_manager import TokenizerManager
+from sglang.srt.managers.tokenizer_manager import SchedulerUnavailable, TokenizerManager
 from sglang.srt.metrics.collector import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.process import configure_logger
 
 logger = logging.getLogger(__name__)
 
-HEALTH_GENERATE_TIMEOUT_S = 20.0
 SHUTDOWN_RACE_S = 0.5
 METRICS_STATE_TIMEOUT_S = 5.0  # a scrape waits at most this long for the scheduler's gauges
 UNAUTHENTICATED_PATHS = ("/health", "/metrics")
@@ -100,6 +98,7 @@ def create_app(tokenizer_manager: TokenizerManager, on_started: Optional[Callabl
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        tm.start()  # read the scheduler's heartbeats from the start, not from the first request
         if on_started is not None:
             on_started()
         yield
@@ -130,15 +129,14 @@ def create_app(tokenizer_manager: TokenizerManager, on_started: Optional[Callabl
 
     @app.get("/health_generate")
     async def health_generate() -> Response:
-        obj = GenerateReqInput(input_ids=[0], sampling_params={"max_new_tokens": 1, "temperature": 0.0})
+        """200 while generation progresses (a busy scheduler is healthy); 503 only when it is stuck."""
         try:
-            async def run() -> Any:
-                async for out in tm.generate_request(obj):
-                    return out
-
-            await asyncio.wait_for(run(), timeout=HEALTH_GENERATE_TIMEOUT_S)
+            healthy, why = await tm.health_generate()
         except Exception as err:  # noqa: BLE001 - any failure means unhealthy
-            return PlainTextResponse(f"unhealthy: {err!r}", status_code=503)
+            healthy, why = False, repr(err)
+        if not healthy:
+            logger.warning("/health_generate: unhealthy: %s", why)
+            return PlainTextResponse(f"unhealthy: {why}", status_code=503)
         return Response(status_code=200)
 
     @app.get("/get_model_info")
@@ -154,8 +152,12 @@ def create_app(tokenizer_manager: TokenizerManager, on_started: Optional[Callabl
 
     @app.get("/get_server_info")
     @app.get("/server_info")
-    async def get_server_info() -> dict:
-        return server_info(tm, await tm.get_internal_state())
+    async def get_server_info() -> Response:
+        try:
+            state = await tm.get_internal_state()
+        except SchedulerUnavailable as err:
+            return error_response(str(err), 503, "ServiceUnavailableError")
+        return JSONResponse(server_info(tm, state))
 
     if tm.metrics is not None:
 

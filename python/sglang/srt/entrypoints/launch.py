@@ -17,6 +17,7 @@ from multiprocessing.connection import wait as mp_wait
 from typing import Any, Callable, Optional
 
 from sglang.srt.managers.io_struct import SchedulerReadyInfo
+from sglang.srt.managers.scheduler_watchdog import WATCHDOG_EXIT_CODE
 from sglang.srt.server_args import PortArgs, ServerArgs
 from sglang.srt.utils.process import kill_itself_when_parent_died, kill_process_tree, set_process_name
 
@@ -100,7 +101,10 @@ class ChildProcesses:
                 dead = self.dead()
                 if dead:
                     name, proc = dead[0]
-                    message = f"{name} process (pid {proc.pid}) exited unexpectedly with code {proc.exitcode}"
+                    message = (
+                        f"{name} process (pid {proc.pid}) exited unexpectedly with code {proc.exitcode}"
+                        f"{exit_reason(proc.exitcode)}"
+                    )
                     logger.error(message)
                     on_death(message)
                     return
@@ -122,6 +126,18 @@ class ChildProcesses:
         ipc_dir = _ipc_dir(self.port_args)
         if ipc_dir:
             shutil.rmtree(ipc_dir, ignore_errors=True)
+
+
+def exit_reason(exitcode: Optional[int]) -> str:
+    """Why a child exited, when its exit code tells: a watchdog timeout or a signal."""
+    if exitcode == WATCHDOG_EXIT_CODE:
+        return " (watchdog timeout: a forward step did not finish within --watchdog-timeout; its log says where it hung)"
+    if exitcode is not None and exitcode < 0:
+        try:
+            return f" (killed by {signal.Signals(-exitcode).name})"
+        except ValueError:
+            return ""
+    return ""
 
 
 def _ipc_dir(port_args: PortArgs) -> Optional[str]:

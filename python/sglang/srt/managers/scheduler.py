@@ -3,7 +3,9 @@
 - `KVCacheManager` gives requests KV rows/slots and returns them to the radix cache;
 - `SchedulePolicy` picks each step's work (decodes + prefill chunks, continuous batching);
 - `ModelRunner` runs the forward and samples (the scheduler never touches tensors);
-- `SchedulerIO` (ZMQ) carries messages in and out when running as a process.
+- `SchedulerIO` (ZMQ) carries messages in and out when running as a process;
+- `SchedulerWatchdog` sees forward progress (`--watchdog-timeout`) and, once the process starts
+  its thread, sends heartbeats with the latest state snapshot to the tokenizer manager.
 
 The same object runs in-process (tests, benchmarks) through `add_request` / `step`. Its loop is
 `event_loop`; with pipeline parallelism stage 0's `managers/pp/driver.py` drives it instead (the
@@ -33,6 +35,7 @@ from sglang.srt.managers.io_struct import (
 from sglang.srt.managers.schedule_batch import ModelWorkerBatch, Req, ScheduleBatch
 from sglang.srt.managers.schedule_policy import ChunkBudgetFn, SchedulePolicy, StepBudget, pick_retract_victim
 from sglang.srt.managers.scheduler_output import build_token_id_out, due_for_output
+from sglang.srt.managers.scheduler_watchdog import SchedulerWatchdog
 from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.model_executor.model_runner import ForwardResult, ModelRunner
 from sglang.srt.server_args import ServerArgs
@@ -100,6 +103,8 @@ class Scheduler:
         self.extra_state = extra_state
         self._last_stats = time.monotonic()
         self._stats = {"prefill_tokens": 0, "decode_tokens": 0, "steps": 0}
+        # Reliability (issue 19): progress watchdog + state snapshots; the process entry starts its thread.
+        self.watchdog = SchedulerWatchdog(server_args.watchdog_timeout, rank=self.groups.world_rank)
 
     # ------------------------------------------------------------------ info
     def ready_info(self) -> SchedulerReadyInfo:
@@ -117,6 +122,8 @@ class Scheduler:
             "available_kv_tokens": self.cache.available_tokens(),
             "free_kv_tokens": self.cache.free_slots(),
             "evictable_kv_tokens": self.cache.tree.evictable_size(),
+            "free_req_slots": self.runner.req_to_token_pool.available_size(),  # request table rows
+            "max_req_slots": self.runner.req_to_token_pool.size,
             "num_running_reqs": len(self.running),
             "num_waiting_reqs": len(self.waiting),
             "max_running_requests": self.runner.max_running_requests,
@@ -216,6 +223,7 @@ class Scheduler:
         due, self._pending_outputs = self._pending_outputs, []
         due += [r for r in self.running if due_for_output(r, self.server_args.stream_interval)]
         self._maybe_log_stats()
+        self.watchdog.publish(self.internal_state, busy=self.has_work)
         return build_token_id_out(due)
 
     def schedule(
@@ -247,6 +255,8 @@ class Scheduler:
             item.req.kv_len = item.start + item.num_tokens
             item.req.in_flight = item.samples
         self.forward_ct += 1
+        self.watchdog.step_started()
+        self.watchdog.publish(self.internal_state, busy=True)  # what the step holds, before it runs
         return batch, worker_batch
 
     def _shrink_for_memory(self, batch: ScheduleBatch) -> ScheduleBatch:
@@ -281,6 +291,7 @@ class Scheduler:
 
     def process_result(self, batch: ScheduleBatch, result: ForwardResult) -> None:
         """Apply a finished step: append sampled tokens, finish requests, release their KV."""
+        self.watchdog.step_finished()
         if self.on_step_result is not None:
             self.on_step_result(batch, result)
         sampled = 0
