@@ -26,9 +26,17 @@ from sglang.srt.entrypoints.engine import _launch_subprocesses, server_info
 from sglang.srt.entrypoints.openai.protocol import ModelCard, ModelList
 from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
 from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
-from sglang.srt.entrypoints.openai.utils import SSE_DONE, OpenAIError, error_body, error_response, from_error, sse
+from sglang.srt.entrypoints.openai.utils import (
+    SSE_DONE,
+    OpenAIError,
+    error_body,
+    error_response,
+    from_error,
+    sse,
+    status_error_response,
+)
 from sglang.srt.managers.tokenizer_input import generate_req_from_dict
-from sglang.srt.managers.tokenizer_manager import SchedulerUnavailable, TokenizerManager
+from sglang.srt.managers.tokenizer_manager import RequestRejected, SchedulerUnavailable, TokenizerManager
 from sglang.srt.metrics.collector import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.process import configure_logger
@@ -195,21 +203,35 @@ def create_app(tokenizer_manager: TokenizerManager, on_started: Optional[Callabl
             call = await tm.submit(obj)
         except (TypeError, ValueError) as err:
             return error_response(str(err))
+        results = tm.iter_results(call, request)
         if obj.stream:
+            # the first chunk before the headers: a request the scheduler refuses gets its status
+            try:
+                first = await results.__anext__()
+            except StopAsyncIteration:
+                return error_response("client disconnected", 499, "ClientDisconnected")
+            except RequestRejected as err:
+                return status_error_response(err.message, err.status)
 
             async def stream() -> AsyncIterator[str]:
                 try:
-                    async for out in tm.iter_results(call, request):
+                    yield sse(first)
+                    async for out in results:
                         yield sse(out)
                 except Exception as err:  # noqa: BLE001 - the stream has started: report in-band
                     logger.exception("generate stream failed")
                     yield sse(error_body(str(err), 500, "InternalServerError"))
+                finally:
+                    await results.aclose()  # aborts what is unfinished (client gone)
                 yield SSE_DONE
 
             return StreamingResponse(stream(), media_type="text/event-stream")
         result = None
-        async for out in tm.iter_results(call, request):
-            result = out
+        try:
+            async for out in results:
+                result = out
+        except RequestRejected as err:
+            return status_error_response(err.message, err.status)
         if result is None:
             return error_response("client disconnected", 499, "ClientDisconnected")
         return JSONResponse(result)

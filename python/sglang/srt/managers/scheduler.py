@@ -172,9 +172,12 @@ class Scheduler:
             top_logprobs_num=recv.top_logprobs_num,
             input_text=recv.input_text,
         )
-        error = self._validate(req)
+        error, status = self._validate(req), 400
+        if error is None and self._queue_full():
+            error, status = self._queue_full_message(), 503
         if error:
-            req.finished_reason = {"type": "abort", "message": error}
+            # `status_code`: the tokenizer manager turns it into that HTTP status
+            req.finished_reason = {"type": "abort", "message": error, "status_code": status}
             self._pending_outputs.append(req)
         else:
             self.waiting.append(req)
@@ -190,6 +193,16 @@ class Scheduler:
         if min(req.origin_input_ids) < 0 or max(req.origin_input_ids) >= vocab:
             return f"input token ids must be in [0, {vocab})"
         return None
+
+    # Overload guard (issue 19): --max-queued-requests bounds the waiting queue; more is a 503.
+    def _queue_full(self) -> bool:
+        limit = self.server_args.max_queued_requests
+        return limit is not None and len(self.waiting) >= limit
+
+    def _queue_full_message(self) -> str:
+        limit = self.server_args.max_queued_requests
+        return (f"the server is overloaded: {len(self.waiting)} requests are already waiting to be scheduled "
+                f"(--max-queued-requests {limit}); retry later")  # fmt: skip
 
     def abort(self, msg: AbortReq):
         targets = [r for r in self.waiting + self.running if msg.abort_all or r.rid == msg.rid]

@@ -59,6 +59,16 @@ class SchedulerUnavailable(RuntimeError):
     """The scheduler's state cannot be told right now (HTTP 503)."""
 
 
+class RequestRejected(RuntimeError):
+    """The scheduler refused a request before it produced anything: `status` is the HTTP status
+    to answer with (400: it cannot fit; 503: --max-queued-requests reached)."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
 @dataclass
 class ReqState:
     """Accumulated output of one running request (owned by the TokenizerManager's loop)."""
@@ -128,6 +138,15 @@ async def _next_index(queue: asyncio.Queue) -> int:
 
 
 _TIMEOUT = getattr(asyncio, "timeout", None)
+
+
+def _raise_if_rejected(state: ReqState) -> None:
+    """RequestRejected when the scheduler refused the request outright (an abort with an HTTP
+    status before any output), so that the caller answers with that status, not a 200."""
+    reason = state.finished_reason or {}
+    if (state.finished and reason.get("type") == "abort" and reason.get("status_code")
+            and not state.output_ids and not state.yielded_finished):  # fmt: skip
+        raise RequestRejected(str(reason.get("message", "rejected")), int(reason["status_code"]))
 
 
 class TokenizerManager:
@@ -386,6 +405,7 @@ class TokenizerManager:
                 state = call.states[index]
                 if state.error is not None:
                     raise RuntimeError(state.error)
+                _raise_if_rejected(state)
                 if state.yielded_finished:
                     continue
                 if not state.finished and not call.obj.stream:

@@ -37,6 +37,14 @@ def from_error(err: OpenAIError) -> JSONResponse:
     return error_response(err.message, err.status, err.err_type, err.param)
 
 
+_STATUS_TYPES = {400: "BadRequestError", 429: "RateLimitError", 503: "ServiceUnavailableError"}
+
+
+def status_error_response(message: str, status: int) -> JSONResponse:
+    """An error response whose OpenAI error type follows from the HTTP status."""
+    return error_response(message, status, _STATUS_TYPES.get(status, "InternalServerError"))
+
+
 def validation_message(err: ValidationError) -> str:
     """A short, readable summary of a pydantic ValidationError."""
     parts = []
