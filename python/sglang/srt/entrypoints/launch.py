@@ -100,11 +100,7 @@ class ChildProcesses:
                     return
                 dead = self.dead()
                 if dead:
-                    name, proc = dead[0]
-                    message = (
-                        f"{name} process (pid {proc.pid}) exited unexpectedly with code {proc.exitcode}"
-                        f"{exit_reason(proc.exitcode)}"
-                    )
+                    message = death_message(dead)
                     logger.error(message)
                     on_death(message)
                     return
@@ -126,6 +122,24 @@ class ChildProcesses:
         ipc_dir = _ipc_dir(self.port_args)
         if ipc_dir:
             shutil.rmtree(ipc_dir, ignore_errors=True)
+
+
+def death_message(dead: list[tuple[str, mp.process.BaseProcess]]) -> str:
+    """Which child died, first the one that most likely died first: when one rank is killed its
+    peers fail in their next collective and exit with an error soon after, often before the
+    watchdog looks, so a death by signal or by watchdog timeout comes before an exit with an
+    error; the others are listed after it."""
+    def cause_rank(item: tuple[str, mp.process.BaseProcess]) -> int:
+        code = item[1].exitcode
+        return 0 if code is not None and (code < 0 or code == WATCHDOG_EXIT_CODE) else 1
+
+    ordered = sorted(dead, key=cause_rank)  # stable: the launch order breaks ties
+    name, proc = ordered[0]
+    message = f"{name} process (pid {proc.pid}) exited unexpectedly with code {proc.exitcode}{exit_reason(proc.exitcode)}"
+    if len(ordered) > 1:
+        others = ", ".join(f"{n} (code {p.exitcode})" for n, p in ordered[1:])
+        message += f"; also exited: {others}"
+    return message
 
 
 def exit_reason(exitcode: Optional[int]) -> str:
