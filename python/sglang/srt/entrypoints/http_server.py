@@ -44,6 +44,7 @@ from sglang.srt.utils.process import configure_logger
 logger = logging.getLogger(__name__)
 
 SHUTDOWN_RACE_S = 0.5
+FAIL_PENDING_S = 0.3  # a dying server's loop gets this long to send its pending requests their error
 METRICS_STATE_TIMEOUT_S = 5.0  # a scrape waits at most this long for the scheduler's gauges
 UNAUTHENTICATED_PATHS = ("/health", "/metrics")
 
@@ -273,6 +274,11 @@ def launch_server(server_args: ServerArgs, scheduler_entry: Optional[Callable[..
             logger.info("%s during shutdown", message)
             return
         logger.error("a child process died (%s): shutting the server down", message.split(" process")[0])
+        loop = tm.loop
+        if loop is not None and not loop.is_closed():
+            # pending requests end with an error that says why (streams in-band, others a 500)
+            loop.call_soon_threadsafe(tm.set_dead, message)
+            time.sleep(FAIL_PENDING_S)
         children.terminate(grace_s=2.0)
         sys.stderr.flush()
         os._exit(1)
