@@ -47,6 +47,7 @@ def server_info(tokenizer_manager: TokenizerManager, internal_state: dict) -> di
     info = dataclasses.asdict(tokenizer_manager.server_args)
     info.update(dataclasses.asdict(tokenizer_manager.scheduler_info))
     info["internal_states"] = [internal_state]
+    info["num_unfinished_requests"] = tokenizer_manager.num_running  # the tokenizer manager's request table
     info["version"] = __version__
     return info
 
