@@ -45,8 +45,10 @@ class RequestSpec:
 @dataclass
 class LoadReport:
     requests: int = 0
+    samples: int = 0  # requests x n: what the server counts
     completed: int = 0
     dropped: int = 0  # streams the client closed before their end
+    dropped_samples: int = 0  # their samples (n each): at most this many aborts on the server
     streams_planned_to_drop: int = 0
     errors: list[str] = field(default_factory=list)
     by_route: dict[str, int] = field(default_factory=dict)
@@ -59,7 +61,8 @@ class LoadReport:
 
     def summary(self) -> dict:
         return {
-            "requests": self.requests, "completed": self.completed, "dropped_by_client": self.dropped,
+            "requests": self.requests, "samples": self.samples, "completed": self.completed, "dropped_by_client": self.dropped,
+            "dropped_samples": self.dropped_samples,
             "planned_drops": self.streams_planned_to_drop, "errors": len(self.errors), "by_route": self.by_route,
             "output_tokens": self.output_tokens, "duration_s": round(self.duration_s, 1),
             "max_health_latency_s": round(self.max_health_latency_s, 3), "health_failures": self.health_failures,
@@ -162,6 +165,7 @@ class Runner:
                     finals[out.get("index", 0)] = final(out["meta_info"])
                 if spec.drop_after is not None and chunks >= spec.drop_after and len(finals) < spec.n:
                     self.report.dropped += 1
+                    self.report.dropped_samples += spec.n
                     return  # leaving the block closes the connection mid-stream
             self._check_all(spec, list(finals.values()))
 
@@ -191,6 +195,7 @@ class Runner:
                     pieces[choice.index] = pieces.get(choice.index, 0) + (1 if text else 0)
                 if spec.drop_after is not None and chunks >= spec.drop_after and len(reasons) < spec.n:
                     self.report.dropped += 1
+                    self.report.dropped_samples += spec.n
                     return
         finally:
             await stream.close()
@@ -231,7 +236,8 @@ async def _watch_health(url: str, report: LoadReport, stop: asyncio.Event, api_k
 
 
 async def run_load_async(url: str, specs: list[RequestSpec], clients: int, api_key: Optional[str] = None) -> LoadReport:
-    report = LoadReport(requests=len(specs), streams_planned_to_drop=sum(s.drop_after is not None for s in specs))
+    report = LoadReport(requests=len(specs), samples=sum(s.n for s in specs),
+                        streams_planned_to_drop=sum(s.drop_after is not None for s in specs))  # fmt: skip
     for s in specs:
         report.by_route[s.route] = report.by_route.get(s.route, 0) + 1
     runner = Runner(url, api_key, report)

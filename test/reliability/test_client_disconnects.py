@@ -11,6 +11,7 @@ import time
 import httpx
 import pytest
 
+from mid_llama import make_mid_llama
 from server_helpers import internal_state, launch_server, wait_idle, wait_until
 
 pytestmark = pytest.mark.slow  # starts its own server
@@ -24,8 +25,11 @@ def _aborted(client: httpx.Client) -> float:
 
 
 @pytest.fixture(scope="module")
-def server():
-    handle = launch_server(("--enable-metrics", "--num-threads", "1", "--chunked-prefill-size", "16"))
+def server(tmp_path_factory):
+    """8 layers x 512: 3000 tokens take many seconds however fast the kernels are."""
+    model = make_mid_llama(tmp_path_factory.mktemp("models"))
+    args = ("--enable-metrics", "--num-threads", "1", "--chunked-prefill-size", "16", "--max-total-tokens", "16384")
+    handle = launch_server(args, model=model)
     yield handle
     handle.stop()
 

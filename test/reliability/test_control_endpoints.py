@@ -10,9 +10,7 @@
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import signal
 import threading
 import time
@@ -20,7 +18,8 @@ import time
 import httpx
 import pytest
 
-from server_helpers import TINY_LLAMA, child_pids, launch_server, wait_until
+from mid_llama import make_mid_llama
+from server_helpers import child_pids, launch_server, wait_until
 
 pytestmark = pytest.mark.slow  # starts its own servers
 
@@ -39,15 +38,8 @@ QUICK_ENDPOINTS = [
 
 @pytest.fixture(scope="module")
 def mid_llama(tmp_path_factory) -> str:
-    """tiny-llama's tokenizer with an 8-layer, 512-wide config: a prefill of LONG_PROMPT tokens
-    takes seconds on a CPU core (dummy weights)."""
-    path = tmp_path_factory.mktemp("mid-llama") / "model"
-    shutil.copytree(TINY_LLAMA, path)
-    config = json.loads((path / "config.json").read_text())
-    config.update(hidden_size=512, intermediate_size=2048, num_hidden_layers=8, num_attention_heads=8,
-                  num_key_value_heads=8, head_dim=64, max_position_embeddings=16384)  # fmt: skip
-    (path / "config.json").write_text(json.dumps(config))
-    return str(path)
+    """A prefill of LONG_PROMPT tokens takes seconds on a CPU core (dummy weights)."""
+    return make_mid_llama(tmp_path_factory.mktemp("models"))
 
 
 def _timed(client: httpx.Client, method: str, path: str) -> tuple[float, httpx.Response]:

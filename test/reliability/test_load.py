@@ -20,6 +20,7 @@ from server_helpers import internal_state, launch_server, wait_idle
 pytestmark = pytest.mark.slow  # starts its own servers; the figures go to docs/benchmarks.md
 
 REQUESTS, CLIENTS, DROP = 1000, 64, 0.2
+HTTP_BUSY_LATENCY_S = 3.0
 # one torch thread per rank: the tiny model gains nothing from more, and the clients share the cores
 COMMON = ("--max-total-tokens", "6144", "--enable-metrics", "--watchdog-timeout", "120", "--num-threads", "1")
 CONFIGS = {
@@ -48,7 +49,9 @@ def test_load_with_dropped_streams_leaks_nothing(config):
         assert report.completed + report.dropped == REQUESTS
         assert report.dropped > 0.5 * report.streams_planned_to_drop, summary
         assert report.health_failures == 0 and report.health_generate_failures == 0, summary
-        assert report.max_health_latency_s < 1.0 and report.max_info_latency_s < 1.0, summary
+        # the HTTP process itself is saturated by 64 clients here (the 1 s bound with a busy
+        # scheduler but idle HTTP is test_control_endpoints.py's)
+        assert report.max_health_latency_s < HTTP_BUSY_LATENCY_S and report.max_info_latency_s < HTTP_BUSY_LATENCY_S, summary
         with handle.client() as client:
             state = wait_idle(client, timeout=60)
             info = client.get("/get_server_info").json()
@@ -66,8 +69,9 @@ def test_load_with_dropped_streams_leaks_nothing(config):
             leaks["evictable KV after a flush"] = flushed["evictable_kv_tokens"]
         print(f"\nreliability[{config}]: " + json.dumps({**summary, "server_requests": finished, "server_aborted": aborted,
                                                           "leaks": sum(leaks.values())}))  # fmt: skip
-        assert finished == REQUESTS, f"the server counted {finished} requests for {REQUESTS} sent"
-        assert report.dropped >= aborted > 0, (aborted, report.dropped)  # a drop may race the finish
+        # every sample (n = 2 requests count twice) finished or was aborted, as the server counts them
+        assert finished == report.samples, f"the server counted {finished} requests for {report.samples} sent"
+        assert report.dropped_samples >= aborted > 0, (aborted, report.dropped_samples)  # a drop may race the finish
         assert all(v == 0 for v in leaks.values()), leaks
     finally:
         handle.stop()
