@@ -1,5 +1,5 @@
-"""Markers by folder: every test under test/distributed is `distributed`, under test/e2e `e2e`
-(pytest.ini declares them; `slow` is set per test or module where it is long)."""
+"""Markers by folder: every test under test/distributed is `distributed`, under test/e2e and
+test/reliability `e2e` (pytest.ini declares them; `slow` is set per test or module where it is long)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-_FOLDER_MARKERS = {"distributed": pytest.mark.distributed, "e2e": pytest.mark.e2e}
+_FOLDER_MARKERS = {"distributed": pytest.mark.distributed, "e2e": pytest.mark.e2e, "reliability": pytest.mark.e2e}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -88,7 +88,7 @@ def run(args: argparse.Namespace, server_args: ServerArgs) -> dict:
     from sglang.srt.entrypoints.engine import Engine
     from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 
-    tokenizer = get_tokenizer(server_args.tokenizer_path)
+    tokenizer = get_tokenizer(server_args.tokenizer_path, server_args.trust_remote_code)
     rows = get_dataset(args, tokenizer)
     with Engine(**{f: getattr(server_args, f) for f in server_args.__dataclass_fields__}) as engine:
         if not args.skip_warmup:

@@ -91,18 +91,27 @@ class ServerHandle:
                 self.proc.wait(timeout=10)
 
 
-def launch_server(extra_args: tuple[str, ...] = (), api_key: Optional[str] = None) -> ServerHandle:
-    """Start a server subprocess and wait for /health (fails the test with its log otherwise)."""
+def launch_server(
+    extra_args: tuple[str, ...] = (),
+    api_key: Optional[str] = None,
+    entry: tuple[str, ...] = ("-m", "sglang.launch_server"),
+    model: str = TINY_LLAMA,
+    env: Optional[dict] = None,
+) -> ServerHandle:
+    """Start a server subprocess and wait for /health (fails the test with its log otherwise).
+    `entry`: what python runs (a script that wraps `launch_server`, for fault injection);
+    `env`: extra environment variables."""
     port = free_port()
     log = tempfile.NamedTemporaryFile(prefix="sglang-e2e-", suffix=".log", delete=False)
     cmd = [
-        sys.executable, "-m", "sglang.launch_server",
-        "--model-path", TINY_LLAMA, "--load-format", "dummy", "--dtype", "float32",
+        sys.executable, *entry,
+        "--model-path", model, "--load-format", "dummy", "--dtype", "float32",
         "--port", str(port), "--log-level", "warning", *extra_args,
     ]  # fmt: skip
     if api_key:
         cmd += ["--api-key", api_key]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO))
+    full_env = {**os.environ, **(env or {})}
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO), env=full_env)
     handle = ServerHandle(proc, f"http://127.0.0.1:{port}", log.name, api_key)
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while time.monotonic() < deadline:

@@ -187,11 +187,25 @@ def test_bad_request_is_400(client, path, body):
 
 
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
-def test_unknown_model_is_404(client, path):
+def test_unknown_model_is_400_as_upstream(client, path):
     body = {"model": "gpt-nope", "prompt": "hi", "messages": [{"role": "user", "content": "hi"}]}
     r = client.post(path, json=body)
-    assert r.status_code == 404
-    assert r.json()["error"]["type"] == "NotFoundError"
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["type"] == "BadRequestError" and err["param"] == "model"
+    served = client.get("/v1/models").json()["data"][0]["id"]
+    assert err["message"] == f"The model `gpt-nope` does not exist. The served model name is `{served}`."
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize("field", ["regex", "json_schema", "ebnf"])
+def test_constrained_decoding_fields_are_refused(client, path, field):
+    value = {"type": "object"} if field == "json_schema" else "a+"
+    body = {"prompt": "hi", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, field: value}
+    r = client.post(path, json=body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == field and "constrained decoding" in err["message"]
 
 
 def test_server_still_serves_after_bad_requests(client):

@@ -6,8 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from sglang.srt.managers.dp_controller import DPBalancer, ReplyCollector, merge_replies, merge_states
-from sglang.srt.managers.io_struct import DPLoadReport, FlushCacheReqOutput, GetInternalStateReqOutput
+from sglang.srt.managers.dp_controller import DPBalancer, ReplyCollector, merge_heartbeats, merge_replies, merge_states
+from sglang.srt.managers.io_struct import (
+    DPLoadReport,
+    FlushCacheReqOutput,
+    GetInternalStateReqOutput,
+    SchedulerHeartbeat,
+)
 from sglang.srt.metrics.collector import ServerMetrics
 from sglang.srt.server_args import ServerArgs
 from sglang.test.tiny_models import TINY_LLAMA_DIR
@@ -77,6 +82,19 @@ def test_merging():
     assert ok.success
     bad = merge_replies([FlushCacheReqOutput(True), FlushCacheReqOutput(False, "requests are running")])
     assert not bad.success and "replica 1: requests are running" in bad.message
+
+
+def test_heartbeats_merge_to_the_busiest_replica():
+    def beat(d, busy, steps, t):
+        return SchedulerHeartbeat(rank=d, dp_rank=d, sent_time=t + 1, steps_finished=steps, steps_in_flight=int(busy is not None),
+                                  busy_since=busy, state={"dp_rank": d, "num_running_reqs": d + 1}, state_time=t,
+                                  watchdog_timeout=300.0)  # fmt: skip
+
+    merged = merge_heartbeats([beat(0, None, 10, 100.0), beat(1, 95.0, 4, 99.0)])
+    assert merged.busy_since == 95.0  # replica 1 is inside a step: the server is busy
+    assert merged.steps_finished == 14 and merged.steps_in_flight == 1 and merged.state_time == 99.0
+    assert merged.state["num_running_reqs"] == 3 and [s["dp_rank"] for s in merged.replica_states] == [0, 1]
+    assert merge_heartbeats([beat(0, None, 1, 1.0), beat(1, None, 1, 1.0)]).busy_since is None
 
 
 def test_metrics_have_a_series_per_replica():

@@ -12,6 +12,7 @@ from sglang.srt.entrypoints.openai.serving_chat import chat_logprobs, message_di
 from sglang.srt.entrypoints.openai.serving_completions import completion_logprobs
 from sglang.srt.entrypoints.openai.utils import (
     OpenAIError,
+    check_constrained_decoding,
     check_model_name,
     error_body,
     finish_reason_of,
@@ -90,7 +91,38 @@ def test_model_name_check():
         check_model_name(ok, "served", "/models/tiny")
     with pytest.raises(OpenAIError) as info:
         check_model_name("gpt-4", "served", "/models/tiny")
-    assert info.value.status == 404 and info.value.err_type == "NotFoundError"
+    # upstream SGLang's answer: 400 naming both names
+    assert info.value.status == 400 and info.value.err_type == "BadRequestError" and info.value.param == "model"
+    assert info.value.message == "The model `gpt-4` does not exist. The served model name is `served`."
+
+
+@pytest.mark.parametrize(
+    "cls, extra",
+    [
+        (CompletionRequest, {"prompt": "x", "regex": "a+"}),
+        (CompletionRequest, {"prompt": "x", "json_schema": '{"type": "object"}'}),
+        (CompletionRequest, {"prompt": "x", "ebnf": "root ::= 'a'"}),
+        (ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}], "regex": "a+"}),
+        (ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}], "json_schema": {"type": "object"}}),
+        (ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}], "ebnf": "root ::= 'a'"}),
+        (ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}],
+                                 "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}),
+        (ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}),
+    ],
+)  # fmt: skip
+def test_constrained_decoding_is_refused(cls, extra):
+    req = parse_model(cls, extra)
+    with pytest.raises(OpenAIError) as info:
+        check_constrained_decoding(req)
+    assert info.value.status == 400 and "constrained decoding" in info.value.message
+    assert info.value.param in ("regex", "json_schema", "ebnf", "response_format")
+
+
+def test_plain_requests_pass_the_constrained_decoding_check():
+    check_constrained_decoding(parse_model(CompletionRequest, {"prompt": "x", "regex": None}))
+    check_constrained_decoding(
+        parse_model(ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "text"}})
+    )
 
 
 def test_finish_reason_mapping():

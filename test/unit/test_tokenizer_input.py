@@ -7,7 +7,7 @@ import pytest
 from sglang.srt.managers.io_struct import GenerateReqInput, SchedulerReadyInfo
 from sglang.srt.managers.tokenizer_input import generate_req_from_dict, prepare_requests
 
-INFO = SchedulerReadyInfo(max_total_num_tokens=1000, max_req_input_len=50, context_len=64, vocab_size=100,
+INFO = SchedulerReadyInfo(max_total_num_tokens=1000, max_req_input_len=63, context_len=64, vocab_size=100,
                           max_running_requests=8)  # fmt: skip
 
 
@@ -58,7 +58,7 @@ def test_default_max_new_tokens_is_clamped_to_context():
         (dict(input_ids=[]), "empty"),
         (dict(input_ids=[1, 100]), "vocabulary"),
         (dict(input_ids=[-1]), "vocabulary"),
-        (dict(input_ids=[1] * 51), "maximum input length"),
+        (dict(input_ids=[1] * 64), "maximum input length of 63 tokens \\(context length 64\\)"),
         (dict(input_ids=[1] * 40, sampling_params={"max_new_tokens": 30}), "context length"),
         (dict(text="hi", sampling_params={"temperature": -1}), "temperature"),
         (dict(text="hi", sampling_params={"nope": 1}), "nope"),
@@ -92,6 +92,27 @@ def test_generate_req_from_dict():
         generate_req_from_dict({"text": "a", "image_data": ["x.png"]})
     with pytest.raises(ValueError):
         generate_req_from_dict(["a"])
+
+
+SMALL_POOL = SchedulerReadyInfo(max_total_num_tokens=30, max_req_input_len=29, context_len=64, vocab_size=100,
+                                max_running_requests=8)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        # a prompt within the context but longer than the whole KV pool
+        (dict(input_ids=[1] * 40), "KV cache pool can hold for one request: 30 tokens"),
+        # prompt + max_new_tokens within the context but past the pool
+        (dict(input_ids=[1] * 20, sampling_params={"max_new_tokens": 20}), "more than the KV cache pool's 30 tokens"),
+        # past the context names the context
+        (dict(input_ids=[1] * 20, sampling_params={"max_new_tokens": 50}), "maximum context length is 64"),
+    ],
+)
+def test_requests_that_cannot_fit_name_the_limit(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        prepare_requests(GenerateReqInput(**kwargs), TOK, SMALL_POOL)
+    prepare_requests(GenerateReqInput(input_ids=[1] * 20, sampling_params={"max_new_tokens": 10}), TOK, SMALL_POOL)
 
 
 def test_default_max_new_tokens_fits_small_kv_pool():

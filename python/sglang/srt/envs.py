@@ -132,3 +132,13 @@ SGLANG_PP_LAYER_PARTITION: EnvVar[Optional[list[int]]] = EnvVar(
     "Decoder layers of each pipeline stage, e.g. '15,15,15,16': one entry per stage (--pp-size), "
     "summing to the model's layer count. Unset: even split, the remainder on the last stages.",
 )
+
+
+# ---------------------------------------------------------------- health
+SGLANG_HEALTH_CHECK_TIMEOUT: EnvVar[float] = EnvVar(
+    "SGLANG_HEALTH_CHECK_TIMEOUT",
+    20.0,
+    float,
+    "Seconds /health_generate waits for its one-token generation (or other signs of progress) "
+    "before it judges the scheduler (upstream's variable and default).",
+)

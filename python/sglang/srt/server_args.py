@@ -1,8 +1,11 @@
 """ServerArgs: every launch_server flag, declared once.
 
 argparse is built from the dataclass fields (flag = `--` + name with `-`), so every flag is also
-an `sgl.Engine(...)` keyword. Derived defaults are resolved in `__post_init__`; `validate()` raises
-a `ValueError` whose message names the bad flag.
+an `sgl.Engine(...)` keyword. Each field is declared with `arg(default, help, group, choices,
+aliases)`: its one line of `--help`, its group there (upstream's group names), its accepted values
+and upstream's other spellings live in that one place (`test/unit/test_server_args.py` checks
+every field has them). Derived defaults are resolved in `__post_init__`; `validate()` raises a
+`ValueError` whose message names the bad flag.
 """
 
 from __future__ import annotations
@@ -11,47 +14,62 @@ import argparse
 import dataclasses
 import os
 import tempfile
-from dataclasses import dataclass, fields
-from typing import Any, Optional
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, Optional, Sequence, Union
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 
-# Extra spellings SGLang accepts for some flags.
-FLAG_ALIASES = {
-    "tp_size": ["--tensor-parallel-size"],
-    "pp_size": ["--pipeline-parallel-size"],
-    "cp_size": ["--attn-cp-size", "--attention-context-parallel-size"],
-    "dp_size": ["--data-parallel-size"],
-    "ep_size": ["--expert-parallel-size"],
-    "dist_init_addr": ["--nccl-init-addr"],
-    "model_path": ["--model"],
-    # DSA (issue 18): upstream's newer spellings of the nsa flags
-    "nsa_prefill_backend": ["--dsa-prefill-backend"],
-    "nsa_decode_backend": ["--dsa-decode-backend"],
-}
+# Argument groups of `--help`, in upstream SGLang's order and with its names (ours adds
+# "Context parallelism" and "Compatibility"; upstream keeps those flags under other headings).
+G_MODEL = "Model and tokenizer"
+G_HTTP = "HTTP server"
+G_DTYPE = "Quantization and data type"
+G_MEMORY = "Memory and scheduling"
+G_RUNTIME = "Runtime options"
+G_CP = "Context parallelism"
+G_LOGGING = "Logging"
+G_API = "API related"
+G_DP = "Data parallelism"
+G_MULTI_NODE = "Multi-node distributed serving"
+G_KERNELS = "Kernel backends"
+G_MOE = "MoE"
+G_OPTIMIZATION = "Optimization/debug options"
+G_COMPAT = "Upstream flags accepted for compatibility"
+GROUP_ORDER = (
+    G_MODEL, G_HTTP, G_DTYPE, G_MEMORY, G_RUNTIME, G_CP, G_LOGGING, G_API,
+    G_DP, G_MULTI_NODE, G_KERNELS, G_MOE, G_OPTIMIZATION, G_COMPAT,
+)  # fmt: skip
 
-# `--help` text of flags that have one (the others are SGLang's and documented upstream).
-FLAG_HELP = {
-    "nsa_prefill_backend": "DSA ops implementation of the dsa/nsa attention backend for extend batches: auto "
-    "(the platform's), reference, cpu, triton, torch_npu, or upstream's names (flashmla_sparse, fa3, tilelang, ... "
-    "-> triton; ascend -> torch_npu)",
-    "nsa_decode_backend": "like --nsa-prefill-backend, for decode batches",
-    "enable_shard_linear": "Shard Linear (context parallelism, DeepSeek MLA with q-LoRA, tp = cp): each layer's "
-    "q_b_proj and o_proj weights are kept only on cp rank layer_id %% cp and broadcast to the cp group before use "
-    "(the next layer's broadcast overlaps the current layer); less weight memory per rank, identical outputs",
-}
 
-CHOICES = {
-    "load_format": ["auto", "safetensors", "gguf", "dummy"],
-    "dtype": ["auto", "float32", "bfloat16", "float16"],
-    "schedule_policy": ["fcfs", "lpm"],
-    "cp_strategy": ["zigzag", "round-robin"],
-    "dynamic_chunking_mode": ["upstream", "auto"],
-    "device": ["cpu", "cuda", "npu"],
-    "load_balance_method": ["auto", "round_robin", "total_requests", "total_tokens"],
-    "moe_a2a_backend": ["none", "all_to_all"],
-    "log_level": ["debug", "info", "warning", "error"],
-}
+def _attention_backend_choices() -> list[str]:
+    """Registered attention backends (looked up by name: no backend module is imported)."""
+    from sglang.srt.layers.attention.registry import attention_backend_choices
+
+    return list(attention_backend_choices())
+
+
+def arg(
+    default: Any,
+    help: str,
+    group: str,
+    choices: Union[Sequence[str], Callable[[], Sequence[str]], None] = None,
+    aliases: Sequence[str] = (),
+    default_text: Optional[str] = None,
+) -> Any:
+    """A ServerArgs field and its flag, declared in one place: default, one line of help, the
+    `--help` group, the accepted values (a list, or a function returning it when the list lives
+    elsewhere), extra upstream spellings of the flag and, for a None default resolved later, what
+    it resolves to. `help` says what the flag does; `--help` appends the choices' meaning and the
+    default itself."""
+    meta = {"help": help, "group": group, "choices": choices, "aliases": tuple(aliases), "default_text": default_text}
+    return field(default=default, metadata=meta)
+
+
+def field_choices(f: dataclasses.Field) -> Optional[list[str]]:
+    choices = f.metadata.get("choices")
+    if callable(choices):
+        choices = choices()
+    return list(choices) if choices is not None else None
 
 
 def default_model_path() -> str:
@@ -61,75 +79,168 @@ def default_model_path() -> str:
     return find_default_model()
 
 
+# Upstream spellings that mean one of our values (accepted, normalised, logged at start-up).
+VALUE_ALIASES = {
+    "cp_strategy": {"interleave": ("round-robin", "upstream's name for round-robin: token i goes to CP rank i mod cp")},
+}
+
+
 @dataclass(frozen=True)
 class ServerArgs:
-    # Model and tokenizer
-    model_path: Optional[str] = None
-    tokenizer_path: Optional[str] = None
-    load_format: str = "auto"
-    dtype: str = "auto"
-    context_length: Optional[int] = None
-    random_seed: Optional[int] = None
-    served_model_name: Optional[str] = None
-    chat_template: Optional[str] = None
-    trust_remote_code: bool = False
-    skip_tokenizer_init: bool = False
-    device: str = "cpu"
+    """Every flag: `--` + field name with `-`. Each field carries its help, group and choices
+    (`arg(...)`); `test_server_args.py` checks that none is missing."""
 
-    # HTTP server
-    host: str = "127.0.0.1"
-    port: int = 30000
-    api_key: Optional[str] = None
-    log_level: str = "info"
-    enable_metrics: bool = False
-    stream_interval: int = 1
+    # ------------------------------------------------------------------ model and tokenizer
+    model_path: Optional[str] = arg(
+        None, "Model weights: an HF directory (config.json + safetensors) or a .gguf file.", G_MODEL,
+        aliases=["--model"], default_text="the embedded SmolLM2-135M-Instruct GGUF")  # fmt: skip
+    tokenizer_path: Optional[str] = arg(
+        None, "Tokenizer directory or .gguf file.", G_MODEL, default_text="--model-path")
+    load_format: str = arg(
+        "auto", "Weight format: auto (by file), safetensors, gguf, or dummy (random weights, for tests and profiling).",
+        G_MODEL, choices=["auto", "safetensors", "gguf", "dummy"])  # fmt: skip
+    context_length: Optional[int] = arg(
+        None, "The model's maximum context length (prompt + output).", G_MODEL, default_text="the model config's")
+    trust_remote_code: bool = arg(
+        False, "Allow the model's own Python code (auto_map in config.json / tokenizer_config.json) to run when "
+        "its config and tokenizer load.", G_MODEL)  # fmt: skip
+    skip_tokenizer_init: bool = arg(
+        False, "Load no tokenizer: requests must give input_ids and get output ids (and no text) back.", G_MODEL)
 
-    # Memory and scheduling
-    mem_fraction_static: Optional[float] = None
-    max_total_tokens: Optional[int] = None
-    page_size: int = 1
-    max_prefill_tokens: int = 16384
-    chunked_prefill_size: Optional[int] = None
-    max_running_requests: Optional[int] = None
-    schedule_policy: str = "fcfs"
-    disable_radix_cache: bool = False
-    attention_backend: Optional[str] = None  # None: the device platform's choice (see resolved_attention_backend)
-    # DSA (DeepSeek-V3.2) op implementations of the dsa/nsa backend (layers/attention/dsa/backend_names.py)
-    nsa_prefill_backend: Optional[str] = None
-    nsa_decode_backend: Optional[str] = None
-    enable_shard_linear: bool = False  # Shard Linear: q_b_proj / o_proj held by one cp rank per layer
-    watchdog_timeout: float = 300.0
-    num_threads: Optional[int] = None  # torch threads per rank; None = cores / local ranks
+    # ------------------------------------------------------------------ HTTP server
+    host: str = arg("127.0.0.1", "Host address of the HTTP server.", G_HTTP)
+    port: int = arg(30000, "Port of the HTTP server.", G_HTTP)
 
-    # Parallelism (later issues fill these in; sizes > 1 are validated against what is built)
-    tp_size: int = 1
-    pp_size: int = 1
-    dp_size: int = 1
-    cp_size: int = 1
-    ep_size: int = 1
-    cp_strategy: str = "zigzag"
-    cp_kv_cache_interleave_size: int = 1  # CP KV sharding: consecutive tokens stored per rank
-    # Attention DP (docs/dp_attention.md): `--dp-size D --enable-dp-attention` runs D attention
-    # replicas (own requests and KV each) inside the tp group; MLPs / MoE stay sharded over tp.
-    enable_dp_attention: bool = False
-    moe_dense_tp_size: Optional[int] = None  # 1: dense MLPs replicated (purely data-parallel)
-    enable_dp_lm_head: bool = False  # LM head vocab-parallel inside each attention-TP group
-    load_balance_method: str = "auto"  # how the DP controller picks a replica ("auto" = round_robin)
-    # MoE token dispatch: "none" = every rank of the tp group runs the MoE on the same tokens (one
-    # combine all-reduce); "all_to_all" = each rank's tokens go to their experts' ranks and back
-    # (torch.distributed all_to_all; needs --ep-size == --tp-size). Upstream's deepep / mooncake /
-    # nixl backends need their hardware and are refused.
-    moe_a2a_backend: str = "none"
-    pp_async_batch_depth: int = 0
-    pp_max_micro_batch_size: Optional[int] = None
-    # Chunked-pipeline prefill: chunk sizes from a latency fit (docs/dynamic_chunking.md); only with pp > 1.
-    enable_dynamic_chunking: bool = False
-    dynamic_chunking_mode: str = "upstream"  # "auto": online refit + TTFT-minimising plans (implies the flag)
-    pp_trace_path: Optional[str] = None  # write a Chrome/Perfetto trace of the PP ring here (benchmark/pp/README.md)
-    nnodes: int = 1
-    node_rank: int = 0
-    dist_init_addr: Optional[str] = None
-    dist_timeout: Optional[int] = None
+    # ------------------------------------------------------------------ data type
+    dtype: str = arg(
+        "auto", "Data type of weights and activations; auto: bfloat16 on CPU, the model's half type on GPU/NPU.",
+        G_DTYPE, choices=["auto", "float32", "bfloat16", "float16"])  # fmt: skip
+
+    # ------------------------------------------------------------------ memory and scheduling
+    mem_fraction_static: Optional[float] = arg(
+        None, "Fraction of the device's memory for weights + KV pool.", G_MEMORY,
+        default_text="CPU: four full contexts, at most 25 % of free RAM (docs/architecture.md)")  # fmt: skip
+    max_running_requests: Optional[int] = arg(
+        None, "Most requests decoding at once.", G_MEMORY, default_text="from the KV pool size")
+    max_queued_requests: Optional[int] = arg(
+        None, "Most requests waiting to be scheduled; a request past it is refused with HTTP 503.", G_MEMORY,
+        default_text="no limit")  # fmt: skip
+    max_total_tokens: Optional[int] = arg(
+        None, "Size of the KV pool in tokens (overrides the memory budget; mainly for tests).", G_MEMORY,
+        default_text="from the memory budget")  # fmt: skip
+    chunked_prefill_size: Optional[int] = arg(
+        None, "Most prompt tokens of one request per step (chunked prefill); -1 disables chunking.", G_MEMORY,
+        default_text="8192")  # fmt: skip
+    enable_dynamic_chunking: bool = arg(
+        False, "Pipeline parallelism only: chunk sizes from a fitted latency model (docs/dynamic_chunking.md).", G_MEMORY)
+    dynamic_chunking_mode: str = arg(
+        "upstream", "upstream: SGLang's quadratic fit; auto: online refit and TTFT-minimising plans (implies "
+        "--enable-dynamic-chunking).", G_MEMORY, choices=["upstream", "auto"])  # fmt: skip
+    max_prefill_tokens: int = arg(16384, "Most prompt tokens in one step (all requests together).", G_MEMORY)
+    schedule_policy: str = arg(
+        "fcfs", "Order of waiting requests: fcfs (arrival) or lpm (longest cached prefix first).", G_MEMORY,
+        choices=["fcfs", "lpm"])  # fmt: skip
+    page_size: int = arg(1, "Tokens per KV-cache page.", G_MEMORY)
+
+    # ------------------------------------------------------------------ runtime
+    device: str = arg("cpu", "Device of every rank.", G_RUNTIME, choices=["cpu", "cuda", "npu"])
+    tp_size: int = arg(1, "Tensor parallel size (ranks per pipeline stage).", G_RUNTIME, aliases=["--tensor-parallel-size"])
+    pp_size: int = arg(1, "Pipeline parallel size (stages).", G_RUNTIME, aliases=["--pipeline-parallel-size"])
+    cp_size: int = arg(
+        1, "Attention context parallel size (splits each prompt's tokens over this many ranks of a stage).",
+        G_RUNTIME, aliases=["--attn-cp-size", "--attention-context-parallel-size"])  # fmt: skip
+    pp_max_micro_batch_size: Optional[int] = arg(
+        None, "Most requests in one pipeline micro-batch.", G_RUNTIME, default_text="the token budget alone")
+    pp_async_batch_depth: int = arg(0, "Extra micro-batch slots in the pipeline ring.", G_RUNTIME)
+    stream_interval: int = arg(1, "Streamed output is sent every this many tokens.", G_RUNTIME)
+    random_seed: Optional[int] = arg(None, "Random seed.", G_RUNTIME, default_text="42")
+    watchdog_timeout: float = arg(
+        300.0, "Seconds a forward step may take; after that the server logs where it hangs and exits.", G_RUNTIME)
+    dist_timeout: Optional[int] = arg(
+        None, "Timeout in seconds of torch.distributed initialisation.", G_RUNTIME, default_text="torch's")
+    num_threads: Optional[int] = arg(
+        None, "torch threads per rank.", G_RUNTIME, default_text="this machine's cores shared by its local ranks")
+
+    # ------------------------------------------------------------------ context parallelism
+    cp_strategy: str = arg(
+        "zigzag", "How a prompt's tokens are split over CP ranks: zigzag (2·cp segments, balanced causal work) or "
+        "round-robin (token i on rank i mod cp; upstream's 'interleave' is accepted for it).", G_CP,
+        choices=["zigzag", "round-robin", "interleave"])  # fmt: skip
+    cp_kv_cache_interleave_size: int = arg(
+        1, "Consecutive tokens stored on one CP rank's KV cache before the next rank's.", G_CP)
+
+    # ------------------------------------------------------------------ logging
+    log_level: str = arg("info", "Log level of every process.", G_LOGGING, choices=["debug", "info", "warning", "error"])
+    enable_metrics: bool = arg(False, "Serve Prometheus metrics on /metrics.", G_LOGGING)
+    pp_trace_path: Optional[str] = arg(
+        None, "Write a Chrome/Perfetto trace of the pipeline ring here (benchmark/pp/README.md).", G_LOGGING)
+
+    # ------------------------------------------------------------------ API
+    api_key: Optional[str] = arg(None, "Require 'Authorization: Bearer <key>' on every route but /health and /metrics.", G_API)
+    served_model_name: Optional[str] = arg(
+        None, "Model name of the OpenAI API (/v1/models, `model` of requests).", G_API, default_text="the model path")
+    chat_template: Optional[str] = arg(
+        None, "Chat template (Jinja text or a file) instead of the tokenizer's, for /v1/chat/completions.", G_API)
+
+    # ------------------------------------------------------------------ data parallelism
+    dp_size: int = arg(1, "Data parallel size (attention data parallelism with --enable-dp-attention).", G_DP,
+                       aliases=["--data-parallel-size"])  # fmt: skip
+    load_balance_method: str = arg(
+        "auto", "How the data-parallel controller picks a replica for a request: round_robin, total_requests (fewest "
+        "running + waiting), total_tokens (fewest KV + waiting prompt tokens); auto = round_robin.", G_DP,
+        choices=["auto", "round_robin", "total_requests", "total_tokens"])  # fmt: skip
+
+    # ------------------------------------------------------------------ multi-node
+    nnodes: int = arg(1, "Number of nodes.", G_MULTI_NODE)
+    node_rank: int = arg(0, "This node's rank (0 serves HTTP; the others run their ranks only).", G_MULTI_NODE)
+    dist_init_addr: Optional[str] = arg(
+        None, "HOST:PORT of the torch.distributed rendezvous (required with --nnodes > 1).", G_MULTI_NODE,
+        aliases=["--nccl-init-addr"], default_text="a free local port on one node")  # fmt: skip
+
+    # ------------------------------------------------------------------ kernels
+    attention_backend: Optional[str] = arg(
+        None, "Attention kernels.", G_KERNELS, choices=_attention_backend_choices,
+        default_text="the device platform's choice: cpu on CPU, torch_native elsewhere")  # fmt: skip
+
+    nsa_prefill_backend: Optional[str] = arg(
+        None, "DSA ops of the dsa/nsa attention backend for extend batches: auto, reference, cpu, triton, torch_npu, "
+        "or upstream's names (flashmla_sparse, fa3, tilelang, ... -> triton; ascend -> torch_npu).", G_KERNELS,
+        aliases=["--dsa-prefill-backend"], default_text="auto: the platform's")  # fmt: skip
+    nsa_decode_backend: Optional[str] = arg(
+        None, "Like --nsa-prefill-backend, for decode batches.", G_KERNELS, aliases=["--dsa-decode-backend"],
+        default_text="auto: the platform's")  # fmt: skip
+
+    # ------------------------------------------------------------------ MoE
+    ep_size: int = arg(1, "Expert parallel size.", G_MOE, aliases=["--expert-parallel-size"])
+    moe_dense_tp_size: Optional[int] = arg(
+        None, "TP size of dense MLPs under attention DP; 1 replicates them on every rank (only 1 is supported).",
+        G_MOE, default_text="the tp size")  # fmt: skip
+    moe_a2a_backend: str = arg(
+        "none", "MoE token dispatch: none (the tp group runs the MoE on the same tokens) or all_to_all (tokens go to "
+        "their experts' ranks and back; needs --ep-size == --tp-size).", G_MOE,
+        choices=["none", "all_to_all"])  # fmt: skip
+
+    # ------------------------------------------------------------------ optimization / debug
+    disable_radix_cache: bool = arg(False, "Disable the radix (prefix) cache.", G_OPTIMIZATION)
+    enable_dp_attention: bool = arg(
+        False, "Data parallel attention, tensor parallel MLP (with --dp-size): each of the dp replicas has its own "
+        "requests and KV cache (docs/dp_attention.md).", G_OPTIMIZATION)  # fmt: skip
+    enable_dp_lm_head: bool = arg(
+        False, "LM head vocab-parallel inside each attention-TP group (no gather across DP replicas).", G_OPTIMIZATION)
+    enable_shard_linear: bool = arg(
+        False, "Shard Linear (CP, DeepSeek MLA, attention TP 1): layer i's q_b_proj / o_proj live on cp rank i % cp "
+        "and are broadcast before use (overlapped); less weight memory, identical outputs.",
+        G_OPTIMIZATION)  # fmt: skip
+
+    # ------------------------------------------------------------------ upstream flags without an effect here
+    # Common in copied launch lines; accepted, and `compat_notes()` says at start-up what they do here.
+    disable_cuda_graph: bool = arg(False, "Accepted for compatibility: this engine captures no CUDA graphs.", G_COMPAT)
+    disable_overlap_schedule: bool = arg(
+        False, "Accepted for compatibility: this scheduler has no overlap mode to turn off.", G_COMPAT)
+    enable_mixed_chunk: bool = arg(
+        False, "Accepted for compatibility: prefill chunks and decodes always share a step here.", G_COMPAT)
+    skip_server_warmup: bool = arg(
+        False, "Accepted for compatibility: this server sends no warm-up request at start-up.", G_COMPAT)
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
@@ -148,13 +259,22 @@ class ServerArgs:
             set_("chunked_prefill_size", 8192)
         if self.random_seed is None:
             set_("random_seed", 42)
+        notes = []
+        for name, aliases in VALUE_ALIASES.items():
+            value = getattr(self, name)
+            if value in aliases:
+                ours, meaning = aliases[value]
+                set_(name, ours)
+                notes.append(f"--{_flag(name)} {value}: {meaning}; using {ours}")
+        object.__setattr__(self, "_alias_notes", tuple(notes))  # not a field: logged by compat_notes()
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> None:
-        for name, choices in CHOICES.items():
-            value = getattr(self, name)
-            if value not in choices:
-                raise ValueError(f"--{_flag(name)} must be one of {choices}, got {value!r}")
+        for f in fields(self):
+            choices = field_choices(f) if f.name != "attention_backend" else None  # checked below
+            value = getattr(self, f.name)
+            if choices is not None and value is not None and value not in choices:
+                raise ValueError(f"--{_flag(f.name)} must be one of {choices}, got {value!r}")
         if self.device == "cpu" and self.dtype == "float16":
             raise ValueError("--dtype float16 is not supported on CPU (use bfloat16 or float32)")
         if not (0 < self.port < 65536):
@@ -169,7 +289,9 @@ class ServerArgs:
             )
         if self.mem_fraction_static is not None and not (0.0 < self.mem_fraction_static < 1.0):
             raise ValueError(f"--mem-fraction-static must be in (0, 1), got {self.mem_fraction_static}")
-        for name in ("max_total_tokens", "max_running_requests", "context_length", "num_threads"):
+        if not self.watchdog_timeout > 0:
+            raise ValueError(f"--watchdog-timeout must be > 0 seconds, got {self.watchdog_timeout}")
+        for name in ("max_total_tokens", "max_running_requests", "max_queued_requests", "context_length", "num_threads"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"--{_flag(name)} must be >= 1, got {value}")
@@ -294,17 +416,31 @@ class ServerArgs:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    def compat_notes(self) -> list[str]:
+        """One line per upstream flag or value accepted for compatibility: what it does here."""
+        notes = list(getattr(self, "_alias_notes", ()))
+        for f in fields(self):
+            if f.metadata.get("group") == G_COMPAT and getattr(self, f.name):
+                notes.append(f"--{_flag(f.name)}: {f.metadata['help'].removeprefix('Accepted for compatibility: ')}")
+        return notes
+
     # ------------------------------------------------------------------ CLI
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
+        """One flag per field, in upstream's groups; each help line ends with the default."""
+        groups = {name: parser.add_argument_group(name) for name in GROUP_ORDER}
         for f in fields(ServerArgs):
-            names = ["--" + _flag(f.name)] + FLAG_ALIASES.get(f.name, [])
-            extra = {"help": FLAG_HELP[f.name]} if f.name in FLAG_HELP else {}
+            group = groups[f.metadata["group"]]
+            names = ["--" + _flag(f.name), *f.metadata["aliases"]]
+            default = f.metadata.get("default_text") or ("off" if f.type in ("bool", bool) else f.default)
+            default = "none" if default is None else default
+            help_text = f"{f.metadata['help']} (default: {default})".replace("%", "%%")
             if f.type in ("bool", bool):
-                parser.add_argument(*names, dest=f.name, action="store_true", default=f.default, **extra)
+                group.add_argument(*names, dest=f.name, action="store_true", default=f.default, help=help_text)
                 continue
-            kind = _parse_type(f.type)
-            parser.add_argument(*names, dest=f.name, type=kind, default=f.default, **extra)
+            group.add_argument(
+                *names, dest=f.name, type=_parse_type(f.type), default=f.default, choices=field_choices(f), help=help_text
+            )
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "ServerArgs":
@@ -336,7 +472,10 @@ def _parse_type(type_str: Any):
 
 
 def prepare_server_args(argv: list[str]) -> ServerArgs:
-    parser = argparse.ArgumentParser(prog="python -m sglang.launch_server")
+    parser = argparse.ArgumentParser(
+        prog="python -m sglang.launch_server",
+        description="Serve a model over HTTP: SGLang's native /generate and the OpenAI-compatible /v1 API.",
+    )
     ServerArgs.add_cli_args(parser)
     return ServerArgs.from_cli_args(parser.parse_args(argv))
 

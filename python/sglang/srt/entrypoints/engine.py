@@ -53,6 +53,7 @@ def server_info(tokenizer_manager: TokenizerManager, state: GetInternalStateReqO
     info = dataclasses.asdict(tokenizer_manager.server_args)
     info.update(dataclasses.asdict(tokenizer_manager.scheduler_info))
     info["internal_states"] = state.replica_states or [state.state]
+    info["num_unfinished_requests"] = tokenizer_manager.num_running  # the tokenizer manager's request table
     info["version"] = __version__
     return info
 

@@ -26,18 +26,25 @@ from sglang.srt.entrypoints.engine import _launch_subprocesses, server_info
 from sglang.srt.entrypoints.openai.protocol import ModelCard, ModelList
 from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
 from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
-from sglang.srt.entrypoints.openai.utils import SSE_DONE, OpenAIError, error_body, error_response, from_error, sse
-from sglang.srt.managers.io_struct import GenerateReqInput
+from sglang.srt.entrypoints.openai.utils import (
+    SSE_DONE,
+    OpenAIError,
+    error_body,
+    error_response,
+    from_error,
+    sse,
+    status_error_response,
+)
 from sglang.srt.managers.tokenizer_input import generate_req_from_dict
-from sglang.srt.managers.tokenizer_manager import TokenizerManager
+from sglang.srt.managers.tokenizer_manager import RequestRejected, SchedulerUnavailable, TokenizerManager
 from sglang.srt.metrics.collector import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.process import configure_logger
 
 logger = logging.getLogger(__name__)
 
-HEALTH_GENERATE_TIMEOUT_S = 20.0
 SHUTDOWN_RACE_S = 0.5
+FAIL_PENDING_S = 0.3  # a dying server's loop gets this long to send its pending requests their error
 METRICS_STATE_TIMEOUT_S = 5.0  # a scrape waits at most this long for the scheduler's gauges
 UNAUTHENTICATED_PATHS = ("/health", "/metrics")
 
@@ -100,6 +107,7 @@ def create_app(tokenizer_manager: TokenizerManager, on_started: Optional[Callabl
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        tm.start()  # read the scheduler's heartbeats from the start, not from the first request
         if on_started is not None:
             on_started()
         yield
@@ -130,15 +138,14 @@ def create_app(tokenizer_manager: TokenizerManager, on_started: Optional[Callabl
 
     @app.get("/health_generate")
     async def health_generate() -> Response:
-        obj = GenerateReqInput(input_ids=[0], sampling_params={"max_new_tokens": 1, "temperature": 0.0})
+        """200 while generation progresses (a busy scheduler is healthy); 503 only when it is stuck."""
         try:
-            async def run() -> Any:
-                async for out in tm.generate_request(obj):
-                    return out
-
-            await asyncio.wait_for(run(), timeout=HEALTH_GENERATE_TIMEOUT_S)
+            healthy, why = await tm.health_generate()
         except Exception as err:  # noqa: BLE001 - any failure means unhealthy
-            return PlainTextResponse(f"unhealthy: {err!r}", status_code=503)
+            healthy, why = False, repr(err)
+        if not healthy:
+            logger.warning("/health_generate: unhealthy: %s", why)
+            return PlainTextResponse(f"unhealthy: {why}", status_code=503)
         return Response(status_code=200)
 
     @app.get("/get_model_info")
@@ -154,8 +161,12 @@ def create_app(tokenizer_manager: TokenizerManager, on_started: Optional[Callabl
 
     @app.get("/get_server_info")
     @app.get("/server_info")
-    async def get_server_info() -> dict:
-        return server_info(tm, await tm.get_internal_state_reply())
+    async def get_server_info() -> Response:
+        try:
+            state = await tm.get_internal_state_reply()
+        except SchedulerUnavailable as err:
+            return error_response(str(err), 503, "ServiceUnavailableError")
+        return JSONResponse(server_info(tm, state))
 
     if tm.metrics is not None:
 
@@ -193,21 +204,35 @@ def create_app(tokenizer_manager: TokenizerManager, on_started: Optional[Callabl
             call = await tm.submit(obj)
         except (TypeError, ValueError) as err:
             return error_response(str(err))
+        results = tm.iter_results(call, request)
         if obj.stream:
+            # the first chunk before the headers: a request the scheduler refuses gets its status
+            try:
+                first = await results.__anext__()
+            except StopAsyncIteration:
+                return error_response("client disconnected", 499, "ClientDisconnected")
+            except RequestRejected as err:
+                return status_error_response(err.message, err.status)
 
             async def stream() -> AsyncIterator[str]:
                 try:
-                    async for out in tm.iter_results(call, request):
+                    yield sse(first)
+                    async for out in results:
                         yield sse(out)
                 except Exception as err:  # noqa: BLE001 - the stream has started: report in-band
                     logger.exception("generate stream failed")
                     yield sse(error_body(str(err), 500, "InternalServerError"))
+                finally:
+                    await results.aclose()  # aborts what is unfinished (client gone)
                 yield SSE_DONE
 
             return StreamingResponse(stream(), media_type="text/event-stream")
         result = None
-        async for out in tm.iter_results(call, request):
-            result = out
+        try:
+            async for out in results:
+                result = out
+        except RequestRejected as err:
+            return status_error_response(err.message, err.status)
         if result is None:
             return error_response("client disconnected", 499, "ClientDisconnected")
         return JSONResponse(result)
@@ -249,6 +274,11 @@ def launch_server(server_args: ServerArgs, scheduler_entry: Optional[Callable[..
             logger.info("%s during shutdown", message)
             return
         logger.error("a child process died (%s): shutting the server down", message.split(" process")[0])
+        loop = tm.loop
+        if loop is not None and not loop.is_closed():
+            # pending requests end with an error that says why (streams in-band, others a 500)
+            loop.call_soon_threadsafe(tm.set_dead, message)
+            time.sleep(FAIL_PENDING_S)
         children.terminate(grace_s=2.0)
         sys.stderr.flush()
         os._exit(1)

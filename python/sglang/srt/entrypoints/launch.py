@@ -18,6 +18,7 @@ from multiprocessing.connection import wait as mp_wait
 from typing import Any, Callable, Optional
 
 from sglang.srt.managers.io_struct import SchedulerReadyInfo
+from sglang.srt.managers.scheduler_watchdog import WATCHDOG_EXIT_CODE
 from sglang.srt.server_args import PortArgs, ServerArgs
 from sglang.srt.utils.process import kill_itself_when_parent_died, kill_process_tree, set_process_name
 
@@ -109,8 +110,7 @@ class ChildProcesses:
                     return
                 dead = self.dead()
                 if dead:
-                    name, proc = dead[0]
-                    message = f"{name} process (pid {proc.pid}) exited unexpectedly with code {proc.exitcode}"
+                    message = death_message(dead)
                     logger.error(message)
                     on_death(message)
                     return
@@ -132,6 +132,36 @@ class ChildProcesses:
         ipc_dir = _ipc_dir(self.port_args)
         if ipc_dir:
             shutil.rmtree(ipc_dir, ignore_errors=True)
+
+
+def death_message(dead: list[tuple[str, mp.process.BaseProcess]]) -> str:
+    """Which child died, first the one that most likely died first: when one rank is killed its
+    peers fail in their next collective and exit with an error soon after, often before the
+    watchdog looks, so a death by signal or by watchdog timeout comes before an exit with an
+    error; the others are listed after it."""
+    def cause_rank(item: tuple[str, mp.process.BaseProcess]) -> int:
+        code = item[1].exitcode
+        return 0 if code is not None and (code < 0 or code == WATCHDOG_EXIT_CODE) else 1
+
+    ordered = sorted(dead, key=cause_rank)  # stable: the launch order breaks ties
+    name, proc = ordered[0]
+    message = f"{name} process (pid {proc.pid}) exited unexpectedly with code {proc.exitcode}{exit_reason(proc.exitcode)}"
+    if len(ordered) > 1:
+        others = ", ".join(f"{n} (code {p.exitcode})" for n, p in ordered[1:])
+        message += f"; also exited: {others}"
+    return message
+
+
+def exit_reason(exitcode: Optional[int]) -> str:
+    """Why a child exited, when its exit code tells: a watchdog timeout or a signal."""
+    if exitcode == WATCHDOG_EXIT_CODE:
+        return " (watchdog timeout: a forward step did not finish within --watchdog-timeout; its log says where it hung)"
+    if exitcode is not None and exitcode < 0:
+        try:
+            return f" (killed by {signal.Signals(-exitcode).name})"
+        except ValueError:
+            return ""
+    return ""
 
 
 def _ipc_dir(port_args: PortArgs) -> Optional[str]:
@@ -232,6 +262,8 @@ def launch_processes(
     Raises RuntimeError with the child's error text when a child fails to start (the other
     children are stopped first).
     """
+    for note in server_args.compat_notes():  # upstream flags accepted here: say what they do
+        logger.info("%s", note)
     port_args = port_args or PortArgs.init_new(server_args)
     server_args = prepare_rank_args(server_args)
     is_head_node = server_args.node_rank == 0
@@ -269,7 +301,7 @@ def launch_processes(
         if is_head_node and not server_args.skip_tokenizer_init:
             from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 
-            tokenizer = get_tokenizer(server_args.tokenizer_path)
+            tokenizer = get_tokenizer(server_args.tokenizer_path, server_args.trust_remote_code)
         by_name = {name: reader for reader, _, name in readers}
         infos = [_wait_ready(reader, proc, name, children, by_name) for reader, proc, name in readers]
         if children.dead():

@@ -29,7 +29,7 @@ def load_tokenizer(server_args: ServerArgs) -> Optional[Any]:
         return None
     from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 
-    return get_tokenizer(server_args.tokenizer_path)
+    return get_tokenizer(server_args.tokenizer_path, server_args.trust_remote_code)
 
 
 class DetokenizerManager:

@@ -9,8 +9,11 @@ It binds the address the tokenizer sends to and forwards:
 - a flush / internal-state request to every replica; it answers the tokenizer once all replicas
   have replied (flush: success only if every replica succeeded; state: the merged figures plus each
   replica's own, `GetInternalStateReqOutput.replica_states`).
-Replicas send their control replies wrapped in `DPReply` (so the controller knows whose it is) and
-`DPLoadReport`s when their load changes. Token ids go from the replicas straight to the
+Replicas send their control replies wrapped in `DPReply` (so the controller knows whose it is),
+`DPLoadReport`s when their load changes, and heartbeats (`SchedulerHeartbeat`, from each entry
+rank's watchdog thread): once every replica has sent one, each new beat goes on to the tokenizer
+merged with the others' latest (`merge_heartbeats`), so the info endpoints and /health_generate
+see the whole server. Token ids go from the replicas straight to the
 detokenizer, as with one replica.
 """
 
@@ -22,7 +25,7 @@ import sys
 import traceback
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 import zmq
 
@@ -35,6 +38,7 @@ from sglang.srt.managers.io_struct import (
     FlushCacheReqOutput,
     GetInternalStateReqInput,
     GetInternalStateReqOutput,
+    SchedulerHeartbeat,
     TokenizedGenerateReqInput,
 )
 from sglang.srt.server_args import PortArgs, ServerArgs
@@ -54,6 +58,8 @@ SUMMED_STATE_KEYS = (
     "num_waiting_reqs",
     "max_running_requests",
     "num_retractions",
+    "free_req_slots",
+    "max_req_slots",
 )
 
 
@@ -142,6 +148,24 @@ class ReplyCollector:
         return done
 
 
+def merge_heartbeats(beats: list[SchedulerHeartbeat]) -> SchedulerHeartbeat:
+    """One heartbeat for the server: the longest-running step's start (a stuck replica shows), the
+    steps finished summed, the oldest snapshot time, merged state plus each replica's."""
+    busy = [b.busy_since for b in beats if b.busy_since is not None]
+    states = [b.state for b in beats]
+    return SchedulerHeartbeat(
+        rank=beats[0].rank,
+        sent_time=max(b.sent_time for b in beats),
+        steps_finished=sum(b.steps_finished for b in beats),
+        steps_in_flight=sum(b.steps_in_flight for b in beats),
+        busy_since=min(busy) if busy else None,
+        state=merge_states(states) if all(states) else {},
+        state_time=min(b.state_time for b in beats),
+        watchdog_timeout=beats[0].watchdog_timeout,
+        replica_states=states,
+    )
+
+
 def merge_replies(replies: list[Any]) -> Any:
     first = replies[0]
     if isinstance(first, FlushCacheReqOutput):
@@ -158,6 +182,7 @@ class DataParallelController:
         self.dp_size = server_args.dp_size
         self.balancer = DPBalancer(self.dp_size, server_args.load_balance_method)
         self.replies = ReplyCollector(self.dp_size)
+        self.beats: list[Optional[SchedulerHeartbeat]] = [None] * self.dp_size
         self.context = zmq.Context(2)
         self.recv_from_tokenizer = self.context.socket(zmq.PULL)
         self.recv_from_tokenizer.bind(port_args.scheduler_input_ipc_name)
@@ -190,6 +215,13 @@ class DataParallelController:
     def handle_replica(self, msg: Any) -> None:
         if isinstance(msg, DPLoadReport):
             self.balancer.on_report(msg)
+        elif isinstance(msg, SchedulerHeartbeat):
+            self.beats[msg.dp_rank] = msg
+            if all(b is not None for b in self.beats):
+                try:
+                    self.send_to_tokenizer.send_pyobj(merge_heartbeats(self.beats), zmq.NOBLOCK)
+                except zmq.Again:
+                    pass  # the tokenizer is not reading: drop this beat
         elif isinstance(msg, DPReply):
             for replies in self.replies.add(msg.dp_rank, msg.reply):
                 self.send_to_tokenizer.send_pyobj(merge_replies(replies))

@@ -4,6 +4,7 @@ Flow:  HTTP / Engine --GenerateReqInput--> TokenizerManager
        TokenizerManager --TokenizedGenerateReqInput | AbortReq | FlushCacheReqInput | GetInternalStateReqInput--> Scheduler (entry rank)
        Scheduler --BatchTokenIDOut--> DetokenizerManager --BatchStrOut--> TokenizerManager
        Scheduler --FlushCacheReqOutput | GetInternalStateReqOutput--> TokenizerManager (control replies)
+       Scheduler watchdog thread --SchedulerHeartbeat--> TokenizerManager (every 0.5 s, even mid-forward)
 
 All messages are plain dataclasses sent with `zmq.Socket.send_pyobj`.
 `finished_reason` is None while a request runs, else a dict in SGLang's shape:
@@ -113,6 +114,24 @@ class GetInternalStateReqInput:
 class GetInternalStateReqOutput:
     state: dict[str, Any] = field(default_factory=dict)
     # With attention DP: each replica's own state (`state` is then their merge, see dp_controller)
+    replica_states: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class SchedulerHeartbeat:
+    """Sent by the entry rank's watchdog thread (`managers/scheduler_watchdog.py`) on its own,
+    also while the scheduler loop is inside a long forward. Times are wall-clock (time.time())."""
+
+    rank: int
+    sent_time: float
+    steps_finished: int  # forward steps (micro-batches) whose result was applied so far
+    steps_in_flight: int
+    busy_since: Optional[float]  # since when the loop waits for a step's result; None: no step running
+    state: dict[str, Any]  # the loop's latest `Scheduler.internal_state()` snapshot
+    state_time: float  # when that snapshot was taken
+    watchdog_timeout: float
+    dp_rank: int = 0  # attention DP: the replica whose entry rank sent it
+    # attention DP: the controller's merged beat carries each replica's snapshot (`state` is their merge)
     replica_states: list[dict[str, Any]] = field(default_factory=list)
 
 

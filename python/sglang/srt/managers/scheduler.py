@@ -6,6 +6,8 @@
 - `SchedulerIO` (ZMQ) carries messages in and out when running as a process;
 - `DPLockstep` (attention DP only) agrees every step's token counts with the other replicas of the
   stage and makes this replica run an IDLE forward when it has no tokens but another has.
+- `SchedulerWatchdog` sees forward progress (`--watchdog-timeout`) and, once the process starts
+  its thread, sends heartbeats with the latest state snapshot to the tokenizer manager.
 
 The same object runs in-process (tests, benchmarks) through `add_request` / `step`. Its loop is
 `event_loop`; with pipeline parallelism stage 0's `managers/pp/driver.py` drives it instead (the
@@ -38,6 +40,7 @@ from sglang.srt.managers.io_struct import (
 from sglang.srt.managers.schedule_batch import ModelWorkerBatch, Req, ScheduleBatch
 from sglang.srt.managers.schedule_policy import ChunkBudgetFn, SchedulePolicy, StepBudget, pick_retract_victim
 from sglang.srt.managers.scheduler_output import build_token_id_out, due_for_output
+from sglang.srt.managers.scheduler_watchdog import SchedulerWatchdog
 from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.model_executor.model_runner import ForwardResult, ModelRunner
 from sglang.srt.server_args import ServerArgs
@@ -110,6 +113,10 @@ class Scheduler:
         self._last_load: Optional[tuple[int, int]] = None
         self._last_stats = time.monotonic()
         self._stats = {"prefill_tokens": 0, "decode_tokens": 0, "steps": 0}
+        # Reliability (issue 19): progress watchdog + state snapshots; the process entry starts its thread.
+        self.watchdog = SchedulerWatchdog(
+            server_args.watchdog_timeout, rank=self.groups.world_rank, dp_rank=self.groups.dp_rank
+        )
 
     # ------------------------------------------------------------------ info
     def ready_info(self) -> SchedulerReadyInfo:
@@ -128,6 +135,8 @@ class Scheduler:
             "available_kv_tokens": self.cache.available_tokens(),
             "free_kv_tokens": self.cache.free_slots(),
             "evictable_kv_tokens": self.cache.tree.evictable_size(),
+            "free_req_slots": self.runner.req_to_token_pool.available_size(),  # request table rows
+            "max_req_slots": self.runner.req_to_token_pool.size,
             "num_running_reqs": len(self.running),
             "num_waiting_reqs": len(self.waiting),
             "max_running_requests": self.runner.max_running_requests,
@@ -191,9 +200,12 @@ class Scheduler:
             top_logprobs_num=recv.top_logprobs_num,
             input_text=recv.input_text,
         )
-        error = self._validate(req)
+        error, status = self._validate(req), 400
+        if error is None and self._queue_full():
+            error, status = self._queue_full_message(), 503
         if error:
-            req.finished_reason = {"type": "abort", "message": error}
+            # `status_code`: the tokenizer manager turns it into that HTTP status
+            req.finished_reason = {"type": "abort", "message": error, "status_code": status}
             self._pending_outputs.append(req)
         else:
             self.waiting.append(req)
@@ -209,6 +221,16 @@ class Scheduler:
         if min(req.origin_input_ids) < 0 or max(req.origin_input_ids) >= vocab:
             return f"input token ids must be in [0, {vocab})"
         return None
+
+    # Overload guard (issue 19): --max-queued-requests bounds the waiting queue; more is a 503.
+    def _queue_full(self) -> bool:
+        limit = self.server_args.max_queued_requests
+        return limit is not None and len(self.waiting) >= limit
+
+    def _queue_full_message(self) -> str:
+        limit = self.server_args.max_queued_requests
+        return (f"the server is overloaded: {len(self.waiting)} requests are already waiting to be scheduled "
+                f"(--max-queued-requests {limit}); retry later")  # fmt: skip
 
     def abort(self, msg: AbortReq):
         targets = [r for r in self.waiting + self.running if msg.abort_all or r.rid == msg.rid]
@@ -259,6 +281,7 @@ class Scheduler:
         due, self._pending_outputs = self._pending_outputs, []
         due += [r for r in self.running if due_for_output(r, self.server_args.stream_interval)]
         self._maybe_log_stats()
+        self.watchdog.publish(self.internal_state, busy=self.has_work)
         return build_token_id_out(due)
 
     def schedule(
@@ -290,6 +313,8 @@ class Scheduler:
             item.req.kv_len = item.start + item.num_tokens
             item.req.in_flight = item.samples
         self.forward_ct += 1
+        self.watchdog.step_started()
+        self.watchdog.publish(self.internal_state, busy=True)  # what the step holds, before it runs
         return batch, worker_batch
 
     def _shrink_for_memory(self, batch: ScheduleBatch) -> ScheduleBatch:
@@ -324,6 +349,7 @@ class Scheduler:
 
     def process_result(self, batch: ScheduleBatch, result: ForwardResult) -> None:
         """Apply a finished step: append sampled tokens, finish requests, release their KV."""
+        self.watchdog.step_finished()
         if self.on_step_result is not None:
             self.on_step_result(batch, result)
         sampled = 0

@@ -69,3 +69,22 @@ class SchedulerIO:
 
     def close(self) -> None:
         self.context.destroy(linger=0)
+
+
+class HeartbeatSender:
+    """The watchdog thread's own socket to the tokenizer (ZMQ sockets stay in one thread): build
+    it in that thread, then call it with each `SchedulerHeartbeat`."""
+
+    def __init__(self, port_args: PortArgs, dp_size: int = 1):
+        self.context = zmq.Context(1)
+        self.socket = self.context.socket(zmq.PUSH)
+        self.socket.setsockopt(zmq.SNDHWM, 16)  # heartbeats are disposable: never pile them up
+        self.socket.setsockopt(zmq.LINGER, 0)
+        # the tokenizer, or (attention DP) the data-parallel controller, which merges the replicas'
+        self.socket.connect(port_args.control_reply_ipc_name(dp_size))
+
+    def __call__(self, msg: Any) -> None:
+        try:
+            self.socket.send_pyobj(msg, zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # the tokenizer is not reading: drop this beat

@@ -14,7 +14,7 @@ import traceback
 from sglang.srt.distributed.parallel_state import ParallelGroups, ParallelLayout
 from sglang.srt.managers.dp_lockstep import DPLockstep
 from sglang.srt.managers.scheduler import Scheduler
-from sglang.srt.managers.scheduler_io import SchedulerIO
+from sglang.srt.managers.scheduler_io import HeartbeatSender, SchedulerIO
 from sglang.srt.server_args import PortArgs, ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, rank: in
         if not server_args.skip_tokenizer_init and groups.pp.is_first:
             from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 
-            tokenizer = get_tokenizer(server_args.tokenizer_path)
+            tokenizer = get_tokenizer(server_args.tokenizer_path, server_args.trust_remote_code)
         if groups.pp.size > 1:
             from sglang.srt.managers.pp.rank import build_pp_rank
 
@@ -54,10 +54,22 @@ def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, rank: in
         raise
     pipe_writer.send({"status": "ready", "info": info})
     logger.info("scheduler ready")
+    start_watchdog(pp_rank.scheduler if groups.pp.size > 1 else scheduler, groups, port_args)
     if groups.pp.size > 1:
         pp_rank.run()
     else:
         scheduler.event_loop(io)
+
+
+def start_watchdog(scheduler, groups: ParallelGroups, port_args: PortArgs) -> None:
+    """Start the scheduler's watchdog thread (later pipeline stages have no scheduler: stage 0's
+    watchdog sees a ring that stopped returning results); the entry rank's also sends heartbeats."""
+    if scheduler is None:
+        return
+    dp_size = groups.layout.attn_dp
+    sink = (lambda: HeartbeatSender(port_args, dp_size)) if groups.is_replica_entry else None
+    scheduler.watchdog.publish(scheduler.internal_state, busy=False)  # the first heartbeat has a state
+    scheduler.watchdog.start(heartbeat_sink=sink)
 
 
 def init_rank_groups(server_args: ServerArgs, rank: int) -> ParallelGroups:

@@ -97,16 +97,23 @@ def tokenize_prompt(tokenizer: Any, text: str) -> list[int]:
 
 
 def check_input_ids(input_ids: list[int], info: SchedulerReadyInfo) -> None:
-    """Empty prompt, token ids outside the vocabulary, prompt too long for the context."""
+    """Empty prompt, token ids outside the vocabulary, prompt too long for the context or for the
+    KV cache pool (the message names the limit)."""
     if not input_ids:
         raise ValueError("the prompt is empty")
     for tid in input_ids:
         if tid < 0 or tid >= info.vocab_size:
             raise ValueError(f"token id {tid} is outside the vocabulary [0, {info.vocab_size})")
-    if len(input_ids) > info.max_req_input_len:
+    n = len(input_ids)
+    if n > info.context_len - 1:
         raise ValueError(
-            f"the prompt has {len(input_ids)} tokens, more than this model's maximum input length "
-            f"of {info.max_req_input_len} tokens (context length {info.context_len})"
+            f"the prompt has {n} tokens, more than this model's maximum input length of "
+            f"{info.context_len - 1} tokens (context length {info.context_len})"
+        )
+    if n > info.max_req_input_len:
+        raise ValueError(
+            f"the prompt has {n} tokens, more than the KV cache pool can hold for one request: "
+            f"{info.max_total_num_tokens} tokens in all (--max-total-tokens / memory budget)"
         )
 
 
@@ -119,11 +126,19 @@ def parse_sampling_params(
     params.normalize(tokenizer)
     explicit = isinstance(raw, dict) and raw.get("max_new_tokens") is not None
     if explicit:
-        if input_len + params.max_new_tokens > info.context_len:
+        total = input_len + params.max_new_tokens
+        if total > info.context_len:
             raise ValueError(
                 f"this model's maximum context length is {info.context_len} tokens, but "
-                f"{input_len + params.max_new_tokens} were requested ({input_len} in the prompt "
+                f"{total} were requested ({input_len} in the prompt "
                 f"and {params.max_new_tokens} for the completion); reduce the prompt or max_new_tokens"
+            )
+        if total > info.max_total_num_tokens:
+            raise ValueError(
+                f"this request needs up to {total} tokens of KV cache ({input_len} in the prompt and "
+                f"{params.max_new_tokens} for the completion), more than the KV cache pool's "
+                f"{info.max_total_num_tokens} tokens (--max-total-tokens / memory budget); "
+                "reduce the prompt or max_new_tokens"
             )
         return params
     # The default budget must also fit the KV pool, or the scheduler would abort the request.

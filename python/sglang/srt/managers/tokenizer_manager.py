@@ -6,6 +6,12 @@ scheduler, receives incremental text from the detokenizer and turns it into SGLa
 
 One TokenizerManager lives in one event loop: its receive socket and the task that reads it are
 created on the loop of the first call (`_ensure_started`).
+
+Control and health calls never wait behind a busy scheduler: the scheduler's watchdog thread
+sends a `SchedulerHeartbeat` (state snapshot, step counters) every 0.5 s even while a long forward
+runs, so `get_internal_state` answers from it when the loop does not reply within
+`STATE_WAIT_S`, `flush_cache` refuses at once while requests run, and `health_generate` tells a
+busy scheduler (steps finishing, or one step running within `--watchdog-timeout`) from a stuck one.
 """
 
 from __future__ import annotations
@@ -13,14 +19,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Optional, Union
 
 import zmq
 import zmq.asyncio
 
+from sglang.srt import envs
 from sglang.srt.managers.io_struct import (
     AbortReq,
+    SchedulerHeartbeat,
     BatchStrOut,
     FlushCacheReqInput,
     FlushCacheReqOutput,
@@ -38,6 +47,26 @@ logger = logging.getLogger(__name__)
 
 DISCONNECT_POLL_S = 1.0
 CONTROL_TIMEOUT_S = 60.0
+STATE_WAIT_S = 0.5  # then /get_server_info answers from the latest heartbeat's snapshot
+FLUSH_WAIT_S = 1.0  # asked only when no request is running: an idle scheduler answers in ms
+HEALTH_POLL_S = 0.1
+HEARTBEAT_STALE_S = 5.0  # no heartbeat for this long: the scheduler process is not responding
+CONTROL_STALE_S = 1.5  # a flush is not even asked of a scheduler silent for this long (3 beats)
+HEALTH_RID_PREFIX = "HEALTH_CHECK_"  # health probes: not counted in the metrics
+
+
+class SchedulerUnavailable(RuntimeError):
+    """The scheduler's state cannot be told right now (HTTP 503)."""
+
+
+class RequestRejected(RuntimeError):
+    """The scheduler refused a request before it produced anything: `status` is the HTTP status
+    to answer with (400: it cannot fit; 503: --max-queued-requests reached)."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.message = message
+        self.status = status
 
 
 @dataclass
@@ -111,6 +140,15 @@ async def _next_index(queue: asyncio.Queue) -> int:
 _TIMEOUT = getattr(asyncio, "timeout", None)
 
 
+def _raise_if_rejected(state: ReqState) -> None:
+    """RequestRejected when the scheduler refused the request outright (an abort with an HTTP
+    status before any output), so that the caller answers with that status, not a 200."""
+    reason = state.finished_reason or {}
+    if (state.finished and reason.get("type") == "abort" and reason.get("status_code")
+            and not state.output_ids and not state.yielded_finished):  # fmt: skip
+        raise RequestRejected(str(reason.get("message", "rejected")), int(reason["status_code"]))
+
+
 class TokenizerManager:
     """Tokenizes requests, talks to the scheduler over ZMQ and assembles results."""
 
@@ -134,8 +172,13 @@ class TokenizerManager:
         self.rid_to_state: dict[str, ReqState] = {}
         self.rid_children: dict[str, list[str]] = {}
         self.control_lock: Optional[asyncio.Lock] = None
+        # one future per control message sent, resolved in order by the replies (FIFO, 1:1)
         self.flush_waiters: list[asyncio.Future] = []
         self.state_waiters: list[asyncio.Future] = []
+        self._state_inflight: Optional[asyncio.Future] = None  # concurrent state calls share one
+        self.last_heartbeat: Optional[SchedulerHeartbeat] = None
+        self.last_heartbeat_recv: Optional[float] = None  # monotonic
+        self.num_outputs_received = 0  # BatchStrOut messages (health: is generation moving?)
         self.dead_message: Optional[str] = None
         self.token_text_cache: dict[int, str] = {}
         # The processes started for this manager (a launch.ChildProcesses), set by the launcher.
@@ -149,6 +192,10 @@ class TokenizerManager:
             )
 
     # ------------------------------------------------------------------ life cycle
+    def start(self) -> None:
+        """Bind the receive socket and start reading it on the running loop (also done lazily)."""
+        self._ensure_started()
+
     def _ensure_started(self) -> None:
         if self.handle_task is not None:
             return
@@ -174,6 +221,7 @@ class TokenizerManager:
         for fut in self.flush_waiters + self.state_waiters:
             if not fut.done():
                 fut.set_exception(RuntimeError(message))
+                fut.exception()  # callers that gave up will never read it: no "never retrieved" noise
 
     def _check_alive(self) -> None:
         if self.dead_message is not None:
@@ -195,7 +243,11 @@ class TokenizerManager:
 
     def _dispatch(self, obj: Any) -> None:
         if isinstance(obj, BatchStrOut):
+            self.num_outputs_received += 1
             self._handle_batch_str(obj)
+        elif isinstance(obj, SchedulerHeartbeat):
+            self.last_heartbeat = obj
+            self.last_heartbeat_recv = time.monotonic()
         elif isinstance(obj, FlushCacheReqOutput):
             self._resolve(self.flush_waiters, obj)
         elif isinstance(obj, GetInternalStateReqOutput):
@@ -205,11 +257,12 @@ class TokenizerManager:
 
     @staticmethod
     def _resolve(waiters: list[asyncio.Future], value: Any) -> None:
-        while waiters:
+        """The reply to the oldest control message of its kind (a caller that gave up left its
+        future in place, so later replies still meet their own callers)."""
+        if waiters:
             fut = waiters.pop(0)
             if not fut.done():
                 fut.set_result(value)
-                return
 
     def _handle_batch_str(self, out: BatchStrOut) -> None:
         now = time.time()
@@ -236,6 +289,8 @@ class TokenizerManager:
                 self._notify(state)
 
     def _record_tokens(self, state: ReqState, num_new: int, now: float) -> None:
+        if state.req.rid.startswith(HEALTH_RID_PREFIX):
+            return
         """TTFT at the first message with tokens, ITL spread over the tokens of each later one.
 
         Streaming or not, the scheduler reports a request's first token on its own
@@ -252,6 +307,8 @@ class TokenizerManager:
         state.last_token_time = now
 
     def _record_finish(self, state: ReqState) -> None:
+        if state.req.rid.startswith(HEALTH_RID_PREFIX):
+            return
         reason = state.finished_reason or {}
         self.metrics.observe_finish(
             prompt_tokens=state.prompt_tokens or len(state.req.input_ids),
@@ -352,6 +409,7 @@ class TokenizerManager:
                 state = call.states[index]
                 if state.error is not None:
                     raise RuntimeError(state.error)
+                _raise_if_rejected(state)
                 if state.yielded_finished:
                     continue
                 if not state.finished and not call.obj.stream:
@@ -430,29 +488,125 @@ class TokenizerManager:
             self.send_to_scheduler.send_pyobj(AbortReq(rid=r, abort_all=abort_all))
 
     # ------------------------------------------------------------------ control
-    async def _control(self, waiters: list[asyncio.Future], msg: Any) -> Any:
-        self._ensure_started()
-        self._check_alive()
-        async with self.control_lock:
-            fut = asyncio.get_running_loop().create_future()
-            waiters.append(fut)
-            self.send_to_scheduler.send_pyobj(msg)
-            try:
-                return await asyncio.wait_for(fut, timeout=CONTROL_TIMEOUT_S)
-            finally:
-                if fut in waiters:
-                    waiters.remove(fut)
+    def heartbeat_age(self) -> Optional[float]:
+        """Seconds since the scheduler's last heartbeat (None before the first)."""
+        if self.last_heartbeat_recv is None:
+            return None
+        return time.monotonic() - self.last_heartbeat_recv
+
+    def _fresh_heartbeat(self) -> Optional[SchedulerHeartbeat]:
+        age = self.heartbeat_age()
+        return self.last_heartbeat if age is not None and age < HEARTBEAT_STALE_S else None
+
+    def _send_control(self, waiters: list[asyncio.Future], msg: Any) -> asyncio.Future:
+        fut = asyncio.get_running_loop().create_future()
+        waiters.append(fut)
+        self.send_to_scheduler.send_pyobj(msg)
+        return fut
 
     async def flush_cache(self) -> FlushCacheReqOutput:
-        return await self._control(self.flush_waiters, FlushCacheReqInput())
+        """Flush the radix cache; refused at once (never queued behind work) while requests run."""
+        self._ensure_started()
+        self._check_alive()
+        if self.rid_to_state:
+            return FlushCacheReqOutput(False, f"cannot flush the cache while {len(self.rid_to_state)} request(s) are running")
+        # No request known here means an idle scheduler (requests leave `rid_to_state` only when
+        # the scheduler reported them finished): it answers in milliseconds, unless it is frozen.
+        age = self.heartbeat_age()
+        if age is not None and age >= CONTROL_STALE_S:
+            return FlushCacheReqOutput(False, f"the scheduler has not responded for {age:.1f} s")
+        async with self.control_lock:
+            fut = self._send_control(self.flush_waiters, FlushCacheReqInput())
+            try:
+                return await asyncio.wait_for(asyncio.shield(fut), timeout=FLUSH_WAIT_S)
+            except asyncio.TimeoutError:
+                return FlushCacheReqOutput(False, f"the scheduler did not answer within {FLUSH_WAIT_S:g} s")
 
-    async def get_internal_state_reply(self) -> GetInternalStateReqOutput:
-        """The scheduler's state: `.state` for the whole server, `.replica_states` one per
-        attention-DP replica (empty without DP)."""
-        return await self._control(self.state_waiters, GetInternalStateReqInput())
+    async def get_internal_state_reply(self, max_wait_s: float = STATE_WAIT_S) -> GetInternalStateReqOutput:
+        """The scheduler's `internal_state()` (`.state`; with attention DP the merged figures, and
+        `.replica_states` one per replica): its reply when it comes within `max_wait_s`, else the
+        snapshot of its latest heartbeat (with `snapshot_age_s` / `step_running_s`), so a busy
+        scheduler never makes an info endpoint wait. Concurrent callers share one request."""
+        self._ensure_started()
+        self._check_alive()
+        fut = self._state_inflight
+        if fut is None or fut.done():
+            fut = self._state_inflight = self._send_control(self.state_waiters, GetInternalStateReqInput())
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), timeout=max_wait_s)
+        except asyncio.TimeoutError:
+            pass
+        beat = self.last_heartbeat
+        deadline = time.monotonic() + max_wait_s
+        while beat is None or not beat.state:  # no snapshot yet (the first second of a server)
+            if fut.done():
+                return fut.result()
+            if time.monotonic() >= deadline:
+                raise SchedulerUnavailable(
+                    f"the scheduler has not answered in {2 * max_wait_s:g} s and has sent no state yet"
+                )
+            await asyncio.sleep(0.02)
+            beat = self.last_heartbeat
+        ages = {
+            "snapshot_age_s": round(time.time() - beat.state_time, 3),
+            "step_running_s": None if beat.busy_since is None else round(time.time() - beat.busy_since, 3),
+        }
+        return GetInternalStateReqOutput(
+            state={**beat.state, **ages}, replica_states=[{**s, **ages} for s in beat.replica_states]
+        )
 
-    async def get_internal_state(self) -> dict:
-        return (await self.get_internal_state_reply()).state
+    async def get_internal_state(self, max_wait_s: float = STATE_WAIT_S) -> dict:
+        return (await self.get_internal_state_reply(max_wait_s)).state
+
+    async def health_generate(self, timeout_s: Optional[float] = None) -> tuple[bool, str]:
+        """(healthy, why): generate one token; healthy as soon as it comes back, or as soon as the
+        scheduler is seen making progress (other outputs arriving, steps finishing). At the
+        deadline a scheduler still inside one step is busy, not stuck, until --watchdog-timeout
+        (then its watchdog ends the server); a silent scheduler or one that finishes no step is stuck."""
+        self._ensure_started()
+        if self.dead_message is not None:
+            return False, self.dead_message
+        if timeout_s is None:
+            timeout_s = envs.SGLANG_HEALTH_CHECK_TIMEOUT.get()
+        outputs_before = self.num_outputs_received
+        beat = self._fresh_heartbeat()
+        steps_before = beat.steps_finished if beat is not None else None
+        obj = GenerateReqInput(
+            input_ids=[0], sampling_params={"max_new_tokens": 1, "temperature": 0.0},
+            rid=f"{HEALTH_RID_PREFIX}{uuid.uuid4().hex}",
+        )  # fmt: skip
+        call = await self.submit(obj)
+        state = call.states[0]
+        deadline = time.monotonic() + timeout_s
+        try:
+            while True:
+                if self.dead_message is not None:
+                    return False, self.dead_message
+                if state.finished:
+                    return True, "generated"
+                if self.num_outputs_received > outputs_before:
+                    return True, "generating (outputs arriving)"
+                beat = self._fresh_heartbeat()
+                if beat is not None and steps_before is not None and beat.steps_finished > steps_before:
+                    return True, "generating (steps finishing)"
+                if steps_before is None and beat is not None:
+                    steps_before = beat.steps_finished
+                if time.monotonic() >= deadline:
+                    break
+                await asyncio.sleep(HEALTH_POLL_S)
+            if beat is None:
+                age = self.heartbeat_age()
+                return False, ("the scheduler has sent no heartbeat" if age is None
+                               else f"the scheduler has not responded for {age:.0f} s")  # fmt: skip
+            if beat.busy_since is not None:
+                running = time.time() - beat.busy_since
+                if running < beat.watchdog_timeout:
+                    return True, f"busy: one step has run for {running:.0f} s (within --watchdog-timeout)"
+                return False, f"stuck: one step has run for {running:.0f} s"
+            return False, f"no generation progress in {timeout_s:g} s"
+        finally:
+            if not state.finished and state.req.rid in self.rid_to_state:
+                self.abort_request(state.req.rid)
 
     @property
     def num_running(self) -> int:

@@ -71,6 +71,7 @@ class ModelRunner:
             dtype=server_args.dtype,
             context_length=server_args.context_length,
             device=server_args.device,
+            trust_remote_code=server_args.trust_remote_code,
         )
         cfg = self.model_config
         self.dtype = cfg.dtype

@@ -8,8 +8,11 @@ from typing import Any, Optional
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 
-def get_tokenizer(tokenizer_path: str) -> PreTrainedTokenizerFast:
-    """A fast tokenizer from an HF directory (tokenizer.json + tokenizer_config.json) or a .gguf file."""
+def get_tokenizer(tokenizer_path: str, trust_remote_code: bool = False) -> PreTrainedTokenizerFast:
+    """A fast tokenizer from an HF directory (tokenizer.json + tokenizer_config.json) or a .gguf file.
+
+    `trust_remote_code` (`--trust-remote-code`) lets a directory's own tokenizer class (auto_map
+    in tokenizer_config.json) run; without it transformers refuses such a tokenizer."""
     if tokenizer_path.startswith("dummy:"):
         tokenizer_path = tokenizer_path[len("dummy:"):]
     if os.path.isfile(tokenizer_path) and tokenizer_path.lower().endswith(".gguf"):
@@ -20,7 +23,9 @@ def get_tokenizer(tokenizer_path: str) -> PreTrainedTokenizerFast:
         raise ValueError(f"tokenizer path {tokenizer_path!r} is neither a directory nor a .gguf file")
     if not os.path.isfile(os.path.join(tokenizer_path, "tokenizer.json")):
         raise ValueError(f"tokenizer directory {tokenizer_path!r} has no tokenizer.json")
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, local_files_only=True, trust_remote_code=False)
+    tokenizer = AutoTokenizer.from_pretrained(
+        tokenizer_path, local_files_only=True, trust_remote_code=trust_remote_code
+    )
     if not isinstance(tokenizer, PreTrainedTokenizerFast):
         raise ValueError(f"tokenizer at {tokenizer_path!r} is not a fast tokenizer ({type(tokenizer).__name__})")
     return tokenizer

@@ -2,7 +2,9 @@
 
 Requests accept OpenAI's fields plus SGLang's sampling extensions (top_k, min_p,
 repetition_penalty, stop_token_ids, ...). Unknown fields are ignored, as OpenAI-compatible
-servers do; wrong types are rejected by pydantic (-> HTTP 400).
+servers do; wrong types are rejected by pydantic (-> HTTP 400). SGLang's constrained-decoding
+fields (regex, json_schema, ebnf, structural_tag, a non-text response_format) are known and
+refused with a 400: there is no grammar backend.
 """
 
 from __future__ import annotations
@@ -113,6 +115,12 @@ class SamplingExtensions(BaseModel):
     spaces_between_special_tokens: bool = True
     no_stop_trim: bool = False
     rid: Optional[str] = None
+    # SGLang's constrained decoding: declared so that a request using them is refused
+    # (`utils.check_constrained_decoding`), never silently answered with unconstrained text.
+    regex: Optional[Any] = None
+    json_schema: Optional[Any] = None
+    ebnf: Optional[Any] = None
+    structural_tag: Optional[Any] = None
 
     def base_sampling_params(self, max_new_tokens: Optional[int]) -> dict[str, Any]:
         """SGLang native sampling params for this request (None values mean 'default')."""

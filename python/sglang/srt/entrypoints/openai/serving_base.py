@@ -22,13 +22,15 @@ from sglang.srt.entrypoints.openai.utils import (
     OpenAIError,
     error_body,
     finish_reason_of,
+    check_constrained_decoding,
     from_error,
     make_usage,
     parse_model,
     sse,
+    status_error_response,
 )
 from sglang.srt.managers.io_struct import GenerateReqInput
-from sglang.srt.managers.tokenizer_manager import GenerateCall, ReqChunk, TokenizerManager
+from sglang.srt.managers.tokenizer_manager import GenerateCall, ReqChunk, RequestRejected, TokenizerManager
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +75,7 @@ class OpenAIServingBase(ABC):
         """Serve one request body: a JSONResponse, a StreamingResponse or an error response."""
         try:
             req = parse_model(self.request_cls, body)
+            check_constrained_decoding(req)
             obj = self._build(req)
             call = await self.tm.submit(obj)
         except OpenAIError as err:
@@ -80,8 +83,19 @@ class OpenAIServingBase(ABC):
         except ValueError as err:
             return from_error(OpenAIError(str(err)))
         if req.stream:
-            return StreamingResponse(self._stream(req, call, raw_request), media_type="text/event-stream")
-        return await self._complete(req, call, raw_request)
+            # the first chunk before the headers: a request the scheduler refuses gets its status
+            chunks = self.tm.iter_chunks(call, raw_request)
+            try:
+                first = await chunks.__anext__()
+            except StopAsyncIteration:
+                return JSONResponse(error_body("client disconnected", 499, "ClientDisconnected"), status_code=499)
+            except RequestRejected as err:
+                return status_error_response(err.message, err.status)
+            return StreamingResponse(self._stream(req, call, first, chunks), media_type="text/event-stream")
+        try:
+            return await self._complete(req, call, raw_request)
+        except RequestRejected as err:
+            return status_error_response(err.message, err.status)
 
     async def _complete(self, req: Any, call: GenerateCall, raw_request: Any) -> JSONResponse:
         ordered = await self.tm.collect_outputs(call, raw_request)
@@ -95,7 +109,9 @@ class OpenAIServingBase(ABC):
         )
         return JSONResponse(resp.model_dump(exclude_none=True))
 
-    async def _stream(self, req: Any, call: GenerateCall, raw_request: Any) -> AsyncIterator[str]:
+    async def _stream(
+        self, req: Any, call: GenerateCall, first_chunk: ReqChunk, rest: AsyncIterator[ReqChunk]
+    ) -> AsyncIterator[str]:
         rid = random_id(self.id_prefix)
         model = self.server_args.served_model_name
         finals: dict[int, dict] = {}
@@ -104,8 +120,13 @@ class OpenAIServingBase(ABC):
         def event(choices: list[BaseModel], usage: Optional[UsageInfo] = None) -> str:
             return sse(self.stream_response_cls(id=rid, model=model, choices=choices, usage=usage))
 
+        async def chunks() -> AsyncIterator[ReqChunk]:
+            yield first_chunk
+            async for chunk in rest:
+                yield chunk
+
         try:
-            async for chunk in self.tm.iter_chunks(call, raw_request):
+            async for chunk in chunks():
                 first = chunk.index not in seen
                 seen.add(chunk.index)
                 if chunk.finished:
@@ -118,4 +139,6 @@ class OpenAIServingBase(ABC):
         except Exception as err:  # noqa: BLE001 - report in-band, the stream has started
             logger.exception("%s stream failed", self.id_prefix)
             yield sse(error_body(str(err), 500, "InternalServerError"))
+        finally:
+            await rest.aclose()  # aborts what is unfinished (client gone)
         yield SSE_DONE

@@ -113,8 +113,6 @@ class OpenAIServingChat(OpenAIServingBase):
         check_logprobs_num(req.top_logprobs, "top_logprobs", MAX_LOGPROBS)
         if req.tools:
             raise OpenAIError("tools are not supported by this server", param="tools")
-        if req.response_format is not None and req.response_format.type != "text":
-            raise OpenAIError(f"response_format {req.response_format.type!r} is not supported", param="response_format")
         max_new = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         return GenerateReqInput(
             input_ids=self._prompt_ids(req),

@@ -37,6 +37,14 @@ def from_error(err: OpenAIError) -> JSONResponse:
     return error_response(err.message, err.status, err.err_type, err.param)
 
 
+_STATUS_TYPES = {400: "BadRequestError", 429: "RateLimitError", 503: "ServiceUnavailableError"}
+
+
+def status_error_response(message: str, status: int) -> JSONResponse:
+    """An error response whose OpenAI error type follows from the HTTP status."""
+    return error_response(message, status, _STATUS_TYPES.get(status, "InternalServerError"))
+
+
 def validation_message(err: ValidationError) -> str:
     """A short, readable summary of a pydantic ValidationError."""
     parts = []
@@ -57,16 +65,38 @@ def parse_model(model_cls: type[BaseModel], body: Any) -> Any:
 
 
 def check_model_name(requested: Optional[str], served_model_name: str, model_path: str) -> None:
-    """404 unless the model is the one served (or omitted / SGLang's 'default')."""
+    """400 (as upstream SGLang answers) unless the model is the one served, its path, or omitted /
+    SGLang's 'default'."""
     if not requested:
         return
     accepted = {served_model_name, model_path, model_path.rstrip("/").split("/")[-1], *ALWAYS_ACCEPTED_MODEL_NAMES}
     if requested not in accepted:
         raise OpenAIError(
-            f"The model `{requested}` does not exist. This server serves `{served_model_name}`.",
-            status=404,
-            err_type="NotFoundError",
+            f"The model `{requested}` does not exist. The served model name is `{served_model_name}`.",
             param="model",
+        )
+
+
+# SGLang's constrained-decoding extras of the OpenAI routes (extra body fields). This server has no
+# grammar backend: a request that asks for one is refused instead of getting unconstrained text.
+CONSTRAINED_DECODING_FIELDS = ("regex", "json_schema", "ebnf", "structural_tag")
+
+
+def check_constrained_decoding(req: Any) -> None:
+    """400 naming the field when a request asks for constrained decoding (regex / JSON schema /
+    EBNF grammar / structural tag, or a `response_format` other than text)."""
+    for name in CONSTRAINED_DECODING_FIELDS:
+        if getattr(req, name, None) is not None:
+            raise OpenAIError(
+                f"'{name}' (constrained decoding) is not supported: this server has no grammar backend",
+                param=name,
+            )
+    fmt = getattr(req, "response_format", None)
+    if fmt is not None and fmt.type != "text":
+        raise OpenAIError(
+            f"response_format {fmt.type!r} needs constrained decoding, which this server does not support "
+            "(no grammar backend); use response_format 'text' or leave it out",
+            param="response_format",
         )
 
 

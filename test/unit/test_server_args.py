@@ -1,0 +1,111 @@
+"""ServerArgs: every flag is declared once with its help, group and choices; `--help` shows them
+with the default; upstream spellings and compatibility flags are accepted and explained."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+
+from sglang.srt.server_args import GROUP_ORDER, G_COMPAT, ServerArgs, field_choices, prepare_server_args
+from sglang.test.tiny_models import TINY_LLAMA_DIR
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+@pytest.mark.parametrize("f", dataclasses.fields(ServerArgs), ids=lambda f: f.name)
+def test_every_field_has_one_line_of_help_and_a_group(f):
+    help_text = f.metadata.get("help")
+    assert help_text and help_text.strip() == help_text, f"{f.name}: no help"
+    assert "\n" not in help_text and len(help_text) < 240, f"{f.name}: help must be one line"
+    assert "default" not in help_text.lower(), f"{f.name}: the default is appended by --help, not written in help"
+    assert f.metadata.get("group") in GROUP_ORDER, f"{f.name}: unknown group {f.metadata.get('group')!r}"
+    if f.default is None and f.type not in ("bool", bool):
+        # a None default that is resolved later says to what
+        assert f.metadata.get("default_text") or f.name in {"api_key", "chat_template", "pp_trace_path"}, f.name
+
+
+def test_help_lists_every_flag_in_its_group_with_choices_and_default():
+    out = subprocess.run(
+        [sys.executable, "-m", "sglang.launch_server", "--help"], capture_output=True, text=True, timeout=120,
+        env={"COLUMNS": "400", "PATH": ""},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    sections: dict[str, list[str]] = {}  # group -> one entry per flag (its lines joined)
+    current = None
+    for line in text.splitlines():
+        if line and not line.startswith(" ") and line.endswith(":"):
+            current = line[:-1]
+            sections[current] = []
+        elif current is not None and line.startswith("  -"):
+            sections[current].append(line)
+        elif current is not None and line.strip() and sections[current]:
+            sections[current][-1] += " " + line.strip()
+    assert [s for s in sections if s in GROUP_ORDER] == list(GROUP_ORDER)
+    for f in dataclasses.fields(ServerArgs):
+        lines = [ln for ln in sections[f.metadata["group"]] if ln.strip().startswith(_flag(f.name) + " ")
+                 or ln.strip() == _flag(f.name) or ln.strip().startswith(_flag(f.name) + ",")]  # fmt: skip
+        assert len(lines) == 1, f"{_flag(f.name)} not (once) in group {f.metadata['group']!r}"
+        line = lines[0]
+        assert "(default: " in line, line
+        choices = field_choices(f)
+        if choices:
+            assert "{" + ",".join(choices) + "}" in line, line
+
+
+def test_aliases_and_values_parse():
+    args = prepare_server_args(
+        ["--model", TINY_LLAMA_DIR, "--tensor-parallel-size", "2", "--attn-cp-size", "2", "--nccl-init-addr",
+         "127.0.0.1:1234", "--watchdog-timeout", "7.5", "--max-queued-requests", "3", "--trust-remote-code"]
+    )  # fmt: skip
+    assert (args.model_path, args.tp_size, args.cp_size) == (TINY_LLAMA_DIR, 2, 2)
+    assert args.dist_init_addr == "127.0.0.1:1234" and args.watchdog_timeout == 7.5
+    assert args.max_queued_requests == 3 and args.trust_remote_code
+
+
+def test_bad_choice_is_refused_by_argparse_and_by_validate():
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    ServerArgs.add_cli_args(parser)
+    with pytest.raises((argparse.ArgumentError, SystemExit)):
+        parser.parse_args(["--dtype", "int3"])
+    with pytest.raises(ValueError, match="--dtype must be one of"):
+        ServerArgs(model_path=TINY_LLAMA_DIR, dtype="int3").validate()
+    with pytest.raises(ValueError, match="--attention-backend must be one of"):
+        ServerArgs(model_path=TINY_LLAMA_DIR, attention_backend="flashinfer").validate()
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"watchdog_timeout": 0.0}, "--watchdog-timeout must be > 0"),
+        ({"max_queued_requests": 0}, "--max-queued-requests must be >= 1"),
+    ],
+)
+def test_validate_names_the_flag(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ServerArgs(model_path=TINY_LLAMA_DIR, **kwargs).validate()
+
+
+def test_cp_strategy_interleave_is_round_robin_with_a_note():
+    args = ServerArgs(model_path=TINY_LLAMA_DIR, cp_strategy="interleave")
+    assert args.cp_strategy == "round-robin"
+    assert any("interleave" in n and "round-robin" in n for n in args.compat_notes())
+    assert ServerArgs(model_path=TINY_LLAMA_DIR, cp_strategy="zigzag").compat_notes() == []
+
+
+def test_compatibility_flags_are_accepted_and_explained():
+    compat = [f.name for f in dataclasses.fields(ServerArgs) if f.metadata["group"] == G_COMPAT]
+    assert set(compat) >= {"disable_cuda_graph", "disable_overlap_schedule", "enable_mixed_chunk", "skip_server_warmup"}
+    args = prepare_server_args(["--model-path", TINY_LLAMA_DIR, *(_flag(n) for n in compat)])
+    args.validate()
+    notes = args.compat_notes()
+    assert len(notes) == len(compat)
+    for name in compat:
+        assert any(n.startswith(_flag(name) + ": ") and len(n) > len(_flag(name)) + 10 for n in notes), name
+    assert ServerArgs(model_path=TINY_LLAMA_DIR).compat_notes() == []
