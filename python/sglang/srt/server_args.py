@@ -228,7 +228,7 @@ class ServerArgs:
     enable_dp_lm_head: bool = arg(
         False, "LM head vocab-parallel inside each attention-TP group (no gather across DP replicas).", G_OPTIMIZATION)
     enable_shard_linear: bool = arg(
-        False, "Shard Linear (CP, DeepSeek MLA, attention TP 1): layer i's q_b_proj / o_proj live on cp rank i % cp "
+        False, "Shard Linear (CP, DeepSeek MLA, attention TP 1): layer i's q_b_proj and o_proj live on cp rank i % cp "
         "and are broadcast before use (overlapped); less weight memory, identical outputs.",
         G_OPTIMIZATION)  # fmt: skip
 
