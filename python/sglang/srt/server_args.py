@@ -35,6 +35,9 @@ CHOICES = {
     "dynamic_chunking_mode": ["upstream", "auto"],
     "device": ["cpu", "cuda", "npu"],
     "log_level": ["debug", "info", "warning", "error"],
+    # PD disaggregation
+    "disaggregation_mode": ["null", "prefill", "decode"],
+    "disaggregation_transfer_backend": ["mooncake", "fake"],
 }
 
 
@@ -100,6 +103,15 @@ class ServerArgs:
     node_rank: int = 0
     dist_init_addr: Optional[str] = None
     dist_timeout: Optional[int] = None
+
+    # PD disaggregation (upstream names and defaults; python/sglang/srt/disaggregation/README.md).
+    # Timeouts are the SGLANG_DISAGGREGATION_* environment variables (srt/envs.py).
+    disaggregation_mode: str = "null"  # "prefill" / "decode": this server is one side of a PD pair
+    disaggregation_transfer_backend: str = "mooncake"  # "fake": no data moves (warm-up, tests)
+    disaggregation_bootstrap_port: int = 8998  # prefill: the bootstrap server's HTTP port
+    disaggregation_ib_device: Optional[str] = None  # RDMA devices for Mooncake; None: TCP here
+    num_reserved_decode_tokens: int = 512  # decode: KV kept free per running request for its growth
+    disaggregation_decode_polling_interval: int = 1  # decode: poll transfers every N scheduler steps
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
@@ -170,6 +182,21 @@ class ServerArgs:
             self._validate_pipeline()
         if self.cp_size > 1 or self.cp_kv_cache_interleave_size != 1:
             self._validate_context_parallel()
+        if self.disaggregation_mode != "null":
+            self._validate_disaggregation()
+
+    def _validate_disaggregation(self) -> None:
+        """PD disaggregation flags (python/sglang/srt/disaggregation/README.md)."""
+        if not (0 < self.disaggregation_bootstrap_port < 65536):
+            raise ValueError(f"--disaggregation-bootstrap-port must be in 1..65535, got {self.disaggregation_bootstrap_port}")
+        if self.disaggregation_mode == "prefill" and self.disaggregation_bootstrap_port == self.port:
+            raise ValueError("--disaggregation-bootstrap-port must differ from --port")
+        if self.num_reserved_decode_tokens < 0 or self.disaggregation_decode_polling_interval < 1:
+            raise ValueError("--num-reserved-decode-tokens must be >= 0 and --disaggregation-decode-polling-interval >= 1")
+        if self.disaggregation_mode == "decode" and self.pp_size > 1:
+            raise ValueError("--disaggregation-mode decode with --pp-size > 1 is not supported (use tp on the decode side)")
+        if self.disaggregation_mode == "prefill" and (self.pp_size > 1 or self.dp_size > 1):
+            raise ValueError("--disaggregation-mode prefill with --pp-size / --dp-size > 1 is not supported yet")
 
     def _validate_attention_backend(self) -> None:
         """A known backend name (checked by name: no backend module is imported)."""

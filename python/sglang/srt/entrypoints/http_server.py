@@ -131,6 +131,10 @@ def create_app(tokenizer_manager: TokenizerManager, on_started: Optional[Callabl
     @app.get("/health_generate")
     async def health_generate() -> Response:
         obj = GenerateReqInput(input_ids=[0], sampling_params={"max_new_tokens": 1, "temperature": 0.0})
+        if args.disaggregation_mode != "null":  # PD: a self-contained request (fake transfer backend)
+            from sglang.srt.disaggregation.messages import fake_bootstrap
+
+            obj = fake_bootstrap(obj)
         try:
             async def run() -> Any:
                 async for out in tm.generate_request(obj):

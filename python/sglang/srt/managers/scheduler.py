@@ -18,6 +18,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Callable, Optional
 
+from sglang.srt.disaggregation.factory import create_disaggregation
 from sglang.srt.distributed.parallel_state import ParallelGroups
 from sglang.srt.managers.cache_manager import KVCacheManager
 from sglang.srt.managers.io_struct import (
@@ -100,6 +101,9 @@ class Scheduler:
         self.extra_state = extra_state
         self._last_stats = time.monotonic()
         self._stats = {"prefill_tokens": 0, "decode_tokens": 0, "steps": 0}
+        # PD disaggregation (--disaggregation-mode prefill / decode): the component holding the
+        # transfer queues; None on a normal server (disaggregation/README.md).
+        self.disagg = create_disaggregation(server_args, self.groups, self.runner, self.cache)
 
     # ------------------------------------------------------------------ info
     def ready_info(self) -> SchedulerReadyInfo:
@@ -124,11 +128,12 @@ class Scheduler:
             "pp_bubble_ratio": [],  # each pipeline stage's bubble ratio: the PP driver's `extra_state`
             **self.runner.kv_state(self.cache.free_slots()),  # cp size, physical KV pool / usage per rank
             **(self.extra_state() if self.extra_state is not None else {}),
+            **(self.disagg.internal_state() if self.disagg is not None else {}),
         }
 
     @property
     def has_work(self) -> bool:
-        return bool(self.running or self.waiting)
+        return bool(self.running or self.waiting) or (self.disagg is not None and self.disagg.busy)
 
     # ------------------------------------------------------------------ inputs
     def apply_messages(self, msgs: list, io: Optional["SchedulerPort"]) -> None:
@@ -166,6 +171,10 @@ class Scheduler:
             input_text=recv.input_text,
         )
         error = self._validate(req)
+        if not error and self.disagg is not None:  # PD: the request waits in the transfer queues first
+            error = self.disagg.admit(req, recv)
+            if not error:
+                return req
         if error:
             req.finished_reason = {"type": "abort", "message": error}
             self._pending_outputs.append(req)
@@ -185,8 +194,12 @@ class Scheduler:
         return None
 
     def abort(self, msg: AbortReq):
+        if self.disagg is not None:  # PD: requests in the transfer queues
+            self._pending_outputs += self.disagg.abort(msg.rid, msg.abort_all, msg.message)
         targets = [r for r in self.waiting + self.running if msg.abort_all or r.rid == msg.rid]
         for req in targets:
+            if self.disagg is not None:
+                self.disagg.on_abort(req, msg.message)
             req.finished_reason = {"type": "abort", "message": msg.message}
             if req in self.waiting:
                 self.waiting.remove(req)
@@ -205,12 +218,30 @@ class Scheduler:
     # ------------------------------------------------------------------ one step
     def step(self) -> Optional[BatchTokenIDOut]:
         """Run one forward step (if there is work) and return the outputs due."""
+        if self.disagg is not None:
+            self._disagg_step()
         if self.has_work:
             batch, worker_batch = self.schedule()
             if worker_batch is not None:
                 result = self.runner.forward(worker_batch)
                 self.process_result(batch, result)
         return self.collect_outputs()
+
+    def _disagg_step(self) -> None:
+        """PD: move requests between the transfer queues and the scheduler's lists."""
+        if self.server_args.disaggregation_mode == "prefill":
+            ready, done = self.disagg.step()
+            self.waiting.extend(ready)
+        else:
+            ready, done = self.disagg.step(self.running)
+            for req in ready:  # the KV and the first token arrived: decode from here
+                req.check_finished(self.eos_token_ids, self.tokenizer, self.context_len)
+                if req.finished:
+                    self.cache.release(req)
+                    done.append(req)
+                else:
+                    self.running.append(req)
+        self._pending_outputs += done
 
     def collect_outputs(self) -> Optional[BatchTokenIDOut]:
         due, self._pending_outputs = self._pending_outputs, []
@@ -283,6 +314,8 @@ class Scheduler:
         """Apply a finished step: append sampled tokens, finish requests, release their KV."""
         if self.on_step_result is not None:
             self.on_step_result(batch, result)
+        if self.disagg is not None and self.server_args.disaggregation_mode == "prefill":
+            self.disagg.after_forward(batch)  # PD: this chunk's KV starts moving now
         sampled = 0
         for item in batch.items:
             req = item.req
@@ -309,6 +342,12 @@ class Scheduler:
                 req.output_token_logprobs.append((result.logprobs[row], token))
                 if req.top_logprobs_num and result.top_logprobs is not None:
                     req.output_top_logprobs.append(result.top_logprobs[row])
+            if self.disagg is not None and self.server_args.disaggregation_mode == "prefill":
+                top = result.top_logprobs[row] if req.top_logprobs_num and result.top_logprobs is not None else None
+                lp = result.logprobs[row] if req.return_logprob and result.logprobs is not None else None
+                if self.disagg.take_over(req, lp, top):  # PD: the decode server continues it
+                    self.running.remove(req)
+                    continue
             req.check_finished(self.eos_token_ids, self.tokenizer, self.context_len)
             if req.finished:
                 self.running.remove(req)
@@ -340,6 +379,8 @@ class Scheduler:
         """Serve forever. `io` is the entry rank's SchedulerIO, None on the other ranks."""
         stage = self.groups.tp
         while True:
+            if self.disagg is not None and self.disagg.busy and not (self.running or self.waiting):
+                time.sleep(0.002)  # PD: only transfers pending; poll them without spinning a core
             msgs = io.recv_all(block=not self.has_work) if io is not None else None
             if stage.size > 1:
                 msgs = stage.broadcast_object(msgs, src=0)

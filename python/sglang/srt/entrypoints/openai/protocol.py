@@ -113,6 +113,14 @@ class SamplingExtensions(BaseModel):
     spaces_between_special_tokens: bool = True
     no_stop_trim: bool = False
     rid: Optional[str] = None
+    # PD disaggregation: added by sglang-router (passed to the generate call as they are)
+    bootstrap_host: Optional[Union[str, list[str]]] = None
+    bootstrap_port: Optional[Union[int, list[int]]] = None
+    bootstrap_room: Optional[Union[int, list[int]]] = None
+
+    def bootstrap_fields(self) -> dict[str, Any]:
+        return {"bootstrap_host": self.bootstrap_host, "bootstrap_port": self.bootstrap_port,
+                "bootstrap_room": self.bootstrap_room}  # fmt: skip
 
     def base_sampling_params(self, max_new_tokens: Optional[int]) -> dict[str, Any]:
         """SGLang native sampling params for this request (None values mean 'default')."""
