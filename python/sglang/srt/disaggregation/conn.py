@@ -340,7 +340,7 @@ class PrefillKVManager(KVManagerBase):
                 if sender.expected_metas is not None and len(sender.completed) >= sender.expected_metas:
                     sender.state.advance_to_at_least(KVPoll.Success)
             else:
-                sender.fail(msg.error or "aborted on the decode server")
+                sender.fail(f"decode side: {msg.error or 'aborted'}")
         else:
             logger.warning("PD prefill: unexpected message %s", type(msg).__name__)
 

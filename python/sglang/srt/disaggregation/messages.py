@@ -50,7 +50,7 @@ class PrefillRankInfo:
 
     @property
     def world_size(self) -> int:
-        return self.tp_size * self.pp_size * self.dp_size  # cp ranks are part of tp here
+        return self.tp_size * self.cp_size * self.pp_size * self.dp_size
 
     @property
     def endpoint(self) -> str:
@@ -141,5 +141,7 @@ def fake_bootstrap(obj):
     import dataclasses
     import random
 
+    params = dict(obj.sampling_params or {})
+    params["max_new_tokens"] = max(2, params.get("max_new_tokens") or 0)  # the decode side runs a step too
     return dataclasses.replace(obj, bootstrap_host=FAKE_BOOTSTRAP_HOST, bootstrap_port=None,
-                               bootstrap_room=random.getrandbits(62))  # fmt: skip
+                               bootstrap_room=random.getrandbits(62), sampling_params=params)  # fmt: skip
