@@ -195,8 +195,6 @@ class ServerArgs:
             raise ValueError("--num-reserved-decode-tokens must be >= 0 and --disaggregation-decode-polling-interval >= 1")
         if self.disaggregation_mode == "decode" and self.pp_size > 1:
             raise ValueError("--disaggregation-mode decode with --pp-size > 1 is not supported (use tp on the decode side)")
-        if self.disaggregation_mode == "prefill" and (self.pp_size > 1 or self.dp_size > 1):
-            raise ValueError("--disaggregation-mode prefill with --pp-size / --dp-size > 1 is not supported yet")
 
     def _validate_attention_backend(self) -> None:
         """A known backend name (checked by name: no backend module is imported)."""

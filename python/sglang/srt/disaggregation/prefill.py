@@ -124,6 +124,12 @@ class PrefillDisaggregation:
             self.inflight = keep
         return ready, done
 
+    def rooms_of(self, batch: ScheduleBatch) -> list:
+        """The bootstrap room of each item (None: not a PD request); [] when there is none."""
+        senders = [self.entries[it.req.rid].sender if it.req.rid in self.entries else None for it in batch.items]
+        rooms = [None if s is None or isinstance(s, FakeKVSender) else s.room for s in senders]
+        return rooms if any(r is not None for r in rooms) else []
+
     def after_forward(self, batch: ScheduleBatch) -> None:
         """Hand every PD request's newly computed KV (whole pages; all of it on its last chunk)
         to its sender: the transfer runs while the next chunk computes."""

@@ -219,7 +219,7 @@ class Scheduler:
     def step(self) -> Optional[BatchTokenIDOut]:
         """Run one forward step (if there is work) and return the outputs due."""
         if self.disagg is not None:
-            self._disagg_step()
+            self.disagg_step()
         if self.has_work:
             batch, worker_batch = self.schedule()
             if worker_batch is not None:
@@ -227,8 +227,9 @@ class Scheduler:
                 self.process_result(batch, result)
         return self.collect_outputs()
 
-    def _disagg_step(self) -> None:
-        """PD: move requests between the transfer queues and the scheduler's lists."""
+    def disagg_step(self) -> None:
+        """PD: move requests between the transfer queues and the scheduler's lists (every loop
+        calls it once per iteration on every rank of the stage: it agrees on poll results)."""
         if self.server_args.disaggregation_mode == "prefill":
             ready, done = self.disagg.step()
             self.waiting.extend(ready)
@@ -242,6 +243,8 @@ class Scheduler:
                 else:
                     self.running.append(req)
         self._pending_outputs += done
+        if self.disagg.busy and not (self.running or self.waiting or done):
+            time.sleep(0.002)  # only transfers pending: poll them without spinning a core
 
     def collect_outputs(self) -> Optional[BatchTokenIDOut]:
         due, self._pending_outputs = self._pending_outputs, []
@@ -379,8 +382,6 @@ class Scheduler:
         """Serve forever. `io` is the entry rank's SchedulerIO, None on the other ranks."""
         stage = self.groups.tp
         while True:
-            if self.disagg is not None and self.disagg.busy and not (self.running or self.waiting):
-                time.sleep(0.002)  # PD: only transfers pending; poll them without spinning a core
             msgs = io.recv_all(block=not self.has_work) if io is not None else None
             if stage.size > 1:
                 msgs = stage.broadcast_object(msgs, src=0)

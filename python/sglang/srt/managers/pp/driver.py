@@ -159,6 +159,8 @@ class PPDriver:
         if packet.ping:
             self._send_control(MsgType.PING)
         launched = False
+        if self.scheduler.disagg is not None:
+            self.scheduler.disagg_step()  # PD: transfer queues <-> the scheduler's lists
         if len(self.inflight) < self.ring_size and self.scheduler.has_work:
             with self.tracer.span("schedule") as span:
                 batch, wb = self.scheduler.schedule(max_reqs=self.max_mb_reqs, max_decodes=self._decode_share())
@@ -229,9 +231,14 @@ class PPDriver:
         runner = self.scheduler.runner
         msg = StageBatch.from_schedule(mb_id, batch, wb, runner.req_to_token_pool.req_to_token)
         msg.ring_was_empty = not self.inflight
+        disagg = self.scheduler.disagg
+        if disagg is not None:  # PD prefill: later stages send their layers' KV of these rooms
+            msg.pd_rooms = disagg.rooms_of(batch)
         with self.tracer.span("forward", **msg.trace_args(0)) as fwd:
             msg.launched_at = fwd.start
             proxies = runner.forward_stage(wb)
+        if disagg is not None:
+            disagg.after_forward(batch)  # PD prefill: stage 0's layers of this chunk start moving
         self.meter.busy(fwd.duration)
         msg.stage_forward_s.append(fwd.duration)
         msg.stage_bubble.append(self.meter.ratio())
