@@ -97,6 +97,21 @@ def test_openai_routes_parity(servers):
     assert got == ref
 
 
+def test_logprobs_parity(servers):
+    """The first token's logprobs come from the prefill server, the rest from the decode server."""
+    body = {"text": "The capital of France is", "sampling_params": GREEDY, "return_logprob": True,
+            "top_logprobs_num": 3}  # fmt: skip
+    ref = httpx.post(servers["ref"].url + "/generate", json=body, timeout=120).json()
+    got = httpx.post(servers["router"].url + "/generate", json=body, timeout=120).json()
+    assert got["output_ids"] == ref["output_ids"]
+    r_lp, g_lp = ref["meta_info"]["output_token_logprobs"], got["meta_info"]["output_token_logprobs"]
+    assert len(g_lp) == len(r_lp) == GREEDY["max_new_tokens"]
+    for (rl, rt, _), (gl, gt, _) in zip(r_lp, g_lp):
+        assert rt == gt and abs(rl - gl) < 1e-4  # float32 on both; same kernels, different batching
+    r_top, g_top = ref["meta_info"]["output_top_logprobs"], got["meta_info"]["output_top_logprobs"]
+    assert [[t for _, t, _ in pos] for pos in g_top] == [[t for _, t, _ in pos] for pos in r_top]
+
+
 def test_first_chunk_arrives_before_last_chunk_forward(servers):
     text = " ".join(f"item{i}" for i in range(80))  # several chunks of CHUNK tokens
     ids = _generate(servers["router"].url, text)
