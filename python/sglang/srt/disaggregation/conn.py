@@ -206,6 +206,7 @@ class KVSender:
         self.records: list[ChunkRecord] = []
         self.nbytes = 0
         self.finished = False
+        self.finished_at = 0.0
         self.failure_reported = False
         self.created = time.time()
 
@@ -216,7 +217,7 @@ class KVSender:
             self.fail(f"the decode side sent no KV addresses within {self.mgr.timeouts.bootstrap_s:g} s "
                       "(SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT)")  # fmt: skip
         elif self.finished and state in (KVPoll.WaitingForInput, KVPoll.Transferring):
-            if self.state.age_in(state) > self.mgr.timeouts.waiting_s:
+            if time.monotonic() - self.finished_at > self.mgr.timeouts.waiting_s:
                 self.fail(f"the decode side did not confirm the KV within {self.mgr.timeouts.waiting_s:g} s "
                           "(SGLANG_DISAGGREGATION_WAITING_TIMEOUT)")  # fmt: skip
         return self.state.poll()
@@ -229,6 +230,7 @@ class KVSender:
     def finish(self, first_token: Optional[FirstToken]) -> None:
         """The last chunk was handed over (and the first token sampled): report when written."""
         self.finished = True
+        self.finished_at = time.monotonic()
         self._submit(_Finish(first_token))
 
     def abort(self, reason: str = "aborted on the prefill server") -> None:
@@ -407,7 +409,9 @@ class PrefillKVManager(KVManagerBase):
         if sender.failure_reported:
             return
         sender.failure_reported = True
-        for meta in sender.metas.values():
+        with self.lock:
+            metas = list(sender.metas.values())
+        for meta in metas:
             self.outbox.send(meta.status_endpoint, TransferDone(sender.room, self.key, False, reason))
 
 

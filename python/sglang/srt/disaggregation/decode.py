@@ -227,6 +227,9 @@ class DecodeDisaggregation:
     def on_abort(self, req: Req, message: str) -> None:
         """Requests in `running` hold no receiver any more: nothing to do."""
 
+    def on_requeue(self, req: Req) -> None:
+        """A retracted decode request is prefilled again locally (prompt + output): nothing to do."""
+
     # ------------------------------------------------------------------ info
     def internal_state(self) -> dict:
         return {

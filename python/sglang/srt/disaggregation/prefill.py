@@ -189,6 +189,14 @@ class PrefillDisaggregation:
             entry.sender.abort(message)
             self._forget(entry)
 
+    def on_requeue(self, req: Req) -> None:
+        """The scheduler retracted `req` (KV pressure) and will prefill it again: send its KV again
+        from position 0. Writes a transfer thread still makes from the freed slots carry stale
+        data, but one thread writes a room's chunks in order, so the re-sent chunks land last."""
+        entry = self.entries.get(req.rid)
+        if entry is not None:
+            entry.sent = 0
+
     def _fail(self, entry: _Entry, done: list[Req], release: bool) -> None:
         self.num_failed += 1
         reason = entry.sender.failure_exception() or "KV transfer failed"

@@ -51,6 +51,8 @@ class StagePrefillTransfer:
                 entry = (self.manager.create_sender(room), [0])
                 self.senders[room] = entry
             sender, sent = entry
+            if batch.prefix_lens[i] == 0 or i in batch.prefix_slots:
+                sent[0] = 0  # first step after an admission (again, after a retraction): send it all
             last = i in batch.sample_rows
             end = batch.prefix_lens[i] + batch.extend_lens[i]
             upto = end if last else end // self.page * self.page

@@ -311,6 +311,8 @@ class Scheduler:
     def _requeue(self, req: Req) -> None:
         self.running.remove(req)
         self.cache.release(req)
+        if self.disagg is not None:
+            self.disagg.on_requeue(req)  # PD prefill: its KV is sent again after re-admission
         self.waiting.insert(0, req)
 
     def process_result(self, batch: ScheduleBatch, result: ForwardResult) -> None:
