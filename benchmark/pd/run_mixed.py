@@ -74,7 +74,7 @@ def start(config: str, args: argparse.Namespace) -> tuple[str, list[subprocess.P
     """(url clients use, processes, prefill url or '')"""
     if config == "colocated":
         port = free_port()
-        p = spawn(server_cmd(port, 2, args, []), "colocated")
+        p = spawn(server_cmd(port, args.colocated_threads, args, []), "colocated")
         url = f"http://127.0.0.1:{port}"
         wait_http(url, "/health_generate")
         return url, [p], ""
@@ -160,6 +160,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", choices=["colocated", "pd", "both"], default="both")
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--colocated-threads", type=int, default=2, help="torch threads of the colocated server")
     ap.add_argument("--chunk", type=int, default=1024, help="--chunked-prefill-size of the prefilling server")
     ap.add_argument("--max-total-tokens", type=int, default=40000)
     ap.add_argument("--short-input", type=int, default=128)
