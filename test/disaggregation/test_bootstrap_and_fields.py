@@ -59,3 +59,31 @@ def test_bootstrap_fields_checked():
     assert bootstrap_of(batch, 1) == ("h", None, 2)
     with pytest.raises(ValueError, match="one entry per prompt"):
         check_bootstrap(GenerateReqInput(text=["a", "b"], bootstrap_host="h", bootstrap_room=[1]), "prefill", 2)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(disaggregation_mode="bogus"), "--disaggregation-mode must be one of"),
+        (dict(disaggregation_mode="prefill", disaggregation_transfer_backend="nixl"), "--disaggregation-transfer-backend"),
+        (dict(disaggregation_mode="prefill", disaggregation_bootstrap_port=0), "--disaggregation-bootstrap-port"),
+        (dict(disaggregation_mode="prefill", disaggregation_bootstrap_port=30000), "must differ from --port"),
+        (dict(disaggregation_mode="decode", pp_size=2), "decode with --pp-size"),
+        (dict(disaggregation_mode="prefill", enable_dp_attention=True), "--enable-dp-attention"),
+    ],
+)
+def test_bad_disaggregation_flags_are_clear_errors(kwargs, match):
+    from sglang.srt.server_args import ServerArgs
+
+    with pytest.raises(ValueError, match=match):
+        ServerArgs(**kwargs).validate()
+
+
+def test_upstream_flag_names_and_defaults():
+    from sglang.srt.server_args import prepare_server_args
+
+    args = prepare_server_args([])
+    assert (args.disaggregation_mode, args.disaggregation_transfer_backend, args.disaggregation_bootstrap_port,
+            args.disaggregation_ib_device, args.num_reserved_decode_tokens) == ("null", "mooncake", 8998, None, 512)  # fmt: skip
+    args = prepare_server_args(["--disaggregation-mode", "decode", "--disaggregation-ib-device", "mlx5_0"])
+    assert args.disaggregation_mode == "decode" and args.disaggregation_ib_device == "mlx5_0"

@@ -193,6 +193,8 @@ class ServerArgs:
             raise ValueError("--disaggregation-bootstrap-port must differ from --port")
         if self.num_reserved_decode_tokens < 0 or self.disaggregation_decode_polling_interval < 1:
             raise ValueError("--num-reserved-decode-tokens must be >= 0 and --disaggregation-decode-polling-interval >= 1")
+        if self.dp_size > 1 or self.enable_dp_attention:
+            raise ValueError("--disaggregation-mode with --dp-size > 1 / --enable-dp-attention is not supported yet")
         if self.disaggregation_mode == "decode" and self.pp_size > 1:
             raise ValueError("--disaggregation-mode decode with --pp-size > 1 is not supported (use tp on the decode side)")
 
