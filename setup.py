@@ -119,6 +119,9 @@ setup(
     install_requires=INSTALL_REQUIRES,
     extras_require={
         "test": ["pytest", "openai", "httpx", "prometheus_client", "matplotlib"],
+        # PD disaggregation: the KV transfer engine (non-CUDA build; CUDA machines may install
+        # mooncake-transfer-engine instead) and the upstream router in front of prefill + decode
+        "pd": ["mooncake-transfer-engine-non-cuda", "sglang-router"],
         "default-model": [],
     },
     ext_modules=EXT_MODULES,

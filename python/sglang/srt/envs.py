@@ -142,3 +142,48 @@ SGLANG_HEALTH_CHECK_TIMEOUT: EnvVar[float] = EnvVar(
     "Seconds /health_generate waits for its one-token generation (or other signs of progress) "
     "before it judges the scheduler (upstream's variable and default).",
 )
+
+# ---------------------------------------------------------------- PD disaggregation (upstream names and defaults)
+SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT: EnvVar[float] = EnvVar(
+    "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT",
+    300.0,
+    float,
+    "Seconds a PD request may stay Bootstrapping (prefill: waiting for the decode side's KV "
+    "addresses; decode: looking up the prefill ranks) before it fails.",
+)
+
+SGLANG_DISAGGREGATION_WAITING_TIMEOUT: EnvVar[float] = EnvVar(
+    "SGLANG_DISAGGREGATION_WAITING_TIMEOUT",
+    300.0,
+    float,
+    "Seconds a PD request may wait for its KV (decode) or for the decode side's acknowledgement "
+    "(prefill) once bootstrapped, before it fails and its KV is freed.",
+)
+
+SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL: EnvVar[float] = EnvVar(
+    "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL",
+    5.0,
+    float,
+    "Seconds between the decode side's health checks of each prefill bootstrap server it uses.",
+)
+
+SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE: EnvVar[int] = EnvVar(
+    "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE",
+    2,
+    int,
+    "Failed health checks in a row after which a prefill server counts as dead (its requests fail).",
+)
+
+SGLANG_DISAGGREGATION_THREAD_POOL_SIZE: EnvVar[int] = EnvVar(
+    "SGLANG_DISAGGREGATION_THREAD_POOL_SIZE",
+    2,
+    int,
+    "KV transfer worker threads per prefill rank (upstream sizes it from the CPU count).",
+)
+
+SGLANG_DISAGGREGATION_QUEUE_SIZE: EnvVar[int] = EnvVar(
+    "SGLANG_DISAGGREGATION_QUEUE_SIZE",
+    4,
+    int,
+    "Transfer queues per prefill rank (a room always uses the same queue, so its chunks go in order).",
+)

@@ -34,10 +34,11 @@ G_MULTI_NODE = "Multi-node distributed serving"
 G_KERNELS = "Kernel backends"
 G_MOE = "MoE"
 G_OPTIMIZATION = "Optimization/debug options"
+G_PD = "PD disaggregation"
 G_COMPAT = "Upstream flags accepted for compatibility"
 GROUP_ORDER = (
     G_MODEL, G_HTTP, G_DTYPE, G_MEMORY, G_RUNTIME, G_CP, G_LOGGING, G_API,
-    G_DP, G_MULTI_NODE, G_KERNELS, G_MOE, G_OPTIMIZATION, G_COMPAT,
+    G_DP, G_MULTI_NODE, G_KERNELS, G_MOE, G_OPTIMIZATION, G_PD, G_COMPAT,
 )  # fmt: skip
 
 
@@ -242,6 +243,25 @@ class ServerArgs:
     skip_server_warmup: bool = arg(
         False, "Accepted for compatibility: this server sends no warm-up request at start-up.", G_COMPAT)
 
+    # ------------------------------------------------------------------ PD disaggregation
+    # (upstream names and defaults; python/sglang/srt/disaggregation/README.md). Timeouts are the
+    # SGLANG_DISAGGREGATION_* environment variables (srt/envs.py).
+    disaggregation_mode: str = arg(
+        "null", "This server's side of a prefill/decode pair: null (colocated), prefill or decode.", G_PD,
+        choices=["null", "prefill", "decode"])  # fmt: skip
+    disaggregation_transfer_backend: str = arg(
+        "mooncake", "How KV moves between the sides: mooncake (Mooncake transfer engine; TCP, or RDMA with "
+        "--disaggregation-ib-device) or fake (no data moves: warm-up and tests).", G_PD,
+        choices=["mooncake", "fake"])  # fmt: skip
+    disaggregation_bootstrap_port: int = arg(
+        8998, "Prefill side: port of the bootstrap server where the decode side looks up the prefill ranks.", G_PD)
+    disaggregation_ib_device: Optional[str] = arg(
+        None, "RDMA device(s) for Mooncake, e.g. mlx5_0.", G_PD, default_text="TCP")
+    num_reserved_decode_tokens: int = arg(
+        512, "Decode side: KV tokens kept free per running request for its growth.", G_PD)
+    disaggregation_decode_polling_interval: int = arg(
+        1, "Decode side: poll the transfers every this many scheduler steps.", G_PD)
+
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
         if self.model_path is None:
@@ -321,6 +341,21 @@ class ServerArgs:
             self._validate_pipeline()
         if self.cp_size > 1 or self.cp_kv_cache_interleave_size != 1:
             self._validate_context_parallel()
+        if self.disaggregation_mode != "null":
+            self._validate_disaggregation()
+
+    def _validate_disaggregation(self) -> None:
+        """PD disaggregation flags (python/sglang/srt/disaggregation/README.md)."""
+        if not (0 < self.disaggregation_bootstrap_port < 65536):
+            raise ValueError(f"--disaggregation-bootstrap-port must be in 1..65535, got {self.disaggregation_bootstrap_port}")
+        if self.disaggregation_mode == "prefill" and self.disaggregation_bootstrap_port == self.port:
+            raise ValueError("--disaggregation-bootstrap-port must differ from --port")
+        if self.num_reserved_decode_tokens < 0 or self.disaggregation_decode_polling_interval < 1:
+            raise ValueError("--num-reserved-decode-tokens must be >= 0 and --disaggregation-decode-polling-interval >= 1")
+        if self.dp_size > 1 or self.enable_dp_attention:
+            raise ValueError("--disaggregation-mode with --dp-size > 1 / --enable-dp-attention is not supported yet")
+        if self.disaggregation_mode == "decode" and self.pp_size > 1:
+            raise ValueError("--disaggregation-mode decode with --pp-size > 1 is not supported (use tp on the decode side)")
 
     def _validate_dp_attention(self) -> None:
         """Attention DP flags (docs/dp_attention.md, "What composes")."""

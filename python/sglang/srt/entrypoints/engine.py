@@ -37,13 +37,24 @@ def _launch_subprocesses(
     which the caller must `terminate()` at shutdown.
     """
     port_args = PortArgs.init_new(server_args)
-    children, info, tokenizer = launch_processes(server_args, port_args, scheduler_entry)
+    bootstrap = None
+    if server_args.disaggregation_mode == "prefill" and server_args.disaggregation_transfer_backend != "fake":
+        from sglang.srt.disaggregation.bootstrap import BootstrapServer  # PD: the prefill ranks register here
+
+        bootstrap = BootstrapServer(server_args.host, server_args.disaggregation_bootstrap_port).start()
+    try:
+        children, info, tokenizer = launch_processes(server_args, port_args, scheduler_entry)
+    except BaseException:
+        if bootstrap is not None:
+            bootstrap.close()
+        raise
     try:
         tokenizer_manager = TokenizerManager(server_args, port_args, info, tokenizer)
     except BaseException:
         children.terminate()
         raise
     tokenizer_manager.child_processes = children
+    tokenizer_manager.pd_bootstrap_server = bootstrap
     return tokenizer_manager, info
 
 

@@ -35,6 +35,12 @@ class GenerateReqInput:
     top_logprobs_num: Union[int, list[int]] = 0
     logprob_start_len: Union[int, list[int]] = -1
     return_text_in_logprobs: bool = False
+    # PD disaggregation (set by sglang-router): where the prefill server's bootstrap server is and
+    # the room pairing the prefill and decode halves of this request; lists for a batch.
+    bootstrap_host: Optional[Union[str, list[str]]] = None
+    bootstrap_port: Optional[Union[int, list[int]]] = None
+    bootstrap_room: Optional[Union[int, list[int]]] = None
+    log_metrics: bool = True  # upstream's field (sglang-router sends it); metrics are always on here
 
     @property
     def is_single(self) -> bool:
@@ -68,6 +74,9 @@ class GenerateReqInput:
             top_logprobs_num=pick(self.top_logprobs_num),
             logprob_start_len=pick(self.logprob_start_len),
             return_text_in_logprobs=self.return_text_in_logprobs,
+            bootstrap_host=pick(self.bootstrap_host),
+            bootstrap_port=pick(self.bootstrap_port),
+            bootstrap_room=pick(self.bootstrap_room),
         )
 
 
@@ -85,6 +94,10 @@ class TokenizedGenerateReqInput:
     stream: bool = False
     return_logprob: bool = False
     top_logprobs_num: int = 0
+    # PD disaggregation (None on a normal server)
+    bootstrap_host: Optional[str] = None
+    bootstrap_port: Optional[int] = None
+    bootstrap_room: Optional[int] = None
 
 
 @dataclass

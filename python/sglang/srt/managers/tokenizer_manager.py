@@ -27,6 +27,7 @@ import zmq
 import zmq.asyncio
 
 from sglang.srt import envs
+from sglang.srt.disaggregation.request_fields import bootstrap_of, check_bootstrap
 from sglang.srt.managers.io_struct import (
     AbortReq,
     SchedulerHeartbeat,
@@ -368,6 +369,7 @@ class TokenizerManager:
         self._ensure_started()
         self._check_alive()
         reqs = prepare_requests(obj, self.tokenizer, self.scheduler_info, set(self.rid_to_state))
+        check_bootstrap(obj, self.server_args.disaggregation_mode, len(reqs))  # PD: bootstrap fields
         call = GenerateCall(obj=obj, reqs=reqs, is_single=obj.is_single and len(reqs) == 1)
         for req in reqs:
             state = ReqState(req=req, call=call)
@@ -385,9 +387,17 @@ class TokenizerManager:
                     stream=req.stream,
                     return_logprob=req.return_logprob,
                     top_logprobs_num=req.top_logprobs_num,
+                    **self._bootstrap_fields(obj, req.index),
                 )
             )
         return call
+
+    def _bootstrap_fields(self, obj: GenerateReqInput, index: int) -> dict:
+        """PD: the prompt's bootstrap host / port / room for the scheduler (none on a normal server)."""
+        if self.server_args.disaggregation_mode == "null":
+            return {}
+        host, port, room = bootstrap_of(obj, index)
+        return {"bootstrap_host": host, "bootstrap_port": port, "bootstrap_room": room}
 
     async def iter_chunks(self, call: GenerateCall, request: Any = None) -> AsyncIterator[ReqChunk]:
         """Yield a ReqChunk whenever a request of the call progresses (stream) or finishes.
@@ -575,6 +585,10 @@ class TokenizerManager:
             input_ids=[0], sampling_params={"max_new_tokens": 1, "temperature": 0.0},
             rid=f"{HEALTH_RID_PREFIX}{uuid.uuid4().hex}",
         )  # fmt: skip
+        if self.server_args.disaggregation_mode != "null":  # PD: a self-contained request (fake transfer backend)
+            from sglang.srt.disaggregation.messages import fake_bootstrap
+
+            obj = fake_bootstrap(obj)
         call = await self.submit(obj)
         state = call.states[0]
         deadline = time.monotonic() + timeout_s

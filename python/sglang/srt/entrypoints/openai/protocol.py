@@ -121,6 +121,14 @@ class SamplingExtensions(BaseModel):
     json_schema: Optional[Any] = None
     ebnf: Optional[Any] = None
     structural_tag: Optional[Any] = None
+    # PD disaggregation: added by sglang-router (passed to the generate call as they are)
+    bootstrap_host: Optional[Union[str, list[str]]] = None
+    bootstrap_port: Optional[Union[int, list[int]]] = None
+    bootstrap_room: Optional[Union[int, list[int]]] = None
+
+    def bootstrap_fields(self) -> dict[str, Any]:
+        return {"bootstrap_host": self.bootstrap_host, "bootstrap_port": self.bootstrap_port,
+                "bootstrap_room": self.bootstrap_room}  # fmt: skip
 
     def base_sampling_params(self, max_new_tokens: Optional[int]) -> dict[str, Any]:
         """SGLang native sampling params for this request (None values mean 'default')."""

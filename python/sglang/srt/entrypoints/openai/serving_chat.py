@@ -122,6 +122,7 @@ class OpenAIServingChat(OpenAIServingBase):
             return_logprob=req.logprobs,
             top_logprobs_num=req.top_logprobs or 0,
             return_text_in_logprobs=True,
+            **req.bootstrap_fields(),  # PD disaggregation
         )
 
     def _choice(self, req: ChatCompletionRequest, index: int, out: dict) -> BaseModel:

@@ -76,6 +76,7 @@ class OpenAIServingCompletion(OpenAIServingBase):
             return_logprob=req.logprobs is not None,
             top_logprobs_num=req.logprobs or 0,
             return_text_in_logprobs=True,
+            **req.bootstrap_fields(),  # PD disaggregation
         )
 
     def _echo_text(self, req: CompletionRequest, index: int) -> str:

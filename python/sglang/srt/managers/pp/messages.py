@@ -63,6 +63,9 @@ class StageBatch:
     ring_was_empty: bool = False  # nothing else was in flight when stage 0 launched it
     stage_forward_s: list[float] = field(default_factory=list)  # forward time of each stage so far
     stage_bubble: list[Optional[float]] = field(default_factory=list)  # bubble ratio of each stage so far
+    # PD disaggregation (prefill server): the bootstrap room of each item, None for others; empty
+    # when no item is a PD request. Later stages send their layers' KV of these items.
+    pd_rooms: list[Optional[int]] = field(default_factory=list)
     # attention DP: every replica's counts for this micro-batch (each stage runs it in lockstep with
     # the other replicas' micro-batch of the same id); None when dp = 1
     dp: Optional[DPForwardInfo] = None

@@ -100,7 +100,12 @@ def build_pp_rank(
         )  # fmt: skip
         return PPRank(driver, driver.scheduler.ready_info(), comm, tracer, policy)
     ring_size = groups.pp.size + server_args.pp_async_batch_depth
-    worker = PPStageWorker(runner, groups, comm, tracer, ring_size)
+    pd = None
+    if server_args.disaggregation_mode == "prefill" and server_args.disaggregation_transfer_backend != "fake":
+        from sglang.srt.disaggregation.prefill_stage import StagePrefillTransfer
+
+        pd = StagePrefillTransfer(server_args, groups, runner)  # PD: this stage sends its layers' KV
+    worker = PPStageWorker(runner, groups, comm, tracer, ring_size, pd=pd)
     logger.info(
         "pipeline stage %d of %d: layers [%d, %d)", groups.pp.rank, groups.pp.size, runner.start_layer, runner.end_layer
     )

@@ -70,7 +70,11 @@ class PendingRing:
 class PPStageWorker:
     """The loop of a rank on pipeline stage k > 0."""
 
-    def __init__(self, runner: ModelRunner, groups: ParallelGroups, comm: PPComm, tracer: PPTracer, ring_size: int):
+    def __init__(
+        self, runner: ModelRunner, groups: ParallelGroups, comm: PPComm, tracer: PPTracer, ring_size: int, pd=None
+    ):
+        """`pd`: PD disaggregation's sender of this stage's KV (a prefill server), else None."""
+        self.pd = pd
         self.runner = runner
         self.groups = groups
         self.comm = comm
@@ -131,6 +135,8 @@ class PPStageWorker:
                 batch.apply_rows(runner.req_to_token_pool.req_to_token)
                 out = runner.forward_stage(batch.to_worker_batch(), PPProxyTensors(tensors), dp=batch.dp)
         self.meter.busy(fwd.duration)
+        if self.pd is not None:
+            self.pd.after_forward(batch)  # PD prefill: this stage's layers of the chunk start moving
         batch.stage_forward_s.append(fwd.duration)
         batch.stage_bubble.append(self.meter.ratio())
         self.num_micro_batches += 1

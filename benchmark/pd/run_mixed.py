@@ -1,0 +1,198 @@
+"""PD disaggregation vs a colocated server on a mixed workload (docs/benchmarks.md, "PD").
+
+Short chat requests decode while long prompts (4K-8K tokens) arrive: two `sglang.bench_serving`
+runs at once against the same endpoint. Configurations:
+  colocated: one server, --num-threads 2;
+  pd:        prefill + decode servers, --num-threads 1 each, behind sglang-router (Mooncake, TCP).
+Prints each run's "Serving Benchmark Result" and a summary (ITL P99, TTFT median / P99, output
+tokens/s of the short requests; the long requests' TTFT); for PD also the KV transfer of every
+long prompt (MB/s, ms, fraction of the transfer that overlapped the prompt's later chunks).
+
+  python benchmark/pd/run_mixed.py --config both --out /tmp/pd_bench.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import httpx
+from tqdm import tqdm
+
+PY = sys.executable
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn(cmd: list[str], name: str) -> subprocess.Popen:
+    log = open(tempfile.NamedTemporaryFile(prefix=f"pd-bench-{name}-", suffix=".log", delete=False).name, "w")
+    print(f"[{name}] {' '.join(cmd)}  (log {log.name})", flush=True)
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def wait_http(url: str, path: str, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + path, timeout=120).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise RuntimeError(f"{url}{path} not ready")
+
+
+def stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+
+
+def server_cmd(port: int, threads: int, args: argparse.Namespace, extra: list[str]) -> list[str]:
+    return [PY, "-m", "sglang.launch_server", "--port", str(port), "--num-threads", str(threads),
+            "--dtype", args.dtype, "--chunked-prefill-size", str(args.chunk), "--log-level", "warning",
+            "--max-total-tokens", str(args.max_total_tokens), *extra]  # fmt: skip
+
+
+def start(config: str, args: argparse.Namespace) -> tuple[str, list[subprocess.Popen], str]:
+    """(url clients use, processes, prefill url or '')"""
+    if config == "colocated":
+        port = free_port()
+        p = spawn(server_cmd(port, args.colocated_threads, args, []), "colocated")
+        url = f"http://127.0.0.1:{port}"
+        wait_http(url, "/health_generate")
+        return url, [p], ""
+    pp, dp, bp, rp = free_port(), free_port(), free_port(), free_port()
+    prefill = spawn(server_cmd(pp, 1, args, ["--disaggregation-mode", "prefill",
+                                             "--disaggregation-bootstrap-port", str(bp)]), "prefill")  # fmt: skip
+    decode = spawn(server_cmd(dp, 1, args, ["--disaggregation-mode", "decode"]), "decode")
+    procs = [prefill, decode]
+    wait_http(f"http://127.0.0.1:{pp}", "/health_generate")
+    wait_http(f"http://127.0.0.1:{dp}", "/health_generate")
+    router = spawn([PY, "-m", "sglang_router.launch_router", "--pd-disaggregation",
+                    "--prefill", f"http://127.0.0.1:{pp}", str(bp), "--decode", f"http://127.0.0.1:{dp}",
+                    "--host", "127.0.0.1", "--port", str(rp), "--log-level", "warn"], "router")  # fmt: skip
+    procs.append(router)
+    url = f"http://127.0.0.1:{rp}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:  # the router registers its workers in the background
+        try:
+            r = httpx.post(url + "/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 2}}, timeout=120)
+            if r.status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    return url, procs, f"http://127.0.0.1:{pp}"
+
+
+def bench(url: str, name: str, out_file: str, args: argparse.Namespace, **kw) -> subprocess.Popen:
+    cmd = [PY, "-m", "sglang.bench_serving", "--backend", "sglang", "--base-url", url, "--dataset-name", "random",
+           "--random-range-ratio", str(kw.pop("ratio")), "--output-file", out_file, "--seed", str(args.seed),
+           "--disable-tqdm", "--tokenizer", args.tokenizer]  # fmt: skip
+    for k, v in kw.items():
+        cmd += [f"--{k.replace('_', '-')}", str(v)]
+    print(f"[bench {name}] {' '.join(cmd)}", flush=True)
+    return subprocess.Popen(cmd, stdout=open(out_file + ".txt", "w"), stderr=subprocess.STDOUT)
+
+
+def transfer_summary(prefill_url: str, min_tokens: int) -> list[dict]:
+    state = httpx.get(prefill_url + "/get_server_info", timeout=60).json()["internal_states"][0]
+    rows = []
+    for t in state.get("pd_recent_transfers", []):
+        chunks = t["chunks"]
+        tokens = sum(c["tokens"] for c in chunks)
+        if tokens < min_tokens:
+            continue
+        busy = sum(c["done"] - c["started"] for c in chunks)
+        last_queued = chunks[-1]["queued"]
+        overlap = sum(max(0.0, min(c["done"], last_queued) - c["started"]) for c in chunks)
+        rows.append({"tokens": tokens, "chunks": len(chunks), "mb": t["bytes"] / 2**20, "transfer_ms": busy * 1e3,
+                     "mb_per_s": t["bytes"] / 2**20 / busy if busy else None,
+                     "overlap_fraction": overlap / busy if busy else None})  # fmt: skip
+    return rows
+
+
+def run(config: str, args: argparse.Namespace) -> dict:
+    url, procs, prefill_url = start(config, args)
+    try:
+        tmp = tempfile.mkdtemp(prefix=f"pd-bench-{config}-")
+        short_out, long_out = os.path.join(tmp, "short.jsonl"), os.path.join(tmp, "long.jsonl")
+        short = bench(url, "short", short_out, args, ratio=0.5, random_input_len=args.short_input,
+                      random_output_len=args.short_output, num_prompts=args.short_prompts,
+                      max_concurrency=args.short_concurrency, request_rate="inf")  # fmt: skip
+        time.sleep(args.long_delay_s)  # the short requests are decoding when the long prompts arrive
+        long = bench(url, "long", long_out, args, ratio=0.5, random_input_len=args.long_input, random_output_len=4,
+                     num_prompts=args.long_prompts, max_concurrency=1, request_rate="inf")  # fmt: skip
+        with tqdm(desc=f"{config}: waiting for both runs", unit="s") as bar:
+            while short.poll() is None or long.poll() is None:
+                time.sleep(1)
+                bar.update(1)
+        res = {"config": config}
+        for name, path in (("short", short_out), ("long", long_out)):
+            print(open(path + ".txt").read()[-2500:], flush=True)
+            with open(path) as f:
+                res[name] = json.loads(f.read().strip().splitlines()[-1])
+        if prefill_url:
+            res["transfers"] = transfer_summary(prefill_url, args.long_input // 2)
+        return res
+    finally:
+        stop(procs)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--config", choices=["colocated", "pd", "both"], default="both")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--colocated-threads", type=int, default=2, help="torch threads of the colocated server")
+    ap.add_argument("--chunk", type=int, default=1024, help="--chunked-prefill-size of the prefilling server")
+    ap.add_argument("--max-total-tokens", type=int, default=40000)
+    ap.add_argument("--short-input", type=int, default=128)
+    ap.add_argument("--short-output", type=int, default=128)
+    ap.add_argument("--short-prompts", type=int, default=24)
+    ap.add_argument("--short-concurrency", type=int, default=4)
+    ap.add_argument("--long-input", type=int, default=8192, help="long prompts: uniform in [len/2, len]")
+    ap.add_argument("--long-prompts", type=int, default=3)
+    ap.add_argument("--long-delay-s", type=float, default=5.0)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--tokenizer", default=None)
+    ap.add_argument("--out", default=None, help="append one JSON line per configuration")
+    args = ap.parse_args()
+    if args.tokenizer is None:
+        from sglang.srt.model_loader.default_model import find_default_model
+
+        args.tokenizer = find_default_model()
+    configs = ["colocated", "pd"] if args.config == "both" else [args.config]
+    results = [run(c, args) for c in configs]
+    print("\n=== summary ===")
+    for r in results:
+        s, lg = r["short"], r["long"]
+        print(f"{r['config']:>9}: short ITL p99 {s.get('p99_itl_ms'):.1f} ms, TTFT median {s.get('median_ttft_ms'):.0f} ms "
+              f"p99 {s.get('p99_ttft_ms'):.0f} ms, output {s.get('output_throughput'):.1f} tok/s; "
+              f"long TTFT median {lg.get('median_ttft_ms'):.0f} ms")  # fmt: skip
+        for t in r.get("transfers", []):
+            print(f"           transfer {t['tokens']} tok, {t['chunks']} chunks: {t['mb']:.1f} MB in {t['transfer_ms']:.1f} ms "
+                  f"({t['mb_per_s']:.0f} MB/s), {100 * t['overlap_fraction']:.0f} % overlapped the prefill")  # fmt: skip
+        if args.out:
+            with open(args.out, "a") as f:
+                f.write(json.dumps(r) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,222 @@
+"""The prefill server's side of PD: a component the scheduler holds.
+
+Queues of a request here: **bootstrap** (its sender waits for the decode side's KV addresses;
+nothing is allocated) -> the scheduler's waiting / running lists (normal chunked prefill; after
+each forward `after_forward` hands the chunk's new KV to the sender, page-aligned, so the
+transfer overlaps the next chunk) -> **inflight** (first token sampled: `take_over` sends it and
+the request leaves `running`; its KV stays until the decode side confirms) -> finished (KV
+released into the radix cache) or failed (released too, the client gets an abort with the reason).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+
+from sglang.srt.disaggregation.common import agree, kv_kind, make_data_plane, pd_ip, pool_regions, rank_place
+from sglang.srt.disaggregation.conn import PrefillKVManager
+from sglang.srt.disaggregation.fake import FakeKVSender
+from sglang.srt.disaggregation.kv_poll import KVPoll
+from sglang.srt.disaggregation.messages import FAKE_BOOTSTRAP_HOST, FirstToken
+from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+
+logger = logging.getLogger(__name__)
+
+RECENT_TRANSFERS = 64  # transfer records kept for internal_state (tests, benchmarks)
+
+
+@dataclass
+class _Entry:
+    req: Req
+    sender: Any  # KVSender | FakeKVSender
+    sent: int = 0  # prompt positions handed to the sender
+
+
+class PrefillDisaggregation:
+    """Scheduler hooks: `admit`, `step`, `after_forward`, `take_over`, `abort`, `on_abort`."""
+
+    def __init__(self, server_args, groups, runner, cache, bootstrap_url: Optional[str] = None):
+        self.server_args = server_args
+        self.groups = groups
+        self.cache = cache
+        self.req_to_token = runner.req_to_token_pool.req_to_token
+        self.page = runner.kv_page_size
+        self.cp_mapping = runner.cp.mapping if runner.cp is not None else None
+        self.place = rank_place(groups)
+        pool = runner.token_to_kv_pool
+        self.regions = pool_regions(pool, runner.model_config.num_key_value_heads, self.place)
+        self.fake_only = server_args.disaggregation_transfer_backend == "fake"
+        self.manager: Optional[PrefillKVManager] = None
+        if not self.fake_only:
+            ip = pd_ip(server_args.host)
+            plane = make_data_plane("mooncake", ip, server_args.disaggregation_ib_device, self.regions)
+            if bootstrap_url is None:
+                host = "127.0.0.1" if server_args.host in ("0.0.0.0", "::", "") else server_args.host
+                bootstrap_url = f"http://{host}:{server_args.disaggregation_bootstrap_port}"
+            info = dict(page_size=server_args.page_size, kv_kind=kv_kind(pool),
+                        start_layer=pool.start_layer, end_layer=pool.end_layer)  # fmt: skip
+            self.manager = PrefillKVManager(self.place, ip, self.regions, plane, str(pool.dtype).replace("torch.", ""),
+                                            info, bootstrap_url)  # fmt: skip
+            self.manager.start()
+        self.entries: dict[str, _Entry] = {}
+        self.bootstrap_queue: list[_Entry] = []
+        self.inflight: list[_Entry] = []
+        self.recent: deque = deque(maxlen=RECENT_TRANSFERS)
+        self.num_failed = 0
+
+    # ------------------------------------------------------------------ admission
+    def admit(self, req: Req, recv) -> Optional[str]:
+        """Take a new request into the bootstrap queue; an error message when it cannot be served."""
+        room, host = recv.bootstrap_room, recv.bootstrap_host
+        if room is None or host is None:
+            return ("this server runs --disaggregation-mode prefill: a request needs bootstrap_host, "
+                    "bootstrap_port and bootstrap_room (send it through sglang-router)")  # fmt: skip
+        if self.fake_only or host == FAKE_BOOTSTRAP_HOST:
+            sender = FakeKVSender(room)
+        else:
+            try:
+                sender = self.manager.create_sender(room)
+            except ValueError as err:
+                return str(err)
+        entry = _Entry(req, sender)
+        self.entries[req.rid] = entry
+        self.bootstrap_queue.append(entry)
+        return None
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.bootstrap_queue or self.inflight)
+
+    # ------------------------------------------------------------------ each scheduler step
+    def step(self) -> tuple[list[Req], list[Req]]:
+        """(requests ready to prefill, requests finished or failed here: KV released, reason set)."""
+        ready: list[Req] = []
+        done: list[Req] = []
+        if self.bootstrap_queue:
+            polls = agree(self.groups.tp, [int(e.sender.poll()) for e in self.bootstrap_queue])
+            keep = []
+            for entry, poll in zip(self.bootstrap_queue, polls):
+                if poll == KVPoll.Failed:
+                    self._fail(entry, done, release=False)
+                elif poll >= KVPoll.WaitingForInput:
+                    ready.append(entry.req)
+                else:
+                    keep.append(entry)
+            self.bootstrap_queue = keep
+        if self.inflight:
+            polls = agree(self.groups.tp, [int(e.sender.poll()) for e in self.inflight])
+            keep = []
+            for entry, poll in zip(self.inflight, polls):
+                if poll == KVPoll.Success:
+                    self._forget(entry)
+                    self.cache.release(entry.req)
+                    entry.req.finished_reason = {"type": "length", "length": len(entry.req.output_ids)}
+                    self.recent.append(entry.sender.transfer_metric())
+                    done.append(entry.req)
+                elif poll == KVPoll.Failed:
+                    self._fail(entry, done, release=True)
+                else:
+                    keep.append(entry)
+            self.inflight = keep
+        return ready, done
+
+    def rooms_of(self, batch: ScheduleBatch) -> list:
+        """The bootstrap room of each item (None: not a PD request); [] when there is none."""
+        senders = [self.entries[it.req.rid].sender if it.req.rid in self.entries else None for it in batch.items]
+        rooms = [None if s is None or isinstance(s, FakeKVSender) else s.room for s in senders]
+        return rooms if any(r is not None for r in rooms) else []
+
+    def after_forward(self, batch: ScheduleBatch) -> None:
+        """Hand every PD request's newly computed KV (whole pages; all of it on its last chunk)
+        to its sender: the transfer runs while the next chunk computes."""
+        for item in batch.items:
+            entry = self.entries.get(item.req.rid)
+            if entry is None or entry.req.finished:
+                continue
+            end = item.start + item.num_tokens
+            upto = end if item.samples else end // self.page * self.page
+            upto = min(upto, len(entry.req.origin_input_ids))
+            if upto <= entry.sent:
+                continue
+            positions = np.arange(entry.sent, upto, dtype=np.int64)
+            slots = self.req_to_token[entry.req.req_pool_idx, entry.sent : upto].numpy().astype(np.int64)
+            if self.cp_mapping is not None:  # this cp rank's shard: the positions it owns
+                import torch
+
+                virt = torch.from_numpy(slots)
+                own = (self.cp_mapping.owner(virt) == self.place.cp_rank).numpy()
+                positions, slots = positions[own], self.cp_mapping.local_slot(virt[torch.from_numpy(own)]).numpy()
+            entry.sender.send(positions, slots)
+            entry.sent = upto
+
+    def take_over(self, req: Req, logprob: Optional[float], top: Optional[list]) -> bool:
+        """After the first token: report it with the KV; the request leaves `running` (its KV is
+        freed once the decode side confirms). False for requests that are not PD requests."""
+        entry = self.entries.get(req.rid)
+        if entry is None:
+            return False
+        entry.sender.finish(FirstToken(req.output_ids[-1], logprob, top) if self.place.is_entry else None)
+        self.inflight.append(entry)
+        return True
+
+    # ------------------------------------------------------------------ aborts
+    def abort(self, rid: str, abort_all: bool, message: str) -> list[Req]:
+        """Abort queued requests (bootstrap / inflight); returns them with their KV released."""
+        out: list[Req] = []
+        for queue_name in ("bootstrap_queue", "inflight"):
+            kept = []
+            for entry in getattr(self, queue_name):
+                if abort_all or entry.req.rid == rid:
+                    entry.sender.abort(message)
+                    self._forget(entry)
+                    if queue_name == "inflight":
+                        self.cache.release(entry.req)
+                    entry.req.finished_reason = {"type": "abort", "message": message}
+                    out.append(entry.req)
+                else:
+                    kept.append(entry)
+            setattr(self, queue_name, kept)
+        return out
+
+    def on_abort(self, req: Req, message: str) -> None:
+        """A PD request the scheduler itself aborted (waiting / running): fail its transfer."""
+        entry = self.entries.get(req.rid)
+        if entry is not None:
+            entry.sender.abort(message)
+            self._forget(entry)
+
+    def on_requeue(self, req: Req) -> None:
+        """The scheduler retracted `req` (KV pressure) and will prefill it again: send its KV again
+        from position 0. Writes a transfer thread still makes from the freed slots carry stale
+        data, but one thread writes a room's chunks in order, so the re-sent chunks land last."""
+        entry = self.entries.get(req.rid)
+        if entry is not None:
+            entry.sent = 0
+
+    def _fail(self, entry: _Entry, done: list[Req], release: bool) -> None:
+        self.num_failed += 1
+        reason = entry.sender.failure_exception() or "KV transfer failed"
+        self._forget(entry)
+        if release:
+            self.cache.release(entry.req)
+        entry.req.finished_reason = {"type": "abort", "message": f"PD transfer failed: {reason}"}
+        done.append(entry.req)
+
+    def _forget(self, entry: _Entry) -> None:
+        self.entries.pop(entry.req.rid, None)
+        if self.manager is not None and not isinstance(entry.sender, FakeKVSender):
+            self.manager.release(entry.sender)
+
+    # ------------------------------------------------------------------ info
+    def internal_state(self) -> dict:
+        return {
+            "disaggregation_mode": "prefill",
+            "pd_bootstrap_queue": len(self.bootstrap_queue),
+            "pd_inflight_queue": len(self.inflight),
+            "pd_failed_transfers": self.num_failed,
+            "pd_recent_transfers": list(self.recent),
+        }

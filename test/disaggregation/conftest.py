@@ -1,0 +1,1 @@
+"""PD tests: markers (the server tests are `slow` and `e2e` by module)."""

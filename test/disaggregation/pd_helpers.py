@@ -1,0 +1,193 @@
+"""Helpers of the PD tests: start prefill / decode / colocated servers and `sglang-router` as
+subprocesses (each in its own session, so a test can kill a server's whole process group), read
+their KV counts, send a request the way the router does (to both servers, same room)."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TINY_LLAMA = str(REPO / "python" / "sglang" / "test" / "assets" / "tiny-llama")
+TINY_DSV32 = str(REPO / "python" / "sglang" / "test" / "assets" / "tiny-deepseek-v32")
+STARTUP_TIMEOUT_S = 300.0
+# Short PD timeouts so that failure tests end in seconds (upstream defaults are 300 s / 5 s).
+PD_ENV = {
+    "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL": "1",
+    "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE": "2",
+    "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "20",
+    "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "20",
+}
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.2) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+@dataclass
+class Proc:
+    proc: subprocess.Popen
+    url: str
+    log_path: str
+    bootstrap_port: Optional[int] = None
+    extra: dict = field(default_factory=dict)
+
+    def log(self) -> str:
+        return Path(self.log_path).read_text(errors="replace")[-6000:]
+
+    def kill(self) -> None:
+        """SIGKILL the server and its children (its own process group)."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def state(self) -> dict:
+        r = httpx.get(self.url + "/get_server_info", timeout=30)
+        assert r.status_code == 200, r.text
+        return r.json()["internal_states"][0]
+
+
+def _spawn(cmd: list[str], name: str, env: Optional[dict] = None) -> tuple[subprocess.Popen, str]:
+    log = tempfile.NamedTemporaryFile(prefix=f"sglang-pd-{name}-", suffix=".log", delete=False)
+    full_env = {**os.environ, **PD_ENV, **(env or {})}
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO), env=full_env,
+                            start_new_session=True)  # fmt: skip
+    return proc, log.name
+
+
+def launch(args: list[str], name: str, mode: str = "null", env: Optional[dict] = None, attempts: int = 3) -> Proc:
+    """A server (`--disaggregation-mode mode`), warm (/health_generate answered). The machine is
+    shared: a port picked free may be taken before the server binds it, so a start whose port was
+    stolen is retried on new ports."""
+    for attempt in range(attempts):
+        handle = _launch_once(args, name, mode, env, last=attempt == attempts - 1)
+        if handle is not None:
+            return handle
+    raise AssertionError("unreachable")
+
+
+def _launch_once(args: list[str], name: str, mode: str, env: Optional[dict], last: bool) -> Optional[Proc]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--port", str(port), "--log-level", "info", *args]
+    bootstrap = None
+    if mode != "null":
+        cmd += ["--disaggregation-mode", mode]
+        if mode == "prefill":
+            bootstrap = free_port()
+            cmd += ["--disaggregation-bootstrap-port", str(bootstrap)]
+    proc, log = _spawn(cmd, name, env)
+    handle = Proc(proc, f"http://127.0.0.1:{port}", log, bootstrap)
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            if not last and "address already in use" in handle.log():
+                return None
+            pytest.fail(f"{name} server exited with {proc.returncode}; log {log}:\n{handle.log()}")
+        try:  # /health_generate runs a forward (a PD server serves it alone): the server is warm
+            if httpx.get(handle.url + "/health_generate", timeout=60.0).status_code == 200:
+                info = httpx.get(handle.url + "/get_server_info", timeout=30).json()
+                if proc.poll() is None and info.get("disaggregation_mode") == mode and info.get("port") == port:
+                    return handle
+                if not last:  # another process answers on this port
+                    handle.kill()
+                    return None
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    handle.kill()
+    pytest.fail(f"{name} server not healthy in {STARTUP_TIMEOUT_S}s; log {log}:\n{handle.log()}")
+
+
+def launch_router(prefill: Proc, decode: Proc) -> Proc:
+    port = free_port()
+    cmd = [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation",
+           "--prefill", prefill.url, str(prefill.bootstrap_port), "--decode", decode.url,
+           "--host", "127.0.0.1", "--port", str(port), "--log-level", "warn"]  # fmt: skip
+    proc, log = _spawn(cmd, "router")
+    handle = Proc(proc, f"http://127.0.0.1:{port}", log)
+
+    def ready() -> bool:  # the router registers workers in the background: wait for a real answer
+        if proc.poll() is not None:
+            pytest.fail(f"router exited with {proc.returncode}; log {log}:\n{handle.log()}")
+        try:
+            r = httpx.post(handle.url + "/generate", timeout=60,
+                           json={"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 1}})  # fmt: skip
+            return r.status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    if not wait_until(ready, 180, 1.0):
+        handle.kill()
+        pytest.fail(f"router never served a request; log {log}:\n{handle.log()}")
+    return handle
+
+
+def kv_counts(server: Proc) -> tuple[int, int]:
+    """(free + evictable KV tokens, pool size) once the server is idle (nothing queued anywhere)."""
+    s = server.state()
+    return s["available_kv_tokens"], s["max_total_num_tokens"]
+
+
+def wait_kv_restored(server: Proc, timeout: float) -> dict:
+    """Wait until every KV slot is free or evictable again and nothing is queued; returns the state."""
+    state: dict = {}
+
+    def restored() -> bool:
+        nonlocal state
+        state = server.state()
+        queued = sum(v for k, v in state.items() if k.startswith("pd_") and k.endswith(("queue", "draining")))
+        return (state["available_kv_tokens"] == state["max_total_num_tokens"] and queued == 0
+                and state["num_running_reqs"] == 0 and state["num_waiting_reqs"] == 0)  # fmt: skip
+
+    assert wait_until(restored, timeout), f"KV not restored within {timeout}s: {state}"
+    return state
+
+
+def post_pair(prefill: Proc, decode: Proc, body: dict, timeout: float = 120) -> tuple[dict, dict]:
+    """What the router does: the same request, with one room, to both servers at once."""
+    body = {**body, "bootstrap_host": "127.0.0.1", "bootstrap_port": prefill.bootstrap_port,
+            "bootstrap_room": random.getrandbits(63)}  # fmt: skip
+    out: dict = {}
+
+    def post(name: str, server: Proc) -> None:
+        r = httpx.post(server.url + "/generate", json=body, timeout=timeout)
+        out[name] = r.json() if r.headers.get("content-type", "").startswith("application/json") else {"raw": r.text}
+
+    threads = [threading.Thread(target=post, args=(n, s)) for n, s in (("prefill", prefill), ("decode", decode))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out["prefill"], out["decode"]

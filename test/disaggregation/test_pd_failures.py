@@ -1,0 +1,138 @@
+"""PD failures lose nothing and leak nothing (tiny Llama, dummy float32 weights, Mooncake over TCP;
+requests sent the way sglang-router sends them: the same room to both servers):
+
+* decode server killed after its handshake, while the prefill computes / transfers: the prefill
+  fails the transfer, frees the KV and answers with an abort, within seconds;
+* prefill server killed while the decode waits for its KV: the decode fails the request after the
+  heartbeat (interval 1 s x 2 here) with a clear error and frees the pre-allocated KV;
+* a request whose prefill half never arrives fails on both servers after the bootstrap / waiting
+  timeouts (20 s here), and the KV is freed.
+Afterwards the surviving server reports its initial KV free count."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import httpx
+import pytest
+
+from pd_helpers import TINY_LLAMA, launch, post_pair, wait_kv_restored, wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
+ARGS = ["--model-path", TINY_LLAMA, "--load-format", "dummy", "--dtype", "float32", "--num-threads", "1"]
+PROMPT = list(range(5, 5 + 300))
+BODY = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}}
+
+
+def _post_async(url: str, body: dict, out: dict, key: str) -> threading.Thread:
+    def run() -> None:
+        t0 = time.monotonic()
+        try:
+            r = httpx.post(url + "/generate", json=body, timeout=120)
+            out[key] = (r.status_code, r.json(), time.monotonic() - t0)
+        except httpx.HTTPError as err:
+            out[key] = (None, repr(err), time.monotonic() - t0)
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t
+
+
+def _room_body(prefill) -> dict:
+    return {**BODY, "bootstrap_host": "127.0.0.1", "bootstrap_port": prefill.bootstrap_port,
+            "bootstrap_room": random.getrandbits(63)}  # fmt: skip
+
+
+def test_pair_works_then_decode_killed_mid_transfer():
+    prefill = launch(ARGS, "f-prefill", mode="prefill")
+    decode = launch(ARGS, "f-decode", mode="decode")
+    try:
+        p_out, d_out = post_pair(prefill, decode, BODY)  # the pair works
+        assert len(d_out["output_ids"]) == 8, d_out
+        wait_kv_restored(prefill, 20)
+        wait_kv_restored(decode, 20)
+
+        body = _room_body(prefill)
+        out: dict = {}
+        t_dec = _post_async(decode.url, body, out, "decode")
+        # the decode side has allocated and sent its KV addresses: kill it before the prefill runs
+        assert wait_until(lambda: decode.state()["pd_transfer_queue"] == 1, 30)
+        decode.kill()
+        t0 = time.monotonic()
+        t_pre = _post_async(prefill.url, body, out, "prefill")
+        t_pre.join(60)
+        t_dec.join(5)
+        status, result, _ = out["prefill"]
+        assert status == 200 and result["meta_info"]["finish_reason"]["type"] == "abort", result
+        assert "PD transfer failed" in result["meta_info"]["finish_reason"]["message"]
+        assert time.monotonic() - t0 < 30  # bounded (the failed write is detected at once)
+        state = wait_kv_restored(prefill, 20)
+        assert state["pd_failed_transfers"] >= 1
+    finally:
+        prefill.stop()
+        decode.stop()
+
+
+def test_prefill_killed_while_decode_waits():
+    prefill = launch(ARGS, "g-prefill", mode="prefill")
+    decode = launch(ARGS, "g-decode", mode="decode")
+    try:
+        initial = decode.state()["available_kv_tokens"]
+        body = _room_body(prefill)
+        out: dict = {}
+        t_dec = _post_async(decode.url, body, out, "decode")  # its prefill half is never sent
+        assert wait_until(lambda: decode.state()["pd_transfer_queue"] == 1, 30)
+        assert decode.state()["available_kv_tokens"] < initial  # pre-allocated
+        prefill.kill()
+        t_dec.join(60)
+        status, result, elapsed = out["decode"]
+        assert status == 200, result
+        reason = result["meta_info"]["finish_reason"]
+        assert reason["type"] == "abort" and "unreachable" in reason["message"], reason
+        assert elapsed < 20  # heartbeat 1 s x 2, not the 20 s waiting timeout
+        wait_kv_restored(decode, 20)
+        # a new request for the dead prefill server fails fast too, and leaks nothing
+        t_dec = _post_async(decode.url, _room_body(prefill), out, "again")
+        t_dec.join(60)
+        assert out["again"][1]["meta_info"]["finish_reason"]["type"] == "abort"
+        wait_kv_restored(decode, 20)
+    finally:
+        prefill.stop()
+        decode.stop()
+
+
+def test_missing_half_times_out_on_both_sides():
+    prefill = launch(ARGS, "h-prefill", mode="prefill", env={"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "4"})
+    decode = launch(ARGS, "h-decode", mode="decode", env={"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "4"})
+    try:
+        out: dict = {}
+        # prefill half only: no decode ever sends KV addresses -> bootstrap timeout on the prefill
+        t1 = _post_async(prefill.url, _room_body(prefill), out, "prefill")
+        # decode half only: the prefill never computes it -> waiting timeout on the decode
+        t2 = _post_async(decode.url, _room_body(prefill), out, "decode")
+        t1.join(60)
+        t2.join(60)
+        for key, word in (("prefill", "BOOTSTRAP_TIMEOUT"), ("decode", "WAITING_TIMEOUT")):
+            status, result, elapsed = out[key]
+            reason = result["meta_info"]["finish_reason"]
+            assert status == 200 and reason["type"] == "abort" and word in reason["message"], (key, result)
+            assert elapsed < 20
+        wait_kv_restored(prefill, 20)
+        wait_kv_restored(decode, 20)
+    finally:
+        prefill.stop()
+        decode.stop()
+
+
+def test_requests_without_bootstrap_fields_are_rejected():
+    decode = launch(ARGS, "i-decode", mode="decode", env={})
+    try:
+        r = httpx.post(decode.url + "/generate", json=BODY, timeout=30)
+        assert r.status_code == 400 and "bootstrap_room" in r.text
+        r = httpx.post(decode.url + "/generate", json={**BODY, "bootstrap_host": "127.0.0.1", "bootstrap_room": "x"})
+        assert r.status_code == 400
+    finally:
+        decode.stop()

@@ -1,0 +1,145 @@
+"""1 prefill + 1 decode server (Mooncake over TCP) behind the upstream `sglang-router`, SmolLM2-135M
+GGUF in float32: greedy outputs equal a colocated server's on ragged prompts (several at once,
+one longer than the prefill chunk), streaming and not, /generate and both OpenAI routes; the
+first chunk's KV of a multi-chunk prompt reaches the decode side before the last chunk's forward
+ends; a client that leaves aborts on both sides; afterwards both servers hold no KV."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+
+from pd_helpers import launch, launch_router, wait_kv_restored
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
+COMMON = ["--dtype", "float32", "--num-threads", "1"]
+CHUNK = 32
+PROMPTS = [
+    "The capital of France is",
+    "Write one sentence about the sea.",
+    "1, 2, 3, 4, 5,",
+    " ".join(f"word{i}" for i in range(60)),  # > CHUNK tokens: chunked prefill, several transfers
+    "Hello",
+]
+GREEDY = {"max_new_tokens": 10, "temperature": 0, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def servers():
+    started = []
+    try:
+        ref = launch(COMMON, "colocated")
+        started.append(ref)
+        prefill = launch([*COMMON, "--chunked-prefill-size", str(CHUNK)], "prefill", mode="prefill")
+        started.append(prefill)
+        decode = launch(COMMON, "decode", mode="decode")
+        started.append(decode)
+        router = launch_router(prefill, decode)
+        started.append(router)
+        yield {"ref": ref, "prefill": prefill, "decode": decode, "router": router}
+    finally:
+        for p in reversed(started):
+            p.stop()
+
+
+def _generate(url: str, text: str, stream: bool = False) -> list[int]:
+    body = {"text": text, "sampling_params": GREEDY, "stream": stream}
+    if not stream:
+        r = httpx.post(url + "/generate", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        return r.json()["output_ids"]
+    ids: list[int] = []
+    with httpx.stream("POST", url + "/generate", json=body, timeout=120) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data:") and line.strip() != "data: [DONE]":
+                ids = json.loads(line[5:])["output_ids"]  # cumulative
+    return ids
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_generate_parity_ragged_concurrent(servers, stream):
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        ref = list(pool.map(lambda t: _generate(servers["ref"].url, t, stream), PROMPTS))
+        got = list(pool.map(lambda t: _generate(servers["router"].url, t, stream), PROMPTS))
+    assert all(len(r) == GREEDY["max_new_tokens"] for r in ref)
+    assert got == ref
+
+
+def _openai_answers(url: str) -> dict:
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
+    common = dict(model="default", temperature=0, extra_body={"ignore_eos": True})
+    msgs = [{"role": "user", "content": "Name three colours."}]
+    chat = client.chat.completions.create(messages=msgs, max_tokens=8, **common)
+    chat_stream = list(client.chat.completions.create(messages=msgs, max_tokens=8, stream=True, **common))
+    comp = client.completions.create(prompt="The sky is", max_tokens=8, **common)
+    comp_stream = list(client.completions.create(prompt="The sky is", max_tokens=8, stream=True, **common))
+    return {
+        "chat": chat.choices[0].message.content,
+        "chat_usage": (chat.usage.prompt_tokens, chat.usage.completion_tokens),
+        "chat_stream": "".join(c.choices[0].delta.content or "" for c in chat_stream if c.choices),
+        "completion": comp.choices[0].text,
+        "completion_stream": "".join(c.choices[0].text for c in comp_stream if c.choices),
+        "stream_finish": comp_stream[-1].choices[0].finish_reason,
+    }
+
+
+def test_openai_routes_parity(servers):
+    ref = _openai_answers(servers["ref"].url)
+    got = _openai_answers(servers["router"].url)
+    assert ref["chat_usage"][1] == 8 and ref["stream_finish"] == "length"
+    assert ref["chat"] == ref["chat_stream"] and ref["completion"] == ref["completion_stream"]
+    assert got == ref
+
+
+def test_logprobs_parity(servers):
+    """The first token's logprobs come from the prefill server, the rest from the decode server."""
+    body = {"text": "The capital of France is", "sampling_params": GREEDY, "return_logprob": True,
+            "top_logprobs_num": 3}  # fmt: skip
+    ref = httpx.post(servers["ref"].url + "/generate", json=body, timeout=120).json()
+    got = httpx.post(servers["router"].url + "/generate", json=body, timeout=120).json()
+    assert got["output_ids"] == ref["output_ids"]
+    r_lp, g_lp = ref["meta_info"]["output_token_logprobs"], got["meta_info"]["output_token_logprobs"]
+    assert len(g_lp) == len(r_lp) == GREEDY["max_new_tokens"]
+    for (rl, rt, _), (gl, gt, _) in zip(r_lp, g_lp):
+        assert rt == gt and abs(rl - gl) < 1e-4  # float32 on both; same kernels, different batching
+    r_top, g_top = ref["meta_info"]["output_top_logprobs"], got["meta_info"]["output_top_logprobs"]
+    assert [[t for _, t, _ in pos] for pos in g_top] == [[t for _, t, _ in pos] for pos in r_top]
+
+
+def test_first_chunk_arrives_before_last_chunk_forward(servers):
+    text = " ".join(f"item{i}" for i in range(80))  # several chunks of CHUNK tokens
+    ids = _generate(servers["router"].url, text)
+    assert len(ids) == GREEDY["max_new_tokens"]
+    transfers = servers["prefill"].state()["pd_recent_transfers"]
+    mine = max(transfers, key=lambda t: len(t["chunks"]))
+    chunks = mine["chunks"]
+    assert len(chunks) >= 3, mine
+    assert sum(c["tokens"] for c in chunks) > 2 * CHUNK
+    # `queued` = that chunk's forward had ended; `done` = its bytes are in the decode server's pool
+    assert chunks[0]["done"] < chunks[-1]["queued"], chunks
+
+
+def test_client_disconnect_aborts_both_sides(servers):
+    body = {"text": "Tell me a long story.", "stream": True,
+            "sampling_params": {"max_new_tokens": 400, "temperature": 0, "ignore_eos": True}}  # fmt: skip
+    with httpx.stream("POST", servers["router"].url + "/generate", json=body, timeout=120) as r:
+        seen = 0
+        for line in r.iter_lines():
+            if line.startswith("data:"):
+                seen += 1
+            if seen >= 3:
+                break  # leave mid-generation
+    for name in ("prefill", "decode"):
+        wait_kv_restored(servers[name], timeout=30)
+
+
+def test_kv_free_after_everything(servers):
+    for name in ("prefill", "decode"):
+        state = wait_kv_restored(servers[name], timeout=30)
+        assert state["pd_failed_transfers"] == 0 or name == "decode"
