@@ -60,3 +60,21 @@ def test_v32_engine_cp_matches_single_rank(model_and_reference, name):
         assert got["output_ids"] == ids, name
         got_lp = [e[0] for e in got["meta_info"]["output_token_logprobs"]]
         assert max(abs(a - b) for a, b in zip(got_lp, logprobs)) <= TOL, name
+
+
+@pytest.mark.parametrize("backend", [None, "dsa"])
+def test_v32_cp2_one_token_prompt_beside_a_long_one(tmp_path, backend):
+    """A 1-token prompt is a replicated (decode-like) query whose only key lives on cp rank 0, so
+    rank 1 has no key of any decode-like query in that step, while the 20-token prompt beside it
+    makes the step sparse: the indexer's top-k over zero local keys must not fail (it did)."""
+    path = str(tmp_path / "v32")
+    save_random_model(deepseek_v32_config(index_topk=8), path, seed=11)
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, 256, (n,), generator=g).tolist() for n in (1, 20)]
+    ref = SchedulerHarness(model_path=path, chunked_prefill_size=16, max_total_tokens=4096)
+    rids = [ref.submit(p, 6) for p in prompts]
+    ref.run()
+    params = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
+    with sgl.Engine(model_path=path, cp_size=2, attention_backend=backend, **ENGINE) as llm:
+        outs = llm.generate(input_ids=prompts, sampling_params=params)
+    assert [o["output_ids"] for o in outs] == [ref.outputs[r] for r in rids]

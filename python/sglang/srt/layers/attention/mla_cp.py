@@ -166,7 +166,7 @@ def _decode_topk(indexer: "Indexer", iq, iw, fb: "ForwardBatch", layout: CPLayou
         vals, pos = kernels.shard_topk_candidates(iq, iw, keys_all, md.decode_slots, md.decode_valid, md.decode_pos,
                                                   indexer.index_topk, indexer.softmax_scale)  # fmt: skip
     else:
-        keys = keys_all.index_select(0, md.decode_slots.reshape(-1)).view(n1, max_len, -1)
+        keys = keys_all.index_select(0, md.decode_slots.reshape(-1)).view(n1, max_len, keys_all.shape[-1])
         vals, pos = shard_topk_candidates(iq, iw, keys, md.decode_pos.unsqueeze(0), md.decode_valid,
                                           indexer.index_topk, indexer.softmax_scale)  # fmt: skip
     indexer.count(n1, int(md.decode_valid.sum()))

@@ -149,6 +149,8 @@ class DSAKernels:
         idx, vals = skn.lightning_indexer(q, key, w.float() * scale, cu, lens, slots.to(torch.int32), "TND", "PA_BSND",
                                           width, 0, return_value=True, impl=self.decode_impl)  # fmt: skip
         idx, vals = idx[:, 0].long(), vals[:, 0]
+        if key_pos.numel() == 0:  # this rank stores no key of these queries (e.g. 1-token prompts)
+            return vals, torch.full_like(idx, -1)
         pos = key_pos.to(idx.device)[idx.clamp(min=0)].masked_fill(idx < 0, -1)
         return vals, pos
 
