@@ -440,6 +440,12 @@ def test_variants_a_cpu_runs():
     ]  # fmt: skip
     assert not isa.runnable(isa.variant("avx2", x86), None)  # flags unknown: generic only
     assert [(v.name, v.cflags) for v in isa.variants("aarch64")] == [("generic", ())]
+    # the avx2 build: AVX2 + FMA + F16C (its intrinsics paths' guard) and nothing of AVX-512, so
+    # AVX2-only CPUs (AMD Zen 1-3) can run all of it
+    avx2 = isa.variant("avx2", x86)
+    assert {"-mavx2", "-mfma", "-mf16c"} <= set(avx2.cflags) and not any("avx512" in f or "amx" in f for f in avx2.cflags)
+    assert set(avx2.cpu_flags) == {"avx2", "fma", "f16c"}
+    assert not any(f.startswith("-m") and f != "-march=x86-64" for f in isa.variant("generic", x86).cflags)
     assert isa.variant("avx512", x86).sources == (isa.OPS_SOURCE, isa.AMX_SOURCE)
     assert isa.variant("avx2", x86).sources == (isa.OPS_SOURCE,)
     with pytest.raises(ValueError, match="unknown CPU kernel variant"):
