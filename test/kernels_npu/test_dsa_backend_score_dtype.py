@@ -44,7 +44,8 @@ def test_kernels_pass_the_score_dtype(monkeypatch):
     sel = k.own_query_topk(q, w, pos, keys, 8, 0.5)
     # the reference on bf16-rounded inputs picks the same keys
     seen.clear()
-    ref = DSAKernels("reference", "reference").own_query_topk(q.bfloat16().float(), w, pos, keys.bfloat16().float(), 8, 0.5)
+    plain = DSAKernels("reference", "reference")
+    ref = plain.own_query_topk(q.bfloat16().float(), w, pos, keys.bfloat16().float(), 8, 0.5)
     assert torch.equal(sel.sort(-1).values, ref.sort(-1).values) and seen == [None]
     seen.clear()
     k.own_query_topk(q, w, pos, keys, 8, 0.5)
