@@ -3,7 +3,7 @@ reference, Triton kernels, a torch_npu mapping and fused CPU kernels.
 
 The CPU kernels are compiled here, at install time, with torch's C++ extension tooling: one
 binding (csrc/cpu/dsa_ops.cpp) and one translation unit per instruction set (portable, AVX2 +
-FMA, AVX-512), each built for its own target whatever the compiler's default, and picked at run
+FMA, AVX-512, AVX-512 + BF16), each built for its own target whatever the compiler's default, and picked at run
 time from the CPU's flags. Install into the environment that holds torch, without build
 isolation (the extension is built against that torch):
 
@@ -29,11 +29,12 @@ def ext_modules():
 
     sources = [os.path.join(CSRC, "dsa_ops.cpp"), os.path.join(CSRC, "dsa_isa_portable.cpp")]
     if platform.machine().lower() in ("x86_64", "amd64"):
-        sources += [os.path.join(CSRC, "dsa_isa_avx2.cpp"), os.path.join(CSRC, "dsa_isa_avx512.cpp")]
+        sources += [os.path.join(CSRC, f"dsa_isa_{isa}.cpp") for isa in ("avx2", "avx512", "avx512bf16")]
     ext = CppExtension(
         "sgl_kernel_npu._cpu_ops",
         sources,
         include_dirs=[os.path.join(ROOT, CSRC)],
+        depends=[os.path.join(CSRC, h) for h in ("dsa_args.h", "dsa_kernels_impl.h")],  # rebuild when they change
         extra_compile_args=["-O3", "-std=c++17", "-fno-math-errno"],
     )
     return [ext], {"build_ext": BuildExtension.with_options(use_ninja=False)}

@@ -15,9 +15,13 @@ And one decode step of `--decode-batch` requests at `--decode-context` tokens ea
 32768), DSA vs dense: the KV / index-key pool is filled with random rows instead of a prefill
 (a decode step's cost does not depend on where the rows came from).
 
+`--bf16-index` adds DSA cp 1 runs (prefill and decode) whose indexer scores in bf16
+(SGLANG_DSA_INDEX_SCORE_DTYPE=bfloat16: query and index keys rounded to bf16, float32 sums).
+
 Prints markdown tables. `--quick` is a smoke version (1K tokens, index_topk 128, 1 layer).
 
     python benchmark/dsa/run.py [--tokens 16384 32768] [--decode-context 32768 --decode-batch 4] [--reference]
+        [--bf16-index]
 """
 
 from __future__ import annotations
@@ -76,6 +80,16 @@ def _instrument(totals: dict[str, float]) -> None:
             setattr(owner, attr, timed)
 
 
+def _backend_env(backend: str) -> str:
+    """'dsa-bf16' = the dsa backend with bf16 index scoring (set in this rank's environment)."""
+    import os
+
+    if backend == "dsa-bf16":
+        os.environ["SGLANG_DSA_INDEX_SCORE_DTYPE"] = "bfloat16"
+        return "dsa"
+    return backend
+
+
 def _setup(rank: int, cp: int, port: int, shape: dict, topk: int):
     import torch
 
@@ -114,6 +128,7 @@ def _harness(cfg, groups, model, backend: str, tokens: int, requests: int = 2):
 def _prefill_rank(rank, cp, port, shape, topk, tokens, repeats, backend, out) -> None:
     import torch
 
+    backend = _backend_env(backend)
     cfg, groups, model = _setup(rank, cp, port, shape, topk)
     totals: dict[str, float] = defaultdict(float)
     _instrument(totals)
@@ -141,6 +156,7 @@ def _decode_rank(rank, cp, port, shape, topk, context, batch, repeats, backend, 
     """One decode step of `batch` requests at `context` tokens (pool rows random, no prefill)."""
     import torch
 
+    backend = _backend_env(backend)
     cfg, groups, model = _setup(rank, cp, port, shape, topk)
     totals: dict[str, float] = defaultdict(float)
     _instrument(totals)
@@ -195,6 +211,7 @@ def main() -> None:
     ap.add_argument("--decode-repeats", type=int, default=3)
     ap.add_argument("--reference", action="store_true", help="also DSA on the reference path (slow)")
     ap.add_argument("--quick", action="store_true", help="smoke run: 1K tokens, index_topk 128, 1 layer")
+    ap.add_argument("--bf16-index", action="store_true", help="also DSA cp 1 with bf16 index scoring")
     args = ap.parse_args()
     shape = dict(SHAPE)
     token_list, topk, dctx = args.tokens, args.topk, args.decode_context
@@ -209,9 +226,13 @@ def main() -> None:
                  (f"{n} DSA cp2", _prefill_rank, 2, topk, n, "dsa")]  # fmt: skip
         if args.reference:
             plan.append((f"{n} DSA reference cp1", _prefill_rank, 1, topk, n, "cpu"))
+        if args.bf16_index:
+            plan.append((f"{n} DSA bf16-index cp1", _prefill_rank, 1, topk, n, "dsa-bf16"))
     if args.decode_batch > 0:
         plan += [("decode dense MLA", _decode_rank, 1, dense_k, dctx, "cpu"),
                  ("decode DSA", _decode_rank, 1, topk, dctx, "dsa")]  # fmt: skip
+        if args.bf16_index:
+            plan.append(("decode DSA bf16-index", _decode_rank, 1, topk, dctx, "dsa-bf16"))
     results: dict[str, list[dict]] = {}
     for name, target, cp, k, n, backend in tqdm(plan, desc="dsa benchmark", unit="run"):
         if target is _prefill_rank:
@@ -234,6 +255,10 @@ def main() -> None:
         dense, dsa, cp2 = results[f"{n} dense MLA cp1"][0], results[f"{n} DSA cp1"][0], results[f"{n} DSA cp2"]
         print(f"- {n}: DSA / dense MLA prefill time = {dsa['time']:.2f} / {dense['time']:.2f} s = "
               f"{dsa['time'] / dense['time']:.2f}x (thread CPU {dsa['cpu'] / dense['cpu']:.2f}x)")
+        if f"{n} DSA bf16-index cp1" in results:
+            b = results[f"{n} DSA bf16-index cp1"][0]
+            print(f"- {n}: DSA bf16-index / dense MLA thread CPU = {b['cpu'] / dense['cpu']:.2f}x "
+                  f"(indexer CPU {b['indexer_cpu']:.2f} s vs float32 {dsa['indexer_cpu']:.2f} s)")
         for key, label in (("indexer", "indexer"), ("sparse", "sparse attention")):
             worst = max(r[key] for r in cp2)
             mean = sum(r[key] for r in cp2) / len(cp2)

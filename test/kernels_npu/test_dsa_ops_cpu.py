@@ -1,6 +1,8 @@
 """sgl_kernel_npu DSA ops: the torch reference against exact math, and the fused CPU kernels against
-the reference on every instruction set this CPU can run (AVX-512, AVX2, portable: the AVX2 and
-portable builds are forced on an AVX-512 machine), float32 and bfloat16.
+the reference on every instruction set this CPU can run (AVX-512 + BF16, AVX-512, AVX2, portable:
+the lower builds are forced on a machine that has the higher ones), float32 and bfloat16, and the
+indexer's bf16 scoring (`score_dtype=torch.bfloat16`: vdpbf16ps on the avx512bf16 build, rounded
+inputs multiplied in float32 on the others) against the reference on the same bf16-rounded inputs.
 
 Cases: ragged batches (prefill chunks over a cached prefix, decodes), paged keys with shuffled
 blocks, top-k >= the visible keys, causal edges (a request whose queries outnumber its keys), a
@@ -10,6 +12,9 @@ float tolerance of the exact k-th best score with random inputs.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import os
 
 import pytest
 import torch
@@ -24,10 +29,15 @@ ISAS = cpu.supported_isas() if cpu.available() else []
 RAGGED = dict(q_lens=[5, 1, 37, 1, 3], kv_lens=[40, 9, 37, 130, 2])
 
 
-@pytest.fixture(params=ISAS)
+# every build the CPU runs; on the avx512bf16 build also with vdpbf16ps for the bf16 index scores
+VARIANTS = ISAS + (["avx512bf16+dpbf16"] if "avx512bf16" in ISAS else [])
+
+
+@pytest.fixture(params=VARIANTS)
 def isa(request):
-    with cpu.force_isa(request.param):
-        assert cpu.active_isa() == request.param
+    name, _, dot = request.param.partition("+")
+    with cpu.force_isa(name), cpu.bf16_dot(dot or "fma"):
+        assert cpu.active_isa() == name
         yield request.param
 
 
@@ -72,6 +82,128 @@ def test_cpu_indexer_bf16(isa):
                                              impl="reference")  # fmt: skip
     got = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), impl="cpu")
     check_same_selection(got[:, 0], ref_idx[:, 0], ref_val[:, 0], visible_counts(case))
+
+
+# ------------------------------------------------------------------- indexer, bf16 scoring
+BF16 = torch.bfloat16
+SCORE_TOL = 1e-5  # relative to the row's largest |score|: float32 sums of exact bf16 products
+
+
+def _rounded(case):
+    """The case with query and keys rounded to bf16 (kept in float32): what bf16 scoring scores."""
+    return dataclasses.replace(case, query=case.query.to(BF16).float(), key=case.key.to(BF16).float())
+
+
+def _check_values(got_idx, got_val, scores, tol=SCORE_TOL):
+    """Each pick's returned score is within tol of the exact (float64) score of the rounded inputs."""
+    for t, s in enumerate(scores):
+        picks = [(int(i), float(v)) for i, v in zip(got_idx[t], got_val[t]) if i >= 0]
+        scale = float(s.abs().max()) + 1e-6 if s.numel() else 1.0
+        for i, v in picks:
+            assert abs(v - float(s[i])) <= tol * scale, (t, i, v, float(s[i]))
+
+
+@pytest.mark.parametrize("key_dtype", [torch.float32, BF16])  # float32 rows rounded in the kernel, or a bf16 cache
+@pytest.mark.parametrize("block_size", [1, 16])
+def test_cpu_indexer_bf16_scoring_random(isa, key_dtype, block_size):
+    case = indexer_case(q_lens=[70, 1, 5, 1], kv_lens=[600, 300, 5, 1000], heads=16, dim=64, topk=64,
+                        block_size=block_size, seed=11)  # fmt: skip
+    case = dataclasses.replace(case, key=case.key.to(key_dtype))
+    got, got_val = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), return_value=True,
+                                         impl="cpu", score_dtype=BF16)  # fmt: skip
+    exact = full_scores(_rounded(case))
+    check_near_topk(got[:, 0], exact, tol=SCORE_TOL)
+    _check_values(got[:, 0], got_val[:, 0], exact)
+    ref_idx, ref_val = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), return_value=True,
+                                             impl="reference", score_dtype=BF16)  # fmt: skip
+    check_same_selection(got[:, 0], ref_idx[:, 0], ref_val[:, 0], visible_counts(case), tol=SCORE_TOL)
+    # set equality with the reference except where two scores sit within float32 rounding at the k-th
+    for t in range(got.shape[0]):
+        g, r = set(got[t, 0].tolist()) - {-1}, set(ref_idx[t, 0].tolist()) - {-1}
+        if g != r:
+            kth = float(ref_val[t, 0][ref_val[t, 0] > float("-inf")].min())
+            diff = [float(exact[t][i]) for i in g ^ r]
+            assert all(abs(x - kth) <= SCORE_TOL * float(exact[t].abs().max()) for x in diff), (t, g ^ r)
+    # and it is bf16 scoring: the float32 scores of the unrounded inputs are not what came back
+    f32 = full_scores(case)
+    off = max(abs(float(v) - float(f32[t][int(i)])) / (float(f32[t].abs().max()) + 1e-6)
+              for t in range(got.shape[0]) for i, v in zip(got[t, 0], got_val[t, 0]) if i >= 0)  # fmt: skip
+    assert off > 1e-3
+
+
+@pytest.mark.parametrize("topk", [4, 16, 200])
+@pytest.mark.parametrize("block_size", [1, 4])
+def test_cpu_indexer_bf16_scoring_exact_ties(isa, topk, block_size):
+    """Small integers are exact in bf16 and every score is exact: the same set as the reference,
+    ties to the earlier position, and the same score multiset."""
+    case = indexer_case(**RAGGED, topk=topk, block_size=block_size, integer=True, seed=topk + 7 * block_size)
+    ref_idx, ref_val = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), return_value=True,
+                                             impl="reference", score_dtype=BF16)  # fmt: skip
+    for key in (case.key, case.key.to(BF16)):
+        got, got_val = skn.lightning_indexer(case.query, key, case.weights, **case.kwargs(), return_value=True,
+                                             impl="cpu", score_dtype=BF16)  # fmt: skip
+        check_same_selection(got[:, 0], ref_idx[:, 0], ref_val[:, 0], visible_counts(case))
+        assert torch.equal(got_val[:, 0].sort(dim=-1).values, ref_val[:, 0].sort(dim=-1).values)
+
+
+def test_cpu_indexer_bf16_inputs_score_in_bf16(isa):
+    """bf16 query and keys are bf16 scoring without asking (the rounding is the identity)."""
+    case = indexer_case(q_lens=[9, 1], kv_lens=[200, 90], heads=16, dim=64, topk=32, block_size=4, seed=5,
+                        dtype=BF16)  # fmt: skip
+    a, va = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), return_value=True, impl="cpu")
+    b, vb = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), return_value=True, impl="cpu",
+                                  score_dtype=BF16)  # fmt: skip
+    assert torch.equal(a, b) and torch.equal(va, vb)
+    exact = full_scores(_rounded(case))
+    check_near_topk(a[:, 0], exact, tol=SCORE_TOL)
+    _check_values(a[:, 0], va[:, 0], exact)
+
+
+def test_cpu_indexer_float32_query_over_bf16_keys(isa):
+    """score_dtype None with a bf16 key cache and a float32 query: float32 products of the values as
+    given (the keys widened exactly, the query not rounded), without copying the cache."""
+    case = indexer_case(q_lens=[9, 1], kv_lens=[200, 90], heads=8, dim=32, topk=16, block_size=4, seed=6)
+    case = dataclasses.replace(case, key=case.key.to(BF16))
+    got, val = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), return_value=True,
+                                     impl="cpu")  # fmt: skip
+    exact = full_scores(dataclasses.replace(case, key=case.key.float()))
+    check_near_topk(got[:, 0], exact, tol=SCORE_TOL)
+    _check_values(got[:, 0], val[:, 0], exact)
+
+
+def test_cpu_indexer_bf16_scoring_odd_head_dim(isa):
+    """An odd head dim has no whole bf16 pairs: the kernel multiplies the rounded values in float32."""
+    case = indexer_case(q_lens=[6, 1], kv_lens=[90, 40], heads=3, dim=33, topk=8, block_size=4, seed=8)
+    got, val = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), return_value=True,
+                                     impl="cpu", score_dtype=BF16)  # fmt: skip
+    exact = full_scores(_rounded(case))
+    check_near_topk(got[:, 0], exact, tol=SCORE_TOL)
+    _check_values(got[:, 0], val[:, 0], exact)
+
+
+def test_bf16_isa_is_picked_where_the_cpu_has_it():
+    if not ISAS:
+        pytest.skip("no CPU kernels")
+    flags = open("/proc/cpuinfo").read().split() if os.path.exists("/proc/cpuinfo") else []
+    want = "avx512_bf16" in flags and "avx512f" in flags
+    assert ("avx512bf16" in ISAS) == want
+    with cpu.force_isa("auto"):
+        assert cpu.active_isa() == ISAS[0]
+
+
+def test_bf16_dot_choice_is_checked(monkeypatch):
+    monkeypatch.setenv("SGL_KERNEL_NPU_BF16_DOT", "amx")
+    with pytest.raises(ValueError, match="SGL_KERNEL_NPU_BF16_DOT"):
+        cpu.requested_bf16_dot()
+    with pytest.raises(ValueError, match="bf16 dot"):
+        with cpu.bf16_dot("amx"):
+            pass
+
+
+def test_score_dtype_is_checked():
+    case = indexer_case(**RAGGED)
+    with pytest.raises(ValueError, match="score_dtype"):
+        skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), score_dtype=torch.float16)
 
 
 def test_indexer_layouts_agree():

@@ -136,3 +136,15 @@ def test_missing_torch_npu_is_a_clear_error(monkeypatch):
     case = indexer_case(q_lens=[2], kv_lens=[4])
     with pytest.raises(ImportError, match="torch_npu"):
         skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), impl="torch_npu")
+
+
+def test_indexer_bf16_scoring_hands_bf16_to_the_op(stand_in):
+    """score_dtype=bf16: the op gets bf16 query and key (it scores in its inputs' dtype)."""
+    case = indexer_case(q_lens=[3, 1], kv_lens=[20, 12], topk=4, integer=True, block_size=16)
+    got = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), impl="torch_npu",
+                                score_dtype=torch.bfloat16)  # fmt: skip
+    kw = stand_in.calls[-1][1]
+    assert kw["query"].dtype == kw["key"].dtype == kw["weights"].dtype == torch.bfloat16
+    ref_idx, ref_val = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), return_value=True,
+                                             impl="reference")  # fmt: skip
+    check_same_selection(got[:, 0], ref_idx[:, 0], ref_val[:, 0], visible_counts(case))  # integers: exact in bf16

@@ -12,6 +12,7 @@ indexer picks compared as sets (exactly on small-integer inputs, where ties are 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # effective only if triton is not imported yet (see above)
@@ -44,6 +45,18 @@ def test_triton_indexer_random():
     case = indexer_case(q_lens=[6, 1], kv_lens=[80, 150], heads=16, dim=64, topk=32, block_size=16, seed=4)
     got = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), impl="triton")
     check_near_topk(got[:, 0], full_scores(case), tol=1e-5)
+
+
+def test_triton_indexer_bf16_scoring():
+    """score_dtype bf16: the kernel scores the bf16-rounded inputs (float32 sums), like the reference."""
+    case = indexer_case(q_lens=[6, 1], kv_lens=[80, 150], heads=16, dim=64, topk=32, block_size=16, seed=5)
+    got, val = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), return_value=True,
+                                     impl="triton", score_dtype=torch.bfloat16)  # fmt: skip
+    rounded = dataclasses.replace(case, query=case.query.bfloat16().float(), key=case.key.bfloat16().float())
+    check_near_topk(got[:, 0], full_scores(rounded), tol=1e-5)
+    _, ref_val = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), return_value=True,
+                                       impl="reference", score_dtype=torch.bfloat16)  # fmt: skip
+    torch.testing.assert_close(val.sort(-1).values, ref_val.sort(-1).values, atol=1e-4, rtol=1e-5)
 
 
 @pytest.mark.parametrize("spec", SFA_CASES)

@@ -17,7 +17,13 @@ struct Rows {
 };
 
 struct IndexerArgs {
-  DType dtype;          // of q and keys
+  DType q_dtype;        // of q
+  DType k_dtype;        // of the key rows (need not be q's)
+  bool score_bf16;      // q and keys rounded to bf16 (round-to-nearest-even) before the products;
+                        // products exact, sums in float32
+  bool bf16_dot;        // with score_bf16 on the avx512bf16 build: vdpbf16ps instead of float32 FMAs on
+                        // the rounded values (same products; on Sapphire / Emerald Rapids vdpbf16ps
+                        // does half the multiply-adds per cycle of two FMA ports, so off by default)
   const void* q;        // [T, N, D], d contiguous
   int64_t q_stride_t, q_stride_h;
   const float* w;       // [T, N] float32 contiguous
@@ -75,5 +81,6 @@ struct MergeArgs {
 SGL_DSA_DECLARE(portable)
 SGL_DSA_DECLARE(avx2)
 SGL_DSA_DECLARE(avx512)
+SGL_DSA_DECLARE(avx512bf16)
 
 }  // namespace sgl_dsa

@@ -3,6 +3,10 @@
 //   struct V     the vector of W floats: zero, load, loadc (float / bf16 bits), store, set1, fmadd,
 //                add, mul, max, exp, gt_mask
 //   HB_IDX, KVB_IDX   indexer register block: heads x key vectors
+//   SGL_DSA_DPBF16    (optional macro) the build has AVX512-BF16: bf16 index scoring can use
+//                     vdpbf16ps (DpScorer; HB_IDX_DP, IDX_GROUP_DP; IndexerArgs::bf16_dot); else
+//                     bf16 scoring rounds the inputs to bf16 and multiplies them with float32 FMAs
+//                     (FloatScorer<.., true>: the same exact products, summed in another order)
 //   HB_PV, VB_PV      sparse attention P.V register block: heads x value vectors
 // Everything here has internal linkage (see dsa_args.h for why).
 //
@@ -11,7 +15,7 @@
 // float tile (keys in the vector lanes), scored for every query of the group with a register-
 // blocked heads x keys micro-kernel (relu and the head weights applied in registers, so no
 // [queries x keys] score matrix exists), and pushed into a per-query streaming top-k: a buffer of
-// 4k candidates compacted to the best k when full (nth_element on the bare scores), after which
+// 4k candidates compacted to the best k when full (radix select of the k-th score), after which
 // only scores above the k-th best pass a vector compare. Order: score descending, exact ties to the earlier
 // position (a later key never displaces an equal score). Queries that see <= k keys and want no
 // values are answered without scoring (all their keys are selected).
@@ -24,7 +28,7 @@
 
 constexpr int W = V::W;
 constexpr int IDX_TILE = 64;
-constexpr int IDX_GROUP = 8;
+constexpr int IDX_GROUP = 16;
 constexpr int SA_TILE = 64;
 constexpr int SA_KC = 8;
 static_assert(IDX_TILE % (W * KVB_IDX) == 0, "indexer tile must be whole register passes");
@@ -63,29 +67,73 @@ struct CandBetter {
   bool operator()(const Cand& a, const Cand& b) const { return a.v > b.v || (a.v == b.v && a.p < b.p); }
 };
 
-struct FloatGreater {
-  bool operator()(float a, float b) const { return a > b; }
-};
 struct CandEarlier {
   bool operator()(const Cand& a, const Cand& b) const { return a.p < b.p; }
 };
 
+// The k-th largest of n floats (1 <= k <= n) by radix select on their order-preserving 32-bit
+// keys: three counting passes of 11 / 11 / 10 bits, each keeping only the keys whose digit holds
+// the k-th (no comparisons to mispredict; std::nth_element on random scores costs ~3x more).
+// `keys` holds n entries of scratch, `hist` 2048.
+inline uint32_t order_key(float v) {
+  uint32_t u;
+  std::memcpy(&u, &v, 4);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+inline float key_float(uint32_t k) {
+  const uint32_t u = (k & 0x80000000u) ? (k & 0x7fffffffu) : ~k;
+  float v;
+  std::memcpy(&v, &u, 4);
+  return v;
+}
+inline float kth_largest(const Cand* c, int n, int k, uint32_t* keys, uint32_t* hist) {
+  for (int i = 0; i < n; ++i) keys[i] = order_key(c[i].v);
+  static constexpr int SHIFT[3] = {21, 10, 0}, BITS[3] = {11, 11, 10};
+  uint32_t result = 0;
+  int m = n, need = k;
+  for (int pass = 0; pass < 3; ++pass) {
+    const int sh = SHIFT[pass], nb = 1 << BITS[pass];
+    const uint32_t dm = uint32_t(nb - 1);
+    std::memset(hist, 0, sizeof(uint32_t) * size_t(nb));
+    for (int i = 0; i < m; ++i) ++hist[(keys[i] >> sh) & dm];
+    int b = nb - 1;
+    for (; b > 0; --b) {
+      if (int(hist[b]) >= need) break;
+      need -= int(hist[b]);
+    }
+    result |= uint32_t(b) << sh;
+    if (pass < 2) {  // keep the keys whose digit holds the k-th
+      int w = 0;
+      for (int i = 0; i < m; ++i) {
+        const uint32_t x = keys[i];
+        keys[w] = x;
+        w += int(((x >> sh) & dm) == uint32_t(b));
+      }
+      m = w;
+    }
+  }
+  return key_float(result);
+}
+
 // Streaming top-k of one query: candidates collect in a buffer of TOPK_SLACK * k; when it is full
-// the k-th best score is found by nth_element on the bare floats, everything above it is kept, and
-// of the candidates equal to it the earliest positions fill up to k (later keys never beat an
-// equal score, so `thr` then rejects them with a plain compare).
+// the k-th best score is found (radix select above), everything above it is kept, and of the
+// candidates equal to it the earliest positions fill up to k (later keys never beat an equal
+// score, so `thr` then rejects them with a plain compare).
 constexpr int TOPK_SLACK = 4;
+constexpr int RADIX_HIST = 2048;
 
 struct StreamTopK {
   Cand* buf;
   Cand* ties;
-  float* tmp;
+  uint32_t* tmp;
+  uint32_t* hist;
   int k, cap, cnt;
   float thr;
-  void init(Cand* b, Cand* t, float* f, int kk) {
+  void init(Cand* b, Cand* t, uint32_t* f, uint32_t* h, int kk) {
     buf = b;
     ties = t;
     tmp = f;
+    hist = h;
     k = kk;
     cap = TOPK_SLACK * kk;
     cnt = 0;
@@ -97,9 +145,7 @@ struct StreamTopK {
     if (++cnt == cap) compact();
   }
   void compact() {
-    for (int i = 0; i < cnt; ++i) tmp[i] = buf[i].v;
-    std::nth_element(tmp, tmp + (k - 1), tmp + cnt, FloatGreater());
-    const float t = tmp[k - 1];
+    const float t = kth_largest(buf, cnt, k, tmp, hist);
     int w = 0, nt = 0;
     for (int i = 0; i < cnt; ++i) {
       if (buf[i].v > t) buf[w++] = buf[i];
@@ -123,6 +169,21 @@ struct StreamTopK {
   }
 };
 
+// float -> bf16 bits, round to nearest even (what torch's .to(torch.bfloat16) does; NaN stays NaN)
+inline uint16_t bf16_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+inline uint16_t bf16_bits(uint16_t b) { return b; }
+inline float bf16_round(float f) { return cvt(bf16_bits(f)); }
+
+inline float q_elem(const void* q, DType dt, int64_t i) {
+  return dt == DType::BF16 ? cvt(static_cast<const uint16_t*>(q)[i]) : static_cast<const float*>(q)[i];
+}
+
 template <int HB>
 inline void idx_heads(const float* qf, const float* w, int h0, int D, const float* ktp, typename V::R* s) {
   typename V::R acc[HB][KVB_IDX];
@@ -142,30 +203,132 @@ inline void idx_heads(const float* qf, const float* w, int h0, int D, const floa
   }
 }
 
-// scores of one query against the tile's first `nvis` keys (rounded up to whole passes)
-inline void idx_score_tile(const float* qf, const float* w, int N, int D, const float* kt, float* sc, int nvis) {
-  constexpr int PASS = W * KVB_IDX;
-  for (int jp = 0; jp < nvis; jp += PASS) {
-    typename V::R s[KVB_IDX];
-    for (int i = 0; i < KVB_IDX; ++i) s[i] = V::zero();
-    int h = 0;
-    for (; h + HB_IDX <= N; h += HB_IDX) idx_heads<HB_IDX>(qf, w, h, D, kt + jp, s);
-    for (; h < N; ++h) idx_heads<1>(qf, w, h, D, kt + jp, s);
-    for (int i = 0; i < KVB_IDX; ++i) V::store(sc + jp + i * W, s[i]);
+// Float scoring: q and the key tile in float32 (with SB, values rounded to bf16 first: the
+// products of two bf16 values are exact in float32, so this is the bf16 path's math on a build
+// without vdpbf16ps, up to the order of the float32 sums).
+template <typename EK, bool SB>
+struct FloatScorer {
+  static constexpr int GROUP = IDX_GROUP;
+  int N, D;
+  ABuf<float> qf, kt;
+  FloatScorer(int n, int d) : N(n), D(d), qf(size_t(GROUP) * n * d), kt(size_t(d) * IDX_TILE) {}
+  void query(int gi, const IndexerArgs& a, int64_t t) {
+    float* dst = qf.p + size_t(gi) * N * D;
+    for (int h = 0; h < N; ++h)
+      for (int d = 0; d < D; ++d) {
+        const float x = q_elem(a.q, a.q_dtype, t * a.q_stride_t + h * a.q_stride_h + d);
+        dst[h * D + d] = SB ? bf16_round(x) : x;
+      }
+  }
+  void tile(const IndexerArgs& a, const EK* keys, int32_t b, int64_t k0, int nk) {
+    for (int j = 0; j < nk; ++j) {
+      const EK* kr = keys + row_of(a.block_table, a.bt_stride, a.block_size, b, k0 + j) * a.keys.row_stride;
+      for (int d = 0; d < D; ++d) kt.p[d * IDX_TILE + j] = SB ? cvt(bf16_bits(kr[d])) : cvt(kr[d]);
+    }
+    if (nk < IDX_TILE)
+      for (int d = 0; d < D; ++d)
+        for (int j = nk; j < IDX_TILE; ++j) kt.p[d * IDX_TILE + j] = 0.f;
+  }
+  // scores of query gi against the tile's first `nvis` keys (rounded up to whole passes)
+  void score(int gi, const float* w, float* sc, int nvis) const {
+    constexpr int PASS = W * KVB_IDX;
+    const float* q = qf.p + size_t(gi) * N * D;
+    for (int jp = 0; jp < nvis; jp += PASS) {
+      typename V::R s[KVB_IDX];
+      for (int i = 0; i < KVB_IDX; ++i) s[i] = V::zero();
+      int h = 0;
+      for (; h + HB_IDX <= N; h += HB_IDX) idx_heads<HB_IDX>(q, w, h, D, kt.p + jp, s);
+      for (; h < N; ++h) idx_heads<1>(q, w, h, D, kt.p + jp, s);
+      for (int i = 0; i < KVB_IDX; ++i) V::store(sc + jp + i * W, s[i]);
+    }
+  }
+};
+
+#ifdef SGL_DSA_DPBF16
+// bf16 scoring with vdpbf16ps: q and keys as bf16 pairs (d = 2p, 2p + 1) in one 32-bit word; the
+// tile holds pair p of 64 keys contiguously (keys in the lanes), a query's pair is broadcast, and
+// each instruction adds both products of a pair to a float32 accumulator (16 keys x 2 dims).
+// Needs an even head dim (the driver falls back to FloatScorer<.., true> otherwise).
+template <int HB>
+inline void idx_heads_dp(const uint32_t* qp, const float* w, int h0, int P, const uint32_t* ktp, __m512* s) {
+  __m512 acc[HB][KVB_IDX];
+  for (int hb = 0; hb < HB; ++hb)
+    for (int i = 0; i < KVB_IDX; ++i) acc[hb][i] = _mm512_setzero_ps();
+  for (int p = 0; p < P; ++p) {
+    __m512bh kv[KVB_IDX];
+    for (int i = 0; i < KVB_IDX; ++i) kv[i] = (__m512bh)_mm512_load_si512(ktp + p * IDX_TILE + i * W);
+    for (int hb = 0; hb < HB; ++hb) {
+      const __m512bh qb = (__m512bh)_mm512_set1_epi32(int(qp[(h0 + hb) * P + p]));
+      for (int i = 0; i < KVB_IDX; ++i) acc[hb][i] = _mm512_dpbf16_ps(acc[hb][i], kv[i], qb);
+    }
+  }
+  for (int hb = 0; hb < HB; ++hb) {
+    const __m512 wb = _mm512_set1_ps(w[h0 + hb]);
+    for (int i = 0; i < KVB_IDX; ++i) s[i] = _mm512_fmadd_ps(_mm512_max_ps(acc[hb][i], _mm512_setzero_ps()), wb, s[i]);
   }
 }
 
-template <typename E>
-void indexer_impl(const IndexerArgs& a, int64_t t0, int64_t t1) {
+template <typename EK>
+struct DpScorer {
+  static constexpr int GROUP = IDX_GROUP_DP;
+  int N, D, P;
+  ABuf<uint32_t> qp, kt;
+  DpScorer(int n, int d) : N(n), D(d), P(d / 2), qp(size_t(GROUP) * n * (d / 2)), kt(size_t(d / 2) * IDX_TILE) {}
+  void query(int gi, const IndexerArgs& a, int64_t t) {
+    uint32_t* dst = qp.p + size_t(gi) * N * P;
+    for (int h = 0; h < N; ++h) {
+      const int64_t o = t * a.q_stride_t + h * a.q_stride_h;
+      for (int p = 0; p < P; ++p) {
+        const uint32_t lo = bf16_bits(q_elem(a.q, a.q_dtype, o + 2 * p));
+        const uint32_t hi = bf16_bits(q_elem(a.q, a.q_dtype, o + 2 * p + 1));
+        dst[h * P + p] = lo | (hi << 16);
+      }
+    }
+  }
+  void tile(const IndexerArgs& a, const EK* keys, int32_t b, int64_t k0, int nk) {
+    for (int j = 0; j < nk; ++j) {
+      const EK* kr = keys + row_of(a.block_table, a.bt_stride, a.block_size, b, k0 + j) * a.keys.row_stride;
+      if constexpr (sizeof(EK) == 2) {  // bf16 rows: the pairs are the row's 32-bit words
+        for (int p = 0; p < P; ++p) {
+          uint32_t u;
+          std::memcpy(&u, kr + 2 * p, 4);
+          kt.p[p * IDX_TILE + j] = u;
+        }
+      } else {
+        for (int p = 0; p < P; ++p)
+          kt.p[p * IDX_TILE + j] = uint32_t(bf16_bits(kr[2 * p])) | (uint32_t(bf16_bits(kr[2 * p + 1])) << 16);
+      }
+    }
+    if (nk < IDX_TILE)
+      for (int p = 0; p < P; ++p)
+        for (int j = nk; j < IDX_TILE; ++j) kt.p[p * IDX_TILE + j] = 0u;
+  }
+  void score(int gi, const float* w, float* sc, int nvis) const {
+    constexpr int PASS = W * KVB_IDX;
+    const uint32_t* q = qp.p + size_t(gi) * N * P;
+    for (int jp = 0; jp < nvis; jp += PASS) {
+      __m512 s[KVB_IDX];
+      for (int i = 0; i < KVB_IDX; ++i) s[i] = _mm512_setzero_ps();
+      int h = 0;
+      for (; h + HB_IDX_DP <= N; h += HB_IDX_DP) idx_heads_dp<HB_IDX_DP>(q, w, h, P, kt.p + jp, s);
+      for (; h < N; ++h) idx_heads_dp<1>(q, w, h, P, kt.p + jp, s);
+      for (int i = 0; i < KVB_IDX; ++i) _mm512_store_ps(sc + jp + i * W, s[i]);
+    }
+  }
+};
+#endif
+
+template <typename EK, typename Scorer>
+void indexer_run(const IndexerArgs& a, int64_t t0, int64_t t1) {
+  constexpr int G = Scorer::GROUP;
   const int N = a.n_heads, D = a.head_dim, K = a.topk;
-  if (K <= 0) return;
-  const E* q = static_cast<const E*>(a.q);
-  const E* keys = static_cast<const E*>(a.keys.base);
-  ABuf<float> qf(size_t(IDX_GROUP) * N * D), kt(size_t(D) * IDX_TILE), sc(IDX_TILE);
-  ABuf<Cand> cands(size_t(IDX_GROUP) * TOPK_SLACK * K), ties(size_t(TOPK_SLACK) * K);
-  ABuf<float> tmp(size_t(TOPK_SLACK) * K);
-  StreamTopK tk[IDX_GROUP];
-  int64_t ts[IDX_GROUP];
+  const EK* keys = static_cast<const EK*>(a.keys.base);
+  Scorer sc_(N, D);
+  ABuf<float> sc(IDX_TILE);
+  ABuf<Cand> cands(size_t(G) * TOPK_SLACK * K), ties(size_t(TOPK_SLACK) * K);
+  ABuf<uint32_t> tmp(size_t(TOPK_SLACK) * K), hist(RADIX_HIST);
+  StreamTopK tk[G];
+  int64_t ts[G];
   int64_t t = t0;
   while (t < t1) {
     const int32_t end0 = a.kv_end[t];
@@ -178,33 +341,24 @@ void indexer_impl(const IndexerArgs& a, int64_t t0, int64_t t1) {
     const int32_t b = a.q_batch[t];
     int g = 0;
     int32_t kmax = 0;
-    while (t < t1 && g < IDX_GROUP && a.q_batch[t] == b && (a.kv_end[t] > K || a.out_val != nullptr)) {
+    while (t < t1 && g < G && a.q_batch[t] == b && (a.kv_end[t] > K || a.out_val != nullptr)) {
       ts[g] = t;
       if (a.kv_end[t] > kmax) kmax = a.kv_end[t];
       ++g;
       ++t;
     }
     for (int gi = 0; gi < g; ++gi) {
-      const E* qt = q + ts[gi] * a.q_stride_t;
-      float* dst = qf.p + size_t(gi) * N * D;
-      for (int h = 0; h < N; ++h)
-        for (int d = 0; d < D; ++d) dst[h * D + d] = cvt(qt[h * a.q_stride_h + d]);
-      tk[gi].init(cands.p + size_t(gi) * TOPK_SLACK * K, ties.p, tmp.p, K);
+      sc_.query(gi, a, ts[gi]);
+      tk[gi].init(cands.p + size_t(gi) * TOPK_SLACK * K, ties.p, tmp.p, hist.p, K);
     }
     for (int64_t k0 = 0; k0 < kmax; k0 += IDX_TILE) {
       const int nk = int(kmax - k0 < IDX_TILE ? kmax - k0 : IDX_TILE);
-      for (int j = 0; j < nk; ++j) {
-        const E* kr = keys + row_of(a.block_table, a.bt_stride, a.block_size, b, k0 + j) * a.keys.row_stride;
-        for (int d = 0; d < D; ++d) kt.p[d * IDX_TILE + j] = cvt(kr[d]);
-      }
-      if (nk < IDX_TILE)
-        for (int d = 0; d < D; ++d)
-          for (int j = nk; j < IDX_TILE; ++j) kt.p[d * IDX_TILE + j] = 0.f;
+      sc_.tile(a, keys, b, k0, nk);
       for (int gi = 0; gi < g; ++gi) {
         const int64_t vis = a.kv_end[ts[gi]] - k0;
         if (vis <= 0) continue;
         const int nvis = int(vis < nk ? vis : nk);
-        idx_score_tile(qf.p + size_t(gi) * N * D, a.w + ts[gi] * N, N, D, kt.p, sc.p, nvis);
+        sc_.score(gi, a.w + ts[gi] * N, sc.p, nvis);
         StreamTopK& s = tk[gi];
         for (int jv = 0; jv < nvis; jv += W) {
           unsigned mask = V::gt_mask(V::load(sc.p + jv), V::set1(s.thr));
@@ -220,6 +374,21 @@ void indexer_impl(const IndexerArgs& a, int64_t t0, int64_t t1) {
     for (int gi = 0; gi < g; ++gi)
       tk[gi].finish(a.out_idx + ts[gi] * K, a.out_val ? a.out_val + ts[gi] * K : nullptr);
   }
+}
+
+template <typename EK>
+void indexer_keys(const IndexerArgs& a, int64_t t0, int64_t t1) {
+  if (!a.score_bf16) return indexer_run<EK, FloatScorer<EK, false>>(a, t0, t1);
+#ifdef SGL_DSA_DPBF16
+  if (a.bf16_dot && a.head_dim % 2 == 0) return indexer_run<EK, DpScorer<EK>>(a, t0, t1);
+#endif
+  indexer_run<EK, FloatScorer<EK, true>>(a, t0, t1);
+}
+
+inline void indexer_impl(const IndexerArgs& a, int64_t t0, int64_t t1) {
+  if (a.topk <= 0) return;
+  if (a.k_dtype == DType::BF16) indexer_keys<uint16_t>(a, t0, t1);
+  else indexer_keys<float>(a, t0, t1);
 }
 
 // ------------------------------------------------------------------------- sparse attention

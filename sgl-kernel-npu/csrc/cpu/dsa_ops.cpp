@@ -14,21 +14,26 @@ namespace {
 bool cpu_has(const std::string& isa) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
+  if (isa == "avx512bf16") return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
   if (isa == "avx512") return __builtin_cpu_supports("avx512f");
   if (isa == "avx2") return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #endif
   return isa == "portable";
 }
 
-enum class Isa { Portable, Avx2, Avx512 };
+enum class Isa { Portable, Avx2, Avx512, Avx512Bf16 };
 
 Isa pick(const std::string& isa) {
   std::string want = isa;
-  if (want == "auto") want = cpu_has("avx512") ? "avx512" : cpu_has("avx2") ? "avx2" : "portable";
-  TORCH_CHECK(want == "avx512" || want == "avx2" || want == "portable", "unknown instruction set '", isa,
-              "' (auto, avx512, avx2, portable)");
+  if (want == "auto")
+    want = cpu_has("avx512bf16") ? "avx512bf16" : cpu_has("avx512") ? "avx512" : cpu_has("avx2") ? "avx2" : "portable";
+  TORCH_CHECK(want == "avx512bf16" || want == "avx512" || want == "avx2" || want == "portable",
+              "unknown instruction set '", isa, "' (auto, avx512bf16, avx512, avx2, portable)");
   TORCH_CHECK(cpu_has(want), "this CPU cannot run the ", want, " kernels");
-  return want == "avx512" ? Isa::Avx512 : want == "avx2" ? Isa::Avx2 : Isa::Portable;
+  return want == "avx512bf16" ? Isa::Avx512Bf16
+         : want == "avx512"   ? Isa::Avx512
+         : want == "avx2"     ? Isa::Avx2
+                              : Isa::Portable;
 }
 
 DType dtype_of(const at::Tensor& t) {
@@ -46,6 +51,7 @@ void check_rows(const at::Tensor& rows, const char* name, at::ScalarType st) {
 
 std::string pick_isa(const std::string& isa) {
   switch (pick(isa)) {
+    case Isa::Avx512Bf16: return "avx512bf16";
     case Isa::Avx512: return "avx512";
     case Isa::Avx2: return "avx2";
     default: return "portable";
@@ -55,12 +61,14 @@ std::string pick_isa(const std::string& isa) {
 bool cpu_supports(const std::string& isa) { return cpu_has(isa); }
 
 // q [T, N, D]; w [T, N] float32; key_rows [R, D]; block_table [B, M] int32; q_batch, kv_end [T] int32.
+// q and key_rows are float32 or bfloat16, each its own; score_bf16: both rounded to bf16 before the
+// products (float32 sums), else the products of the values as given, in float32.
 std::vector<at::Tensor> indexer_topk(const at::Tensor& q, const at::Tensor& w, const at::Tensor& key_rows,
                                      const at::Tensor& block_table, int64_t block_size, const at::Tensor& q_batch,
-                                     const at::Tensor& kv_end, int64_t topk, bool want_values,
-                                     const std::string& isa) {
+                                     const at::Tensor& kv_end, int64_t topk, bool want_values, bool score_bf16,
+                                     bool bf16_dot, const std::string& isa) {
   TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1, "query must be [T, N, D] with contiguous D");
-  check_rows(key_rows, "key", q.scalar_type());
+  TORCH_CHECK(key_rows.dim() == 2 && key_rows.stride(1) == 1, "key must be 2-D rows with contiguous columns");
   TORCH_CHECK(key_rows.size(1) == q.size(2), "key dim ", key_rows.size(1), " != query dim ", q.size(2));
   TORCH_CHECK(w.scalar_type() == at::kFloat && w.is_contiguous() && w.size(0) == q.size(0) && w.size(1) == q.size(1),
               "weights must be contiguous float32 [T, N]");
@@ -71,7 +79,7 @@ std::vector<at::Tensor> indexer_topk(const at::Tensor& q, const at::Tensor& w, c
   const int64_t T = q.size(0);
   auto idx = at::empty({T, topk}, q.options().dtype(at::kInt));
   at::Tensor val = want_values ? at::empty({T, topk}, q.options().dtype(at::kFloat)) : at::Tensor();
-  IndexerArgs a{dtype_of(q), q.data_ptr(), q.stride(0), q.stride(1), w.data_ptr<float>(),
+  IndexerArgs a{dtype_of(q), dtype_of(key_rows), score_bf16, bf16_dot, q.data_ptr(), q.stride(0), q.stride(1), w.data_ptr<float>(),
                 Rows{key_rows.data_ptr(), key_rows.stride(0)}, block_table.data_ptr<int32_t>(), block_table.stride(0),
                 block_size, q_batch.data_ptr<int32_t>(), kv_end.data_ptr<int32_t>(), T, int(q.size(1)),
                 int(q.size(2)), int(topk), idx.data_ptr<int32_t>(), want_values ? val.data_ptr<float>() : nullptr};
@@ -79,6 +87,7 @@ std::vector<at::Tensor> indexer_topk(const at::Tensor& q, const at::Tensor& w, c
   at::parallel_for(0, T, 8, [&](int64_t t0, int64_t t1) {
     if (false) {
 #if defined(__x86_64__)
+    } else if (which == Isa::Avx512Bf16) { avx512bf16::indexer_topk(a, t0, t1);
     } else if (which == Isa::Avx512) { avx512::indexer_topk(a, t0, t1);
     } else if (which == Isa::Avx2) { avx2::indexer_topk(a, t0, t1);
 #endif
@@ -148,6 +157,7 @@ std::vector<at::Tensor> sparse_attention(const at::Tensor& q, const c10::optiona
   at::parallel_for(0, T, 4, [&](int64_t t0, int64_t t1) {
     if (false) {
 #if defined(__x86_64__)
+    } else if (which == Isa::Avx512Bf16) { avx512bf16::sparse_attention(a, t0, t1);
     } else if (which == Isa::Avx512) { avx512::sparse_attention(a, t0, t1);
     } else if (which == Isa::Avx2) { avx2::sparse_attention(a, t0, t1);
 #endif
@@ -178,6 +188,7 @@ std::vector<at::Tensor> merge_states(const std::vector<at::Tensor>& outs, const 
   at::parallel_for(0, rows, 64, [&](int64_t r0, int64_t r1) {
     if (false) {
 #if defined(__x86_64__)
+    } else if (which == Isa::Avx512Bf16) { avx512bf16::merge_states(a, r0, r1);
     } else if (which == Isa::Avx512) { avx512::merge_states(a, r0, r1);
     } else if (which == Isa::Avx2) { avx2::merge_states(a, r0, r1);
 #endif

@@ -84,6 +84,7 @@ def lightning_indexer(
     *,
     return_value: bool = False,
     impl: str = "auto",
+    score_dtype: Optional[torch.dtype] = None,
 ) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """Top-`sparse_count` key positions of every query: score[t, j] = sum_h relu(q[t, h] . k[j]) * w[t, h]
     (scales belong in `weights`), over the keys query t may see (`sparse_mode` 3: right-down causal).
@@ -91,7 +92,17 @@ def lightning_indexer(
     query [T, N, D] (TND) or [B, S, N, D] (BSND); key [T_k, 1, D] (TND), [B, S_k, 1, D] (BSND) or
     [num_blocks, block_size, 1, D] (PA_BSND, with block_table and actual_seq_lengths_key); weights
     the query's shape without D. Returns int32 indices [T, 1, K] / [B, S, 1, K] (-1 padded), and
-    with `return_value` also their float32 scores (-inf padded)."""
+    with `return_value` also their float32 scores (-inf padded).
+
+    `score_dtype`: None scores the values as given in float32 (a bf16 query or key is widened
+    exactly); torch.bfloat16 rounds query and keys to bf16 first (round to nearest even), then
+    sums the (exact) products in float32: the precision of DeepSeek's narrow index scoring (the
+    reference scores in FP8), at half the key bytes and, on CPUs with AVX512-BF16, twice the
+    multiply rate. bf16 query and keys already are that case."""
+    if score_dtype not in (None, torch.float32, torch.bfloat16):
+        raise ValueError(f"score_dtype must be None, torch.float32 or torch.bfloat16, got {score_dtype}")
+    if score_dtype == torch.float32:
+        score_dtype = None
     if sparse_count < 1:
         raise ValueError(f"sparse_count must be >= 1, got {sparse_count}")
     _check_indexer_shapes(query, weights, layout_query)
@@ -101,16 +112,16 @@ def lightning_indexer(
 
         return npu.lightning_indexer(
             query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key, block_table, layout_query,
-            layout_key, sparse_count, sparse_mode, return_value,
+            layout_key, sparse_count, sparse_mode, return_value, score_dtype,
         )  # fmt: skip
     batch = None if actual_seq_lengths_key is None else len(torch.as_tensor(actual_seq_lengths_key).reshape(-1))
     keys = canonical_keys(key, layout_key, actual_seq_lengths_key, block_table, batch)
     qs = canonical_queries(query, layout_query, keys.kv_lens, actual_seq_lengths_query, sparse_mode)
     w = weights.reshape(qs.q.shape[0], qs.q.shape[1])
     if name == "cpu":
-        idx, val = _backend(name).indexer_topk(qs, w, keys, sparse_count, want_values=return_value)
+        idx, val = _backend(name).indexer_topk(qs, w, keys, sparse_count, return_value, score_dtype)
     else:
-        idx, val = _backend(name).indexer_topk(qs, w, keys, sparse_count)
+        idx, val = _backend(name).indexer_topk(qs, w, keys, sparse_count, score_dtype=score_dtype)
     idx = qs.unflatten(idx.unsqueeze(1))
     return (idx, qs.unflatten(val.unsqueeze(1))) if return_value else idx
 

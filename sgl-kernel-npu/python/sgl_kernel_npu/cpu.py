@@ -1,9 +1,17 @@
 """Fused CPU implementation of the DSA ops (csrc/cpu, built at install time).
 
-The instruction set is chosen at run time from the CPU's flags (AVX-512, else AVX2 + FMA, else the
-portable build); `SGL_KERNEL_NPU_CPU_ISA=avx2|portable|avx512|auto` forces one (a set the CPU lacks
-is an error), and `force_isa()` does the same for one block of code (tests run every path the
-machine can). Inputs are float32 or bfloat16; outputs are float32 (the callers cast).
+The instruction set is chosen at run time from the CPU's flags (AVX-512 with BF16, else AVX-512,
+else AVX2 + FMA, else the portable build); `SGL_KERNEL_NPU_CPU_ISA=avx512bf16|avx512|avx2|portable|auto`
+forces one (a set the CPU lacks is an error), and `force_isa()` does the same for one block of code
+(tests run every path the machine can). Inputs are float32 or bfloat16; outputs are float32 (the
+callers cast). The indexer's key rows are used in their own dtype (a bf16 index-key cache is read
+as bf16, never copied to float32); with bf16 scoring (`score_dtype=torch.bfloat16`, or bf16 query
+and keys) q and k are rounded to bf16 and multiplied in pairs with float32 sums (`vdpbf16ps` on
+the avx512bf16 build; the other builds multiply the rounded values in float32: the same products,
+summed in another order). `SGL_KERNEL_NPU_BF16_DOT=dpbf16` (or `bf16_dot("dpbf16")`) makes the
+avx512bf16 build use vdpbf16ps for that: the same products, but on Sapphire / Emerald Rapids it
+retires half the multiply-adds per cycle of the two FMA ports (benchmark/dsa/indexer_kernel.py),
+so the default is `fma`.
 """
 
 from __future__ import annotations
@@ -24,8 +32,10 @@ except ImportError as e:  # pragma: no cover - a build without the CPU kernels
 else:
     _IMPORT_ERROR = None
 
-ISAS = ("avx512", "avx2", "portable")
+ISAS = ("avx512bf16", "avx512", "avx2", "portable")
+BF16_DOTS = ("fma", "dpbf16")
 _forced: Optional[str] = None
+_forced_dot: Optional[str] = None
 
 
 def available() -> bool:
@@ -63,6 +73,26 @@ def force_isa(isa: str) -> Iterator[None]:
         _forced = old
 
 
+def requested_bf16_dot() -> str:
+    dot = _forced_dot or os.environ.get("SGL_KERNEL_NPU_BF16_DOT", "fma") or "fma"
+    if dot not in BF16_DOTS:
+        raise ValueError(f"SGL_KERNEL_NPU_BF16_DOT must be one of {BF16_DOTS}, got {dot!r}")
+    return dot
+
+
+@contextlib.contextmanager
+def bf16_dot(dot: str) -> Iterator[None]:
+    """How the avx512bf16 build multiplies bf16 index scores in this block: "fma" or "dpbf16"."""
+    global _forced_dot
+    if dot not in BF16_DOTS:
+        raise ValueError(f"bf16 dot must be one of {BF16_DOTS}, got {dot!r}")
+    old, _forced_dot = _forced_dot, dot
+    try:
+        yield
+    finally:
+        _forced_dot = old
+
+
 def _int32(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.int32).contiguous()
 
@@ -73,15 +103,23 @@ def _rows(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def indexer_topk(
-    qs: Queries, weights: torch.Tensor, keys: PagedKeys, k: int, want_values: bool = False
+    qs: Queries,
+    weights: torch.Tensor,
+    keys: PagedKeys,
+    k: int,
+    want_values: bool = False,
+    score_dtype: Optional[torch.dtype] = None,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     _require()
     q = qs.q if qs.q.stride(-1) == 1 else qs.q.contiguous()
     if q.dtype not in (torch.float32, torch.bfloat16):
         q = q.float()
+    kd = keys.rows.dtype if keys.rows.dtype in (torch.float32, torch.bfloat16) else torch.float32
+    bf16 = score_dtype == torch.bfloat16 or (q.dtype == torch.bfloat16 and kd == torch.bfloat16)
     idx, val = _ops.indexer_topk(
-        q, weights.float().contiguous(), _rows(keys.rows, q.dtype), _int32(keys.block_table), keys.block_size,
-        _int32(qs.batch), _int32(qs.kv_end), k, want_values, requested_isa(),
+        q, weights.float().contiguous(), _rows(keys.rows, kd), _int32(keys.block_table), keys.block_size,
+        _int32(qs.batch), _int32(qs.kv_end), k, want_values, bf16, requested_bf16_dot() == "dpbf16",
+        requested_isa(),
     )  # fmt: skip
     return idx, (val if want_values else None)
 

@@ -3,6 +3,8 @@
 Our signatures follow theirs, so the mapping is mostly pass-through; what it does:
 - lengths and block tables become int32 tensors on the query's device (the ops take tensors);
 - the indexer's weights are cast to the query's dtype (the op takes bf16 / fp16 weights like q);
+- `score_dtype=torch.bfloat16`: query and key are handed to the op in bf16 (the op scores in its
+  inputs' dtype);
 - `npu_lightning_indexer` returns (indices, values): values are kept only for `return_value`;
 - `npu_sparse_flash_attention` runs in MLA-absorb mode (`attention_mode=2`: one shared latent kv
   head, value = the latent key); with `return_softmax_lse` it returns (out, softmax_max,
@@ -36,10 +38,12 @@ def _i32(x, device: torch.device) -> Optional[torch.Tensor]:
 
 def lightning_indexer(
     query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key, block_table, layout_query, layout_key,
-    sparse_count, sparse_mode, return_value,
+    sparse_count, sparse_mode, return_value, score_dtype=None,
 ):  # fmt: skip
     npu = _torch_npu()
     dev = query.device
+    if score_dtype == torch.bfloat16:
+        query, key = query.to(torch.bfloat16), key.to(torch.bfloat16)
     kwargs = dict(
         query=query,
         key=key,

@@ -38,9 +38,13 @@ def select_topk(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tenso
     return vals, idx
 
 
-def indexer_topk(qs: Queries, weights: torch.Tensor, keys: PagedKeys, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(indices [T, k] int32, values [T, k] float32)."""
-    q = qs.q
+def indexer_topk(
+    qs: Queries, weights: torch.Tensor, keys: PagedKeys, k: int, score_dtype: Optional[torch.dtype] = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(indices [T, k] int32, values [T, k] float32). score_dtype bfloat16: q and the keys are
+    rounded to bf16 first (then float32 math: products of bf16 values are exact in float32)."""
+    bf16 = score_dtype == torch.bfloat16
+    q = qs.q.to(torch.bfloat16) if bf16 else qs.q
     t_total, heads, _ = q.shape
     dev = q.device
     out_idx = torch.full((t_total, k), -1, dtype=torch.int32, device=dev)
@@ -54,7 +58,8 @@ def indexer_topk(qs: Queries, weights: torch.Tensor, keys: PagedKeys, k: int) ->
         if kv_len == 0:
             continue
         pos = torch.arange(kv_len, device=dev)
-        kb = keys.rows.index_select(0, keys.slots(torch.tensor(b, device=dev), pos)).float()  # [S, D]
+        kb = keys.rows.index_select(0, keys.slots(torch.tensor(b, device=dev), pos))  # [S, D]
+        kb = (kb.to(torch.bfloat16) if bf16 else kb).float()
         block = max(1, SCORE_BUDGET // max(1, heads * kv_len))
         for s in range(0, rows.numel(), block):
             r = rows[s : s + block]

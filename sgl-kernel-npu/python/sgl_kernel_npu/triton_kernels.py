@@ -63,8 +63,13 @@ def _index_logits(
     tl.store(out_ptr + row * stride_out + offs_s, score, mask=offs_s < s_max)
 
 
-def indexer_topk(qs: Queries, weights: torch.Tensor, keys: PagedKeys, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def indexer_topk(
+    qs: Queries, weights: torch.Tensor, keys: PagedKeys, k: int, score_dtype: Optional[torch.dtype] = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     q = qs.q if qs.q.stride(-1) == 1 else qs.q.contiguous()
+    if score_dtype == torch.bfloat16:  # bf16-rounded inputs; the kernel widens them (exact products)
+        q = q.to(torch.bfloat16)
+        keys = PagedKeys(keys.rows.to(torch.bfloat16), keys.block_table, keys.block_size, keys.kv_lens)
     t_total, heads, dim = q.shape
     dev = q.device
     out_idx = torch.full((t_total, k), -1, dtype=torch.int32, device=dev)

@@ -17,6 +17,10 @@ name one (for extend / mixed batches and for decode batches).
   new rows + index keys overlapping the q up-projection, own-query (zero-redundant) indexer, decode
   candidates merged into the exact global top-k, partials merged by LSE), with these ops.
 
+The indexer scores in the index-key cache's dtype (float32 model: float32, the reference's scores;
+bf16 model: bf16 inputs, float32 sums); `SGLANG_DSA_INDEX_SCORE_DTYPE=bfloat16` rounds a float32
+model's query and keys to bf16 for scoring (`dsa/backend_names.index_score_dtype`).
+
 Selections equal the reference's up to float rounding of the scores (the kernels sum in another
 order): near-equal scores at the top-k boundary may swap; test/kernels_npu compares the ops and
 test/distributed/test_dsa_backend_parity.py the model's greedy tokens.
@@ -31,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 
 from sglang.srt.layers.attention.cpu_backend import CPUAttnBackend, CPUBatch
-from sglang.srt.layers.attention.dsa.backend_names import resolve_nsa_backend
+from sglang.srt.layers.attention.dsa.backend_names import index_score_dtype, resolve_nsa_backend
 from sglang.srt.layers.attention.dsa.kernels import DSAKernels
 from sglang.srt.layers.attention.mla_cp import mla_cp_forward
 from sglang.srt.layers.context_parallel import get_cp_layout
@@ -125,6 +129,8 @@ class DSAAttnBackend(CPUAttnBackend):
         indexer: Optional["IndexerInputs"] = None,
         save_kv_cache: bool = True,
     ) -> torch.Tensor:
+        if indexer is not None:
+            self._set_score_dtype(forward_batch, indexer)
         layout = get_cp_layout(forward_batch)
         if layout is not None:
             md = self._mla_cp(forward_batch, layout)
@@ -142,6 +148,11 @@ class DSAAttnBackend(CPUAttnBackend):
         kv = d.blocks(pool.get_key_buffer(layer.layer_id))
         return self.kernels.attend_paged(q, kv, layer.kv_lora_rank, layer.scaling, selected, d.table, d.cu_q,
                                          d.kv_lens, d.decode)  # fmt: skip
+
+    def _set_score_dtype(self, fb: "ForwardBatch", dsa: "IndexerInputs") -> None:
+        """The indexer's scoring precision for this layer call: from the index-key cache's dtype."""
+        cache = fb.token_to_kv_pool.get_index_k_buffer(dsa.indexer.layer_id)
+        self.kernels.index_score_dtype = index_score_dtype(cache.dtype)
 
     def _select(self, dsa: "IndexerInputs", fb: "ForwardBatch") -> Optional[torch.Tensor]:
         """Store the batch's index keys; [n, index_topk] int32 selected positions (-1 padded), or

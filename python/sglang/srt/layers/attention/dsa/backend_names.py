@@ -29,6 +29,31 @@ UPSTREAM_ALIASES = {
 DSA_ATTENTION_BACKENDS = ("dsa", "nsa")
 
 
+# the Lightning Indexer's scoring precision on the `dsa` backend (env SGLANG_DSA_INDEX_SCORE_DTYPE;
+# a server flag would carry the same values): "auto" = the index-key cache's dtype (a float32
+# model scores in float32, exactly the reference's scores; a bf16 model's cache is bf16 already),
+# "bfloat16" = query and keys rounded to bf16, exact products summed in float32 (DeepSeek's own
+# indexer scores in FP8), "float32" = the values as stored, in float32.
+INDEX_SCORE_DTYPES = ("auto", "float32", "bfloat16")
+INDEX_SCORE_DTYPE_ENV = "SGLANG_DSA_INDEX_SCORE_DTYPE"
+
+
+def index_score_dtype(cache_dtype, value: Optional[str] = None):
+    """The torch dtype the `dsa` backend scores the indexer in (None = float32 on the stored values)
+    for an index-key cache of `cache_dtype`; `value` defaults to $SGLANG_DSA_INDEX_SCORE_DTYPE."""
+    import os
+
+    import torch
+
+    if value is None:
+        value = os.environ.get(INDEX_SCORE_DTYPE_ENV, "auto") or "auto"
+    if value not in INDEX_SCORE_DTYPES:
+        raise ValueError(f"{INDEX_SCORE_DTYPE_ENV}={value!r}; choices: {INDEX_SCORE_DTYPES}")
+    if value == "bfloat16" or (value == "auto" and cache_dtype == torch.bfloat16):
+        return torch.bfloat16
+    return None
+
+
 def nsa_backend_choices() -> list[str]:
     return list(OUR_IMPLS) + sorted(UPSTREAM_ALIASES)
 

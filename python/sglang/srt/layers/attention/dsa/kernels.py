@@ -16,6 +16,10 @@ the tensors' device decides) for:
   rank stores, with LSE).
 
 The indexer's softmax scale is folded into the head weights (relu(x * s) = s * relu(x), s > 0).
+`index_score_dtype` (None: float32 on the values as stored; torch.bfloat16: query and index keys
+rounded to bf16, exact products summed in float32) is the indexer's scoring precision; the `dsa`
+backend sets it from the index-key cache's dtype or `SGLANG_DSA_INDEX_SCORE_DTYPE`
+(`backend_names.index_score_dtype`).
 Which implementation runs is decided once, by the platform (`Platform.dsa_ops_impl`) or the
 `--nsa-prefill-backend` / `--nsa-decode-backend` flags (see `dsa/impl_names.py`).
 """
@@ -42,12 +46,15 @@ def _runs(q_pos: list[int]) -> list[tuple[int, int]]:
 class DSAKernels:
     """sgl_kernel_npu ops with one implementation for prefill (extend / mixed batches) and one for decode."""
 
-    def __init__(self, prefill_impl: str = "auto", decode_impl: str = "auto"):
+    def __init__(
+        self, prefill_impl: str = "auto", decode_impl: str = "auto", index_score_dtype: Optional[torch.dtype] = None
+    ):
         for impl in (prefill_impl, decode_impl):
             if impl not in skn.IMPLS:
                 raise ValueError(f"unknown DSA op implementation {impl!r}; choices: {skn.IMPLS}")
         self.prefill_impl = prefill_impl
         self.decode_impl = decode_impl
+        self.index_score_dtype = index_score_dtype
 
     def impl(self, decode: bool) -> str:
         return self.decode_impl if decode else self.prefill_impl
@@ -69,7 +76,8 @@ class DSAKernels:
         table [B, max_blocks] block ids. -> [n, topk] int32."""
         key = index_k
         idx = skn.lightning_indexer(
-            q, key, weights.float() * scale, cu_q, kv_lens, table, "TND", "PA_BSND", topk, 3, impl=self.impl(decode)
+            q, key, weights.float() * scale, cu_q, kv_lens, table, "TND", "PA_BSND", topk, 3, impl=self.impl(decode),
+            score_dtype=self.index_score_dtype,
         )
         return idx[:, 0]
 
@@ -114,7 +122,7 @@ class DSAKernels:
         cu, kv_lens, table = self._run_layout(q_pos, total)
         key = keys.view(1, total, 1, keys.shape[1])
         idx = skn.lightning_indexer(q, key, w.float() * scale, cu, kv_lens, table, "TND", "PA_BSND", width, 3,
-                                    impl=self.prefill_impl)  # fmt: skip
+                                    impl=self.prefill_impl, score_dtype=self.index_score_dtype)  # fmt: skip
         return idx[:, 0]
 
     def attend_rows(
@@ -147,7 +155,8 @@ class DSAKernels:
         cu = torch.arange(1, n1 + 1, dtype=torch.int32)
         key = index_k.view(index_k.shape[0], 1, 1, index_k.shape[1])
         idx, vals = skn.lightning_indexer(q, key, w.float() * scale, cu, lens, slots.to(torch.int32), "TND", "PA_BSND",
-                                          width, 0, return_value=True, impl=self.decode_impl)  # fmt: skip
+                                          width, 0, return_value=True, impl=self.decode_impl,
+                                          score_dtype=self.index_score_dtype)  # fmt: skip
         idx, vals = idx[:, 0].long(), vals[:, 0]
         if key_pos.numel() == 0:  # this rank stores no key of these queries (e.g. 1-token prompts)
             return vals, torch.full_like(idx, -1)
@@ -170,5 +179,7 @@ class DSAKernels:
         )  # fmt: skip
 
 
-def make_kernels(prefill_impl: Optional[str], decode_impl: Optional[str]) -> DSAKernels:
-    return DSAKernels(prefill_impl or "auto", decode_impl or "auto")
+def make_kernels(
+    prefill_impl: Optional[str], decode_impl: Optional[str], index_score_dtype: Optional[torch.dtype] = None
+) -> DSAKernels:
+    return DSAKernels(prefill_impl or "auto", decode_impl or "auto", index_score_dtype)

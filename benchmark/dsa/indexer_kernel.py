@@ -1,0 +1,70 @@
+"""The fused CPU Lightning Indexer kernel alone: float32 vs bf16 scoring, per instruction-set build.
+
+One request of `--context` keys whose last `--queries` tokens are the queries (causal, the shapes of
+the benchmark model: 16 index heads x 64, one thread), index_topk 16 (almost no top-k work: the
+scoring rate) and 2048 (scoring + the streaming top-k). Rows: float32 scoring on a float32 key
+cache; bf16 scoring (`score_dtype=torch.bfloat16`: inputs rounded to bf16, float32 sums) on a
+float32 cache (rounded in the kernel) and on a bf16 cache; on the avx512bf16 build both ways of
+multiplying the bf16 pairs (`fma`: float32 FMAs on the rounded values, the default; `dpbf16`:
+vdpbf16ps). Thread CPU time, best of `--repeats`; GFLOP/s counts 2 x heads x dim per (query, key).
+
+`fma_vs_dpbf16.cpp` (next to this file) measures the two instructions' multiply-add rates alone:
+
+    g++ -O2 -o /tmp/fma_vs_dpbf16 benchmark/dsa/fma_vs_dpbf16.cpp && /tmp/fma_vs_dpbf16
+
+    python benchmark/dsa/indexer_kernel.py [--context 8192 32768] [--queries 256 64] [--isas avx512bf16 avx512 avx2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+import sgl_kernel_npu as skn
+from sgl_kernel_npu import cpu
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--context", type=int, nargs="*", default=[8192, 32768])
+    ap.add_argument("--queries", type=int, nargs="*", default=[256, 64], help="one per --context value")
+    ap.add_argument("--isas", nargs="*", default=None, help="default: every build this CPU runs")
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    isas = args.isas or cpu.supported_isas()
+    print("| context | queries | build | bf16 multiply | scoring | key cache | top-k | ms | GFLOP/s |")
+    print("|---:|---:|---|---|---|---|---:|---:|---:|")
+    for n, q0 in zip(args.context, args.queries):
+        g = torch.Generator().manual_seed(0)
+        q, w = torch.randn(q0, 16, 64, generator=g), torch.randn(q0, 16, generator=g)
+        keys = torch.randn(1, n, 1, 64, generator=g)
+        kw = dict(actual_seq_lengths_query=torch.tensor([q0]), actual_seq_lengths_key=torch.tensor([n]),
+                  block_table=torch.zeros(1, 1, dtype=torch.int32), layout_query="TND", layout_key="PA_BSND",
+                  sparse_mode=3, impl="cpu")  # fmt: skip
+        flop = 2 * 16 * 64 * sum(n - q0 + i + 1 for i in range(q0))
+        rows = [("float32", keys, None)]
+        rows += [("bf16", keys, torch.bfloat16), ("bf16", keys.to(torch.bfloat16), torch.bfloat16)]
+        for isa in isas:
+            dots = ["fma", "dpbf16"] if isa == "avx512bf16" else ["fma"]
+            for dot in dots:
+                for label, kk, sd in rows:
+                    if sd is None and dot != "fma":
+                        continue
+                    for topk in (16, 2048):
+                        best = float("inf")
+                        with cpu.force_isa(isa), cpu.bf16_dot(dot):
+                            for _ in range(args.repeats):
+                                t = time.thread_time()
+                                skn.lightning_indexer(q, kk, w, sparse_count=topk, score_dtype=sd, **kw)
+                                best = min(best, time.thread_time() - t)
+                        cache = "bf16" if kk.dtype == torch.bfloat16 else "float32"
+                        mult = dot if sd is not None else "—"
+                        print(f"| {n} | {q0} | {isa} | {mult} | {label} | {cache} | {topk} | {best * 1e3:.1f} | "
+                              f"{flop / best / 1e9:.1f} |", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
