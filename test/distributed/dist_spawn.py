@@ -7,11 +7,15 @@ Every rank sets torch to one thread, calls `init_distributed` on a free 127.0.0.
 `body(rank, world_size, *args)` and sends its (pickled) result back. A rank's exception fails the
 call with that rank's traceback; ranks still running are killed (by their process handle). A run
 longer than `timeout` fails too, so a collective mismatch shows up as an error, not a hung suite.
+Each rank runs with the caller's environment as it is at the call (the forkserver that forks the
+ranks keeps the environment of the moment it started, e.g. a monkeypatched variable of an earlier
+test, so the worker installs the caller's own).
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import pickle
 import queue as queue_mod
 import time
@@ -21,7 +25,11 @@ from typing import Any, Callable, Sequence
 from sglang.srt.distributed.init import destroy_distributed, get_free_port, init_distributed
 
 
-def _worker(fn: Callable, rank: int, world_size: int, port: int, args: Sequence[Any], out: Any, backend: str) -> None:
+def _worker(
+    fn: Callable, rank: int, world_size: int, port: int, args: Sequence[Any], out: Any, backend: str, env: dict
+) -> None:
+    os.environ.clear()
+    os.environ.update(env)
     import torch
 
     torch.set_num_threads(1)
@@ -43,7 +51,7 @@ def run_ranks(
     out = ctx.Queue()
     port = get_free_port()
     procs = [
-        ctx.Process(target=_worker, args=(fn, r, world_size, port, tuple(args), out, backend), daemon=True)
+        ctx.Process(target=_worker, args=(fn, r, world_size, port, tuple(args), out, backend, dict(os.environ)), daemon=True)
         for r in range(world_size)
     ]
     for p in procs:
