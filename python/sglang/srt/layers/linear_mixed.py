@@ -38,8 +38,9 @@ class MixedWeight:
 
 
 class _CopyBudget:
-    """Bytes of bf16 copies still allowed in this process (a quarter of the RAM free when the
-    first weight is packed); past it, the remaining linears run in float32 only (logged once)."""
+    """Bytes of bf16 copies still allowed in this process (set by the first `mixed_linear_backend`
+    call: the platform gives a quarter of the RAM free then); past it, the remaining linears run
+    in float32 only (logged once)."""
 
     def __init__(self) -> None:
         self.left: Optional[int] = None
@@ -49,12 +50,9 @@ class _CopyBudget:
 
     def take(self, nbytes: int) -> bool:
         with self.lock:
-            if self.left is None:
-                from sglang.srt.platforms.cpu import read_meminfo
-
-                self.left = read_meminfo()[0] // 4
-            if nbytes <= self.left:
-                self.left -= nbytes
+            if self.left is None or nbytes <= self.left:
+                if self.left is not None:
+                    self.left -= nbytes
                 self.kept += 1
                 self.kept_bytes += nbytes
                 return True
@@ -86,15 +84,24 @@ def mixed_linear(x: torch.Tensor, w: MixedWeight, bias: Optional[torch.Tensor]) 
     return out if bias is None else out + bias
 
 
-@functools.lru_cache(maxsize=None)
-def mixed_linear_backend(max_tokens: int) -> tuple[Callable, Callable]:
-    """(pack, kernel) for layers/linear_prepack.py."""
+_backends: dict[int, tuple[Callable, Callable]] = {}
+
+
+def mixed_linear_backend(max_tokens: int, copy_budget_bytes: Optional[int] = None) -> tuple[Callable, Callable]:
+    """(pack, kernel) for layers/linear_prepack.py; the first call sets the bytes the bf16 copies
+    may take in this process (None: no limit)."""
+    with _budget.lock:
+        if max_tokens in _backends:
+            return _backends[max_tokens]
+        if not _backends:
+            _budget.left = copy_budget_bytes
+        _backends[max_tokens] = functools.partial(pack, max_tokens=max_tokens), mixed_linear
     logger.info(
         "float32 linears with bf16 weight copies (half the float32 weight bytes more, while a quarter "
         "of free RAM allows) for inputs of at most %d token(s)",
         max_tokens,
     )
-    return functools.partial(pack, max_tokens=max_tokens), mixed_linear
+    return _backends[max_tokens]
 
 
 def copies_kept() -> tuple[int, int, int]:

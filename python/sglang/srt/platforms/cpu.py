@@ -240,7 +240,7 @@ class CpuPlatform(Platform):
         if choice is not None and choice.bf16_gemm_max_tokens is not None and dtype == torch.float32 and device.type == "cpu":
             from sglang.srt.layers.linear_mixed import mixed_linear_backend
 
-            return mixed_linear_backend(choice.bf16_gemm_max_tokens)
+            return mixed_linear_backend(choice.bf16_gemm_max_tokens, copy_budget_bytes=read_meminfo()[0] // 4)
         ops = getattr(torch.ops, "mkldnn", None)
         if dtype != torch.bfloat16 or device.type != "cpu" or ops is None:
             return None
