@@ -114,7 +114,7 @@ def cpu_text(cpu: dict) -> str:
     if cpu.get("emulated"):
         env = " ".join(f"{k}={v}" for k, v in cpu.get("emulation_env", {}).items())
         text += (
-            f", **emulated** on a {cpu.get('native_kind')} CPU with `{env}` (ours only: vLLM cannot be "
+            f", **emulated** on an {cpu.get('native_kind')} CPU with `{env}` (ours only: vLLM cannot be "
             "emulated this way, so a vLLM column from this machine would be the native CPU's)"
         )
     return text
@@ -161,7 +161,8 @@ def section(results: dict, plot_rel: str) -> str:
 
 
 def update_docs(docs_path: str, text: str, kind: str) -> None:
-    """Replace `kind`'s section of `docs_path`, or add it after the last vs-vLLM section (or at the end)."""
+    """Replace `kind`'s section of `docs_path`, or add it after the last vs-vLLM section and its
+    notes (or at the end)."""
     old = open(docs_path, encoding="utf-8").read() if os.path.exists(docs_path) else "# Benchmarks\n"
     begin, end = markers(kind)
     pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
@@ -169,9 +170,10 @@ def update_docs(docs_path: str, text: str, kind: str) -> None:
         new = pattern.sub(lambda _m: text, old)
     else:
         ends = list(ANY_END.finditer(old))
-        if ends:
-            at = ends[-1].end()
-            new = old[:at] + "\n\n" + text + old[at:]
+        if ends:  # after the last kind's section and the notes under it: before the next "## "
+            nxt = old.find("\n## ", ends[-1].end())
+            at = nxt + 1 if nxt >= 0 else len(old)
+            new = old[:at].rstrip("\n") + "\n\n" + text + "\n\n" + old[at:]
         else:
             new = old.rstrip("\n") + "\n\n" + text + "\n"
     with open(docs_path, "w", encoding="utf-8") as f:

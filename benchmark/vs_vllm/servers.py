@@ -165,7 +165,7 @@ def cpu_info() -> dict:
         }
 
     native_kind, kind = cpu.cpu_kind(native), cpu.cpu_kind(effective)
-    env = {k: os.environ[k] for k in ("ONEDNN_MAX_CPU_ISA", "SGLANG_CPU_ISA", "SGLANG_CPU_FLAGS_OVERRIDE") if os.environ.get(k)}
+    env = {k: os.environ[k] for k in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "SGLANG_CPU_ISA", "SGLANG_CPU_FLAGS_OVERRIDE") if os.environ.get(k)}
     return {
         "model": read_cpu_model(),
         "native_kind": native_kind,
