@@ -1,8 +1,8 @@
 """`--dtype auto` on a CPU without native bf16 (AVX2 flags simulated): the embedded SmolLM2 runs in
 float32 with bf16 weight copies for single-sequence decode (layers/linear_mixed.py), says so in its
 log, and gives the same greedy tokens as plain float32 for a few prompts decoded one at a time
-(every decode step through the bf16 copies), whole and in chunks. On a CPU kind with native bf16,
-auto is plain bf16 with no mixed linears."""
+(every decode step through the bf16 copies), prefilled in chunks. With native bf16, auto is bf16
+(AVX512-BF16 without AMX: float32 GEMMs for prefill-sized linears)."""
 
 from __future__ import annotations
 
@@ -75,16 +75,19 @@ def test_auto_on_avx2_is_float32_with_bf16_decode_and_matches_float32(prompts_id
     assert auto_ids == f32_ids
 
 
-def test_auto_with_native_bf16_is_plain_bf16(prompts_ids, monkeypatch):
-    monkeypatch.setenv("SGLANG_CPU_FLAGS_OVERRIDE", "avx512-bf16")
+@pytest.mark.parametrize("kind", ["amx", "avx512-bf16"])
+def test_auto_with_native_bf16_is_bf16(prompts_ids, monkeypatch, kind):
+    """AMX: plain bf16; AVX512-BF16 without AMX: bf16 with float32 copies for prefill-sized linears;
+    both give the peers' greedy ids for the "Paris" prompt (whole prompt, then one-token decodes)."""
+    monkeypatch.setenv("SGLANG_CPU_FLAGS_OVERRIDE", kind)
     path, prompts = prompts_ids
     try:
-        h = SchedulerHarness(model_path=path, dtype="auto", max_total_tokens=1024, num_threads=2)
+        h, ids = _greedy(path, prompts[:1], "auto")
         model = h.scheduler.runner.model
         assert next(model.parameters()).dtype == torch.bfloat16
-        assert not any(
-            isinstance(getattr(m, "packed_weight", None), tuple) and isinstance(m.packed_weight[0], linear_mixed.MixedWeight)
-            for m in model.modules()
-        )
+        kinds = {type(m.packed_weight[0]) for m in model.modules() if isinstance(getattr(m, "packed_weight", None), tuple)}
+        assert (linear_mixed.Float32PrefillWeight in kinds) == (kind == "avx512-bf16")
+        assert linear_mixed.MixedWeight not in kinds
+        assert ids[0] == [7042, 30, 198, 198, 504, 2988, 314, 42][:NEW_TOKENS]
     finally:
         cpu.forget_auto_dtype()

@@ -37,20 +37,21 @@ def clean_env(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "flags, kind, dtype, mixed",
+    "flags, kind, dtype, bf16_copies, f32_copies",
     [
-        (SAPPHIRE_RAPIDS, "amx", torch.bfloat16, False),
-        (COOPER_LAKE, "avx512-bf16", torch.bfloat16, False),
-        (SKYLAKE_X, "avx512", torch.float32, True),
-        (AMD_EPYC_ROME, "avx2", torch.float32, True),
-        ("fpu sse sse2 ssse3 sse4_1 sse4_2", "generic", torch.float32, True),
-        ("", "generic", torch.float32, True),
+        (SAPPHIRE_RAPIDS, "amx", torch.bfloat16, False, False),
+        (COOPER_LAKE, "avx512-bf16", torch.bfloat16, False, True),
+        (SKYLAKE_X, "avx512", torch.float32, True, False),
+        (AMD_EPYC_ROME, "avx2", torch.float32, True, False),
+        ("fpu sse sse2 ssse3 sse4_1 sse4_2", "generic", torch.float32, True, False),
+        ("", "generic", torch.float32, True, False),
     ],
 )
-def test_choice_per_cpu_kind(monkeypatch, flags, kind, dtype, mixed):
+def test_choice_per_cpu_kind(monkeypatch, flags, kind, dtype, bf16_copies, f32_copies):
     choice = cpu.choose_dtype(flags.split())
     assert (choice.kind, choice.dtype) == (kind, dtype)
-    assert (choice.bf16_gemm_max_tokens is not None) == mixed
+    assert (choice.bf16_gemm_max_tokens is not None) == bf16_copies
+    assert (choice.float32_gemm_min_tokens is not None) == f32_copies
     assert choice.reason
     # the same through the override env var (a flag list, commas allowed) and through resolve_dtype
     monkeypatch.setenv("SGLANG_CPU_FLAGS_OVERRIDE", ",".join(flags.split()) or " ")
@@ -117,9 +118,18 @@ def test_log_line_and_state(monkeypatch, caplog):
     resolve_dtype("auto", None, device="cpu")
     (line,) = [r.getMessage() for r in caplog.records if "--dtype auto" in r.getMessage()]
     assert "(amx): bfloat16;" in line and "AMX" in line
+    backend = cpu.CpuPlatform().prepacked_linear(torch.bfloat16, torch.device("cpu"))
+    assert backend is None or backend[1] not in (linear_mixed.mixed_linear, linear_mixed.float32_prefill_linear)
+    caplog.clear()
+    monkeypatch.setenv("SGLANG_CPU_FLAGS_OVERRIDE", "avx512-bf16")
+    resolve_dtype("auto", None, device="cpu")
+    (line,) = [r.getMessage() for r in caplog.records if "--dtype auto" in r.getMessage()]
+    assert "(avx512-bf16): bfloat16 + float32 weight copies for GEMMs of >= 32 tokens" in line
+    backend = cpu.CpuPlatform().prepacked_linear(torch.bfloat16, torch.device("cpu"))
+    assert backend is not None and backend[1] is linear_mixed.float32_prefill_linear
 
 
-@pytest.mark.parametrize("kind", ["avx2", "amx"])
+@pytest.mark.parametrize("kind", ["avx2", "avx512-bf16", "amx"])
 def test_explicit_dtype_is_honoured(monkeypatch, kind):
     monkeypatch.setenv("SGLANG_CPU_FLAGS_OVERRIDE", kind)
     resolve_dtype("auto", None, device="cpu")  # an earlier auto choice in this process...
@@ -128,7 +138,7 @@ def test_explicit_dtype_is_honoured(monkeypatch, kind):
     assert cpu.CpuPlatform().prepacked_linear(torch.float32, torch.device("cpu")) is None
     assert resolve_dtype("bfloat16", None, device="cpu") == torch.bfloat16
     backend = cpu.CpuPlatform().prepacked_linear(torch.bfloat16, torch.device("cpu"))
-    assert backend is None or backend[1] is not linear_mixed.mixed_linear
+    assert backend is None or backend[1] not in (linear_mixed.mixed_linear, linear_mixed.float32_prefill_linear)
     with pytest.raises(ValueError, match="float16"):
         resolve_dtype("float16", None, device="cpu")
 
@@ -173,3 +183,22 @@ def test_mixed_copy_budget():
     budget.left = 100
     assert budget.take(60) and not budget.take(60) and budget.take(40)
     assert (budget.kept, budget.kept_bytes, budget.skipped) == (2, 100, 1)
+
+
+@pytest.mark.parametrize("keep_copy", [True, False])
+def test_float32_prefill_linear(monkeypatch, keep_copy):
+    """bf16 model: below the threshold the small-input kernel itself (plain F.linear here); from it
+    on a float32 GEMM on the float32 copy, rounded to bf16 once (or the bf16 GEMM without a copy)."""
+    monkeypatch.setattr(linear_mixed._budget, "take", lambda nbytes: keep_copy)
+    torch.manual_seed(0)
+    w = (torch.randn(48, 40) * 0.1).bfloat16()
+    b = torch.randn(48).bfloat16()
+    packed = linear_mixed.pack_float32_prefill(w, min_tokens=16)
+    assert (packed.float32 is not None) == keep_copy
+    small = torch.randn(15, 40).bfloat16()
+    torch.testing.assert_close(linear_mixed.float32_prefill_linear(small, packed, b), F.linear(small, w, b), rtol=0, atol=0)
+    big = torch.randn(16, 40).bfloat16()
+    out = linear_mixed.float32_prefill_linear(big, packed, b)
+    assert out.dtype == torch.bfloat16
+    ref = F.linear(big.float(), w.float(), b.float()).bfloat16() if keep_copy else F.linear(big, w, b)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)

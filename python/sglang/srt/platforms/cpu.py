@@ -33,6 +33,9 @@ _AVX512 = frozenset(f for f in KIND_FLAGS["amx"] if f.startswith(("avx512", "amx
 # bytes; torch's bf16 fallback reads the weight once per row, so it loses from two rows on).
 # Measured in docs/benchmarks.md ("--dtype auto on CPUs without native bf16").
 BF16_GEMM_MAX_TOKENS = 1
+# AVX512-BF16 without AMX: bf16 model, but linears over at least this many tokens run float32 GEMMs
+# on float32 weight copies (oneDNN's bf16 GEMM is slower than float32 from ~32 rows on there).
+FLOAT32_GEMM_MIN_TOKENS = 32
 
 
 @dataclass(frozen=True)
@@ -45,13 +48,16 @@ class CpuDtypeChoice:
     dtype: torch.dtype
     reason: str
     bf16_gemm_max_tokens: Optional[int] = None
+    float32_gemm_min_tokens: Optional[int] = None
 
     @property
     def mode(self) -> str:
         name = str(self.dtype).replace("torch.", "")
-        if self.bf16_gemm_max_tokens is None:
-            return name
-        return f"{name} + bf16 weight copies for GEMMs of <= {self.bf16_gemm_max_tokens} token(s)"
+        if self.bf16_gemm_max_tokens is not None:
+            return f"{name} + bf16 weight copies for GEMMs of <= {self.bf16_gemm_max_tokens} token(s)"
+        if self.float32_gemm_min_tokens is not None:
+            return f"{name} + float32 weight copies for GEMMs of >= {self.float32_gemm_min_tokens} tokens"
+        return name
 
 
 @functools.lru_cache(maxsize=None)
@@ -127,7 +133,13 @@ def choose_dtype(flags: Optional[Iterable[str]] = None) -> CpuDtypeChoice:
     if kind == "amx":
         return CpuDtypeChoice(kind, torch.bfloat16, "AMX-BF16 tiles: native bf16 GEMMs")
     if kind == "avx512-bf16":
-        return CpuDtypeChoice(kind, torch.bfloat16, "AVX512-BF16: native bf16 dot products")
+        return CpuDtypeChoice(
+            kind,
+            torch.bfloat16,
+            "AVX512-BF16 without AMX: bf16 wins decode (half the bytes), but oneDNN's bf16 GEMMs are slower "
+            f"than float32 from ~{FLOAT32_GEMM_MIN_TOKENS} rows on, so prefill-sized linears run in float32",
+            float32_gemm_min_tokens=FLOAT32_GEMM_MIN_TOKENS,
+        )
     name = {"avx512": "AVX-512 without BF16", "avx2": "AVX2"}.get(kind, "no AVX2")
     return CpuDtypeChoice(
         kind,
@@ -235,12 +247,21 @@ class CpuPlatform(Platform):
 
     def prepacked_linear(self, dtype: torch.dtype, device: torch.device):
         """oneDNN's packed bf16 linear, where this torch build and CPU support it; under
-        `--dtype auto` without native bf16 (float32), the float32 / bf16-copy linear of layers/linear_mixed.py."""
+        `--dtype auto` the mixed linears of layers/linear_mixed.py (float32 with bf16 copies without
+        native bf16; bf16 with float32 copies on AVX512-BF16 without AMX)."""
         choice = _auto_choice
         if choice is not None and choice.bf16_gemm_max_tokens is not None and dtype == torch.float32 and device.type == "cpu":
             from sglang.srt.layers.linear_mixed import mixed_linear_backend
 
             return mixed_linear_backend(choice.bf16_gemm_max_tokens, copy_budget_bytes=read_meminfo()[0] // 4)
+        onednn = self._onednn_linear(dtype, device)
+        if choice is not None and choice.float32_gemm_min_tokens is not None and dtype == torch.bfloat16 and device.type == "cpu":
+            from sglang.srt.layers.linear_mixed import float32_prefill_backend
+
+            return float32_prefill_backend(choice.float32_gemm_min_tokens, onednn, copy_budget_bytes=read_meminfo()[0] // 4)
+        return onednn
+
+    def _onednn_linear(self, dtype: torch.dtype, device: torch.device):
         ops = getattr(torch.ops, "mkldnn", None)
         if dtype != torch.bfloat16 or device.type != "cpu" or ops is None:
             return None
