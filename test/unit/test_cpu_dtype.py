@@ -41,7 +41,7 @@ def clean_env(monkeypatch):
     [
         (SAPPHIRE_RAPIDS, "amx", torch.bfloat16, False, False),
         (COOPER_LAKE, "avx512-bf16", torch.bfloat16, False, True),
-        (SKYLAKE_X, "avx512", torch.float32, True, False),
+        (SKYLAKE_X, "avx512", torch.bfloat16, False, True),
         (AMD_EPYC_ROME, "avx2", torch.float32, True, False),
         ("fpu sse sse2 ssse3 sse4_1 sse4_2", "generic", torch.float32, True, False),
         ("", "generic", torch.float32, True, False),
@@ -78,9 +78,12 @@ def test_isa_caps_emulate_older_cpus(monkeypatch):
     assert cpu.choose_dtype().kind == "avx512"
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     assert cpu.choose_dtype().kind == "avx2"
-    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "ALL")
-    assert cpu.choose_dtype().kind == "amx"
-    monkeypatch.setenv("SGLANG_CPU_ISA", "avx2")
+    monkeypatch.setenv("SGLANG_CPU_ISA", "avx2")  # AVX-512 without BF16 runs our avx2 build
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE")
+    assert cpu.choose_dtype().kind == "avx512"
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert cpu.choose_dtype().kind == "avx2"
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
     assert cpu.choose_dtype().kind == "avx2"
     monkeypatch.setenv("SGLANG_CPU_ISA", "generic")
     assert cpu.choose_dtype().kind == "generic"

@@ -28,12 +28,12 @@ KIND_FLAGS["avx512-bf16"] = KIND_FLAGS["avx512"] | {"avx512_bf16"}
 KIND_FLAGS["amx"] = KIND_FLAGS["avx512-bf16"] | {"amx_tile", "amx_bf16", "amx_int8"}
 _AVX512 = frozenset(f for f in KIND_FLAGS["amx"] if f.startswith(("avx512", "amx")))
 
-# Where bf16 GEMMs are not native (AVX-512 without BF16, AVX2, generic): the model runs in float32, and linears over at
+# Where bf16 GEMMs are not native (AVX2, generic): the model runs in float32, and linears over at
 # most this many tokens (one sequence decoding) read a bf16 copy of the weight instead (half the
 # bytes; torch's bf16 fallback reads the weight once per row, so it loses from two rows on).
 # Measured in docs/benchmarks.md ("--dtype auto on CPUs without native bf16").
 BF16_GEMM_MAX_TOKENS = 1
-# AVX512-BF16 without AMX: bf16 model, but linears over at least this many tokens run float32 GEMMs
+# AVX-512 without AMX (with or without AVX512-BF16): bf16 model, but linears over at least this many tokens run float32 GEMMs
 # on float32 weight copies (oneDNN's bf16 GEMM is slower than float32 from ~32 rows on there).
 FLOAT32_GEMM_MIN_TOKENS = 32
 
@@ -97,12 +97,14 @@ def effective_cpu_flags() -> frozenset[str]:
     override = os.environ.get("SGLANG_CPU_FLAGS_OVERRIDE", "")
     flags = _flags_override(override) if override.strip() else (_proc_cpu_flags() or frozenset())
     caps = []
-    isa_cap = os.environ.get("SGLANG_CPU_ISA", "auto").strip().lower()
-    if isa_cap in ("avx2", "generic"):
-        caps.append(isa_cap)
     onednn = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().lower()
     if onednn and onednn not in ("all", "default"):
         caps += [kind for prefix, kind in _ONEDNN_CAPS if onednn.startswith(prefix)][:1]
+    isa_cap = os.environ.get("SGLANG_CPU_ISA", "auto").strip().lower()
+    # our kernels' build: a cap of its own only where oneDNN's is not given (an AVX-512 CPU without
+    # BF16 runs the avx2 build anyway, so ONEDNN_MAX_CPU_ISA=AVX512_CORE SGLANG_CPU_ISA=avx2 is one)
+    if isa_cap in ("avx2", "generic") and not onednn:
+        caps.append(isa_cap)
     aten = os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()  # torch's own vectorised kernels
     if aten in ("avx2", "default"):
         caps.append("avx2" if aten == "avx2" else "generic")
@@ -132,15 +134,16 @@ def choose_dtype(flags: Optional[Iterable[str]] = None) -> CpuDtypeChoice:
     kind = cpu_kind(effective_cpu_flags() if flags is None else flags)
     if kind == "amx":
         return CpuDtypeChoice(kind, torch.bfloat16, "AMX-BF16 tiles: native bf16 GEMMs")
-    if kind == "avx512-bf16":
+    if kind in ("avx512-bf16", "avx512"):
+        what = "AVX512-BF16 without AMX" if kind == "avx512-bf16" else "AVX-512 without BF16 (oneDNN converts bf16 in registers)"
         return CpuDtypeChoice(
             kind,
             torch.bfloat16,
-            "AVX512-BF16 without AMX: bf16 wins decode (half the bytes), but oneDNN's bf16 GEMMs are slower "
-            f"than float32 from ~{FLOAT32_GEMM_MIN_TOKENS} rows on, so prefill-sized linears run in float32",
+            f"{what}: bf16 wins decode (half the bytes), but oneDNN's bf16 GEMMs are slower than float32 "
+            f"from ~{FLOAT32_GEMM_MIN_TOKENS} rows on, so prefill-sized linears run in float32",
             float32_gemm_min_tokens=FLOAT32_GEMM_MIN_TOKENS,
         )
-    name = {"avx512": "AVX-512 without BF16", "avx2": "AVX2"}.get(kind, "no AVX2")
+    name = "AVX2" if kind == "avx2" else "no AVX2"
     return CpuDtypeChoice(
         kind,
         torch.float32,
