@@ -16,8 +16,9 @@ Parts (`--parts`, default all):
 - `serving`: `python -m sglang.bench_serving` (random dataset, fixed lengths) against a server
   with the same per-rank KV pool (`--max-total-tokens`): a KV-bound run (concurrency high enough
   that tp2's pool holds only part of the requests) and a light one; output tok/s and TTFT P99;
-- `collectives`: the model alone on 2 spawned ranks, one decode step of 16 requests in total
-  (dp2: 8 per replica), every collective timed and its bytes counted, per layer.
+- `collectives`: the model alone on 2 spawned ranks, one decode step of `--decode-batch` (16)
+  requests in total (dp2: half per replica), every collective timed and its bytes counted, per
+  layer; then one lone 256-token prefill (dp2: one replica prefills, the other runs IDLE).
 
     python benchmark/dp_attention/bench_dp_attention.py [--parts capacity serving collectives]
 """
@@ -140,7 +141,7 @@ def serving(model: str, log_dir: str, pool: int, workloads: dict) -> dict:
 
 
 # ---------------------------------------------------------------------------- collectives
-def _collective_rank(rank: int, name: str, model: str, port: int, steps: int, q) -> None:
+def _collective_rank(rank: int, name: str, model: str, port: int, steps: int, batch: int, q) -> None:
     import torch
 
     torch.set_num_threads(1)
@@ -178,7 +179,7 @@ def _collective_rank(rank: int, name: str, model: str, port: int, steps: int, q)
     init_dummy_weights(net, seed=1)
     h = ForwardHarness(cfg, torch.bfloat16, max_total_tokens=8192, max_requests=32, max_context_len=512)
     h.token_to_kv_pool = net.create_kv_pool(8192, 1, torch.bfloat16)
-    per_replica = 16 // layout.attn_dp
+    per_replica = batch // layout.attn_dp
     reqs = [h.new_request() for _ in range(per_replica)]
     dp = DPForwardInfo(groups.dp_rank, (per_replica,) * layout.attn_dp, (per_replica,) * layout.attn_dp) if layout.attn_dp > 1 else None
     prefill = h.build_batch([(r, list(range(3, 3 + 128))) for r in reqs])
@@ -191,17 +192,34 @@ def _collective_rank(rank: int, name: str, model: str, port: int, steps: int, q)
         batch.dp = dp
         h.run(net, batch)
     total = time.perf_counter() - t0
+    ops = {k: [v[0] / steps, v[1] / steps, 1000 * v[2] / steps] for k, v in stats.items()}
+    # one new 256-token prompt while nothing else runs (light load): under dp2 one replica prefills
+    # it with all heads on its rank while the other runs an IDLE forward; under tp2 both ranks share it
+    prefill_s = []
+    for _ in range(3):
+        if layout.attn_dp == 1 or groups.dp_rank == 0:
+            one = h.build_batch([(h.new_request(), list(range(3, 3 + 256)))])
+        else:
+            one = None
+        info = DPForwardInfo(groups.dp_rank, (256, 0), (1, 0)) if layout.attn_dp > 1 else None
+        if one is None:
+            one = h.idle_batch(info)
+        one.dp = info
+        t1 = time.perf_counter()
+        h.run(net, one)
+        prefill_s.append(time.perf_counter() - t1)
     q.put((rank, {"step_ms": 1000 * total / steps, "layers": cfg.num_hidden_layers,
-                  "ops": {k: [v[0] / steps, v[1] / steps, 1000 * v[2] / steps] for k, v in stats.items()}}))  # fmt: skip
+                  "prefill_256_ms": 1000 * sorted(prefill_s)[1],
+                  "ops": ops}))  # fmt: skip
 
 
-def collectives(model: str, steps: int) -> dict:
+def collectives(model: str, steps: int, batch: int) -> dict:
     ctx = mp.get_context("spawn")
     out = {}
     for name in tqdm(CONFIGS, desc="collectives"):
         q = ctx.Queue()
         port = _port()
-        procs = [ctx.Process(target=_collective_rank, args=(r, name, model, port, steps, q)) for r in range(2)]
+        procs = [ctx.Process(target=_collective_rank, args=(r, name, model, port, steps, batch, q)) for r in range(2)]
         for p in procs:
             p.start()
         results = dict(q.get(timeout=1200) for _ in procs)
@@ -217,6 +235,9 @@ def main() -> None:
     ap.add_argument("--mem-fraction-static", type=float, default=0.2)
     ap.add_argument("--pool", type=int, default=4096, help="KV tokens per rank for the serving runs")
     ap.add_argument("--steps", type=int, default=20, help="decode steps timed for the collectives")
+    ap.add_argument("--decode-batch", type=int, default=16, help="requests in the collectives' decode step (all replicas)")
+    ap.add_argument("--workloads", nargs="+", default=["kv_bound", "light"], help="serving workloads to run")
+    ap.add_argument("--rounds", type=int, default=1, help="serving: alternate tp2 / dp2 servers this many times")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     args = ap.parse_args()
     root = tempfile.mkdtemp(prefix="dp-bench-")
@@ -228,9 +249,11 @@ def main() -> None:
         # (prompts, concurrency, input len, output len): 32 requests of 512 tokens each at 16 in flight
         # need 8192 KV tokens; a 4096-token pool per rank holds 8 of them under tp2, 16 under dp2
         workloads = {"kv_bound": (32, 16, 256, 256), "light": (8, 2, 256, 128)}
-        results["serving"] = serving(model, root, args.pool, workloads)
+        workloads = {k: v for k, v in workloads.items() if k in args.workloads}
+        rounds = [serving(model, root, args.pool, workloads) for _ in range(args.rounds)]
+        results["serving"] = rounds[0] if len(rounds) == 1 else {"rounds": rounds}
     if "collectives" in args.parts:
-        results["collectives"] = collectives(model, args.steps)
+        results["collectives"] = collectives(model, args.steps, args.decode_batch)
     text = json.dumps(results, indent=1)
     print(text)
     if args.out:

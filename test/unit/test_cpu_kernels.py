@@ -63,7 +63,9 @@ def _close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("head_dim", [64, 128, 24])  # AVX-512 paths (64, 128) and the generic one
+# 64 / 128: the fixed-width vector paths; 24: AVX2's any-multiple-of-8 path, AVX-512's portable
+# one; 20: the portable path everywhere
+@pytest.mark.parametrize("head_dim", [64, 128, 24, 20])
 @pytest.mark.parametrize("heads", [(4, 4), (9, 3), (8, 1)])
 def test_decode_attention_matches_reference(ops, dtype, head_dim, heads):
     hq, hk = heads
@@ -81,6 +83,50 @@ def test_decode_attention_matches_reference(ops, dtype, head_dim, heads):
     assert not q.is_contiguous()
     out = ops.decode_attention(q, k_buf, v_buf, slots, lens, head_dim**-0.5)
     _close(out, ref.decode_attention(q, k_buf, v_buf, slots, lens, head_dim**-0.5), dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dims", [(64, 32), (40, 64), (24, 12)])
+def test_decode_attention_value_dim_differs(ops, dtype, dims):
+    """V rows narrower / wider than K rows (the output has V's head dim); lengths around the
+    8-key blocks of the AVX2 path."""
+    d, dv = dims
+    g = torch.Generator().manual_seed(d + dv)
+    rows, hq, hk = 400, 6, 2
+    k_buf = torch.randn(hk, rows, d, generator=g).to(dtype)
+    v_buf = torch.randn(hk, rows, dv, generator=g).to(dtype)
+    lens = torch.tensor([1, 7, 8, 9, 15, 16, 17, 300])
+    slots = torch.stack([torch.randperm(rows, generator=g)[:300] for _ in lens])
+    q = torch.randn(len(lens), hq, d, generator=g).to(dtype)
+    out = ops.decode_attention(q, k_buf, v_buf, slots, lens, d**-0.5)
+    assert out.shape == (len(lens), hq, dv)
+    _close(out, ref.decode_attention(q, k_buf, v_buf, slots, lens, d**-0.5), dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("width", [1, 7, 8, 9, 23, 581])  # below, at and past the 8 / 16-lane bodies
+def test_norm_silu_rope_odd_widths(ops, dtype, width):
+    """Row widths that leave vector tails (every build: 8-lane AVX2 bodies, 16-lane AVX-512 ones,
+    scalar tails), a strided x, and RoPE with rotary halves that are not multiples of 8."""
+    g = torch.Generator().manual_seed(width)
+    rows = 5
+    wide = torch.randn(rows, width + 3, generator=g).to(dtype)
+    x = wide[:, :width]  # strided rows
+    r = torch.randn(rows, width, generator=g).to(dtype)
+    w = (1 + 0.1 * torch.randn(width, generator=g)).to(dtype)
+    _close(ops.rms_norm(x, w, 1e-5), ref.rms_norm(x, w, 1e-5), dtype)
+    out, res = ops.add_rms_norm(x, r, w, 1e-5)
+    ref_out, ref_res = ref.add_rms_norm(x, r, w, 1e-5)
+    assert torch.equal(res, ref_res)  # the residual add rounds exactly like torch's
+    _close(out, ref_out, dtype)
+    gu = torch.randn(rows, 2 * width, generator=g).to(dtype) * 4
+    _close(ops.silu_and_mul(gu), ref.silu_and_mul(gu), dtype)
+    head = 2 * width + 6
+    for rot in sorted({2, 2 * width, 2 * (width // 2) + 2}):  # halves of 1, width and about width / 2
+        x3 = torch.randn(rows, 3, head, generator=g).to(dtype)[:, :2]  # strided heads
+        cos = torch.randn(rows, rot, generator=g).to(dtype)
+        sin = torch.randn(rows, rot, generator=g).to(dtype)
+        _close(ops.rope(x3, cos, sin, rot), ref.rope(x3, cos, sin, rot), dtype)
 
 
 def test_decode_attention_rejects_bad_input(ops):
@@ -277,7 +323,7 @@ def _cycle(values: torch.Tensor, shift: int, width: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("width", [1, 15, 16, 17, 35, 64])  # below, at and past the 16-lane vector body
+@pytest.mark.parametrize("width", [1, 15, 16, 17, 25, 35, 64])  # around the 8 / 16-lane vector bodies
 def test_silu_edge_values_every_width(ops, dtype, width):
     """silu_and_mul on huge, tiny (denormal), signed-zero, infinite and NaN gates and ups, every
     value at every lane position, at row widths around the vector length (AVX-512: vector body
@@ -394,6 +440,12 @@ def test_variants_a_cpu_runs():
     ]  # fmt: skip
     assert not isa.runnable(isa.variant("avx2", x86), None)  # flags unknown: generic only
     assert [(v.name, v.cflags) for v in isa.variants("aarch64")] == [("generic", ())]
+    # the avx2 build: AVX2 + FMA + F16C (its intrinsics paths' guard) and nothing of AVX-512, so
+    # AVX2-only CPUs (AMD Zen 1-3) can run all of it
+    avx2 = isa.variant("avx2", x86)
+    assert {"-mavx2", "-mfma", "-mf16c"} <= set(avx2.cflags) and not any("avx512" in f or "amx" in f for f in avx2.cflags)
+    assert set(avx2.cpu_flags) == {"avx2", "fma", "f16c"}
+    assert not any(f.startswith("-m") and f != "-march=x86-64" for f in isa.variant("generic", x86).cflags)
     assert isa.variant("avx512", x86).sources == (isa.OPS_SOURCE, isa.AMX_SOURCE)
     assert isa.variant("avx2", x86).sources == (isa.OPS_SOURCE,)
     with pytest.raises(ValueError, match="unknown CPU kernel variant"):

@@ -1,7 +1,9 @@
 // Fused CPU kernels of the sglang engine, compiled at install time (setup.py) once per instruction
 // set variant (kernels/cpu/isa.py: avx512, avx2, generic); the loader imports the best one the CPU
-// runs. Intrinsics paths are guarded by the compiler's ISA macros, so the avx2 / generic builds are
-// the portable loops (which the compiler vectorises for the variant's target).
+// runs. Intrinsics paths are guarded by the compiler's ISA macros: AVX-512 ones (decode attention,
+// bf16 SiLU) in the avx512 build, AVX2 + FMA ones (every op: 8 float32 lanes, bfloat16 widened by a
+// shift and rounded back to nearest even with integer ops) in the avx2 build, and the portable
+// loops (which the compiler vectorises for the variant's target) for the rest and the generic build.
 //
 // float32 / bfloat16 inputs; everything is computed in float32 and rounded once to the output
 // dtype. The torch reference of each op is in kernels/cpu/reference.py (tests compare them).
@@ -25,6 +27,12 @@
 #include <immintrin.h>
 
 #include "vec_exp2.h"
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+#include "vec_exp2.h"
+// the 8-lane paths below; the avx512 build keeps its own (or the compiler's 16-lane loops)
+#define SGL_AVX2 1
 #endif
 #include <cmath>
 #include <cstdint>
@@ -42,9 +50,11 @@ inline float to_f(uint16_t x) { return __builtin_bit_cast(float, static_cast<uin
 // exp(x) in float32 that the compiler vectorises (libm's expf is scalar without -ffast-math):
 // 2^n * e^r with n = round(x / ln 2), |r| <= ln 2 / 2, degree-6 Taylor series for e^r;
 // relative error < 2e-7. Inputs are clamped to [-87, 88] (results stay finite and normal).
+// n is rounded by adding and subtracting 1.5 * 2^23 (nearest even, |x / ln 2| < 2^22), not by
+// floor: without SSE4.1 (the generic build) floor is a libm call and the loops stay scalar.
 inline float vexp(float x) {
   x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  const float n = (x * 1.44269504088896341f + 12582912.f) - 12582912.f;
   const float r = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;
   float p = 1.f / 720.f;
   p = p * r + 1.f / 120.f;
@@ -93,6 +103,47 @@ inline __m512 load16(const uint16_t* p) {
 }
 #endif
 
+#if defined(SGL_AVX2)
+// 8 lanes of float32 from / to float32 and bfloat16 memory, bf16 stored rounded to nearest even
+// (from_f<uint16_t>'s integer ops, 8 at a time). f_to_bf16_lanes leaves NaN to the rounding: every
+// value these kernels round is computed from bf16 data, so a NaN in it is the CPU's default NaN or
+// one propagated from a bf16 input (low 16 bits zero); both round to a NaN (a payload that could
+// carry into the sign bit only arises from float32 data, never rounded here).
+inline __m256i f_to_bf16_lanes(__m256 x) {  // the bf16 bits in the low half of each 32-bit lane
+  const __m256i u = _mm256_castps_si256(x);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  return _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), lsb), 16);
+}
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 bf16_bits_to_f(__m128i raw) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
+inline __m256 load8(const uint16_t* p) { return bf16_bits_to_f(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline __m128i f_to_bf16_bits(__m256 x) {
+  const __m256i r = f_to_bf16_lanes(x);
+  return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));  // each <= 0xFFFF
+}
+inline void store8(float* p, __m256 x) { _mm256_storeu_ps(p, x); }
+inline void store8(uint16_t* p, __m256 x) { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), f_to_bf16_bits(x)); }
+inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+inline float hmax8(__m256 v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
+// the 8 horizontal sums of a[0..7], as one vector (lane b = sum of a[b])
+inline __m256 hsum8x8(const __m256* a) {
+  const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+  const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);  // [a0..a3 low | a0..a3 high], a4..a7
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+#endif
+
 void check_cpu_float(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu(), name, " must be a CPU tensor");
   TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16, name,
@@ -104,6 +155,170 @@ struct Task {
   int64_t req, head, begin, end;
 };
 
+#if defined(SGL_AVX2)
+// s[0..L) <- e^(s - max), returns the max and the sum (sum of exp_accurate over 8 lanes, vexp tail)
+inline void softmax_avx2(float* __restrict__ s, int64_t L, float& mx, float& sm) {
+  int64_t j = 0;
+  __m256 vm = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  for (; j + 8 <= L; j += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(s + j));
+  float m = hmax8(vm);
+  for (; j < L; ++j) m = s[j] > m ? s[j] : m;
+  const __m256 vmax = _mm256_set1_ps(m);
+  __m256 vsum = _mm256_setzero_ps();
+  for (j = 0; j + 8 <= L; j += 8) {
+    const __m256 e = sgl_vec::exp_accurate(_mm256_sub_ps(_mm256_loadu_ps(s + j), vmax));
+    _mm256_storeu_ps(s + j, e);
+    vsum = _mm256_add_ps(vsum, e);
+  }
+  float sum = hsum8(vsum);
+  for (; j < L; ++j) {
+    s[j] = vexp(s[j] - m);
+    sum += s[j];
+  }
+  mx = m;
+  sm = sum;
+}
+
+// attend_task_avx2 for bfloat16 K / V and a head dim HD that is a multiple of 16: each load takes 16
+// values and widens them by interleaving with zeros (each bf16 lands in the top half of a float
+// lane: no shift, one shuffle per 8 lanes). The interleave works within 128-bit halves, so of a
+// 16-dim chunk `lo` holds dims {0-3, 8-11} and `hi` dims {4-7, 12-15}: q is put in that order for
+// the dot products, P V accumulates in it and is put back in order when stored.
+template <int HD>
+void attend_task_avx2_bf16(const float* __restrict__ qf, const uint16_t* __restrict__ kh,
+                           const uint16_t* __restrict__ vh, const int64_t* __restrict__ srow, int64_t L,
+                           int64_t G, float* __restrict__ scores, float* __restrict__ part, float* __restrict__ mx,
+                           float* __restrict__ sm) {
+  static_assert(HD % 16 == 0, "16-dim chunks");
+  constexpr int NC = HD / 16;
+  const __m256i zero = _mm256_setzero_si256();
+  std::vector<float> qperm(G * HD);
+  for (int64_t g = 0; g < G; ++g) {
+    for (int c = 0; c < NC; ++c) {
+      const __m256 a = _mm256_loadu_ps(qf + g * HD + 16 * c), b = _mm256_loadu_ps(qf + g * HD + 16 * c + 8);
+      _mm256_storeu_ps(&qperm[g * HD + 16 * c], _mm256_permute2f128_ps(a, b, 0x20));
+      _mm256_storeu_ps(&qperm[g * HD + 16 * c + 8], _mm256_permute2f128_ps(a, b, 0x31));
+    }
+  }
+  for (int64_t j0 = 0; j0 < L; j0 += 8) {
+    const int64_t nb = std::min<int64_t>(8, L - j0);
+    const uint16_t* kr[8];
+    for (int64_t b = 0; b < 8; ++b) kr[b] = kh + srow[j0 + (b < nb ? b : 0)] * HD;  // a short block repeats key 0
+    for (int64_t j = j0 + 8; j < std::min(L, j0 + 16); ++j) {  // rows are scattered: fetch the next block
+      const char* ka = reinterpret_cast<const char*>(kh + srow[j] * HD);
+      for (size_t b = 0; b < HD * sizeof(uint16_t); b += 64) _mm_prefetch(ka + b, _MM_HINT_T0);
+      const char* va = reinterpret_cast<const char*>(vh + srow[j] * HD);
+      for (size_t b = 0; b < HD * sizeof(uint16_t); b += 64) _mm_prefetch(va + b, _MM_HINT_T1);
+    }
+    for (int64_t g = 0; g < G; ++g) {
+      const float* __restrict__ qg = qperm.data() + g * HD;
+      __m256 acc[8];
+      for (int b = 0; b < 8; ++b) acc[b] = _mm256_setzero_ps();
+      for (int c = 0; c < NC; ++c) {
+        const __m256 qlo = _mm256_loadu_ps(qg + 16 * c), qhi = _mm256_loadu_ps(qg + 16 * c + 8);
+        for (int b = 0; b < 8; ++b) {
+          const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kr[b] + 16 * c));
+          acc[b] = _mm256_fmadd_ps(qlo, _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, raw)), acc[b]);
+          acc[b] = _mm256_fmadd_ps(qhi, _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, raw)), acc[b]);
+        }
+      }
+      const __m256 s8 = hsum8x8(acc);
+      if (nb == 8) {
+        _mm256_storeu_ps(scores + g * L + j0, s8);
+      } else {
+        alignas(32) float tmp[8];
+        _mm256_store_ps(tmp, s8);
+        std::copy(tmp, tmp + nb, scores + g * L + j0);
+      }
+    }
+  }
+  for (int64_t g = 0; g < G; ++g) {
+    float* __restrict__ s = scores + g * L;
+    softmax_avx2(s, L, mx[g], sm[g]);
+    float* __restrict__ out = part + g * HD;
+    constexpr int CPP = NC < 4 ? NC : 4;  // 16-dim chunks per pass over the keys (8 accumulators)
+    for (int c0 = 0; c0 < NC; c0 += CPP) {
+      __m256 acc[2 * CPP];
+      for (int c = 0; c < 2 * CPP; ++c) acc[c] = _mm256_setzero_ps();
+      for (int64_t j = 0; j < L; ++j) {
+        const uint16_t* __restrict__ vrow = vh + srow[j] * HD + 16 * c0;
+        const __m256 p = _mm256_set1_ps(s[j]);
+        for (int c = 0; c < CPP; ++c) {
+          const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(vrow + 16 * c));
+          acc[2 * c] = _mm256_fmadd_ps(p, _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, raw)), acc[2 * c]);
+          acc[2 * c + 1] = _mm256_fmadd_ps(p, _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, raw)), acc[2 * c + 1]);
+        }
+      }
+      for (int c = 0; c < CPP; ++c) {
+        _mm256_storeu_ps(out + 16 * (c0 + c), _mm256_permute2f128_ps(acc[2 * c], acc[2 * c + 1], 0x20));
+        _mm256_storeu_ps(out + 16 * (c0 + c) + 8, _mm256_permute2f128_ps(acc[2 * c], acc[2 * c + 1], 0x31));
+      }
+    }
+  }
+}
+
+// attend_task (below) on 8-lane vectors, for head dims that are multiples of 8. Scores of 8 keys at
+// a time per query head (8 dot products reduced together by hsum8x8), softmax with exp_accurate,
+// P V with the output row in registers (up to 64 columns per pass over the keys).
+template <typename T, int HD>
+void attend_task_avx2(const float* __restrict__ qf, const T* __restrict__ kh, const T* __restrict__ vh,
+                      const int64_t* __restrict__ srow, int64_t L, int64_t G, int64_t D_, int64_t Dv_,
+                      float* __restrict__ scores, float* __restrict__ part, float* __restrict__ mx,
+                      float* __restrict__ sm) {
+  if constexpr (std::is_same_v<T, uint16_t> && HD > 0 && HD % 16 == 0) {
+    attend_task_avx2_bf16<HD>(qf, kh, vh, srow, L, G, scores, part, mx, sm);
+    return;
+  }
+  const int64_t D = HD > 0 ? HD : D_;
+  const int64_t Dv = HD > 0 ? HD : Dv_;
+  for (int64_t j0 = 0; j0 < L; j0 += 8) {
+    const int64_t nb = std::min<int64_t>(8, L - j0);
+    const T* kr[8];
+    for (int64_t b = 0; b < 8; ++b) kr[b] = kh + srow[j0 + (b < nb ? b : 0)] * D;  // a short block repeats key 0
+    for (int64_t j = j0 + 8; j < std::min(L, j0 + 16); ++j) {  // rows are scattered: fetch the next block
+      const char* ka = reinterpret_cast<const char*>(kh + srow[j] * D);
+      for (size_t b = 0; b < D * sizeof(T); b += 64) _mm_prefetch(ka + b, _MM_HINT_T0);
+      const char* va = reinterpret_cast<const char*>(vh + srow[j] * Dv);
+      for (size_t b = 0; b < Dv * sizeof(T); b += 64) _mm_prefetch(va + b, _MM_HINT_T1);
+    }
+    for (int64_t g = 0; g < G; ++g) {
+      const float* __restrict__ qg = qf + g * D;
+      __m256 acc[8];
+      const __m256 q0 = _mm256_loadu_ps(qg);
+      for (int b = 0; b < 8; ++b) acc[b] = _mm256_mul_ps(q0, load8(kr[b]));
+      for (int64_t c = 8; c < D; c += 8) {
+        const __m256 qc = _mm256_loadu_ps(qg + c);
+        for (int b = 0; b < 8; ++b) acc[b] = _mm256_fmadd_ps(qc, load8(kr[b] + c), acc[b]);
+      }
+      const __m256 s8 = hsum8x8(acc);
+      if (nb == 8) {
+        _mm256_storeu_ps(scores + g * L + j0, s8);
+      } else {
+        alignas(32) float tmp[8];
+        _mm256_store_ps(tmp, s8);
+        std::copy(tmp, tmp + nb, scores + g * L + j0);
+      }
+    }
+  }
+  for (int64_t g = 0; g < G; ++g) {
+    float* __restrict__ s = scores + g * L;
+    softmax_avx2(s, L, mx[g], sm[g]);
+    float* __restrict__ out = part + g * Dv;
+    for (int64_t c0 = 0; c0 < Dv; c0 += 64) {
+      const int nc = static_cast<int>(std::min<int64_t>(8, (Dv - c0) / 8));
+      __m256 acc[8];
+      for (int c = 0; c < 8; ++c) acc[c] = _mm256_setzero_ps();
+      for (int64_t jj = 0; jj < L; ++jj) {
+        const T* __restrict__ vrow = vh + srow[jj] * Dv + c0;
+        const __m256 p = _mm256_set1_ps(s[jj]);
+        for (int c = 0; c < nc; ++c) acc[c] = _mm256_fmadd_ps(p, load8(vrow + 8 * c), acc[c]);
+      }
+      for (int c = 0; c < nc; ++c) _mm256_storeu_ps(out + c0 + 8 * c, acc[c]);
+    }
+  }
+}
+#endif
+
 // One (request, kv head, slot range) task: scores of its G query heads, softmax statistics and the
 // unnormalised output. HD > 0 fixes the head dim at compile time (accumulators stay in registers).
 template <typename T, int HD>
@@ -113,6 +328,12 @@ void attend_task(const float* __restrict__ qf, const T* __restrict__ kh, const T
                  float* __restrict__ sm) {
   const int64_t D = HD > 0 ? HD : D_;
   const int64_t Dv = HD > 0 ? HD : Dv_;
+#if defined(SGL_AVX2)
+  if (D % 8 == 0 && Dv % 8 == 0) {
+    attend_task_avx2<T, HD>(qf, kh, vh, srow, L, G, D, Dv, scores, part, mx, sm);
+    return;
+  }
+#endif
 #if defined(__AVX512F__)
   if constexpr (HD > 0 && HD % 16 == 0) {
     constexpr int NV = HD / 16;
@@ -317,23 +538,50 @@ void rms_norm_impl(const at::Tensor& x, const at::Tensor* residual, const at::Te
     std::vector<float> buf(N);
     for (int64_t r = b; r < e; ++r) {
       const storage_t<T>* xr = xp + r * sx;
-      if (rp) {
-        const storage_t<T>* rr = rp + r * sr;
-        storage_t<T>* ro = rop + r * N;
-        for (int64_t c = 0; c < N; ++c) {
+      const storage_t<T>* rr = rp ? rp + r * sr : nullptr;
+      storage_t<T>* ro = rop ? rop + r * N : nullptr;
+      int64_t c0 = 0;  // columns before c0 done by the vector path
+      float ss = 0.f;
+#if defined(SGL_AVX2)
+      {
+        __m256 vss = _mm256_setzero_ps();
+        for (; c0 + 8 <= N; c0 += 8) {
+          __m256 v = load8(xr + c0);
+          if (rr) {
+            v = _mm256_add_ps(v, load8(rr + c0));
+            if constexpr (std::is_same_v<storage_t<T>, uint16_t>) {  // the add is rounded, as torch's is
+              const __m128i bits = f_to_bf16_bits(v);
+              _mm_storeu_si128(reinterpret_cast<__m128i*>(ro + c0), bits);
+              v = bf16_bits_to_f(bits);
+            } else {
+              _mm256_storeu_ps(ro + c0, v);
+            }
+          }
+          _mm256_storeu_ps(buf.data() + c0, v);
+          vss = _mm256_fmadd_ps(v, v, vss);
+        }
+        ss = hsum8(vss);
+      }
+#endif
+      if (rr) {
+        for (int64_t c = c0; c < N; ++c) {
           const storage_t<T> sum = from_f<storage_t<T>>(to_f(xr[c]) + to_f(rr[c]));  // the add is rounded, as torch's is
           ro[c] = sum;
           buf[c] = to_f(sum);
         }
       } else {
-        for (int64_t c = 0; c < N; ++c) buf[c] = to_f(xr[c]);
+        for (int64_t c = c0; c < N; ++c) buf[c] = to_f(xr[c]);
       }
-      float ss = 0.f;
 #pragma omp simd reduction(+ : ss)
-      for (int64_t c = 0; c < N; ++c) ss += buf[c] * buf[c];
+      for (int64_t c = c0; c < N; ++c) ss += buf[c] * buf[c];
       const float inv = 1.f / std::sqrt(ss / static_cast<float>(N) + feps);
       storage_t<T>* orow = op + r * N;
-      for (int64_t c = 0; c < N; ++c) orow[c] = from_f<storage_t<T>>(buf[c] * inv * to_f(wp[c]));
+      int64_t c1 = 0;
+#if defined(SGL_AVX2)
+      const __m256 vinv = _mm256_set1_ps(inv);
+      for (; c1 + 8 <= N; c1 += 8) store8(orow + c1, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(buf.data() + c1), vinv), load8(wp + c1)));
+#endif
+      for (int64_t c = c1; c < N; ++c) orow[c] = from_f<storage_t<T>>(buf[c] * inv * to_f(wp[c]));
     }
   });
 }
@@ -388,6 +636,27 @@ inline __m256i silu_mul16(const uint16_t* gate, const uint16_t* up) {
   const __m512 y = _mm512_mul_ps(_mm512_mul_ps(g, r), load16(up));
   return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(y));
 }
+#elif defined(SGL_AVX2)
+// silu(g) * u for 8 lanes whose result is rounded to bfloat16: silu_mul16's method on 8 lanes
+// (e^-g as exp2_fast(-g log2 e), 1 / (1 + e^-g) by rcp and one Newton step; 0 below g = -126 ln 2)
+inline __m256 silu_mul8_bf16(__m256 g, __m256 u) {
+  const __m256 t_raw = _mm256_mul_ps(g, _mm256_set1_ps(-1.44269504088896341f));
+  const __m256 t = _mm256_min_ps(t_raw, _mm256_set1_ps(126.f));
+  const __m256 den = _mm256_add_ps(sgl_vec::exp2_fast_below(t), _mm256_set1_ps(1.f));
+  __m256 r = _mm256_rcp_ps(den);
+  r = _mm256_mul_ps(r, _mm256_fnmadd_ps(den, r, _mm256_set1_ps(2.f)));  // Newton: r (2 - den r)
+  r = _mm256_andnot_ps(_mm256_cmp_ps(t_raw, _mm256_set1_ps(126.f), _CMP_GT_OQ), r);
+  return _mm256_mul_ps(_mm256_mul_ps(g, r), u);
+}
+// the float32 form: the scalar loop's math on 8 lanes (exp_accurate, a true division; e^-g is inf
+// above -g = 88, so g / inf is -0 for finite g and NaN for g = -inf, as torch's g * sigmoid(g))
+inline __m256 silu_mul8_f32(__m256 g, __m256 u) {
+  const __m256 ng = _mm256_sub_ps(_mm256_setzero_ps(), g);
+  __m256 e = sgl_vec::exp_accurate(ng);
+  e = _mm256_blendv_ps(e, _mm256_set1_ps(std::numeric_limits<float>::infinity()),
+                       _mm256_cmp_ps(ng, _mm256_set1_ps(88.f), _CMP_GT_OQ));
+  return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(e, _mm256_set1_ps(1.f))), u);
+}
 #endif
 
 template <typename T>
@@ -407,6 +676,25 @@ void silu_and_mul_impl(const at::Tensor& x, at::Tensor& out) {
         for (; c0 + 16 <= d; c0 += 16) {
           _mm256_storeu_si256(reinterpret_cast<__m256i*>(orow + c0), silu_mul16(gate + c0, up + c0));
         }
+      }
+#elif defined(SGL_AVX2)
+      if constexpr (std::is_same_v<T, at::BFloat16>) {
+        // 16 values per step, widened by interleaving with zeros (no shifts): lo = values {0-3, 8-11},
+        // hi = {4-7, 12-15}; packus's in-lane order puts the results back in place
+        const __m256i zero = _mm256_setzero_si256();
+        for (; c0 + 16 <= d; c0 += 16) {
+          const __m256i graw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gate + c0));
+          const __m256i uraw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(up + c0));
+          const __m256 ylo = silu_mul8_bf16(_mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, graw)),
+                                            _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, uraw)));
+          const __m256 yhi = silu_mul8_bf16(_mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, graw)),
+                                            _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, uraw)));
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(orow + c0),
+                              _mm256_packus_epi32(f_to_bf16_lanes(ylo), f_to_bf16_lanes(yhi)));
+        }
+        for (; c0 + 8 <= d; c0 += 8) store8(orow + c0, silu_mul8_bf16(load8(gate + c0), load8(up + c0)));
+      } else {
+        for (; c0 + 8 <= d; c0 += 8) store8(orow + c0, silu_mul8_f32(load8(gate + c0), load8(up + c0)));
       }
 #endif
       float* __restrict__ gp = g.data();
@@ -457,8 +745,17 @@ void rope_impl(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin
         const storage_t<T>* xr = xp + t * sx0 + h * sx1;
         storage_t<T>* orow = op + (t * H + h) * D;
         // sin is "signed": its first half negated, so out = x * cos + roll(x, half) * sin
-        for (int64_t i = 0; i < half; ++i) orow[i] = from_f<storage_t<T>>(to_f(xr[i]) * c[i] + to_f(xr[i + half]) * s[i]);
-        for (int64_t i = half; i < rot; ++i) orow[i] = from_f<storage_t<T>>(to_f(xr[i]) * c[i] + to_f(xr[i - half]) * s[i]);
+        int64_t i0 = 0;  // pairs (i, i + half) before i0 done by the vector path
+#if defined(SGL_AVX2)
+        for (; i0 + 8 <= half; i0 += 8) {
+          const __m256 x0 = load8(xr + i0), x1 = load8(xr + i0 + half);
+          store8(orow + i0, _mm256_fmadd_ps(x1, _mm256_loadu_ps(&s[i0]), _mm256_mul_ps(x0, _mm256_loadu_ps(&c[i0]))));
+          store8(orow + i0 + half,
+                 _mm256_fmadd_ps(x0, _mm256_loadu_ps(&s[i0 + half]), _mm256_mul_ps(x1, _mm256_loadu_ps(&c[i0 + half]))));
+        }
+#endif
+        for (int64_t i = i0; i < half; ++i) orow[i] = from_f<storage_t<T>>(to_f(xr[i]) * c[i] + to_f(xr[i + half]) * s[i]);
+        for (int64_t i = half + i0; i < rot; ++i) orow[i] = from_f<storage_t<T>>(to_f(xr[i]) * c[i] + to_f(xr[i - half]) * s[i]);
         for (int64_t i = rot; i < D; ++i) orow[i] = xr[i];
       }
     }
