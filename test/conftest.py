@@ -20,3 +20,13 @@ def pytest_collection_modifyitems(config, items):
         marker = _FOLDER_MARKERS.get(folder)
         if marker is not None:
             item.add_marker(marker)
+
+
+@pytest.fixture(autouse=True)
+def _forget_cpu_auto_dtype():
+    """`--dtype auto` on CPU records its choice per process (platforms/cpu.py: the linears packed
+    after loading read it); a test that resolved auto must not change how a later test packs."""
+    yield
+    from sglang.srt.platforms.cpu import forget_auto_dtype
+
+    forget_auto_dtype()

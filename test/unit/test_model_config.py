@@ -9,6 +9,7 @@ import torch
 from transformers import LlamaConfig, Qwen3Config
 
 from sglang.srt.configs.model_config import ModelConfig, resolve_dtype
+from sglang.srt.platforms.cpu import choose_dtype
 from sglang.test.tiny_models import TINY_LLAMA_DIR
 
 
@@ -31,7 +32,7 @@ def test_reads_sizes_eos_and_context(tmp_path):
     assert mc.head_dim == 16 and mc.vocab_size == 300
     assert mc.context_len == 777
     assert mc.eos_token_ids == [2, 9]
-    assert mc.dtype == torch.bfloat16  # auto on CPU
+    assert mc.dtype == choose_dtype().dtype  # auto on CPU: from this CPU's flags (test_cpu_dtype.py)
     assert mc.get_num_kv_heads(4) == 1 and mc.get_num_kv_heads(2) == 1 and mc.get_num_kv_heads(1) == 2
     assert ModelConfig(path, context_length=100).context_len == 100
     with pytest.raises(ValueError, match="max_position_embeddings"):
@@ -50,7 +51,7 @@ def test_head_dim_from_config_and_dtype_policy(tmp_path):
         resolve_dtype("int8", mc.hf_config)
     half_cfg = LlamaConfig(torch_dtype="float16")
     assert resolve_dtype("auto", half_cfg, device="cuda") == torch.float16
-    assert resolve_dtype("auto", half_cfg, device="cpu") == torch.bfloat16
+    assert resolve_dtype("auto", half_cfg, device="cpu") == choose_dtype().dtype  # not the config's float16
 
 
 def test_bad_paths(tmp_path):

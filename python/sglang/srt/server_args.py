@@ -114,7 +114,9 @@ class ServerArgs:
 
     # ------------------------------------------------------------------ data type
     dtype: str = arg(
-        "auto", "Data type of weights and activations; auto: bfloat16 on CPU, the model's half type on GPU/NPU.",
+        "auto", "Data type of weights and activations; auto: on CPU chosen from its instructions (bfloat16 with "
+        "AMX / AVX-512; on AVX2 bfloat16 with float32 GEMMs for prefill, logged at start-up), the model's "
+        "half type on GPU/NPU.",
         G_DTYPE, choices=["auto", "float32", "bfloat16", "float16"])  # fmt: skip
 
     # ------------------------------------------------------------------ memory and scheduling

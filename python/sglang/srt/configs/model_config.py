@@ -47,18 +47,18 @@ def load_hf_config(model_path: str, load_format: str = "auto", trust_remote_code
 
 
 def resolve_dtype(requested: str, hf_config: Any, device: str = "cpu") -> torch.dtype:
-    """Turn `--dtype` into a torch dtype; `auto` is bfloat16 on CPU, the config's half type elsewhere."""
+    """Turn `--dtype` into a torch dtype. `auto` is the platform's choice (`Platform.resolve_auto_dtype`):
+    on CPU from the instructions the CPU has (platforms/cpu.py, logged), elsewhere the config's half type."""
+    from sglang.srt.platforms import get_platform
+
+    platform = get_platform(device)
     if requested != "auto":
         if requested not in _DTYPES:
             raise ValueError(f"--dtype must be one of auto, float32, bfloat16, float16; got {requested!r}")
         dtype = _DTYPES[requested]
-    elif device == "cpu":
-        dtype = torch.bfloat16
+        platform.forget_auto_dtype()  # an explicit dtype runs as given (no mixed GEMMs)
     else:
-        cfg_dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
-        if isinstance(cfg_dtype, str):
-            cfg_dtype = _DTYPES.get(cfg_dtype)
-        dtype = cfg_dtype if cfg_dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
+        dtype = platform.resolve_auto_dtype(hf_config)
     if device == "cpu" and dtype == torch.float16:
         raise ValueError("--dtype float16 is not supported on CPU (use bfloat16 or float32)")
     return dtype

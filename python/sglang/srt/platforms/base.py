@@ -117,6 +117,16 @@ class Platform:
     def configure_process(self) -> None:
         """Process-wide tuning for a process that runs a model (called once by ModelRunner)."""
 
+    def resolve_auto_dtype(self, hf_config: Any = None) -> torch.dtype:
+        """`--dtype auto`: the half type the model config names (float16 / bfloat16), else bfloat16."""
+        cfg_dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+        if isinstance(cfg_dtype, str):
+            cfg_dtype = {"float16": torch.float16, "half": torch.float16, "bfloat16": torch.bfloat16}.get(cfg_dtype)
+        return cfg_dtype if cfg_dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
+
+    def forget_auto_dtype(self) -> None:
+        """Drop any process-wide state of an earlier `--dtype auto` choice (an explicit dtype follows)."""
+
     def prepacked_linear(self, dtype: torch.dtype, device: torch.device) -> Optional[tuple[Any, Any]]:
         """(pack(weight) -> packed, kernel(x2d, packed, bias) -> y) for a packed-weight linear
         of this dtype, or None (plain F.linear). See layers/linear_prepack.py."""

@@ -3,12 +3,174 @@
 from __future__ import annotations
 
 import ctypes
+import functools
+import logging
 import os
-from typing import Any, ContextManager, Optional
+from dataclasses import dataclass
+from typing import Any, ContextManager, Iterable, Optional
 
 import torch
 
 from sglang.srt.platforms.base import NullEvent, NullStream, Platform, null_stream_context
+
+logger = logging.getLogger(__name__)
+
+# ---------------------------------------------------------------------------- dtype of `--dtype auto`
+# CPU kinds, best first: what the bf16 GEMMs of oneDNN / torch run on.
+CPU_KINDS = ("amx", "avx512-bf16", "avx512", "avx2", "generic")
+# A representative flag set per kind (for SGLANG_CPU_FLAGS_OVERRIDE=<kind> and tests).
+KIND_FLAGS: dict[str, frozenset[str]] = {
+    "generic": frozenset({"sse2", "sse4_2"}),
+    "avx2": frozenset({"sse2", "sse4_2", "avx", "avx2", "fma", "f16c"}),
+}
+KIND_FLAGS["avx512"] = KIND_FLAGS["avx2"] | {"avx512f", "avx512dq", "avx512bw", "avx512vl", "avx512_vnni"}
+KIND_FLAGS["avx512-bf16"] = KIND_FLAGS["avx512"] | {"avx512_bf16"}
+KIND_FLAGS["amx"] = KIND_FLAGS["avx512-bf16"] | {"amx_tile", "amx_bf16", "amx_int8"}
+_AVX512 = frozenset(f for f in KIND_FLAGS["amx"] if f.startswith(("avx512", "amx")))
+
+# Where bf16 GEMMs are not native (AVX2, generic): the model runs in float32, and linears over at
+# most this many tokens (one sequence decoding) read a bf16 copy of the weight instead (half the
+# bytes; torch's bf16 fallback reads the weight once per row, so it loses from two rows on).
+# Measured in docs/benchmarks.md ("--dtype auto on CPUs without native bf16").
+BF16_GEMM_MAX_TOKENS = 1
+# AVX-512 without AMX (with or without AVX512-BF16): bf16 model, but linears over at least this many tokens run float32 GEMMs
+# on float32 weight copies (oneDNN's bf16 GEMM is slower than float32 from ~32 rows on there).
+FLOAT32_GEMM_MIN_TOKENS = 32
+
+
+@dataclass(frozen=True)
+class CpuDtypeChoice:
+    """What `--dtype auto` runs on a CPU: `dtype` of weights / KV / activations, and, when
+    `bf16_gemm_max_tokens` is set (float32 only), linears over at most that many tokens read a bf16
+    copy of their weight (layers/linear_mixed.py)."""
+
+    kind: str
+    dtype: torch.dtype
+    reason: str
+    bf16_gemm_max_tokens: Optional[int] = None
+    float32_gemm_min_tokens: Optional[int] = None
+
+    @property
+    def mode(self) -> str:
+        name = str(self.dtype).replace("torch.", "")
+        if self.bf16_gemm_max_tokens is not None:
+            return f"{name} + bf16 weight copies for GEMMs of <= {self.bf16_gemm_max_tokens} token(s)"
+        if self.float32_gemm_min_tokens is not None:
+            return f"{name} + float32 weight copies for GEMMs of >= {self.float32_gemm_min_tokens} tokens"
+        return name
+
+
+@functools.lru_cache(maxsize=None)
+def _proc_cpu_flags() -> Optional[frozenset[str]]:
+    from sglang.srt.kernels.cpu import isa  # standard library only; the one reader of /proc/cpuinfo
+
+    return isa.cpu_flags()
+
+
+def _flags_override(text: str) -> frozenset[str]:
+    """SGLANG_CPU_FLAGS_OVERRIDE: a CPU kind name (amx, avx512-bf16, avx512, avx2, generic) or a
+    list of /proc/cpuinfo flags separated by spaces or commas."""
+    text = text.strip().lower()
+    if text in KIND_FLAGS:
+        return KIND_FLAGS[text]
+    return frozenset(text.replace(",", " ").split())
+
+
+# ONEDNN_MAX_CPU_ISA values (oneDNN's names, lowercase) -> the kind they cap oneDNN at
+_ONEDNN_CAPS = (
+    ("avx512_core_amx", "amx"),
+    ("avx10", "amx"),
+    ("avx512_core_bf16", "avx512-bf16"),
+    ("avx512_core", "avx512"),
+    ("avx2", "avx2"),
+    ("avx", "generic"),
+    ("sse41", "generic"),
+)
+
+
+def effective_cpu_flags() -> frozenset[str]:
+    """The CPU flags the dtype choice goes by: /proc/cpuinfo (read once), or
+    SGLANG_CPU_FLAGS_OVERRIDE; then without what SGLANG_CPU_ISA (avx2 / generic),
+    ONEDNN_MAX_CPU_ISA or ATEN_CPU_CAPABILITY keep our kernels / oneDNN / torch from using (so
+    `ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 SGLANG_CPU_ISA=avx2` on an AVX-512 machine is
+    treated as the AVX2 machine it emulates)."""
+    override = os.environ.get("SGLANG_CPU_FLAGS_OVERRIDE", "")
+    flags = _flags_override(override) if override.strip() else (_proc_cpu_flags() or frozenset())
+    caps = []
+    onednn = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().lower()
+    if onednn and onednn not in ("all", "default"):
+        caps += [kind for prefix, kind in _ONEDNN_CAPS if onednn.startswith(prefix)][:1]
+    isa_cap = os.environ.get("SGLANG_CPU_ISA", "auto").strip().lower()
+    # our kernels' build: a cap of its own only where oneDNN's is not given (an AVX-512 CPU without
+    # BF16 runs the avx2 build anyway, so ONEDNN_MAX_CPU_ISA=AVX512_CORE SGLANG_CPU_ISA=avx2 is one)
+    if isa_cap in ("avx2", "generic") and not onednn:
+        caps.append(isa_cap)
+    aten = os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()  # torch's own vectorised kernels
+    if aten in ("avx2", "default"):
+        caps.append("avx2" if aten == "avx2" else "generic")
+    for cap in caps:
+        flags = flags & KIND_FLAGS[cap] if cap == "generic" else flags - (_AVX512 - KIND_FLAGS[cap])
+        if cap == "generic":
+            flags = flags - {"avx2", "fma", "avx"}
+    return frozenset(flags)
+
+
+def cpu_kind(flags: Iterable[str]) -> str:
+    """The CPU kind (CPU_KINDS) of a flag set."""
+    f = set(flags)
+    if {"amx_tile", "amx_bf16"} <= f:
+        return "amx"
+    if {"avx512f", "avx512_bf16"} <= f:
+        return "avx512-bf16"
+    if "avx512f" in f:
+        return "avx512"
+    if {"avx2", "fma"} <= f:
+        return "avx2"
+    return "generic"
+
+
+def choose_dtype(flags: Optional[Iterable[str]] = None) -> CpuDtypeChoice:
+    """`--dtype auto` on a CPU with these flags (default: effective_cpu_flags())."""
+    kind = cpu_kind(effective_cpu_flags() if flags is None else flags)
+    if kind == "amx":
+        return CpuDtypeChoice(kind, torch.bfloat16, "AMX-BF16 tiles: native bf16 GEMMs")
+    if kind in ("avx512-bf16", "avx512"):
+        what = "AVX512-BF16 without AMX" if kind == "avx512-bf16" else "AVX-512 without BF16 (oneDNN converts bf16 in registers)"
+        return CpuDtypeChoice(
+            kind,
+            torch.bfloat16,
+            f"{what}: bf16 wins decode (half the bytes), but oneDNN's bf16 GEMMs are slower than float32 "
+            f"from ~{FLOAT32_GEMM_MIN_TOKENS} rows on, so prefill-sized linears run in float32",
+            float32_gemm_min_tokens=FLOAT32_GEMM_MIN_TOKENS,
+        )
+    name = "AVX2" if kind == "avx2" else "no AVX2"
+    return CpuDtypeChoice(
+        kind,
+        torch.float32,
+        f"{name}, no native bf16 dot products: bf16 GEMMs run converting fallbacks (prefill 4-9x slower "
+        "than float32), so float32 throughout, with bf16 weight copies for single-sequence decode (half the bytes)",
+        bf16_gemm_max_tokens=BF16_GEMM_MAX_TOKENS,
+    )
+
+
+# The choice `--dtype auto` made in this process (set by resolve_auto_dtype; read when the linears
+# are packed after loading). None: no auto choice, every linear runs in the model dtype.
+_auto_choice: Optional[CpuDtypeChoice] = None
+
+
+def resolve_auto_dtype(log: bool = True) -> CpuDtypeChoice:
+    """Make (and log, once per call) this process's `--dtype auto` choice."""
+    global _auto_choice
+    _auto_choice = choose_dtype()
+    if log:
+        logger.info("--dtype auto on this CPU (%s): %s; reason: %s", _auto_choice.kind, _auto_choice.mode, _auto_choice.reason)
+    return _auto_choice
+
+
+def forget_auto_dtype() -> None:
+    """Clear this process's auto choice (tests; a later explicit --dtype in the same process)."""
+    global _auto_choice
+    _auto_choice = None
 
 
 def read_meminfo(path: str = "/proc/meminfo") -> tuple[int, int]:
@@ -79,8 +241,30 @@ class CpuPlatform(Platform):
         # and decode unchanged). glibc still falls back to mmap if the heap cannot grow.
         mallopt(m_mmap_max, 0)
 
+    def resolve_auto_dtype(self, hf_config: Any = None) -> torch.dtype:
+        """`--dtype auto` on CPU: chosen from the CPU's native instructions (choose_dtype), logged."""
+        return resolve_auto_dtype().dtype
+
+    def forget_auto_dtype(self) -> None:
+        forget_auto_dtype()
+
     def prepacked_linear(self, dtype: torch.dtype, device: torch.device):
-        """oneDNN's packed bf16 linear, where this torch build and CPU support it."""
+        """oneDNN's packed bf16 linear, where this torch build and CPU support it; under
+        `--dtype auto` the mixed linears of layers/linear_mixed.py (float32 with bf16 copies without
+        native bf16; bf16 with float32 copies on AVX512-BF16 without AMX)."""
+        choice = _auto_choice
+        if choice is not None and choice.bf16_gemm_max_tokens is not None and dtype == torch.float32 and device.type == "cpu":
+            from sglang.srt.layers.linear_mixed import mixed_linear_backend
+
+            return mixed_linear_backend(choice.bf16_gemm_max_tokens, copy_budget_bytes=read_meminfo()[0] // 4)
+        onednn = self._onednn_linear(dtype, device)
+        if choice is not None and choice.float32_gemm_min_tokens is not None and dtype == torch.bfloat16 and device.type == "cpu":
+            from sglang.srt.layers.linear_mixed import float32_prefill_backend
+
+            return float32_prefill_backend(choice.float32_gemm_min_tokens, onednn, copy_budget_bytes=read_meminfo()[0] // 4)
+        return onednn
+
+    def _onednn_linear(self, dtype: torch.dtype, device: torch.device):
         ops = getattr(torch.ops, "mkldnn", None)
         if dtype != torch.bfloat16 or device.type != "cpu" or ops is None:
             return None
