@@ -113,6 +113,14 @@ SGLANG_CPU_ISA: EnvVar[str] = EnvVar(
     "this CPU runs), avx512, avx2 or generic; e.g. avx2 runs an AVX2 machine's code on an AVX-512 one.",
 )
 
+SGLANG_CPU_FLAGS_OVERRIDE: EnvVar[str] = EnvVar(
+    "SGLANG_CPU_FLAGS_OVERRIDE",
+    "",
+    str.strip,
+    "Pretend the CPU has these flags when choosing `--dtype auto` (platforms/cpu.py): a CPU kind "
+    "(amx, avx512-bf16, avx512, avx2, generic) or a comma-separated flag list; empty = /proc/cpuinfo.",
+)
+
 # ---------------------------------------------------------------- pipeline parallelism
 def parse_int_list(text: str) -> list[int]:
     """'15,15,15,16' → [15, 15, 15, 16] (spaces allowed); ValueError on anything else."""

@@ -94,7 +94,9 @@ def effective_cpu_flags() -> frozenset[str]:
     ONEDNN_MAX_CPU_ISA or ATEN_CPU_CAPABILITY keep our kernels / oneDNN / torch from using (so
     `ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 SGLANG_CPU_ISA=avx2` on an AVX-512 machine is
     treated as the AVX2 machine it emulates)."""
-    override = os.environ.get("SGLANG_CPU_FLAGS_OVERRIDE", "")
+    from sglang.srt import envs
+
+    override = envs.SGLANG_CPU_FLAGS_OVERRIDE.get()
     flags = _flags_override(override) if override.strip() else (_proc_cpu_flags() or frozenset())
     caps = []
     onednn = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().lower()
