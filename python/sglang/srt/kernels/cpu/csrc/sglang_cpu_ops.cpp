@@ -142,6 +142,16 @@ inline __m256 hsum8x8(const __m256* a) {
   const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);  // [a0..a3 low | a0..a3 high], a4..a7
   return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
+// the first n (<= 8) lanes of v to dst
+inline void store_first(float* dst, __m256 v, int64_t n) {
+  if (n == 8) {
+    _mm256_storeu_ps(dst, v);
+  } else {
+    alignas(32) float tmp[8];
+    _mm256_store_ps(tmp, v);
+    std::copy(tmp, tmp + n, dst);
+  }
+}
 #endif
 
 void check_cpu_float(const at::Tensor& t, const char* name) {
@@ -222,14 +232,7 @@ void attend_task_avx2_bf16(const float* __restrict__ qf, const uint16_t* __restr
           acc[b] = _mm256_fmadd_ps(qhi, _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, raw)), acc[b]);
         }
       }
-      const __m256 s8 = hsum8x8(acc);
-      if (nb == 8) {
-        _mm256_storeu_ps(scores + g * L + j0, s8);
-      } else {
-        alignas(32) float tmp[8];
-        _mm256_store_ps(tmp, s8);
-        std::copy(tmp, tmp + nb, scores + g * L + j0);
-      }
+      store_first(scores + g * L + j0, hsum8x8(acc), nb);
     }
   }
   for (int64_t g = 0; g < G; ++g) {
@@ -290,14 +293,7 @@ void attend_task_avx2(const float* __restrict__ qf, const T* __restrict__ kh, co
         const __m256 qc = _mm256_loadu_ps(qg + c);
         for (int b = 0; b < 8; ++b) acc[b] = _mm256_fmadd_ps(qc, load8(kr[b] + c), acc[b]);
       }
-      const __m256 s8 = hsum8x8(acc);
-      if (nb == 8) {
-        _mm256_storeu_ps(scores + g * L + j0, s8);
-      } else {
-        alignas(32) float tmp[8];
-        _mm256_store_ps(tmp, s8);
-        std::copy(tmp, tmp + nb, scores + g * L + j0);
-      }
+      store_first(scores + g * L + j0, hsum8x8(acc), nb);
     }
   }
   for (int64_t g = 0; g < G; ++g) {
