@@ -1,7 +1,8 @@
 """PD disaggregation vs a colocated server on a mixed workload (docs/benchmarks.md, "PD").
 
 Short chat requests decode while long prompts (4K-8K tokens) arrive: two `sglang.bench_serving`
-runs at once against the same endpoint. Configurations:
+runs at once against the same endpoint (the long one first, the short one as soon as the long
+client sends its first prompt). Configurations:
   colocated: one server, --num-threads 2;
   pd:        prefill + decode servers, --num-threads 1 each, behind sglang-router (Mooncake, TCP).
 Prints each run's "Serving Benchmark Result" and a summary (ITL P99, TTFT median / P99, output
@@ -67,7 +68,8 @@ def stop(procs: list[subprocess.Popen]) -> None:
 def server_cmd(port: int, threads: int, args: argparse.Namespace, extra: list[str]) -> list[str]:
     return [PY, "-m", "sglang.launch_server", "--port", str(port), "--num-threads", str(threads),
             "--dtype", args.dtype, "--chunked-prefill-size", str(args.chunk), "--log-level", "warning",
-            "--max-total-tokens", str(args.max_total_tokens), *extra]  # fmt: skip
+            "--max-total-tokens", str(args.max_total_tokens), *extra,
+            *([] if args.short_first is None else ["--short-prompt-first-tokens", str(args.short_first)])]  # fmt: skip
 
 
 def start(config: str, args: argparse.Namespace) -> tuple[str, list[subprocess.Popen], str]:
@@ -109,7 +111,18 @@ def bench(url: str, name: str, out_file: str, args: argparse.Namespace, **kw) ->
     for k, v in kw.items():
         cmd += [f"--{k.replace('_', '-')}", str(v)]
     print(f"[bench {name}] {' '.join(cmd)}", flush=True)
-    return subprocess.Popen(cmd, stdout=open(out_file + ".txt", "w"), stderr=subprocess.STDOUT)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")  # its "#Input tokens" line marks the first request
+    return subprocess.Popen(cmd, stdout=open(out_file + ".txt", "w"), stderr=subprocess.STDOUT, env=env)
+
+
+def wait_started(proc: subprocess.Popen, log_path: str, timeout: float = 600) -> None:
+    """Until a bench_serving run has built its dataset and starts sending."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if "#Input tokens" in open(log_path).read():
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"the benchmark client did not start: {open(log_path).read()[-2000:]}")
 
 
 def transfer_summary(prefill_url: str, min_tokens: int) -> list[dict]:
@@ -134,17 +147,21 @@ def run(config: str, args: argparse.Namespace) -> dict:
     try:
         tmp = tempfile.mkdtemp(prefix=f"pd-bench-{config}-")
         short_out, long_out = os.path.join(tmp, "short.jsonl"), os.path.join(tmp, "long.jsonl")
+        # The long prompts first, one at a time, enough of them to cover the short run; the short
+        # run starts once the long client is sending (its dataset takes a while to build), so
+        # short requests decode while long prompts arrive on both configurations.
+        long = bench(url, "long", long_out, args, ratio=0.5, random_input_len=args.long_input, random_output_len=4,
+                     num_prompts=args.long_prompts, max_concurrency=1, request_rate="inf")  # fmt: skip
+        wait_started(long, long_out + ".txt")
+        time.sleep(args.short_delay_s)
         short = bench(url, "short", short_out, args, ratio=0.5, random_input_len=args.short_input,
                       random_output_len=args.short_output, num_prompts=args.short_prompts,
                       max_concurrency=args.short_concurrency, request_rate="inf")  # fmt: skip
-        time.sleep(args.long_delay_s)  # the short requests are decoding when the long prompts arrive
-        long = bench(url, "long", long_out, args, ratio=0.5, random_input_len=args.long_input, random_output_len=4,
-                     num_prompts=args.long_prompts, max_concurrency=1, request_rate="inf")  # fmt: skip
         with tqdm(desc=f"{config}: waiting for both runs", unit="s") as bar:
             while short.poll() is None or long.poll() is None:
                 time.sleep(1)
                 bar.update(1)
-        res = {"config": config}
+        res = {"config": config, "args": vars(args), "loadavg_end": os.getloadavg()}
         for name, path in (("short", short_out), ("long", long_out)):
             print(open(path + ".txt").read()[-2500:], flush=True)
             with open(path) as f:
@@ -159,17 +176,19 @@ def run(config: str, args: argparse.Namespace) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", choices=["colocated", "pd", "both"], default="both")
-    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--dtype", default="auto", help="--dtype of every server (auto: per CPU kind)")
     ap.add_argument("--colocated-threads", type=int, default=2, help="torch threads of the colocated server")
     ap.add_argument("--chunk", type=int, default=1024, help="--chunked-prefill-size of the prefilling server")
+    ap.add_argument("--short-first", type=int, default=None,
+                    help="--short-prompt-first-tokens of the prefilling server (default: the server's default)")
     ap.add_argument("--max-total-tokens", type=int, default=40000)
     ap.add_argument("--short-input", type=int, default=128)
     ap.add_argument("--short-output", type=int, default=128)
     ap.add_argument("--short-prompts", type=int, default=24)
     ap.add_argument("--short-concurrency", type=int, default=4)
     ap.add_argument("--long-input", type=int, default=8192, help="long prompts: uniform in [len/2, len]")
-    ap.add_argument("--long-prompts", type=int, default=3)
-    ap.add_argument("--long-delay-s", type=float, default=5.0)
+    ap.add_argument("--long-prompts", type=int, default=8)
+    ap.add_argument("--short-delay-s", type=float, default=0.0, help="after the first long prompt is sent")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--tokenizer", default=None)
     ap.add_argument("--out", default=None, help="append one JSON line per configuration")

@@ -118,3 +118,39 @@ def test_abort_frees_kv(reference):
     state = h.scheduler.internal_state()
     assert state["available_kv_tokens"] == state["max_total_num_tokens"]
     assert state["num_running_reqs"] == 0 and state["num_waiting_reqs"] == 0
+
+
+@pytest.mark.parametrize("short_first", [0, 8])
+def test_short_prompt_first(reference, short_first):
+    """--short-prompt-first-tokens: a short prompt that arrives while a long one is being chunked
+    is prefilled in the very next step, beside a smaller chunk of the long one (the step's budget
+    unchanged); off, it waits for the long prompt's chunks. Tokens match the reference either way."""
+    path, refs = reference
+    h = SchedulerHarness(model_path=path, max_total_tokens=2048, chunked_prefill_size=16,
+                         short_prompt_first_tokens=short_first)  # fmt: skip
+    long = h.submit(refs[2][0], NEW_TOKENS)  # 41 tokens: chunks of at most 16
+    h.step()
+    assert h.batch_shapes[-1] == (1, 16)
+    short = h.submit(refs[0][0], NEW_TOKENS)  # 5 tokens
+    h.step()
+    if short_first:
+        assert h.batch_shapes[-1] == (2, 16), "short prompt + an 11-token chunk of the long one"
+        assert len(h.outputs[short]) == 1, "the short prompt's first token came out of step 2"
+    else:
+        assert h.batch_shapes[-1] == (1, 16) and not h.outputs[short]
+    h.run()
+    _check(h, long, refs[2][1], refs[2][2])
+    _check(h, short, refs[0][1], refs[0][2])
+    state = h.scheduler.internal_state()
+    assert state["available_kv_tokens"] == state["max_total_num_tokens"]
+
+
+def test_short_prompt_first_default_and_validation():
+    from sglang.srt.server_args import ServerArgs
+
+    assert ServerArgs(model_path=TINY_LLAMA_DIR).resolved_short_prompt_first_tokens == 0
+    pd = ServerArgs(model_path=TINY_LLAMA_DIR, disaggregation_mode="prefill", chunked_prefill_size=1024)
+    assert pd.resolved_short_prompt_first_tokens == 256
+    assert ServerArgs(model_path=TINY_LLAMA_DIR, disaggregation_mode="prefill", short_prompt_first_tokens=0).resolved_short_prompt_first_tokens == 0
+    with pytest.raises(ValueError, match="short-prompt-first-tokens"):
+        ServerArgs(model_path=TINY_LLAMA_DIR, short_prompt_first_tokens=-1).validate()

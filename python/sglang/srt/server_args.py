@@ -140,6 +140,11 @@ class ServerArgs:
         "upstream", "upstream: SGLang's quadratic fit; auto: online refit and TTFT-minimising plans (implies "
         "--enable-dynamic-chunking).", G_MEMORY, choices=["upstream", "auto"])  # fmt: skip
     max_prefill_tokens: int = arg(16384, "Most prompt tokens in one step (all requests together).", G_MEMORY)
+    short_prompt_first_tokens: Optional[int] = arg(
+        None, "Short prompts first: waiting prompts of at most this many uncached tokens are prefilled ahead of "
+        "a long prompt's next chunk, inside the same step's budget (the long prompt keeps at least half of it); "
+        "0 turns it off.", G_MEMORY,
+        default_text="--disaggregation-mode prefill: a quarter of --chunked-prefill-size; otherwise 0")  # fmt: skip
     schedule_policy: str = arg(
         "fcfs", "Order of waiting requests: fcfs (arrival) or lpm (longest cached prefix first).", G_MEMORY,
         choices=["fcfs", "lpm"])  # fmt: skip
@@ -309,6 +314,8 @@ class ServerArgs:
             raise ValueError(
                 f"--chunked-prefill-size must be positive or -1 (disabled), got {self.chunked_prefill_size}"
             )
+        if self.short_prompt_first_tokens is not None and self.short_prompt_first_tokens < 0:
+            raise ValueError(f"--short-prompt-first-tokens must be >= 0, got {self.short_prompt_first_tokens}")
         if self.mem_fraction_static is not None and not (0.0 < self.mem_fraction_static < 1.0):
             raise ValueError(f"--mem-fraction-static must be in (0, 1), got {self.mem_fraction_static}")
         if not self.watchdog_timeout > 0:
@@ -448,6 +455,16 @@ class ServerArgs:
     @property
     def chunked_prefill_enabled(self) -> bool:
         return self.chunked_prefill_size is not None and self.chunked_prefill_size > 0
+
+    @property
+    def resolved_short_prompt_first_tokens(self) -> int:
+        """`--short-prompt-first-tokens`, or its default: on for a PD prefill server (whose steps are
+        all prefill, so a short prompt behind a long one's chunks waits for nothing else), off otherwise."""
+        if self.short_prompt_first_tokens is not None:
+            return self.short_prompt_first_tokens
+        if self.disaggregation_mode == "prefill" and self.chunked_prefill_enabled:
+            return self.chunked_prefill_size // 4
+        return 0
 
     @property
     def url(self) -> str:

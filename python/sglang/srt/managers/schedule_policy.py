@@ -2,7 +2,8 @@
 
 One step = every running request that is due a decode token (one token each) + prefill work
 from requests still prefilling (a chunked prompt first) and then from the waiting queue, up to
-the prefill token budget. Decodes therefore keep running while a long prompt is chunk-prefilled.
+the prefill token budget. With short prompts first (`--short-prompt-first-tokens`), waiting
+prompts that short go ahead of the chunked prompt's next chunk, in at most half of the budget. Decodes therefore keep running while a long prompt is chunk-prefilled.
 Admission of a waiting request needs a free request slot and enough KV (free + evictable) for
 its tokens plus a reserve for the decode growth of everything running.
 """
@@ -29,6 +30,9 @@ class StepBudget:
     chunked: bool  # False: a prompt longer than the budget runs whole, alone
     max_running_requests: int
     page_size: int
+    # Short prompts first (--short-prompt-first-tokens): waiting prompts of at most this many
+    # uncached tokens go ahead of a chunked prompt's next chunk, within the step's budget; 0: off.
+    short_first_tokens: int = 0
 
 
 class SchedulePolicy:
@@ -73,27 +77,61 @@ class SchedulePolicy:
                 decode_tokens += 1
 
         prefill_left = self.budget.prefill_tokens
-        for req in running:  # requests in the middle of a chunked prefill continue first
-            if req.schedulable and req.is_prefilling and prefill_left > 0 and len(batch.items) < cap:
+        admitted: list[Req] = []
+        continuing = [r for r in running if r.schedulable and r.is_prefilling]
+        if continuing and waiting and self.budget.short_first_tokens > 0 and self.budget.chunked:
+            # The step's budget comes from the chunked prompt (dynamic chunking sizes it); short
+            # prompts take up to half of it first, the chunked prompt's next chunk the rest.
+            first = continuing[0]
+            prefill_left = self._step_budget(batch, prefill_left, first.seqlen, first.kv_len)
+            share = prefill_left // 2
+            shorts = [r for r in waiting if r.seqlen - self.cache.match_prefix_len(r) <= self.budget.short_first_tokens]
+            used = self._admit_waiting(batch, running, shorts, share, cap, decode_tokens, admitted, whole_only=True)
+            prefill_left -= used
+        for req in continuing:  # requests in the middle of a chunked prefill continue first
+            if prefill_left > 0 and len(batch.items) < cap:
                 prefill_left = self._step_budget(batch, prefill_left, req.seqlen, req.kv_len)
                 take = self._take(req, prefill_left, batch)
                 if take:
                     batch.items.append(ScheduledReq(req, req.kv_len, take))
                     prefill_left -= take
 
-        admitted: list[Req] = []
-        if prefill_left <= 0 or not waiting:
+        rest = [r for r in waiting if r not in admitted] if admitted else waiting
+        if prefill_left <= 0 or not rest:
             return batch, admitted
+        self._admit_waiting(batch, running, self.order_waiting(rest), prefill_left, cap, decode_tokens, admitted)
+        return batch, admitted
+
+    def _admit_waiting(
+        self,
+        batch: ScheduleBatch,
+        running: list[Req],
+        candidates: list[Req],
+        prefill_left: int,
+        cap: int,
+        decode_tokens: int,
+        admitted: list[Req],
+        whole_only: bool = False,
+    ) -> int:
+        """Admit `candidates` in order into `batch` (appending to `admitted`) within `prefill_left`
+        prompt tokens, the request cap and the KV budget.
+        `whole_only` (short prompts first): `prefill_left` is a share of a step budget already sized,
+        and only prompts that fit whole are taken. Returns the prompt tokens taken."""
+        taken = 0
         reserve = self._decode_reserve(running)
         available = self.cache.available_tokens() - decode_tokens - batch.num_tokens
-        for req in self.order_waiting(waiting):
+        for req in candidates:
             if len(running) + len(admitted) >= self.budget.max_running_requests or prefill_left <= 0:
                 break
             if len(batch.items) >= cap:
                 break
             cached = self.cache.match_prefix_len(req)
-            prefill_left = self._step_budget(batch, prefill_left, req.seqlen, cached)
             remaining = req.seqlen - cached
+            if whole_only:  # the share of a budget already sized by the chunked prompt
+                if remaining > prefill_left:
+                    break
+            else:
+                prefill_left = self._step_budget(batch, prefill_left, req.seqlen, cached)
             take = min(remaining, prefill_left) if self.budget.chunked else remaining
             if not self.budget.chunked and remaining > prefill_left and batch.has_prefill_items():
                 break  # an over-budget prompt runs alone in a later step
@@ -109,10 +147,11 @@ class SchedulePolicy:
             take = min(take, req.remaining_len)
             batch.items.append(ScheduledReq(req, req.kv_len, take))
             prefill_left -= take
+            taken += take
             available -= self._round_up(take)
             if take < req.remaining_len:
                 break  # at most one partially prefilled request per step
-        return batch, admitted
+        return taken
 
     def _step_budget(self, batch: ScheduleBatch, prefill_left: int, fill_len: int, prefix_len: int) -> int:
         """The prefill budget once this request is the step's first prefill (dynamic chunking)."""

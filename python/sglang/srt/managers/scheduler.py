@@ -96,6 +96,7 @@ class Scheduler:
                 chunked=server_args.chunked_prefill_enabled,
                 max_running_requests=self.runner.max_running_requests,
                 page_size=kv_page,
+                short_first_tokens=server_args.resolved_short_prompt_first_tokens,
             ),
             self.cache,
             chunk_budget=chunk_budget,
