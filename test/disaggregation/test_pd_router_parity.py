@@ -143,3 +143,11 @@ def test_kv_free_after_everything(servers):
     for name in ("prefill", "decode"):
         state = wait_kv_restored(servers[name], timeout=30)
         assert state["pd_failed_transfers"] == 0 or name == "decode"
+
+
+def test_prefill_answers_from_the_transfer_thread(servers):
+    """The prefill server answers a request as soon as the decode side confirms its KV (the
+    transfer manager's thread), not at its scheduler's next step: every answer above that was
+    not an abort went that way, and the parity tests above checked their contents."""
+    state = servers["prefill"].state()
+    assert state["pd_early_answers"] >= 10, state

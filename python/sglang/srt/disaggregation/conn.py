@@ -271,6 +271,9 @@ class PrefillKVManager(KVManagerBase):
     def __init__(self, place, ip, regions, data_plane, kv_dtype, info: dict, bootstrap_url: Optional[str]):
         super().__init__(place, ip, regions, data_plane, kv_dtype)
         self.senders: dict[int, KVSender] = {}
+        # Called on the recv thread when a room's transfer is confirmed by every decode rank
+        # (which confirm only once every prefill rank has reported: the whole KV has landed).
+        self.on_success: Optional[Callable[[int], None]] = None
         self.early_metas: dict[int, list[DecodeKVRequest]] = {}
         self.early_failures: dict[int, tuple[str, float]] = {}
         n = max(1, envs.SGLANG_DISAGGREGATION_QUEUE_SIZE.get())
@@ -341,6 +344,8 @@ class PrefillKVManager(KVManagerBase):
                 sender.completed.add(msg.decode_rank)
                 if sender.expected_metas is not None and len(sender.completed) >= sender.expected_metas:
                     sender.state.advance_to_at_least(KVPoll.Success)
+                    if self.on_success is not None and sender.state.poll() == KVPoll.Success:
+                        self.on_success(sender.room)
             else:
                 sender.fail(f"decode side: {msg.error or 'aborted'}")
         else:

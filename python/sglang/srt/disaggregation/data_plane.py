@@ -10,12 +10,18 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Protocol, Sequence
 
 logger = logging.getLogger(__name__)
 
-# Mooncake splits nothing itself; keep each batch bounded (one batch = one sync call).
-MAX_BATCH_ENTRIES = 4096
+# Mooncake's TCP transport queues at most ~2K transfers per peer and rejects a batch past that
+# ("TCP lane queue-full", rc -1; measured: 2049 entries pass, 3000 fail), shared by every transfer
+# thread writing to that peer. Batches stay well under it, and a rejected batch is resent in
+# smaller batches after a back-off before the transfer is failed.
+MAX_BATCH_ENTRIES = 256  # x SGLANG_DISAGGREGATION_QUEUE_SIZE (4) transfer threads: 1K in flight
+MIN_BATCH_ENTRIES = 32
+MAX_RETRY_DELAY_S = 0.5  # back-offs 5 ms .. 0.64 s, about 1.3 s in all, before the transfer fails
 
 INSTALL_HINT = (
     "the PD transfer backend 'mooncake' needs the PyPI package mooncake-transfer-engine-non-cuda "
@@ -63,7 +69,29 @@ class MooncakeDataPlane:
         """Write the triples to `session_id`'s memory; 0 on success, the engine's error code else."""
         for i in range(0, len(src), MAX_BATCH_ENTRIES):
             j = i + MAX_BATCH_ENTRIES
-            rc = self.engine.batch_transfer_sync_write(session_id, src[i:j], dst[i:j], lengths[i:j])
+            rc = self._write_batch(session_id, src[i:j], dst[i:j], lengths[i:j])
             if rc != 0:
                 return rc
+        return 0
+
+    def _write_batch(self, session_id: str, src: list[int], dst: list[int], lengths: list[int]) -> int:
+        """One batch; a rejected one (the peer's queue full: the accepted part of the rejected
+        batch, or other threads' batches, still draining) is resent in smaller batches after a
+        short back-off. Writes are idempotent, so resending entries that did land is harmless."""
+        size = cap = len(src)
+        done, delay = 0, 0.005
+        while done < len(src):
+            j = done + size
+            rc = self.engine.batch_transfer_sync_write(session_id, src[done:j], dst[done:j], lengths[done:j])
+            if rc == 0:
+                done, delay = j, 0.005
+                size = min(size * 2, cap)
+                continue
+            if delay > MAX_RETRY_DELAY_S:
+                return rc
+            logger.debug("mooncake batch of %d entries to %s rejected (rc %d); retrying", size, session_id, rc)
+            time.sleep(delay)
+            delay *= 2
+            cap = max(MIN_BATCH_ENTRIES, size // 2)
+            size = MIN_BATCH_ENTRIES  # small batches pass while the queue drains; grow again up to `cap`
         return 0

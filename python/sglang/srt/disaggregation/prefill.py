@@ -11,9 +11,10 @@ released into the radix cache) or failed (released too, the client gets an abort
 from __future__ import annotations
 
 import logging
+import threading
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -22,7 +23,9 @@ from sglang.srt.disaggregation.conn import PrefillKVManager
 from sglang.srt.disaggregation.fake import FakeKVSender
 from sglang.srt.disaggregation.kv_poll import KVPoll
 from sglang.srt.disaggregation.messages import FAKE_BOOTSTRAP_HOST, FirstToken
+from sglang.srt.managers.io_struct import BatchTokenIDOut
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+from sglang.srt.managers.scheduler_output import build_token_id_out
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +37,8 @@ class _Entry:
     req: Req
     sender: Any  # KVSender | FakeKVSender
     sent: int = 0  # prompt positions handed to the sender
+    taken_over: bool = False  # first token sampled, the last chunk handed over
+    answered: bool = False  # its finished output went to the detokenizer (early or by `step`)
 
 
 class PrefillDisaggregation:
@@ -63,6 +68,10 @@ class PrefillDisaggregation:
                                             info, bootstrap_url)  # fmt: skip
             self.manager.start()
         self.entries: dict[str, _Entry] = {}
+        self.by_room: dict[int, _Entry] = {}  # Mooncake rooms (the recv thread's early answers)
+        self.answer_lock = threading.Lock()  # `answered` is decided by one thread
+        self.output_sink: Optional[Callable[[BatchTokenIDOut], None]] = None
+        self.num_early_answers = 0
         self.bootstrap_queue: list[_Entry] = []
         self.inflight: list[_Entry] = []
         self.recent: deque = deque(maxlen=RECENT_TRANSFERS)
@@ -84,6 +93,8 @@ class PrefillDisaggregation:
                 return str(err)
         entry = _Entry(req, sender)
         self.entries[req.rid] = entry
+        if not isinstance(sender, FakeKVSender):
+            self.by_room[sender.room] = entry
         self.bootstrap_queue.append(entry)
         return None
 
@@ -114,8 +125,12 @@ class PrefillDisaggregation:
                 if poll == KVPoll.Success:
                     self._forget(entry)
                     self.cache.release(entry.req)
-                    entry.req.finished_reason = {"type": "length", "length": len(entry.req.output_ids)}
                     self.recent.append(entry.sender.transfer_metric())
+                    with self.answer_lock:
+                        if entry.answered:  # the recv thread already answered the client
+                            continue
+                        entry.answered = True
+                        entry.req.finished_reason = {"type": "length", "length": len(entry.req.output_ids)}
                     done.append(entry.req)
                 elif poll == KVPoll.Failed:
                     self._fail(entry, done, release=True)
@@ -159,9 +174,38 @@ class PrefillDisaggregation:
         entry = self.entries.get(req.rid)
         if entry is None:
             return False
+        entry.taken_over = True
         entry.sender.finish(FirstToken(req.output_ids[-1], logprob, top) if self.place.is_entry else None)
         self.inflight.append(entry)
         return True
+
+    # ------------------------------------------------------------------ early answers
+    def set_output_sink(self, sink: Callable[[BatchTokenIDOut], None]) -> None:
+        """Entry rank: answer a request the moment the decode side confirms its KV, from the
+        transfer manager's recv thread through `sink` (that thread's own socket to the
+        detokenizer), rather than at the scheduler's next step, which can be a long prefill chunk
+        away. sglang-router streams the decode side's tokens only once the prefill side has
+        answered, so this is the short requests' time to first token. The scheduler still frees
+        the KV at its next step."""
+        if self.manager is not None:
+            self.output_sink = sink
+            self.manager.on_success = self._on_transfer_success
+
+    def _on_transfer_success(self, room: int) -> None:
+        """(recv thread)"""
+        with self.answer_lock:
+            entry = self.by_room.get(room)
+            if entry is None or not entry.taken_over or entry.answered:
+                return
+            entry.answered = True
+            req = entry.req
+            req.finished_reason = {"type": "length", "length": len(req.output_ids)}
+            out = build_token_id_out([req])
+            self.num_early_answers += 1
+        try:
+            self.output_sink(out)
+        except Exception:  # noqa: BLE001 - the scheduler's own path cannot answer it any more
+            logger.exception("PD room %d: the early answer could not be sent", room)
 
     # ------------------------------------------------------------------ aborts
     def abort(self, rid: str, abort_all: bool, message: str) -> list[Req]:
@@ -175,7 +219,11 @@ class PrefillDisaggregation:
                     self._forget(entry)
                     if queue_name == "inflight":
                         self.cache.release(entry.req)
-                    entry.req.finished_reason = {"type": "abort", "message": message}
+                    with self.answer_lock:
+                        if entry.answered:
+                            continue  # finished and answered already: only its KV was left
+                        entry.answered = True
+                        entry.req.finished_reason = {"type": "abort", "message": message}
                     out.append(entry.req)
                 else:
                     kept.append(entry)
@@ -203,11 +251,17 @@ class PrefillDisaggregation:
         self._forget(entry)
         if release:
             self.cache.release(entry.req)
-        entry.req.finished_reason = {"type": "abort", "message": f"PD transfer failed: {reason}"}
+        with self.answer_lock:
+            if entry.answered:
+                return
+            entry.answered = True
+            entry.req.finished_reason = {"type": "abort", "message": f"PD transfer failed: {reason}"}
         done.append(entry.req)
 
     def _forget(self, entry: _Entry) -> None:
         self.entries.pop(entry.req.rid, None)
+        if not isinstance(entry.sender, FakeKVSender):
+            self.by_room.pop(entry.sender.room, None)
         if self.manager is not None and not isinstance(entry.sender, FakeKVSender):
             self.manager.release(entry.sender)
 
@@ -218,5 +272,6 @@ class PrefillDisaggregation:
             "pd_bootstrap_queue": len(self.bootstrap_queue),
             "pd_inflight_queue": len(self.inflight),
             "pd_failed_transfers": self.num_failed,
+            "pd_early_answers": self.num_early_answers,
             "pd_recent_transfers": list(self.recent),
         }

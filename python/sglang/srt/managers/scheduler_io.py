@@ -88,3 +88,21 @@ class HeartbeatSender:
             self.socket.send_pyobj(msg, zmq.NOBLOCK)
         except zmq.Again:
             pass  # the tokenizer is not reading: drop this beat
+
+
+class ThreadOutputSender:
+    """A helper thread's own socket to the detokenizer (ZMQ sockets stay in one thread): built on
+    the first call, in the calling thread; then called with each `BatchTokenIDOut`. The PD
+    prefill side's early answers use it (disaggregation/prefill.py)."""
+
+    def __init__(self, port_args: PortArgs):
+        self.endpoint = port_args.detokenizer_ipc_name
+        self.socket = None
+
+    def __call__(self, out: Any) -> None:
+        if self.socket is None:
+            self.context = zmq.Context(1)
+            self.socket = self.context.socket(zmq.PUSH)
+            self.socket.setsockopt(zmq.LINGER, 0)
+            self.socket.connect(self.endpoint)
+        self.socket.send_pyobj(out)

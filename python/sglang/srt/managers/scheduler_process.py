@@ -14,7 +14,7 @@ import traceback
 from sglang.srt.distributed.parallel_state import ParallelGroups, ParallelLayout
 from sglang.srt.managers.dp_lockstep import DPLockstep
 from sglang.srt.managers.scheduler import Scheduler
-from sglang.srt.managers.scheduler_io import HeartbeatSender, SchedulerIO
+from sglang.srt.managers.scheduler_io import HeartbeatSender, SchedulerIO, ThreadOutputSender
 from sglang.srt.server_args import PortArgs, ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -48,6 +48,8 @@ def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, rank: in
             lockstep = DPLockstep(groups) if groups.layout.attn_dp > 1 else None
             scheduler = Scheduler(server_args, groups=groups, tokenizer=tokenizer, dp_lockstep=lockstep)
             io = SchedulerIO(port_args, groups.dp_rank, groups.layout.attn_dp) if groups.is_replica_entry else None
+            if io is not None and scheduler.disagg is not None and server_args.disaggregation_mode == "prefill":
+                scheduler.disagg.set_output_sink(ThreadOutputSender(port_args))
             info = scheduler.ready_info()
     except Exception:
         pipe_writer.send({"status": "error", "error": traceback.format_exc()})

@@ -23,7 +23,7 @@ from sglang.srt.managers.pp.messages import MsgType
 from sglang.srt.managers.pp.stage import PPStageWorker, stage_ready_info
 from sglang.srt.managers.pp.trace import PPTracer
 from sglang.srt.managers.scheduler import Scheduler
-from sglang.srt.managers.scheduler_io import SchedulerIO, SchedulerPort
+from sglang.srt.managers.scheduler_io import SchedulerIO, SchedulerPort, ThreadOutputSender
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.server_args import PortArgs, ServerArgs
 
@@ -94,6 +94,9 @@ def build_pp_rank(
             chunk_policy=policy,
             tokenizer=tokenizer,
         )
+        disagg = driver.scheduler.disagg
+        if groups.is_replica_entry and port_args is not None and server_args.disaggregation_mode == "prefill":
+            disagg.set_output_sink(ThreadOutputSender(port_args))  # answers once the decode side has the KV
         logger.info(
             "pipeline stage 0 of %d: layers [%d, %d), ring of %d micro-batches (request cap %s)",
             groups.pp.size, runner.start_layer, runner.end_layer, driver.ring_size, driver.max_mb_reqs,
