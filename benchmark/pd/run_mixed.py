@@ -1,8 +1,8 @@
 """PD disaggregation vs a colocated server on a mixed workload (docs/benchmarks.md, "PD").
 
-Short chat requests decode while long prompts (4K-8K tokens) arrive: two `sglang.bench_serving`
-runs at once against the same endpoint (the long one first, the short one as soon as the long
-client sends its first prompt). Configurations:
+Short chat requests decode while long prompts (4K-8K tokens) arrive: a `sglang.bench_serving`
+run of short requests, and once it is sending, long prompts one after another (this script's own
+client, pre-tokenized, so they arrive at a known time) until the short run ends. Configurations:
   colocated: one server, --num-threads 2;
   pd:        prefill + decode servers, --num-threads 1 each, behind sglang-router (Mooncake, TCP).
 Prints each run's "Serving Benchmark Result" and a summary (ITL P99, TTFT median / P99, output
@@ -25,6 +25,7 @@ import tempfile
 import time
 
 import httpx
+import numpy as np
 from tqdm import tqdm
 
 PY = sys.executable
@@ -142,31 +143,47 @@ def transfer_summary(prefill_url: str, min_tokens: int) -> list[dict]:
     return rows
 
 
+def long_client(url: str, args: argparse.Namespace, until: subprocess.Popen) -> list[dict]:
+    """Long prompts (pre-tokenized random ids, lengths uniform in [long_input / 2, long_input]),
+    one at a time through /generate with streaming, from now until `until` (the short run) ends
+    (at least one, at most --long-prompts). Returns each prompt's length and TTFT."""
+    rng = np.random.default_rng(args.seed + 1)
+    rows = []
+    while len(rows) < args.long_prompts and (not rows or until.poll() is None):
+        n = int(rng.integers(args.long_input // 2, args.long_input + 1))
+        ids = [int(i) for i in rng.integers(1000, 40000, n)]
+        body = {"input_ids": ids, "stream": True, "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}}
+        t0, first = time.perf_counter(), None
+        with httpx.stream("POST", url + "/generate", json=body, timeout=1800) as r:
+            for line in r.iter_lines():
+                if line.startswith("data:") and first is None:
+                    first = time.perf_counter() - t0
+        rows.append({"tokens": n, "ttft_s": first, "e2e_s": time.perf_counter() - t0})
+    return rows
+
+
 def run(config: str, args: argparse.Namespace) -> dict:
     url, procs, prefill_url = start(config, args)
     try:
         tmp = tempfile.mkdtemp(prefix=f"pd-bench-{config}-")
-        short_out, long_out = os.path.join(tmp, "short.jsonl"), os.path.join(tmp, "long.jsonl")
-        # The long prompts first, one at a time, enough of them to cover the short run; the short
-        # run starts once the long client is sending (its dataset takes a while to build), so
-        # short requests decode while long prompts arrive on both configurations.
-        long = bench(url, "long", long_out, args, ratio=0.5, random_input_len=args.long_input, random_output_len=4,
-                     num_prompts=args.long_prompts, max_concurrency=1, request_rate="inf",
-                     warmup_requests=0)  # fmt: skip (a warm-up would put the first prompt in the radix cache)
-        wait_started(long, long_out + ".txt")
-        time.sleep(args.short_delay_s)
+        short_out = os.path.join(tmp, "short.jsonl")
+        # The short run first; once its client is sending (dataset built, then one warm-up
+        # request) and --long-delay-s later, long prompts arrive one after another for as long as
+        # the short run lasts, so its requests decode while long prompts prefill on both setups.
         short = bench(url, "short", short_out, args, ratio=0.5, random_input_len=args.short_input,
                       random_output_len=args.short_output, num_prompts=args.short_prompts,
                       max_concurrency=args.short_concurrency, request_rate="inf")  # fmt: skip
-        with tqdm(desc=f"{config}: waiting for both runs", unit="s") as bar:
-            while short.poll() is None or long.poll() is None:
+        wait_started(short, short_out + ".txt")
+        time.sleep(args.long_delay_s)
+        longs = long_client(url, args, until=short)
+        with tqdm(desc=f"{config}: waiting for the short run", unit="s") as bar:
+            while short.poll() is None:
                 time.sleep(1)
                 bar.update(1)
-        res = {"config": config, "args": vars(args), "loadavg_end": os.getloadavg()}
-        for name, path in (("short", short_out), ("long", long_out)):
-            print(open(path + ".txt").read()[-2500:], flush=True)
-            with open(path) as f:
-                res[name] = json.loads(f.read().strip().splitlines()[-1])
+        res = {"config": config, "args": vars(args), "loadavg_end": os.getloadavg(), "long_prompts": longs}
+        print(open(short_out + ".txt").read()[-2500:], flush=True)
+        with open(short_out) as f:
+            res["short"] = json.loads(f.read().strip().splitlines()[-1])
         if prefill_url:
             res["transfers"] = transfer_summary(prefill_url, args.long_input // 2)
         return res
@@ -188,8 +205,9 @@ def main() -> None:
     ap.add_argument("--short-prompts", type=int, default=24)
     ap.add_argument("--short-concurrency", type=int, default=4)
     ap.add_argument("--long-input", type=int, default=8192, help="long prompts: uniform in [len/2, len]")
-    ap.add_argument("--long-prompts", type=int, default=8)
-    ap.add_argument("--short-delay-s", type=float, default=0.0, help="after the first long prompt is sent")
+    ap.add_argument("--long-prompts", type=int, default=8, help="at most; they stop when the short run ends")
+    ap.add_argument("--long-delay-s", type=float, default=8.0,
+                    help="after the short client starts sending (its warm-up request takes a few seconds)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--tokenizer", default=None)
     ap.add_argument("--out", default=None, help="append one JSON line per configuration")
@@ -202,10 +220,11 @@ def main() -> None:
     results = [run(c, args) for c in configs]
     print("\n=== summary ===")
     for r in results:
-        s, lg = r["short"], r["long"]
+        s = r["short"]
+        long_ttft = float(np.median([x["ttft_s"] for x in r["long_prompts"]])) * 1e3
         print(f"{r['config']:>9}: short ITL p99 {s.get('p99_itl_ms'):.1f} ms, TTFT median {s.get('median_ttft_ms'):.0f} ms "
               f"p99 {s.get('p99_ttft_ms'):.0f} ms, output {s.get('output_throughput'):.1f} tok/s; "
-              f"long TTFT median {lg.get('median_ttft_ms'):.0f} ms")  # fmt: skip
+              f"long prompts: {len(r['long_prompts'])}, TTFT median {long_ttft:.0f} ms")  # fmt: skip
         for t in r.get("transfers", []):
             print(f"           transfer {t['tokens']} tok, {t['chunks']} chunks: {t['mb']:.1f} MB in {t['transfer_ms']:.1f} ms "
                   f"({t['mb_per_s']:.0f} MB/s), {100 * t['overlap_fraction']:.0f} % overlapped the prefill")  # fmt: skip
