@@ -205,3 +205,45 @@ def test_float32_prefill_linear(monkeypatch, keep_copy):
     assert out.dtype == torch.bfloat16
     ref = F.linear(big.float(), w.float(), b.float()).bfloat16() if keep_copy else F.linear(big, w, b)
     torch.testing.assert_close(out, ref, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kind, want", [("amx", torch.bfloat16), ("avx512-bf16", torch.float32), ("avx2", torch.float32)])
+def test_prefill_attention_dtype_per_kind(monkeypatch, kind, want):
+    """bf16 prefill attention computes in float32 on CPUs without AMX (torch's bf16 flash kernel
+    is slower there); float32 stays float32 everywhere."""
+    from sglang.srt.kernels import dispatch
+
+    monkeypatch.setenv("SGLANG_CPU_FLAGS_OVERRIDE", kind)
+    dispatch.reset()
+    try:
+        assert dispatch.prefill_attention_dtype(torch.device("cpu"), torch.bfloat16) == want
+        assert dispatch.prefill_attention_dtype(torch.device("cpu"), torch.float32) == torch.float32
+    finally:
+        dispatch.reset()
+
+
+def test_bf16_prefill_through_float32_matches_float32(monkeypatch):
+    """The cpu backend's bf16 prefill on a non-AMX kind equals float32 SDPA on the same
+    (bf16-rounded) inputs, rounded once to bf16 at the end: no bf16 probabilities in between."""
+    from types import SimpleNamespace
+
+    from sglang.srt.kernels import dispatch
+    from sglang.srt.layers.attention.cpu_backend import CPUAttnBackend, CPUMetadata, _ExtendItem
+
+    monkeypatch.setenv("SGLANG_CPU_FLAGS_OVERRIDE", "avx512-bf16")
+    dispatch.reset()
+    try:
+        g = torch.Generator().manual_seed(0)
+        n, h, hk, d = 300, 6, 2, 64
+        q, k, v = (torch.randn(n, x * d, generator=g).to(torch.bfloat16) for x in (h, hk, hk))
+        layer = SimpleNamespace(num_heads=h, num_kv_heads=hk, head_dim=d, v_head_dim=d, scaling=d**-0.5, layer_id=0)
+        md = CPUMetadata(False, None, None, None, [_ExtendItem(0, n, None, None, True)])
+        out = torch.empty(n, h, d, dtype=torch.bfloat16)
+        CPUAttnBackend._attend_extends(q.view(n, h, d), k, v, layer, None, md, out)
+        ref = F.scaled_dot_product_attention(
+            *(t.float().view(n, -1, d).transpose(0, 1).unsqueeze(0) for t in (q, k, v)),
+            is_causal=True, scale=d**-0.5, enable_gqa=True,
+        )[0].transpose(0, 1).to(torch.bfloat16)  # fmt: skip
+        assert torch.equal(out, ref)
+    finally:
+        dispatch.reset()

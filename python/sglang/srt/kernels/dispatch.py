@@ -52,6 +52,7 @@ def reset() -> None:
     """Forget the cached answers (tests that change SGLANG_CPU_KERNELS)."""
     with _lock:
         _by_device.clear()
+        _prefill_dtype.clear()
 
 
 _FLASH_LSE = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
@@ -63,6 +64,25 @@ def flash_lse_op(q: torch.Tensor) -> Optional[Callable[..., Any]]:
     if _FLASH_LSE is None or q.device.type != "cpu" or q.dtype not in SUPPORTED_DTYPES:
         return None
     return _FLASH_LSE
+
+
+_prefill_dtype: dict[tuple[str, torch.dtype], torch.dtype] = {}
+
+
+def prefill_attention_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
+    """The dtype torch's prefill attention runs in for q / k / v of `dtype` on `device` (the
+    platform's answer, cached: e.g. float32 for bf16 on CPUs without AMX)."""
+    key = (device.type, dtype)
+    found = _prefill_dtype.get(key)
+    if found is None:
+        from sglang.srt.platforms import get_platform
+
+        try:
+            found = get_platform(device.type).prefill_attention_dtype(dtype)
+        except ValueError:
+            found = dtype
+        _prefill_dtype[key] = found
+    return found
 
 
 def splits_attention(device: torch.device) -> bool:

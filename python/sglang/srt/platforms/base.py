@@ -132,6 +132,10 @@ class Platform:
         of this dtype, or None (plain F.linear). See layers/linear_prepack.py."""
         return None
 
+    def prefill_attention_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The dtype prefill attention computes in for q / k / v of `dtype` (default: their own)."""
+        return dtype
+
     def fused_kernels(self) -> Optional[Any]:
         """The module of fused kernels for this platform (signatures and torch references in
         kernels/cpu/reference.py), or None: callers keep their torch implementations. Looked up

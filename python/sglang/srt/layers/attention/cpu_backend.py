@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 import torch.nn.functional as F
 
-from sglang.srt.kernels.dispatch import kernels_for_device, splits_attention
+from sglang.srt.kernels.dispatch import kernels_for_device, prefill_attention_dtype, splits_attention
 from sglang.srt.layers.attention.cpu_decode import DecodeSegments, attend_decode_segments, plan_decode_segments
 from sglang.srt.layers.attention.kv_source import KVGather, KVSource, KVWorkspace, fetch, head_major_kv, plan_source
 from sglang.srt.layers.attention.ops import attend_prefix_and_chunk, causal_mask, lse_kernel_available
@@ -231,18 +231,19 @@ class CPUAttnBackend(TorchNativeAttnBackend):
         gqa = layer.num_heads != layer.num_kv_heads
         k3 = k.view(num_tokens, layer.num_kv_heads, layer.head_dim)
         v3 = v.view(num_tokens, layer.num_kv_heads, layer.v_head_dim)
+        cdt = prefill_attention_dtype(q3.device, q3.dtype)  # SDPA's compute dtype (float32 for bf16 without AMX)
         k_cache = v_cache = None
         caches_fit = False  # the pool buffers suit the fused prefill kernel (checked once per layer)
         for item in md.extends:
             # NOTE: SDPA takes its fast (flash) CPU kernel only for 4-D inputs: [1, H, n, D]
-            qi = q3[item.start : item.end].transpose(0, 1).unsqueeze(0)
-            ki = k3[item.start : item.end].transpose(0, 1).unsqueeze(0)
-            vi = v3[item.start : item.end].transpose(0, 1).unsqueeze(0)
+            if item.kv_indices is None and md.prefill_kernel and _amx_prefill_fits(q3, k3, v3):
+                s, e = item.start, item.end
+                md.kernels.prefill_attention(q3[s:e], k3[s:e], v3[s:e], layer.scaling, out=out[s:e])
+                continue
+            qi = q3[item.start : item.end].transpose(0, 1).unsqueeze(0).to(cdt)
+            ki = k3[item.start : item.end].transpose(0, 1).unsqueeze(0).to(cdt)
+            vi = v3[item.start : item.end].transpose(0, 1).unsqueeze(0).to(cdt)
             if item.kv_indices is None:
-                if md.prefill_kernel and _amx_prefill_fits(q3, k3, v3):
-                    s, e = item.start, item.end
-                    md.kernels.prefill_attention(q3[s:e], k3[s:e], v3[s:e], layer.scaling, out=out[s:e])
-                    continue
                 oi = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=layer.scaling, enable_gqa=gqa)
                 out[item.start : item.end] = oi[0].transpose(0, 1)
                 continue
@@ -258,8 +259,8 @@ class CPUAttnBackend(TorchNativeAttnBackend):
                 continue
             if item.prefix_source is not None and lse_kernel_available(qi):
                 src = item.prefix_source
-                kp = fetch(k_cache, src, md.workspace, "k").unsqueeze(0).to(q3.dtype)
-                vp = fetch(v_cache, src, md.workspace, "v").unsqueeze(0).to(q3.dtype)
+                kp = fetch(k_cache, src, md.workspace, "k").unsqueeze(0).to(cdt)
+                vp = fetch(v_cache, src, md.workspace, "v").unsqueeze(0).to(cdt)
                 oi = attend_prefix_and_chunk(qi, kp, vp, ki, vi, layer.scaling)
             else:
                 if item.mask is None:
@@ -267,8 +268,8 @@ class CPUAttnBackend(TorchNativeAttnBackend):
                     q_len = item.end - item.start
                     item.mask = causal_mask(q_len, seq_len, seq_len - q_len, device=q3.device)
                 src = item.kv_source if item.kv_source is not None else KVGather(item.kv_indices)
-                ks = fetch(k_cache, src, md.workspace, "k").unsqueeze(0).to(q3.dtype)
-                vs = fetch(v_cache, src, md.workspace, "v").unsqueeze(0).to(q3.dtype)
+                ks = fetch(k_cache, src, md.workspace, "k").unsqueeze(0).to(cdt)
+                vs = fetch(v_cache, src, md.workspace, "v").unsqueeze(0).to(cdt)
                 oi = F.scaled_dot_product_attention(
                     qi, ks, vs, attn_mask=item.mask, is_causal=item.is_causal, scale=layer.scaling, enable_gqa=gqa
                 )
