@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,6 +19,9 @@ from typing import Optional
 import httpx
 import pytest
 
+from sglang.srt.distributed.init import get_free_port as free_port
+from sglang.test.polling import wait_until
+
 REPO = Path(__file__).resolve().parents[2]
 TINY_LLAMA = str(REPO / "python" / "sglang" / "test" / "assets" / "tiny-llama")
 TINY_DSV32 = str(REPO / "python" / "sglang" / "test" / "assets" / "tiny-deepseek-v32")
@@ -31,21 +33,6 @@ PD_ENV = {
     "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "20",
     "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "20",
 }
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_until(predicate, timeout: float, interval: float = 0.2) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
 
 
 @dataclass

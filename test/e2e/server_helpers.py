@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -17,16 +16,13 @@ from typing import Optional
 import httpx
 import pytest
 
+from sglang.srt.distributed.init import get_free_port as free_port
+from sglang.test.polling import wait_until
+
 REPO = Path(__file__).resolve().parents[2]
 TINY_LLAMA = str(REPO / "python" / "sglang" / "test" / "assets" / "tiny-llama")
 API_KEY = "sk-e2e-test"
 STARTUP_TIMEOUT_S = 180.0
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def child_pids(pid: int) -> list[int]:
@@ -53,15 +49,6 @@ def pid_alive(pid: int) -> bool:
     except OSError:
         return False
     return data[data.rfind(")") + 2 :].split()[0] not in ("Z", "X")
-
-
-def wait_until(predicate, timeout: float, interval: float = 0.1) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
 
 
 @dataclass
