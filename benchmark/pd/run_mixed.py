@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,13 +27,9 @@ import httpx
 import numpy as np
 from tqdm import tqdm
 
+from sglang.srt.distributed.init import get_free_port as free_port
+
 PY = sys.executable
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def spawn(cmd: list[str], name: str) -> subprocess.Popen:

@@ -36,12 +36,7 @@ constexpr int IDX_GROUP_DP = 16;  // queries per key tile
 
 }  // namespace
 
-void indexer_topk(const IndexerArgs& a, int64_t t0, int64_t t1) { indexer_impl(a, t0, t1); }
-void sparse_attention(const SparseAttnArgs& a, int64_t t0, int64_t t1) {
-  if (a.dtype == DType::BF16) sparse_impl<uint16_t>(a, t0, t1);
-  else sparse_impl<float>(a, t0, t1);
-}
-void merge_states(const MergeArgs& a, int64_t r0, int64_t r1) { merge_impl(a, r0, r1); }
+#include "dsa_isa_entry.h"
 
 }  // namespace avx512bf16
 }  // namespace sgl_dsa

@@ -85,7 +85,9 @@ class SchedulePolicy:
             first = continuing[0]
             prefill_left = self._step_budget(batch, prefill_left, first.seqlen, first.kv_len)
             share = prefill_left // 2
-            shorts = [r for r in waiting if r.seqlen - self.cache.match_prefix_len(r) <= self.budget.short_first_tokens]
+            limit = self.budget.short_first_tokens
+            # a prompt that short needs no prefix walk; a longer one may be short once its cached prefix is off
+            shorts = [r for r in waiting if r.seqlen <= limit or r.seqlen - self.cache.match_prefix_len(r) <= limit]
             used = self._admit_waiting(batch, running, shorts, share, cap, decode_tokens, admitted, whole_only=True)
             prefill_left -= used
         for req in continuing:  # requests in the middle of a chunked prefill continue first

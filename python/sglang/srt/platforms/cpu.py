@@ -289,7 +289,7 @@ class CpuPlatform(Platform):
         kernel there goes through oneDNN's bf16 GEMMs (AVX512-BF16 `vdpbf16ps` at half the
         float32 FMA rate on the Xeon measured, converting fallbacks on AVX2) and is 1.7x slower
         than converting q / k / v to float32 and back (a 4096-token causal prefill, 9 heads of
-        64: 171 vs 103 ms per layer on 2 threads; docs/benchmarks.md). Float32 is also exact
+        64: 171 vs 103 ms per layer on 2 threads; benchmark/vs_vllm/sdpa_dtype.py, docs/benchmarks.md). Float32 is also exact
         where bf16 rounds the softmax probabilities."""
         if dtype == torch.bfloat16 and cpu_kind(effective_cpu_flags()) != "amx":
             return torch.float32
