@@ -13,7 +13,9 @@ the reference's, inherited. Per batch (`CPUBatch.fast`, built on first use):
   (`cpu_decode.py`).
 - multi-token requests (prefill / chunked prefill), one call each: where the CPU has AMX, the
   fused `prefill_attention` for a bf16 model with head dim 64 (fresh, or a chunk over a cached
-  prefix read from the pool in place); else SDPA, `is_causal` over the fresh k/v when there is no
+  prefix read from the pool in place); where attention computes in float32 (float32 models, and
+  bf16 ones on CPUs without AMX: `prefill_attention_dtype`), the fused `prefill_attention_vec`
+  (AVX2 / AVX-512, head dim 64 or 128, same two forms); else SDPA, `is_causal` over the fresh k/v when there is no
   cached prefix, and with a cached prefix on CPU one unmasked call over the prefix plus one causal
   call over the chunk's fresh k/v, merged by their log-sum-exp (`ops.attend_prefix_and_chunk`;
   elsewhere an explicit causal mask offset by the prefix length over the whole KV).
@@ -72,6 +74,7 @@ class CPUMetadata:
     kernels: Optional[Any] = None
     single_lens: Optional[torch.Tensor] = None  # [n1] int64 seq lens (for the fused kernel)
     prefill_kernel: bool = False  # the fused kernels run causal prefill here (CPU with AMX)
+    prefill_vec: bool = False  # the fused float32 prefill kernel runs here (AVX2 / AVX-512 build)
 
 
 def _build_metadata(fb: "ForwardBatch") -> CPUMetadata:
@@ -133,6 +136,7 @@ def _build_metadata(fb: "ForwardBatch") -> CPUMetadata:
         kernels=kernels,
         single_lens=single_lens_t,
         prefill_kernel=kernels is not None and bool(kernels.prefill_attention_supported()),
+        prefill_vec=kernels is not None and bool(kernels.prefill_attention_vec_supported()),
     )
 
 
@@ -143,6 +147,27 @@ def _amx_prefill_fits(*tensors: torch.Tensor) -> bool:
     return all(
         t.dtype == torch.bfloat16 and t.shape[-1] == 64 and t.stride(-1) == 1 and t.stride(-2) == 64 for t in tensors
     )
+
+
+def _vec_prefill_fits(*tensors: torch.Tensor) -> bool:
+    """Whether the fused float32 `prefill_attention_vec` covers these tensors: one dtype (float32
+    or bf16), head dim 64 or 128, the values of a head contiguous (as `_amx_prefill_fits`)."""
+    dtype = tensors[0].dtype
+    return dtype in (torch.float32, torch.bfloat16) and all(
+        t.dtype == dtype and t.shape[-1] in (64, 128) and t.stride(-1) == 1 and t.stride(-2) == t.shape[-1]
+        for t in tensors
+    )
+
+
+def _prefill_kernel(md: "CPUMetadata", compute_dtype: torch.dtype, *tensors: torch.Tensor) -> Optional[Any]:
+    """The fused kernel that runs causal prefill attention over these tensors (q / k / v, and the
+    pool buffers for a cached prefix), or None for SDPA: the AMX one for bf16 head dim 64 where the
+    CPU has AMX; the float32 vector one where attention computes in float32 anyway."""
+    if md.prefill_kernel and _amx_prefill_fits(*tensors):
+        return md.kernels.prefill_attention
+    if md.prefill_vec and compute_dtype == torch.float32 and _vec_prefill_fits(*tensors):
+        return md.kernels.prefill_attention_vec
+    return None
 
 
 @dataclass
@@ -232,13 +257,14 @@ class CPUAttnBackend(TorchNativeAttnBackend):
         k3 = k.view(num_tokens, layer.num_kv_heads, layer.head_dim)
         v3 = v.view(num_tokens, layer.num_kv_heads, layer.v_head_dim)
         cdt = prefill_attention_dtype(q3.device, q3.dtype)  # SDPA's compute dtype (float32 for bf16 without AMX)
+        fresh_kernel = _prefill_kernel(md, cdt, q3, k3, v3)
         k_cache = v_cache = None
-        caches_fit = False  # the pool buffers suit the fused prefill kernel (checked once per layer)
+        cached_kernel = None  # the fused kernel for a chunk over a cached prefix (decided once per layer)
         for item in md.extends:
             # NOTE: SDPA takes its fast (flash) CPU kernel only for 4-D inputs: [1, H, n, D]
-            if item.kv_indices is None and md.prefill_kernel and _amx_prefill_fits(q3, k3, v3):
+            if item.kv_indices is None and fresh_kernel is not None:
                 s, e = item.start, item.end
-                md.kernels.prefill_attention(q3[s:e], k3[s:e], v3[s:e], layer.scaling, out=out[s:e])
+                fresh_kernel(q3[s:e], k3[s:e], v3[s:e], layer.scaling, out=out[s:e])
                 continue
             qi = q3[item.start : item.end].transpose(0, 1).unsqueeze(0).to(cdt)
             ki = k3[item.start : item.end].transpose(0, 1).unsqueeze(0).to(cdt)
@@ -249,13 +275,12 @@ class CPUAttnBackend(TorchNativeAttnBackend):
                 continue
             if k_cache is None:
                 k_cache, v_cache = head_major_kv(fb.token_to_kv_pool, layer.layer_id)
-                caches_fit = k_cache.is_contiguous() and v_cache.is_contiguous() and _amx_prefill_fits(k_cache, v_cache)
-            if md.prefill_kernel and caches_fit and _amx_prefill_fits(q3, k3, v3):
+                if k_cache.is_contiguous() and v_cache.is_contiguous():
+                    cached_kernel = _prefill_kernel(md, cdt, q3, k3, v3, k_cache, v_cache)
+            if cached_kernel is not None:
                 s, e = item.start, item.end
                 prefix_slots = item.kv_indices[: item.kv_indices.shape[0] - (e - s)]
-                md.kernels.prefill_attention(
-                    q3[s:e], k3[s:e], v3[s:e], layer.scaling, k_cache, v_cache, prefix_slots, out=out[s:e]
-                )
+                cached_kernel(q3[s:e], k3[s:e], v3[s:e], layer.scaling, k_cache, v_cache, prefix_slots, out=out[s:e])
                 continue
             if item.prefix_source is not None and lse_kernel_available(qi):
                 src = item.prefix_source

@@ -17,6 +17,8 @@
 //   rope              neox-layout rotary embedding of [T, H, D] rows (first `rot` dims)
 //   prefill_attention causal attention of a sequence's new tokens (after an optional cached prefix
 //                     read from the pool) on AMX tiles (prefill_attention_amx.cpp)
+//   prefill_attention_vec  the same in float32 on AVX2 / AVX-512 vectors, float32 or bf16 inputs,
+//                     head dim 64 / 128 (prefill_attention_vec.cpp: CPUs without AMX)
 
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
@@ -808,6 +810,12 @@ at::Tensor prefill_attention(const at::Tensor&, const at::Tensor&, const at::Ten
 }
 #endif
 
+// prefill_attention_vec.cpp (every variant; its AVX2 / AVX-512 paths where the build has them)
+bool prefill_attention_vec_supported();
+at::Tensor prefill_attention_vec(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                                 const std::optional<at::Tensor>& k_cache, const std::optional<at::Tensor>& v_cache,
+                                 const std::optional<at::Tensor>& prefix_slots, const std::optional<at::Tensor>& out);
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("isa", []() { return std::string(SGL_ISA_NAME); }, "the instruction-set variant this module was built for");
   m.def("source_tag", []() { return std::string(SGL_CSRC_TAG); }, "hash of the csrc files it was built from");
@@ -819,6 +827,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("prefill_attention_supported", &prefill_attention_supported, "whether prefill_attention runs here (AMX)");
   m.def("prefill_attention", &prefill_attention,
         "causal attention of one sequence's new tokens on AMX (bf16, head dim 64), over an optional cached prefix",
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scale"), py::arg("k_cache") = py::none(),
+        py::arg("v_cache") = py::none(), py::arg("prefix_slots") = py::none(), py::arg("out") = py::none());
+  m.def("prefill_attention_vec_supported", &prefill_attention_vec_supported,
+        "whether prefill_attention_vec runs in this build (AVX2 / AVX-512)");
+  m.def("prefill_attention_vec", &prefill_attention_vec,
+        "causal attention of one sequence's new tokens in float32 on AVX2 / AVX-512 (float32 or bf16, head dim 64 "
+        "or 128), over an optional cached prefix",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scale"), py::arg("k_cache") = py::none(),
         py::arg("v_cache") = py::none(), py::arg("prefix_slots") = py::none(), py::arg("out") = py::none());
 }

@@ -1,0 +1,406 @@
+// Causal prefill attention computed in float32 on AVX-512 or AVX2 + FMA vectors, for float32 or
+// bfloat16 q / k / v: the prefill kernel of CPUs without AMX (where bf16 tiles are missing and
+// torch's bf16 flash kernel runs slow bf16 GEMMs, so bf16 models attend in float32 anyway).
+//
+// A flash-attention loop, transposed as the AMX kernel's: a task is BQ query rows of one q head,
+// held in the lanes of QV vectors, so the online softmax (running max, sums, rescale) is all
+// vertical vector ops, with no horizontal reduction:
+//   S^T[key][rows]  = sum_d K[key][d] * Q^T[d][rows]     (KG keys x QV vectors of accumulators)
+//   O^T[d][rows]   += sum_key V[key][d] * P^T[key][rows]  (DG dims x QV vectors of accumulators)
+// with K and V read row by row (a broadcast per key and d), Q^T pre-scaled by scale * log2(e) so
+// that p = 2^(s - max). 2^x is accurate to ~1e-7 (degree-6 series on |f| <= 1/2), so for float32
+// inputs the result equals SDPA's up to the order of the sums. Keys are visited in blocks of N up
+// to the task's last row; blocks that cross the diagonal are masked by position.
+//
+// Inputs: the fresh q / k / v of one sequence ([n, heads, D] rows, any row stride; D = 64 or
+// 128), optionally after a cached prefix read from head-major pool buffers [Hk, rows, D] at the
+// given slots. float32 keys / values are read in place; bfloat16 ones are widened once per kv head
+// into scratch rows. One parallel region per kv head, tasks of its G q heads ordered so that the
+// two halves of the range carry equal causal work.
+
+#include <ATen/Parallel.h>
+#include <torch/extension.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <vector>
+
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+#define SGL_PAV_512 1
+#include <immintrin.h>
+#elif defined(__AVX2__) && defined(__FMA__)
+#define SGL_PAV_256 1
+#include <immintrin.h>
+#endif
+
+namespace sgl_pav {
+
+#if defined(SGL_PAV_512) || defined(SGL_PAV_256)
+
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// e^x for |x| <= ln(2) / 2: degree-6 Taylor series (relative error < 1.2e-7)
+#define SGL_PAV_EXP_SERIES(V, x)                     \
+  do {                                               \
+    p = V::set1(1.f / 720.f);                        \
+    p = V::fmadd(p, x, V::set1(1.f / 120.f));        \
+    p = V::fmadd(p, x, V::set1(1.f / 24.f));         \
+    p = V::fmadd(p, x, V::set1(1.f / 6.f));          \
+    p = V::fmadd(p, x, V::set1(0.5f));               \
+    p = V::fmadd(p, x, V::set1(1.f));                \
+    p = V::fmadd(p, x, V::set1(1.f));                \
+  } while (0)
+
+#if defined(SGL_PAV_512)
+struct Vec {
+  using T = __m512;
+  static constexpr int W = 16;
+  static constexpr int QV = 3;  // query vectors per task (48 rows)
+  static constexpr int KG = 8;  // keys per score register block (KG x QV accumulators)
+  static constexpr int DG = 8;  // dims per P.V register block (DG x QV accumulators)
+  static constexpr int N = 64;  // keys per block
+  static T zero() { return _mm512_setzero_ps(); }
+  static T set1(float x) { return _mm512_set1_ps(x); }
+  static T load(const float* p) { return _mm512_load_ps(p); }
+  static void store(float* p, T x) { _mm512_store_ps(p, x); }
+  static T fmadd(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
+  static T add(T a, T b) { return _mm512_add_ps(a, b); }
+  static T sub(T a, T b) { return _mm512_sub_ps(a, b); }
+  static T max(T a, T b) { return _mm512_max_ps(a, b); }
+  static T iota() { return _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15); }
+  // x where key_pos <= row_pos, else -inf
+  static T causal(T x, T key_pos, T row_pos) {
+    return _mm512_mask_mov_ps(x, _mm512_cmp_ps_mask(key_pos, row_pos, _CMP_GT_OQ),
+                              set1(-std::numeric_limits<float>::infinity()));
+  }
+  // 2^t (0 below -150; a NaN stays NaN: maxps returns its second operand when one is NaN)
+  static T exp2(T t) {
+    t = _mm512_max_ps(set1(-150.f), t);
+    const T n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const T x = _mm512_mul_ps(sub(t, n), set1(kLn2));
+    T p;
+    SGL_PAV_EXP_SERIES(Vec, x);
+    return _mm512_scalef_ps(p, n);
+  }
+};
+#else
+struct Vec {
+  using T = __m256;
+  static constexpr int W = 8;
+  static constexpr int QV = 2;  // 16 rows
+  static constexpr int KG = 6;  // 12 accumulators + 2 query vectors + a broadcast: 15 of 16 ymm
+  static constexpr int DG = 4;
+  static constexpr int N = 48;
+  static T zero() { return _mm256_setzero_ps(); }
+  static T set1(float x) { return _mm256_set1_ps(x); }
+  static T load(const float* p) { return _mm256_load_ps(p); }
+  static void store(float* p, T x) { _mm256_store_ps(p, x); }
+  static T fmadd(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
+  static T add(T a, T b) { return _mm256_add_ps(a, b); }
+  static T sub(T a, T b) { return _mm256_sub_ps(a, b); }
+  static T max(T a, T b) { return _mm256_max_ps(a, b); }
+  static T iota() { return _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7); }
+  static T causal(T x, T key_pos, T row_pos) {
+    return _mm256_blendv_ps(x, set1(-std::numeric_limits<float>::infinity()),
+                            _mm256_cmp_ps(key_pos, row_pos, _CMP_GT_OQ));
+  }
+  // 2^t (+0 below -127; t <= 127 here: scores minus their running max)
+  static T exp2(T t) {
+    t = _mm256_min_ps(set1(127.f), _mm256_max_ps(set1(-127.f), t));
+    const T n = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const T x = _mm256_mul_ps(sub(t, n), set1(kLn2));
+    T p;
+    SGL_PAV_EXP_SERIES(Vec, x);
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+  }
+};
+#endif
+
+constexpr int BQ = Vec::QV * Vec::W;  // query rows per task
+
+// 64-byte aligned float scratch
+class Floats {
+ public:
+  explicit Floats(size_t n) : p_(static_cast<float*>(std::aligned_alloc(64, std::max<size_t>(64, (n * 4 + 63) / 64 * 64)))) {
+    TORCH_CHECK(p_ != nullptr, "prefill_attention_vec: out of memory");
+  }
+  ~Floats() { std::free(p_); }
+  Floats(const Floats&) = delete;
+  Floats& operator=(const Floats&) = delete;
+  float* data() const { return p_; }
+
+ private:
+  float* p_;
+};
+
+// One task: BQ rows (absolute positions row0, row0 + 1, ...) against keys [0, kend), each key's
+// row at kr[key] / vr[key] (padded with a zero row to a multiple of N). qt: Q^T [D][BQ] pre-scaled;
+// st: [N][BQ] scratch; ot: O^T [D][BQ] out (unnormalised); l: [BQ] out (the softmax sums).
+template <int D>
+void attend_rows(const float* qt, const float* const* kr, const float* const* vr, int64_t kend, int64_t row0,
+                 float* st, float* ot, float* l) {
+  using V = Vec;
+  using T = V::T;
+  constexpr int QV = V::QV, KG = V::KG, DG = V::DG, N = V::N, W = V::W;
+  T m[QV], sum[QV], row_pos[QV];
+  for (int v = 0; v < QV; ++v) {
+    m[v] = V::set1(-std::numeric_limits<float>::infinity());
+    sum[v] = V::zero();
+    row_pos[v] = V::add(V::set1(static_cast<float>(row0 + v * W)), V::iota());
+  }
+  std::memset(ot, 0, sizeof(float) * D * BQ);
+  for (int64_t k0 = 0; k0 < kend; k0 += N) {
+    // S^T of the block
+    for (int g = 0; g < N; g += KG) {
+      T acc[KG][QV];
+#pragma GCC unroll 8
+      for (int kk = 0; kk < KG; ++kk)
+#pragma GCC unroll 4
+        for (int v = 0; v < QV; ++v) acc[kk][v] = V::zero();
+      const float* kp[KG];
+      for (int kk = 0; kk < KG; ++kk) kp[kk] = kr[k0 + g + kk];
+      for (int d = 0; d < D; ++d) {
+        T q[QV];
+#pragma GCC unroll 4
+        for (int v = 0; v < QV; ++v) q[v] = V::load(qt + d * BQ + v * W);
+#pragma GCC unroll 8
+        for (int kk = 0; kk < KG; ++kk) {
+          const T b = V::set1(kp[kk][d]);
+#pragma GCC unroll 4
+          for (int v = 0; v < QV; ++v) acc[kk][v] = V::fmadd(b, q[v], acc[kk][v]);
+        }
+      }
+#pragma GCC unroll 8
+      for (int kk = 0; kk < KG; ++kk)
+#pragma GCC unroll 4
+        for (int v = 0; v < QV; ++v) V::store(st + (g + kk) * BQ + v * W, acc[kk][v]);
+    }
+    if (k0 + N - 1 > row0) {  // the block reaches past the first row: mask keys after each row
+      for (int j = 0; j < N; ++j) {
+        const T key_pos = V::set1(static_cast<float>(k0 + j));
+        for (int v = 0; v < QV; ++v) V::store(st + j * BQ + v * W, V::causal(V::load(st + j * BQ + v * W), key_pos, row_pos[v]));
+      }
+    }
+    // online softmax: new running max, rescale factor, p = 2^(s - max), sums
+    T mx[QV], alpha[QV], s[QV];
+    for (int v = 0; v < QV; ++v) mx[v] = m[v];
+    for (int j = 0; j < N; ++j)
+#pragma GCC unroll 4
+      for (int v = 0; v < QV; ++v) mx[v] = V::max(mx[v], V::load(st + j * BQ + v * W));
+    for (int v = 0; v < QV; ++v) {
+      alpha[v] = V::exp2(V::sub(m[v], mx[v]));
+      m[v] = mx[v];
+      s[v] = V::zero();
+    }
+    for (int j = 0; j < N; ++j)
+#pragma GCC unroll 4
+      for (int v = 0; v < QV; ++v) {
+        const T p = V::exp2(V::sub(V::load(st + j * BQ + v * W), mx[v]));
+        V::store(st + j * BQ + v * W, p);
+        s[v] = V::add(s[v], p);
+      }
+    for (int v = 0; v < QV; ++v) sum[v] = V::fmadd(sum[v], alpha[v], s[v]);
+    // O^T = alpha * O^T + V^T . P^T
+    for (int d0 = 0; d0 < D; d0 += DG) {
+      T acc[DG][QV];
+#pragma GCC unroll 8
+      for (int dd = 0; dd < DG; ++dd)
+#pragma GCC unroll 4
+        for (int v = 0; v < QV; ++v) acc[dd][v] = V::zero();
+      for (int j = 0; j < N; ++j) {
+        const float* vp = vr[k0 + j] + d0;
+        T p[QV];
+#pragma GCC unroll 4
+        for (int v = 0; v < QV; ++v) p[v] = V::load(st + j * BQ + v * W);
+#pragma GCC unroll 8
+        for (int dd = 0; dd < DG; ++dd) {
+          const T b = V::set1(vp[dd]);
+#pragma GCC unroll 4
+          for (int v = 0; v < QV; ++v) acc[dd][v] = V::fmadd(b, p[v], acc[dd][v]);
+        }
+      }
+#pragma GCC unroll 8
+      for (int dd = 0; dd < DG; ++dd)
+#pragma GCC unroll 4
+        for (int v = 0; v < QV; ++v) {
+          float* o = ot + (d0 + dd) * BQ + v * W;
+          V::store(o, V::fmadd(V::load(o), alpha[v], acc[dd][v]));
+        }
+    }
+  }
+  for (int v = 0; v < QV; ++v) V::store(l + v * W, sum[v]);
+}
+
+inline float widen(float x) { return x; }
+inline float widen(uint16_t x) { return __builtin_bit_cast(float, static_cast<uint32_t>(x) << 16); }
+inline void narrow(float x, float* dst) { *dst = x; }
+inline void narrow(float x, uint16_t* dst) {  // round to nearest even; NaN stays a quiet NaN
+  const uint32_t u = __builtin_bit_cast(uint32_t, x);
+  *dst = static_cast<uint16_t>(x != x ? 0x7FC0u : (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+// Where the keys / values of one kv head are: fresh rows (strided) after prefix rows (pool slots).
+template <typename S>
+struct KVRows {
+  const S* fresh;
+  int64_t fresh_stride;
+  const S* cache;  // head-major [Hk, cache_rows, D]; nullptr without a prefix
+  const int64_t* slots;
+  int64_t prefix;
+  const S* row(int64_t key, int64_t h, int64_t cache_rows, int D) const {
+    return key < prefix ? cache + (h * cache_rows + slots[key]) * D : fresh + (key - prefix) * fresh_stride + h * D;
+  }
+};
+
+template <typename S, int D>
+void run(const S* q, int64_t sq0, const KVRows<S>& ks, const KVRows<S>& vs, int64_t cache_rows, int64_t n, int64_t H,
+         int64_t Hk, float scale, S* out, int64_t so0) {
+  constexpr int N = Vec::N;
+  const int64_t P = ks.prefix, L = P + n, G = H / Hk;
+  const int64_t lpad = (L + N - 1) / N * N;
+  alignas(64) static const float zero_row[D] = {};
+  std::vector<const float*> kr(lpad, zero_row), vr(lpad, zero_row);
+  constexpr bool wide = std::is_same_v<S, float>;
+  Floats kf(wide ? 0 : L * D), vf(wide ? 0 : L * D);
+  const int64_t nqb = (n + BQ - 1) / BQ;
+  std::vector<int64_t> order(nqb);  // 0, last, 1, last - 1, ...: both halves carry equal work
+  for (int64_t i = 0, lo = 0, hi = nqb - 1; i < nqb; ++i) order[i] = (i % 2 == 0) ? lo++ : hi--;
+  const float qscale = scale * kLog2e;
+  for (int64_t h = 0; h < Hk; ++h) {
+    if constexpr (wide) {
+      for (int64_t key = 0; key < L; ++key) {
+        kr[key] = ks.row(key, h, cache_rows, D);
+        vr[key] = vs.row(key, h, cache_rows, D);
+      }
+    } else {
+      at::parallel_for(0, L, 64, [&](int64_t b, int64_t e) {
+        for (int64_t key = b; key < e; ++key) {
+          const S* krow = ks.row(key, h, cache_rows, D);
+          const S* vrow = vs.row(key, h, cache_rows, D);
+          float* kd = kf.data() + key * D;
+          float* vd = vf.data() + key * D;
+          for (int d = 0; d < D; ++d) kd[d] = widen(krow[d]);
+          for (int d = 0; d < D; ++d) vd[d] = widen(vrow[d]);
+        }
+      });
+      for (int64_t key = 0; key < L; ++key) {
+        kr[key] = kf.data() + key * D;
+        vr[key] = vf.data() + key * D;
+      }
+    }
+    at::parallel_for(0, G * nqb, 1, [&](int64_t b, int64_t e) {
+      // far-below-max scores give p around 2^-126 and below: flush denormals (microcode assists)
+      const unsigned int csr = _mm_getcsr();
+      _mm_setcsr(csr | 0x8040);
+      Floats qt(D * BQ), st(Vec::N * BQ), ot(D * BQ), l(BQ);
+      for (int64_t t = b; t < e; ++t) {
+        const int64_t hq = h * G + t % G, r0 = order[t / G] * BQ;
+        const int64_t rows = std::min<int64_t>(BQ, n - r0);
+        for (int64_t i = 0; i < BQ; ++i) {
+          const S* qrow = q + (r0 + i) * sq0 + hq * D;
+          for (int d = 0; d < D; ++d) qt.data()[d * BQ + i] = i < rows ? widen(qrow[d]) * qscale : 0.f;
+        }
+        attend_rows<D>(qt.data(), kr.data(), vr.data(), std::min<int64_t>(L, P + r0 + BQ), P + r0, st.data(),
+                       ot.data(), l.data());
+        for (int64_t i = 0; i < rows; ++i) {
+          const float inv = 1.f / l.data()[i];
+          S* orow = out + (r0 + i) * so0 + hq * D;
+          for (int d = 0; d < D; ++d) narrow(ot.data()[d * BQ + i] * inv, orow + d);
+        }
+      }
+      _mm_setcsr(csr);
+    });
+  }
+}
+
+#endif  // SGL_PAV_512 || SGL_PAV_256
+
+}  // namespace sgl_pav
+
+bool prefill_attention_vec_supported() {
+#if defined(SGL_PAV_512) || defined(SGL_PAV_256)
+  return true;
+#else
+  return false;
+#endif
+}
+
+at::Tensor prefill_attention_vec(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                                 const std::optional<at::Tensor>& k_cache, const std::optional<at::Tensor>& v_cache,
+                                 const std::optional<at::Tensor>& prefix_slots, const std::optional<at::Tensor>& out_opt) {
+  TORCH_CHECK(prefill_attention_vec_supported(), "prefill_attention_vec: this build has no AVX2 / AVX-512 path");
+#if defined(SGL_PAV_512) || defined(SGL_PAV_256)
+  using namespace sgl_pav;
+  const auto dt = q.scalar_type();
+  TORCH_CHECK(dt == at::kFloat || dt == at::kBFloat16, "prefill_attention_vec: float32 or bfloat16 q / k / v");
+  TORCH_CHECK(k.scalar_type() == dt && v.scalar_type() == dt, "prefill_attention_vec: q / k / v of one dtype");
+  TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(), "prefill_attention_vec: CPU tensors");
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "prefill_attention_vec: [n, heads, D] inputs");
+  const int64_t D = q.size(2);
+  TORCH_CHECK(D == 64 || D == 128, "prefill_attention_vec: head dim 64 or 128, got ", D);
+  TORCH_CHECK(k.size(2) == D && v.size(2) == D, "prefill_attention_vec: q / k / v head dims differ");
+  for (const at::Tensor* t : {&q, &k, &v}) {
+    TORCH_CHECK(t->stride(2) == 1 && t->stride(1) == D, "prefill_attention_vec: heads of a row must be contiguous");
+  }
+  const int64_t n = q.size(0), H = q.size(1), Hk = k.size(1);
+  TORCH_CHECK(k.size(0) == n && v.size(0) == n && v.size(1) == Hk && Hk > 0 && H % Hk == 0,
+              "prefill_attention_vec: shapes");
+  const bool has_prefix = prefix_slots.has_value() && prefix_slots->numel() > 0;
+  const int64_t P = has_prefix ? prefix_slots->numel() : 0;
+  int64_t cache_rows = 0;
+  const int64_t* slots = nullptr;
+  if (has_prefix) {
+    TORCH_CHECK(k_cache.has_value() && v_cache.has_value(), "prefill_attention_vec: prefix_slots needs k_cache / v_cache");
+    for (const at::Tensor* c : {&*k_cache, &*v_cache}) {
+      TORCH_CHECK(c->scalar_type() == dt && c->dim() == 3 && c->is_contiguous() && c->size(0) == Hk && c->size(2) == D &&
+                      c->size(1) == k_cache->size(1),
+                  "prefill_attention_vec: caches must be contiguous head-major [Hk, rows, D] of q's dtype");
+    }
+    TORCH_CHECK(prefix_slots->scalar_type() == at::kLong && prefix_slots->dim() == 1 && prefix_slots->is_contiguous(),
+                "prefill_attention_vec: prefix_slots must be contiguous int64 [P]");
+    cache_rows = k_cache->size(1);
+    slots = prefix_slots->data_ptr<int64_t>();
+    for (int64_t j = 0; j < P; ++j) {
+      TORCH_CHECK(slots[j] >= 0 && slots[j] < cache_rows, "prefill_attention_vec: prefix slot ", slots[j],
+                  " outside the cache");
+    }
+  }
+  at::Tensor out;
+  if (out_opt.has_value() && out_opt->defined()) {
+    out = *out_opt;
+    TORCH_CHECK(out.scalar_type() == dt && out.dim() == 3 && out.size(0) == n && out.size(1) == H && out.size(2) == D &&
+                    out.stride(2) == 1 && out.stride(1) == D,
+                "prefill_attention_vec: out must be [n, heads, D] of q's dtype with contiguous heads");
+  } else {
+    out = at::empty({n, H, D}, q.options());
+  }
+  if (n == 0) return out;
+  const float fscale = static_cast<float>(scale);
+  auto launch = [&](auto tag) {
+    using S = decltype(tag);
+    const auto ptr = [](const at::Tensor& t) { return reinterpret_cast<const S*>(t.data_ptr()); };
+    const KVRows<S> ks{ptr(k), k.stride(0), has_prefix ? ptr(*k_cache) : nullptr, slots, P};
+    const KVRows<S> vs{ptr(v), v.stride(0), has_prefix ? ptr(*v_cache) : nullptr, slots, P};
+    S* o = reinterpret_cast<S*>(out.data_ptr());
+    if (D == 64) {
+      run<S, 64>(ptr(q), q.stride(0), ks, vs, cache_rows, n, H, Hk, fscale, o, out.stride(0));
+    } else {
+      run<S, 128>(ptr(q), q.stride(0), ks, vs, cache_rows, n, H, Hk, fscale, o, out.stride(0));
+    }
+  };
+  if (dt == at::kFloat) {
+    launch(float{});
+  } else {
+    launch(uint16_t{});
+  }
+  return out;
+#else
+  return at::Tensor();
+#endif
+}
