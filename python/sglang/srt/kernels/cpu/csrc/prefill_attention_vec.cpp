@@ -14,9 +14,10 @@
 //
 // Inputs: the fresh q / k / v of one sequence ([n, heads, D] rows, any row stride; D = 64 or
 // 128), optionally after a cached prefix read from head-major pool buffers [Hk, rows, D] at the
-// given slots. float32 keys / values are read in place; bfloat16 ones are widened once per kv head
-// into scratch rows. One parallel region per kv head, tasks of its G q heads ordered so that the
-// two halves of the range carry equal causal work.
+// given slots, copied (bf16: widened) once per kv head into contiguous float32 rows. One parallel
+// region per kv head, tasks of its G q heads ordered so that the two halves of the range carry
+// equal causal work. For bf16 inputs p = 2^x uses the degree-3 fit of vec_exp2.h (~1e-4 relative,
+// far below the output's bf16 rounding).
 
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
@@ -35,6 +36,9 @@
 #elif defined(__AVX2__) && defined(__FMA__)
 #define SGL_PAV_256 1
 #include <immintrin.h>
+#endif
+#if defined(SGL_PAV_512) || defined(SGL_PAV_256)
+#include "vec_exp2.h"
 #endif
 
 namespace sgl_pav {
@@ -87,6 +91,7 @@ struct Vec {
     SGL_PAV_EXP_SERIES(Vec, x);
     return _mm512_scalef_ps(p, n);
   }
+  static T exp2_fast(T t) { return sgl_vec::exp2_fast(_mm512_max_ps(set1(-150.f), t)); }
 };
 #else
 struct Vec {
@@ -119,6 +124,7 @@ struct Vec {
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
   }
+  static T exp2_fast(T t) { return sgl_vec::exp2_fast(t); }
 };
 #endif
 
@@ -142,7 +148,7 @@ class Floats {
 // One task: BQ rows (absolute positions row0, row0 + 1, ...) against keys [0, kend), each key's
 // row at kr[key] / vr[key] (padded with a zero row to a multiple of N). qt: Q^T [D][BQ] pre-scaled;
 // st: [N][BQ] scratch; ot: O^T [D][BQ] out (unnormalised); l: [BQ] out (the softmax sums).
-template <int D>
+template <int D, bool kFastExp>
 void attend_rows(const float* qt, const float* const* kr, const float* const* vr, int64_t kend, int64_t row0,
                  float* st, float* ot, float* l) {
   using V = Vec;
@@ -201,7 +207,8 @@ void attend_rows(const float* qt, const float* const* kr, const float* const* vr
     for (int j = 0; j < N; ++j)
 #pragma GCC unroll 4
       for (int v = 0; v < QV; ++v) {
-        const T p = V::exp2(V::sub(V::load(st + j * BQ + v * W), mx[v]));
+        const T x = V::sub(V::load(st + j * BQ + v * W), mx[v]);
+        const T p = kFastExp ? V::exp2_fast(x) : V::exp2(x);
         V::store(st + j * BQ + v * W, p);
         s[v] = V::add(s[v], p);
       }
@@ -266,33 +273,27 @@ void run(const S* q, int64_t sq0, const KVRows<S>& ks, const KVRows<S>& vs, int6
   const int64_t lpad = (L + N - 1) / N * N;
   alignas(64) static const float zero_row[D] = {};
   std::vector<const float*> kr(lpad, zero_row), vr(lpad, zero_row);
-  constexpr bool wide = std::is_same_v<S, float>;
-  Floats kf(wide ? 0 : L * D), vf(wide ? 0 : L * D);
+  Floats kf(L * D), vf(L * D);
   const int64_t nqb = (n + BQ - 1) / BQ;
   std::vector<int64_t> order(nqb);  // 0, last, 1, last - 1, ...: both halves carry equal work
   for (int64_t i = 0, lo = 0, hi = nqb - 1; i < nqb; ++i) order[i] = (i % 2 == 0) ? lo++ : hi--;
   const float qscale = scale * kLog2e;
   for (int64_t h = 0; h < Hk; ++h) {
-    if constexpr (wide) {
-      for (int64_t key = 0; key < L; ++key) {
-        kr[key] = ks.row(key, h, cache_rows, D);
-        vr[key] = vs.row(key, h, cache_rows, D);
+    // the kv head's keys / values as contiguous float32 rows (widened from bf16, copied from
+    // float32: strided fresh rows and scattered pool rows read slower in the loops than a copy)
+    at::parallel_for(0, L, 64, [&](int64_t b, int64_t e) {
+      for (int64_t key = b; key < e; ++key) {
+        const S* krow = ks.row(key, h, cache_rows, D);
+        const S* vrow = vs.row(key, h, cache_rows, D);
+        float* kd = kf.data() + key * D;
+        float* vd = vf.data() + key * D;
+        for (int d = 0; d < D; ++d) kd[d] = widen(krow[d]);
+        for (int d = 0; d < D; ++d) vd[d] = widen(vrow[d]);
       }
-    } else {
-      at::parallel_for(0, L, 64, [&](int64_t b, int64_t e) {
-        for (int64_t key = b; key < e; ++key) {
-          const S* krow = ks.row(key, h, cache_rows, D);
-          const S* vrow = vs.row(key, h, cache_rows, D);
-          float* kd = kf.data() + key * D;
-          float* vd = vf.data() + key * D;
-          for (int d = 0; d < D; ++d) kd[d] = widen(krow[d]);
-          for (int d = 0; d < D; ++d) vd[d] = widen(vrow[d]);
-        }
-      });
-      for (int64_t key = 0; key < L; ++key) {
-        kr[key] = kf.data() + key * D;
-        vr[key] = vf.data() + key * D;
-      }
+    });
+    for (int64_t key = 0; key < L; ++key) {
+      kr[key] = kf.data() + key * D;
+      vr[key] = vf.data() + key * D;
     }
     at::parallel_for(0, G * nqb, 1, [&](int64_t b, int64_t e) {
       // far-below-max scores give p around 2^-126 and below: flush denormals (microcode assists)
@@ -306,7 +307,7 @@ void run(const S* q, int64_t sq0, const KVRows<S>& ks, const KVRows<S>& vs, int6
           const S* qrow = q + (r0 + i) * sq0 + hq * D;
           for (int d = 0; d < D; ++d) qt.data()[d * BQ + i] = i < rows ? widen(qrow[d]) * qscale : 0.f;
         }
-        attend_rows<D>(qt.data(), kr.data(), vr.data(), std::min<int64_t>(L, P + r0 + BQ), P + r0, st.data(),
+        attend_rows<D, !std::is_same_v<S, float>>(qt.data(), kr.data(), vr.data(), std::min<int64_t>(L, P + r0 + BQ), P + r0, st.data(),
                        ot.data(), l.data());
         for (int64_t i = 0; i < rows; ++i) {
           const float inv = 1.f / l.data()[i];
