@@ -61,6 +61,16 @@ struct V {
   }
 };
 
+// int8 index scoring: vpmaddwd on int16 pairs (avx_vnni's vpdpbusd is not assumed)
+struct VI {
+  using R = __m256i;
+  static constexpr int PACK = 2, QOFF = 0;
+  static R dot(R acc, R q, R k) { return _mm256_add_epi32(acc, _mm256_madd_epi16(q, k)); }
+  static R load(const int32_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  static R set1(int32_t x) { return _mm256_set1_epi32(x); }
+  static V::R to_float(R x) { return _mm256_cvtepi32_ps(x); }
+};
+
 constexpr int HB_IDX = 2, KVB_IDX = 4;  // 8 accumulators of 16
 constexpr int HB_PV = 2, VB_PV = 4;
 

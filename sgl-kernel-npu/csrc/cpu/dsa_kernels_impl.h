@@ -7,6 +7,9 @@
 //                     vdpbf16ps (DpScorer; HB_IDX_DP, IDX_GROUP_DP; IndexerArgs::bf16_dot); else
 //                     bf16 scoring rounds the inputs to bf16 and multiplies them with float32 FMAs
 //                     (FloatScorer<.., true>: the same exact products, summed in another order)
+//   struct VI    int8 index scoring's W int32 lanes: PACK int8 dims per 32-bit word, dot (acc +=
+//                the PACK products of each lane's q and k words), QOFF (offset added to the query
+//                bytes: vpdpbusd multiplies u8 x s8), load, set1, to_float
 //   HB_PV, VB_PV      sparse attention P.V register block: heads x value vectors
 // Everything here has internal linkage (see dsa_args.h for why).
 //
@@ -19,6 +22,8 @@
 // only scores above the k-th best pass a vector compare. Order: score descending, exact ties to the earlier
 // position (a later key never displaces an equal score). Queries that see <= k keys and want no
 // values are answered without scoring (all their keys are selected).
+// Scorers: FloatScorer (float32, or bf16-rounded inputs), DpScorer (bf16 pairs, vdpbf16ps),
+// Int8Scorer (per-row int8, integer dot products).
 //
 // Sparse flash attention (`sparse_impl`): per query, its selected rows are attended SA_TILE at a
 // time with an online softmax. q.k: heads in the vector lanes (the query transposed once,
@@ -318,6 +323,117 @@ struct DpScorer {
 };
 #endif
 
+// ---------------------------------------------------------------------------- int8 scoring
+// Symmetric per-row int8, the float32 ops of the torch reference's `quantize_int8`: scale =
+// amax / 127, x8 = round-half-even(x * (127 / amax)) within +-127 (all 0 when amax is 0).
+inline float quantize_i8(const float* x, int D, int8_t* out) {
+  typename V::R m = V::zero();
+  int d = 0;
+  for (; d + W <= D; d += W) {
+    const typename V::R v = V::load(x + d);
+    m = V::max(m, V::max(v, V::sub(V::zero(), v)));
+  }
+  float lanes[W], amax = 0.f;
+  V::store(lanes, m);
+  for (int i = 0; i < W; ++i) amax = std::max(amax, lanes[i]);
+  for (; d < D; ++d) amax = std::max(amax, std::fabs(x[d]));
+  const float inv = amax > 0.f ? 127.f / amax : 0.f;
+  for (d = 0; d < D; ++d) out[d] = int8_t(std::nearbyint(std::min(127.f, std::max(-127.f, x[d] * inv))));
+  return amax / 127.f;
+}
+
+// VI::PACK int8 values in one 32-bit word (bytes or int16 halves), each plus `off`
+inline int32_t pack_i8(const int8_t* x, int off) {
+  constexpr int B = 32 / VI::PACK;
+  constexpr uint32_t M = (1u << B) - 1u;
+  uint32_t u = 0;
+  for (int i = 0; i < VI::PACK; ++i) u |= (uint32_t(int32_t(x[i]) + off) & M) << (i * B);
+  return int32_t(u);
+}
+
+template <int HB>
+inline void idx_heads_i8(const int32_t* qw, const float* ws, int h0, int P, const int32_t* ktp, const int32_t* kcp,
+                         typename V::R* s) {
+  typename VI::R acc[HB][KVB_IDX];
+  for (int hb = 0; hb < HB; ++hb)
+    for (int i = 0; i < KVB_IDX; ++i) acc[hb][i] = VI::load(kcp + i * W);
+  for (int p = 0; p < P; ++p) {
+    typename VI::R kv[KVB_IDX];
+    for (int i = 0; i < KVB_IDX; ++i) kv[i] = VI::load(ktp + p * IDX_TILE + i * W);
+    for (int hb = 0; hb < HB; ++hb) {
+      const typename VI::R qb = VI::set1(qw[(h0 + hb) * P + p]);
+      for (int i = 0; i < KVB_IDX; ++i) acc[hb][i] = VI::dot(acc[hb][i], qb, kv[i]);
+    }
+  }
+  for (int hb = 0; hb < HB; ++hb) {
+    const typename V::R wb = V::set1(ws[h0 + hb]);
+    for (int i = 0; i < KVB_IDX; ++i) s[i] = V::fmadd(V::max(VI::to_float(acc[hb][i]), V::zero()), wb, s[i]);
+  }
+}
+
+// int8 scoring: every query head row and key row quantized (quantize_i8; an int8 key cache brings
+// its rows' scales), exact integer dot products (VI), and score = s_k * sum_h (w_h * s_qh) *
+// relu(dot_h) in float32 (the scales are positive, so relu commutes with them). The tile holds word
+// p of 64 keys contiguously (keys in the lanes), each key's scale, and each key's accumulator start
+// -QOFF * sum(k) (which takes the query bytes' offset back out).
+template <typename EK>
+struct Int8Scorer {
+  static constexpr int GROUP = IDX_GROUP;
+  int N, D, P;
+  ABuf<int32_t> qw, kt, kc;
+  ABuf<float> ws, ks, row;
+  ABuf<int8_t> r8;
+  Int8Scorer(int n, int d)
+      : N(n), D(d), P((d + VI::PACK - 1) / VI::PACK), qw(size_t(GROUP) * n * P), kt(size_t(P) * IDX_TILE),
+        kc(IDX_TILE), ws(size_t(GROUP) * n), ks(IDX_TILE), row(d), r8(size_t(P) * VI::PACK) {
+    std::memset(r8.p, 0, size_t(P) * VI::PACK);  // the pad past D stays 0
+  }
+  void query(int gi, const IndexerArgs& a, int64_t t) {
+    for (int h = 0; h < N; ++h) {
+      const int64_t o = t * a.q_stride_t + h * a.q_stride_h;
+      for (int d = 0; d < D; ++d) row.p[d] = q_elem(a.q, a.q_dtype, o + d);
+      ws.p[gi * N + h] = a.w[t * N + h] * quantize_i8(row.p, D, r8.p);
+      int32_t* dst = qw.p + (size_t(gi) * N + h) * P;
+      for (int p = 0; p < P; ++p) dst[p] = pack_i8(r8.p + p * VI::PACK, VI::QOFF);
+    }
+  }
+  void tile(const IndexerArgs& a, const EK* keys, int32_t b, int64_t k0, int nk) {
+    for (int j = 0; j < nk; ++j) {
+      const int64_t r = row_of(a.block_table, a.bt_stride, a.block_size, b, k0 + j);
+      const EK* kr = keys + r * a.keys.row_stride;
+      if constexpr (sizeof(EK) == 1) {  // an int8 key cache
+        std::memcpy(r8.p, kr, size_t(D));
+        ks.p[j] = a.key_scale[r];
+      } else {
+        for (int d = 0; d < D; ++d) row.p[d] = cvt(kr[d]);
+        ks.p[j] = quantize_i8(row.p, D, r8.p);
+      }
+      int32_t sum = 0;
+      for (int d = 0; d < D; ++d) sum += r8.p[d];
+      kc.p[j] = -VI::QOFF * sum;
+      for (int p = 0; p < P; ++p) kt.p[p * IDX_TILE + j] = pack_i8(r8.p + p * VI::PACK, 0);
+    }
+    for (int j = nk; j < IDX_TILE; ++j) {
+      ks.p[j] = 0.f;
+      kc.p[j] = 0;
+      for (int p = 0; p < P; ++p) kt.p[p * IDX_TILE + j] = 0;
+    }
+  }
+  void score(int gi, const float*, float* sc, int nvis) const {  // the head weights are in ws
+    constexpr int PASS = W * KVB_IDX;
+    const int32_t* q = qw.p + size_t(gi) * N * P;
+    const float* w = ws.p + size_t(gi) * N;
+    for (int jp = 0; jp < nvis; jp += PASS) {
+      typename V::R s[KVB_IDX];
+      for (int i = 0; i < KVB_IDX; ++i) s[i] = V::zero();
+      int h = 0;
+      for (; h + HB_IDX <= N; h += HB_IDX) idx_heads_i8<HB_IDX>(q, w, h, P, kt.p + jp, kc.p + jp, s);
+      for (; h < N; ++h) idx_heads_i8<1>(q, w, h, P, kt.p + jp, kc.p + jp, s);
+      for (int i = 0; i < KVB_IDX; ++i) V::store(sc + jp + i * W, V::mul(s[i], V::load(ks.p + jp + i * W)));
+    }
+  }
+};
+
 template <typename EK, typename Scorer>
 void indexer_run(const IndexerArgs& a, int64_t t0, int64_t t1) {
   constexpr int G = Scorer::GROUP;
@@ -378,16 +494,22 @@ void indexer_run(const IndexerArgs& a, int64_t t0, int64_t t1) {
 
 template <typename EK>
 void indexer_keys(const IndexerArgs& a, int64_t t0, int64_t t1) {
-  if (!a.score_bf16) return indexer_run<EK, FloatScorer<EK, false>>(a, t0, t1);
+  if constexpr (sizeof(EK) == 1) {  // int8 key rows: int8 scoring only (the binding checks)
+    return indexer_run<EK, Int8Scorer<EK>>(a, t0, t1);
+  } else {
+    if (a.score == Score::INT8) return indexer_run<EK, Int8Scorer<EK>>(a, t0, t1);
+    if (a.score == Score::F32) return indexer_run<EK, FloatScorer<EK, false>>(a, t0, t1);
 #ifdef SGL_DSA_DPBF16
-  if (a.bf16_dot && a.head_dim % 2 == 0) return indexer_run<EK, DpScorer<EK>>(a, t0, t1);
+    if (a.bf16_dot && a.head_dim % 2 == 0) return indexer_run<EK, DpScorer<EK>>(a, t0, t1);
 #endif
-  indexer_run<EK, FloatScorer<EK, true>>(a, t0, t1);
+    indexer_run<EK, FloatScorer<EK, true>>(a, t0, t1);
+  }
 }
 
 inline void indexer_impl(const IndexerArgs& a, int64_t t0, int64_t t1) {
   if (a.topk <= 0) return;
-  if (a.k_dtype == DType::BF16) indexer_keys<uint16_t>(a, t0, t1);
+  if (a.k_dtype == DType::I8) indexer_keys<int8_t>(a, t0, t1);
+  else if (a.k_dtype == DType::BF16) indexer_keys<uint16_t>(a, t0, t1);
   else indexer_keys<float>(a, t0, t1);
 }
 

@@ -14,7 +14,9 @@ namespace {
 bool cpu_has(const std::string& isa) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
-  if (isa == "avx512bf16") return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
+  if (isa == "avx512bf16")
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16") &&
+           __builtin_cpu_supports("avx512vnni");
   if (isa == "avx512") return __builtin_cpu_supports("avx512f");
   if (isa == "avx2") return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #endif
@@ -61,12 +63,14 @@ std::string pick_isa(const std::string& isa) {
 bool cpu_supports(const std::string& isa) { return cpu_has(isa); }
 
 // q [T, N, D]; w [T, N] float32; key_rows [R, D]; block_table [B, M] int32; q_batch, kv_end [T] int32.
-// q and key_rows are float32 or bfloat16, each its own; score_bf16: both rounded to bf16 before the
-// products (float32 sums), else the products of the values as given, in float32.
+// q and key_rows are float32 or bfloat16, each its own, or key_rows int8 with key_scale [R] float32
+// (an int8 key cache, int8 scoring only). score (Score): 0 the products of the values as given, in
+// float32; 1 both rounded to bf16 before the products (float32 sums); 2 per-row int8 (dsa_args.h).
 std::vector<at::Tensor> indexer_topk(const at::Tensor& q, const at::Tensor& w, const at::Tensor& key_rows,
-                                     const at::Tensor& block_table, int64_t block_size, const at::Tensor& q_batch,
-                                     const at::Tensor& kv_end, int64_t topk, bool want_values, bool score_bf16,
-                                     bool bf16_dot, const std::string& isa) {
+                                     const c10::optional<at::Tensor>& key_scale, const at::Tensor& block_table,
+                                     int64_t block_size, const at::Tensor& q_batch, const at::Tensor& kv_end,
+                                     int64_t topk, bool want_values, int64_t score, bool bf16_dot,
+                                     const std::string& isa) {
   TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1, "query must be [T, N, D] with contiguous D");
   TORCH_CHECK(key_rows.dim() == 2 && key_rows.stride(1) == 1, "key must be 2-D rows with contiguous columns");
   TORCH_CHECK(key_rows.size(1) == q.size(2), "key dim ", key_rows.size(1), " != query dim ", q.size(2));
@@ -76,11 +80,20 @@ std::vector<at::Tensor> indexer_topk(const at::Tensor& q, const at::Tensor& w, c
   TORCH_CHECK(q_batch.scalar_type() == at::kInt && kv_end.scalar_type() == at::kInt && q_batch.is_contiguous() &&
                   kv_end.is_contiguous(),
               "q_batch / kv_end must be contiguous int32");
+  TORCH_CHECK(score >= 0 && score <= 2, "score must be 0 (float32), 1 (bf16) or 2 (int8), got ", score);
+  const bool i8 = key_rows.scalar_type() == at::kChar;
+  const bool scaled = key_scale.has_value() && key_scale->defined();
+  TORCH_CHECK(i8 == scaled && (!i8 || score == 2), "int8 key rows come with key_scale and take int8 scoring");
+  if (scaled)
+    TORCH_CHECK(key_scale->scalar_type() == at::kFloat && key_scale->is_contiguous() &&
+                    key_scale->numel() == key_rows.size(0),
+                "key_scale must be contiguous float32 [R], one scale per key row");
   const int64_t T = q.size(0);
   auto idx = at::empty({T, topk}, q.options().dtype(at::kInt));
   at::Tensor val = want_values ? at::empty({T, topk}, q.options().dtype(at::kFloat)) : at::Tensor();
-  IndexerArgs a{dtype_of(q), dtype_of(key_rows), score_bf16, bf16_dot, q.data_ptr(), q.stride(0), q.stride(1), w.data_ptr<float>(),
-                Rows{key_rows.data_ptr(), key_rows.stride(0)}, block_table.data_ptr<int32_t>(), block_table.stride(0),
+  IndexerArgs a{dtype_of(q), i8 ? DType::I8 : dtype_of(key_rows), Score(score), bf16_dot, q.data_ptr(), q.stride(0),
+                q.stride(1), w.data_ptr<float>(), Rows{key_rows.data_ptr(), key_rows.stride(0)},
+                scaled ? key_scale->data_ptr<float>() : nullptr, block_table.data_ptr<int32_t>(), block_table.stride(0),
                 block_size, q_batch.data_ptr<int32_t>(), kv_end.data_ptr<int32_t>(), T, int(q.size(1)),
                 int(q.size(2)), int(topk), idx.data_ptr<int32_t>(), want_values ? val.data_ptr<float>() : nullptr};
   const Isa which = pick(isa);
