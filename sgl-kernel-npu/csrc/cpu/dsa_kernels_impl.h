@@ -216,7 +216,7 @@ struct FloatScorer {
   static constexpr int GROUP = IDX_GROUP;
   int N, D;
   ABuf<float> qf, kt;
-  FloatScorer(int n, int d) : N(n), D(d), qf(size_t(GROUP) * n * d), kt(size_t(d) * IDX_TILE) {}
+  FloatScorer(int n, int d, int64_t) : N(n), D(d), qf(size_t(GROUP) * n * d), kt(size_t(d) * IDX_TILE) {}
   void query(int gi, const IndexerArgs& a, int64_t t) {
     float* dst = qf.p + size_t(gi) * N * D;
     for (int h = 0; h < N; ++h)
@@ -278,7 +278,7 @@ struct DpScorer {
   static constexpr int GROUP = IDX_GROUP_DP;
   int N, D, P;
   ABuf<uint32_t> qp, kt;
-  DpScorer(int n, int d) : N(n), D(d), P(d / 2), qp(size_t(GROUP) * n * (d / 2)), kt(size_t(d / 2) * IDX_TILE) {}
+  DpScorer(int n, int d, int64_t) : N(n), D(d), P(d / 2), qp(size_t(GROUP) * n * (d / 2)), kt(size_t(d / 2) * IDX_TILE) {}
   void query(int gi, const IndexerArgs& a, int64_t t) {
     uint32_t* dst = qp.p + size_t(gi) * N * P;
     for (int h = 0; h < N; ++h) {
@@ -373,19 +373,26 @@ inline void idx_heads_i8(const int32_t* qw, const float* ws, int h0, int P, cons
 
 // int8 scoring: every query head row and key row quantized (quantize_i8; an int8 key cache brings
 // its rows' scales), exact integer dot products (VI), and score = s_k * sum_h (w_h * s_qh) *
-// relu(dot_h) in float32 (the scales are positive, so relu commutes with them). The tile holds word
-// p of 64 keys contiguously (keys in the lanes), each key's scale, and each key's accumulator start
-// -QOFF * sum(k) (which takes the query bytes' offset back out).
+// relu(dot_h) in float32 (the scales are positive, so relu commutes with them). A request's keys
+// are quantized and packed once, the first time a query group reaches them, and kept for the next
+// groups of the same request (O(keys) memory: 64 + 8 bytes per key at D = 64 with vpdpbusd): tile
+// i holds word p of its 64 keys contiguously (keys in the lanes), each key's scale, and each key's
+// accumulator start -QOFF * sum(k) (which takes the query bytes' offset back out).
 template <typename EK>
 struct Int8Scorer {
   static constexpr int GROUP = IDX_GROUP;
   int N, D, P;
+  int64_t tiles;
   ABuf<int32_t> qw, kt, kc;
   ABuf<float> ws, ks, row;
   ABuf<int8_t> r8;
-  Int8Scorer(int n, int d)
-      : N(n), D(d), P((d + VI::PACK - 1) / VI::PACK), qw(size_t(GROUP) * n * P), kt(size_t(P) * IDX_TILE),
-        kc(IDX_TILE), ws(size_t(GROUP) * n), ks(IDX_TILE), row(d), r8(size_t(P) * VI::PACK) {
+  int32_t req = -1;    // the request whose keys kt / kc / ks hold
+  int64_t built = 0;   // ... positions [0, built) of it
+  int64_t cur = 0;     // the tile `score` reads
+  Int8Scorer(int n, int d, int64_t max_keys)
+      : N(n), D(d), P((d + VI::PACK - 1) / VI::PACK), tiles((max_keys + IDX_TILE - 1) / IDX_TILE),
+        qw(size_t(GROUP) * n * P), kt(size_t(tiles) * P * IDX_TILE), kc(size_t(tiles) * IDX_TILE),
+        ws(size_t(GROUP) * n), ks(size_t(tiles) * IDX_TILE), row(d), r8(size_t(P) * VI::PACK) {
     std::memset(r8.p, 0, size_t(P) * VI::PACK);  // the pad past D stays 0
   }
   void query(int gi, const IndexerArgs& a, int64_t t) {
@@ -397,39 +404,45 @@ struct Int8Scorer {
       for (int p = 0; p < P; ++p) dst[p] = pack_i8(r8.p + p * VI::PACK, VI::QOFF);
     }
   }
+  void key(const IndexerArgs& a, const EK* keys, int32_t b, int64_t pos) {
+    const int64_t r = row_of(a.block_table, a.bt_stride, a.block_size, b, pos);
+    const EK* kr = keys + r * a.keys.row_stride;
+    const int64_t ti = pos / IDX_TILE, j = ti * IDX_TILE + pos % IDX_TILE;
+    if constexpr (sizeof(EK) == 1) {  // an int8 key cache
+      std::memcpy(r8.p, kr, size_t(D));
+      ks.p[j] = a.key_scale[r];
+    } else {
+      for (int d = 0; d < D; ++d) row.p[d] = cvt(kr[d]);
+      ks.p[j] = quantize_i8(row.p, D, r8.p);
+    }
+    int32_t sum = 0;
+    for (int d = 0; d < D; ++d) sum += r8.p[d];
+    kc.p[j] = -VI::QOFF * sum;
+    int32_t* dst = kt.p + ti * P * IDX_TILE + pos % IDX_TILE;
+    for (int p = 0; p < P; ++p) dst[p * IDX_TILE] = pack_i8(r8.p + p * VI::PACK, 0);
+  }
   void tile(const IndexerArgs& a, const EK* keys, int32_t b, int64_t k0, int nk) {
-    for (int j = 0; j < nk; ++j) {
-      const int64_t r = row_of(a.block_table, a.bt_stride, a.block_size, b, k0 + j);
-      const EK* kr = keys + r * a.keys.row_stride;
-      if constexpr (sizeof(EK) == 1) {  // an int8 key cache
-        std::memcpy(r8.p, kr, size_t(D));
-        ks.p[j] = a.key_scale[r];
-      } else {
-        for (int d = 0; d < D; ++d) row.p[d] = cvt(kr[d]);
-        ks.p[j] = quantize_i8(row.p, D, r8.p);
-      }
-      int32_t sum = 0;
-      for (int d = 0; d < D; ++d) sum += r8.p[d];
-      kc.p[j] = -VI::QOFF * sum;
-      for (int p = 0; p < P; ++p) kt.p[p * IDX_TILE + j] = pack_i8(r8.p + p * VI::PACK, 0);
+    if (b != req) {
+      req = b;
+      built = 0;
     }
-    for (int j = nk; j < IDX_TILE; ++j) {
-      ks.p[j] = 0.f;
-      kc.p[j] = 0;
-      for (int p = 0; p < P; ++p) kt.p[p * IDX_TILE + j] = 0;
-    }
+    for (; built < k0 + nk; ++built) key(a, keys, b, built);  // k0 <= built: tiles come in order from 0
+    cur = k0 / IDX_TILE;  // lanes past nk hold another request's keys or garbage: their scores are unused
   }
   void score(int gi, const float*, float* sc, int nvis) const {  // the head weights are in ws
     constexpr int PASS = W * KVB_IDX;
     const int32_t* q = qw.p + size_t(gi) * N * P;
     const float* w = ws.p + size_t(gi) * N;
+    const int32_t* kt0 = kt.p + cur * P * IDX_TILE;
+    const int32_t* kc0 = kc.p + cur * IDX_TILE;
+    const float* ks0 = ks.p + cur * IDX_TILE;
     for (int jp = 0; jp < nvis; jp += PASS) {
       typename V::R s[KVB_IDX];
       for (int i = 0; i < KVB_IDX; ++i) s[i] = V::zero();
       int h = 0;
-      for (; h + HB_IDX <= N; h += HB_IDX) idx_heads_i8<HB_IDX>(q, w, h, P, kt.p + jp, kc.p + jp, s);
-      for (; h < N; ++h) idx_heads_i8<1>(q, w, h, P, kt.p + jp, kc.p + jp, s);
-      for (int i = 0; i < KVB_IDX; ++i) V::store(sc + jp + i * W, V::mul(s[i], V::load(ks.p + jp + i * W)));
+      for (; h + HB_IDX <= N; h += HB_IDX) idx_heads_i8<HB_IDX>(q, w, h, P, kt0 + jp, kc0 + jp, s);
+      for (; h < N; ++h) idx_heads_i8<1>(q, w, h, P, kt0 + jp, kc0 + jp, s);
+      for (int i = 0; i < KVB_IDX; ++i) V::store(sc + jp + i * W, V::mul(s[i], V::load(ks0 + jp + i * W)));
     }
   }
 };
@@ -439,7 +452,9 @@ void indexer_run(const IndexerArgs& a, int64_t t0, int64_t t1) {
   constexpr int G = Scorer::GROUP;
   const int N = a.n_heads, D = a.head_dim, K = a.topk;
   const EK* keys = static_cast<const EK*>(a.keys.base);
-  Scorer sc_(N, D);
+  int64_t max_keys = 0;  // of any query in the range (Int8Scorer keeps a request's quantized keys)
+  for (int64_t t = t0; t < t1; ++t) max_keys = a.kv_end[t] > max_keys ? a.kv_end[t] : max_keys;
+  Scorer sc_(N, D, max_keys);
   ABuf<float> sc(IDX_TILE);
   ABuf<Cand> cands(size_t(G) * TOPK_SLACK * K), ties(size_t(TOPK_SLACK) * K);
   ABuf<uint32_t> tmp(size_t(TOPK_SLACK) * K), hist(RADIX_HIST);
