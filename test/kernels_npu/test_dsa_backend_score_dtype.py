@@ -1,5 +1,5 @@
 """The `dsa` backend's indexer scoring precision: `SGLANG_DSA_INDEX_SCORE_DTYPE` (auto / float32 /
-bfloat16) and the index-key cache's dtype decide it (`backend_names.index_score_dtype`), and
+bfloat16 / int8) and the index-key cache's dtype decide it (`backend_names.index_score_dtype`), and
 `DSAKernels` hands it to every `lightning_indexer` call (paged selection, CP own-query selection,
 CP decode candidates)."""
 
@@ -21,6 +21,8 @@ def test_index_score_dtype_choice(monkeypatch):
     assert index_score_dtype(torch.float32) is torch.bfloat16
     monkeypatch.setenv(INDEX_SCORE_DTYPE_ENV, "float32")
     assert index_score_dtype(torch.bfloat16) is None
+    monkeypatch.setenv(INDEX_SCORE_DTYPE_ENV, "int8")
+    assert index_score_dtype(torch.float32) is torch.int8 and index_score_dtype(torch.bfloat16) is torch.int8
     monkeypatch.setenv(INDEX_SCORE_DTYPE_ENV, "fp8")
     with pytest.raises(ValueError, match=INDEX_SCORE_DTYPE_ENV):
         index_score_dtype(torch.float32)

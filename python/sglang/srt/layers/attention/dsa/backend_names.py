@@ -33,8 +33,10 @@ DSA_ATTENTION_BACKENDS = ("dsa", "nsa")
 # a server flag would carry the same values): "auto" = the index-key cache's dtype (a float32
 # model scores in float32, exactly the reference's scores; a bf16 model's cache is bf16 already),
 # "bfloat16" = query and keys rounded to bf16, exact products summed in float32 (DeepSeek's own
-# indexer scores in FP8), "float32" = the values as stored, in float32.
-INDEX_SCORE_DTYPES = ("auto", "float32", "bfloat16")
+# indexer scores in FP8), "int8" = query heads and keys quantized per row to symmetric int8,
+# exact integer dot products (vpdpbusd where the CPU has VNNI: ~2x the float32 indexer), "float32"
+# = the values as stored, in float32.
+INDEX_SCORE_DTYPES = ("auto", "float32", "bfloat16", "int8")
 INDEX_SCORE_DTYPE_ENV = "SGLANG_DSA_INDEX_SCORE_DTYPE"
 
 
@@ -51,6 +53,8 @@ def index_score_dtype(cache_dtype, value: Optional[str] = None):
         raise ValueError(f"{INDEX_SCORE_DTYPE_ENV}={value!r}; choices: {INDEX_SCORE_DTYPES}")
     if value == "bfloat16" or (value == "auto" and cache_dtype == torch.bfloat16):
         return torch.bfloat16
+    if value == "int8":
+        return torch.int8
     return None
 
 

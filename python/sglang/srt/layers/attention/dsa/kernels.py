@@ -17,7 +17,8 @@ the tensors' device decides) for:
 
 The indexer's softmax scale is folded into the head weights (relu(x * s) = s * relu(x), s > 0).
 `index_score_dtype` (None: float32 on the values as stored; torch.bfloat16: query and index keys
-rounded to bf16, exact products summed in float32) is the indexer's scoring precision; the `dsa`
+rounded to bf16, exact products summed in float32; torch.int8: query heads and index keys quantized
+per row to symmetric int8, exact integer dot products) is the indexer's scoring precision; the `dsa`
 backend sets it from the index-key cache's dtype or `SGLANG_DSA_INDEX_SCORE_DTYPE`
 (`backend_names.index_score_dtype`).
 Which implementation runs is decided once, by the platform (`Platform.dsa_ops_impl`) or the

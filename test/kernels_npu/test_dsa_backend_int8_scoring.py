@@ -1,0 +1,69 @@
+"""The `dsa` backend with int8 index scoring (`SGLANG_DSA_INDEX_SCORE_DTYPE=int8`) on tiny
+DeepSeek-V3.2 (float32 model, index_topk 8, one process, the CP test driver's prompts: chunked
+prefill, decode, a radix-hit prefix).
+
+- Top-k overlap on the model's own activations: during a float32-scored run, every paged selection
+  is recomputed with int8 scoring on the same inputs; measured mean 0.99 (93 % of rows identical,
+  worst row 6 of 8): asserted mean >= 0.97, at least 85 % of rows identical.
+- Tokens: the int8-scored run generates; its first (prefill) token equals the float32 run's for
+  every prompt (measured: the first 5, 5 and 4 of 12 greedy tokens agree, then this random tiny
+  model's near-tied logits diverge), and int8 scoring did change the logits (the setting took
+  effect).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sglang.srt.distributed.parallel_state import ParallelGroups
+from sglang.srt.layers.attention.dsa.backend_names import INDEX_SCORE_DTYPE_ENV
+from sglang.srt.layers.attention.dsa.kernels import DSAKernels
+from sglang.test.cp_moe_driver import generate
+from sglang.test.tiny_moe_models import deepseek_v32_config, save_random_model
+
+NEW_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> str:
+    path = str(tmp_path_factory.mktemp("dsa_int8_ckpt") / "v32")
+    save_random_model(deepseek_v32_config(index_topk=8), path, seed=11)
+    return path
+
+
+def _run(path: str) -> dict:
+    return generate(path, ParallelGroups.single(), "zigzag", NEW_TOKENS, attention_backend="dsa")
+
+
+def test_int8_scoring_topk_overlap_and_tokens(checkpoint, monkeypatch):
+    real = DSAKernels.select_paged
+    overlaps = []
+
+    def both(self, *args, **kwargs):  # the float32 selection drives the run; int8's on the same inputs is compared
+        out = real(self, *args, **kwargs)
+        assert self.index_score_dtype is None
+        self.index_score_dtype = torch.int8
+        try:
+            alt = real(self, *args, **kwargs)
+        finally:
+            self.index_score_dtype = None
+        for a, b in zip(out.tolist(), alt.tolist()):
+            want = set(a) - {-1}
+            if want:
+                overlaps.append(len(want & (set(b) - {-1})) / len(want))
+        return out
+
+    monkeypatch.setenv(INDEX_SCORE_DTYPE_ENV, "float32")
+    monkeypatch.setattr(DSAKernels, "select_paged", both)
+    f32 = _run(checkpoint)
+    monkeypatch.setattr(DSAKernels, "select_paged", real)
+    assert len(overlaps) > 100
+    mean, same = sum(overlaps) / len(overlaps), sum(o == 1.0 for o in overlaps) / len(overlaps)
+    assert mean >= 0.97 and same >= 0.85, (mean, same, min(overlaps))
+
+    monkeypatch.setenv(INDEX_SCORE_DTYPE_ENV, "int8")
+    i8 = _run(checkpoint)
+    assert len(i8["tokens"]) == len(f32["tokens"]) and all(len(t) == NEW_TOKENS for t in i8["tokens"])
+    assert [t[0] for t in i8["tokens"]] == [t[0] for t in f32["tokens"]]
+    assert any(not torch.equal(a, b) for a, b in zip(i8["logits"], f32["logits"]))
