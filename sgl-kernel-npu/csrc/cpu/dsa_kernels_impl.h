@@ -342,8 +342,13 @@ inline float quantize_i8(const float* x, int D, int8_t* out) {
   return amax / 127.f;
 }
 
-// VI::PACK int8 values in one 32-bit word (bytes or int16 halves), each plus `off`
+// VI::PACK int8 values in one 32-bit word (bytes or int16 halves), each plus `off` (0 or VI::QOFF)
 inline int32_t pack_i8(const int8_t* x, int off) {
+  if constexpr (VI::PACK == 4) {  // the bytes as they lie (little-endian); + 128 flips each byte's top bit
+    uint32_t u;
+    std::memcpy(&u, x, 4);
+    return int32_t(off == 128 ? u ^ 0x80808080u : u);
+  }
   constexpr int B = 32 / VI::PACK;
   constexpr uint32_t M = (1u << B) - 1u;
   uint32_t u = 0;
