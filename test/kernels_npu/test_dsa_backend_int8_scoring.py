@@ -9,6 +9,9 @@ prefill, decode, a radix-hit prefix).
   every prompt (measured: the first 5, 5 and 4 of 12 greedy tokens agree, then this random tiny
   model's near-tied logits diverge), and int8 scoring did change the logits (the setting took
   effect).
+- The pool's int8 index-key copy (quantized once, when written; `SGLANG_DSA_INDEX_SCORE_DTYPE=int8`
+  creates it) is what the backend scores, and it gives exactly the tokens and logits of quantizing
+  the pool-dtype keys in every indexer call.
 """
 
 from __future__ import annotations
@@ -19,8 +22,11 @@ import torch
 from sglang.srt.distributed.parallel_state import ParallelGroups
 from sglang.srt.layers.attention.dsa.backend_names import INDEX_SCORE_DTYPE_ENV
 from sglang.srt.layers.attention.dsa.kernels import DSAKernels
+from sglang.srt.mem_cache.mla_kv_pool import DSATokenToKVPool
 from sglang.test.cp_moe_driver import generate
 from sglang.test.tiny_moe_models import deepseek_v32_config, save_random_model
+
+pytestmark = pytest.mark.slow  # four tiny-model generations, ~40 s on 2 cores
 
 NEW_TOKENS = 12
 
@@ -67,3 +73,23 @@ def test_int8_scoring_topk_overlap_and_tokens(checkpoint, monkeypatch):
     assert len(i8["tokens"]) == len(f32["tokens"]) and all(len(t) == NEW_TOKENS for t in i8["tokens"])
     assert [t[0] for t in i8["tokens"]] == [t[0] for t in f32["tokens"]]
     assert any(not torch.equal(a, b) for a, b in zip(i8["logits"], f32["logits"]))
+
+
+def test_int8_key_copy_matches_quantizing_in_the_call(checkpoint, monkeypatch):
+    monkeypatch.setenv(INDEX_SCORE_DTYPE_ENV, "int8")
+    scales = []
+    real = DSAKernels.select_paged
+
+    def spy(self, *args, **kwargs):
+        scales.append(args[-1] if len(args) > 9 else kwargs.get("index_k_scale"))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(DSAKernels, "select_paged", spy)
+    cached = _run(checkpoint)
+    assert scales and all(s is not None for s in scales)  # the backend read the pool's int8 copy
+    monkeypatch.setattr(DSATokenToKVPool, "get_index_k_int8", lambda self, layer_id: None)
+    scales.clear()
+    in_call = _run(checkpoint)
+    assert scales and all(s is None for s in scales)
+    assert cached["tokens"] == in_call["tokens"]
+    assert all(torch.equal(a, b) for a, b in zip(cached["logits"], in_call["logits"]))

@@ -32,7 +32,7 @@ class KVRegion:
     """One KV buffer of one layer. Slot s of head h (global head index) starts at
     `ptr + (h - head_offset) * head_stride + s * slot_bytes`."""
 
-    kind: str  # "k" | "v" (MHA, head-major) | "latent" (MLA row) | "index_k" (DSA indexer key)
+    kind: str  # "k" | "v" (MHA, head-major) | "latent" (MLA row) | "index_k" (+ "index_k_int8", "index_k_scale")
     layer_id: int  # global layer index
     ptr: int
     nbytes: int
@@ -72,6 +72,9 @@ def kv_regions(pool: KVPool, head_offset: int = 0) -> list[KVRegion]:
             out.append(_region("latent", layer, pool.kv_buffer[i], 0, False))
             if isinstance(pool, DSATokenToKVPool):
                 out.append(_region("index_k", layer, pool.index_k_buffer[i], 0, False))
+                if pool.index_k_int8:  # the int8 copy (int8 index scoring) and its per-token scales
+                    out.append(_region("index_k_int8", layer, pool.index_k_int8[i], 0, False))
+                    out.append(_region("index_k_scale", layer, pool.index_k_scale[i], 0, False))
         else:
             raise TypeError(f"no transfer layout for {type(pool).__name__}")
     return out

@@ -40,22 +40,34 @@ INDEX_SCORE_DTYPES = ("auto", "float32", "bfloat16", "int8")
 INDEX_SCORE_DTYPE_ENV = "SGLANG_DSA_INDEX_SCORE_DTYPE"
 
 
-def index_score_dtype(cache_dtype, value: Optional[str] = None):
-    """The torch dtype the `dsa` backend scores the indexer in (None = float32 on the stored values)
-    for an index-key cache of `cache_dtype`; `value` defaults to $SGLANG_DSA_INDEX_SCORE_DTYPE."""
+def _index_score_setting(value: Optional[str]) -> str:
+    """`value`, by default $SGLANG_DSA_INDEX_SCORE_DTYPE, checked."""
     import os
-
-    import torch
 
     if value is None:
         value = os.environ.get(INDEX_SCORE_DTYPE_ENV, "auto") or "auto"
     if value not in INDEX_SCORE_DTYPES:
         raise ValueError(f"{INDEX_SCORE_DTYPE_ENV}={value!r}; choices: {INDEX_SCORE_DTYPES}")
+    return value
+
+
+def index_score_dtype(cache_dtype, value: Optional[str] = None):
+    """The torch dtype the `dsa` backend scores the indexer in (None = float32 on the stored values)
+    for an index-key cache of `cache_dtype`; `value` defaults to $SGLANG_DSA_INDEX_SCORE_DTYPE."""
+    import torch
+
+    value = _index_score_setting(value)
     if value == "bfloat16" or (value == "auto" and cache_dtype == torch.bfloat16):
         return torch.bfloat16
     if value == "int8":
         return torch.int8
     return None
+
+
+def int8_index_keys(value: Optional[str] = None) -> bool:
+    """Whether the DSA pool keeps an int8 copy of the index keys (quantized once, when written) for
+    the `dsa` backend's int8 scoring: $SGLANG_DSA_INDEX_SCORE_DTYPE is "int8"."""
+    return _index_score_setting(value) == "int8"
 
 
 def nsa_backend_choices() -> list[str]:

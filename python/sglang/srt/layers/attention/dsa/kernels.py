@@ -72,14 +72,15 @@ class DSAKernels:
         kv_lens: torch.Tensor,
         topk: int,
         decode: bool,
+        index_k_scale: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
-        """q [n, H, D], weights [n, H], index_k [num_blocks, block, 1, D] (PA_BSND view of the pool);
+        """q [n, H, D], weights [n, H], index_k [num_blocks, block, 1, D] (PA_BSND view of the pool;
+        int8 with index_k_scale [num_blocks, block, 1]: the pool's int8 copy, int8 scoring);
         table [B, max_blocks] block ids. -> [n, topk] int32."""
-        key = index_k
         idx = skn.lightning_indexer(
-            q, key, weights.float() * scale, cu_q, kv_lens, table, "TND", "PA_BSND", topk, 3, impl=self.impl(decode),
-            score_dtype=self.index_score_dtype,
-        )
+            q, index_k, weights.float() * scale, cu_q, kv_lens, table, "TND", "PA_BSND", topk, 3,
+            impl=self.impl(decode), score_dtype=self.index_score_dtype, key_scale=index_k_scale,
+        )  # fmt: skip
         return idx[:, 0]
 
     def attend_paged(
