@@ -24,7 +24,7 @@ from sglang.srt.layers.attention.dsa.backend_names import INDEX_SCORE_DTYPE_ENV
 from sglang.srt.layers.attention.dsa.kernels import DSAKernels
 from sglang.srt.mem_cache.mla_kv_pool import DSATokenToKVPool
 from sglang.test.cp_moe_driver import generate
-from sglang.test.tiny_moe_models import deepseek_v32_config, save_random_model
+from sglang.test.tiny_moe_models import save_tiny_v32
 
 pytestmark = pytest.mark.slow  # four tiny-model generations, ~40 s on 2 cores
 
@@ -33,9 +33,7 @@ NEW_TOKENS = 12
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> str:
-    path = str(tmp_path_factory.mktemp("dsa_int8_ckpt") / "v32")
-    save_random_model(deepseek_v32_config(index_topk=8), path, seed=11)
-    return path
+    return save_tiny_v32(tmp_path_factory.mktemp("dsa_int8_ckpt") / "v32")
 
 
 def _run(path: str) -> dict:
