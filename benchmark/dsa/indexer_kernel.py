@@ -17,6 +17,7 @@ is the 1-minute load average when the row was timed.
     g++ -O2 -o /tmp/fma_vs_dpbf16 benchmark/dsa/fma_vs_dpbf16.cpp && /tmp/fma_vs_dpbf16
 
     python benchmark/dsa/indexer_kernel.py [--context 8192 32768] [--queries 256 64] [--isas avx512bf16 avx512 avx2]
+        [--decode 4]   # + a decode step's indexer: 4 requests of the largest context, one query each
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def main() -> None:
     ap.add_argument("--queries", type=int, nargs="*", default=[256, 64], help="one per --context value")
     ap.add_argument("--isas", nargs="*", default=None, help="default: every build this CPU runs")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--decode", type=int, default=4, help="decode table: this many requests (0: none)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     isas = args.isas or cpu.supported_isas()
@@ -63,15 +65,45 @@ def main() -> None:
                     if sd != torch.bfloat16 and dot != "fma":
                         continue
                     for topk in (16, 2048):
-                        best = float("inf")
                         with cpu.force_isa(isa), cpu.bf16_dot(dot):
-                            for _ in range(args.repeats):
-                                t = time.thread_time()
-                                skn.lightning_indexer(q, kk, w, sparse_count=topk, score_dtype=sd, **kw, **extra)
-                                best = min(best, time.thread_time() - t)
+                            best = _best(args.repeats, lambda: skn.lightning_indexer(
+                                q, kk, w, sparse_count=topk, score_dtype=sd, **kw, **extra))  # fmt: skip
                         mult = {torch.bfloat16: dot, torch.int8: INT8_DOT.get(isa, "int32")}.get(sd, "—")
                         print(f"| {n} | {q0} | {isa} | {mult} | {label} | {cache} | {topk} | {best * 1e3:.1f} | "
                               f"{flop / best / 1e9:.1f} | {os.getloadavg()[0]:.2f} |", flush=True)  # fmt: skip
+    if args.decode:
+        decode(args.decode, max(args.context), isas, args.repeats)
+
+
+def _best(repeats: int, fn) -> float:
+    """Thread CPU seconds of fn(), best of `repeats`."""
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.thread_time()
+        fn()
+        best = min(best, time.thread_time() - t)
+    return best
+
+
+def decode(batch: int, n: int, isas: list[str], repeats: int) -> None:
+    """A decode step's indexer: `batch` requests of n keys (pages of 64 rows), one query each, top-k
+    2048: every key is read (and with int8 scoring on a float32 cache, quantized) for one query."""
+    g = torch.Generator().manual_seed(1)
+    q, w = torch.randn(batch, 16, 64, generator=g), torch.randn(batch, 16, generator=g)
+    keys = torch.randn(batch * n // 64, 64, 1, 64, generator=g)
+    k8, k_scale = quantize_int8(keys)
+    kw = dict(actual_seq_lengths_query=torch.arange(1, batch + 1), actual_seq_lengths_key=torch.full((batch,), n),
+              block_table=torch.arange(batch * n // 64, dtype=torch.int32).view(batch, n // 64),
+              layout_query="TND", layout_key="PA_BSND", sparse_mode=3, sparse_count=2048, impl="cpu")  # fmt: skip
+    rows = [("float32", "float32", keys, None, {}), ("int8", "float32", keys, torch.int8, {}),
+            ("int8", "int8", k8, torch.int8, {"key_scale": k_scale})]  # fmt: skip
+    print(f"\n| decode: requests x keys | build | scoring | key cache | ms | load |\n|---|---|---|---|---:|---:|")
+    for isa in isas:
+        for label, cache, kk, sd, extra in rows:
+            with cpu.force_isa(isa):
+                best = _best(repeats, lambda: skn.lightning_indexer(q, kk, w, score_dtype=sd, **kw, **extra))
+            print(f"| {batch} x {n} | {isa} | {label} | {cache} | {best * 1e3:.2f} | {os.getloadavg()[0]:.2f} |",
+                  flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":
