@@ -9,6 +9,9 @@ prefill, decode, a radix-hit prefix).
   every prompt (measured: the first 5, 5 and 4 of 12 greedy tokens agree, then this random tiny
   model's near-tied logits diverge), and int8 scoring did change the logits (the setting took
   effect).
+- cp = 2 (zigzag: own-query indexer over the gathered rows, decode candidates from each rank's
+  shard, both quantizing the keys in the call) gives cp = 1's greedy tokens (cp = 1 reads the
+  pool's int8 copy) and logits within 1e-4: every path quantizes each key row the same way.
 - The pool's int8 index-key copy (quantized once, when written; `SGLANG_DSA_INDEX_SCORE_DTYPE=int8`
   creates it) is what the backend scores, and it gives exactly the tokens and logits of quantizing
   the pool-dtype keys in every indexer call.
@@ -25,8 +28,9 @@ from sglang.srt.layers.attention.dsa.kernels import DSAKernels
 from sglang.srt.mem_cache.mla_kv_pool import DSATokenToKVPool
 from sglang.test.cp_moe_driver import generate
 from sglang.test.tiny_moe_models import save_tiny_v32
+from test_dsa_backend_bf16_scoring import _cp2, run_ranks  # the cp = 2 run of the same driver, its spawner
 
-pytestmark = pytest.mark.slow  # four tiny-model generations, ~40 s on 2 cores
+pytestmark = pytest.mark.slow  # six tiny-model generations and a 2-rank run (15-40 s on 2 cores)
 
 NEW_TOKENS = 12
 
@@ -91,3 +95,12 @@ def test_int8_key_copy_matches_quantizing_in_the_call(checkpoint, monkeypatch):
     assert scales and all(s is None for s in scales)
     assert cached["tokens"] == in_call["tokens"]
     assert all(torch.equal(a, b) for a, b in zip(cached["logits"], in_call["logits"]))
+
+
+def test_int8_scoring_cp2_matches_cp1(checkpoint, monkeypatch):
+    monkeypatch.setenv(INDEX_SCORE_DTYPE_ENV, "int8")  # inherited by the spawned ranks
+    one = _run(checkpoint)
+    for rank, got in enumerate(run_ranks(_cp2, 2, args=(checkpoint,), timeout=500)):
+        assert got["tokens"] == one["tokens"], rank
+        for step, (a, b) in enumerate(zip(got["logits"], one["logits"])):
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=0, msg=lambda m: f"rank {rank} step {step}: {m}")
