@@ -9,9 +9,9 @@ prefill, decode, a radix-hit prefix).
   every prompt (measured: the first 5, 5 and 4 of 12 greedy tokens agree, then this random tiny
   model's near-tied logits diverge), and int8 scoring did change the logits (the setting took
   effect).
-- cp = 2 (zigzag: own-query indexer over the gathered rows, decode candidates from each rank's
-  shard, both quantizing the keys in the call) gives cp = 1's greedy tokens (cp = 1 reads the
-  pool's int8 copy) and logits within 1e-4: every path quantizes each key row the same way.
+- cp = 2 (zigzag: own-query indexer over the gathered rows, quantized in the call; decode
+  candidates from each rank's shard of the pool's int8 copy) gives cp = 1's greedy tokens and
+  logits within 1e-4: every path quantizes each key row the same way.
 - The pool's int8 index-key copy (quantized once, when written; `SGLANG_DSA_INDEX_SCORE_DTYPE=int8`
   creates it) is what the backend scores, and it gives exactly the tokens and logits of quantizing
   the pool-dtype keys in every indexer call.

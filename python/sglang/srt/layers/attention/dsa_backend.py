@@ -168,9 +168,7 @@ class DSAAttnBackend(CPUAttnBackend):
         pairs = sum(e * p + e * (e + 1) // 2 for e, p in zip(fb.extend_seq_lens_cpu, fb.extend_prefix_lens_cpu))
         idx.count(q.shape[0], pairs)
         d = self._dsa(fb)
-        keys, scale = d.blocks(pool.get_index_k_buffer(idx.layer_id)), None
-        int8 = pool.get_index_k_int8(idx.layer_id) if self.kernels.index_score_dtype == torch.int8 else None
-        if int8 is not None:  # the pool's int8 copy, quantized when written
-            keys, scale = d.blocks(int8[0]), d.blocks(int8[1].unsqueeze(-1))[..., 0]
-        return self.kernels.select_paged(q, weights, idx.softmax_scale, keys, d.table, d.cu_q, d.kv_lens,
+        keys, scale = self.kernels.index_keys(pool, idx.layer_id)
+        scale = None if scale is None else d.blocks(scale.unsqueeze(-1))[..., 0]
+        return self.kernels.select_paged(q, weights, idx.softmax_scale, d.blocks(keys), d.table, d.cu_q, d.kv_lens,
                                          idx.index_topk, d.decode, scale)  # fmt: skip
