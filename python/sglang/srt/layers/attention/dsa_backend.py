@@ -20,8 +20,9 @@ name one (for extend / mixed batches and for decode batches).
 The indexer scores in the index-key cache's dtype (float32 model: float32, the reference's scores;
 bf16 model: bf16 inputs, float32 sums); `SGLANG_DSA_INDEX_SCORE_DTYPE=bfloat16` rounds a float32
 model's query and keys to bf16 for scoring, `=int8` quantizes query heads and keys per row to int8
-(exact integer dots; the keys are quantized in each indexer call, the cache keeps the model's
-dtype) (`dsa/backend_names.index_score_dtype`).
+(exact integer dots; the pool then also keeps an int8 copy of the index keys, quantized when
+written, which the paged and CP-decode indexers read; CP prefill quantizes its gathered rows in
+the call) (`dsa/backend_names.index_score_dtype`).
 
 Selections equal the reference's up to float rounding of the scores (the kernels sum in another
 order): near-equal scores at the top-k boundary may swap; test/kernels_npu compares the ops and
