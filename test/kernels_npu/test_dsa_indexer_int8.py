@@ -148,6 +148,17 @@ def test_cpu_int8_matches_reference(isa, key_dtype, block_size):
 
 
 @needs_cpu
+def test_cpu_int8_odd_shapes(isa):
+    """A head dim that fills no whole 4-byte (vpdpbusd) or int16-pair word, and a head count that is
+    no multiple of the register block (the one-head tail)."""
+    case = indexer_case(q_lens=[20, 1], kv_lens=[150, 70], heads=7, dim=37, topk=16, block_size=4, seed=9)
+    got, got_val = _run(case, "cpu")
+    exact = full_scores(_quantized(case))
+    check_near_topk(got[:, 0], exact, tol=SCORE_TOL)
+    check_values(got[:, 0], got_val[:, 0], exact, SCORE_TOL)
+
+
+@needs_cpu
 @pytest.mark.parametrize("topk", [4, 16, 200])  # 200 >= every request's keys
 @pytest.mark.parametrize("block_size", [1, 4])
 def test_cpu_int8_exact_ties(isa, topk, block_size):
