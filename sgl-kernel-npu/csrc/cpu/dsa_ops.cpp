@@ -17,25 +17,28 @@ bool cpu_has(const std::string& isa) {
   if (isa == "avx512bf16")
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16") &&
            __builtin_cpu_supports("avx512vnni");
+  if (isa == "avx512vnni") return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vnni");
   if (isa == "avx512") return __builtin_cpu_supports("avx512f");
   if (isa == "avx2") return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #endif
   return isa == "portable";
 }
 
-enum class Isa { Portable, Avx2, Avx512, Avx512Bf16 };
+enum class Isa { Portable, Avx2, Avx512, Avx512Vnni, Avx512Bf16 };
+
+// best first ("auto" takes the first one the CPU runs; every CPU with avx512_bf16 has avx512_vnni)
+const char* const ISAS[] = {"avx512bf16", "avx512vnni", "avx512", "avx2", "portable"};
+const Isa ISA_IDS[] = {Isa::Avx512Bf16, Isa::Avx512Vnni, Isa::Avx512, Isa::Avx2, Isa::Portable};
 
 Isa pick(const std::string& isa) {
-  std::string want = isa;
-  if (want == "auto")
-    want = cpu_has("avx512bf16") ? "avx512bf16" : cpu_has("avx512") ? "avx512" : cpu_has("avx2") ? "avx2" : "portable";
-  TORCH_CHECK(want == "avx512bf16" || want == "avx512" || want == "avx2" || want == "portable",
-              "unknown instruction set '", isa, "' (auto, avx512bf16, avx512, avx2, portable)");
-  TORCH_CHECK(cpu_has(want), "this CPU cannot run the ", want, " kernels");
-  return want == "avx512bf16" ? Isa::Avx512Bf16
-         : want == "avx512"   ? Isa::Avx512
-         : want == "avx2"     ? Isa::Avx2
-                              : Isa::Portable;
+  for (int i = 0; i < 5; ++i) {
+    if (isa == "auto" ? cpu_has(ISAS[i]) : isa == ISAS[i]) {
+      TORCH_CHECK(cpu_has(ISAS[i]), "this CPU cannot run the ", ISAS[i], " kernels");
+      return ISA_IDS[i];
+    }
+  }
+  TORCH_CHECK(false, "unknown instruction set '", isa, "' (auto, avx512bf16, avx512vnni, avx512, avx2, portable)");
+  return Isa::Portable;
 }
 
 DType dtype_of(const at::Tensor& t) {
@@ -52,12 +55,10 @@ void check_rows(const at::Tensor& rows, const char* name, at::ScalarType st) {
 }  // namespace
 
 std::string pick_isa(const std::string& isa) {
-  switch (pick(isa)) {
-    case Isa::Avx512Bf16: return "avx512bf16";
-    case Isa::Avx512: return "avx512";
-    case Isa::Avx2: return "avx2";
-    default: return "portable";
-  }
+  const Isa which = pick(isa);
+  for (int i = 0; i < 5; ++i)
+    if (ISA_IDS[i] == which) return ISAS[i];
+  return "portable";
 }
 
 bool cpu_supports(const std::string& isa) { return cpu_has(isa); }
@@ -101,6 +102,7 @@ std::vector<at::Tensor> indexer_topk(const at::Tensor& q, const at::Tensor& w, c
     if (false) {
 #if defined(__x86_64__)
     } else if (which == Isa::Avx512Bf16) { avx512bf16::indexer_topk(a, t0, t1);
+    } else if (which == Isa::Avx512Vnni) { avx512vnni::indexer_topk(a, t0, t1);
     } else if (which == Isa::Avx512) { avx512::indexer_topk(a, t0, t1);
     } else if (which == Isa::Avx2) { avx2::indexer_topk(a, t0, t1);
 #endif
@@ -171,6 +173,7 @@ std::vector<at::Tensor> sparse_attention(const at::Tensor& q, const c10::optiona
     if (false) {
 #if defined(__x86_64__)
     } else if (which == Isa::Avx512Bf16) { avx512bf16::sparse_attention(a, t0, t1);
+    } else if (which == Isa::Avx512Vnni) { avx512vnni::sparse_attention(a, t0, t1);
     } else if (which == Isa::Avx512) { avx512::sparse_attention(a, t0, t1);
     } else if (which == Isa::Avx2) { avx2::sparse_attention(a, t0, t1);
 #endif
@@ -202,6 +205,7 @@ std::vector<at::Tensor> merge_states(const std::vector<at::Tensor>& outs, const 
     if (false) {
 #if defined(__x86_64__)
     } else if (which == Isa::Avx512Bf16) { avx512bf16::merge_states(a, r0, r1);
+    } else if (which == Isa::Avx512Vnni) { avx512vnni::merge_states(a, r0, r1);
     } else if (which == Isa::Avx512) { avx512::merge_states(a, r0, r1);
     } else if (which == Isa::Avx2) { avx2::merge_states(a, r0, r1);
 #endif

@@ -1,4 +1,4 @@
-// The 16-lane float vector of the AVX-512 DSA builds (dsa_isa_avx512.cpp, dsa_isa_avx512bf16.cpp)
+// The 16-lane float vector of the AVX-512 DSA builds (dsa_isa_avx512.cpp, its VNNI variant, dsa_isa_avx512bf16.cpp)
 // and their int8 dot product: included inside each build's own namespace, after its target pragma.
 #pragma once
 
