@@ -105,8 +105,14 @@ def copy_plan(
 ) -> tuple[list[int], list[int], list[int]]:
     """(source addresses, destination addresses, byte counts) that copy `runs` of every layer and
     head held on both sides. Raises ValueError when a shared buffer's slot size or dtype differs
-    (the two servers must cache the same model in the same KV dtype)."""
+    (the two servers must cache the same model in the same KV dtype), or when only the receiver
+    keeps int8 index keys."""
     by_key = {r.key: r for r in dst}
+    src_keys = {r.key for r in src}
+    for d in dst:  # the receiver would score int8 against index keys nobody wrote into its int8 copy
+        if d.kind == "index_k_int8" and ("index_k", d.layer_id) in src_keys and d.key not in src_keys:
+            raise ValueError(f"the receiver keeps int8 index keys (layer {d.layer_id}) and the sender does not: "
+                             "both servers need the same SGLANG_DSA_INDEX_SCORE_DTYPE")  # fmt: skip
     s_all, d_all, n_all = [], [], []
     if len(runs) == 0:
         return [], [], []
