@@ -7,7 +7,7 @@ cache; bf16 scoring (`score_dtype=torch.bfloat16`: inputs rounded to bf16, float
 float32 cache (rounded in the kernel) and on a bf16 cache; on the avx512bf16 build both ways of
 multiplying the bf16 pairs (`fma`: float32 FMAs on the rounded values, the default; `dpbf16`:
 vdpbf16ps); int8 scoring (`score_dtype=torch.int8`: per-row int8 query heads and keys, integer
-dots: vpdpbusd on avx512bf16 / avx512vnni, vpmaddwd on avx512 / avx2) on a float32 cache (quantized in the call)
+dots: vpdpbusd on avx512bf16 / avx512vnni / avx2vnni, vpmaddwd on avx512 / avx2) on a float32 cache (quantized in the call)
 and on an int8 cache (int8 rows + per-row scales, quantized beforehand). Thread CPU time, best of
 `--repeats`; GFLOP/s counts 2 x heads x dim per (query, key) (int8: integer multiply-adds); `load`
 is the 1-minute load average when the row was timed.
@@ -16,7 +16,7 @@ is the 1-minute load average when the row was timed.
 
     g++ -O2 -o /tmp/fma_vs_dpbf16 benchmark/dsa/fma_vs_dpbf16.cpp && /tmp/fma_vs_dpbf16
 
-    python benchmark/dsa/indexer_kernel.py [--context 8192 32768] [--queries 256 64] [--isas avx512bf16 avx512vnni avx512 avx2]
+    python benchmark/dsa/indexer_kernel.py [--context 8192 32768] [--queries 256 64] [--isas avx512bf16 avx512vnni avx512 avx2vnni avx2]
         [--decode 4]   # + a decode step's indexer: 4 requests of the largest context, one query each
 """
 
@@ -32,7 +32,8 @@ import sgl_kernel_npu as skn
 from sgl_kernel_npu import cpu
 from sgl_kernel_npu.reference import quantize_int8
 
-INT8_DOT = {"avx512bf16": "vpdpbusd", "avx512vnni": "vpdpbusd", "avx512": "vpmaddwd", "avx2": "vpmaddwd"}
+INT8_DOT = {"avx512bf16": "vpdpbusd", "avx512vnni": "vpdpbusd", "avx512": "vpmaddwd", "avx2vnni": "vpdpbusd ymm",
+            "avx2": "vpmaddwd"}
 
 
 def main() -> None:

@@ -5,8 +5,8 @@ relu(q8_h . k8).
 - the reference's quantization (range, round-half-even, zero rows) and its scores against exact
   float64 math on the quantized values, and against the float32 scores of the unquantized inputs
   (within the quantization error bound, high top-k overlap);
-- the fused CPU kernel against the reference on every build this CPU runs (vpdpbusd on avx512bf16
-  and avx512vnni, vpmaddwd on avx512 / avx2, plain C++ on portable; which builds a CPU runs:
+- the fused CPU kernel against the reference on every build this CPU runs (vpdpbusd on avx512bf16,
+  avx512vnni and avx2vnni, vpmaddwd on avx512 / avx2, plain C++ on portable; which builds a CPU runs:
   test_dsa_ops_cpu.py): ragged batches, paged keys with shuffled
   blocks, float32 and bf16 key caches, top-k >= the visible keys, causal edges (queries that
   outnumber their keys); exactly (set and values) where every row's amax is 127 (scale 1: the

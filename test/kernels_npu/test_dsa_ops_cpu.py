@@ -1,5 +1,5 @@
 """sgl_kernel_npu DSA ops: the torch reference against exact math, and the fused CPU kernels against
-the reference on every instruction set this CPU can run (AVX-512 + BF16, AVX-512 + VNNI, AVX-512, AVX2, portable:
+the reference on every instruction set this CPU can run (AVX-512 + BF16, AVX-512 + VNNI, AVX-512, AVX2 + VNNI, AVX2, portable:
 the lower builds are forced on a machine that has the higher ones), float32 and bfloat16, and the
 indexer's bf16 scoring (`score_dtype=torch.bfloat16`: vdpbf16ps on the avx512bf16 build, rounded
 inputs multiplied in float32 on the others) against the reference on the same bf16-rounded inputs.
@@ -183,6 +183,7 @@ def test_bf16_and_vnni_isas_are_picked_where_the_cpu_has_them():
     vnni = "avx512f" in flags and "avx512_vnni" in flags  # int8 index scoring's vpdpbusd
     assert ("avx512vnni" in ISAS) == vnni
     assert ("avx512bf16" in ISAS) == (vnni and "avx512_bf16" in flags)
+    assert ("avx2vnni" in ISAS) == ("avx2" in flags and "fma" in flags and "avx_vnni" in flags)
     with cpu.force_isa("auto"):
         assert cpu.active_isa() == ISAS[0]
 

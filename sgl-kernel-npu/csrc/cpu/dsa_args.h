@@ -85,6 +85,7 @@ struct MergeArgs {
 
 SGL_DSA_DECLARE(portable)
 SGL_DSA_DECLARE(avx2)
+SGL_DSA_DECLARE(avx2vnni)
 SGL_DSA_DECLARE(avx512)
 SGL_DSA_DECLARE(avx512vnni)
 SGL_DSA_DECLARE(avx512bf16)

@@ -19,25 +19,28 @@ bool cpu_has(const std::string& isa) {
            __builtin_cpu_supports("avx512vnni");
   if (isa == "avx512vnni") return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vnni");
   if (isa == "avx512") return __builtin_cpu_supports("avx512f");
+  if (isa == "avx2vnni")
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("avxvnni");
   if (isa == "avx2") return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #endif
   return isa == "portable";
 }
 
-enum class Isa { Portable, Avx2, Avx512, Avx512Vnni, Avx512Bf16 };
+enum class Isa { Portable, Avx2, Avx2Vnni, Avx512, Avx512Vnni, Avx512Bf16 };
 
 // best first ("auto" takes the first one the CPU runs; every CPU with avx512_bf16 has avx512_vnni)
-const char* const ISAS[] = {"avx512bf16", "avx512vnni", "avx512", "avx2", "portable"};
-const Isa ISA_IDS[] = {Isa::Avx512Bf16, Isa::Avx512Vnni, Isa::Avx512, Isa::Avx2, Isa::Portable};
+constexpr int N_ISAS = 6;
+const char* const ISAS[N_ISAS] = {"avx512bf16", "avx512vnni", "avx512", "avx2vnni", "avx2", "portable"};
+const Isa ISA_IDS[N_ISAS] = {Isa::Avx512Bf16, Isa::Avx512Vnni, Isa::Avx512, Isa::Avx2Vnni, Isa::Avx2, Isa::Portable};
 
 Isa pick(const std::string& isa) {
-  for (int i = 0; i < 5; ++i) {
+  for (int i = 0; i < N_ISAS; ++i) {
     if (isa == "auto" ? cpu_has(ISAS[i]) : isa == ISAS[i]) {
       TORCH_CHECK(cpu_has(ISAS[i]), "this CPU cannot run the ", ISAS[i], " kernels");
       return ISA_IDS[i];
     }
   }
-  TORCH_CHECK(false, "unknown instruction set '", isa, "' (auto, avx512bf16, avx512vnni, avx512, avx2, portable)");
+  TORCH_CHECK(false, "unknown instruction set '", isa, "' (auto, avx512bf16, avx512vnni, avx512, avx2vnni, avx2, portable)");
   return Isa::Portable;
 }
 
@@ -56,7 +59,7 @@ void check_rows(const at::Tensor& rows, const char* name, at::ScalarType st) {
 
 std::string pick_isa(const std::string& isa) {
   const Isa which = pick(isa);
-  for (int i = 0; i < 5; ++i)
+  for (int i = 0; i < N_ISAS; ++i)
     if (ISA_IDS[i] == which) return ISAS[i];
   return "portable";
 }
@@ -104,6 +107,7 @@ std::vector<at::Tensor> indexer_topk(const at::Tensor& q, const at::Tensor& w, c
     } else if (which == Isa::Avx512Bf16) { avx512bf16::indexer_topk(a, t0, t1);
     } else if (which == Isa::Avx512Vnni) { avx512vnni::indexer_topk(a, t0, t1);
     } else if (which == Isa::Avx512) { avx512::indexer_topk(a, t0, t1);
+    } else if (which == Isa::Avx2Vnni) { avx2vnni::indexer_topk(a, t0, t1);
     } else if (which == Isa::Avx2) { avx2::indexer_topk(a, t0, t1);
 #endif
     } else { portable::indexer_topk(a, t0, t1); }
@@ -175,6 +179,7 @@ std::vector<at::Tensor> sparse_attention(const at::Tensor& q, const c10::optiona
     } else if (which == Isa::Avx512Bf16) { avx512bf16::sparse_attention(a, t0, t1);
     } else if (which == Isa::Avx512Vnni) { avx512vnni::sparse_attention(a, t0, t1);
     } else if (which == Isa::Avx512) { avx512::sparse_attention(a, t0, t1);
+    } else if (which == Isa::Avx2Vnni) { avx2vnni::sparse_attention(a, t0, t1);
     } else if (which == Isa::Avx2) { avx2::sparse_attention(a, t0, t1);
 #endif
     } else { portable::sparse_attention(a, t0, t1); }
@@ -207,6 +212,7 @@ std::vector<at::Tensor> merge_states(const std::vector<at::Tensor>& outs, const 
     } else if (which == Isa::Avx512Bf16) { avx512bf16::merge_states(a, r0, r1);
     } else if (which == Isa::Avx512Vnni) { avx512vnni::merge_states(a, r0, r1);
     } else if (which == Isa::Avx512) { avx512::merge_states(a, r0, r1);
+    } else if (which == Isa::Avx2Vnni) { avx2vnni::merge_states(a, r0, r1);
     } else if (which == Isa::Avx2) { avx2::merge_states(a, r0, r1);
 #endif
     } else { portable::merge_states(a, r0, r1); }

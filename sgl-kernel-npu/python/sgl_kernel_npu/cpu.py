@@ -1,8 +1,8 @@
 """Fused CPU implementation of the DSA ops (csrc/cpu, built at install time).
 
 The instruction set is chosen at run time from the CPU's flags (AVX-512 with BF16 and VNNI, else
-AVX-512 with VNNI, else AVX-512, else AVX2 + FMA, else the portable build);
-`SGL_KERNEL_NPU_CPU_ISA=avx512bf16|avx512vnni|avx512|avx2|portable|auto`
+AVX-512 with VNNI, else AVX-512, else AVX2 + FMA with AVX-VNNI, else AVX2 + FMA, else the portable
+build); `SGL_KERNEL_NPU_CPU_ISA=avx512bf16|avx512vnni|avx512|avx2vnni|avx2|portable|auto`
 forces one (a set the CPU lacks is an error), and `force_isa()` does the same for one block of code
 (tests run every path the machine can). Inputs are float32 or bfloat16; outputs are float32 (the
 callers cast). The indexer's key rows are used in their own dtype (a bf16 index-key cache is read
@@ -12,8 +12,8 @@ the avx512bf16 build; the other builds multiply the rounded values in float32: t
 summed in another order). With int8 scoring (`score_dtype=torch.int8`) every query head row and
 key row is quantized to symmetric int8 (`reference.quantize_int8`; an int8 key cache brings its
 per-row scales) and the dot products are exact integer sums (`vpdpbusd` on the avx512bf16 build,
-whose CPUs all have AVX512-VNNI, and on avx512vnni, the AVX-512 build for VNNI CPUs without BF16;
-`vpmaddwd` on int16 pairs on avx512 / avx2; plain C++ on portable). `SGL_KERNEL_NPU_BF16_DOT=dpbf16` (or `bf16_dot("dpbf16")`) makes the
+whose CPUs all have AVX512-VNNI, on avx512vnni, the AVX-512 build for VNNI CPUs without BF16, and
+on avx2vnni (AVX-VNNI, 8 lanes); `vpmaddwd` on int16 pairs on avx512 / avx2; plain C++ on portable). `SGL_KERNEL_NPU_BF16_DOT=dpbf16` (or `bf16_dot("dpbf16")`) makes the
 avx512bf16 build use vdpbf16ps for that: the same products, but on Sapphire / Emerald Rapids it
 retires half the multiply-adds per cycle of the two FMA ports (benchmark/dsa/indexer_kernel.py),
 so the default is `fma`.
@@ -37,7 +37,7 @@ except ImportError as e:  # pragma: no cover - a build without the CPU kernels
 else:
     _IMPORT_ERROR = None
 
-ISAS = ("avx512bf16", "avx512vnni", "avx512", "avx2", "portable")
+ISAS = ("avx512bf16", "avx512vnni", "avx512", "avx2vnni", "avx2", "portable")
 BF16_DOTS = ("fma", "dpbf16")
 _forced: Optional[str] = None
 _forced_dot: Optional[str] = None
