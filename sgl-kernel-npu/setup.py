@@ -3,7 +3,7 @@ reference, Triton kernels, a torch_npu mapping and fused CPU kernels.
 
 The CPU kernels are compiled here, at install time, with torch's C++ extension tooling: one
 binding (csrc/cpu/dsa_ops.cpp) and one translation unit per instruction set (portable, AVX2 +
-FMA, AVX-512, AVX-512 + BF16), each built for its own target whatever the compiler's default, and picked at run
+FMA, AVX2 + FMA + AVX-VNNI, AVX-512, AVX-512 + VNNI, AVX-512 + BF16 + VNNI), each built for its own target whatever the compiler's default, and picked at run
 time from the CPU's flags. Install into the environment that holds torch, without build
 isolation (the extension is built against that torch):
 
@@ -29,7 +29,7 @@ def ext_modules():
 
     sources = [os.path.join(CSRC, "dsa_ops.cpp"), os.path.join(CSRC, "dsa_isa_portable.cpp")]
     if platform.machine().lower() in ("x86_64", "amd64"):
-        sources += [os.path.join(CSRC, f"dsa_isa_{isa}.cpp") for isa in ("avx2", "avx512", "avx512bf16")]
+        sources += [os.path.join(CSRC, f"dsa_isa_{isa}.cpp") for isa in ("avx2", "avx2vnni", "avx512", "avx512vnni", "avx512bf16")]
     ext = CppExtension(
         "sgl_kernel_npu._cpu_ops",
         sources,

@@ -64,6 +64,22 @@ def test_dsa_rows_and_layer_subset():
         assert not dst.get_key_buffer(layer).any() and not dst.get_index_k_buffer(layer).any()
 
 
+def test_dsa_int8_index_key_copy_is_transferred():
+    """With int8 index scoring the pool's int8 index keys and their scales travel with the rows."""
+    src = DSATokenToKVPool(16, 1, torch.float32, 8, 4, 6, layer_num=1, index_k_int8=True)
+    src.set_index_k_buffer(0, torch.arange(17), torch.randn(17, 6))
+    dst = DSATokenToKVPool(16, 1, torch.float32, 8, 4, 6, layer_num=1, index_k_int8=True)
+    s, d = np.array([3, 4, 9]), np.array([10, 11, 1])
+    run(copy_plan(kv_regions(src), kv_regions(dst), slot_runs(s, d)))
+    (s8, s_scale), (d8, d_scale) = src.get_index_k_int8(0), dst.get_index_k_int8(0)
+    assert torch.equal(d8[d], s8[s]) and torch.equal(d_scale[d], s_scale[s]) and bool(d_scale[d].all())
+    assert sum(n for _, n in registration_ranges(kv_regions(dst))) == dst.mem_bytes()
+    plain = DSATokenToKVPool(16, 1, torch.float32, 8, 4, 6, layer_num=1)
+    with pytest.raises(ValueError, match="SGLANG_DSA_INDEX_SCORE_DTYPE"):
+        copy_plan(kv_regions(plain), kv_regions(dst), slot_runs(s, d))
+    copy_plan(kv_regions(src), kv_regions(plain), slot_runs(s, d))  # a receiver without the copy ignores it
+
+
 def test_layout_mismatch_is_an_error():
     a = MHATokenToKVPool(8, 1, torch.float32, 2, 8, 1)
     b = MHATokenToKVPool(8, 1, torch.bfloat16, 2, 8, 1)

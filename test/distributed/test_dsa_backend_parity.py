@@ -22,7 +22,7 @@ from dist_spawn import run_ranks
 from sglang.srt.distributed.parallel_layout import ParallelLayout
 from sglang.srt.distributed.parallel_state import ParallelGroups
 from sglang.test.cp_moe_driver import generate
-from sglang.test.tiny_moe_models import DEEPSEEK_SIZES, deepseek_v32_config, save_random_model
+from sglang.test.tiny_moe_models import DEEPSEEK_SIZES, save_random_model, save_tiny_v32
 from transformers import DeepseekV32Config
 
 pytestmark = pytest.mark.slow  # spawns gloo ranks
@@ -33,9 +33,7 @@ NEW_TOKENS = 16
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> str:
-    path = str(tmp_path_factory.mktemp("dsa_backend_ckpt") / "v32")
-    save_random_model(deepseek_v32_config(index_topk=8), path, seed=11)
-    return path
+    return save_tiny_v32(tmp_path_factory.mktemp("dsa_backend_ckpt") / "v32")
 
 
 @pytest.fixture(scope="module")

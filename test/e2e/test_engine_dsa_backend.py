@@ -2,7 +2,7 @@
 (`--attention-backend nsa` with `--nsa-prefill-backend` / `--nsa-decode-backend`) at cp 1, and
 `--attention-backend dsa --cp-size 2 --enable-shard-linear`. Greedy tokens equal the in-process
 single-rank reference scheduler's (torch_native backend): a 30-token prompt (longer than index_topk
-8: sparse, chunked by 16) and a 5-token one.
+8: sparse, chunked by 16) and a 5-token one; and int8 index scoring at cp 1 against float32 scoring.
 
 The prefill flag is `reference` here, not one of upstream's GPU names: those select the Triton
 kernels, which need a GPU (or TRITON_INTERPRET=1, far too slow for an engine test).
@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import sglang as sgl
+from sglang.srt.layers.attention.dsa.backend_names import INDEX_SCORE_DTYPE_ENV
 from sglang.test.scheduler_harness import SchedulerHarness
 from sglang.test.tiny_models import ASSETS_DIR
 
@@ -47,10 +48,28 @@ def case():
 )
 def test_engine_dsa_backend_matches_reference(case, extra):
     prompts, expected = case
+    assert _generate(prompts, **extra) == expected
+
+
+def test_engine_int8_index_scoring(case, monkeypatch):
+    """SGLANG_DSA_INDEX_SCORE_DTYPE=int8 (the pool keeps int8 index keys; the indexer scores int8)
+    against float32 scoring on the fused CPU kernels (which here gives the reference's tokens).
+    Measured: the 5-token prompt's 12 greedy tokens are the same, the 30-token prompt's first 5,
+    then its sixth differs (int8 scores pick another key at a near-tie of this dummy model)."""
+    prompts, expected = case
+    monkeypatch.setenv(INDEX_SCORE_DTYPE_ENV, "float32")  # inherited by the scheduler process
+    f32 = _generate(prompts, attention_backend="dsa")
+    assert f32 == expected
+    monkeypatch.setenv(INDEX_SCORE_DTYPE_ENV, "int8")
+    i8 = _generate(prompts, attention_backend="dsa")
+    assert [len(t) for t in i8] == [NEW_TOKENS] * 2
+    assert i8[1] == f32[1] and i8[0][:5] == f32[0][:5]
+
+
+def _generate(prompts, **extra) -> list:
     engine = sgl.Engine(model_path=TINY_V32, load_format="dummy", dtype="float32", log_level="warning",
                         chunked_prefill_size=16, **extra)  # fmt: skip
     try:
-        outs = engine.generate(input_ids=prompts, sampling_params=PARAMS)
-        assert [o["output_ids"] for o in outs] == expected
+        return [o["output_ids"] for o in engine.generate(input_ids=prompts, sampling_params=PARAMS)]
     finally:
         engine.shutdown()

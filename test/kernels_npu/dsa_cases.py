@@ -117,3 +117,24 @@ def check_near_topk(got: torch.Tensor, scores: list[torch.Tensor], tol: float) -
         kth = torch.topk(s, k).values[-1]
         scale = float(s.abs().max()) + 1e-6
         assert float(s[picks].min()) >= float(kth) - tol * scale, t
+
+
+def check_values(got_idx: torch.Tensor, got_val: torch.Tensor, scores: list[torch.Tensor], tol: float) -> None:
+    """Each pick's returned score is within tol (relative to the row's largest |score|) of its exact score."""
+    for t, s in enumerate(scores):
+        picks = [(int(i), float(v)) for i, v in zip(got_idx[t], got_val[t]) if i >= 0]
+        scale = float(s.abs().max()) + 1e-6 if s.numel() else 1.0
+        for i, v in picks:
+            assert abs(v - float(s[i])) <= tol * scale, (t, i, v, float(s[i]))
+
+
+def check_same_set_but_near_ties(got: torch.Tensor, ref_idx: torch.Tensor, ref_val: torch.Tensor,
+                                 scores: list[torch.Tensor], tol: float) -> None:  # fmt: skip
+    """got / ref [T, K]: the same sets, except keys whose exact scores lie within tol (relative to
+    the row's largest |score|) of the reference's k-th best (float32 rounding may swap those)."""
+    for t in range(got.shape[0]):
+        g, r = set(got[t].tolist()) - {-1}, set(ref_idx[t].tolist()) - {-1}
+        if g != r:
+            kth = float(ref_val[t][ref_val[t] > float("-inf")].min())
+            diff = [float(scores[t][i]) for i in g ^ r]
+            assert all(abs(x - kth) <= tol * float(scores[t].abs().max()) for x in diff), (t, g ^ r)

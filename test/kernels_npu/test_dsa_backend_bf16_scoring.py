@@ -21,7 +21,7 @@ from sglang.srt.distributed.parallel_layout import ParallelLayout  # noqa: E402
 from sglang.srt.distributed.parallel_state import ParallelGroups  # noqa: E402
 from sglang.srt.layers.attention.dsa.backend_names import INDEX_SCORE_DTYPE_ENV  # noqa: E402
 from sglang.test.cp_moe_driver import generate  # noqa: E402
-from sglang.test.tiny_moe_models import deepseek_v32_config, save_random_model  # noqa: E402
+from sglang.test.tiny_moe_models import save_tiny_v32  # noqa: E402
 
 pytestmark = pytest.mark.slow  # spawns gloo ranks
 
@@ -30,9 +30,7 @@ NEW_TOKENS = 12
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> str:
-    path = str(tmp_path_factory.mktemp("dsa_bf16_ckpt") / "v32")
-    save_random_model(deepseek_v32_config(index_topk=8), path, seed=11)
-    return path
+    return save_tiny_v32(tmp_path_factory.mktemp("dsa_bf16_ckpt") / "v32")
 
 
 def _cp2(rank: int, world_size: int, path: str) -> dict:

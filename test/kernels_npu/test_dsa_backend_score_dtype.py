@@ -1,5 +1,5 @@
 """The `dsa` backend's indexer scoring precision: `SGLANG_DSA_INDEX_SCORE_DTYPE` (auto / float32 /
-bfloat16) and the index-key cache's dtype decide it (`backend_names.index_score_dtype`), and
+bfloat16 / int8) and the index-key cache's dtype decide it (`backend_names.index_score_dtype`), and
 `DSAKernels` hands it to every `lightning_indexer` call (paged selection, CP own-query selection,
 CP decode candidates)."""
 
@@ -21,6 +21,8 @@ def test_index_score_dtype_choice(monkeypatch):
     assert index_score_dtype(torch.float32) is torch.bfloat16
     monkeypatch.setenv(INDEX_SCORE_DTYPE_ENV, "float32")
     assert index_score_dtype(torch.bfloat16) is None
+    monkeypatch.setenv(INDEX_SCORE_DTYPE_ENV, "int8")
+    assert index_score_dtype(torch.float32) is torch.int8 and index_score_dtype(torch.bfloat16) is torch.int8
     monkeypatch.setenv(INDEX_SCORE_DTYPE_ENV, "fp8")
     with pytest.raises(ValueError, match=INDEX_SCORE_DTYPE_ENV):
         index_score_dtype(torch.float32)
@@ -55,3 +57,17 @@ def test_kernels_pass_the_score_dtype(monkeypatch):
     valid = torch.ones(n, total, dtype=torch.bool)
     k.shard_topk_candidates(q, w, keys, slots, valid, torch.arange(total), 8, 0.5)
     assert seen == [torch.bfloat16] * 3
+
+
+def test_kernels_read_the_pools_int8_copy_when_scoring_int8():
+    from sglang.srt.mem_cache.mla_kv_pool import DSATokenToKVPool
+
+    with_copy = DSATokenToKVPool(8, 1, torch.float32, 4, 2, 6, layer_num=1, index_k_int8=True)
+    plain = DSATokenToKVPool(8, 1, torch.float32, 4, 2, 6, layer_num=1)
+    for pool in (with_copy, plain):
+        pool.set_index_k_buffer(0, torch.arange(3), torch.randn(3, 6))
+    keys, scale = DSAKernels("reference", "reference", torch.int8).index_keys(with_copy, 0)
+    assert keys.dtype == torch.int8 and keys is with_copy.index_k_int8[0] and scale is with_copy.index_k_scale[0]
+    for k, pool in ((DSAKernels("reference", "reference", torch.int8), plain), (DSAKernels(), with_copy)):
+        keys, scale = k.index_keys(pool, 0)
+        assert keys is pool.get_index_k_buffer(0) and scale is None

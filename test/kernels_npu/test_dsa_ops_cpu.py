@@ -1,5 +1,5 @@
 """sgl_kernel_npu DSA ops: the torch reference against exact math, and the fused CPU kernels against
-the reference on every instruction set this CPU can run (AVX-512 + BF16, AVX-512, AVX2, portable:
+the reference on every instruction set this CPU can run (AVX-512 + BF16, AVX-512 + VNNI, AVX-512, AVX2 + VNNI, AVX2, portable:
 the lower builds are forced on a machine that has the higher ones), float32 and bfloat16, and the
 indexer's bf16 scoring (`score_dtype=torch.bfloat16`: vdpbf16ps on the avx512bf16 build, rounded
 inputs multiplied in float32 on the others) against the reference on the same bf16-rounded inputs.
@@ -20,7 +20,16 @@ import pytest
 import torch
 
 import sgl_kernel_npu as skn
-from dsa_cases import check_near_topk, check_same_selection, full_scores, indexer_case, paged, visible_counts
+from dsa_cases import (
+    check_near_topk,
+    check_same_selection,
+    check_same_set_but_near_ties,
+    check_values,
+    full_scores,
+    indexer_case,
+    paged,
+    visible_counts,
+)
 from sgl_kernel_npu import cpu
 
 pytestmark = pytest.mark.skipif(not cpu.available(), reason="sgl_kernel_npu built without its CPU kernels")
@@ -94,15 +103,6 @@ def _rounded(case):
     return dataclasses.replace(case, query=case.query.to(BF16).float(), key=case.key.to(BF16).float())
 
 
-def _check_values(got_idx, got_val, scores, tol=SCORE_TOL):
-    """Each pick's returned score is within tol of the exact (float64) score of the rounded inputs."""
-    for t, s in enumerate(scores):
-        picks = [(int(i), float(v)) for i, v in zip(got_idx[t], got_val[t]) if i >= 0]
-        scale = float(s.abs().max()) + 1e-6 if s.numel() else 1.0
-        for i, v in picks:
-            assert abs(v - float(s[i])) <= tol * scale, (t, i, v, float(s[i]))
-
-
 @pytest.mark.parametrize("key_dtype", [torch.float32, BF16])  # float32 rows rounded in the kernel, or a bf16 cache
 @pytest.mark.parametrize("block_size", [1, 16])
 def test_cpu_indexer_bf16_scoring_random(isa, key_dtype, block_size):
@@ -113,17 +113,12 @@ def test_cpu_indexer_bf16_scoring_random(isa, key_dtype, block_size):
                                          impl="cpu", score_dtype=BF16)  # fmt: skip
     exact = full_scores(_rounded(case))
     check_near_topk(got[:, 0], exact, tol=SCORE_TOL)
-    _check_values(got[:, 0], got_val[:, 0], exact)
+    check_values(got[:, 0], got_val[:, 0], exact, SCORE_TOL)
     ref_idx, ref_val = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), return_value=True,
                                              impl="reference", score_dtype=BF16)  # fmt: skip
     check_same_selection(got[:, 0], ref_idx[:, 0], ref_val[:, 0], visible_counts(case), tol=SCORE_TOL)
     # set equality with the reference except where two scores sit within float32 rounding at the k-th
-    for t in range(got.shape[0]):
-        g, r = set(got[t, 0].tolist()) - {-1}, set(ref_idx[t, 0].tolist()) - {-1}
-        if g != r:
-            kth = float(ref_val[t, 0][ref_val[t, 0] > float("-inf")].min())
-            diff = [float(exact[t][i]) for i in g ^ r]
-            assert all(abs(x - kth) <= SCORE_TOL * float(exact[t].abs().max()) for x in diff), (t, g ^ r)
+    check_same_set_but_near_ties(got[:, 0], ref_idx[:, 0], ref_val[:, 0], exact, SCORE_TOL)
     # and it is bf16 scoring: the float32 scores of the unrounded inputs are not what came back
     f32 = full_scores(case)
     off = max(abs(float(v) - float(f32[t][int(i)])) / (float(f32[t].abs().max()) + 1e-6)
@@ -156,7 +151,7 @@ def test_cpu_indexer_bf16_inputs_score_in_bf16(isa):
     assert torch.equal(a, b) and torch.equal(va, vb)
     exact = full_scores(_rounded(case))
     check_near_topk(a[:, 0], exact, tol=SCORE_TOL)
-    _check_values(a[:, 0], va[:, 0], exact)
+    check_values(a[:, 0], va[:, 0], exact, SCORE_TOL)
 
 
 def test_cpu_indexer_float32_query_over_bf16_keys(isa):
@@ -168,7 +163,7 @@ def test_cpu_indexer_float32_query_over_bf16_keys(isa):
                                      impl="cpu")  # fmt: skip
     exact = full_scores(dataclasses.replace(case, key=case.key.float()))
     check_near_topk(got[:, 0], exact, tol=SCORE_TOL)
-    _check_values(got[:, 0], val[:, 0], exact)
+    check_values(got[:, 0], val[:, 0], exact, SCORE_TOL)
 
 
 def test_cpu_indexer_bf16_scoring_odd_head_dim(isa):
@@ -178,15 +173,17 @@ def test_cpu_indexer_bf16_scoring_odd_head_dim(isa):
                                      impl="cpu", score_dtype=BF16)  # fmt: skip
     exact = full_scores(_rounded(case))
     check_near_topk(got[:, 0], exact, tol=SCORE_TOL)
-    _check_values(got[:, 0], val[:, 0], exact)
+    check_values(got[:, 0], val[:, 0], exact, SCORE_TOL)
 
 
-def test_bf16_isa_is_picked_where_the_cpu_has_it():
+def test_bf16_and_vnni_isas_are_picked_where_the_cpu_has_them():
     if not ISAS:
         pytest.skip("no CPU kernels")
     flags = open("/proc/cpuinfo").read().split() if os.path.exists("/proc/cpuinfo") else []
-    want = "avx512_bf16" in flags and "avx512f" in flags
-    assert ("avx512bf16" in ISAS) == want
+    vnni = "avx512f" in flags and "avx512_vnni" in flags  # int8 index scoring's vpdpbusd
+    assert ("avx512vnni" in ISAS) == vnni
+    assert ("avx512bf16" in ISAS) == (vnni and "avx512_bf16" in flags)
+    assert ("avx2vnni" in ISAS) == ("avx2" in flags and "fma" in flags and "avx_vnni" in flags)
     with cpu.force_isa("auto"):
         assert cpu.active_isa() == ISAS[0]
 

@@ -59,6 +59,20 @@ def test_triton_indexer_bf16_scoring():
     torch.testing.assert_close(val.sort(-1).values, ref_val.sort(-1).values, atol=1e-4, rtol=1e-5)
 
 
+def test_triton_indexer_int8_scoring():
+    """score_dtype int8: the reference's quantization, float32 products of the int8 values with the
+    dequantized keys: the reference's int8 scores up to float32 rounding."""
+    case = indexer_case(q_lens=[6, 1], kv_lens=[80, 150], heads=16, dim=64, topk=32, block_size=16, seed=6)
+    got, val = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), return_value=True,
+                                     impl="triton", score_dtype=torch.int8)  # fmt: skip
+    ref_idx, ref_val = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), return_value=True,
+                                             impl="reference", score_dtype=torch.int8)  # fmt: skip
+    check_same_selection(got[:, 0], ref_idx[:, 0], ref_val[:, 0], visible_counts(case), tol=1e-5)
+    torch.testing.assert_close(val.sort(-1).values, ref_val.sort(-1).values, atol=1e-4, rtol=1e-5)
+    f32 = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), return_value=True, impl="triton")
+    assert not torch.allclose(val, f32[1])  # int8 scores, not the float32 ones
+
+
 @pytest.mark.parametrize("spec", SFA_CASES)
 def test_triton_sparse_attention(spec):
     q, key, idx, kw = sfa_case(**spec)

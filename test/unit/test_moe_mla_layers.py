@@ -154,6 +154,26 @@ def test_mla_and_dsa_pools():
     assert pool.mem_bytes() == 2 * 17 * (12 + 6) * 4
     assert DSATokenToKVPool.cell_size_bytes(512, 64, 61, torch.bfloat16, 128) == (576 + 128) * 61 * 2
     assert MLATokenToKVPool.cell_size_bytes(512, 64, 61, torch.bfloat16) == 576 * 61 * 2
+    assert pool.get_index_k_int8(4) is None
+
+
+def test_dsa_pool_int8_index_key_copy():
+    """With index_k_int8 the pool also keeps each written index key as int8 + per-token scale: the
+    quantization of the stored (pool-dtype) row, so it equals what a kernel quantizing the cache
+    would see."""
+    from sgl_kernel_npu.reference import quantize_int8
+
+    pool = DSATokenToKVPool(16, 1, torch.bfloat16, 8, 4, 6, layer_num=2, start_layer=3, index_k_int8=True)
+    loc, idx_k = torch.tensor([2, 5, 9]), torch.randn(3, 6) * torch.tensor([[1.0], [30.0], [0.01]])
+    pool.set_index_k_buffer(4, loc, idx_k)
+    k8, scale = pool.get_index_k_int8(4)
+    want8, want_scale = quantize_int8(idx_k.bfloat16())
+    assert k8.dtype == torch.int8 and torch.equal(k8[loc], want8) and torch.equal(scale[loc], want_scale)
+    assert int(k8[loc].abs().amax()) == 127 and pool.get_index_k_int8(3)[0].abs().sum() == 0
+    assert pool.mem_bytes() == 2 * 17 * (12 + 6) * 2 + 2 * 17 * (6 + 4)
+    assert DSATokenToKVPool.cell_size_bytes(512, 64, 61, torch.bfloat16, 128, index_k_int8=True) == (
+        (576 + 128) * 61 * 2 + (128 + 4) * 61
+    )
 
 
 def test_yarn_frequencies_and_mla_scale_match_hf():

@@ -96,3 +96,9 @@ def save_random_model(config: Any, out_dir: str, seed: int = 3) -> torch.nn.Modu
     for name in TOKENIZER_FILES:
         shutil.copyfile(os.path.join(TINY_LLAMA_DIR, name), os.path.join(str(out_dir), name))
     return hf
+
+
+def save_tiny_v32(out_dir, index_topk: int = 8, seed: int = 11) -> str:
+    """The DSA tests' random tiny DeepSeek-V3.2 checkpoint, saved into out_dir; returns its path."""
+    save_random_model(deepseek_v32_config(index_topk=index_topk), str(out_dir), seed=seed)
+    return str(out_dir)

@@ -7,7 +7,9 @@
 
 namespace sgl_dsa {
 
-enum class DType : int { F32 = 0, BF16 = 1 };
+enum class DType : int { F32 = 0, BF16 = 1, I8 = 2 };  // I8: index keys only (an int8 key cache)
+// the indexer's scoring precision (cpu.py passes the value)
+enum class Score : int { F32 = 0, BF16 = 1, INT8 = 2 };
 
 // Paged rows: position j of request b is row block_table[b * bt_stride + j / block_size] *
 // block_size + j % block_size; a row starts at base + row * row_stride (elements).
@@ -19,15 +21,18 @@ struct Rows {
 struct IndexerArgs {
   DType q_dtype;        // of q
   DType k_dtype;        // of the key rows (need not be q's)
-  bool score_bf16;      // q and keys rounded to bf16 (round-to-nearest-even) before the products;
-                        // products exact, sums in float32
-  bool bf16_dot;        // with score_bf16 on the avx512bf16 build: vdpbf16ps instead of float32 FMAs on
+  Score score;          // BF16: q and keys rounded to bf16 (round-to-nearest-even) before the
+                        // products; products exact, sums in float32. INT8: q rows (per token and
+                        // head) and key rows quantized to symmetric int8 (scale amax / 127), exact
+                        // int32 dot products, scales and head weights applied in float32
+  bool bf16_dot;        // with Score::BF16 on the avx512bf16 build: vdpbf16ps instead of float32 FMAs on
                         // the rounded values (same products; on Sapphire / Emerald Rapids vdpbf16ps
                         // does half the multiply-adds per cycle of two FMA ports, so off by default)
   const void* q;        // [T, N, D], d contiguous
   int64_t q_stride_t, q_stride_h;
   const float* w;       // [T, N] float32 contiguous
   Rows keys;            // [R, D]
+  const float* key_scale;  // [R] per-row scales of int8 key rows (k_dtype I8, Score::INT8), else nullptr
   const int32_t* block_table;
   int64_t bt_stride;
   int64_t block_size;
@@ -80,7 +85,9 @@ struct MergeArgs {
 
 SGL_DSA_DECLARE(portable)
 SGL_DSA_DECLARE(avx2)
+SGL_DSA_DECLARE(avx2vnni)
 SGL_DSA_DECLARE(avx512)
+SGL_DSA_DECLARE(avx512vnni)
 SGL_DSA_DECLARE(avx512bf16)
 
 }  // namespace sgl_dsa

@@ -1,4 +1,7 @@
 // DSA CPU kernels, AVX2 + FMA build (8 float lanes): AMD and Intel machines without AVX-512.
+// Included by dsa_isa_avx2vnni.cpp with SGL_DSA_AVX2_VNNI defined: the same build plus AVX-VNNI
+// (Alder Lake and later clients, Sierra Forest: VNNI without AVX-512), whose int8 index scoring
+// uses vpdpbusd on 8 lanes.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -10,15 +13,26 @@
 
 #include "dsa_args.h"
 
+#if defined(SGL_DSA_AVX2_VNNI)
+#define SGL_DSA_NS avx2vnni
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,avxvnni"))), apply_to = function)
+#elif defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,avxvnni")
+#endif
+#else
+#define SGL_DSA_NS avx2
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
 #elif defined(__GNUC__)
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
 #endif
+#endif
 
 namespace sgl_dsa {
-namespace avx2 {
+namespace SGL_DSA_NS {
 namespace {
 
 struct V {
@@ -61,6 +75,22 @@ struct V {
   }
 };
 
+// int8 index scoring: with AVX-VNNI vpdpbusd (4 dims of u8 x s8 per lane, the query offset by
+// QOFF = 128), else vpmaddwd on int16 pairs
+struct VI {
+  using R = __m256i;
+#ifdef SGL_DSA_AVX2_VNNI
+  static constexpr int PACK = 4, QOFF = 128;
+  static R dot(R acc, R q, R k) { return _mm256_dpbusd_avx_epi32(acc, q, k); }
+#else
+  static constexpr int PACK = 2, QOFF = 0;
+  static R dot(R acc, R q, R k) { return _mm256_add_epi32(acc, _mm256_madd_epi16(q, k)); }
+#endif
+  static R load(const int32_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  static R set1(int32_t x) { return _mm256_set1_epi32(x); }
+  static V::R to_float(R x) { return _mm256_cvtepi32_ps(x); }
+};
+
 constexpr int HB_IDX = 2, KVB_IDX = 4;  // 8 accumulators of 16
 constexpr int HB_PV = 2, VB_PV = 4;
 
@@ -70,7 +100,7 @@ constexpr int HB_PV = 2, VB_PV = 4;
 
 #include "dsa_isa_entry.h"
 
-}  // namespace avx2
+}  // namespace SGL_DSA_NS
 }  // namespace sgl_dsa
 
 #if defined(__clang__)

@@ -1,7 +1,8 @@
-// DSA CPU kernels, AVX-512 + AVX512-BF16 build (16 float lanes; Cooper Lake, Sapphire Rapids and
-// later, Zen 4+). The AVX-512 build's kernels plus the indexer's bf16 scoring with vdpbf16ps
-// (SGL_DSA_DPBF16). Compiled for that target whatever the compiler's default (the pragma below);
-// called only where the CPU reports avx512f and avx512_bf16.
+// DSA CPU kernels, AVX-512 + AVX512-BF16 + AVX512-VNNI build (16 float lanes; Cooper Lake,
+// Sapphire Rapids and later, Zen 4+: every CPU with avx512_bf16 has avx512_vnni). The AVX-512
+// build's kernels plus the indexer's bf16 scoring with vdpbf16ps (SGL_DSA_DPBF16) and int8 scoring
+// with vpdpbusd (SGL_DSA_VNNI). Compiled for that target whatever the compiler's default (the
+// pragma below); called only where the CPU reports avx512f, avx512_bf16 and avx512_vnni.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -14,16 +15,17 @@
 #include "dsa_args.h"
 
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma"))), apply_to = function)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vnni,avx2,fma"))), apply_to = function)
 #elif defined(__GNUC__)
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vnni,avx2,fma")
 #endif
 
 namespace sgl_dsa {
 namespace avx512bf16 {
 namespace {
 
+#define SGL_DSA_VNNI 1
 #include "dsa_vec_avx512.h"
 
 constexpr int HB_IDX = 4, KVB_IDX = 4;  // 16 accumulators of 32

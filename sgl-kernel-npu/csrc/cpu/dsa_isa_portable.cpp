@@ -44,6 +44,23 @@ struct V {
   static R exp(R x) { for (int i = 0; i < W; ++i) x.v[i] = std::exp(x.v[i]); return x; }
 };
 
+// int8 index scoring: 4 signed bytes per word, products summed per lane
+struct VI {
+  struct R {
+    int32_t v[8];
+  };
+  static constexpr int PACK = 4, QOFF = 0;
+  static R dot(R acc, R q, R k) {
+    for (int i = 0; i < V::W; ++i)
+      for (int b = 0; b < 4; ++b)
+        acc.v[i] += int32_t(int8_t(uint32_t(q.v[i]) >> (8 * b))) * int32_t(int8_t(uint32_t(k.v[i]) >> (8 * b)));
+    return acc;
+  }
+  static R load(const int32_t* p) { R r; for (int i = 0; i < V::W; ++i) r.v[i] = p[i]; return r; }
+  static R set1(int32_t x) { R r; for (int i = 0; i < V::W; ++i) r.v[i] = x; return r; }
+  static V::R to_float(R x) { V::R r; for (int i = 0; i < V::W; ++i) r.v[i] = float(x.v[i]); return r; }
+};
+
 constexpr int HB_IDX = 2, KVB_IDX = 4;
 constexpr int HB_PV = 2, VB_PV = 2;
 

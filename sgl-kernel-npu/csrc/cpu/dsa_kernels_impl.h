@@ -7,6 +7,9 @@
 //                     vdpbf16ps (DpScorer; HB_IDX_DP, IDX_GROUP_DP; IndexerArgs::bf16_dot); else
 //                     bf16 scoring rounds the inputs to bf16 and multiplies them with float32 FMAs
 //                     (FloatScorer<.., true>: the same exact products, summed in another order)
+//   struct VI    int8 index scoring's W int32 lanes: PACK int8 dims per 32-bit word, dot (acc +=
+//                the PACK products of each lane's q and k words), QOFF (offset added to the query
+//                bytes: vpdpbusd multiplies u8 x s8), load, set1, to_float
 //   HB_PV, VB_PV      sparse attention P.V register block: heads x value vectors
 // Everything here has internal linkage (see dsa_args.h for why).
 //
@@ -19,6 +22,8 @@
 // only scores above the k-th best pass a vector compare. Order: score descending, exact ties to the earlier
 // position (a later key never displaces an equal score). Queries that see <= k keys and want no
 // values are answered without scoring (all their keys are selected).
+// Scorers: FloatScorer (float32, or bf16-rounded inputs), DpScorer (bf16 pairs, vdpbf16ps),
+// Int8Scorer (per-row int8, integer dot products).
 //
 // Sparse flash attention (`sparse_impl`): per query, its selected rows are attended SA_TILE at a
 // time with an online softmax. q.k: heads in the vector lanes (the query transposed once,
@@ -211,7 +216,7 @@ struct FloatScorer {
   static constexpr int GROUP = IDX_GROUP;
   int N, D;
   ABuf<float> qf, kt;
-  FloatScorer(int n, int d) : N(n), D(d), qf(size_t(GROUP) * n * d), kt(size_t(d) * IDX_TILE) {}
+  FloatScorer(int n, int d, int64_t) : N(n), D(d), qf(size_t(GROUP) * n * d), kt(size_t(d) * IDX_TILE) {}
   void query(int gi, const IndexerArgs& a, int64_t t) {
     float* dst = qf.p + size_t(gi) * N * D;
     for (int h = 0; h < N; ++h)
@@ -273,7 +278,7 @@ struct DpScorer {
   static constexpr int GROUP = IDX_GROUP_DP;
   int N, D, P;
   ABuf<uint32_t> qp, kt;
-  DpScorer(int n, int d) : N(n), D(d), P(d / 2), qp(size_t(GROUP) * n * (d / 2)), kt(size_t(d / 2) * IDX_TILE) {}
+  DpScorer(int n, int d, int64_t) : N(n), D(d), P(d / 2), qp(size_t(GROUP) * n * (d / 2)), kt(size_t(d / 2) * IDX_TILE) {}
   void query(int gi, const IndexerArgs& a, int64_t t) {
     uint32_t* dst = qp.p + size_t(gi) * N * P;
     for (int h = 0; h < N; ++h) {
@@ -318,12 +323,143 @@ struct DpScorer {
 };
 #endif
 
+// ---------------------------------------------------------------------------- int8 scoring
+// Symmetric per-row int8, the float32 ops of the torch reference's `quantize_int8`: scale =
+// amax / 127, x8 = round-half-even(x * (127 / amax)) within +-127 (all 0 when amax is 0).
+inline float quantize_i8(const float* x, int D, int8_t* out) {
+  typename V::R m = V::zero();
+  int d = 0;
+  for (; d + W <= D; d += W) {
+    const typename V::R v = V::load(x + d);
+    m = V::max(m, V::max(v, V::sub(V::zero(), v)));
+  }
+  float lanes[W], amax = 0.f;
+  V::store(lanes, m);
+  for (int i = 0; i < W; ++i) amax = std::max(amax, lanes[i]);
+  for (; d < D; ++d) amax = std::max(amax, std::fabs(x[d]));
+  const float inv = amax > 0.f ? 127.f / amax : 0.f;
+  for (d = 0; d < D; ++d) out[d] = int8_t(std::nearbyint(std::min(127.f, std::max(-127.f, x[d] * inv))));
+  return amax / 127.f;
+}
+
+// VI::PACK int8 values in one 32-bit word (bytes or int16 halves), each plus `off` (0 or VI::QOFF)
+inline int32_t pack_i8(const int8_t* x, int off) {
+  if constexpr (VI::PACK == 4) {  // the bytes as they lie (little-endian); + 128 flips each byte's top bit
+    uint32_t u;
+    std::memcpy(&u, x, 4);
+    return int32_t(off == 128 ? u ^ 0x80808080u : u);
+  }
+  constexpr int B = 32 / VI::PACK;
+  constexpr uint32_t M = (1u << B) - 1u;
+  uint32_t u = 0;
+  for (int i = 0; i < VI::PACK; ++i) u |= (uint32_t(int32_t(x[i]) + off) & M) << (i * B);
+  return int32_t(u);
+}
+
+template <int HB>
+inline void idx_heads_i8(const int32_t* qw, const float* ws, int h0, int P, const int32_t* ktp, const int32_t* kcp,
+                         typename V::R* s) {
+  typename VI::R acc[HB][KVB_IDX];
+  for (int hb = 0; hb < HB; ++hb)
+    for (int i = 0; i < KVB_IDX; ++i) acc[hb][i] = VI::load(kcp + i * W);
+  for (int p = 0; p < P; ++p) {
+    typename VI::R kv[KVB_IDX];
+    for (int i = 0; i < KVB_IDX; ++i) kv[i] = VI::load(ktp + p * IDX_TILE + i * W);
+    for (int hb = 0; hb < HB; ++hb) {
+      const typename VI::R qb = VI::set1(qw[(h0 + hb) * P + p]);
+      for (int i = 0; i < KVB_IDX; ++i) acc[hb][i] = VI::dot(acc[hb][i], qb, kv[i]);
+    }
+  }
+  for (int hb = 0; hb < HB; ++hb) {
+    const typename V::R wb = V::set1(ws[h0 + hb]);
+    for (int i = 0; i < KVB_IDX; ++i) s[i] = V::fmadd(V::max(VI::to_float(acc[hb][i]), V::zero()), wb, s[i]);
+  }
+}
+
+// int8 scoring: every query head row and key row quantized (quantize_i8; an int8 key cache brings
+// its rows' scales), exact integer dot products (VI), and score = s_k * sum_h (w_h * s_qh) *
+// relu(dot_h) in float32 (the scales are positive, so relu commutes with them). A request's keys
+// are quantized and packed once, the first time a query group reaches them, and kept for the next
+// groups of the same request (O(keys) memory: 64 + 8 bytes per key at D = 64 with vpdpbusd): tile
+// i holds word p of its 64 keys contiguously (keys in the lanes), each key's scale, and each key's
+// accumulator start -QOFF * sum(k) (which takes the query bytes' offset back out).
+template <typename EK>
+struct Int8Scorer {
+  static constexpr int GROUP = IDX_GROUP;
+  int N, D, P;
+  int64_t tiles;
+  ABuf<int32_t> qw, kt, kc;
+  ABuf<float> ws, ks, row;
+  ABuf<int8_t> r8;
+  int32_t req = -1;    // the request whose keys kt / kc / ks hold
+  int64_t built = 0;   // ... positions [0, built) of it
+  int64_t cur = 0;     // the tile `score` reads
+  Int8Scorer(int n, int d, int64_t max_keys)
+      : N(n), D(d), P((d + VI::PACK - 1) / VI::PACK), tiles((max_keys + IDX_TILE - 1) / IDX_TILE),
+        qw(size_t(GROUP) * n * P), kt(size_t(tiles) * P * IDX_TILE), kc(size_t(tiles) * IDX_TILE),
+        ws(size_t(GROUP) * n), ks(size_t(tiles) * IDX_TILE), row(d), r8(size_t(P) * VI::PACK) {
+    std::memset(r8.p, 0, size_t(P) * VI::PACK);  // the pad past D stays 0
+  }
+  void query(int gi, const IndexerArgs& a, int64_t t) {
+    for (int h = 0; h < N; ++h) {
+      const int64_t o = t * a.q_stride_t + h * a.q_stride_h;
+      for (int d = 0; d < D; ++d) row.p[d] = q_elem(a.q, a.q_dtype, o + d);
+      ws.p[gi * N + h] = a.w[t * N + h] * quantize_i8(row.p, D, r8.p);
+      int32_t* dst = qw.p + (size_t(gi) * N + h) * P;
+      for (int p = 0; p < P; ++p) dst[p] = pack_i8(r8.p + p * VI::PACK, VI::QOFF);
+    }
+  }
+  void key(const IndexerArgs& a, const EK* keys, int32_t b, int64_t pos) {
+    const int64_t r = row_of(a.block_table, a.bt_stride, a.block_size, b, pos);
+    const EK* kr = keys + r * a.keys.row_stride;
+    const int64_t ti = pos / IDX_TILE, j = ti * IDX_TILE + pos % IDX_TILE;
+    if constexpr (sizeof(EK) == 1) {  // an int8 key cache
+      std::memcpy(r8.p, kr, size_t(D));
+      ks.p[j] = a.key_scale[r];
+    } else {
+      for (int d = 0; d < D; ++d) row.p[d] = cvt(kr[d]);
+      ks.p[j] = quantize_i8(row.p, D, r8.p);
+    }
+    int32_t sum = 0;
+    for (int d = 0; d < D; ++d) sum += r8.p[d];
+    kc.p[j] = -VI::QOFF * sum;
+    int32_t* dst = kt.p + ti * P * IDX_TILE + pos % IDX_TILE;
+    for (int p = 0; p < P; ++p) dst[p * IDX_TILE] = pack_i8(r8.p + p * VI::PACK, 0);
+  }
+  void tile(const IndexerArgs& a, const EK* keys, int32_t b, int64_t k0, int nk) {
+    if (b != req) {
+      req = b;
+      built = 0;
+    }
+    for (; built < k0 + nk; ++built) key(a, keys, b, built);  // k0 <= built: tiles come in order from 0
+    cur = k0 / IDX_TILE;  // lanes past nk hold another request's keys or garbage: their scores are unused
+  }
+  void score(int gi, const float*, float* sc, int nvis) const {  // the head weights are in ws
+    constexpr int PASS = W * KVB_IDX;
+    const int32_t* q = qw.p + size_t(gi) * N * P;
+    const float* w = ws.p + size_t(gi) * N;
+    const int32_t* kt0 = kt.p + cur * P * IDX_TILE;
+    const int32_t* kc0 = kc.p + cur * IDX_TILE;
+    const float* ks0 = ks.p + cur * IDX_TILE;
+    for (int jp = 0; jp < nvis; jp += PASS) {
+      typename V::R s[KVB_IDX];
+      for (int i = 0; i < KVB_IDX; ++i) s[i] = V::zero();
+      int h = 0;
+      for (; h + HB_IDX <= N; h += HB_IDX) idx_heads_i8<HB_IDX>(q, w, h, P, kt0 + jp, kc0 + jp, s);
+      for (; h < N; ++h) idx_heads_i8<1>(q, w, h, P, kt0 + jp, kc0 + jp, s);
+      for (int i = 0; i < KVB_IDX; ++i) V::store(sc + jp + i * W, V::mul(s[i], V::load(ks0 + jp + i * W)));
+    }
+  }
+};
+
 template <typename EK, typename Scorer>
 void indexer_run(const IndexerArgs& a, int64_t t0, int64_t t1) {
   constexpr int G = Scorer::GROUP;
   const int N = a.n_heads, D = a.head_dim, K = a.topk;
   const EK* keys = static_cast<const EK*>(a.keys.base);
-  Scorer sc_(N, D);
+  int64_t max_keys = 0;  // of any query in the range (Int8Scorer keeps a request's quantized keys)
+  for (int64_t t = t0; t < t1; ++t) max_keys = a.kv_end[t] > max_keys ? a.kv_end[t] : max_keys;
+  Scorer sc_(N, D, max_keys);
   ABuf<float> sc(IDX_TILE);
   ABuf<Cand> cands(size_t(G) * TOPK_SLACK * K), ties(size_t(TOPK_SLACK) * K);
   ABuf<uint32_t> tmp(size_t(TOPK_SLACK) * K), hist(RADIX_HIST);
@@ -378,16 +514,22 @@ void indexer_run(const IndexerArgs& a, int64_t t0, int64_t t1) {
 
 template <typename EK>
 void indexer_keys(const IndexerArgs& a, int64_t t0, int64_t t1) {
-  if (!a.score_bf16) return indexer_run<EK, FloatScorer<EK, false>>(a, t0, t1);
+  if constexpr (sizeof(EK) == 1) {  // int8 key rows: int8 scoring only (the binding checks)
+    return indexer_run<EK, Int8Scorer<EK>>(a, t0, t1);
+  } else {
+    if (a.score == Score::INT8) return indexer_run<EK, Int8Scorer<EK>>(a, t0, t1);
+    if (a.score == Score::F32) return indexer_run<EK, FloatScorer<EK, false>>(a, t0, t1);
 #ifdef SGL_DSA_DPBF16
-  if (a.bf16_dot && a.head_dim % 2 == 0) return indexer_run<EK, DpScorer<EK>>(a, t0, t1);
+    if (a.bf16_dot && a.head_dim % 2 == 0) return indexer_run<EK, DpScorer<EK>>(a, t0, t1);
 #endif
-  indexer_run<EK, FloatScorer<EK, true>>(a, t0, t1);
+    indexer_run<EK, FloatScorer<EK, true>>(a, t0, t1);
+  }
 }
 
 inline void indexer_impl(const IndexerArgs& a, int64_t t0, int64_t t1) {
   if (a.topk <= 0) return;
-  if (a.k_dtype == DType::BF16) indexer_keys<uint16_t>(a, t0, t1);
+  if (a.k_dtype == DType::I8) indexer_keys<int8_t>(a, t0, t1);
+  else if (a.k_dtype == DType::BF16) indexer_keys<uint16_t>(a, t0, t1);
   else indexer_keys<float>(a, t0, t1);
 }
 

@@ -14,26 +14,34 @@ namespace {
 bool cpu_has(const std::string& isa) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
-  if (isa == "avx512bf16") return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
+  if (isa == "avx512bf16")
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16") &&
+           __builtin_cpu_supports("avx512vnni");
+  if (isa == "avx512vnni") return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vnni");
   if (isa == "avx512") return __builtin_cpu_supports("avx512f");
+  if (isa == "avx2vnni")
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("avxvnni");
   if (isa == "avx2") return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #endif
   return isa == "portable";
 }
 
-enum class Isa { Portable, Avx2, Avx512, Avx512Bf16 };
+enum class Isa { Portable, Avx2, Avx2Vnni, Avx512, Avx512Vnni, Avx512Bf16 };
+
+// best first ("auto" takes the first one the CPU runs; every CPU with avx512_bf16 has avx512_vnni)
+constexpr int N_ISAS = 6;
+const char* const ISAS[N_ISAS] = {"avx512bf16", "avx512vnni", "avx512", "avx2vnni", "avx2", "portable"};
+const Isa ISA_IDS[N_ISAS] = {Isa::Avx512Bf16, Isa::Avx512Vnni, Isa::Avx512, Isa::Avx2Vnni, Isa::Avx2, Isa::Portable};
 
 Isa pick(const std::string& isa) {
-  std::string want = isa;
-  if (want == "auto")
-    want = cpu_has("avx512bf16") ? "avx512bf16" : cpu_has("avx512") ? "avx512" : cpu_has("avx2") ? "avx2" : "portable";
-  TORCH_CHECK(want == "avx512bf16" || want == "avx512" || want == "avx2" || want == "portable",
-              "unknown instruction set '", isa, "' (auto, avx512bf16, avx512, avx2, portable)");
-  TORCH_CHECK(cpu_has(want), "this CPU cannot run the ", want, " kernels");
-  return want == "avx512bf16" ? Isa::Avx512Bf16
-         : want == "avx512"   ? Isa::Avx512
-         : want == "avx2"     ? Isa::Avx2
-                              : Isa::Portable;
+  for (int i = 0; i < N_ISAS; ++i) {
+    if (isa == "auto" ? cpu_has(ISAS[i]) : isa == ISAS[i]) {
+      TORCH_CHECK(cpu_has(ISAS[i]), "this CPU cannot run the ", ISAS[i], " kernels");
+      return ISA_IDS[i];
+    }
+  }
+  TORCH_CHECK(false, "unknown instruction set '", isa, "' (auto, avx512bf16, avx512vnni, avx512, avx2vnni, avx2, portable)");
+  return Isa::Portable;
 }
 
 DType dtype_of(const at::Tensor& t) {
@@ -50,23 +58,23 @@ void check_rows(const at::Tensor& rows, const char* name, at::ScalarType st) {
 }  // namespace
 
 std::string pick_isa(const std::string& isa) {
-  switch (pick(isa)) {
-    case Isa::Avx512Bf16: return "avx512bf16";
-    case Isa::Avx512: return "avx512";
-    case Isa::Avx2: return "avx2";
-    default: return "portable";
-  }
+  const Isa which = pick(isa);
+  for (int i = 0; i < N_ISAS; ++i)
+    if (ISA_IDS[i] == which) return ISAS[i];
+  return "portable";
 }
 
 bool cpu_supports(const std::string& isa) { return cpu_has(isa); }
 
 // q [T, N, D]; w [T, N] float32; key_rows [R, D]; block_table [B, M] int32; q_batch, kv_end [T] int32.
-// q and key_rows are float32 or bfloat16, each its own; score_bf16: both rounded to bf16 before the
-// products (float32 sums), else the products of the values as given, in float32.
+// q and key_rows are float32 or bfloat16, each its own, or key_rows int8 with key_scale [R] float32
+// (an int8 key cache, int8 scoring only). score (Score): 0 the products of the values as given, in
+// float32; 1 both rounded to bf16 before the products (float32 sums); 2 per-row int8 (dsa_args.h).
 std::vector<at::Tensor> indexer_topk(const at::Tensor& q, const at::Tensor& w, const at::Tensor& key_rows,
-                                     const at::Tensor& block_table, int64_t block_size, const at::Tensor& q_batch,
-                                     const at::Tensor& kv_end, int64_t topk, bool want_values, bool score_bf16,
-                                     bool bf16_dot, const std::string& isa) {
+                                     const c10::optional<at::Tensor>& key_scale, const at::Tensor& block_table,
+                                     int64_t block_size, const at::Tensor& q_batch, const at::Tensor& kv_end,
+                                     int64_t topk, bool want_values, int64_t score, bool bf16_dot,
+                                     const std::string& isa) {
   TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1, "query must be [T, N, D] with contiguous D");
   TORCH_CHECK(key_rows.dim() == 2 && key_rows.stride(1) == 1, "key must be 2-D rows with contiguous columns");
   TORCH_CHECK(key_rows.size(1) == q.size(2), "key dim ", key_rows.size(1), " != query dim ", q.size(2));
@@ -76,11 +84,20 @@ std::vector<at::Tensor> indexer_topk(const at::Tensor& q, const at::Tensor& w, c
   TORCH_CHECK(q_batch.scalar_type() == at::kInt && kv_end.scalar_type() == at::kInt && q_batch.is_contiguous() &&
                   kv_end.is_contiguous(),
               "q_batch / kv_end must be contiguous int32");
+  TORCH_CHECK(score >= 0 && score <= 2, "score must be 0 (float32), 1 (bf16) or 2 (int8), got ", score);
+  const bool i8 = key_rows.scalar_type() == at::kChar;
+  const bool scaled = key_scale.has_value() && key_scale->defined();
+  TORCH_CHECK(i8 == scaled && (!i8 || score == 2), "int8 key rows come with key_scale and take int8 scoring");
+  if (scaled)
+    TORCH_CHECK(key_scale->scalar_type() == at::kFloat && key_scale->is_contiguous() &&
+                    key_scale->numel() == key_rows.size(0),
+                "key_scale must be contiguous float32 [R], one scale per key row");
   const int64_t T = q.size(0);
   auto idx = at::empty({T, topk}, q.options().dtype(at::kInt));
   at::Tensor val = want_values ? at::empty({T, topk}, q.options().dtype(at::kFloat)) : at::Tensor();
-  IndexerArgs a{dtype_of(q), dtype_of(key_rows), score_bf16, bf16_dot, q.data_ptr(), q.stride(0), q.stride(1), w.data_ptr<float>(),
-                Rows{key_rows.data_ptr(), key_rows.stride(0)}, block_table.data_ptr<int32_t>(), block_table.stride(0),
+  IndexerArgs a{dtype_of(q), i8 ? DType::I8 : dtype_of(key_rows), Score(score), bf16_dot, q.data_ptr(), q.stride(0),
+                q.stride(1), w.data_ptr<float>(), Rows{key_rows.data_ptr(), key_rows.stride(0)},
+                scaled ? key_scale->data_ptr<float>() : nullptr, block_table.data_ptr<int32_t>(), block_table.stride(0),
                 block_size, q_batch.data_ptr<int32_t>(), kv_end.data_ptr<int32_t>(), T, int(q.size(1)),
                 int(q.size(2)), int(topk), idx.data_ptr<int32_t>(), want_values ? val.data_ptr<float>() : nullptr};
   const Isa which = pick(isa);
@@ -88,7 +105,9 @@ std::vector<at::Tensor> indexer_topk(const at::Tensor& q, const at::Tensor& w, c
     if (false) {
 #if defined(__x86_64__)
     } else if (which == Isa::Avx512Bf16) { avx512bf16::indexer_topk(a, t0, t1);
+    } else if (which == Isa::Avx512Vnni) { avx512vnni::indexer_topk(a, t0, t1);
     } else if (which == Isa::Avx512) { avx512::indexer_topk(a, t0, t1);
+    } else if (which == Isa::Avx2Vnni) { avx2vnni::indexer_topk(a, t0, t1);
     } else if (which == Isa::Avx2) { avx2::indexer_topk(a, t0, t1);
 #endif
     } else { portable::indexer_topk(a, t0, t1); }
@@ -158,7 +177,9 @@ std::vector<at::Tensor> sparse_attention(const at::Tensor& q, const c10::optiona
     if (false) {
 #if defined(__x86_64__)
     } else if (which == Isa::Avx512Bf16) { avx512bf16::sparse_attention(a, t0, t1);
+    } else if (which == Isa::Avx512Vnni) { avx512vnni::sparse_attention(a, t0, t1);
     } else if (which == Isa::Avx512) { avx512::sparse_attention(a, t0, t1);
+    } else if (which == Isa::Avx2Vnni) { avx2vnni::sparse_attention(a, t0, t1);
     } else if (which == Isa::Avx2) { avx2::sparse_attention(a, t0, t1);
 #endif
     } else { portable::sparse_attention(a, t0, t1); }
@@ -189,7 +210,9 @@ std::vector<at::Tensor> merge_states(const std::vector<at::Tensor>& outs, const 
     if (false) {
 #if defined(__x86_64__)
     } else if (which == Isa::Avx512Bf16) { avx512bf16::merge_states(a, r0, r1);
+    } else if (which == Isa::Avx512Vnni) { avx512vnni::merge_states(a, r0, r1);
     } else if (which == Isa::Avx512) { avx512::merge_states(a, r0, r1);
+    } else if (which == Isa::Avx2Vnni) { avx2vnni::merge_states(a, r0, r1);
     } else if (which == Isa::Avx2) { avx2::merge_states(a, r0, r1);
 #endif
     } else { portable::merge_states(a, r0, r1); }

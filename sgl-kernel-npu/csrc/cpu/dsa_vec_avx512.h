@@ -1,5 +1,5 @@
-// The 16-lane float vector of the AVX-512 DSA builds (dsa_isa_avx512.cpp, dsa_isa_avx512bf16.cpp):
-// included inside each build's own namespace, after its target pragma.
+// The 16-lane float vector of the AVX-512 DSA builds (dsa_isa_avx512.cpp, its VNNI variant, dsa_isa_avx512bf16.cpp)
+// and their int8 dot product: included inside each build's own namespace, after its target pragma.
 #pragma once
 
 struct V {
@@ -36,4 +36,22 @@ struct V {
     p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
     return _mm512_maskz_mov_ps(live, _mm512_scalef_ps(p, n));
   }
+};
+
+// int8 index scoring: 16 int32 lanes, each summing the products of PACK dims packed in its word.
+// SGL_DSA_VNNI (a build whose target has avx512vnni): vpdpbusd, 4 dims of u8 x s8 per lane (the
+// query is made unsigned by QOFF = 128; the scorer starts each key's sum at -128 * sum(k)); else
+// vpmaddwd on int16 pairs (AVX512BW).
+struct VI {
+  using R = __m512i;
+#ifdef SGL_DSA_VNNI
+  static constexpr int PACK = 4, QOFF = 128;
+  static R dot(R acc, R q, R k) { return _mm512_dpbusd_epi32(acc, q, k); }
+#else
+  static constexpr int PACK = 2, QOFF = 0;
+  static R dot(R acc, R q, R k) { return _mm512_add_epi32(acc, _mm512_madd_epi16(q, k)); }
+#endif
+  static R load(const int32_t* p) { return _mm512_loadu_si512(p); }
+  static R set1(int32_t x) { return _mm512_set1_epi32(x); }
+  static V::R to_float(R x) { return _mm512_cvtepi32_ps(x); }
 };

@@ -85,6 +85,7 @@ def lightning_indexer(
     return_value: bool = False,
     impl: str = "auto",
     score_dtype: Optional[torch.dtype] = None,
+    key_scale: Optional[torch.Tensor] = None,
 ) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """Top-`sparse_count` key positions of every query: score[t, j] = sum_h relu(q[t, h] . k[j]) * w[t, h]
     (scales belong in `weights`), over the keys query t may see (`sparse_mode` 3: right-down causal).
@@ -98,9 +99,19 @@ def lightning_indexer(
     exactly); torch.bfloat16 rounds query and keys to bf16 first (round to nearest even), then
     sums the (exact) products in float32: the precision of DeepSeek's narrow index scoring (the
     reference scores in FP8), at half the key bytes and, on CPUs with AVX512-BF16, twice the
-    multiply rate. bf16 query and keys already are that case."""
-    if score_dtype not in (None, torch.float32, torch.bfloat16):
-        raise ValueError(f"score_dtype must be None, torch.float32 or torch.bfloat16, got {score_dtype}")
+    multiply rate. bf16 query and keys already are that case. torch.int8: each query head row and
+    each key row quantized to symmetric int8 (`reference.quantize_int8`: scale amax / 127), the dot
+    products exact integer sums, score = s_k * sum_h (w_h * s_qh) * relu(q8_h . k8) in float32
+    (on CPUs with VNNI, twice the float32 multiply rate). An int8 index-key cache (`key` int8) comes
+    with `key_scale`, one float32 scale per key row (key's shape without D), and scores in int8.
+    The Triton path scores int8 on the dequantized keys (float32 products of the int8 values; the
+    same up to float32 rounding); torch_npu refuses int8."""
+    if key.dtype == torch.int8 and score_dtype is None:
+        score_dtype = torch.int8
+    if score_dtype not in (None, torch.float32, torch.bfloat16, torch.int8):
+        raise ValueError(f"score_dtype must be None, torch.float32, torch.bfloat16 or torch.int8, got {score_dtype}")
+    if (key.dtype == torch.int8 or key_scale is not None) and score_dtype != torch.int8:
+        raise ValueError("an int8 key cache (key int8 + key_scale) is scored with score_dtype=torch.int8 only")
     if score_dtype == torch.float32:
         score_dtype = None
     if sparse_count < 1:
@@ -110,12 +121,14 @@ def lightning_indexer(
     if name == "torch_npu":
         from sgl_kernel_npu import npu
 
+        if score_dtype == torch.int8:
+            raise NotImplementedError("int8 index scoring is not mapped to torch_npu (use impl='reference' or 'cpu')")
         return npu.lightning_indexer(
             query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key, block_table, layout_query,
             layout_key, sparse_count, sparse_mode, return_value, score_dtype,
         )  # fmt: skip
     batch = None if actual_seq_lengths_key is None else len(torch.as_tensor(actual_seq_lengths_key).reshape(-1))
-    keys = canonical_keys(key, layout_key, actual_seq_lengths_key, block_table, batch)
+    keys = canonical_keys(key, layout_key, actual_seq_lengths_key, block_table, batch, key_scale)
     qs = canonical_queries(query, layout_query, keys.kv_lens, actual_seq_lengths_query, sparse_mode)
     w = weights.reshape(qs.q.shape[0], qs.q.shape[1])
     if name == "cpu":

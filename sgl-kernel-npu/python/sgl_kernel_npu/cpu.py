@@ -1,14 +1,19 @@
 """Fused CPU implementation of the DSA ops (csrc/cpu, built at install time).
 
-The instruction set is chosen at run time from the CPU's flags (AVX-512 with BF16, else AVX-512,
-else AVX2 + FMA, else the portable build); `SGL_KERNEL_NPU_CPU_ISA=avx512bf16|avx512|avx2|portable|auto`
+The instruction set is chosen at run time from the CPU's flags (AVX-512 with BF16 and VNNI, else
+AVX-512 with VNNI, else AVX-512, else AVX2 + FMA with AVX-VNNI, else AVX2 + FMA, else the portable
+build); `SGL_KERNEL_NPU_CPU_ISA=avx512bf16|avx512vnni|avx512|avx2vnni|avx2|portable|auto`
 forces one (a set the CPU lacks is an error), and `force_isa()` does the same for one block of code
 (tests run every path the machine can). Inputs are float32 or bfloat16; outputs are float32 (the
 callers cast). The indexer's key rows are used in their own dtype (a bf16 index-key cache is read
 as bf16, never copied to float32); with bf16 scoring (`score_dtype=torch.bfloat16`, or bf16 query
 and keys) q and k are rounded to bf16 and multiplied in pairs with float32 sums (`vdpbf16ps` on
 the avx512bf16 build; the other builds multiply the rounded values in float32: the same products,
-summed in another order). `SGL_KERNEL_NPU_BF16_DOT=dpbf16` (or `bf16_dot("dpbf16")`) makes the
+summed in another order). With int8 scoring (`score_dtype=torch.int8`) every query head row and
+key row is quantized to symmetric int8 (`reference.quantize_int8`; an int8 key cache brings its
+per-row scales) and the dot products are exact integer sums (`vpdpbusd` on the avx512bf16 build,
+whose CPUs all have AVX512-VNNI, on avx512vnni, the AVX-512 build for VNNI CPUs without BF16, and
+on avx2vnni (AVX-VNNI, 8 lanes); `vpmaddwd` on int16 pairs on avx512 / avx2; plain C++ on portable). `SGL_KERNEL_NPU_BF16_DOT=dpbf16` (or `bf16_dot("dpbf16")`) makes the
 avx512bf16 build use vdpbf16ps for that: the same products, but on Sapphire / Emerald Rapids it
 retires half the multiply-adds per cycle of the two FMA ports (benchmark/dsa/indexer_kernel.py),
 so the default is `fma`.
@@ -32,7 +37,7 @@ except ImportError as e:  # pragma: no cover - a build without the CPU kernels
 else:
     _IMPORT_ERROR = None
 
-ISAS = ("avx512bf16", "avx512", "avx2", "portable")
+ISAS = ("avx512bf16", "avx512vnni", "avx512", "avx2vnni", "avx2", "portable")
 BF16_DOTS = ("fma", "dpbf16")
 _forced: Optional[str] = None
 _forced_dot: Optional[str] = None
@@ -114,11 +119,13 @@ def indexer_topk(
     q = qs.q if qs.q.stride(-1) == 1 else qs.q.contiguous()
     if q.dtype not in (torch.float32, torch.bfloat16):
         q = q.float()
-    kd = keys.rows.dtype if keys.rows.dtype in (torch.float32, torch.bfloat16) else torch.float32
+    kd = keys.rows.dtype if keys.rows.dtype in (torch.float32, torch.bfloat16, torch.int8) else torch.float32
     bf16 = score_dtype == torch.bfloat16 or (q.dtype == torch.bfloat16 and kd == torch.bfloat16)
+    score = 2 if score_dtype == torch.int8 else 1 if bf16 else 0
+    scale = None if keys.scale is None else keys.scale.float().contiguous()
     idx, val = _ops.indexer_topk(
-        q, weights.float().contiguous(), _rows(keys.rows, kd), _int32(keys.block_table), keys.block_size,
-        _int32(qs.batch), _int32(qs.kv_end), k, want_values, bf16, requested_bf16_dot() == "dpbf16",
+        q, weights.float().contiguous(), _rows(keys.rows, kd), scale, _int32(keys.block_table), keys.block_size,
+        _int32(qs.batch), _int32(qs.kv_end), k, want_values, score, requested_bf16_dot() == "dpbf16",
         requested_isa(),
     )  # fmt: skip
     return idx, (val if want_values else None)

@@ -46,6 +46,7 @@ class PagedKeys:
     block_table: torch.Tensor  # [B, M] int32
     block_size: int
     kv_lens: torch.Tensor  # [B] int32
+    scale: Optional[torch.Tensor] = None  # [R] float32 per-row scales of int8 rows (an int8 index-key cache)
 
     def slots(self, batch: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Rows of `positions` (any shape, >= 0) of requests `batch` (broadcastable)."""
@@ -71,8 +72,21 @@ def canonical_keys(
     actual_seq_lengths_key=None,
     block_table: Optional[torch.Tensor] = None,
     batch_size: Optional[int] = None,
+    key_scale: Optional[torch.Tensor] = None,
 ) -> PagedKeys:
-    """Keys of any layout as rows + block table (one kv head: the N dim of key is 1)."""
+    """Keys of any layout as rows + block table (one kv head: the N dim of key is 1). `key_scale`:
+    with int8 keys, one float32 scale per key row (key's shape without D), kept as `scale` [R]."""
+    keys = _canonical_keys(key, layout_key, actual_seq_lengths_key, block_table)
+    if (key.dtype == torch.int8) != (key_scale is not None):
+        raise ValueError("int8 keys come with key_scale (one scale per key row), and only int8 keys do")
+    if key_scale is not None:
+        if key_scale.numel() != keys.rows.shape[0]:
+            raise ValueError(f"key_scale must hold one scale per key row ({keys.rows.shape[0]}), got {key_scale.numel()}")
+        keys.scale = key_scale.reshape(-1)
+    return keys
+
+
+def _canonical_keys(key, layout_key, actual_seq_lengths_key, block_table) -> PagedKeys:
     _check_layout("layout_key", layout_key, KEY_LAYOUTS)
     dev = key.device
     lens = _as_int32(actual_seq_lengths_key, dev)

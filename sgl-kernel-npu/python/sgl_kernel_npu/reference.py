@@ -38,13 +38,39 @@ def select_topk(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tenso
     return vals, idx
 
 
+def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 of each row of x [..., D]: (values int8 [..., D], scales float32 [...]) with
+    scale = amax / 127 and value = round-half-even(x * (127 / amax)) (all 0 for a zero row), in
+    float32 ops the CPU kernels repeat exactly (so both see the same integers)."""
+    x = x.float()
+    amax = x.abs().amax(dim=-1, keepdim=True)
+    c127 = torch.full_like(amax, 127.0)  # tensor / tensor: IEEE division (a scalar divisor may be a reciprocal)
+    inv = torch.where(amax > 0, c127 / amax, torch.zeros_like(amax))
+    q = torch.round((x * inv).clamp_(-127, 127)).to(torch.int8)
+    return q, (amax / c127).squeeze(-1)
+
+
+def int8_dot_exact(dim: int) -> None:
+    """int8 dot products of `dim` terms are exact in float32 (|sum| < 2^24) up to dim 1040."""
+    if dim * 127 * 127 >= 1 << 24:
+        raise ValueError(f"int8 index scoring needs head dim <= 1040 for exact float32 dot products, got {dim}")
+
+
 def indexer_topk(
     qs: Queries, weights: torch.Tensor, keys: PagedKeys, k: int, score_dtype: Optional[torch.dtype] = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(indices [T, k] int32, values [T, k] float32). score_dtype bfloat16: q and the keys are
-    rounded to bf16 first (then float32 math: products of bf16 values are exact in float32)."""
+    rounded to bf16 first (then float32 math: products of bf16 values are exact in float32).
+    score_dtype int8: each query head row and key row quantized (`quantize_int8`, or an int8 key
+    cache's rows and scales), score = s_k * sum_h (w_h * s_qh) * relu(q8_h . k8): the integer dot
+    products exact in float32, the head sum in float32."""
     bf16 = score_dtype == torch.bfloat16
+    int8 = score_dtype == torch.int8 or keys.scale is not None
     q = qs.q.to(torch.bfloat16) if bf16 else qs.q
+    if int8:
+        int8_dot_exact(q.shape[-1])
+        q8, q_scale = quantize_int8(q)
+        q, weights = q8.float(), weights.float() * q_scale
     t_total, heads, _ = q.shape
     dev = q.device
     out_idx = torch.full((t_total, k), -1, dtype=torch.int32, device=dev)
@@ -58,13 +84,20 @@ def indexer_topk(
         if kv_len == 0:
             continue
         pos = torch.arange(kv_len, device=dev)
-        kb = keys.rows.index_select(0, keys.slots(torch.tensor(b, device=dev), pos))  # [S, D]
+        slots = keys.slots(torch.tensor(b, device=dev), pos)
+        kb = keys.rows.index_select(0, slots)  # [S, D]
+        if keys.scale is not None:
+            k_scale = keys.scale.float().index_select(0, slots)
+        elif int8:
+            kb, k_scale = quantize_int8(kb)
         kb = (kb.to(torch.bfloat16) if bf16 else kb).float()
         block = max(1, SCORE_BUDGET // max(1, heads * kv_len))
         for s in range(0, rows.numel(), block):
             r = rows[s : s + block]
             sc = torch.einsum("thd,sd->ths", q[r].float(), kb).relu_()
             sc = torch.einsum("ths,th->ts", sc, weights[r].float())
+            if int8:
+                sc = sc * k_scale
             sc = sc.masked_fill(pos.unsqueeze(0) >= qs.kv_end[r].long().unsqueeze(1), float("-inf"))
             vals, idx = select_topk(sc, k)
             out_idx[r] = idx.to(torch.int32)

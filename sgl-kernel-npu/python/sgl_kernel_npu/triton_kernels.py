@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from sgl_kernel_npu.layouts import PagedKeys, Queries
-from sgl_kernel_npu.reference import select_topk
+from sgl_kernel_npu.reference import quantize_int8, select_topk
 
 LOGITS_BUDGET = 1 << 24
 
@@ -70,6 +70,14 @@ def indexer_topk(
     if score_dtype == torch.bfloat16:  # bf16-rounded inputs; the kernel widens them (exact products)
         q = q.to(torch.bfloat16)
         keys = PagedKeys(keys.rows.to(torch.bfloat16), keys.block_table, keys.block_size, keys.kv_lens)
+    if score_dtype == torch.int8 or keys.scale is not None:
+        # the reference's quantization; query scales into the weights, the keys dequantized (float32
+        # products of the int8 values: the int8 scores up to float32 rounding)
+        q8, q_scale = quantize_int8(q)
+        q, weights = q8.float(), weights.float() * q_scale
+        k8, k_scale = (keys.rows, keys.scale) if keys.scale is not None else quantize_int8(keys.rows)
+        rows = k8.float() * k_scale.float().unsqueeze(-1)
+        keys = PagedKeys(rows, keys.block_table, keys.block_size, keys.kv_lens)
     t_total, heads, dim = q.shape
     dev = q.device
     out_idx = torch.full((t_total, k), -1, dtype=torch.int32, device=dev)

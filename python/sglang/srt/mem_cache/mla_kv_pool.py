@@ -4,7 +4,11 @@ MLA caches one compressed row per token and layer instead of per-head keys and v
 `[kv_lora_rank latent ; qk_rope_head_dim roped key]` (576 values for DeepSeek-V3). Every head's key
 and value are recovered from it by the (absorbed) kv_b_proj weights, so the row is the same on every
 attention-TP rank. The DSA pool adds the Lightning Indexer's key (`index_head_dim` values) per token
-and layer; the reference stores it in FP8 with a scale, here it is kept in the pool dtype.
+and layer; the reference stores it in FP8 with a scale, here it is kept in the pool dtype, and with
+`index_k_int8` (int8 index scoring, `SGLANG_DSA_INDEX_SCORE_DTYPE=int8`) also as symmetric int8
+rows with one float32 scale per token, quantized once when written (what the `dsa` backend's
+int8 indexer reads; the pool-dtype rows stay for the other readers: CP gathers, the reference
+indexer).
 """
 
 from __future__ import annotations
@@ -75,7 +79,9 @@ class MLATokenToKVPool(KVPool):
 
 
 class DSATokenToKVPool(MLATokenToKVPool):
-    """MLA pool plus index_k_buffer[i]: [size + page_size, index_head_dim] (Lightning Indexer keys)."""
+    """MLA pool plus index_k_buffer[i]: [size + page_size, index_head_dim] (Lightning Indexer keys);
+    with `index_k_int8` also index_k_int8[i] (int8, same shape) and index_k_scale[i] [size + page_size]
+    float32 (`sgl_kernel_npu.reference.quantize_int8` of each row)."""
 
     def __init__(
         self,
@@ -88,6 +94,7 @@ class DSATokenToKVPool(MLATokenToKVPool):
         layer_num: int,
         device: Union[str, torch.device] = "cpu",
         start_layer: int = 0,
+        index_k_int8: bool = False,
     ):
         super().__init__(size, page_size, dtype, kv_lora_rank, qk_rope_head_dim, layer_num, device, start_layer)
         self.index_head_dim = index_head_dim
@@ -95,21 +102,40 @@ class DSATokenToKVPool(MLATokenToKVPool):
         self.index_k_buffer = [
             torch.zeros((rows, index_head_dim), dtype=dtype, device=self.device) for _ in range(layer_num)
         ]
+        n8 = layer_num if index_k_int8 else 0
+        self.index_k_int8 = [torch.zeros((rows, index_head_dim), dtype=torch.int8, device=self.device) for _ in range(n8)]
+        self.index_k_scale = [torch.zeros((rows,), dtype=torch.float32, device=self.device) for _ in range(n8)]
 
     def get_index_k_buffer(self, layer_id: int) -> torch.Tensor:
         return self.index_k_buffer[self._local(layer_id)]
 
+    def get_index_k_int8(self, layer_id: int) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+        """(int8 rows [rows, index_head_dim], scales [rows]) of the int8 copy, or None without one."""
+        if not self.index_k_int8:
+            return None
+        i = self._local(layer_id)
+        return self.index_k_int8[i], self.index_k_scale[i]
+
     def set_index_k_buffer(self, layer_id: int, loc: torch.Tensor, index_k: torch.Tensor) -> None:
-        """Write the indexer keys [n, index_head_dim] of new tokens."""
-        self.index_k_buffer[self._local(layer_id)][loc.to(device=self.device, dtype=torch.int64)] = index_k.to(
-            self.dtype
-        )
+        """Write the indexer keys [n, index_head_dim] of new tokens (and their int8 copy)."""
+        i, loc = self._local(layer_id), loc.to(device=self.device, dtype=torch.int64)
+        self.index_k_buffer[i][loc] = index_k.to(self.dtype)
+        if self.index_k_int8:
+            from sgl_kernel_npu.reference import quantize_int8
+
+            # from the stored rows: what an indexer reading the pool-dtype cache would quantize
+            k8, scale = quantize_int8(self.index_k_buffer[i][loc])
+            self.index_k_int8[i][loc] = k8
+            self.index_k_scale[i][loc] = scale
 
     def mem_bytes(self) -> int:
-        return super().mem_bytes() + sum(b.numel() * b.element_size() for b in self.index_k_buffer)
+        bufs = self.index_k_buffer + self.index_k_int8 + self.index_k_scale
+        return super().mem_bytes() + sum(b.numel() * b.element_size() for b in bufs)
 
     @staticmethod
     def cell_size_bytes(  # type: ignore[override]
-        kv_lora_rank: int, qk_rope_head_dim: int, layer_num: int, dtype: torch.dtype, index_head_dim: int = 0
+        kv_lora_rank: int, qk_rope_head_dim: int, layer_num: int, dtype: torch.dtype, index_head_dim: int = 0,
+        index_k_int8: bool = False,
     ) -> int:
-        return (kv_lora_rank + qk_rope_head_dim + index_head_dim) * layer_num * _itemsize(dtype)
+        int8_copy = (index_head_dim + 4) * layer_num if index_k_int8 and index_head_dim else 0
+        return (kv_lora_rank + qk_rope_head_dim + index_head_dim) * layer_num * _itemsize(dtype) + int8_copy

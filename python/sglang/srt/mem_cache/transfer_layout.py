@@ -32,7 +32,7 @@ class KVRegion:
     """One KV buffer of one layer. Slot s of head h (global head index) starts at
     `ptr + (h - head_offset) * head_stride + s * slot_bytes`."""
 
-    kind: str  # "k" | "v" (MHA, head-major) | "latent" (MLA row) | "index_k" (DSA indexer key)
+    kind: str  # "k" | "v" (MHA, head-major) | "latent" (MLA row) | "index_k" (+ "index_k_int8", "index_k_scale")
     layer_id: int  # global layer index
     ptr: int
     nbytes: int
@@ -72,6 +72,9 @@ def kv_regions(pool: KVPool, head_offset: int = 0) -> list[KVRegion]:
             out.append(_region("latent", layer, pool.kv_buffer[i], 0, False))
             if isinstance(pool, DSATokenToKVPool):
                 out.append(_region("index_k", layer, pool.index_k_buffer[i], 0, False))
+                if pool.index_k_int8:  # the int8 copy (int8 index scoring) and its per-token scales
+                    out.append(_region("index_k_int8", layer, pool.index_k_int8[i], 0, False))
+                    out.append(_region("index_k_scale", layer, pool.index_k_scale[i], 0, False))
         else:
             raise TypeError(f"no transfer layout for {type(pool).__name__}")
     return out
@@ -102,8 +105,14 @@ def copy_plan(
 ) -> tuple[list[int], list[int], list[int]]:
     """(source addresses, destination addresses, byte counts) that copy `runs` of every layer and
     head held on both sides. Raises ValueError when a shared buffer's slot size or dtype differs
-    (the two servers must cache the same model in the same KV dtype)."""
+    (the two servers must cache the same model in the same KV dtype), or when only the receiver
+    keeps int8 index keys."""
     by_key = {r.key: r for r in dst}
+    src_keys = {r.key for r in src}
+    for d in dst:  # the receiver would score int8 against index keys nobody wrote into its int8 copy
+        if d.kind == "index_k_int8" and ("index_k", d.layer_id) in src_keys and d.key not in src_keys:
+            raise ValueError(f"the receiver keeps int8 index keys (layer {d.layer_id}) and the sender does not: "
+                             "both servers need the same SGLANG_DSA_INDEX_SCORE_DTYPE")  # fmt: skip
     s_all, d_all, n_all = [], [], []
     if len(runs) == 0:
         return [], [], []

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from sglang.srt.distributed.parallel_state import ParallelGroups
+from sglang.srt.layers.attention.dsa.backend_names import int8_index_keys
 from sglang.srt.layers.attention.mla import MLAAttention
 from sglang.srt.layers.communicator import dense_mlp_tp_group, make_layer_communicator, moe_mlp_group
 from sglang.srt.layers.layernorm import RMSNorm
@@ -156,7 +157,8 @@ class DeepseekV3ForCausalLM(CausalLM):
         """KV bytes per token slot: latent rows (plus indexer keys for V3.2) of this stage's layers."""
         cfg, layers = self.config, self.end_layer - self.start_layer
         index_dim = int(cfg.index_head_dim) if self.use_indexer else 0
-        return DSATokenToKVPool.cell_size_bytes(cfg.kv_lora_rank, cfg.qk_rope_head_dim, layers, dtype, index_dim)
+        return DSATokenToKVPool.cell_size_bytes(cfg.kv_lora_rank, cfg.qk_rope_head_dim, layers, dtype, index_dim,
+                                                int8_index_keys())  # fmt: skip
 
     def create_kv_pool(
         self, size: int, page_size: int, dtype: torch.dtype, device: Union[str, torch.device] = "cpu"
@@ -166,7 +168,7 @@ class DeepseekV3ForCausalLM(CausalLM):
         if self.use_indexer:
             return DSATokenToKVPool(
                 size, page_size, dtype, cfg.kv_lora_rank, cfg.qk_rope_head_dim, int(cfg.index_head_dim),
-                layers, device, self.start_layer,
+                layers, device, self.start_layer, int8_index_keys(),
             )
         return MLATokenToKVPool(
             size, page_size, dtype, cfg.kv_lora_rank, cfg.qk_rope_head_dim, layers, device, self.start_layer

@@ -19,7 +19,10 @@ name one (for extend / mixed batches and for decode batches).
 
 The indexer scores in the index-key cache's dtype (float32 model: float32, the reference's scores;
 bf16 model: bf16 inputs, float32 sums); `SGLANG_DSA_INDEX_SCORE_DTYPE=bfloat16` rounds a float32
-model's query and keys to bf16 for scoring (`dsa/backend_names.index_score_dtype`).
+model's query and keys to bf16 for scoring, `=int8` quantizes query heads and keys per row to int8
+(exact integer dots; the pool then also keeps an int8 copy of the index keys, quantized when
+written, which the paged and CP-decode indexers read; CP prefill quantizes its gathered rows in
+the call) (`dsa/backend_names.index_score_dtype`).
 
 Selections equal the reference's up to float rounding of the scores (the kernels sum in another
 order): near-equal scores at the top-k boundary may swap; test/kernels_npu compares the ops and
@@ -166,5 +169,7 @@ class DSAAttnBackend(CPUAttnBackend):
         pairs = sum(e * p + e * (e + 1) // 2 for e, p in zip(fb.extend_seq_lens_cpu, fb.extend_prefix_lens_cpu))
         idx.count(q.shape[0], pairs)
         d = self._dsa(fb)
-        return self.kernels.select_paged(q, weights, idx.softmax_scale, d.blocks(pool.get_index_k_buffer(idx.layer_id)),
-                                         d.table, d.cu_q, d.kv_lens, idx.index_topk, d.decode)  # fmt: skip
+        keys, scale = self.kernels.index_keys(pool, idx.layer_id)
+        scale = None if scale is None else d.blocks(scale.unsqueeze(-1))[..., 0]
+        return self.kernels.select_paged(q, weights, idx.softmax_scale, d.blocks(keys), d.table, d.cu_q, d.kv_lens,
+                                         idx.index_topk, d.decode, scale)  # fmt: skip

@@ -33,25 +33,41 @@ DSA_ATTENTION_BACKENDS = ("dsa", "nsa")
 # a server flag would carry the same values): "auto" = the index-key cache's dtype (a float32
 # model scores in float32, exactly the reference's scores; a bf16 model's cache is bf16 already),
 # "bfloat16" = query and keys rounded to bf16, exact products summed in float32 (DeepSeek's own
-# indexer scores in FP8), "float32" = the values as stored, in float32.
-INDEX_SCORE_DTYPES = ("auto", "float32", "bfloat16")
+# indexer scores in FP8), "int8" = query heads and keys quantized per row to symmetric int8,
+# exact integer dot products (vpdpbusd where the CPU has VNNI: ~2x the float32 indexer), "float32"
+# = the values as stored, in float32.
+INDEX_SCORE_DTYPES = ("auto", "float32", "bfloat16", "int8")
 INDEX_SCORE_DTYPE_ENV = "SGLANG_DSA_INDEX_SCORE_DTYPE"
 
 
-def index_score_dtype(cache_dtype, value: Optional[str] = None):
-    """The torch dtype the `dsa` backend scores the indexer in (None = float32 on the stored values)
-    for an index-key cache of `cache_dtype`; `value` defaults to $SGLANG_DSA_INDEX_SCORE_DTYPE."""
+def _index_score_setting(value: Optional[str]) -> str:
+    """`value`, by default $SGLANG_DSA_INDEX_SCORE_DTYPE, checked."""
     import os
-
-    import torch
 
     if value is None:
         value = os.environ.get(INDEX_SCORE_DTYPE_ENV, "auto") or "auto"
     if value not in INDEX_SCORE_DTYPES:
         raise ValueError(f"{INDEX_SCORE_DTYPE_ENV}={value!r}; choices: {INDEX_SCORE_DTYPES}")
+    return value
+
+
+def index_score_dtype(cache_dtype, value: Optional[str] = None):
+    """The torch dtype the `dsa` backend scores the indexer in (None = float32 on the stored values)
+    for an index-key cache of `cache_dtype`; `value` defaults to $SGLANG_DSA_INDEX_SCORE_DTYPE."""
+    import torch
+
+    value = _index_score_setting(value)
     if value == "bfloat16" or (value == "auto" and cache_dtype == torch.bfloat16):
         return torch.bfloat16
+    if value == "int8":
+        return torch.int8
     return None
+
+
+def int8_index_keys(value: Optional[str] = None) -> bool:
+    """Whether the DSA pool keeps an int8 copy of the index keys (quantized once, when written) for
+    the `dsa` backend's int8 scoring: $SGLANG_DSA_INDEX_SCORE_DTYPE is "int8"."""
+    return _index_score_setting(value) == "int8"
 
 
 def nsa_backend_choices() -> list[str]:

@@ -17,7 +17,8 @@ the tensors' device decides) for:
 
 The indexer's softmax scale is folded into the head weights (relu(x * s) = s * relu(x), s > 0).
 `index_score_dtype` (None: float32 on the values as stored; torch.bfloat16: query and index keys
-rounded to bf16, exact products summed in float32) is the indexer's scoring precision; the `dsa`
+rounded to bf16, exact products summed in float32; torch.int8: query heads and index keys quantized
+per row to symmetric int8, exact integer dot products) is the indexer's scoring precision; the `dsa`
 backend sets it from the index-key cache's dtype or `SGLANG_DSA_INDEX_SCORE_DTYPE`
 (`backend_names.index_score_dtype`).
 Which implementation runs is decided once, by the platform (`Platform.dsa_ops_impl`) or the
@@ -59,6 +60,13 @@ class DSAKernels:
     def impl(self, decode: bool) -> str:
         return self.decode_impl if decode else self.prefill_impl
 
+    def index_keys(self, pool, layer_id: int) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """The index-key rows [R, D] the indexer reads from `pool` (a DSA pool) and their per-row
+        scales [R]: with int8 scoring and a pool that keeps an int8 copy (quantized when written),
+        that copy; else the pool-dtype rows and None (quantized in the call when scoring int8)."""
+        int8 = pool.get_index_k_int8(layer_id) if self.index_score_dtype == torch.int8 else None
+        return int8 if int8 is not None else (pool.get_index_k_buffer(layer_id), None)
+
     # ------------------------------------------------------------------ paged pool (no CP)
     def select_paged(
         self,
@@ -71,14 +79,15 @@ class DSAKernels:
         kv_lens: torch.Tensor,
         topk: int,
         decode: bool,
+        index_k_scale: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
-        """q [n, H, D], weights [n, H], index_k [num_blocks, block, 1, D] (PA_BSND view of the pool);
+        """q [n, H, D], weights [n, H], index_k [num_blocks, block, 1, D] (PA_BSND view of the pool;
+        int8 with index_k_scale [num_blocks, block, 1]: the pool's int8 copy, int8 scoring);
         table [B, max_blocks] block ids. -> [n, topk] int32."""
-        key = index_k
         idx = skn.lightning_indexer(
-            q, key, weights.float() * scale, cu_q, kv_lens, table, "TND", "PA_BSND", topk, 3, impl=self.impl(decode),
-            score_dtype=self.index_score_dtype,
-        )
+            q, index_k, weights.float() * scale, cu_q, kv_lens, table, "TND", "PA_BSND", topk, 3,
+            impl=self.impl(decode), score_dtype=self.index_score_dtype, key_scale=index_k_scale,
+        )  # fmt: skip
         return idx[:, 0]
 
     def attend_paged(
@@ -147,16 +156,18 @@ class DSAKernels:
         key_pos: torch.Tensor,
         width: int,
         scale: float,
+        index_k_scale: Optional[torch.Tensor] = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Decode queries [n1, H, D] against the index keys this rank stores (slots [n1, L], valid a
-        prefix mask, key_pos [L] their positions). -> (values [n1, width] float32, positions int64)."""
+        prefix mask, key_pos [L] their positions; index_k int8 with index_k_scale [R]: the pool's
+        int8 copy). -> (values [n1, width] float32, positions int64)."""
         n1 = q.shape[0]
         lens = valid.sum(dim=1).to(torch.int32)
         cu = torch.arange(1, n1 + 1, dtype=torch.int32)
         key = index_k.view(index_k.shape[0], 1, 1, index_k.shape[1])
         idx, vals = skn.lightning_indexer(q, key, w.float() * scale, cu, lens, slots.to(torch.int32), "TND", "PA_BSND",
                                           width, 0, return_value=True, impl=self.decode_impl,
-                                          score_dtype=self.index_score_dtype)  # fmt: skip
+                                          score_dtype=self.index_score_dtype, key_scale=index_k_scale)  # fmt: skip
         idx, vals = idx[:, 0].long(), vals[:, 0]
         if key_pos.numel() == 0:  # this rank stores no key of these queries (e.g. 1-token prompts)
             return vals, torch.full_like(idx, -1)
