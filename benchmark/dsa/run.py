@@ -17,11 +17,14 @@ And one decode step of `--decode-batch` requests at `--decode-context` tokens ea
 
 `--bf16-index` adds DSA cp 1 runs (prefill and decode) whose indexer scores in bf16
 (SGLANG_DSA_INDEX_SCORE_DTYPE=bfloat16: query and index keys rounded to bf16, float32 sums).
+`--int8-index` adds DSA cp 1 and cp 2 prefill runs and a decode run whose indexer scores in int8
+(SGLANG_DSA_INDEX_SCORE_DTYPE=int8: per-row int8 query heads and keys, exact integer dots; the pool
+keeps an int8 copy of the index keys).
 
 Prints markdown tables. `--quick` is a smoke version (1K tokens, index_topk 128, 1 layer).
 
     python benchmark/dsa/run.py [--tokens 16384 32768] [--decode-context 32768 --decode-batch 4] [--reference]
-        [--bf16-index]
+        [--bf16-index] [--int8-index]
 """
 
 from __future__ import annotations
@@ -81,11 +84,13 @@ def _instrument(totals: dict[str, float]) -> None:
 
 
 def _backend_env(backend: str) -> str:
-    """'dsa-bf16' = the dsa backend with bf16 index scoring (set in this rank's environment)."""
+    """'dsa-bf16' / 'dsa-int8' = the dsa backend with bf16 / int8 index scoring (set in this rank's
+    environment)."""
     import os
 
-    if backend == "dsa-bf16":
-        os.environ["SGLANG_DSA_INDEX_SCORE_DTYPE"] = "bfloat16"
+    scoring = {"dsa-bf16": "bfloat16", "dsa-int8": "int8"}.get(backend)
+    if scoring is not None:
+        os.environ["SGLANG_DSA_INDEX_SCORE_DTYPE"] = scoring
         return "dsa"
     return backend
 
@@ -212,6 +217,7 @@ def main() -> None:
     ap.add_argument("--reference", action="store_true", help="also DSA on the reference path (slow)")
     ap.add_argument("--quick", action="store_true", help="smoke run: 1K tokens, index_topk 128, 1 layer")
     ap.add_argument("--bf16-index", action="store_true", help="also DSA cp 1 with bf16 index scoring")
+    ap.add_argument("--int8-index", action="store_true", help="also DSA cp 1 and cp 2 with int8 index scoring")
     args = ap.parse_args()
     shape = dict(SHAPE)
     token_list, topk, dctx = args.tokens, args.topk, args.decode_context
@@ -228,11 +234,16 @@ def main() -> None:
             plan.append((f"{n} DSA reference cp1", _prefill_rank, 1, topk, n, "cpu"))
         if args.bf16_index:
             plan.append((f"{n} DSA bf16-index cp1", _prefill_rank, 1, topk, n, "dsa-bf16"))
+        if args.int8_index:
+            plan += [(f"{n} DSA int8-index cp1", _prefill_rank, 1, topk, n, "dsa-int8"),
+                     (f"{n} DSA int8-index cp2", _prefill_rank, 2, topk, n, "dsa-int8")]  # fmt: skip
     if args.decode_batch > 0:
         plan += [("decode dense MLA", _decode_rank, 1, dense_k, dctx, "cpu"),
                  ("decode DSA", _decode_rank, 1, topk, dctx, "dsa")]  # fmt: skip
         if args.bf16_index:
             plan.append(("decode DSA bf16-index", _decode_rank, 1, topk, dctx, "dsa-bf16"))
+        if args.int8_index:
+            plan.append(("decode DSA int8-index", _decode_rank, 1, topk, dctx, "dsa-int8"))
     results: dict[str, list[dict]] = {}
     for name, target, cp, k, n, backend in tqdm(plan, desc="dsa benchmark", unit="run"):
         if target is _prefill_rank:
@@ -259,18 +270,30 @@ def main() -> None:
             b = results[f"{n} DSA bf16-index cp1"][0]
             print(f"- {n}: DSA bf16-index / dense MLA thread CPU = {b['cpu'] / dense['cpu']:.2f}x "
                   f"(indexer CPU {b['indexer_cpu']:.2f} s vs float32 {dsa['indexer_cpu']:.2f} s)")
-        for key, label in (("indexer", "indexer"), ("sparse", "sparse attention")):
-            worst = max(r[key] for r in cp2)
-            mean = sum(r[key] for r in cp2) / len(cp2)
-            cworst = max(r[key + "_cpu"] for r in cp2)
-            print(f"- {n}: {label} per rank cp1 / cp2: {dsa[key]:.2f} s / [{', '.join(f'{r[key]:.2f}' for r in cp2)}] s"
-                  f" = {dsa[key] / worst:.2f}x (slowest rank), {dsa[key] / mean:.2f}x (mean); thread CPU "
-                  f"{dsa[key + '_cpu'] / cworst:.2f}x (slowest rank)")  # fmt: skip
+        runs = [("", dsa, cp2)]
+        if f"{n} DSA int8-index cp1" in results:
+            i1, i2 = results[f"{n} DSA int8-index cp1"][0], results[f"{n} DSA int8-index cp2"]
+            print(f"- {n}: DSA int8-index / dense MLA prefill time = {i1['time'] / dense['time']:.3f}x "
+                  f"(thread CPU {i1['cpu'] / dense['cpu']:.3f}x; indexer CPU {i1['indexer_cpu']:.2f} s vs float32 "
+                  f"{dsa['indexer_cpu']:.2f} s)")  # fmt: skip
+            runs.append((" (int8-index)", i1, i2))
+        for tag, one, two in runs:
+            for key, label in (("indexer", "indexer"), ("sparse", "sparse attention")):
+                worst = max(r[key] for r in two)
+                mean = sum(r[key] for r in two) / len(two)
+                cworst = max(r[key + "_cpu"] for r in two)
+                print(f"- {n}{tag}: {label} per rank cp1 / cp2: {one[key]:.2f} s / "
+                      f"[{', '.join(f'{r[key]:.2f}' for r in two)}] s = {one[key] / worst:.2f}x (slowest rank), "
+                      f"{one[key] / mean:.2f}x (mean); thread CPU {one[key + '_cpu'] / cworst:.2f}x (slowest rank)")  # fmt: skip
     if args.decode_batch > 0:
         dd, ds = results["decode dense MLA"][0], results["decode DSA"][0]
         print(f"- decode step, batch {args.decode_batch} at {dctx}: DSA / dense = {ds['time'] * 1e3:.1f} / "
               f"{dd['time'] * 1e3:.1f} ms = {ds['time'] / dd['time']:.2f}x (thread CPU {ds['cpu'] / dd['cpu']:.2f}x; DSA indexer {ds['indexer'] * 1e3:.1f} ms, "
               f"sparse attention {ds['sparse'] * 1e3:.1f} ms)")
+        if "decode DSA int8-index" in results:
+            di = results["decode DSA int8-index"][0]
+            print(f"- decode step, int8-index: DSA / dense = {di['time'] * 1e3:.1f} / {dd['time'] * 1e3:.1f} ms = "
+                  f"{di['time'] / dd['time']:.2f}x (DSA indexer {di['indexer'] * 1e3:.1f} ms)")
 
 
 if __name__ == "__main__":

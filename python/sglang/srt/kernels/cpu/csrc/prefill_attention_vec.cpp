@@ -15,14 +15,16 @@
 // Inputs: the fresh q / k / v of one sequence ([n, heads, D] rows, any row stride; D = 64 or
 // 128), optionally after a cached prefix read from head-major pool buffers [Hk, rows, D] at the
 // given slots, copied (bf16: widened) once per kv head into contiguous float32 rows. One parallel
-// region per kv head, tasks of its G q heads ordered so that the two halves of the range carry
-// equal causal work. For bf16 inputs p = 2^x uses the degree-3 fit of vec_exp2.h (~1e-4 relative,
+// region per kv head, whose threads take the tasks of its G q heads one at a time from a shared
+// counter, longest first (the last rows see the most keys): the threads finish together even
+// when one of them runs slower (a core shared with another process). For bf16 inputs p = 2^x uses the degree-3 fit of vec_exp2.h (~1e-4 relative,
 // far below the output's bf16 rounding).
 
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -275,8 +277,6 @@ void run(const S* q, int64_t sq0, const KVRows<S>& ks, const KVRows<S>& vs, int6
   std::vector<const float*> kr(lpad, zero_row), vr(lpad, zero_row);
   Floats kf(L * D), vf(L * D);
   const int64_t nqb = (n + BQ - 1) / BQ;
-  std::vector<int64_t> order(nqb);  // 0, last, 1, last - 1, ...: both halves carry equal work
-  for (int64_t i = 0, lo = 0, hi = nqb - 1; i < nqb; ++i) order[i] = (i % 2 == 0) ? lo++ : hi--;
   const float qscale = scale * kLog2e;
   for (int64_t h = 0; h < Hk; ++h) {
     // the kv head's keys / values as contiguous float32 rows (widened from bf16, copied from
@@ -295,20 +295,27 @@ void run(const S* q, int64_t sq0, const KVRows<S>& ks, const KVRows<S>& vs, int6
       kr[key] = kf.data() + key * D;
       vr[key] = vf.data() + key * D;
     }
-    at::parallel_for(0, G * nqb, 1, [&](int64_t b, int64_t e) {
+    const int64_t ntasks = G * nqb;
+    std::atomic<int64_t> next{0};
+    at::parallel_for(0, std::min<int64_t>(ntasks, at::get_num_threads()), 1, [&](int64_t, int64_t) {
       // far-below-max scores give p around 2^-126 and below: flush denormals (microcode assists)
       const unsigned int csr = _mm_getcsr();
       _mm_setcsr(csr | 0x8040);
       Floats qt(D * BQ), st(Vec::N * BQ), ot(D * BQ), l(BQ);
-      for (int64_t t = b; t < e; ++t) {
-        const int64_t hq = h * G + t % G, r0 = order[t / G] * BQ;
+      for (int64_t t = next.fetch_add(1); t < ntasks; t = next.fetch_add(1)) {
+        const int64_t hq = h * G + t % G, r0 = (nqb - 1 - t / G) * BQ;
         const int64_t rows = std::min<int64_t>(BQ, n - r0);
         for (int64_t i = 0; i < BQ; ++i) {
+          if (i >= rows) {
+            for (int d = 0; d < D; ++d) qt.data()[d * BQ + i] = 0.f;
+            continue;
+          }
           const S* qrow = q + (r0 + i) * sq0 + hq * D;
-          for (int d = 0; d < D; ++d) qt.data()[d * BQ + i] = i < rows ? widen(qrow[d]) * qscale : 0.f;
+          for (int d = 0; d < D; ++d) qt.data()[d * BQ + i] = widen(qrow[d]) * qscale;
         }
-        attend_rows<D, !std::is_same_v<S, float>>(qt.data(), kr.data(), vr.data(), std::min<int64_t>(L, P + r0 + BQ), P + r0, st.data(),
-                       ot.data(), l.data());
+        const int64_t kend = std::min<int64_t>(L, P + r0 + BQ);
+        attend_rows<D, !std::is_same_v<S, float>>(qt.data(), kr.data(), vr.data(), kend, P + r0, st.data(), ot.data(),
+                                                  l.data());
         for (int64_t i = 0; i < rows; ++i) {
           const float inv = 1.f / l.data()[i];
           S* orow = out + (r0 + i) * so0 + hq * D;
