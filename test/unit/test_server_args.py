@@ -109,3 +109,15 @@ def test_compatibility_flags_are_accepted_and_explained():
     for name in compat:
         assert any(n.startswith(_flag(name) + ": ") and len(n) > len(_flag(name)) + 10 for n in notes), name
     assert ServerArgs(model_path=TINY_LLAMA_DIR).compat_notes() == []
+
+
+def test_chunked_prefill_size_defaults_to_the_platforms_choice():
+    """Not given: the device platform's (2048 on CPU, 8192 on the accelerator platforms); given:
+    as given, -1 disables chunking."""
+    from sglang.srt.platforms import get_platform
+
+    assert ServerArgs(model_path=TINY_LLAMA_DIR).chunked_prefill_size == 2048
+    assert get_platform("cpu").default_chunked_prefill_size() == 2048
+    assert get_platform("cuda").default_chunked_prefill_size() == get_platform("npu").default_chunked_prefill_size() == 8192
+    assert ServerArgs(model_path=TINY_LLAMA_DIR, chunked_prefill_size=8192).chunked_prefill_size == 8192
+    assert not ServerArgs(model_path=TINY_LLAMA_DIR, chunked_prefill_size=-1).chunked_prefill_enabled

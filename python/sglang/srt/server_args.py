@@ -133,7 +133,7 @@ class ServerArgs:
         default_text="from the memory budget")  # fmt: skip
     chunked_prefill_size: Optional[int] = arg(
         None, "Most prompt tokens of one request per step (chunked prefill); -1 disables chunking.", G_MEMORY,
-        default_text="8192")  # fmt: skip
+        default_text="the device platform's: 2048 on CPU, 8192 elsewhere")  # fmt: skip
     enable_dynamic_chunking: bool = arg(
         False, "Pipeline parallelism only: chunk sizes from a fitted latency model (docs/dynamic_chunking.md).", G_MEMORY)
     dynamic_chunking_mode: str = arg(
@@ -283,7 +283,9 @@ class ServerArgs:
                 name = path
             set_("served_model_name", name)
         if self.chunked_prefill_size is None:
-            set_("chunked_prefill_size", 8192)
+            from sglang.srt.platforms import get_platform
+
+            set_("chunked_prefill_size", get_platform(self.device).default_chunked_prefill_size())
         if self.random_seed is None:
             set_("random_seed", 42)
         notes = []

@@ -136,6 +136,10 @@ class Platform:
         """The dtype prefill attention computes in for q / k / v of `dtype` (default: their own)."""
         return dtype
 
+    def default_chunked_prefill_size(self) -> int:
+        """`--chunked-prefill-size` when not given: most prompt tokens of one request per step."""
+        return 8192
+
     def fused_kernels(self) -> Optional[Any]:
         """The module of fused kernels for this platform (signatures and torch references in
         kernels/cpu/reference.py), or None: callers keep their torch implementations. Looked up
