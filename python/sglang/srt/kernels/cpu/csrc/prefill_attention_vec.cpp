@@ -17,8 +17,8 @@
 // given slots, copied (bf16: widened) once per kv head into contiguous float32 rows. One parallel
 // region per kv head, whose threads take the tasks of its G q heads one at a time from a shared
 // counter, longest first (the last rows see the most keys): the threads finish together even
-// when one of them runs slower (a core shared with another process). For bf16 inputs p = 2^x uses the degree-3 fit of vec_exp2.h (~1e-4 relative,
-// far below the output's bf16 rounding).
+// when one of them runs slower (a core shared with another process). For bf16 inputs p = 2^x
+// uses the degree-3 fit of vec_exp2.h (~1e-4 relative, far below the output's bf16 rounding).
 
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
@@ -30,6 +30,7 @@
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
@@ -50,17 +51,17 @@ namespace sgl_pav {
 constexpr float kLog2e = 1.44269504088896341f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-// e^x for |x| <= ln(2) / 2: degree-6 Taylor series (relative error < 1.2e-7)
-#define SGL_PAV_EXP_SERIES(V, x)                     \
-  do {                                               \
-    p = V::set1(1.f / 720.f);                        \
-    p = V::fmadd(p, x, V::set1(1.f / 120.f));        \
-    p = V::fmadd(p, x, V::set1(1.f / 24.f));         \
-    p = V::fmadd(p, x, V::set1(1.f / 6.f));          \
-    p = V::fmadd(p, x, V::set1(0.5f));               \
-    p = V::fmadd(p, x, V::set1(1.f));                \
-    p = V::fmadd(p, x, V::set1(1.f));                \
-  } while (0)
+// e^x for |x| <= ln(2) / 2: degree-6 Taylor series (relative error < 1.2e-7), on V's vectors
+template <class V>
+inline typename V::T exp_series(typename V::T x) {
+  typename V::T p = V::set1(1.f / 720.f);
+  p = V::fmadd(p, x, V::set1(1.f / 120.f));
+  p = V::fmadd(p, x, V::set1(1.f / 24.f));
+  p = V::fmadd(p, x, V::set1(1.f / 6.f));
+  p = V::fmadd(p, x, V::set1(0.5f));
+  p = V::fmadd(p, x, V::set1(1.f));
+  return V::fmadd(p, x, V::set1(1.f));
+}
 
 #if defined(SGL_PAV_512)
 struct Vec {
@@ -88,10 +89,7 @@ struct Vec {
   static T exp2(T t) {
     t = _mm512_max_ps(set1(-150.f), t);
     const T n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const T x = _mm512_mul_ps(sub(t, n), set1(kLn2));
-    T p;
-    SGL_PAV_EXP_SERIES(Vec, x);
-    return _mm512_scalef_ps(p, n);
+    return _mm512_scalef_ps(exp_series<Vec>(_mm512_mul_ps(sub(t, n), set1(kLn2))), n);
   }
   static T exp2_fast(T t) { return sgl_vec::exp2_fast(_mm512_max_ps(set1(-150.f), t)); }
 };
@@ -120,9 +118,7 @@ struct Vec {
   static T exp2(T t) {
     t = _mm256_min_ps(set1(127.f), _mm256_max_ps(set1(-127.f), t));
     const T n = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const T x = _mm256_mul_ps(sub(t, n), set1(kLn2));
-    T p;
-    SGL_PAV_EXP_SERIES(Vec, x);
+    const T p = exp_series<Vec>(_mm256_mul_ps(sub(t, n), set1(kLn2)));
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
   }
