@@ -34,9 +34,8 @@ def main() -> None:
     shapes = [(1, h, n, d) for h in (args.heads, args.kv_heads, args.kv_heads)]
     bf16 = [torch.randn(s, generator=g).to(torch.bfloat16) for s in shapes]
     f32 = [t.float() for t in bf16]
-    rows_bf16 = [t[0].transpose(0, 1) for t in bf16]  # [n, heads, D] as the backend passes them
+    rows_bf16 = [t[0].transpose(0, 1).contiguous() for t in bf16]  # [n, heads, D] as the backend passes them
     rows_f32 = [t[0].transpose(0, 1).contiguous() for t in f32]
-    rows_bf16 = [t.contiguous() for t in rows_bf16]
     scale = d**-0.5
     cases = {
         "SDPA bfloat16": lambda: F.scaled_dot_product_attention(*bf16, is_causal=True, enable_gqa=True),

@@ -161,12 +161,12 @@ def mla_cp_forward(
 def _decode_topk(indexer: "Indexer", iq, iw, fb: "ForwardBatch", layout: CPLayout, md: MLACPMetadata, kernels=None):
     """Global top-k positions [n1, topk] of the decode queries (identical on every rank)."""
     n1, max_len = md.decode_slots.shape
-    keys_all = fb.token_to_kv_pool.get_index_k_buffer(indexer.layer_id)
     if kernels is not None:  # (with int8 scoring, the pool's int8 copy of the keys)
         keys, scale = kernels.index_keys(fb.token_to_kv_pool, indexer.layer_id)
         vals, pos = kernels.shard_topk_candidates(iq, iw, keys, md.decode_slots, md.decode_valid, md.decode_pos,
                                                   indexer.index_topk, indexer.softmax_scale, scale)  # fmt: skip
     else:
+        keys_all = fb.token_to_kv_pool.get_index_k_buffer(indexer.layer_id)
         keys = keys_all.index_select(0, md.decode_slots.reshape(-1)).view(n1, max_len, keys_all.shape[-1])
         vals, pos = shard_topk_candidates(iq, iw, keys, md.decode_pos.unsqueeze(0), md.decode_valid,
                                           indexer.index_topk, indexer.softmax_scale)  # fmt: skip

@@ -31,7 +31,6 @@
 #include <limits>
 #include <optional>
 #include <type_traits>
-#include <vector>
 
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
 #define SGL_PAV_512 1
@@ -143,11 +142,12 @@ class Floats {
   float* p_;
 };
 
-// One task: BQ rows (absolute positions row0, row0 + 1, ...) against keys [0, kend), each key's
-// row at kr[key] / vr[key] (padded with a zero row to a multiple of N). qt: Q^T [D][BQ] pre-scaled;
-// st: [N][BQ] scratch; ot: O^T [D][BQ] out (unnormalised); l: [BQ] out (the softmax sums).
+// One task: BQ rows (absolute positions row0, row0 + 1, ...) against keys [0, kend) held as
+// contiguous float32 rows kf / vf [*, D] (zero rows after the last key, up to a multiple of N).
+// qt: Q^T [D][BQ] pre-scaled; st: [N][BQ] scratch; ot: O^T [D][BQ] out (unnormalised); l: [BQ]
+// out (the softmax sums).
 template <int D, bool kFastExp>
-void attend_rows(const float* qt, const float* const* kr, const float* const* vr, int64_t kend, int64_t row0,
+void attend_rows(const float* qt, const float* kf, const float* vf, int64_t kend, int64_t row0,
                  float* st, float* ot, float* l) {
   using V = Vec;
   using T = V::T;
@@ -168,7 +168,7 @@ void attend_rows(const float* qt, const float* const* kr, const float* const* vr
 #pragma GCC unroll 4
         for (int v = 0; v < QV; ++v) acc[kk][v] = V::zero();
       const float* kp[KG];
-      for (int kk = 0; kk < KG; ++kk) kp[kk] = kr[k0 + g + kk];
+      for (int kk = 0; kk < KG; ++kk) kp[kk] = kf + (k0 + g + kk) * D;
       for (int d = 0; d < D; ++d) {
         T q[QV];
 #pragma GCC unroll 4
@@ -219,7 +219,7 @@ void attend_rows(const float* qt, const float* const* kr, const float* const* vr
 #pragma GCC unroll 4
         for (int v = 0; v < QV; ++v) acc[dd][v] = V::zero();
       for (int j = 0; j < N; ++j) {
-        const float* vp = vr[k0 + j] + d0;
+        const float* vp = vf + (k0 + j) * D + d0;
         T p[QV];
 #pragma GCC unroll 4
         for (int v = 0; v < QV; ++v) p[v] = V::load(st + j * BQ + v * W);
@@ -269,9 +269,9 @@ void run(const S* q, int64_t sq0, const KVRows<S>& ks, const KVRows<S>& vs, int6
   constexpr int N = Vec::N;
   const int64_t P = ks.prefix, L = P + n, G = H / Hk;
   const int64_t lpad = (L + N - 1) / N * N;
-  alignas(64) static const float zero_row[D] = {};
-  std::vector<const float*> kr(lpad, zero_row), vr(lpad, zero_row);
-  Floats kf(L * D), vf(L * D);
+  Floats kf(lpad * D), vf(lpad * D);
+  std::memset(kf.data() + L * D, 0, sizeof(float) * (lpad - L) * D);  // the last block's padding keys
+  std::memset(vf.data() + L * D, 0, sizeof(float) * (lpad - L) * D);
   const int64_t nqb = (n + BQ - 1) / BQ;
   const float qscale = scale * kLog2e;
   for (int64_t h = 0; h < Hk; ++h) {
@@ -287,10 +287,6 @@ void run(const S* q, int64_t sq0, const KVRows<S>& ks, const KVRows<S>& vs, int6
         for (int d = 0; d < D; ++d) vd[d] = widen(vrow[d]);
       }
     });
-    for (int64_t key = 0; key < L; ++key) {
-      kr[key] = kf.data() + key * D;
-      vr[key] = vf.data() + key * D;
-    }
     const int64_t ntasks = G * nqb;
     std::atomic<int64_t> next{0};
     at::parallel_for(0, std::min<int64_t>(ntasks, at::get_num_threads()), 1, [&](int64_t, int64_t) {
@@ -310,7 +306,7 @@ void run(const S* q, int64_t sq0, const KVRows<S>& ks, const KVRows<S>& vs, int6
           for (int d = 0; d < D; ++d) qt.data()[d * BQ + i] = widen(qrow[d]) * qscale;
         }
         const int64_t kend = std::min<int64_t>(L, P + r0 + BQ);
-        attend_rows<D, !std::is_same_v<S, float>>(qt.data(), kr.data(), vr.data(), kend, P + r0, st.data(), ot.data(),
+        attend_rows<D, !std::is_same_v<S, float>>(qt.data(), kf.data(), vf.data(), kend, P + r0, st.data(), ot.data(),
                                                   l.data());
         for (int64_t i = 0; i < rows; ++i) {
           const float inv = 1.f / l.data()[i];
