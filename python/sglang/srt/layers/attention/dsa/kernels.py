@@ -129,6 +129,10 @@ class DSAKernels:
         if m == 0 or total == 0:
             return torch.full((m, width), -1, dtype=torch.int32, device=q.device)
         cu, kv_lens, table = self._run_layout(q_pos, total)
+        # CP passes the index-key columns of the gathered [T, L + R + D] rows: a strided view whose
+        # 64-value keys lie one per 1.5 KB. The indexer re-reads every visible key once per query
+        # group, and over 6x the pages it ran 10-13 % slower (TLB); one copy (T x D) costs ~ms.
+        keys = keys.contiguous()
         key = keys.view(1, total, 1, keys.shape[1])
         idx = skn.lightning_indexer(q, key, w.float() * scale, cu, kv_lens, table, "TND", "PA_BSND", width, 3,
                                     impl=self.prefill_impl, score_dtype=self.index_score_dtype)  # fmt: skip
