@@ -85,6 +85,25 @@ def test_cpu_indexer_random_long(isa):
     check_near_topk(got[:, 0], full_scores(case), tol=1e-5)
 
 
+@pytest.mark.parametrize("topk", [256, 300])
+@pytest.mark.parametrize("integer", [True, False])
+def test_cpu_indexer_large_topk_estimated_cuts(isa, topk, integer):
+    """k >= 256: the streaming top-k's buffer (4k) is cut at a threshold estimated from a sample
+    (exact only at the end or when the estimate fails), several times per query over 3000 keys.
+    Small-integer inputs (exact scores, real ties, to the earlier position) and random ones."""
+    case = indexer_case(q_lens=[24, 1, 3], kv_lens=[3000, 2600, 1400], heads=8, dim=32, topk=topk, block_size=16,
+                        seed=topk, integer=integer)  # fmt: skip
+    ref_idx, ref_val = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), return_value=True,
+                                             impl="reference")  # fmt: skip
+    got, got_val = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), return_value=True,
+                                         impl="cpu")  # fmt: skip
+    if integer:
+        check_same_selection(got[:, 0], ref_idx[:, 0], ref_val[:, 0], visible_counts(case))
+        assert torch.equal(got_val[:, 0].sort(dim=-1).values, ref_val[:, 0].sort(dim=-1).values)
+    else:
+        check_near_topk(got[:, 0], full_scores(case), tol=1e-5)
+
+
 def test_cpu_indexer_bf16(isa):
     case = indexer_case(**RAGGED, topk=8, dtype=torch.bfloat16, integer=True)
     ref_idx, ref_val = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), return_value=True,

@@ -32,6 +32,7 @@
 // register block, p broadcast. Output and log-sum-exp in float32.
 
 constexpr int W = V::W;
+constexpr unsigned FULL_MASK = (W == 32) ? ~0u : ((1u << W) - 1);
 constexpr int IDX_TILE = 64;
 constexpr int IDX_GROUP = 16;
 constexpr int SA_TILE = 64;
@@ -121,11 +122,19 @@ inline float kth_largest(const Cand* c, int n, int k, uint32_t* keys, uint32_t* 
 }
 
 // Streaming top-k of one query: candidates collect in a buffer of TOPK_SLACK * k; when it is full
-// the k-th best score is found (radix select above), everything above it is kept, and of the
-// candidates equal to it the earliest positions fill up to k (later keys never beat an equal
-// score, so `thr` then rejects them with a plain compare).
+// it is cut down to what can still be among the best k, and `thr` rejects later keys with a plain
+// compare. A full buffer is cut at an estimated threshold t (`cut_estimate`): any t with at least k
+// candidates >= t will do, as every candidate below t has k better ones, and so has every later
+// key <= t (the k candidates are all earlier). t is read from a strided sample of the buffer a
+// little below the k-th best's quantile and checked by counting; when the check fails (rare) or t
+// would keep too many, and at the end (after an estimated cut has shrunk the buffer where it
+// can), the cut is exact (`cut_exact`): the k-th best score by
+// radix select (above), everything above it kept, and of the candidates equal to it the earliest
+// positions up to k (later keys never beat an equal score). The estimate replaced an exact select
+// per full buffer, which cost about as much as int8 scoring at k = 2048.
 constexpr int TOPK_SLACK = 4;
 constexpr int RADIX_HIST = 2048;
+constexpr int TOPK_SAMPLE = 256;  // scores sampled per estimated cut (buffers of >= 4 x this)
 
 struct StreamTopK {
   Cand* buf;
@@ -147,9 +156,47 @@ struct StreamTopK {
   void push(float v, int32_t p) {
     buf[cnt].v = v;
     buf[cnt].p = p;
-    if (++cnt == cap) compact();
+    if (++cnt == cap) cut();
   }
-  void compact() {
+  // n consecutive keys from position p0, all above thr (n <= room())
+  void push_run(const float* v, int32_t p0, int n) {
+    Cand* dst = buf + cnt;
+    for (int i = 0; i < n; ++i) {
+      dst[i].v = v[i];
+      dst[i].p = p0 + i;
+    }
+    cnt += n;
+    if (cnt == cap) cut();
+  }
+  int room() const { return cap - cnt; }
+  void cut() {
+    if (!cut_estimate(cnt / 2)) cut_exact();  // a cut must leave half the buffer free
+  }
+  // cut at an estimated threshold if that keeps between k and max_keep candidates
+  bool cut_estimate(int max_keep) {
+    constexpr int S = TOPK_SAMPLE;
+    if (cnt < 4 * S) return false;
+    float smp[S];
+    const int step = cnt / S;
+    for (int i = 0; i < S; ++i) smp[i] = buf[i * step + step / 2].v;
+    // the sample's (r+1)-th best: expected share of the buffer >= t is (r+1)/S, k/cnt + 1/10 here
+    const int r = std::min(S - 1, int((int64_t(S) * k + cnt - 1) / cnt) + S / 10 - 1);
+    std::nth_element(smp, smp + r, smp + S, [](float x, float y) { return x > y; });
+    const float t = smp[r];
+    int ge = 0;
+    for (int i = 0; i < cnt; ++i) ge += int(buf[i].v >= t);
+    if (ge < k || ge > max_keep) return false;
+    int w = 0;
+    for (int i = 0; i < cnt; ++i) {
+      const Cand c = buf[i];
+      buf[w] = c;
+      w += int(c.v >= t);
+    }
+    cnt = w;
+    thr = t;
+    return true;
+  }
+  void cut_exact() {
     const float t = kth_largest(buf, cnt, k, tmp, hist);
     int w = 0, nt = 0;
     for (int i = 0; i < cnt; ++i) {
@@ -163,7 +210,7 @@ struct StreamTopK {
     thr = t;
   }
   void finish(int32_t* oi, float* ov) {
-    if (cnt > k) compact();
+    if (cnt > k && !(cut_estimate(cnt - cnt / 4) && cnt == k)) cut_exact();  // the estimate shrinks the exact select's input
     const int n = cnt < k ? cnt : k;
     for (int i = 0; i < n; ++i) oi[i] = buf[i].p;
     for (int i = n; i < k; ++i) oi[i] = -1;
@@ -498,6 +545,10 @@ void indexer_run(const IndexerArgs& a, int64_t t0, int64_t t1) {
         StreamTopK& s = tk[gi];
         for (int jv = 0; jv < nvis; jv += W) {
           unsigned mask = V::gt_mask(V::load(sc.p + jv), V::set1(s.thr));
+          if (mask == FULL_MASK && jv + W <= nvis && s.room() >= W) {  // e.g. every key until the first cut
+            s.push_run(sc.p + jv, int32_t(k0 + jv), W);
+            continue;
+          }
           while (mask) {
             const int j = jv + __builtin_ctz(mask);
             mask &= mask - 1;
