@@ -28,7 +28,8 @@
 // Sparse flash attention (`sparse_impl`): per query, its selected rows are attended SA_TILE at a
 // time with an online softmax. q.k: heads in the vector lanes (the query transposed once,
 // scaled), each key element broadcast, 8 keys per pass, rows read in place through their
-// pointers (no copy of the gathered rows). P.v: value dims in the lanes, a heads x value-vectors
+// pointers (no copy of the gathered rows), the next pass's 8 rows prefetched meanwhile (one pass
+// ahead: a whole tile ahead was slower). P.v: value dims in the lanes, a heads x value-vectors
 // register block, p broadcast. Output and log-sum-exp in float32.
 
 constexpr int W = V::W;
@@ -587,17 +588,22 @@ inline void indexer_impl(const IndexerArgs& a, int64_t t0, int64_t t1) {
 // ------------------------------------------------------------------------- sparse attention
 template <typename E>
 inline void sa_qk_chunk(const float* qT, int Hp, int HV, int Dk, int Dr, const E* const* kr, const E* const* rr,
-                        float* S, int kc) {
+                        float* S, int kc, const E* const* pk, const E* const* pr) {
+  constexpr int LINE = 64 / int(sizeof(E));
   for (int hv = 0; hv < HV; ++hv) {
     typename V::R acc[SA_KC];
     for (int c = 0; c < SA_KC; ++c) acc[c] = V::zero();
     const float* qp = qT + hv * W;
     for (int d = 0; d < Dk; ++d) {
+      if (hv == 0 && d % LINE == 0)
+        for (int c = 0; c < SA_KC; ++c) __builtin_prefetch(pk[c] + d);
       typename V::R qv = V::load(qp + size_t(d) * Hp);
       for (int c = 0; c < SA_KC; ++c) acc[c] = V::fmadd(qv, V::set1(cvt(kr[c][d])), acc[c]);
     }
     qp += size_t(Dk) * Hp;
     for (int d = 0; d < Dr; ++d) {
+      if (hv == 0 && d % LINE == 0)
+        for (int c = 0; c < SA_KC; ++c) __builtin_prefetch(pr[c] + d);
       typename V::R qv = V::load(qp + size_t(d) * Hp);
       for (int c = 0; c < SA_KC; ++c) acc[c] = V::fmadd(qv, V::set1(cvt(rr[c][d])), acc[c]);
     }
@@ -698,7 +704,17 @@ void sparse_impl(const SparseAttnArgs& a, int64_t t0, int64_t t1) {
       }
       for (int j0 = 0; j0 < nk; j0 += SA_KC) {
         const int kc = nk - j0 < SA_KC ? nk - j0 : SA_KC;
-        sa_qk_chunk<E>(qT.p, Hp, HV, Dk, Dr, kr + j0, rr + j0, S.p + size_t(j0) * Hp, kc);
+        // prefetch the next chunk's rows (the next tile's first rows after the last chunk) while
+        // this one computes: the rows come from all over the latent cache (L3 / memory)
+        const E* pk[SA_KC];
+        const E* pr[SA_KC];
+        for (int c = 0; c < SA_KC; ++c) {
+          const int nj = i0 + j0 + SA_KC + c;
+          const int64_t r = nj < nvalid ? rows.p[nj] : rows.p[i0];
+          pk[c] = kbase + r * a.key.row_stride;
+          pr[c] = rbase ? rbase + r * a.key_rope.row_stride : pk[c];
+        }
+        sa_qk_chunk<E>(qT.p, Hp, HV, Dk, Dr, kr + j0, rr + j0, S.p + size_t(j0) * Hp, kc, pk, pr);
       }
       // online softmax over the tile (heads in lanes)
       for (int hv = 0; hv < HV; ++hv) {
