@@ -118,6 +118,12 @@ class ServerArgs:
         "AMX / AVX-512; on AVX2 bfloat16 with float32 GEMMs for prefill, logged at start-up), the model's "
         "half type on GPU/NPU.",
         G_DTYPE, choices=["auto", "float32", "bfloat16", "float16"])  # fmt: skip
+    enable_fp32_lm_head: bool = arg(
+        False, "Compute the LM head's logits in float32 whatever --dtype (float32 hidden states and sums, bf16 "
+        "weights widened exactly); always on for CPU unless --disable-fp32-lm-head.", G_DTYPE)  # fmt: skip
+    disable_fp32_lm_head: bool = arg(
+        False, "Logits in the model dtype on CPU too, where float32 logits are otherwise used (bf16 logits round "
+        "near ties into exact ties).", G_DTYPE)  # fmt: skip
 
     # ------------------------------------------------------------------ memory and scheduling
     mem_fraction_static: Optional[float] = arg(
@@ -304,6 +310,8 @@ class ServerArgs:
             value = getattr(self, f.name)
             if choices is not None and value is not None and value not in choices:
                 raise ValueError(f"--{_flag(f.name)} must be one of {choices}, got {value!r}")
+        if self.enable_fp32_lm_head and self.disable_fp32_lm_head:
+            raise ValueError("--enable-fp32-lm-head and --disable-fp32-lm-head contradict each other; pass one")
         if self.device == "cpu" and self.dtype == "float16":
             raise ValueError("--dtype float16 is not supported on CPU (use bfloat16 or float32)")
         if not (0 < self.port < 65536):

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sglang.srt.layers.linear_float32_out import float32_out_linear
 from sglang.srt.layers.linear_prepack import linear
 from sglang.srt.distributed.parallel_state import GroupCoordinator
 
@@ -73,6 +74,8 @@ class ParallelLMHead(VocabParallelEmbedding):
     """Output projection hidden -> vocab logits, vocab sharded like the embedding.
 
     `tie_to(embedding)` makes the head share the embedding's weight (tied word embeddings).
+    `float32_logits` (set after loading, `--enable-fp32-lm-head`): logits computed and returned in
+    float32 whatever the weight dtype (layers/linear_float32_out.py).
     """
 
     def __init__(
@@ -92,6 +95,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         else:
             self.register_parameter("bias", None)
         self.packed_weight = None  # set once after loading where the platform packs weights
+        self.float32_logits = False
 
     def _bias_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id=None) -> None:
         start = min(self.vocab_start_index, self.num_embeddings)
@@ -110,8 +114,12 @@ class ParallelLMHead(VocabParallelEmbedding):
         raise RuntimeError("ParallelLMHead is not an embedding lookup; call compute_logits(hidden_states)")
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """[n, hidden] -> [n, vocab] logits in the weight dtype (gathered over tp ranks)."""
-        logits = linear(hidden_states, self.weight, self.bias, self.packed_weight)
+        """[n, hidden] -> [n, vocab] logits in the weight dtype, or float32 with `float32_logits`
+        (gathered over tp ranks)."""
+        if self.float32_logits:
+            logits = float32_out_linear(hidden_states, self.weight, self.bias)
+        else:
+            logits = linear(hidden_states, self.weight, self.bias, self.packed_weight)
         if self.tp_size > 1:
             logits = self.tp.all_gather(logits, dim=-1)
         if logits.shape[-1] != self.num_embeddings:

@@ -33,6 +33,7 @@ from sglang.srt.mem_cache.cp_slots import physical_kv_state, plan_virtual_pool
 from sglang.srt.mem_cache.req_to_token import ReqToTokenPool
 from sglang.srt.model_executor.forward_batch import DPForwardInfo, ForwardBatch, ForwardMode, PPProxyTensors
 from sglang.srt.model_executor.memory_budget import KVPoolPlan, MemoryReading, plan_kv_pool
+from sglang.srt.layers.linear_float32_out import use_float32_logits
 from sglang.srt.layers.linear_prepack import prepack_linear_weights
 from sglang.srt.platforms import get_platform
 from sglang.srt.model_loader.loader import load_model_weights
@@ -93,6 +94,7 @@ class ModelRunner:
         weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         # packed copies only while they take at most a quarter of the memory still free
         weight_bytes += prepack_linear_weights(self.model, platform, max_bytes=platform.memory_info()[0] // 4)
+        self.float32_logits = use_float32_logits(self.model, server_args, platform)
         # Pipeline stage: this rank's layers [start_layer, end_layer); KV is stored for those only.
         self.is_first_stage, self.is_last_stage = groups.pp.is_first, groups.pp.is_last
         self.start_layer, self.end_layer = self.model.start_layer, self.model.end_layer
@@ -123,10 +125,11 @@ class ModelRunner:
         self.attn_backend = create_attention_backend(self.attention_backend_name, self)
         self.sampler = Sampler(seed=server_args.random_seed)
         logger.info(
-            "model %s loaded: %.1f MB weights (%s); KV pool %d tokens (%.1f MB%s), max running requests %d",
+            "model %s loaded: %.1f MB weights (%s%s); KV pool %d tokens (%.1f MB%s), max running requests %d",
             cfg.architectures[0],
             weight_bytes / 2**20,
             str(self.dtype).replace("torch.", ""),
+            ", float32 logits" if self.float32_logits and self.dtype != torch.float32 else "",
             self.max_total_num_tokens,
             self.token_to_kv_pool.mem_bytes() / 2**20,
             "" if self.cp is None else f", {pool_tokens} tokens stored on this rank of cp {self.cp.group.size}",

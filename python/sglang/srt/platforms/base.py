@@ -64,6 +64,8 @@ class Platform:
     # The implementation of the DSA ops (sgl_kernel_npu: lightning indexer, sparse flash attention)
     # the `dsa` attention backend runs when --nsa-prefill/decode-backend is auto.
     dsa_ops_impl: str = "reference"
+    # LM head logits in float32 unless --disable-fp32-lm-head (upstream: only with --enable-fp32-lm-head)
+    float32_logits_by_default: bool = False
 
     @classmethod
     def is_available(cls) -> bool:

@@ -209,6 +209,9 @@ class CpuPlatform(Platform):
     # fused decode / AMX prefill kernels and zero-copy pool views (layers/attention/cpu_backend.py)
     default_attention_backend = "cpu"
     memory_shared_by_local_ranks = True  # every rank of the host draws on its RAM
+    # float32 logits from bf16 weights cost the bytes of a bf16 GEMM here (kernels/cpu linear_f32out;
+    # layers/linear_float32_out.py); bf16 logits turned the default model's demo answer on a near tie
+    float32_logits_by_default = True
 
     @classmethod
     def is_available(cls) -> bool:

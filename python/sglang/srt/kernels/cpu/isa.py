@@ -20,6 +20,7 @@ from typing import Iterable, Optional
 PACKAGE = "sglang.srt.kernels.cpu"
 CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
 OPS_SOURCE, AMX_SOURCE, VEC_SOURCE = "sglang_cpu_ops.cpp", "prefill_attention_amx.cpp", "prefill_attention_vec.cpp"
+LINEAR_SOURCE = "linear_f32out.cpp"
 COMMON_CFLAGS = ("-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math")
 COMMON_LDFLAGS = ("-fopenmp",)
 
@@ -38,7 +39,8 @@ class Variant:
     @property
     def sources(self) -> tuple[str, ...]:
         # prefill_attention_vec.cpp compiles to "unsupported" stubs without AVX2 / AVX-512
-        return (OPS_SOURCE, VEC_SOURCE, AMX_SOURCE) if self.with_amx else (OPS_SOURCE, VEC_SOURCE)
+        common = (OPS_SOURCE, VEC_SOURCE, LINEAR_SOURCE)
+        return common + (AMX_SOURCE,) if self.with_amx else common
 
     def defines(self, tag: str) -> tuple[str, ...]:
         """-D flags: the variant's name and the sources' tag (the module reports both), and

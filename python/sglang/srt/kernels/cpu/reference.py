@@ -80,3 +80,8 @@ def prefill_attention(
         return res
     out.copy_(res)
     return out
+
+
+def linear_f32out(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """x [n, K] . w [N, K]^T (+ bias) in float32 (bf16 operands widened exactly)."""
+    return F.linear(x.float(), w.float(), None if bias is None else bias.float())
