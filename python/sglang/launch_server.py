@@ -6,11 +6,10 @@ import sys
 
 
 def main(argv: list[str]) -> int:
-    from sglang.srt.server_args import prepare_server_args
+    from sglang.srt.entrypoints.cli import server_args_from_argv
 
     try:
-        server_args = prepare_server_args(argv)
-        server_args.validate()
+        server_args = server_args_from_argv(argv)
     except (ValueError, RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -8,6 +8,7 @@ import types
 
 import pytest
 
+from sglang.srt.entrypoints.cli import check_server_args
 from sglang.srt.layers.attention.dsa.backend_names import nsa_backend_choices, resolve_nsa_backend
 from sglang.srt.layers.attention.registry import canonical_attention_backend, get_attention_backend_class
 from sglang.srt.server_args import ServerArgs, prepare_server_args
@@ -25,7 +26,7 @@ def test_flags_parse_with_both_spellings():
     a = prepare_server_args(["--model-path", "x", "--load-format", "dummy", "--attention-backend", "nsa",
                              "--dsa-prefill-backend", "flashmla_sparse", "--nsa-decode-backend", "cpu"])  # fmt: skip
     assert (a.nsa_prefill_backend, a.nsa_decode_backend) == ("flashmla_sparse", "cpu")
-    a.validate()
+    check_server_args(a)
 
 
 @pytest.mark.parametrize(
@@ -40,7 +41,7 @@ def test_flags_parse_with_both_spellings():
 )
 def test_bad_flags_are_clear_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        ServerArgs(**BASE, **kwargs).validate()
+        check_server_args(ServerArgs(**BASE, **kwargs))
 
 
 def test_help_documents_the_flags(capsys):

@@ -8,6 +8,7 @@ import itertools
 import pytest
 import torch
 
+from sglang.srt.entrypoints.cli import check_server_args
 from sglang.srt.layers.attention.ops import attention_with_lse, causal_attention_lse, merge_state, sdpa_lse
 from sglang.srt.layers.context_parallel import (
     FRESH,
@@ -247,7 +248,7 @@ def test_causal_attention_lse_any_positions(block):
 # ---------------------------------------------------------------------------- flags
 def test_cp_server_args():
     args = ServerArgs(model_path=TINY_LLAMA_DIR, cp_size=2, page_size=4, cp_kv_cache_interleave_size=2)
-    args.validate()  # --cp-size alone: tp defaults to dp · cp
+    check_server_args(args)  # --cp-size alone: tp defaults to dp · cp
     from sglang.srt.distributed.parallel_layout import ParallelLayout
 
     layout = ParallelLayout.from_server_args(args)
@@ -256,16 +257,16 @@ def test_cp_server_args():
         ServerArgs(model_path=TINY_LLAMA_DIR, cp_size=2, page_size=4, cp_kv_cache_interleave_size=3).validate()
     # CP inside each attention-DP replica composes (test_dp_attention_engine.py runs it)
     args = ServerArgs(model_path=TINY_LLAMA_DIR, cp_size=2, tp_size=4, dp_size=2, enable_dp_attention=True)
-    args.validate()
+    check_server_args(args)
     assert ParallelLayout.from_server_args(args).attn_tp == 1
 
 
 def test_attention_backend_flag_validation():
     """Unknown names are refused by name; under CP the backend must support context parallelism."""
     with pytest.raises(ValueError, match="--attention-backend must be one of .*torch_native.*'nope'"):
-        ServerArgs(model_path=TINY_LLAMA_DIR, attention_backend="nope").validate()
+        check_server_args(ServerArgs(model_path=TINY_LLAMA_DIR, attention_backend="nope"))
     for name in (None, "cpu", "intel_amx", "torch_native", "torch_native_mla"):
-        ServerArgs(model_path=TINY_LLAMA_DIR, cp_size=2, attention_backend=name).validate()
+        check_server_args(ServerArgs(model_path=TINY_LLAMA_DIR, cp_size=2, attention_backend=name))
     assert ServerArgs(model_path=TINY_LLAMA_DIR).resolved_attention_backend == "cpu"
     assert ServerArgs(model_path=TINY_LLAMA_DIR, attention_backend="torch_native").resolved_attention_backend == (
         "torch_native"
@@ -279,8 +280,8 @@ def test_attention_backend_flag_validation():
 
     registry.register_attention_backend("no_cp_test")(NoCP)
     try:
-        ServerArgs(model_path=TINY_LLAMA_DIR, attention_backend="no_cp_test").validate()
+        check_server_args(ServerArgs(model_path=TINY_LLAMA_DIR, attention_backend="no_cp_test"))
         with pytest.raises(ValueError, match="supports context parallelism, got 'no_cp_test'"):
-            ServerArgs(model_path=TINY_LLAMA_DIR, cp_size=2, attention_backend="no_cp_test").validate()
+            check_server_args(ServerArgs(model_path=TINY_LLAMA_DIR, cp_size=2, attention_backend="no_cp_test"))
     finally:
         registry._REGISTERED.pop("no_cp_test")

@@ -22,6 +22,11 @@ FORBIDDEN: dict[str, set[str]] = {
     "models": {"managers", "entrypoints"},
     "mem_cache": {"models", "layers", "managers", "entrypoints", "model_executor"},
     "distributed": {"models", "layers", "managers", "entrypoints", "model_executor", "mem_cache"},
+    # config flows one way: the flags know no layer or model (their checks against the model run
+    # at start-up, configs/startup_checks.py)
+    "server_args": {"layers", "models", "managers", "entrypoints", "model_executor"},
+    "server_args_cli": {"layers", "models", "managers", "entrypoints", "model_executor"},
+    "server_args_checks": {"layers", "models", "managers", "entrypoints", "model_executor"},
     "kernels": {
         "managers", "entrypoints", "models", "layers", "model_executor", "mem_cache", "distributed",
         "sampling", "metrics", "model_loader", "server_args",

@@ -12,6 +12,7 @@ import torch
 from sglang.srt import envs
 from sglang.srt.distributed.p2p import Message
 from sglang.srt.distributed.pp_comm import Inbox
+from sglang.srt.entrypoints.cli import check_server_args
 from sglang.srt.managers.pp.messages import MsgType, StageBatch
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch, ScheduledReq
 from sglang.srt.models.utils import pp_layer_range, pp_partition
@@ -53,12 +54,12 @@ def test_bad_partitions_are_clear_errors(monkeypatch, partition, pp, message):
     with pytest.raises(ValueError, match=message):
         pp_partition(4, pp)
     with pytest.raises(ValueError, match=message):  # caught when the server arguments are checked
-        ServerArgs(model_path=TINY_LLAMA_DIR, load_format="dummy", pp_size=pp).validate()
+        check_server_args(ServerArgs(model_path=TINY_LLAMA_DIR, load_format="dummy", pp_size=pp))
 
 
 def test_server_args_accept_pipeline_flags():
     args = ServerArgs(model_path=TINY_LLAMA_DIR, load_format="dummy", pp_size=2, pp_trace_path="/tmp/t.json")
-    args.validate()
+    check_server_args(args)
     with pytest.raises(ValueError, match="--pp-async-batch-depth must be >= 0"):
         ServerArgs(model_path=TINY_LLAMA_DIR, load_format="dummy", pp_size=2, pp_async_batch_depth=-1).validate()
 

@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from sglang.srt.configs.startup_checks import flag_choices
+from sglang.srt.entrypoints.cli import check_server_args
 from sglang.srt.server_args import GROUP_ORDER, G_COMPAT, ServerArgs, field_choices, prepare_server_args
 from sglang.test.tiny_models import TINY_LLAMA_DIR
 
@@ -54,7 +56,7 @@ def test_help_lists_every_flag_in_its_group_with_choices_and_default():
         assert len(lines) == 1, f"{_flag(f.name)} not (once) in group {f.metadata['group']!r}"
         line = lines[0]
         assert "(default: " in line, line
-        choices = field_choices(f)
+        choices = field_choices(f) or flag_choices().get(f.name)
         if choices:
             assert "{" + ",".join(choices) + "}" in line, line
 
@@ -77,7 +79,19 @@ def test_bad_choice_is_refused_by_argparse_and_by_validate():
     with pytest.raises(ValueError, match="--dtype must be one of"):
         ServerArgs(model_path=TINY_LLAMA_DIR, dtype="int3").validate()
     with pytest.raises(ValueError, match="--attention-backend must be one of"):
-        ServerArgs(model_path=TINY_LLAMA_DIR, attention_backend="flashinfer").validate()
+        check_server_args(ServerArgs(model_path=TINY_LLAMA_DIR, attention_backend="flashinfer"))
+
+
+def test_attention_backend_choices_come_from_the_model_layer():
+    """ServerArgs declares no backend names; the entry point hands the registry's to argparse."""
+    assert field_choices(next(f for f in dataclasses.fields(ServerArgs) if f.name == "attention_backend")) is None
+    assert {"cpu", "torch_native", "dsa", "nsa"} <= set(flag_choices()["attention_backend"])
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    ServerArgs.add_cli_args(parser, choices=flag_choices())
+    with pytest.raises((argparse.ArgumentError, SystemExit)):
+        parser.parse_args(["--attention-backend", "flashinfer"])
+    args = prepare_server_args(["--model-path", TINY_LLAMA_DIR, "--attention-backend", "nsa"], choices=flag_choices())
+    assert args.attention_backend == "nsa"
 
 
 @pytest.mark.parametrize(

@@ -1,11 +1,16 @@
 """ServerArgs: every launch_server flag, declared once.
 
-argparse is built from the dataclass fields (flag = `--` + name with `-`), so every flag is also
-an `sgl.Engine(...)` keyword. Each field is declared with `arg(default, help, group, choices,
-aliases)`: its one line of `--help`, its group there (upstream's group names), its accepted values
-and upstream's other spellings live in that one place (`test/unit/test_server_args.py` checks
-every field has them). Derived defaults are resolved in `__post_init__`; `validate()` raises a
-`ValueError` whose message names the bad flag.
+argparse is built from the dataclass fields (flag = `--` + name with `-`, `server_args_cli.py`),
+so every flag is also an `sgl.Engine(...)` keyword. Each field is declared with `arg(default, help,
+group, choices, aliases)`: its one line of `--help`, its group there (upstream's group names), its
+accepted values and upstream's other spellings live in that one place
+(`test/unit/test_server_args.py` checks every field has them). Derived defaults are resolved in
+`__post_init__`; `validate()` (`server_args_checks.py`) raises a `ValueError` whose message names
+the bad flag.
+
+Config flows one way: this module knows no layer and no model. What only the model layer can
+check (attention backend names, the checkpoint's layer count) is checked at start-up by
+`configs/startup_checks.py`, and the layers read these args.
 """
 
 from __future__ import annotations
@@ -14,63 +19,36 @@ import argparse
 import dataclasses
 import os
 import tempfile
-from dataclasses import dataclass, field, fields
-from typing import Any, Callable, Optional, Sequence, Union
+from dataclasses import dataclass, fields
+from typing import Any, Mapping, Optional, Sequence
+
+from sglang.srt.server_args_checks import validate_server_args
+from sglang.srt.server_args_cli import (  # noqa: F401 - GROUP_ORDER, G_*, field_choices: importable from here
+    G_API,
+    G_COMPAT,
+    G_CP,
+    G_DP,
+    G_DTYPE,
+    G_HTTP,
+    G_KERNELS,
+    G_LOGGING,
+    G_MEMORY,
+    G_MODEL,
+    G_MOE,
+    G_MULTI_NODE,
+    G_OPTIMIZATION,
+    G_PD,
+    G_RUNTIME,
+    GROUP_ORDER,
+    VALUE_ALIASES,
+    add_cli_args,
+    arg,
+    build_parser,
+    field_choices,
+    flag,
+)
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
-
-# Argument groups of `--help`, in upstream SGLang's order and with its names (ours adds
-# "Context parallelism" and "Compatibility"; upstream keeps those flags under other headings).
-G_MODEL = "Model and tokenizer"
-G_HTTP = "HTTP server"
-G_DTYPE = "Quantization and data type"
-G_MEMORY = "Memory and scheduling"
-G_RUNTIME = "Runtime options"
-G_CP = "Context parallelism"
-G_LOGGING = "Logging"
-G_API = "API related"
-G_DP = "Data parallelism"
-G_MULTI_NODE = "Multi-node distributed serving"
-G_KERNELS = "Kernel backends"
-G_MOE = "MoE"
-G_OPTIMIZATION = "Optimization/debug options"
-G_PD = "PD disaggregation"
-G_COMPAT = "Upstream flags accepted for compatibility"
-GROUP_ORDER = (
-    G_MODEL, G_HTTP, G_DTYPE, G_MEMORY, G_RUNTIME, G_CP, G_LOGGING, G_API,
-    G_DP, G_MULTI_NODE, G_KERNELS, G_MOE, G_OPTIMIZATION, G_PD, G_COMPAT,
-)  # fmt: skip
-
-
-def _attention_backend_choices() -> list[str]:
-    """Registered attention backends (looked up by name: no backend module is imported)."""
-    from sglang.srt.layers.attention.registry import attention_backend_choices
-
-    return list(attention_backend_choices())
-
-
-def arg(
-    default: Any,
-    help: str,
-    group: str,
-    choices: Union[Sequence[str], Callable[[], Sequence[str]], None] = None,
-    aliases: Sequence[str] = (),
-    default_text: Optional[str] = None,
-) -> Any:
-    """A ServerArgs field and its flag, declared in one place: default, one line of help, the
-    `--help` group, the accepted values (a list, or a function returning it when the list lives
-    elsewhere), extra upstream spellings of the flag and, for a None default resolved later, what
-    it resolves to. `help` says what the flag does; `--help` appends the choices' meaning and the
-    default itself."""
-    meta = {"help": help, "group": group, "choices": choices, "aliases": tuple(aliases), "default_text": default_text}
-    return field(default=default, metadata=meta)
-
-
-def field_choices(f: dataclasses.Field) -> Optional[list[str]]:
-    choices = f.metadata.get("choices")
-    if callable(choices):
-        choices = choices()
-    return list(choices) if choices is not None else None
 
 
 def default_model_path() -> str:
@@ -78,12 +56,6 @@ def default_model_path() -> str:
     from sglang.srt.model_loader.default_model import find_default_model
 
     return find_default_model()
-
-
-# Upstream spellings that mean one of our values (accepted, normalised, logged at start-up).
-VALUE_ALIASES = {
-    "cp_strategy": {"interleave": ("round-robin", "upstream's name for round-robin: token i goes to CP rank i mod cp")},
-}
 
 
 @dataclass(frozen=True)
@@ -212,8 +184,10 @@ class ServerArgs:
         aliases=["--nccl-init-addr"], default_text="a free local port on one node")  # fmt: skip
 
     # ------------------------------------------------------------------ kernels
+    # its accepted names are the attention registry's: given to argparse and checked at start-up
+    # by the entry points (configs/startup_checks.py)
     attention_backend: Optional[str] = arg(
-        None, "Attention kernels.", G_KERNELS, choices=_attention_backend_choices,
+        None, "Attention kernels.", G_KERNELS,
         default_text="the device platform's choice: cpu on CPU, torch_native elsewhere")  # fmt: skip
 
     nsa_prefill_backend: Optional[str] = arg(
@@ -300,156 +274,14 @@ class ServerArgs:
             if value in aliases:
                 ours, meaning = aliases[value]
                 set_(name, ours)
-                notes.append(f"--{_flag(name)} {value}: {meaning}; using {ours}")
+                notes.append(f"--{flag(name)} {value}: {meaning}; using {ours}")
         object.__setattr__(self, "_alias_notes", tuple(notes))  # not a field: logged by compat_notes()
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> None:
-        for f in fields(self):
-            choices = field_choices(f) if f.name != "attention_backend" else None  # checked below
-            value = getattr(self, f.name)
-            if choices is not None and value is not None and value not in choices:
-                raise ValueError(f"--{_flag(f.name)} must be one of {choices}, got {value!r}")
-        if self.enable_fp32_lm_head and self.disable_fp32_lm_head:
-            raise ValueError("--enable-fp32-lm-head and --disable-fp32-lm-head contradict each other; pass one")
-        if self.device == "cpu" and self.dtype == "float16":
-            raise ValueError("--dtype float16 is not supported on CPU (use bfloat16 or float32)")
-        if not (0 < self.port < 65536):
-            raise ValueError(f"--port must be in 1..65535, got {self.port}")
-        if self.page_size < 1:
-            raise ValueError(f"--page-size must be >= 1, got {self.page_size}")
-        if self.max_prefill_tokens < 1:
-            raise ValueError(f"--max-prefill-tokens must be >= 1, got {self.max_prefill_tokens}")
-        if self.chunked_prefill_size == 0 or self.chunked_prefill_size < -1:
-            raise ValueError(
-                f"--chunked-prefill-size must be positive or -1 (disabled), got {self.chunked_prefill_size}"
-            )
-        if self.short_prompt_first_tokens is not None and self.short_prompt_first_tokens < 0:
-            raise ValueError(f"--short-prompt-first-tokens must be >= 0, got {self.short_prompt_first_tokens}")
-        if self.mem_fraction_static is not None and not (0.0 < self.mem_fraction_static < 1.0):
-            raise ValueError(f"--mem-fraction-static must be in (0, 1), got {self.mem_fraction_static}")
-        if not self.watchdog_timeout > 0:
-            raise ValueError(f"--watchdog-timeout must be > 0 seconds, got {self.watchdog_timeout}")
-        for name in ("max_total_tokens", "max_running_requests", "max_queued_requests", "context_length", "num_threads"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"--{_flag(name)} must be >= 1, got {value}")
-        for name in ("tp_size", "pp_size", "dp_size", "cp_size", "ep_size", "nnodes", "stream_interval"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{_flag(name)} must be >= 1, got {getattr(self, name)}")
-        if not (0 <= self.node_rank < self.nnodes):
-            raise ValueError(f"--node-rank must be in [0, --nnodes), got {self.node_rank}")
-        self._validate_attention_backend()
-        self._validate_dp_attention()
-        self._validate_nsa_backends()
-        if self.enable_shard_linear and self.cp_size == 1:
-            raise ValueError("--enable-shard-linear shares weights across context-parallel ranks: needs --cp-size > 1")
-        from sglang.srt.distributed.parallel_layout import ParallelLayout
-
-        layout = ParallelLayout.from_server_args(self)
-        if layout.world_size % self.nnodes:
-            raise ValueError(
-                f"the world size ({layout.world_size} = pp {layout.pp} × tp {layout.tp}) must be divisible by --nnodes ({self.nnodes})"
-            )
-        if self.nnodes > 1 and not self.dist_init_addr:
-            raise ValueError("--dist-init-addr HOST:PORT is required when --nnodes > 1")
-        if self.load_format != "dummy" and not self.model_path.startswith("dummy:"):
-            if not os.path.exists(self.model_path):
-                raise ValueError(f"--model-path {self.model_path!r} does not exist")
-        if self.pp_size > 1:
-            self._validate_pipeline()
-        if self.cp_size > 1 or self.cp_kv_cache_interleave_size != 1:
-            self._validate_context_parallel()
-        if self.disaggregation_mode != "null":
-            self._validate_disaggregation()
-
-    def _validate_disaggregation(self) -> None:
-        """PD disaggregation flags (python/sglang/srt/disaggregation/README.md)."""
-        if not (0 < self.disaggregation_bootstrap_port < 65536):
-            raise ValueError(f"--disaggregation-bootstrap-port must be in 1..65535, got {self.disaggregation_bootstrap_port}")
-        if self.disaggregation_mode == "prefill" and self.disaggregation_bootstrap_port == self.port:
-            raise ValueError("--disaggregation-bootstrap-port must differ from --port")
-        if self.num_reserved_decode_tokens < 0 or self.disaggregation_decode_polling_interval < 1:
-            raise ValueError("--num-reserved-decode-tokens must be >= 0 and --disaggregation-decode-polling-interval >= 1")
-        if self.dp_size > 1 or self.enable_dp_attention:
-            raise ValueError("--disaggregation-mode with --dp-size > 1 / --enable-dp-attention is not supported yet")
-        if self.disaggregation_mode == "decode" and self.pp_size > 1:
-            raise ValueError("--disaggregation-mode decode with --pp-size > 1 is not supported (use tp on the decode side)")
-
-    def _validate_dp_attention(self) -> None:
-        """Attention DP flags (docs/dp_attention.md, "What composes")."""
-        if self.dp_size > 1 and not self.enable_dp_attention:
-            raise ValueError(
-                "--dp-size > 1 needs --enable-dp-attention (data parallelism of whole engines is not built; "
-                "run several servers behind a router instead)"
-            )
-        if self.moe_dense_tp_size is not None and self.moe_dense_tp_size != 1:
-            raise ValueError(f"--moe-dense-tp-size must be 1 or unset, got {self.moe_dense_tp_size}")
-        if self.dp_size > 1 and self.nnodes > 1:
-            raise ValueError("--dp-size > 1 with --nnodes > 1 is not supported (the replicas' entry ranks "
-                             "talk to the data-parallel controller over ipc sockets of node 0)")  # fmt: skip
-
-    def _validate_attention_backend(self) -> None:
-        """A known backend name (checked by name: no backend module is imported)."""
-        if self.attention_backend is None:
-            return
-        from sglang.srt.layers.attention.registry import attention_backend_choices
-
-        choices = attention_backend_choices()
-        if self.attention_backend not in choices:
-            raise ValueError(f"--attention-backend must be one of {choices}, got {self.attention_backend!r}")
-
-    def _validate_nsa_backends(self) -> None:
-        """--nsa-prefill-backend / --nsa-decode-backend: known names, and only with the dsa backend."""
-        from sglang.srt.layers.attention.dsa.backend_names import DSA_ATTENTION_BACKENDS, resolve_nsa_backend
-
-        for name in ("nsa_prefill_backend", "nsa_decode_backend"):
-            value = getattr(self, name)
-            if value is None:
-                continue
-            try:
-                resolve_nsa_backend(value)
-            except ValueError as e:
-                raise ValueError(f"--{_flag(name)}: {e}") from None
-            if self.attention_backend not in DSA_ATTENTION_BACKENDS:
-                raise ValueError(f"--{_flag(name)} applies to --attention-backend dsa (alias nsa), "
-                                 f"got --attention-backend {self.resolved_attention_backend}")  # fmt: skip
-
-    def _validate_context_parallel(self) -> None:
-        """Context-parallel flags (docs/context_parallel.md)."""
-        inter = self.cp_kv_cache_interleave_size
-        if inter < 1 or self.page_size % inter:
-            raise ValueError(
-                f"--cp-kv-cache-interleave-size ({inter}) must be >= 1 and divide --page-size ({self.page_size})"
-            )
-        if self.cp_size > 1:
-            from sglang.srt.layers.attention.registry import get_attention_backend_class
-
-            backend = self.resolved_attention_backend
-            if not get_attention_backend_class(backend).supports_context_parallel:
-                raise ValueError(f"--cp-size > 1 needs an --attention-backend that supports context parallelism, "
-                                 f"got {backend!r}")  # fmt: skip
-        if self.enable_shard_linear:
-            from sglang.srt.distributed.parallel_layout import ParallelLayout
-
-            layout = ParallelLayout.from_server_args(self)
-            if layout.attn_tp != 1:
-                raise ValueError(f"--enable-shard-linear needs attention TP 1 (--tp-size = dp size x --cp-size), got tp "
-                                 f"{layout.tp}, cp {self.cp_size}")  # fmt: skip
-
-    def _validate_pipeline(self) -> None:
-        """Pipeline flags, and the layer partition against the model's layer count (cheap: config only)."""
-        if self.pp_async_batch_depth < 0:
-            raise ValueError(f"--pp-async-batch-depth must be >= 0, got {self.pp_async_batch_depth}")
-        if self.pp_max_micro_batch_size is not None and self.pp_max_micro_batch_size < 1:
-            raise ValueError(f"--pp-max-micro-batch-size must be >= 1, got {self.pp_max_micro_batch_size}")
-        from sglang.srt.model_loader.loader import load_hf_config_dict
-        from sglang.srt.models.utils import pp_partition
-
-        config = load_hf_config_dict(self.model_path, self.load_format)
-        config = config.get("text_config", config) if "num_hidden_layers" not in config else config
-        if "num_hidden_layers" in config:
-            pp_partition(int(config["num_hidden_layers"]), self.pp_size)
+        """The flags against each other (ValueError naming the flag); the checks that need the
+        model layer run at start-up (`configs/startup_checks.py`)."""
+        validate_server_args(self)
 
     # ------------------------------------------------------------------ derived
     @property
@@ -458,9 +290,9 @@ class ServerArgs:
         the fused-kernel backend; `torch_native` elsewhere)."""
         if self.attention_backend is not None:
             return self.attention_backend
-        from sglang.srt.layers.attention.registry import default_attention_backend
+        from sglang.srt.platforms import get_platform
 
-        return default_attention_backend(self.device)
+        return get_platform(self.device).default_attention_backend
 
     @property
     def chunked_prefill_enabled(self) -> bool:
@@ -485,26 +317,15 @@ class ServerArgs:
         notes = list(getattr(self, "_alias_notes", ()))
         for f in fields(self):
             if f.metadata.get("group") == G_COMPAT and getattr(self, f.name):
-                notes.append(f"--{_flag(f.name)}: {f.metadata['help'].removeprefix('Accepted for compatibility: ')}")
+                notes.append(f"--{flag(f.name)}: {f.metadata['help'].removeprefix('Accepted for compatibility: ')}")
         return notes
 
     # ------------------------------------------------------------------ CLI
     @staticmethod
-    def add_cli_args(parser: argparse.ArgumentParser) -> None:
-        """One flag per field, in upstream's groups; each help line ends with the default."""
-        groups = {name: parser.add_argument_group(name) for name in GROUP_ORDER}
-        for f in fields(ServerArgs):
-            group = groups[f.metadata["group"]]
-            names = ["--" + _flag(f.name), *f.metadata["aliases"]]
-            default = f.metadata.get("default_text") or ("off" if f.type in ("bool", bool) else f.default)
-            default = "none" if default is None else default
-            help_text = f"{f.metadata['help']} (default: {default})".replace("%", "%%")
-            if f.type in ("bool", bool):
-                group.add_argument(*names, dest=f.name, action="store_true", default=f.default, help=help_text)
-                continue
-            group.add_argument(
-                *names, dest=f.name, type=_parse_type(f.type), default=f.default, choices=field_choices(f), help=help_text
-            )
+    def add_cli_args(parser: argparse.ArgumentParser, choices: Optional[Mapping[str, Sequence[str]]] = None) -> None:
+        """One flag per field, in upstream's groups; each help line ends with the default.
+        `choices`: accepted values of the flags the model layer declares (`--attention-backend`)."""
+        add_cli_args(parser, ServerArgs, choices)
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "ServerArgs":
@@ -522,26 +343,9 @@ class ServerArgs:
         return dataclasses.replace(self, **changes)
 
 
-def _flag(name: str) -> str:
-    return name.replace("_", "-")
-
-
-def _parse_type(type_str: Any):
-    text = str(type_str)
-    if "float" in text:
-        return float
-    if "int" in text:
-        return int
-    return str
-
-
-def prepare_server_args(argv: list[str]) -> ServerArgs:
-    parser = argparse.ArgumentParser(
-        prog="python -m sglang.launch_server",
-        description="Serve a model over HTTP: SGLang's native /generate and the OpenAI-compatible /v1 API.",
-    )
-    ServerArgs.add_cli_args(parser)
-    return ServerArgs.from_cli_args(parser.parse_args(argv))
+def prepare_server_args(argv: list[str], choices: Optional[Mapping[str, Sequence[str]]] = None) -> ServerArgs:
+    """ServerArgs from `launch_server` arguments (`choices`: see `ServerArgs.add_cli_args`)."""
+    return ServerArgs.from_cli_args(build_parser(ServerArgs, choices).parse_args(argv))
 
 
 @dataclass

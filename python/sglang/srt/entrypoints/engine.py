@@ -13,6 +13,7 @@ import logging
 import threading
 from typing import Any, AsyncIterator, Callable, Iterator, Optional, Union
 
+from sglang.srt.entrypoints.cli import check_server_args
 from sglang.srt.entrypoints.launch import ChildProcesses, launch_processes
 from sglang.srt.managers.io_struct import (
     FlushCacheReqOutput,
@@ -74,7 +75,7 @@ class Engine:
 
     def __init__(self, _scheduler_entry: Optional[Callable[..., None]] = None, **kwargs: Any):
         self.server_args = ServerArgs.from_kwargs(**kwargs)
-        self.server_args.validate()
+        check_server_args(self.server_args)
         configure_logger(self.server_args.log_level, "Engine")
         self._shutdown_done = False
         self.loop = asyncio.new_event_loop()

@@ -1,7 +1,8 @@
 """HTTP server: SGLang's native API and the OpenAI-compatible API on FastAPI + uvicorn.
 
-`create_app(tokenizer_manager)` builds the app (no module-level state); `launch_server(server_args)`
-starts the child processes, serves until SIGINT/SIGTERM and stops every child on the way out.
+`create_app(tokenizer_manager)` assembles the app from the routers of `entrypoints/http/` (no
+module-level state); `launch_server(server_args)` starts the child processes, serves until
+SIGINT/SIGTERM and stops every child on the way out.
 If a child process dies the server stops its other children and exits non-zero.
 """
 
@@ -18,26 +19,14 @@ from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Callable, Optional
 
 import uvicorn
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi import FastAPI
 
-from sglang.srt.entrypoints.engine import _launch_subprocesses, server_info
-from sglang.srt.entrypoints.openai.protocol import ModelCard, ModelList
-from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
-from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
-from sglang.srt.entrypoints.openai.utils import (
-    SSE_DONE,
-    OpenAIError,
-    error_body,
-    error_response,
-    from_error,
-    sse,
-    status_error_response,
-)
-from sglang.srt.managers.tokenizer_input import generate_req_from_dict
-from sglang.srt.managers.tokenizer_manager import RequestRejected, SchedulerUnavailable, TokenizerManager
-from sglang.srt.metrics.collector import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from sglang.srt.entrypoints.engine import _launch_subprocesses
+from sglang.srt.entrypoints.http.admin import AdminRoutes
+from sglang.srt.entrypoints.http.common import ApiKeyMiddleware, add_error_handlers
+from sglang.srt.entrypoints.http.native import NativeRoutes
+from sglang.srt.entrypoints.http.openai_api import OpenAIRoutes
+from sglang.srt.managers.tokenizer_manager import TokenizerManager
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.process import configure_logger
 
@@ -45,35 +34,6 @@ logger = logging.getLogger(__name__)
 
 SHUTDOWN_RACE_S = 0.5
 FAIL_PENDING_S = 0.3  # a dying server's loop gets this long to send its pending requests their error
-METRICS_STATE_TIMEOUT_S = 5.0  # a scrape waits at most this long for the scheduler's gauges
-UNAUTHENTICATED_PATHS = ("/health", "/metrics")
-
-
-class ApiKeyMiddleware:
-    """Require `Authorization: Bearer <api_key>` on every path except /health (pure ASGI)."""
-
-    def __init__(self, app: Any, api_key: str):
-        self.app = app
-        self.expected = f"Bearer {api_key}".encode()
-
-    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        if scope["type"] == "http" and scope["path"] not in UNAUTHENTICATED_PATHS:
-            headers = dict(scope.get("headers") or [])
-            if headers.get(b"authorization") != self.expected:
-                response = error_response("invalid or missing API key", 401, "AuthenticationError")
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
-async def read_json(request: Request) -> Any:
-    body = await request.body()
-    if not body:
-        return {}
-    try:
-        return json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise OpenAIError(f"malformed JSON body: {err}") from None
 
 
 def print_banner(server_args: ServerArgs) -> None:
@@ -99,11 +59,10 @@ def print_banner(server_args: ServerArgs) -> None:
 
 
 def create_app(tokenizer_manager: TokenizerManager, on_started: Optional[Callable[[], None]] = None) -> FastAPI:
-    """The FastAPI app serving one TokenizerManager."""
+    """The FastAPI app serving one TokenizerManager: the native, OpenAI and admin routers, the
+    error handlers and, with --api-key, the key check."""
     tm = tokenizer_manager
     args = tm.server_args
-    completions = OpenAIServingCompletion(tm)
-    chat = OpenAIServingChat(tm)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -115,142 +74,10 @@ def create_app(tokenizer_manager: TokenizerManager, on_started: Optional[Callabl
     app = FastAPI(lifespan=lifespan)
     if args.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=args.api_key)
-
-    @app.exception_handler(OpenAIError)
-    async def _openai_error(_request: Request, err: OpenAIError) -> JSONResponse:
-        return from_error(err)
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(_request: Request, err: RequestValidationError) -> JSONResponse:
-        return error_response(f"invalid request: {err.errors()[:3]}")
-
-    @app.exception_handler(Exception)
-    async def _internal_error(_request: Request, err: Exception) -> JSONResponse:
-        logger.exception("request failed")
-        return error_response(f"internal server error: {err}", 500, "InternalServerError")
-
-    # ------------------------------------------------------------------ health and info
-    @app.get("/health")
-    async def health() -> Response:
-        if tm.dead_message is not None:
-            return PlainTextResponse(tm.dead_message, status_code=503)
-        return Response(status_code=200)
-
-    @app.get("/health_generate")
-    async def health_generate() -> Response:
-        """200 while generation progresses (a busy scheduler is healthy); 503 only when it is stuck."""
-        try:
-            healthy, why = await tm.health_generate()
-        except Exception as err:  # noqa: BLE001 - any failure means unhealthy
-            healthy, why = False, repr(err)
-        if not healthy:
-            logger.warning("/health_generate: unhealthy: %s", why)
-            return PlainTextResponse(f"unhealthy: {why}", status_code=503)
-        return Response(status_code=200)
-
-    @app.get("/get_model_info")
-    async def get_model_info() -> dict:
-        return {
-            "model_path": args.model_path,
-            "tokenizer_path": args.tokenizer_path,
-            "served_model_name": args.served_model_name,
-            "is_generation": True,
-            "context_length": tm.scheduler_info.context_len,
-            "vocab_size": tm.scheduler_info.vocab_size,
-        }
-
-    @app.get("/get_server_info")
-    @app.get("/server_info")
-    async def get_server_info() -> Response:
-        try:
-            state = await tm.get_internal_state_reply()
-        except SchedulerUnavailable as err:
-            return error_response(str(err), 503, "ServiceUnavailableError")
-        return JSONResponse(server_info(tm, state))
-
-    if tm.metrics is not None:
-
-        @app.get("/metrics")
-        async def metrics() -> Response:
-            # Scheduler gauges are pulled at scrape time; on timeout the previous values stay.
-            try:
-                reply = await asyncio.wait_for(tm.get_internal_state_reply(), timeout=METRICS_STATE_TIMEOUT_S)
-                tm.metrics.update_scheduler_state(reply.state, reply.replica_states)
-            except Exception as err:  # noqa: BLE001 - still serve the tokenizer-side metrics
-                logger.warning("metrics: scheduler state unavailable (%r)", err)
-            return Response(tm.metrics.render(), media_type=METRICS_CONTENT_TYPE)
-
-    @app.api_route("/flush_cache", methods=["GET", "POST"])
-    async def flush_cache() -> Response:
-        out = await tm.flush_cache()
-        if out.success:
-            return PlainTextResponse("Cache flushed.\n", status_code=200)
-        return error_response(f"cache flush failed: {out.message}", 400)
-
-    @app.post("/abort_request")
-    async def abort_request(request: Request) -> Response:
-        body = await read_json(request)
-        if not isinstance(body, dict) or not isinstance(body.get("rid", ""), str):
-            raise OpenAIError("'rid' must be a string")
-        tm.abort_request(body.get("rid", ""), abort_all=bool(body.get("abort_all", False)))
-        return Response(status_code=200)
-
-    # ------------------------------------------------------------------ native generate
-    @app.post("/generate")
-    async def generate(request: Request) -> Response:
-        body = await read_json(request)
-        try:
-            obj = generate_req_from_dict(body)
-            call = await tm.submit(obj)
-        except (TypeError, ValueError) as err:
-            return error_response(str(err))
-        results = tm.iter_results(call, request)
-        if obj.stream:
-            # the first chunk before the headers: a request the scheduler refuses gets its status
-            try:
-                first = await results.__anext__()
-            except StopAsyncIteration:
-                return error_response("client disconnected", 499, "ClientDisconnected")
-            except RequestRejected as err:
-                return status_error_response(err.message, err.status)
-
-            async def stream() -> AsyncIterator[str]:
-                try:
-                    yield sse(first)
-                    async for out in results:
-                        yield sse(out)
-                except Exception as err:  # noqa: BLE001 - the stream has started: report in-band
-                    logger.exception("generate stream failed")
-                    yield sse(error_body(str(err), 500, "InternalServerError"))
-                finally:
-                    await results.aclose()  # aborts what is unfinished (client gone)
-                yield SSE_DONE
-
-            return StreamingResponse(stream(), media_type="text/event-stream")
-        result = None
-        try:
-            async for out in results:
-                result = out
-        except RequestRejected as err:
-            return status_error_response(err.message, err.status)
-        if result is None:
-            return error_response("client disconnected", 499, "ClientDisconnected")
-        return JSONResponse(result)
-
-    # ------------------------------------------------------------------ OpenAI
-    @app.get("/v1/models")
-    async def models() -> dict:
-        card = ModelCard(id=args.served_model_name, root=args.model_path, max_model_len=tm.scheduler_info.context_len)
-        return ModelList(data=[card]).model_dump()
-
-    @app.post("/v1/completions")
-    async def v1_completions(request: Request) -> Response:
-        return await completions.handle(await read_json(request), request)
-
-    @app.post("/v1/chat/completions")
-    async def v1_chat_completions(request: Request) -> Response:
-        return await chat.handle(await read_json(request), request)
-
+    add_error_handlers(app)
+    app.include_router(NativeRoutes(tm, args).router())
+    app.include_router(AdminRoutes(tm).router())
+    app.include_router(OpenAIRoutes(tm, args).router())
     return app
 
 

@@ -5,13 +5,11 @@ scheduler, receives incremental text from the detokenizer and turns it into SGLa
 `{"text", "output_ids", "meta_info": {...}}` with cumulative `text` and `output_ids`.
 
 One TokenizerManager lives in one event loop: its receive socket and the task that reads it are
-created on the loop of the first call (`_ensure_started`).
-
-Control and health calls never wait behind a busy scheduler: the scheduler's watchdog thread
-sends a `SchedulerHeartbeat` (state snapshot, step counters) every 0.5 s even while a long forward
-runs, so `get_internal_state` answers from it when the loop does not reply within
-`STATE_WAIT_S`, `flush_cache` refuses at once while requests run, and `health_generate` tells a
-busy scheduler (steps finishing, or one step running within `--watchdog-timeout`) from a stuck one.
+created on the loop of the first call (`_ensure_started`). Its parts, one module each:
+`tokenizer_state.py` (per-request state, the errors of the request path), `tokenizer_output.py`
+(detokenizer output folded into the states, results and streaming chunks, request metrics),
+`tokenizer_control.py` (heartbeats, flush / internal state / health that never wait behind a
+busy scheduler), `request_validation.py` (the request's bootstrap fields).
 """
 
 from __future__ import annotations
@@ -20,134 +18,45 @@ import asyncio
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Optional, Union
 
 import zmq
 import zmq.asyncio
 
 from sglang.srt import envs
-from sglang.srt.disaggregation.request_fields import bootstrap_of, check_bootstrap
 from sglang.srt.managers.io_struct import (
     AbortReq,
-    SchedulerHeartbeat,
     BatchStrOut,
-    FlushCacheReqInput,
     FlushCacheReqOutput,
     GenerateReqInput,
-    GetInternalStateReqInput,
     GetInternalStateReqOutput,
     SchedulerReadyInfo,
     TokenizedGenerateReqInput,
 )
-from sglang.srt.managers.tokenizer_input import PreparedReq, prepare_requests
+from sglang.srt.managers.request_validation import bootstrap_of, check_bootstrap
+from sglang.srt.managers.tokenizer_control import STATE_WAIT_S, SchedulerControl
+from sglang.srt.managers.tokenizer_input import prepare_requests
+from sglang.srt.managers.tokenizer_output import OutputBuilder, RequestMetricsRecorder, apply_batch_str
+from sglang.srt.managers.tokenizer_state import (
+    HEALTH_RID_PREFIX,
+    GenerateCall,
+    ReqChunk,
+    ReqState,
+    RequestRejected,
+    SchedulerUnavailable,
+    finish,
+    next_index,
+    raise_if_rejected,
+)
 from sglang.srt.metrics.collector import ServerMetrics
 from sglang.srt.server_args import PortArgs, ServerArgs
 
+# Names importers take from here (the request path's public surface).
+__all__ = ["GenerateCall", "ReqChunk", "ReqState", "RequestRejected", "SchedulerUnavailable", "TokenizerManager"]
+
 logger = logging.getLogger(__name__)
 
-DISCONNECT_POLL_S = 1.0
-CONTROL_TIMEOUT_S = 60.0
-STATE_WAIT_S = 0.5  # then /get_server_info answers from the latest heartbeat's snapshot
-FLUSH_WAIT_S = 1.0  # asked only when no request is running: an idle scheduler answers in ms
 HEALTH_POLL_S = 0.1
-HEARTBEAT_STALE_S = 5.0  # no heartbeat for this long: the scheduler process is not responding
-CONTROL_STALE_S = 1.5  # a flush is not even asked of a scheduler silent for this long (3 beats)
-HEALTH_RID_PREFIX = "HEALTH_CHECK_"  # health probes: not counted in the metrics
-
-
-class SchedulerUnavailable(RuntimeError):
-    """The scheduler's state cannot be told right now (HTTP 503)."""
-
-
-class RequestRejected(RuntimeError):
-    """The scheduler refused a request before it produced anything: `status` is the HTTP status
-    to answer with (400: it cannot fit; 503: --max-queued-requests reached)."""
-
-    def __init__(self, message: str, status: int):
-        super().__init__(message)
-        self.message = message
-        self.status = status
-
-
-@dataclass
-class ReqState:
-    """Accumulated output of one running request (owned by the TokenizerManager's loop)."""
-
-    req: PreparedReq
-    call: "GenerateCall"
-    created_time: float = field(default_factory=time.time)
-    event: asyncio.Event = field(default_factory=asyncio.Event)
-    text: str = ""
-    output_ids: list[int] = field(default_factory=list)
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    finished_reason: Optional[dict] = None
-    finished: bool = False
-    finished_time: Optional[float] = None
-    output_token_logprobs: list = field(default_factory=list)
-    output_top_logprobs: list = field(default_factory=list)
-    error: Optional[str] = None  # set when the engine died under this request
-    # Arrival times of the first and the latest output tokens (metrics).
-    first_token_time: Optional[float] = None
-    last_token_time: Optional[float] = None
-    # How much has been handed to the consumer already.
-    yielded_text: int = 0
-    yielded_ids: int = 0
-    yielded_logprobs: int = 0
-    yielded_finished: bool = False
-
-
-@dataclass
-class GenerateCall:
-    """All requests of one generate call and the queue that tells which of them progressed."""
-
-    obj: GenerateReqInput
-    reqs: list[PreparedReq]
-    states: list[ReqState] = field(default_factory=list)
-    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
-    # One batch entry expands to several requests when n > 1 (the result is then a list).
-    is_single: bool = True
-
-
-@dataclass
-class ReqChunk:
-    """One streaming update of one request: the SGLang dict plus what is new in it."""
-
-    index: int
-    rid: str
-    out: dict
-    delta_text: str
-    delta_output_ids: list[int]
-    logprob_start: int  # first new entry of output_token_logprobs / output_top_logprobs
-    finished: bool
-
-
-async def _next_index(queue: asyncio.Queue) -> int:
-    """The next progressed index of a call; asyncio.TimeoutError after DISCONNECT_POLL_S.
-
-    Hot path of streaming (once per request per step): a ready item is taken without awaiting,
-    and waiting uses `asyncio.timeout` (no extra Task per item, unlike `wait_for` before 3.12).
-    """
-    if not queue.empty():
-        return queue.get_nowait()
-    if _TIMEOUT is None:  # Python < 3.11
-        return await asyncio.wait_for(queue.get(), timeout=DISCONNECT_POLL_S)
-    async with _TIMEOUT(DISCONNECT_POLL_S):
-        return await queue.get()
-
-
-_TIMEOUT = getattr(asyncio, "timeout", None)
-
-
-def _raise_if_rejected(state: ReqState) -> None:
-    """RequestRejected when the scheduler refused the request outright (an abort with an HTTP
-    status before any output), so that the caller answers with that status, not a 200."""
-    reason = state.finished_reason or {}
-    if (state.finished and reason.get("type") == "abort" and reason.get("status_code")
-            and not state.output_ids and not state.yielded_finished):  # fmt: skip
-        raise RequestRejected(str(reason.get("message", "rejected")), int(reason["status_code"]))
 
 
 class TokenizerManager:
@@ -172,25 +81,21 @@ class TokenizerManager:
         self.handle_task: Optional[asyncio.Task] = None
         self.rid_to_state: dict[str, ReqState] = {}
         self.rid_children: dict[str, list[str]] = {}
-        self.control_lock: Optional[asyncio.Lock] = None
-        # one future per control message sent, resolved in order by the replies (FIFO, 1:1)
-        self.flush_waiters: list[asyncio.Future] = []
-        self.state_waiters: list[asyncio.Future] = []
-        self._state_inflight: Optional[asyncio.Future] = None  # concurrent state calls share one
-        self.last_heartbeat: Optional[SchedulerHeartbeat] = None
-        self.last_heartbeat_recv: Optional[float] = None  # monotonic
+        self.control = SchedulerControl(self.send_to_scheduler.send_pyobj)
+        self.outputs = OutputBuilder(tokenizer)
         self.num_outputs_received = 0  # BatchStrOut messages (health: is generation moving?)
         self.dead_message: Optional[str] = None
-        self.token_text_cache: dict[int, str] = {}
         # The processes started for this manager (a launch.ChildProcesses), set by the launcher.
         self.child_processes: Optional[Any] = None
         self.metrics: Optional[ServerMetrics] = None
+        self.recorder: Optional[RequestMetricsRecorder] = None
         if server_args.enable_metrics:
             self.metrics = ServerMetrics(
                 server_args.served_model_name,
                 pp_size=server_args.pp_size,
                 dp_size=server_args.dp_size if server_args.enable_dp_attention else 1,
             )
+            self.recorder = RequestMetricsRecorder(self.metrics)
 
     # ------------------------------------------------------------------ life cycle
     def start(self) -> None:
@@ -203,7 +108,7 @@ class TokenizerManager:
         self.loop = asyncio.get_running_loop()
         self.recv_socket = self.context.socket(zmq.PULL)
         self.recv_socket.bind(self.port_args.tokenizer_ipc_name)
-        self.control_lock = asyncio.Lock()
+        self.control.start()
         self.handle_task = self.loop.create_task(self._handle_loop())
 
     def close(self) -> None:
@@ -217,12 +122,9 @@ class TokenizerManager:
         self.dead_message = message
         for state in list(self.rid_to_state.values()):
             state.error = message
-            self._finish(state, {"type": "abort", "message": message})
+            finish(state, {"type": "abort", "message": message})
         self.rid_to_state.clear()
-        for fut in self.flush_waiters + self.state_waiters:
-            if not fut.done():
-                fut.set_exception(RuntimeError(message))
-                fut.exception()  # callers that gave up will never read it: no "never retrieved" noise
+        self.control.fail(message)
 
     def _check_alive(self) -> None:
         if self.dead_message is not None:
@@ -245,123 +147,17 @@ class TokenizerManager:
     def _dispatch(self, obj: Any) -> None:
         if isinstance(obj, BatchStrOut):
             self.num_outputs_received += 1
-            self._handle_batch_str(obj)
-        elif isinstance(obj, SchedulerHeartbeat):
-            self.last_heartbeat = obj
-            self.last_heartbeat_recv = time.monotonic()
-        elif isinstance(obj, FlushCacheReqOutput):
-            self._resolve(self.flush_waiters, obj)
-        elif isinstance(obj, GetInternalStateReqOutput):
-            self._resolve(self.state_waiters, obj)
-        else:
+            apply_batch_str(obj, self.rid_to_state, self.recorder)
+        elif not self.control.on_message(obj):
             logger.warning("unexpected message %s", type(obj).__name__)
-
-    @staticmethod
-    def _resolve(waiters: list[asyncio.Future], value: Any) -> None:
-        """The reply to the oldest control message of its kind (a caller that gave up left its
-        future in place, so later replies still meet their own callers)."""
-        if waiters:
-            fut = waiters.pop(0)
-            if not fut.done():
-                fut.set_result(value)
-
-    def _handle_batch_str(self, out: BatchStrOut) -> None:
-        now = time.time()
-        for i, rid in enumerate(out.rids):
-            state = self.rid_to_state.get(rid)
-            if state is None:
-                continue
-            if self.metrics is not None:
-                self._record_tokens(state, len(out.new_output_ids[i]), now)
-            state.text += out.output_strs[i]
-            state.output_ids.extend(out.new_output_ids[i])
-            state.prompt_tokens = out.prompt_tokens[i]
-            state.completion_tokens = out.completion_tokens[i]
-            state.cached_tokens = out.cached_tokens[i]
-            if state.req.return_logprob:
-                state.output_token_logprobs.extend(out.output_token_logprobs[i] or [])
-                state.output_top_logprobs.extend(out.output_top_logprobs[i] or [])
-            if out.finished_reasons[i] is not None:
-                self._finish(state, out.finished_reasons[i])
-                del self.rid_to_state[rid]
-                if self.metrics is not None:
-                    self._record_finish(state)
-            else:
-                self._notify(state)
-
-    def _record_tokens(self, state: ReqState, num_new: int, now: float) -> None:
-        if state.req.rid.startswith(HEALTH_RID_PREFIX):
-            return
-        """TTFT at the first message with tokens, ITL spread over the tokens of each later one.
-
-        Streaming or not, the scheduler reports a request's first token on its own
-        (`scheduler_output.due_for_output`), so TTFT is exact for every request; a non-streaming
-        request's remaining tokens arrive with its final message and share its gap evenly.
-        """
-        if num_new <= 0:
-            return
-        if state.first_token_time is None:
-            state.first_token_time = now
-            self.metrics.observe_ttft(now - state.created_time)
-        else:
-            self.metrics.observe_itl(now - state.last_token_time, num_new)
-        state.last_token_time = now
-
-    def _record_finish(self, state: ReqState) -> None:
-        if state.req.rid.startswith(HEALTH_RID_PREFIX):
-            return
-        reason = state.finished_reason or {}
-        self.metrics.observe_finish(
-            prompt_tokens=state.prompt_tokens or len(state.req.input_ids),
-            completion_tokens=state.completion_tokens,
-            cached_tokens=state.cached_tokens,
-            e2e_s=(state.finished_time or time.time()) - state.created_time,
-            aborted=reason.get("type") == "abort",
-        )
-
-    def _finish(self, state: ReqState, reason: dict) -> None:
-        state.finished = True
-        state.finished_reason = reason
-        state.finished_time = time.time()
-        self._notify(state)
-
-    @staticmethod
-    def _notify(state: ReqState) -> None:
-        state.event.set()
-        state.call.queue.put_nowait(state.req.index)
 
     # ------------------------------------------------------------------ results
     def token_text(self, tid: int) -> Optional[str]:
-        if self.tokenizer is None:
-            return None
-        text = self.token_text_cache.get(tid)
-        if text is None:
-            text = self.tokenizer.decode([tid])
-            if len(self.token_text_cache) < 1 << 20:
-                self.token_text_cache[tid] = text
-        return text
-
-    def _logprob_entries(self, pairs: list, with_text: bool) -> list:
-        return [(lp, tid, self.token_text(tid) if with_text else None) for lp, tid in pairs]
+        return self.outputs.token_text(tid)
 
     def build_output(self, state: ReqState) -> dict:
         """The SGLang-shaped dict of a request so far (cumulative text and output ids)."""
-        end = state.finished_time if state.finished_time is not None else time.time()
-        meta: dict[str, Any] = {
-            "id": state.req.rid,
-            "prompt_tokens": state.prompt_tokens or len(state.req.input_ids),
-            "completion_tokens": state.completion_tokens,
-            "cached_tokens": state.cached_tokens,
-            "finish_reason": state.finished_reason,
-            "e2e_latency": end - state.created_time,
-        }
-        if state.req.return_logprob:
-            with_text = state.req.return_text_in_logprobs
-            meta["output_token_logprobs"] = self._logprob_entries(state.output_token_logprobs, with_text)
-            meta["output_top_logprobs"] = [
-                self._logprob_entries(top or [], with_text) for top in state.output_top_logprobs
-            ]
-        return {"text": state.text, "output_ids": list(state.output_ids), "meta_info": meta}
+        return self.outputs.build_output(state)
 
     # ------------------------------------------------------------------ requests
     async def submit(self, obj: GenerateReqInput) -> GenerateCall:
@@ -410,24 +206,16 @@ class TokenizerManager:
         try:
             while pending:
                 try:
-                    index = await _next_index(call.queue)
+                    index = await next_index(call.queue)
                 except asyncio.TimeoutError:
                     if request is not None and await request.is_disconnected():
                         logger.info("client disconnected: aborting %d request(s)", len(pending))
                         return
                     continue
-                state = call.states[index]
-                if state.error is not None:
-                    raise RuntimeError(state.error)
-                _raise_if_rejected(state)
-                if state.yielded_finished:
-                    continue
-                if not state.finished and not call.obj.stream:
-                    continue
-                chunk = self._take_chunk(state)
+                chunk = self._next_chunk(call, call.states[index])
                 if chunk is None:
                     continue
-                if state.finished:
+                if chunk.finished:
                     pending.discard(index)
                 yield chunk
         finally:
@@ -437,25 +225,17 @@ class TokenizerManager:
             if isinstance(call.obj.rid, str):
                 self.rid_children.pop(call.obj.rid, None)
 
-    def _take_chunk(self, state: ReqState) -> Optional[ReqChunk]:
-        new_text = state.text[state.yielded_text :]
-        new_ids = state.output_ids[state.yielded_ids :]
-        if not new_text and not new_ids and not state.finished:
+    def _next_chunk(self, call: GenerateCall, state: ReqState) -> Optional[ReqChunk]:
+        """The chunk to hand out for a request that progressed (None: nothing to hand out yet:
+        a non-streaming request that has not finished, or nothing new)."""
+        if state.error is not None:
+            raise RuntimeError(state.error)
+        raise_if_rejected(state)
+        if state.yielded_finished:
             return None
-        chunk = ReqChunk(
-            index=state.req.index,
-            rid=state.req.rid,
-            out=self.build_output(state),
-            delta_text=new_text,
-            delta_output_ids=new_ids,
-            logprob_start=state.yielded_logprobs,
-            finished=state.finished,
-        )
-        state.yielded_text = len(state.text)
-        state.yielded_ids = len(state.output_ids)
-        state.yielded_logprobs = len(state.output_token_logprobs)
-        state.yielded_finished = state.finished
-        return chunk
+        if not state.finished and not call.obj.stream:
+            return None
+        return self.outputs.take_chunk(state)
 
     async def generate_request(
         self, obj: GenerateReqInput, request: Any = None
@@ -500,70 +280,20 @@ class TokenizerManager:
     # ------------------------------------------------------------------ control
     def heartbeat_age(self) -> Optional[float]:
         """Seconds since the scheduler's last heartbeat (None before the first)."""
-        if self.last_heartbeat_recv is None:
-            return None
-        return time.monotonic() - self.last_heartbeat_recv
-
-    def _fresh_heartbeat(self) -> Optional[SchedulerHeartbeat]:
-        age = self.heartbeat_age()
-        return self.last_heartbeat if age is not None and age < HEARTBEAT_STALE_S else None
-
-    def _send_control(self, waiters: list[asyncio.Future], msg: Any) -> asyncio.Future:
-        fut = asyncio.get_running_loop().create_future()
-        waiters.append(fut)
-        self.send_to_scheduler.send_pyobj(msg)
-        return fut
+        return self.control.heartbeat_age()
 
     async def flush_cache(self) -> FlushCacheReqOutput:
         """Flush the radix cache; refused at once (never queued behind work) while requests run."""
         self._ensure_started()
         self._check_alive()
-        if self.rid_to_state:
-            return FlushCacheReqOutput(False, f"cannot flush the cache while {len(self.rid_to_state)} request(s) are running")
-        # No request known here means an idle scheduler (requests leave `rid_to_state` only when
-        # the scheduler reported them finished): it answers in milliseconds, unless it is frozen.
-        age = self.heartbeat_age()
-        if age is not None and age >= CONTROL_STALE_S:
-            return FlushCacheReqOutput(False, f"the scheduler has not responded for {age:.1f} s")
-        async with self.control_lock:
-            fut = self._send_control(self.flush_waiters, FlushCacheReqInput())
-            try:
-                return await asyncio.wait_for(asyncio.shield(fut), timeout=FLUSH_WAIT_S)
-            except asyncio.TimeoutError:
-                return FlushCacheReqOutput(False, f"the scheduler did not answer within {FLUSH_WAIT_S:g} s")
+        return await self.control.flush_cache(len(self.rid_to_state))
 
     async def get_internal_state_reply(self, max_wait_s: float = STATE_WAIT_S) -> GetInternalStateReqOutput:
-        """The scheduler's `internal_state()` (`.state`; with attention DP the merged figures, and
-        `.replica_states` one per replica): its reply when it comes within `max_wait_s`, else the
-        snapshot of its latest heartbeat (with `snapshot_age_s` / `step_running_s`), so a busy
-        scheduler never makes an info endpoint wait. Concurrent callers share one request."""
+        """The scheduler's internal state, or its latest heartbeat's snapshot when it is busy
+        (`SchedulerControl.get_internal_state_reply`); SchedulerUnavailable when neither comes."""
         self._ensure_started()
         self._check_alive()
-        fut = self._state_inflight
-        if fut is None or fut.done():
-            fut = self._state_inflight = self._send_control(self.state_waiters, GetInternalStateReqInput())
-        try:
-            return await asyncio.wait_for(asyncio.shield(fut), timeout=max_wait_s)
-        except asyncio.TimeoutError:
-            pass
-        beat = self.last_heartbeat
-        deadline = time.monotonic() + max_wait_s
-        while beat is None or not beat.state:  # no snapshot yet (the first second of a server)
-            if fut.done():
-                return fut.result()
-            if time.monotonic() >= deadline:
-                raise SchedulerUnavailable(
-                    f"the scheduler has not answered in {2 * max_wait_s:g} s and has sent no state yet"
-                )
-            await asyncio.sleep(0.02)
-            beat = self.last_heartbeat
-        ages = {
-            "snapshot_age_s": round(time.time() - beat.state_time, 3),
-            "step_running_s": None if beat.busy_since is None else round(time.time() - beat.busy_since, 3),
-        }
-        return GetInternalStateReqOutput(
-            state={**beat.state, **ages}, replica_states=[{**s, **ages} for s in beat.replica_states]
-        )
+        return await self.control.get_internal_state_reply(max_wait_s)
 
     async def get_internal_state(self, max_wait_s: float = STATE_WAIT_S) -> dict:
         return (await self.get_internal_state_reply(max_wait_s)).state
@@ -579,17 +309,9 @@ class TokenizerManager:
         if timeout_s is None:
             timeout_s = envs.SGLANG_HEALTH_CHECK_TIMEOUT.get()
         outputs_before = self.num_outputs_received
-        beat = self._fresh_heartbeat()
+        beat = self.control.fresh_heartbeat()
         steps_before = beat.steps_finished if beat is not None else None
-        obj = GenerateReqInput(
-            input_ids=[0], sampling_params={"max_new_tokens": 1, "temperature": 0.0},
-            rid=f"{HEALTH_RID_PREFIX}{uuid.uuid4().hex}",
-        )  # fmt: skip
-        if self.server_args.disaggregation_mode != "null":  # PD: a self-contained request (fake transfer backend)
-            from sglang.srt.disaggregation.messages import fake_bootstrap
-
-            obj = fake_bootstrap(obj)
-        call = await self.submit(obj)
+        call = await self.submit(self._health_probe_request())
         state = call.states[0]
         deadline = time.monotonic() + timeout_s
         try:
@@ -600,27 +322,30 @@ class TokenizerManager:
                     return True, "generated"
                 if self.num_outputs_received > outputs_before:
                     return True, "generating (outputs arriving)"
-                beat = self._fresh_heartbeat()
+                beat = self.control.fresh_heartbeat()
                 if beat is not None and steps_before is not None and beat.steps_finished > steps_before:
                     return True, "generating (steps finishing)"
                 if steps_before is None and beat is not None:
                     steps_before = beat.steps_finished
                 if time.monotonic() >= deadline:
-                    break
+                    return self.control.health_verdict(beat, timeout_s)
                 await asyncio.sleep(HEALTH_POLL_S)
-            if beat is None:
-                age = self.heartbeat_age()
-                return False, ("the scheduler has sent no heartbeat" if age is None
-                               else f"the scheduler has not responded for {age:.0f} s")  # fmt: skip
-            if beat.busy_since is not None:
-                running = time.time() - beat.busy_since
-                if running < beat.watchdog_timeout:
-                    return True, f"busy: one step has run for {running:.0f} s (within --watchdog-timeout)"
-                return False, f"stuck: one step has run for {running:.0f} s"
-            return False, f"no generation progress in {timeout_s:g} s"
         finally:
             if not state.finished and state.req.rid in self.rid_to_state:
                 self.abort_request(state.req.rid)
+
+    def _health_probe_request(self) -> GenerateReqInput:
+        """One greedy token from token id 0, under a rid the metrics skip."""
+        obj = GenerateReqInput(
+            input_ids=[0],
+            sampling_params={"max_new_tokens": 1, "temperature": 0.0},
+            rid=f"{HEALTH_RID_PREFIX}{uuid.uuid4().hex}",
+        )
+        if self.server_args.disaggregation_mode != "null":  # PD: a self-contained request (fake transfer backend)
+            from sglang.srt.disaggregation.messages import fake_bootstrap
+
+            obj = fake_bootstrap(obj)
+        return obj
 
     @property
     def num_running(self) -> int:

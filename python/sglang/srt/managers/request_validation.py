@@ -1,6 +1,9 @@
-"""The bootstrap fields of a request (`bootstrap_host`, `bootstrap_port`, `bootstrap_room`, each a
-value or, for a batch, a list with one entry per prompt: what sglang-router adds), checked in the
-tokenizer process so that bad ones get an HTTP 400 instead of reaching the scheduler."""
+"""Request-field checks of the request path that `tokenizer_input.prepare_requests` does not do:
+the bootstrap fields of a request (`bootstrap_host`, `bootstrap_port`, `bootstrap_room`, each a
+value or, for a batch, a list with one entry per prompt: what sglang-router adds for PD
+disaggregation). Checked in the tokenizer process against this server's `--disaggregation-mode`,
+so that bad ones get an HTTP 400 instead of reaching the scheduler; a normal server ignores them.
+"""
 
 from __future__ import annotations
 

@@ -1,0 +1,85 @@
+"""The server flags checked against the model layer, once at start-up, before any rank starts.
+
+`ServerArgs.validate()` checks the flags against each other and knows no layer or model; what
+only the model layer can tell is checked here, by the entry points (`Engine`, the
+`launch_server` CLI) right after it: the attention backend is a registered one (looked up by name:
+no backend module is imported until CP asks whether it supports context parallelism), the DSA op
+names go with the `dsa` backend, and the pipeline's layer partition fits the checkpoint's layer
+count (its config.json / GGUF metadata only). Each refusal is a `ValueError` naming the flag.
+
+`flag_choices()` gives the accepted values of the flags the model layer declares, for argparse.
+"""
+
+from __future__ import annotations
+
+from sglang.srt.server_args import ServerArgs
+
+
+def flag_choices() -> dict[str, list[str]]:
+    """Accepted values of the flags whose values the model layer declares (for argparse)."""
+    from sglang.srt.layers.attention.registry import attention_backend_choices
+
+    return {"attention_backend": list(attention_backend_choices())}
+
+
+def check_server_args_against_model(server_args: ServerArgs) -> None:
+    """Every start-up check of the flags that needs the model layer or the checkpoint (ValueError)."""
+    _check_attention_backend(server_args)
+    _check_nsa_backends(server_args)
+    if server_args.pp_size > 1:
+        _check_pipeline_partition(server_args)
+    if server_args.cp_size > 1:
+        _check_context_parallel_backend(server_args)
+
+
+def _check_attention_backend(server_args: ServerArgs) -> None:
+    """A known backend name (checked by name: no backend module is imported)."""
+    if server_args.attention_backend is None:
+        return
+    from sglang.srt.layers.attention.registry import attention_backend_choices
+
+    choices = attention_backend_choices()
+    if server_args.attention_backend not in choices:
+        raise ValueError(f"--attention-backend must be one of {choices}, got {server_args.attention_backend!r}")
+
+
+def _check_nsa_backends(server_args: ServerArgs) -> None:
+    """--nsa-prefill-backend / --nsa-decode-backend: known names, and only with the dsa backend."""
+    from sglang.srt.layers.attention.dsa.backend_names import DSA_ATTENTION_BACKENDS, resolve_nsa_backend
+
+    for name in ("nsa_prefill_backend", "nsa_decode_backend"):
+        value = getattr(server_args, name)
+        if value is None:
+            continue
+        flag = "--" + name.replace("_", "-")
+        try:
+            resolve_nsa_backend(value)
+        except ValueError as e:
+            raise ValueError(f"{flag}: {e}") from None
+        if server_args.attention_backend not in DSA_ATTENTION_BACKENDS:
+            raise ValueError(
+                f"{flag} applies to --attention-backend dsa (alias nsa), "
+                f"got --attention-backend {server_args.resolved_attention_backend}"
+            )
+
+
+def _check_context_parallel_backend(server_args: ServerArgs) -> None:
+    """--cp-size > 1 needs a backend that supports context parallelism (imports that backend)."""
+    from sglang.srt.layers.attention.registry import get_attention_backend_class
+
+    backend = server_args.resolved_attention_backend
+    if not get_attention_backend_class(backend).supports_context_parallel:
+        raise ValueError(
+            f"--cp-size > 1 needs an --attention-backend that supports context parallelism, got {backend!r}"
+        )
+
+
+def _check_pipeline_partition(server_args: ServerArgs) -> None:
+    """The layer partition against the model's layer count (cheap: the config only)."""
+    from sglang.srt.model_loader.loader import load_hf_config_dict
+    from sglang.srt.models.utils import pp_partition
+
+    config = load_hf_config_dict(server_args.model_path, server_args.load_format)
+    config = config.get("text_config", config) if "num_hidden_layers" not in config else config
+    if "num_hidden_layers" in config:
+        pp_partition(int(config["num_hidden_layers"]), server_args.pp_size)

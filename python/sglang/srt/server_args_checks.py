@@ -1,0 +1,144 @@
+"""`ServerArgs.validate()`: the flags checked against each other, each refusal a `ValueError` whose
+message names the bad flag.
+
+Only what the flags themselves tell: ranges, combinations, the parallel layout, that the model
+path exists. Checks that need the model layer (the registered attention backends, the DSA op
+names, the checkpoint's layer count) run once at start-up in `configs/startup_checks.py`.
+Knows no ServerArgs: any object with its fields is checked.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import fields
+from typing import Any
+
+from sglang.srt.server_args_cli import field_choices, flag
+
+POSITIVE = ("max_total_tokens", "max_running_requests", "max_queued_requests", "context_length", "num_threads")
+AT_LEAST_ONE = ("tp_size", "pp_size", "dp_size", "cp_size", "ep_size", "nnodes", "stream_interval")
+
+
+def validate_server_args(args: Any) -> None:
+    """Every flag check that needs neither the checkpoint nor the model layer (ValueError)."""
+    _validate_values(args)
+    _validate_dp_attention(args)
+    if args.enable_shard_linear and args.cp_size == 1:
+        raise ValueError("--enable-shard-linear shares weights across context-parallel ranks: needs --cp-size > 1")
+    _validate_layout(args)
+    if args.load_format != "dummy" and not args.model_path.startswith("dummy:"):
+        if not os.path.exists(args.model_path):
+            raise ValueError(f"--model-path {args.model_path!r} does not exist")
+    if args.pp_size > 1:
+        _validate_pipeline(args)
+    if args.cp_size > 1 or args.cp_kv_cache_interleave_size != 1:
+        _validate_context_parallel(args)
+    if args.disaggregation_mode != "null":
+        _validate_disaggregation(args)
+
+
+def _validate_values(args: Any) -> None:
+    """Declared choices and the range of each numeric flag."""
+    for f in fields(args):
+        choices = field_choices(f)
+        value = getattr(args, f.name)
+        if choices is not None and value is not None and value not in choices:
+            raise ValueError(f"--{flag(f.name)} must be one of {choices}, got {value!r}")
+    if args.enable_fp32_lm_head and args.disable_fp32_lm_head:
+        raise ValueError("--enable-fp32-lm-head and --disable-fp32-lm-head contradict each other; pass one")
+    if args.device == "cpu" and args.dtype == "float16":
+        raise ValueError("--dtype float16 is not supported on CPU (use bfloat16 or float32)")
+    if not (0 < args.port < 65536):
+        raise ValueError(f"--port must be in 1..65535, got {args.port}")
+    if args.page_size < 1:
+        raise ValueError(f"--page-size must be >= 1, got {args.page_size}")
+    if args.max_prefill_tokens < 1:
+        raise ValueError(f"--max-prefill-tokens must be >= 1, got {args.max_prefill_tokens}")
+    if args.chunked_prefill_size == 0 or args.chunked_prefill_size < -1:
+        raise ValueError(f"--chunked-prefill-size must be positive or -1 (disabled), got {args.chunked_prefill_size}")
+    if args.short_prompt_first_tokens is not None and args.short_prompt_first_tokens < 0:
+        raise ValueError(f"--short-prompt-first-tokens must be >= 0, got {args.short_prompt_first_tokens}")
+    if args.mem_fraction_static is not None and not (0.0 < args.mem_fraction_static < 1.0):
+        raise ValueError(f"--mem-fraction-static must be in (0, 1), got {args.mem_fraction_static}")
+    if not args.watchdog_timeout > 0:
+        raise ValueError(f"--watchdog-timeout must be > 0 seconds, got {args.watchdog_timeout}")
+    for name in POSITIVE:
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{flag(name)} must be >= 1, got {value}")
+    for name in AT_LEAST_ONE:
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{flag(name)} must be >= 1, got {getattr(args, name)}")
+    if not (0 <= args.node_rank < args.nnodes):
+        raise ValueError(f"--node-rank must be in [0, --nnodes), got {args.node_rank}")
+
+
+def _validate_layout(args: Any) -> None:
+    """The ranks divide over the nodes, and several nodes meet at a given address."""
+    from sglang.srt.distributed.parallel_layout import ParallelLayout
+
+    layout = ParallelLayout.from_server_args(args)
+    if layout.world_size % args.nnodes:
+        raise ValueError(
+            f"the world size ({layout.world_size} = pp {layout.pp} × tp {layout.tp}) must be divisible by "
+            f"--nnodes ({args.nnodes})"
+        )
+    if args.nnodes > 1 and not args.dist_init_addr:
+        raise ValueError("--dist-init-addr HOST:PORT is required when --nnodes > 1")
+
+
+def _validate_disaggregation(args: Any) -> None:
+    """PD disaggregation flags (python/sglang/srt/disaggregation/README.md)."""
+    port = args.disaggregation_bootstrap_port
+    if not (0 < port < 65536):
+        raise ValueError(f"--disaggregation-bootstrap-port must be in 1..65535, got {port}")
+    if args.disaggregation_mode == "prefill" and port == args.port:
+        raise ValueError("--disaggregation-bootstrap-port must differ from --port")
+    if args.num_reserved_decode_tokens < 0 or args.disaggregation_decode_polling_interval < 1:
+        raise ValueError("--num-reserved-decode-tokens must be >= 0 and --disaggregation-decode-polling-interval >= 1")
+    if args.dp_size > 1 or args.enable_dp_attention:
+        raise ValueError("--disaggregation-mode with --dp-size > 1 / --enable-dp-attention is not supported yet")
+    if args.disaggregation_mode == "decode" and args.pp_size > 1:
+        raise ValueError("--disaggregation-mode decode with --pp-size > 1 is not supported (use tp on the decode side)")
+
+
+def _validate_dp_attention(args: Any) -> None:
+    """Attention DP flags (docs/dp_attention.md, "What composes")."""
+    if args.dp_size > 1 and not args.enable_dp_attention:
+        raise ValueError(
+            "--dp-size > 1 needs --enable-dp-attention (data parallelism of whole engines is not built; "
+            "run several servers behind a router instead)"
+        )
+    if args.moe_dense_tp_size is not None and args.moe_dense_tp_size != 1:
+        raise ValueError(f"--moe-dense-tp-size must be 1 or unset, got {args.moe_dense_tp_size}")
+    if args.dp_size > 1 and args.nnodes > 1:
+        raise ValueError(
+            "--dp-size > 1 with --nnodes > 1 is not supported (the replicas' entry ranks "
+            "talk to the data-parallel controller over ipc sockets of node 0)"
+        )
+
+
+def _validate_context_parallel(args: Any) -> None:
+    """Context-parallel flags (docs/context_parallel.md); the backend's CP support is a start-up check."""
+    inter = args.cp_kv_cache_interleave_size
+    if inter < 1 or args.page_size % inter:
+        raise ValueError(
+            f"--cp-kv-cache-interleave-size ({inter}) must be >= 1 and divide --page-size ({args.page_size})"
+        )
+    if args.enable_shard_linear:
+        from sglang.srt.distributed.parallel_layout import ParallelLayout
+
+        layout = ParallelLayout.from_server_args(args)
+        if layout.attn_tp != 1:
+            raise ValueError(
+                f"--enable-shard-linear needs attention TP 1 (--tp-size = dp size x --cp-size), got tp "
+                f"{layout.tp}, cp {args.cp_size}"
+            )
+
+
+def _validate_pipeline(args: Any) -> None:
+    """Pipeline flags (the layer partition against the model is a start-up check)."""
+    if args.pp_async_batch_depth < 0:
+        raise ValueError(f"--pp-async-batch-depth must be >= 0, got {args.pp_async_batch_depth}")
+    if args.pp_max_micro_batch_size is not None and args.pp_max_micro_batch_size < 1:
+        raise ValueError(f"--pp-max-micro-batch-size must be >= 1, got {args.pp_max_micro_batch_size}")
