@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sglang.srt.disaggregation.fake import FakeKVReceiver, FakeKVSender
-from sglang.srt.disaggregation.kv_poll import IllegalTransition, KVPoll, TransferState
+from sglang.srt.disaggregation.fake.conn import FakeKVReceiver, FakeKVSender
+from sglang.srt.disaggregation.base.kv_poll import IllegalTransition, KVPoll, TransferState
 
 
 def test_values_order_failure_first():

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sglang.srt.disaggregation.data_plane import MAX_BATCH_ENTRIES, MooncakeDataPlane
+from sglang.srt.disaggregation.mooncake.data_plane import MAX_BATCH_ENTRIES, MooncakeDataPlane
 
 
 def _pair():

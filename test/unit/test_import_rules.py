@@ -130,13 +130,34 @@ def area(module: str):
     return parts[2] if len(parts) > 2 and parts[:2] == ["sglang", "srt"] else None
 
 
+# package -> the only packages of its parent it may import (besides itself): PD's transport base
+# classes know no backend, and a backend builds on them alone (disaggregation/README.md). The
+# parent package itself (its __init__, which every import of a submodule runs) does not count.
+CONFINED: dict[str, tuple[str, ...]] = {
+    "sglang.srt.disaggregation.base": (),
+    "sglang.srt.disaggregation.mooncake": ("sglang.srt.disaggregation.base",),
+    "sglang.srt.disaggregation.fake": ("sglang.srt.disaggregation.base",),
+}
+
+
+def _inside(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
 def rule_breaks(edges: dict[str, set[str]]) -> list[str]:
-    return sorted(
+    breaks = {
         f"{src} -> {dst}"
         for src, targets in edges.items()
         for dst in targets
         if area(dst) in FORBIDDEN.get(area(src), ())
-    )
+    }
+    for package, allowed in CONFINED.items():
+        parent = package.rpartition(".")[0]
+        for src in (m for m in edges if _inside(m, package)):
+            for dst in edges[src]:
+                if _inside(dst, parent) and dst != parent and not any(_inside(dst, p) for p in (package, *allowed)):
+                    breaks.add(f"{src} -> {dst}")
+    return sorted(breaks)
 
 
 # ---------------------------------------------------------------------------- the checker itself
@@ -164,6 +185,31 @@ def test_checker_finds_function_level_cycles_and_rule_breaks(tmp_path):
     edges = import_graph(tmp_path)
     assert cycles(edges) == [["sglang.srt.layers.a", "sglang.srt.layers.b"]]
     assert rule_breaks(edges) == ["sglang.srt.layers.c -> sglang.srt.managers.m"]
+
+
+def test_checker_finds_confined_package_breaks(tmp_path):
+    pd = "sglang/srt/disaggregation"
+    _write(
+        tmp_path,
+        {
+            "sglang/__init__.py": "",
+            "sglang/srt/__init__.py": "",
+            f"{pd}/__init__.py": "",
+            f"{pd}/common.py": "from sglang.srt.disaggregation.base.conn import X\n",
+            f"{pd}/base/__init__.py": "",
+            f"{pd}/base/conn.py": "X = 1\n",
+            f"{pd}/base/bad.py": "from sglang.srt.disaggregation.fake.conn import Y\n",
+            f"{pd}/fake/__init__.py": "",
+            f"{pd}/fake/conn.py": "from sglang.srt.disaggregation.base.conn import X\nY = X\n",
+            f"{pd}/mooncake/__init__.py": "",
+            f"{pd}/mooncake/a.py": "from sglang.srt.disaggregation import common\nfrom .b import Z\n",
+            f"{pd}/mooncake/b.py": "Z = 1\n",
+        },
+    )
+    assert rule_breaks(import_graph(tmp_path)) == [
+        "sglang.srt.disaggregation.base.bad -> sglang.srt.disaggregation.fake.conn",
+        "sglang.srt.disaggregation.mooncake.a -> sglang.srt.disaggregation.common",
+    ]
 
 
 # ---------------------------------------------------------------------------- the tree

@@ -1,4 +1,5 @@
-"""The bootstrap server (runs in the prefill server's main process) and its clients.
+"""The HTTP bootstrap server (runs in the prefill server's main process) and its client, shared
+by every transfer backend (base/bootstrap.py has their interfaces).
 
 HTTP, JSON, three routes (upstream's protocol, our fields):
   PUT /route   a prefill rank registers its `PrefillRankInfo`; the first registrant fixes the
@@ -20,14 +21,15 @@ from typing import Optional
 
 import requests
 
-from sglang.srt.disaggregation.messages import PrefillRankInfo, PrefillTopology
+from sglang.srt.disaggregation.base.bootstrap import BaseBootstrapClient, BaseKVBootstrapServer
+from sglang.srt.disaggregation.base.messages import PrefillRankInfo, PrefillTopology
 
 logger = logging.getLogger(__name__)
 
 HTTP_TIMEOUT_S = 5.0
 
 
-class BootstrapServer:
+class BootstrapServer(BaseKVBootstrapServer):
     def __init__(self, host: str, port: int):
         self.host, self.port = host, port
         self._lock = threading.Lock()
@@ -130,3 +132,19 @@ def is_alive(bootstrap_url: str) -> bool:
         return requests.get(f"{bootstrap_url}/health", timeout=HTTP_TIMEOUT_S / 2).status_code == 200
     except requests.RequestException:
         return False
+
+
+class HttpBootstrapClient(BaseBootstrapClient):
+    """The calls above, as a transfer backend makes them."""
+
+    def register_rank(self, url: str, info: PrefillRankInfo) -> None:
+        register_rank(url, info)
+
+    def query_topology(self, url: str) -> Optional[PrefillTopology]:
+        try:
+            return query_topology(url)
+        except requests.RequestException:
+            return None
+
+    def is_alive(self, url: str) -> bool:
+        return is_alive(url)

@@ -1,22 +1,17 @@
-"""What the prefill and decode components share: this rank's place and KV regions, the network
-address, the data plane, agreeing on poll results across the ranks of a stage."""
+"""What the prefill and decode components and the factory share: this rank's place and KV
+regions, the network address, agreeing on poll results across the ranks of a stage."""
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
-from typing import Optional, Sequence
 
 import torch
 
-from sglang.srt.disaggregation.conn import RankPlace
-from sglang.srt.disaggregation.data_plane import MooncakeDataPlane
+from sglang.srt.disaggregation.base.conn import RankPlace
 from sglang.srt.mem_cache.kv_pool import MHATokenToKVPool
 from sglang.srt.mem_cache.mla_kv_pool import DSATokenToKVPool, MLATokenToKVPool
-from sglang.srt.mem_cache.transfer_layout import KVRegion, kv_regions, registration_ranges
-
-logger = logging.getLogger(__name__)
+from sglang.srt.mem_cache.transfer_layout import KVRegion, kv_regions
 
 
 def pd_ip(host: str) -> str:
@@ -61,16 +56,6 @@ def pool_regions(pool, total_kv_heads: int, place: RankPlace) -> list[KVRegion]:
         else:
             offset = place.tp_rank * total_kv_heads // place.tp_size
     return kv_regions(pool, head_offset=offset)
-
-
-def make_data_plane(backend: str, ip: str, ib_device: Optional[str], regions: Sequence[KVRegion]):
-    if backend == "fake":
-        return None
-    plane = MooncakeDataPlane(ip, ib_device)
-    plane.register(registration_ranges(regions))
-    logger.info("PD: mooncake %s transfer engine at %s, %d KV buffers registered (%.1f MB)",
-                plane.protocol, plane.session_id, len(regions), sum(r.nbytes for r in regions) / 2**20)  # fmt: skip
-    return plane
 
 
 def agree(group, values: list[int]) -> list[int]:

@@ -13,16 +13,16 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 
-from sglang.srt.disaggregation.common import agree, make_data_plane, pd_ip, pool_regions, rank_place
-from sglang.srt.disaggregation.conn import DecodeKVManager
-from sglang.srt.disaggregation.fake import FakeKVReceiver
-from sglang.srt.disaggregation.kv_poll import KVPoll
+from sglang.srt.disaggregation.base.conn import BaseDecodeKVManager, BaseKVReceiver
+from sglang.srt.disaggregation.base.kv_poll import KVPoll
+from sglang.srt.disaggregation.common import agree
+from sglang.srt.disaggregation.component import HELD, NO_MOVES, Admission, Disaggregation, Moves, OutputSink
 from sglang.srt.disaggregation.messages import FAKE_BOOTSTRAP_HOST
-from sglang.srt.managers.schedule_batch import Req
+from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 
 logger = logging.getLogger(__name__)
 
@@ -30,30 +30,24 @@ logger = logging.getLogger(__name__)
 @dataclass
 class _Entry:
     req: Req
-    receiver: Any  # KVReceiver | FakeKVReceiver
+    receiver: BaseKVReceiver
     allocated: bool = False
 
 
-class DecodeDisaggregation:
-    """Scheduler hooks: `admit`, `step`, `abort`."""
+class DecodeDisaggregation(Disaggregation):
+    """`manager`: the transfer backend's (factory.py); `local_manager`: the fake backend's, for
+    requests served without a peer (bootstrap host FAKE_BOOTSTRAP_HOST)."""
 
-    def __init__(self, server_args, groups, runner, cache):
-        self.server_args = server_args
+    def __init__(self, server_args, groups, runner, cache, manager: BaseDecodeKVManager,
+                 local_manager: BaseDecodeKVManager):  # fmt: skip
         self.groups = groups
         self.cache = cache
         self.page = runner.kv_page_size
-        self.place = rank_place(groups)
-        pool = runner.token_to_kv_pool
-        self.regions = pool_regions(pool, runner.model_config.num_key_value_heads, self.place)
-        self.fake_only = server_args.disaggregation_transfer_backend == "fake"
+        self.manager = manager
+        self.local_manager = local_manager
+        self.bootstrap_port = server_args.disaggregation_bootstrap_port
         self.reserved = server_args.num_reserved_decode_tokens
         self.poll_every = server_args.disaggregation_decode_polling_interval
-        self.manager: Optional[DecodeKVManager] = None
-        if not self.fake_only:
-            ip = pd_ip(server_args.host)
-            plane = make_data_plane("mooncake", ip, server_args.disaggregation_ib_device, self.regions)
-            self.manager = DecodeKVManager(self.place, ip, self.regions, plane, str(pool.dtype).replace("torch.", ""))
-            self.manager.start()
         self.prealloc: list[_Entry] = []
         self.transfer: list[_Entry] = []
         self.draining: list[_Entry] = []
@@ -61,36 +55,31 @@ class DecodeDisaggregation:
         self._steps = 0
 
     # ------------------------------------------------------------------ admission
-    def admit(self, req: Req, recv) -> Optional[str]:
+    def admit(self, req: Req, recv) -> Admission:
+        """Take a new request into the prealloc queue, or refuse it."""
         room, host = recv.bootstrap_room, recv.bootstrap_host
         if room is None or host is None:
-            return ("this server runs --disaggregation-mode decode: a request needs bootstrap_host, "
-                    "bootstrap_port and bootstrap_room (send it through sglang-router)")  # fmt: skip
-        if self.fake_only or host == FAKE_BOOTSTRAP_HOST:
-            receiver = FakeKVReceiver(room)
-        else:
-            port = recv.bootstrap_port or self.server_args.disaggregation_bootstrap_port
-            try:
-                receiver = self.manager.create_receiver(room, f"http://{host}:{port}")
-            except ValueError as err:
-                return str(err)
+            return Admission(error="this server runs --disaggregation-mode decode: a request needs bootstrap_host, "
+                             "bootstrap_port and bootstrap_room (send it through sglang-router)")  # fmt: skip
+        manager = self.local_manager if host == FAKE_BOOTSTRAP_HOST else self.manager
+        port = recv.bootstrap_port or self.bootstrap_port
+        try:
+            receiver = manager.create_receiver(room, f"http://{host}:{port}")
+        except ValueError as err:
+            return Admission(error=str(err))
         receiver.init()
         self.prealloc.append(_Entry(req, receiver))
-        return None
-
-    @property
-    def busy(self) -> bool:
-        return bool(self.prealloc or self.transfer or self.draining)
+        return HELD
 
     # ------------------------------------------------------------------ each scheduler step
-    def step(self, running: list[Req]) -> tuple[list[Req], list[Req]]:
-        """(requests whose KV arrived: first token appended, ready to decode; requests failed here
-        with their slots freed)."""
+    def step(self, running: list[Req]) -> Moves:
+        """Requests whose KV arrived (first token appended: to the scheduler's running list);
+        requests failed here."""
         ready: list[Req] = []
         done: list[Req] = []
         self._steps += 1
         if self._steps % self.poll_every and not self.draining:
-            return ready, done
+            return NO_MOVES
         if self.prealloc:
             self._step_prealloc(running, done)
         if self.transfer:
@@ -114,7 +103,7 @@ class DecodeDisaggregation:
                 else:
                     keep.append(entry)
             self.draining = keep
-        return ready, done
+        return Moves(to_running=ready, finished=done)
 
     def _step_prealloc(self, running: list[Req], done: list[Req]) -> None:
         polls = agree(self.groups.tp, [int(e.receiver.poll()) for e in self.prealloc])
@@ -202,11 +191,12 @@ class DecodeDisaggregation:
         self._release_receiver(entry)
 
     def _release_receiver(self, entry: _Entry) -> None:
-        if self.manager is not None and not isinstance(entry.receiver, FakeKVReceiver):
-            self.manager.release(entry.receiver)
+        entry.receiver.release()
 
     # ------------------------------------------------------------------ aborts
-    def abort(self, rid: str, abort_all: bool, message: str) -> list[Req]:
+    def abort_queued(self, rid: str, abort_all: bool, message: str) -> list[Req]:
+        """Abort queued requests (prealloc / transfer); slots a prefill rank may still write into
+        are freed through the draining queue."""
         out: list[Req] = []
         for queue_name in ("prealloc", "transfer"):
             kept = []
@@ -230,7 +220,24 @@ class DecodeDisaggregation:
     def on_requeue(self, req: Req) -> None:
         """A retracted decode request is prefilled again locally (prompt + output): nothing to do."""
 
+    # ------------------------------------------------------------------ prefill-side hooks
+    def after_forward(self, batch: ScheduleBatch) -> None:
+        """KV moves towards this server, never from it."""
+
+    def take_over(self, req: Req, logprob: Optional[float], top: Optional[list]) -> bool:
+        return False  # requests finish here
+
+    def rooms_of(self, batch: ScheduleBatch) -> list:
+        return []  # a decode server runs no pipeline stages
+
+    def set_output_sink(self, sink: OutputSink) -> None:
+        """Requests are answered by the scheduler's steps."""
+
     # ------------------------------------------------------------------ info
+    @property
+    def busy(self) -> bool:
+        return bool(self.prealloc or self.transfer or self.draining)
+
     def internal_state(self) -> dict:
         return {
             "disaggregation_mode": "decode",

@@ -1,19 +1,64 @@
-"""Build the PD component a scheduler holds (None when --disaggregation-mode is null)."""
+"""Build a rank's PD pieces once, from the flags: the component its scheduler holds
+(`create_disaggregation`, by --disaggregation-mode), the KV sender of a later pipeline stage of a
+prefill server (`create_stage_transfer`), and for both the rank's one KV manager
+(`create_kv_manager`, by --disaggregation-transfer-backend: one of `BACKENDS`)."""
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Callable, Optional
 
+from sglang.srt.disaggregation.base.conn import BaseKVManager, KVBackend, KVManagerArgs
+from sglang.srt.disaggregation.bootstrap import HttpBootstrapClient
+from sglang.srt.disaggregation.common import kv_kind, pd_ip, pool_regions, rank_place
+from sglang.srt.disaggregation.component import Disaggregation, NullDisaggregation
 from sglang.srt.disaggregation.decode import DecodeDisaggregation
+from sglang.srt.disaggregation.fake.conn import FakeBackend
+from sglang.srt.disaggregation.mooncake.backend import MooncakeBackend
 from sglang.srt.disaggregation.prefill import PrefillDisaggregation
+from sglang.srt.disaggregation.prefill_stage import StagePrefillTransfer
 
-Disaggregation = Union[PrefillDisaggregation, DecodeDisaggregation]
+# --disaggregation-transfer-backend -> its backend (a new one: a folder implementing base/, added here)
+BACKENDS: dict[str, Callable[[], KVBackend]] = {"mooncake": MooncakeBackend, "fake": FakeBackend}
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 
 
-def create_disaggregation(server_args, groups, runner, cache) -> Optional[Disaggregation]:
+def create_disaggregation(server_args, groups, runner, cache) -> Disaggregation:
     mode = server_args.disaggregation_mode
     if mode == "prefill":
-        return PrefillDisaggregation(server_args, groups, runner, cache)
+        manager = create_kv_manager("prefill", server_args, groups, runner)
+        return PrefillDisaggregation(groups, runner, cache, manager, FakeBackend().prefill_manager())
     if mode == "decode":
-        return DecodeDisaggregation(server_args, groups, runner, cache)
-    return None
+        manager = create_kv_manager("decode", server_args, groups, runner)
+        return DecodeDisaggregation(server_args, groups, runner, cache, manager, FakeBackend().decode_manager())
+    return NullDisaggregation()
+
+
+def create_stage_transfer(server_args, groups, runner) -> Optional[StagePrefillTransfer]:
+    """A prefill server's pipeline stage k > 0: what sends this stage's layers' KV (None on other
+    servers, and with a backend that moves no KV)."""
+    if server_args.disaggregation_mode != "prefill" or not BACKENDS[server_args.disaggregation_transfer_backend]().moves_kv:
+        return None
+    return StagePrefillTransfer(runner, create_kv_manager("prefill", server_args, groups, runner))
+
+
+def create_kv_manager(side: str, server_args, groups, runner) -> BaseKVManager:
+    """The one place a rank's KV manager is built (and started): `side` "prefill" or "decode"."""
+    backend = BACKENDS[server_args.disaggregation_transfer_backend]()
+    args = kv_manager_args(side, server_args, groups, runner)
+    return backend.prefill_manager(args) if side == "prefill" else backend.decode_manager(args)
+
+
+def kv_manager_args(side: str, server_args, groups, runner) -> KVManagerArgs:
+    place = rank_place(groups)
+    pool = runner.token_to_kv_pool
+    bootstrap_url = ""
+    if side == "prefill":  # this server's bootstrap server (started by the entrypoint)
+        host = "127.0.0.1" if server_args.host in WILDCARD_HOSTS else server_args.host
+        bootstrap_url = f"http://{host}:{server_args.disaggregation_bootstrap_port}"
+    return KVManagerArgs(
+        place=place, ip=pd_ip(server_args.host),
+        regions=pool_regions(pool, runner.model_config.num_key_value_heads, place),
+        kv_dtype=str(pool.dtype).replace("torch.", ""), page_size=server_args.page_size, kv_kind=kv_kind(pool),
+        start_layer=pool.start_layer, end_layer=pool.end_layer, ib_device=server_args.disaggregation_ib_device,
+        bootstrap=HttpBootstrapClient(), bootstrap_url=bootstrap_url,
+    )  # fmt: skip

@@ -14,16 +14,16 @@ import logging
 import threading
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Optional
 
 import numpy as np
 
-from sglang.srt.disaggregation.common import agree, kv_kind, make_data_plane, pd_ip, pool_regions, rank_place
-from sglang.srt.disaggregation.conn import PrefillKVManager
-from sglang.srt.disaggregation.fake import FakeKVSender
-from sglang.srt.disaggregation.kv_poll import KVPoll
-from sglang.srt.disaggregation.messages import FAKE_BOOTSTRAP_HOST, FirstToken
-from sglang.srt.managers.io_struct import BatchTokenIDOut
+from sglang.srt.disaggregation.base.conn import BaseKVSender, BasePrefillKVManager
+from sglang.srt.disaggregation.base.kv_poll import KVPoll
+from sglang.srt.disaggregation.base.messages import FirstToken
+from sglang.srt.disaggregation.common import agree, rank_place
+from sglang.srt.disaggregation.component import HELD, Admission, Disaggregation, Moves, OutputSink
+from sglang.srt.disaggregation.messages import FAKE_BOOTSTRAP_HOST
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 from sglang.srt.managers.scheduler_output import build_token_id_out
 
@@ -35,42 +35,29 @@ RECENT_TRANSFERS = 64  # transfer records kept for internal_state (tests, benchm
 @dataclass
 class _Entry:
     req: Req
-    sender: Any  # KVSender | FakeKVSender
+    sender: BaseKVSender
     sent: int = 0  # prompt positions handed to the sender
     taken_over: bool = False  # first token sampled, the last chunk handed over
     answered: bool = False  # its finished output went to the detokenizer (early or by `step`)
 
 
-class PrefillDisaggregation:
-    """Scheduler hooks: `admit`, `step`, `after_forward`, `take_over`, `abort`, `on_abort`."""
+class PrefillDisaggregation(Disaggregation):
+    """`manager`: the transfer backend's (factory.py); `local_manager`: the fake backend's, for
+    requests served without a peer (bootstrap host FAKE_BOOTSTRAP_HOST)."""
 
-    def __init__(self, server_args, groups, runner, cache, bootstrap_url: Optional[str] = None):
-        self.server_args = server_args
+    def __init__(self, groups, runner, cache, manager: BasePrefillKVManager, local_manager: BasePrefillKVManager):
         self.groups = groups
         self.cache = cache
         self.req_to_token = runner.req_to_token_pool.req_to_token
         self.page = runner.kv_page_size
         self.cp_mapping = runner.cp.mapping if runner.cp is not None else None
         self.place = rank_place(groups)
-        pool = runner.token_to_kv_pool
-        self.regions = pool_regions(pool, runner.model_config.num_key_value_heads, self.place)
-        self.fake_only = server_args.disaggregation_transfer_backend == "fake"
-        self.manager: Optional[PrefillKVManager] = None
-        if not self.fake_only:
-            ip = pd_ip(server_args.host)
-            plane = make_data_plane("mooncake", ip, server_args.disaggregation_ib_device, self.regions)
-            if bootstrap_url is None:
-                host = "127.0.0.1" if server_args.host in ("0.0.0.0", "::", "") else server_args.host
-                bootstrap_url = f"http://{host}:{server_args.disaggregation_bootstrap_port}"
-            info = dict(page_size=server_args.page_size, kv_kind=kv_kind(pool),
-                        start_layer=pool.start_layer, end_layer=pool.end_layer)  # fmt: skip
-            self.manager = PrefillKVManager(self.place, ip, self.regions, plane, str(pool.dtype).replace("torch.", ""),
-                                            info, bootstrap_url)  # fmt: skip
-            self.manager.start()
+        self.manager = manager
+        self.local_manager = local_manager
         self.entries: dict[str, _Entry] = {}
-        self.by_room: dict[int, _Entry] = {}  # Mooncake rooms (the recv thread's early answers)
+        self.by_room: dict[int, _Entry] = {}  # rooms that move KV (the recv thread's early answers)
         self.answer_lock = threading.Lock()  # `answered` is decided by one thread
-        self.output_sink: Optional[Callable[[BatchTokenIDOut], None]] = None
+        self.output_sink: Optional[OutputSink] = None
         self.num_early_answers = 0
         self.bootstrap_queue: list[_Entry] = []
         self.inflight: list[_Entry] = []
@@ -78,33 +65,28 @@ class PrefillDisaggregation:
         self.num_failed = 0
 
     # ------------------------------------------------------------------ admission
-    def admit(self, req: Req, recv) -> Optional[str]:
-        """Take a new request into the bootstrap queue; an error message when it cannot be served."""
+    def admit(self, req: Req, recv) -> Admission:
+        """Take a new request into the bootstrap queue, or refuse it."""
         room, host = recv.bootstrap_room, recv.bootstrap_host
         if room is None or host is None:
-            return ("this server runs --disaggregation-mode prefill: a request needs bootstrap_host, "
-                    "bootstrap_port and bootstrap_room (send it through sglang-router)")  # fmt: skip
-        if self.fake_only or host == FAKE_BOOTSTRAP_HOST:
-            sender = FakeKVSender(room)
-        else:
-            try:
-                sender = self.manager.create_sender(room)
-            except ValueError as err:
-                return str(err)
+            return Admission(error="this server runs --disaggregation-mode prefill: a request needs bootstrap_host, "
+                             "bootstrap_port and bootstrap_room (send it through sglang-router)")  # fmt: skip
+        manager = self.local_manager if host == FAKE_BOOTSTRAP_HOST else self.manager
+        try:
+            sender = manager.create_sender(room)
+        except ValueError as err:
+            return Admission(error=str(err))
         entry = _Entry(req, sender)
         self.entries[req.rid] = entry
-        if not isinstance(sender, FakeKVSender):
+        if sender.transfers_kv:
             self.by_room[sender.room] = entry
         self.bootstrap_queue.append(entry)
-        return None
-
-    @property
-    def busy(self) -> bool:
-        return bool(self.bootstrap_queue or self.inflight)
+        return HELD
 
     # ------------------------------------------------------------------ each scheduler step
-    def step(self) -> tuple[list[Req], list[Req]]:
-        """(requests ready to prefill, requests finished or failed here: KV released, reason set)."""
+    def step(self, running: list[Req]) -> Moves:
+        """Requests ready to prefill (to the scheduler's waiting list); requests finished or failed
+        here (KV released, reason set)."""
         ready: list[Req] = []
         done: list[Req] = []
         if self.bootstrap_queue:
@@ -137,12 +119,12 @@ class PrefillDisaggregation:
                 else:
                     keep.append(entry)
             self.inflight = keep
-        return ready, done
+        return Moves(to_waiting=ready, finished=done)
 
     def rooms_of(self, batch: ScheduleBatch) -> list:
         """The bootstrap room of each item (None: not a PD request); [] when there is none."""
         senders = [self.entries[it.req.rid].sender if it.req.rid in self.entries else None for it in batch.items]
-        rooms = [None if s is None or isinstance(s, FakeKVSender) else s.room for s in senders]
+        rooms = [s.room if s is not None and s.transfers_kv else None for s in senders]
         return rooms if any(r is not None for r in rooms) else []
 
     def after_forward(self, batch: ScheduleBatch) -> None:
@@ -180,16 +162,15 @@ class PrefillDisaggregation:
         return True
 
     # ------------------------------------------------------------------ early answers
-    def set_output_sink(self, sink: Callable[[BatchTokenIDOut], None]) -> None:
+    def set_output_sink(self, sink: OutputSink) -> None:
         """Entry rank: answer a request the moment the decode side confirms its KV, from the
         transfer manager's recv thread through `sink` (that thread's own socket to the
         detokenizer), rather than at the scheduler's next step, which can be a long prefill chunk
         away. sglang-router streams the decode side's tokens only once the prefill side has
         answered, so this is the short requests' time to first token. The scheduler still frees
         the KV at its next step."""
-        if self.manager is not None:
-            self.output_sink = sink
-            self.manager.on_success = self._on_transfer_success
+        self.output_sink = sink
+        self.manager.set_success_callback(self._on_transfer_success)
 
     def _on_transfer_success(self, room: int) -> None:
         """(recv thread)"""
@@ -208,7 +189,7 @@ class PrefillDisaggregation:
             logger.exception("PD room %d: the early answer could not be sent", room)
 
     # ------------------------------------------------------------------ aborts
-    def abort(self, rid: str, abort_all: bool, message: str) -> list[Req]:
+    def abort_queued(self, rid: str, abort_all: bool, message: str) -> list[Req]:
         """Abort queued requests (bootstrap / inflight); returns them with their KV released."""
         out: list[Req] = []
         for queue_name in ("bootstrap_queue", "inflight"):
@@ -260,12 +241,15 @@ class PrefillDisaggregation:
 
     def _forget(self, entry: _Entry) -> None:
         self.entries.pop(entry.req.rid, None)
-        if not isinstance(entry.sender, FakeKVSender):
+        if entry.sender.transfers_kv:
             self.by_room.pop(entry.sender.room, None)
-        if self.manager is not None and not isinstance(entry.sender, FakeKVSender):
-            self.manager.release(entry.sender)
+        entry.sender.release()
 
     # ------------------------------------------------------------------ info
+    @property
+    def busy(self) -> bool:
+        return bool(self.bootstrap_queue or self.inflight)
+
     def internal_state(self) -> dict:
         return {
             "disaggregation_mode": "prefill",

@@ -1,7 +1,7 @@
 """PD on a prefill server's pipeline stage k > 0: send this stage's layers' KV of every chunk.
 
 Later stages hold no requests (managers/pp/stage.py); each micro-batch says which of its items are
-PD requests (`StageBatch.pd_rooms`). This component keeps one `KVSender` per room on this rank:
+PD requests (`StageBatch.pd_rooms`). This component keeps one KV sender per room on this rank:
 after the stage's forward of a micro-batch it hands over each PD item's new positions (page
 aligned; all of them on the item's last chunk, the one that samples) and, after the last chunk,
 its `TransferDone`. Stage 0 decides everything else: it holds the request until the decode side
@@ -16,29 +16,20 @@ from typing import Optional
 
 import numpy as np
 
-from sglang.srt.disaggregation.common import kv_kind, make_data_plane, pd_ip, pool_regions, rank_place
-from sglang.srt.disaggregation.conn import KVSender, PrefillKVManager
-from sglang.srt.disaggregation.kv_poll import KVPoll
+from sglang.srt.disaggregation.base.conn import BaseKVSender, BasePrefillKVManager
+from sglang.srt.disaggregation.base.kv_poll import KVPoll
 
 logger = logging.getLogger(__name__)
 
 
 class StagePrefillTransfer:
-    def __init__(self, server_args, groups, runner):
-        self.place = rank_place(groups)
+    """`manager`: this rank's transfer manager (factory.create_stage_transfer builds it)."""
+
+    def __init__(self, runner, manager: BasePrefillKVManager):
         self.req_to_token = runner.req_to_token_pool.req_to_token
         self.page = runner.kv_page_size
-        pool = runner.token_to_kv_pool
-        regions = pool_regions(pool, runner.model_config.num_key_value_heads, self.place)
-        ip = pd_ip(server_args.host)
-        plane = make_data_plane("mooncake", ip, server_args.disaggregation_ib_device, regions)
-        host = "127.0.0.1" if server_args.host in ("0.0.0.0", "::", "") else server_args.host
-        info = dict(page_size=server_args.page_size, kv_kind=kv_kind(pool),
-                    start_layer=pool.start_layer, end_layer=pool.end_layer)  # fmt: skip
-        self.manager = PrefillKVManager(self.place, ip, regions, plane, str(pool.dtype).replace("torch.", ""), info,
-                                        f"http://{host}:{server_args.disaggregation_bootstrap_port}")  # fmt: skip
-        self.manager.start()
-        self.senders: dict[int, tuple[KVSender, list]] = {}  # room -> (sender, [positions sent])
+        self.manager = manager
+        self.senders: dict[int, tuple[BaseKVSender, list]] = {}  # room -> (sender, [positions sent])
 
     def after_forward(self, batch) -> None:
         """`batch`: the StageBatch this stage just ran."""
@@ -68,4 +59,4 @@ class StagePrefillTransfer:
     def _release_finished(self) -> None:
         for room in [r for r, (s, _) in self.senders.items() if s.poll() in (KVPoll.Success, KVPoll.Failed)]:
             sender, _ = self.senders.pop(room)
-            self.manager.release(sender)
+            sender.release()

@@ -8,6 +8,9 @@
   stage and makes this replica run an IDLE forward when it has no tokens but another has.
 - `SchedulerWatchdog` sees forward progress (`--watchdog-timeout`) and, once the process starts
   its thread, sends heartbeats with the latest state snapshot to the tokenizer manager.
+- `Disaggregation` (PD; disaggregation/component.py) holds a prefill or decode server's transfer
+  queues; a normal server's does nothing. The scheduler calls it at fixed points: `admit`,
+  `step` (`disagg_step`), `after_forward`, `take_over`, `abort_queued` / `on_abort`, `on_requeue`.
 
 The same object runs in-process (tests, benchmarks) through `add_request` / `step`. Its loop is
 `event_loop`; with pipeline parallelism stage 0's `managers/pp/driver.py` drives it instead (the
@@ -22,6 +25,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Callable, Optional
 
+from sglang.srt.disaggregation.component import Disaggregation
 from sglang.srt.disaggregation.factory import create_disaggregation
 from sglang.srt.distributed.parallel_state import ParallelGroups
 from sglang.srt.managers.cache_manager import KVCacheManager
@@ -119,9 +123,9 @@ class Scheduler:
         self.watchdog = SchedulerWatchdog(
             server_args.watchdog_timeout, rank=self.groups.world_rank, dp_rank=self.groups.dp_rank
         )
-        # PD disaggregation (--disaggregation-mode prefill / decode): the component holding the
-        # transfer queues; None on a normal server (disaggregation/README.md).
-        self.disagg = create_disaggregation(server_args, self.groups, self.runner, self.cache)
+        # PD disaggregation: the transfer queues of a prefill / decode server; no-ops on a normal
+        # server (disaggregation/README.md).
+        self.disagg: Disaggregation = create_disaggregation(server_args, self.groups, self.runner, self.cache)
 
     # ------------------------------------------------------------------ info
     def ready_info(self) -> SchedulerReadyInfo:
@@ -151,12 +155,12 @@ class Scheduler:
             **self.runner.kv_state(self.cache.free_slots()),  # cp size, physical KV pool / usage per rank
             **(self.dp.state() if self.dp is not None else {}),
             **(self.extra_state() if self.extra_state is not None else {}),
-            **(self.disagg.internal_state() if self.disagg is not None else {}),
+            **self.disagg.internal_state(),
         }
 
     @property
     def has_work(self) -> bool:
-        return bool(self.running or self.waiting) or (self.disagg is not None and self.disagg.busy)
+        return bool(self.running or self.waiting) or self.disagg.busy
 
     def load_report(self) -> Optional[DPLoadReport]:
         """This replica's load for the DP controller, when it changed since the last report."""
@@ -209,10 +213,11 @@ class Scheduler:
         error, status = self._validate(req), 400
         if error is None and self._queue_full():
             error, status = self._queue_full_message(), 503
-        if not error and self.disagg is not None:  # PD: the request waits in the transfer queues first
-            error = self.disagg.admit(req, recv)
-            if not error:
+        if not error:
+            admission = self.disagg.admit(req, recv)  # PD: the request waits in the transfer queues first
+            if admission.held:
                 return req
+            error = admission.error
         if error:
             # `status_code`: the tokenizer manager turns it into that HTTP status
             req.finished_reason = {"type": "abort", "message": error, "status_code": status}
@@ -243,12 +248,10 @@ class Scheduler:
                 f"(--max-queued-requests {limit}); retry later")  # fmt: skip
 
     def abort(self, msg: AbortReq):
-        if self.disagg is not None:  # PD: requests in the transfer queues
-            self._pending_outputs += self.disagg.abort(msg.rid, msg.abort_all, msg.message)
+        self._pending_outputs += self.disagg.abort_queued(msg.rid, msg.abort_all, msg.message)  # PD queues
         targets = [r for r in self.waiting + self.running if msg.abort_all or r.rid == msg.rid]
         for req in targets:
-            if self.disagg is not None:
-                self.disagg.on_abort(req, msg.message)
+            self.disagg.on_abort(req, msg.message)
             req.finished_reason = {"type": "abort", "message": msg.message}
             if req in self.waiting:
                 self.waiting.remove(req)
@@ -268,8 +271,7 @@ class Scheduler:
     def step(self) -> Optional[BatchTokenIDOut]:
         """Run one forward step (if there is work) and return the outputs due. With attention DP
         every replica of the stage calls it each iteration (it joins the lockstep agreement)."""
-        if self.disagg is not None:
-            self.disagg_step()
+        self.disagg_step()
         if self.dp is not None:
             self._dp_step()
         elif self.has_work:
@@ -296,18 +298,16 @@ class Scheduler:
     def disagg_step(self) -> None:
         """PD: move requests between the transfer queues and the scheduler's lists (every loop
         calls it once per iteration on every rank of the stage: it agrees on poll results)."""
-        if self.server_args.disaggregation_mode == "prefill":
-            ready, done = self.disagg.step()
-            self.waiting.extend(ready)
-        else:
-            ready, done = self.disagg.step(self.running)
-            for req in ready:  # the KV and the first token arrived: decode from here
-                req.check_finished(self.eos_token_ids, self.tokenizer, self.context_len)
-                if req.finished:
-                    self.cache.release(req)
-                    done.append(req)
-                else:
-                    self.running.append(req)
+        moves = self.disagg.step(self.running)
+        self.waiting.extend(moves.to_waiting)
+        done = list(moves.finished)
+        for req in moves.to_running:  # the KV and the first token arrived: decode from here
+            req.check_finished(self.eos_token_ids, self.tokenizer, self.context_len)
+            if req.finished:
+                self.cache.release(req)
+                done.append(req)
+            else:
+                self.running.append(req)
         self._pending_outputs += done
         if self.disagg.busy and not (self.running or self.waiting or done):
             time.sleep(0.002)  # only transfers pending: poll them without spinning a core
@@ -380,8 +380,7 @@ class Scheduler:
     def _requeue(self, req: Req) -> None:
         self.running.remove(req)
         self.cache.release(req)
-        if self.disagg is not None:
-            self.disagg.on_requeue(req)  # PD prefill: its KV is sent again after re-admission
+        self.disagg.on_requeue(req)  # PD prefill: its KV is sent again after re-admission
         self.waiting.insert(0, req)
 
     def process_result(self, batch: ScheduleBatch, result: ForwardResult) -> None:
@@ -389,8 +388,7 @@ class Scheduler:
         self.watchdog.step_finished()
         if self.on_step_result is not None:
             self.on_step_result(batch, result)
-        if self.disagg is not None and self.server_args.disaggregation_mode == "prefill":
-            self.disagg.after_forward(batch)  # PD: this chunk's KV starts moving now
+        self.disagg.after_forward(batch)  # PD prefill: this chunk's KV starts moving now
         sampled = 0
         for item in batch.items:
             req = item.req
@@ -417,12 +415,11 @@ class Scheduler:
                 req.output_token_logprobs.append((result.logprobs[row], token))
                 if req.top_logprobs_num and result.top_logprobs is not None:
                     req.output_top_logprobs.append(result.top_logprobs[row])
-            if self.disagg is not None and self.server_args.disaggregation_mode == "prefill":
-                top = result.top_logprobs[row] if req.top_logprobs_num and result.top_logprobs is not None else None
-                lp = result.logprobs[row] if req.return_logprob and result.logprobs is not None else None
-                if self.disagg.take_over(req, lp, top):  # PD: the decode server continues it
-                    self.running.remove(req)
-                    continue
+            top = result.top_logprobs[row] if req.top_logprobs_num and result.top_logprobs is not None else None
+            lp = result.logprobs[row] if req.return_logprob and result.logprobs is not None else None
+            if self.disagg.take_over(req, lp, top):  # PD prefill: the decode server continues it
+                self.running.remove(req)
+                continue
             req.check_finished(self.eos_token_ids, self.tokenizer, self.context_len)
             if req.finished:
                 self.running.remove(req)

@@ -48,8 +48,8 @@ def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, rank: in
             lockstep = DPLockstep(groups) if groups.layout.attn_dp > 1 else None
             scheduler = Scheduler(server_args, groups=groups, tokenizer=tokenizer, dp_lockstep=lockstep)
             io = SchedulerIO(port_args, groups.dp_rank, groups.layout.attn_dp) if groups.is_replica_entry else None
-            if io is not None and scheduler.disagg is not None and server_args.disaggregation_mode == "prefill":
-                scheduler.disagg.set_output_sink(ThreadOutputSender(port_args))
+            if io is not None:
+                scheduler.disagg.set_output_sink(ThreadOutputSender(port_args))  # PD prefill: early answers
             info = scheduler.ready_info()
     except Exception:
         pipe_writer.send({"status": "error", "error": traceback.format_exc()})

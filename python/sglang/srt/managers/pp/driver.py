@@ -163,8 +163,7 @@ class PPDriver:
         self.scheduler.apply_messages(packet.msgs, self.io)
         for out in packet.outputs:
             self._apply_output(out)
-        if self.scheduler.disagg is not None:
-            self.scheduler.disagg_step()  # PD: transfer queues <-> the scheduler's lists
+        self.scheduler.disagg_step()  # PD: transfer queues <-> the scheduler's lists
         room = len(self.inflight) < self.ring_size
         launch_ok = room and self.scheduler.has_work
         if self.dp is not None:  # launch and halt together with the other replicas or not at all
@@ -284,13 +283,11 @@ class PPDriver:
             self.stats.overlapped += 1
         msg.ring_was_empty = not self.inflight
         disagg = self.scheduler.disagg
-        if disagg is not None:  # PD prefill: later stages send their layers' KV of these rooms
-            msg.pd_rooms = disagg.rooms_of(batch)
+        msg.pd_rooms = disagg.rooms_of(batch)  # PD prefill: later stages send their layers' KV of these rooms
         with self.tracer.span("forward", **msg.trace_args(0)) as fwd:
             msg.launched_at = fwd.start
             proxies = forward()
-        if disagg is not None:
-            disagg.after_forward(batch)  # PD prefill: stage 0's layers of this chunk start moving
+        disagg.after_forward(batch)  # PD prefill: stage 0's layers of this chunk start moving
         self.meter.busy(fwd.duration)
         msg.stage_forward_s.append(fwd.duration)
         msg.stage_bubble.append(self.meter.ratio())

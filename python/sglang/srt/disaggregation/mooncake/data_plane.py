@@ -11,7 +11,9 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Protocol, Sequence
+from typing import Optional, Protocol, Sequence
+
+from sglang.srt.mem_cache.transfer_layout import KVRegion, registration_ranges
 
 logger = logging.getLogger(__name__)
 
@@ -95,3 +97,12 @@ class MooncakeDataPlane:
             cap = max(MIN_BATCH_ENTRIES, size // 2)
             size = MIN_BATCH_ENTRIES  # small batches pass while the queue drains; grow again up to `cap`
         return 0
+
+
+def start_data_plane(ip: str, ib_device: Optional[str], regions: Sequence[KVRegion]) -> MooncakeDataPlane:
+    """A transfer engine on `ip` with this rank's whole KV pool registered once."""
+    plane = MooncakeDataPlane(ip, ib_device)
+    plane.register(registration_ranges(regions))
+    logger.info("PD: mooncake %s transfer engine at %s, %d KV buffers registered (%.1f MB)",
+                plane.protocol, plane.session_id, len(regions), sum(r.nbytes for r in regions) / 2**20)  # fmt: skip
+    return plane

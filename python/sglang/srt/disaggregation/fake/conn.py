@@ -13,16 +13,29 @@ from typing import Optional
 
 import numpy as np
 
-from sglang.srt.disaggregation.kv_poll import KVPoll, TransferState
-from sglang.srt.disaggregation.messages import FirstToken
+from sglang.srt.disaggregation.base.conn import (
+    BaseDecodeKVManager,
+    BaseKVReceiver,
+    BaseKVSender,
+    BasePrefillKVManager,
+    KVBackend,
+    KVManagerArgs,
+    SuccessCallback,
+)
+from sglang.srt.disaggregation.base.kv_poll import KVPoll, TransferState
+from sglang.srt.disaggregation.base.messages import FirstToken
 
 
-class FakeKVSender:
+class FakeKVSender(BaseKVSender):
     def __init__(self, room: int):
         self.room = room
         self.state = TransferState(room, KVPoll.WaitingForInput)
         self.records: list = []
         self.nbytes = 0
+
+    @property
+    def transfers_kv(self) -> bool:
+        return False
 
     def poll(self) -> KVPoll:
         return self.state.poll()
@@ -42,13 +55,20 @@ class FakeKVSender:
     def transfer_metric(self) -> dict:
         return {"room": self.room, "bytes": 0, "chunks": []}
 
+    def release(self) -> None:
+        """Nothing is held for the room."""
 
-class FakeKVReceiver:
+
+class FakeKVReceiver(BaseKVReceiver):
     def __init__(self, room: int):
         self.room = room
         self.state = TransferState(room)
         self.first_token: Optional[FirstToken] = None
         self.initialized = False
+
+    @property
+    def transfers_kv(self) -> bool:
+        return False
 
     def init(self) -> None:
         self.initialized = True
@@ -72,3 +92,45 @@ class FakeKVReceiver:
     @property
     def drained(self) -> bool:
         return True
+
+    def release(self) -> None:
+        """Nothing is held for the room."""
+
+
+class FakePrefillKVManager(BasePrefillKVManager):
+    """No threads, no peers: every room gets a `FakeKVSender` (never confirmed early)."""
+
+    def start(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def create_sender(self, room: int) -> FakeKVSender:
+        return FakeKVSender(room)
+
+    def set_success_callback(self, callback: SuccessCallback) -> None:
+        """Fake rooms succeed at the scheduler's next poll: no early confirmation."""
+
+
+class FakeDecodeKVManager(BaseDecodeKVManager):
+    def start(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def create_receiver(self, room: int, bootstrap_url: str) -> FakeKVReceiver:
+        return FakeKVReceiver(room)
+
+
+class FakeBackend(KVBackend):
+    @property
+    def moves_kv(self) -> bool:
+        return False
+
+    def prefill_manager(self, args: Optional[KVManagerArgs] = None) -> FakePrefillKVManager:
+        return FakePrefillKVManager()
+
+    def decode_manager(self, args: Optional[KVManagerArgs] = None) -> FakeDecodeKVManager:
+        return FakeDecodeKVManager()

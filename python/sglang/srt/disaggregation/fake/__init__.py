@@ -1,0 +1,1 @@
+"""The fake transfer backend: the KVPoll state machine without peers or data (conn.py)."""
