@@ -446,8 +446,9 @@ def test_variants_a_cpu_runs():
     assert {"-mavx2", "-mfma", "-mf16c"} <= set(avx2.cflags) and not any("avx512" in f or "amx" in f for f in avx2.cflags)
     assert set(avx2.cpu_flags) == {"avx2", "fma", "f16c"}
     assert not any(f.startswith("-m") and f != "-march=x86-64" for f in isa.variant("generic", x86).cflags)
-    assert isa.variant("avx512", x86).sources == (isa.OPS_SOURCE, isa.VEC_SOURCE, isa.AMX_SOURCE)
-    assert isa.variant("avx2", x86).sources == isa.variant("generic", x86).sources == (isa.OPS_SOURCE, isa.VEC_SOURCE)
+    common = (isa.OPS_SOURCE, isa.VEC_SOURCE, isa.LINEAR_SOURCE)
+    assert isa.variant("avx512", x86).sources == common + (isa.AMX_SOURCE,)
+    assert isa.variant("avx2", x86).sources == isa.variant("generic", x86).sources == common
     with pytest.raises(ValueError, match="unknown CPU kernel variant"):
         isa.variant("sse9", x86)
 

@@ -4,14 +4,14 @@
 A bf16 model's LM head otherwise returns bf16 logits: at logit magnitudes of 16-32 bf16 keeps
 steps of 0.125, so two candidate tokens a tenth of a logprob apart can come out tied and the tie
 goes to the lower token id (the default model's answer to `make demo` on AVX-512 CPUs without BF16
-changed that way). Here the hidden states are taken in float32, the products accumulated in float32
-and the logits returned in float32; bf16 weights are widened exactly (no float32 copy is kept).
+changed that way). Here the hidden states are taken in float32, the products summed in float32 and
+the logits returned in float32; bf16 weights are widened exactly (no float32 copy is kept).
 
-- CPU, up to `KERNEL_MAX_ROWS` rows (decode steps, the last rows of prefills): the fused kernel
-  `linear_f32out` (kernels/cpu/csrc/linear_f32out.cpp) reads each weight row once for all rows, so
-  it costs the bytes of a bf16 GEMM.
-- Otherwise (many rows: prompt logprobs; devices without the kernel): blocks of `BLOCK_ROWS`
-  weight rows are widened to float32 and multiplied, so memory stays bounded.
+- CPU with the fused kernels: the bf16 weight is packed once after loading (`pack_bf16_pairs`,
+  the same bytes as the packed bf16 GEMM weight it replaces) and `linear_f32out_packed`
+  (kernels/cpu/csrc/linear_f32out_packed.cpp) runs the vocabulary along the vector lanes.
+- Otherwise (other devices, no kernels): blocks of `BLOCK_ROWS` weight rows are widened to float32
+  and multiplied, so memory stays bounded.
 A float32 weight is used as it is (a float32 model's bf16 weight copies are not used for logits).
 """
 
@@ -24,24 +24,35 @@ import torch.nn.functional as F
 
 from sglang.srt.kernels.dispatch import fused_ops
 
-KERNEL_MAX_ROWS = 32
 BLOCK_ROWS = 8192
+PACK_ROWS = 32  # weight rows per packed block (the kernel's two 16-lane halves)
 
 
-def float32_out_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """x [..., K] . weight [N, K]^T (+ bias) -> [..., N] float32."""
-    x2 = x.reshape(-1, x.shape[-1])
+def pack_bf16_pairs(weight: torch.Tensor) -> torch.Tensor:
+    """bf16 [N, K] -> int32 [ceil(N / 32), K, 16]: lane l of block b at column k holds row 32b + l
+    in its low 16 bits and row 32b + 16 + l in its high 16 bits (rows past N are zero)."""
+    n, k = weight.shape
+    blocks = -(-n // PACK_ROWS)
+    padded = torch.zeros(blocks * PACK_ROWS, k, dtype=torch.bfloat16, device=weight.device)
+    padded[:n] = weight
+    bits = padded.view(torch.int16).to(torch.int32) & 0xFFFF
+    halves = bits.view(blocks, 2, PACK_ROWS // 2, k)
+    return ((halves[:, 1] << 16) | halves[:, 0]).transpose(1, 2).contiguous()
+
+
+def float32_out_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, packed: Optional[torch.Tensor] = None
+) -> torch.Tensor:
+    """x [..., K] . weight [N, K]^T (+ bias) -> [..., N] float32; `packed`: pack_bf16_pairs(weight)
+    where the CPU kernel serves it."""
+    x2 = x.reshape(-1, x.shape[-1]).float()
     bias32 = None if bias is None else bias.float()
-    n = x2.shape[0]
     if weight.dtype == torch.float32:
-        out = F.linear(x2.float(), weight, bias32)
+        out = F.linear(x2, weight, bias32)
+    elif packed is not None and x2.shape[0] > 0:
+        out = fused_ops(weight).linear_f32out_packed(x2.contiguous(), packed, weight.shape[0], bias32)
     else:
-        ops = fused_ops(weight)
-        kernel = getattr(ops, "linear_f32out", None) if ops is not None else None
-        if kernel is not None and 0 < n <= KERNEL_MAX_ROWS and weight.stride(-1) == 1:
-            out = kernel(x2.contiguous(), weight, bias32)
-        else:
-            out = _blocked(x2.float(), weight, bias32)
+        out = _blocked(x2, weight, bias32)
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
@@ -53,12 +64,21 @@ def _blocked(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]
     return out
 
 
+def float32_logits_packing(weight: torch.Tensor) -> Optional[torch.Tensor]:
+    """The packed weight for the CPU kernel, or None where it does not serve this weight."""
+    ops = fused_ops(weight)
+    if weight.dtype != torch.bfloat16 or weight.dim() != 2 or ops is None or not hasattr(ops, "linear_f32out_packed"):
+        return None
+    return pack_bf16_pairs(weight.detach())
+
+
 def use_float32_logits(model: torch.nn.Module, server_args, platform) -> bool:
-    """Switch every LM head of `model` (the modules with a `float32_logits` switch:
+    """Switch every LM head of `model` (the modules with a `set_float32_logits` switch:
     vocab_embedding.ParallelLMHead) to float32 logits where the flags / platform ask for it;
     returns whether they did."""
     on = server_args.enable_fp32_lm_head or (platform.float32_logits_by_default and not server_args.disable_fp32_lm_head)
-    for module in model.modules():
-        if hasattr(module, "float32_logits"):
-            module.float32_logits = on
+    if on:
+        for module in model.modules():
+            if hasattr(module, "set_float32_logits"):
+                module.set_float32_logits(float32_logits_packing(module.weight))
     return on

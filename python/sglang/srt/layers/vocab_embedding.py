@@ -96,6 +96,7 @@ class ParallelLMHead(VocabParallelEmbedding):
             self.register_parameter("bias", None)
         self.packed_weight = None  # set once after loading where the platform packs weights
         self.float32_logits = False
+        self.float32_packed: Optional[torch.Tensor] = None
 
     def _bias_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id=None) -> None:
         start = min(self.vocab_start_index, self.num_embeddings)
@@ -113,11 +114,19 @@ class ParallelLMHead(VocabParallelEmbedding):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # pragma: no cover - guard
         raise RuntimeError("ParallelLMHead is not an embedding lookup; call compute_logits(hidden_states)")
 
+    def set_float32_logits(self, packed: Optional[torch.Tensor] = None) -> None:
+        """Logits in float32 from now on; `packed`: the weight packed for the CPU kernel, which
+        replaces the packed bf16 GEMM copy (the same bytes)."""
+        self.float32_logits = True
+        self.float32_packed = packed
+        if packed is not None:
+            self.packed_weight = None
+
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """[n, hidden] -> [n, vocab] logits in the weight dtype, or float32 with `float32_logits`
         (gathered over tp ranks)."""
         if self.float32_logits:
-            logits = float32_out_linear(hidden_states, self.weight, self.bias)
+            logits = float32_out_linear(hidden_states, self.weight, self.bias, self.float32_packed)
         else:
             logits = linear(hidden_states, self.weight, self.bias, self.packed_weight)
         if self.tp_size > 1:

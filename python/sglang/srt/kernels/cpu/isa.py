@@ -20,7 +20,7 @@ from typing import Iterable, Optional
 PACKAGE = "sglang.srt.kernels.cpu"
 CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
 OPS_SOURCE, AMX_SOURCE, VEC_SOURCE = "sglang_cpu_ops.cpp", "prefill_attention_amx.cpp", "prefill_attention_vec.cpp"
-LINEAR_SOURCE = "linear_f32out.cpp"
+LINEAR_SOURCE = "linear_f32out_packed.cpp"
 COMMON_CFLAGS = ("-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math")
 COMMON_LDFLAGS = ("-fopenmp",)
 

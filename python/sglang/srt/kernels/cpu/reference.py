@@ -82,6 +82,12 @@ def prefill_attention(
     return out
 
 
-def linear_f32out(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """x [n, K] . w [N, K]^T (+ bias) in float32 (bf16 operands widened exactly)."""
-    return F.linear(x.float(), w.float(), None if bias is None else bias.float())
+
+def linear_f32out_packed(x: torch.Tensor, packed: torch.Tensor, N: int, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """float32 x [n, K] . W^T (+ bias) in float32, W [N, K] bf16 rebuilt from its packed form
+    (int32 [ceil(N / 32), K, 16]: row 32b + l in the low half of lane l, row 32b + 16 + l in the high half)."""
+    blocks, K, _ = packed.shape
+    lo = (packed << 16).view(torch.float32)  # [blocks, K, 16]: rows 32b + l
+    hi = (packed & -65536).view(torch.float32)  # rows 32b + 16 + l
+    w = torch.stack([lo, hi], dim=1).permute(0, 1, 3, 2).reshape(blocks * 32, K)[:N]
+    return F.linear(x.float(), w, None if bias is None else bias.float())

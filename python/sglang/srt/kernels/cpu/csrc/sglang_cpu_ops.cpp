@@ -17,7 +17,7 @@
 //   rope              neox-layout rotary embedding of [T, H, D] rows (first `rot` dims)
 //   prefill_attention causal attention of a sequence's new tokens (after an optional cached prefix
 //                     read from the pool) on AMX tiles (prefill_attention_amx.cpp)
-//   linear_f32out     x . w^T accumulated and returned in float32 (linear_f32out.cpp: LM head)
+//   linear_f32out_packed  x . W^T in float32 from a packed bf16 W (linear_f32out_packed.cpp: LM head)
 //   prefill_attention_vec  the same in float32 on AVX2 / AVX-512 vectors, float32 or bf16 inputs,
 //                     head dim 64 / 128 (prefill_attention_vec.cpp: CPUs without AMX)
 
@@ -817,8 +817,9 @@ at::Tensor prefill_attention_vec(const at::Tensor& q, const at::Tensor& k, const
                                  const std::optional<at::Tensor>& k_cache, const std::optional<at::Tensor>& v_cache,
                                  const std::optional<at::Tensor>& prefix_slots, const std::optional<at::Tensor>& out);
 
-// linear_f32out.cpp (every variant): x . w^T in float32 from float32 / bf16 operands
-at::Tensor linear_f32out(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias);
+// linear_f32out_packed.cpp (every variant): x . W^T in float32 from a packed bf16 weight
+at::Tensor linear_f32out_packed(const at::Tensor& x, const at::Tensor& packed, int64_t N,
+                                const std::optional<at::Tensor>& bias);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("isa", []() { return std::string(SGL_ISA_NAME); }, "the instruction-set variant this module was built for");
@@ -833,9 +834,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "causal attention of one sequence's new tokens on AMX (bf16, head dim 64), over an optional cached prefix",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scale"), py::arg("k_cache") = py::none(),
         py::arg("v_cache") = py::none(), py::arg("prefix_slots") = py::none(), py::arg("out") = py::none());
-  m.def("linear_f32out", &linear_f32out,
-        "x [n, K] . w [N, K]^T (+ bias) in float32 for float32 / bf16 x and w, each weight row read once",
-        py::arg("x"), py::arg("w"), py::arg("bias") = py::none());
+  m.def("linear_f32out_packed", &linear_f32out_packed,
+        "float32 x [n, K] . W [N, K]^T (+ bias) in float32, W bf16 packed by pack_bf16_pairs (int32 [ceil(N/32), K, 16])",
+        py::arg("x"), py::arg("packed"), py::arg("N"), py::arg("bias") = py::none());
   m.def("prefill_attention_vec_supported", &prefill_attention_vec_supported,
         "whether prefill_attention_vec runs in this build (AVX2 / AVX-512)");
   m.def("prefill_attention_vec", &prefill_attention_vec,

@@ -22,7 +22,7 @@ per row to symmetric int8, exact integer dot products) is the indexer's scoring 
 backend sets it from the index-key cache's dtype or `SGLANG_DSA_INDEX_SCORE_DTYPE`
 (`backend_names.index_score_dtype`).
 Which implementation runs is decided once, by the platform (`Platform.dsa_ops_impl`) or the
-`--nsa-prefill-backend` / `--nsa-decode-backend` flags (see `dsa/impl_names.py`).
+`--nsa-prefill-backend` / `--nsa-decode-backend` flags (see `dsa/backend_names.py`).
 """
 
 from __future__ import annotations
