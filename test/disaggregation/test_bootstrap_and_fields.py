@@ -10,7 +10,7 @@ import pytest
 from sglang.srt.disaggregation.bootstrap import BootstrapServer, is_alive, query_topology, register_rank
 from sglang.srt.disaggregation.base.messages import PrefillRankInfo
 from sglang.srt.managers.io_struct import GenerateReqInput
-from sglang.srt.managers.request_validation import bootstrap_of, check_bootstrap
+from sglang.srt.managers.tokenizer.request_validation import bootstrap_of, check_bootstrap
 
 
 def _port() -> int:

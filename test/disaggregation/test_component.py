@@ -24,9 +24,9 @@ from sglang.srt.disaggregation.factory import BACKENDS, create_disaggregation, c
 from sglang.srt.disaggregation.fake.conn import FakeBackend
 from sglang.srt.disaggregation.mooncake.decode_conn import MooncakeDecodeKVManager, MooncakeKVReceiver
 from sglang.srt.disaggregation.mooncake.prefill_conn import MooncakeKVSender, MooncakePrefillKVManager
-from sglang.srt.managers.schedule_batch import ScheduleBatch
+from sglang.srt.managers.scheduler.schedule_batch import ScheduleBatch
 
-SCHEDULER = Path(__file__).resolve().parents[2] / "python" / "sglang" / "srt" / "managers" / "scheduler.py"
+SCHEDULER = Path(__file__).resolve().parents[2] / "python" / "sglang" / "srt" / "managers" / "scheduler" / "scheduler.py"
 
 
 def _args(mode: str, backend: str = "fake") -> SimpleNamespace:

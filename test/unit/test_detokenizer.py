@@ -11,8 +11,8 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from sglang.srt.managers.detokenizer_manager import DetokenizerManager
-from sglang.srt.managers.incremental_detok import (
+from sglang.srt.managers.tokenizer.detokenizer_manager import DetokenizerManager
+from sglang.srt.managers.tokenizer.incremental_detok import (
     IncrementalDecoder,
     RequestDetokState,
     find_anchor_ids,

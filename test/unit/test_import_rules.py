@@ -219,7 +219,7 @@ def tree_edges() -> dict[str, set[str]]:
 
 
 def test_tree_is_read(tree_edges):
-    assert "sglang.srt.managers.scheduler" in tree_edges
+    assert "sglang.srt.managers.scheduler.scheduler" in tree_edges
     assert len(tree_edges) > 100
 
 

@@ -21,7 +21,7 @@ from sglang.srt.managers.io_struct import (
     GetInternalStateReqOutput,
     SchedulerReadyInfo,
 )
-from sglang.srt.managers.tokenizer_manager import TokenizerManager
+from sglang.srt.managers.tokenizer.tokenizer_manager import TokenizerManager
 from sglang.srt.server_args import PortArgs, ServerArgs
 from sglang.srt.utils.process import configure_logger
 from sglang.version import __version__

@@ -1,7 +1,7 @@
 """Turning launch flags into a chunk policy (`--enable-dynamic-chunking`, `--dynamic-chunking-mode`).
 
 `build_chunk_policy` takes any object with the `ServerArgs` field names (tests pass plain
-namespaces); the profiling and wiring into the pipeline ring are in `managers/chunk_profiler.py`.
+namespaces); the profiling and wiring into the pipeline ring are in `managers/scheduler/chunk_profiler.py`.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from typing import Optional
 
 import torch
 
-from sglang.srt.managers.schedule_batch import ModelWorkerBatch, ScheduleBatch
+from sglang.srt.managers.scheduler.schedule_batch import ModelWorkerBatch, ScheduleBatch
 from sglang.srt.model_executor.forward_batch import DPForwardInfo
 from sglang.srt.model_executor.model_runner import ForwardResult
 from sglang.srt.sampling.sampling_params import SamplingParams

@@ -14,7 +14,7 @@
 
 The same object runs in-process (tests, benchmarks) through `add_request` / `step`. Its loop is
 `event_loop`; with pipeline parallelism stage 0's `managers/pp/driver.py` drives it instead (the
-process entry is `managers/scheduler_process.py`). Whatever the loop, everything the scheduler
+process entry is `managers/scheduler/scheduler_process.py`). Whatever the loop, everything the scheduler
 takes from outside comes through its constructor: an existing `ModelRunner`, a dynamic-chunking
 budget, extra `internal_state()` entries, an observer of every step's result.
 """
@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Callable, Optional
 from sglang.srt.disaggregation.component import Disaggregation
 from sglang.srt.disaggregation.factory import create_disaggregation
 from sglang.srt.distributed.parallel_state import ParallelGroups
-from sglang.srt.managers.cache_manager import KVCacheManager
-from sglang.srt.managers.dp_lockstep import DPLockstep
+from sglang.srt.managers.scheduler.cache_manager import KVCacheManager
+from sglang.srt.managers.scheduler.dp_lockstep import DPLockstep
 from sglang.srt.managers.io_struct import (
     AbortReq,
     BatchTokenIDOut,
@@ -42,16 +42,16 @@ from sglang.srt.managers.io_struct import (
     SchedulerReadyInfo,
     TokenizedGenerateReqInput,
 )
-from sglang.srt.managers.schedule_batch import ModelWorkerBatch, Req, ScheduleBatch
-from sglang.srt.managers.schedule_policy import ChunkBudgetFn, SchedulePolicy, StepBudget, pick_retract_victim
-from sglang.srt.managers.scheduler_output import build_token_id_out, due_for_output
-from sglang.srt.managers.scheduler_watchdog import SchedulerWatchdog
+from sglang.srt.managers.scheduler.schedule_batch import ModelWorkerBatch, Req, ScheduleBatch
+from sglang.srt.managers.scheduler.schedule_policy import ChunkBudgetFn, SchedulePolicy, StepBudget, pick_retract_victim
+from sglang.srt.managers.scheduler.scheduler_output import build_token_id_out, due_for_output
+from sglang.srt.managers.scheduler.scheduler_watchdog import SchedulerWatchdog
 from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.model_executor.model_runner import ForwardResult, ModelRunner
 from sglang.srt.server_args import ServerArgs
 
 if TYPE_CHECKING:
-    from sglang.srt.managers.scheduler_io import SchedulerPort
+    from sglang.srt.managers.scheduler.scheduler_io import SchedulerPort
 
 logger = logging.getLogger(__name__)
 

@@ -33,11 +33,11 @@ from sglang.srt.managers.io_struct import (
     SchedulerReadyInfo,
     TokenizedGenerateReqInput,
 )
-from sglang.srt.managers.request_validation import bootstrap_of, check_bootstrap
-from sglang.srt.managers.tokenizer_control import STATE_WAIT_S, SchedulerControl
-from sglang.srt.managers.tokenizer_input import prepare_requests
-from sglang.srt.managers.tokenizer_output import OutputBuilder, RequestMetricsRecorder, apply_batch_str
-from sglang.srt.managers.tokenizer_state import (
+from sglang.srt.managers.tokenizer.request_validation import bootstrap_of, check_bootstrap
+from sglang.srt.managers.tokenizer.tokenizer_control import STATE_WAIT_S, SchedulerControl
+from sglang.srt.managers.tokenizer.tokenizer_input import prepare_requests
+from sglang.srt.managers.tokenizer.tokenizer_output import OutputBuilder, RequestMetricsRecorder, apply_batch_str
+from sglang.srt.managers.tokenizer.tokenizer_state import (
     HEALTH_RID_PREFIX,
     GenerateCall,
     ReqChunk,

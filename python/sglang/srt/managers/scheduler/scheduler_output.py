@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Optional
 
 from sglang.srt.managers.io_struct import BatchTokenIDOut
-from sglang.srt.managers.schedule_batch import Req
+from sglang.srt.managers.scheduler.schedule_batch import Req
 
 
 def due_for_output(req: Req, stream_interval: int) -> bool:
