@@ -15,9 +15,10 @@ from typing import Optional
 import torch
 
 from sglang.srt.layers.communicator import scatter_model_input
-from sglang.srt.managers.scheduler.schedule_batch import ModelWorkerBatch, Req, ScheduleBatch, ScheduledReq
+from sglang.srt.managers.scheduler.schedule_batch import Req, ScheduleBatch, ScheduledReq
 from sglang.srt.model_executor.forward_batch import PPProxyTensors
 from sglang.srt.model_executor.model_runner import ModelRunner
+from sglang.srt.model_executor.worker_batch import ModelWorkerBatch
 from sglang.srt.sampling.sampling_params import SamplingParams
 
 

@@ -48,12 +48,13 @@ from sglang.srt.managers.dynamic_chunking.config import ChunkPolicy
 from sglang.srt.managers.pp.messages import MsgType, StageBatch, StageOutput
 from sglang.srt.managers.pp.stage import PendingRing
 from sglang.srt.managers.pp.trace import PPTracer, merge_trace, parts_signature
-from sglang.srt.managers.scheduler.schedule_batch import ModelWorkerBatch, ScheduleBatch
+from sglang.srt.managers.scheduler.schedule_batch import ScheduleBatch
 from sglang.srt.managers.scheduler.scheduler import Scheduler
 from sglang.srt.managers.scheduler.scheduler_io import SchedulerPort
 from sglang.srt.metrics.bubble import BubbleMeter
 from sglang.srt.model_executor.forward_batch import DPForwardInfo
 from sglang.srt.model_executor.model_runner import ModelRunner
+from sglang.srt.model_executor.worker_batch import ModelWorkerBatch
 from sglang.srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)

@@ -42,12 +42,13 @@ from sglang.srt.managers.io_struct import (
     SchedulerReadyInfo,
     TokenizedGenerateReqInput,
 )
-from sglang.srt.managers.scheduler.schedule_batch import ModelWorkerBatch, Req, ScheduleBatch
+from sglang.srt.managers.scheduler.schedule_batch import Req, ScheduleBatch
 from sglang.srt.managers.scheduler.schedule_policy import ChunkBudgetFn, SchedulePolicy, StepBudget, pick_retract_victim
 from sglang.srt.managers.scheduler.scheduler_output import build_token_id_out, due_for_output
 from sglang.srt.managers.scheduler.scheduler_watchdog import SchedulerWatchdog
 from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.model_executor.model_runner import ForwardResult, ModelRunner
+from sglang.srt.model_executor.worker_batch import ModelWorkerBatch
 from sglang.srt.server_args import ServerArgs
 
 if TYPE_CHECKING:
