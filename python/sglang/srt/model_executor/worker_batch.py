@@ -38,10 +38,20 @@ class ModelWorkerBatch:
     def empty(cls) -> "ModelWorkerBatch":
         """A batch of no requests (an attention-DP replica's IDLE part of a step)."""
         return cls(
-            input_ids=[], positions=[], out_cache_loc=[], req_pool_indices=[], prefix_lens=[], extend_lens=[],
-            is_decode=False, sample_rows=[], sampling_params=[], prompt_ids=[], output_ids=[], return_logprob=False,
+            input_ids=[],
+            positions=[],
+            out_cache_loc=[],
+            req_pool_indices=[],
+            prefix_lens=[],
+            extend_lens=[],
+            is_decode=False,
+            sample_rows=[],
+            sampling_params=[],
+            prompt_ids=[],
+            output_ids=[],
+            return_logprob=False,
             top_logprobs_nums=[],
-        )  # fmt: skip
+        )
 
     @property
     def batch_size(self) -> int:

@@ -43,11 +43,11 @@ from typing import Any, Callable, Optional
 
 from sglang.srt.distributed.parallel_state import ParallelGroups
 from sglang.srt.distributed.pp_comm import PPComm
-from sglang.srt.managers.scheduler.dp_lockstep import DPLockstep
 from sglang.srt.managers.dynamic_chunking.config import ChunkPolicy
 from sglang.srt.managers.pp.messages import MsgType, StageBatch, StageOutput
 from sglang.srt.managers.pp.stage import PendingRing
 from sglang.srt.managers.pp.trace import PPTracer, merge_trace, parts_signature
+from sglang.srt.managers.scheduler.dp_lockstep import DPLockstep
 from sglang.srt.managers.scheduler.schedule_batch import ScheduleBatch
 from sglang.srt.managers.scheduler.scheduler import Scheduler
 from sglang.srt.managers.scheduler.scheduler_io import SchedulerPort

@@ -15,13 +15,13 @@ import torch.distributed as dist
 
 from sglang.srt.distributed.parallel_state import ParallelGroups
 from sglang.srt.distributed.pp_comm import PPComm
-from sglang.srt.managers.scheduler.chunk_profiler import build_dynamic_chunking
 from sglang.srt.managers.dynamic_chunking.config import ChunkPolicy
 from sglang.srt.managers.io_struct import SchedulerReadyInfo
 from sglang.srt.managers.pp.driver import PPDriver
 from sglang.srt.managers.pp.messages import MsgType
 from sglang.srt.managers.pp.stage import PPStageWorker, stage_ready_info
 from sglang.srt.managers.pp.trace import PPTracer
+from sglang.srt.managers.scheduler.chunk_profiler import build_dynamic_chunking
 from sglang.srt.managers.scheduler.scheduler import Scheduler
 from sglang.srt.managers.scheduler.scheduler_io import SchedulerIO, SchedulerPort, ThreadOutputSender
 from sglang.srt.model_executor.model_runner import ModelRunner

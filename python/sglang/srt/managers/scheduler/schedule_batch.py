@@ -89,6 +89,15 @@ class Req:
     def finished(self) -> bool:
         return self.finished_reason is not None
 
+    # ------------------------------------------------------------------ sampling
+    def append_token(self, token: int, logprob: Optional[float] = None, top: Optional[list] = None) -> None:
+        """A sampled token, with its logprob and top logprobs when the request returns them."""
+        self.output_ids.append(token)
+        if logprob is not None:
+            self.output_token_logprobs.append((logprob, token))
+            if top is not None:
+                self.output_top_logprobs.append(top)
+
     # ------------------------------------------------------------------ finishing
     def check_finished(self, eos_token_ids: set[int], tokenizer=None, context_len: int = 0) -> None:
         """Set finished_reason after a token was appended (SGLang's rules and reason shapes)."""
