@@ -43,7 +43,7 @@ from typing import Any, Callable, Optional
 
 from sglang.srt.distributed.parallel_state import ParallelGroups
 from sglang.srt.distributed.pp_comm import PPComm
-from sglang.srt.managers.dynamic_chunking.config import ChunkPolicy
+from sglang.srt.managers.dynamic_chunking.policy import ChunkPlanner
 from sglang.srt.managers.pp.messages import MsgType, StageBatch, StageOutput
 from sglang.srt.managers.pp.stage import PendingRing
 from sglang.srt.managers.pp.trace import PPTracer, merge_trace, parts_signature
@@ -102,7 +102,7 @@ class PPDriver:
         comm: PPComm,
         io: Optional[SchedulerPort] = None,
         tracer: Optional[PPTracer] = None,
-        chunk_policy: Optional[ChunkPolicy] = None,
+        chunk_policy: Optional[ChunkPlanner] = None,
         tokenizer: Any = None,
     ):
         self.groups = groups

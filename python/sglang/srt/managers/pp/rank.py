@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from sglang.srt.distributed.parallel_state import ParallelGroups
 from sglang.srt.distributed.pp_comm import PPComm
-from sglang.srt.managers.dynamic_chunking.config import ChunkPolicy
+from sglang.srt.managers.dynamic_chunking.policy import ChunkPlanner
 from sglang.srt.managers.io_struct import SchedulerReadyInfo
 from sglang.srt.managers.pp.driver import PPDriver
 from sglang.srt.managers.pp.messages import MsgType
@@ -39,7 +39,7 @@ class PPRank:
         info: SchedulerReadyInfo,
         comm: PPComm,
         tracer: PPTracer,
-        chunk_policy: Optional[ChunkPolicy] = None,
+        chunk_policy: Optional[ChunkPlanner] = None,
     ):
         self.loop = loop
         self.chunk_policy = chunk_policy  # dynamic chunking: equal on every rank; stage 0 uses it
