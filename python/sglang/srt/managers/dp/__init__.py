@@ -1,2 +1,2 @@
-"""The data-parallel controller process (attention DP): routes requests to the replicas, merges
-their replies (README.md one level up)."""
+"""The data-parallel controller process (attention DP; `managers/README.md`). Import from the
+modules; this package file imports nothing."""

@@ -1,3 +1,3 @@
-"""The scheduler side of the control plane: one rank's loop (`Scheduler`), its components (KV
-bookkeeping, schedule policy, watchdog, attention-DP lockstep), its process entry and sockets
-(README.md one level up)."""
+"""The scheduler side of the control plane: one rank's loop (`Scheduler`), its components, its
+process entry and sockets (`managers/README.md`). Import from the modules; this package file
+imports nothing."""
