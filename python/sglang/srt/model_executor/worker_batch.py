@@ -9,6 +9,7 @@ into a `ForwardBatch`.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,22 +37,10 @@ class ModelWorkerBatch:
 
     @classmethod
     def empty(cls) -> "ModelWorkerBatch":
-        """A batch of no requests (an attention-DP replica's IDLE part of a step)."""
-        return cls(
-            input_ids=[],
-            positions=[],
-            out_cache_loc=[],
-            req_pool_indices=[],
-            prefix_lens=[],
-            extend_lens=[],
-            is_decode=False,
-            sample_rows=[],
-            sampling_params=[],
-            prompt_ids=[],
-            output_ids=[],
-            return_logprob=False,
-            top_logprobs_nums=[],
-        )
+        """A batch of no requests (an attention-DP replica's IDLE part of a step): the two flags
+        False, every other field an empty list."""
+        flags = {"is_decode": False, "return_logprob": False}
+        return cls(**{f.name: flags.get(f.name, []) for f in dataclasses.fields(cls)})
 
     @property
     def batch_size(self) -> int:
