@@ -74,7 +74,7 @@ class RunnerBench:
 
     def __init__(self, server_args: ServerArgs):
         from sglang.srt.distributed.parallel_state import ParallelGroups
-        from sglang.srt.managers.cache_manager import KVCacheManager
+        from sglang.srt.managers.scheduler.cache_manager import KVCacheManager
         from sglang.srt.mem_cache.radix_cache import RadixCache
         from sglang.srt.model_executor.model_runner import ModelRunner
 
@@ -85,7 +85,7 @@ class RunnerBench:
         self.context_len = self.runner.model_config.context_len
 
     def _step(self, items: list) -> list[int]:
-        from sglang.srt.managers.schedule_batch import ScheduleBatch
+        from sglang.srt.managers.scheduler.schedule_batch import ScheduleBatch
 
         batch = ScheduleBatch(items)
         loc = self.cache.alloc_for_step(items)
@@ -98,7 +98,7 @@ class RunnerBench:
 
     def run(self, prompts: list[list[int]], output_len: int) -> tuple[float, list[float]]:
         """(prefill latency, decode step latencies) of one static batch, in seconds."""
-        from sglang.srt.managers.schedule_batch import Req, ScheduledReq
+        from sglang.srt.managers.scheduler.schedule_batch import Req, ScheduledReq
         from sglang.srt.sampling.sampling_params import SamplingParams
 
         reqs = []

@@ -9,8 +9,9 @@ import pytest
 
 from sglang.srt.disaggregation.bootstrap import BootstrapServer, is_alive, query_topology, register_rank
 from sglang.srt.disaggregation.base.messages import PrefillRankInfo
+from sglang.srt.disaggregation.role import DisaggregationRole
 from sglang.srt.managers.io_struct import GenerateReqInput
-from sglang.srt.managers.request_validation import bootstrap_of, check_bootstrap
+from sglang.srt.managers.tokenizer.request_validation import bootstrap_of, check_bootstrap
 
 
 def _port() -> int:
@@ -44,21 +45,22 @@ def test_register_and_query():
 
 
 def test_bootstrap_fields_checked():
+    prefill, decode, normal = (DisaggregationRole(mode) for mode in ("prefill", "decode", "null"))
     ok = GenerateReqInput(text="hi", bootstrap_host="127.0.0.1", bootstrap_port=8998, bootstrap_room=5)
-    check_bootstrap(ok, "decode", 1)
+    check_bootstrap(ok, decode, 1)
     assert bootstrap_of(ok, 0) == ("127.0.0.1", 8998, 5)
-    check_bootstrap(GenerateReqInput(text="hi"), "null", 1)  # a normal server ignores them
+    check_bootstrap(GenerateReqInput(text="hi"), normal, 1)  # a normal server ignores them
     with pytest.raises(ValueError, match="needs bootstrap_host"):
-        check_bootstrap(GenerateReqInput(text="hi"), "prefill", 1)
+        check_bootstrap(GenerateReqInput(text="hi"), prefill, 1)
     with pytest.raises(ValueError, match="bootstrap_room"):
-        check_bootstrap(GenerateReqInput(text="hi", bootstrap_host="h", bootstrap_room=-1), "decode", 1)
+        check_bootstrap(GenerateReqInput(text="hi", bootstrap_host="h", bootstrap_room=-1), decode, 1)
     with pytest.raises(ValueError, match="n > 1"):
-        check_bootstrap(ok, "decode", 2)
+        check_bootstrap(ok, decode, 2)
     batch = GenerateReqInput(text=["a", "b"], bootstrap_host="h", bootstrap_room=[1, 2])
-    check_bootstrap(batch, "prefill", 2)
+    check_bootstrap(batch, prefill, 2)
     assert bootstrap_of(batch, 1) == ("h", None, 2)
     with pytest.raises(ValueError, match="one entry per prompt"):
-        check_bootstrap(GenerateReqInput(text=["a", "b"], bootstrap_host="h", bootstrap_room=[1]), "prefill", 2)
+        check_bootstrap(GenerateReqInput(text=["a", "b"], bootstrap_host="h", bootstrap_room=[1]), prefill, 2)
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,7 @@
 """The PD component the scheduler holds: the factory picks one implementation once (a normal
 server's does nothing), every transfer backend implements the base classes, the fake backend's
-rooms say they move no KV, and the scheduler names no PD mode."""
+rooms say they move no KV, the request side's role answers from the flags, and managers/ names no
+PD mode."""
 
 from __future__ import annotations
 
@@ -24,9 +25,10 @@ from sglang.srt.disaggregation.factory import BACKENDS, create_disaggregation, c
 from sglang.srt.disaggregation.fake.conn import FakeBackend
 from sglang.srt.disaggregation.mooncake.decode_conn import MooncakeDecodeKVManager, MooncakeKVReceiver
 from sglang.srt.disaggregation.mooncake.prefill_conn import MooncakeKVSender, MooncakePrefillKVManager
-from sglang.srt.managers.schedule_batch import ScheduleBatch
+from sglang.srt.disaggregation.role import DisaggregationRole
+from sglang.srt.managers.scheduler.schedule_batch import ScheduleBatch
 
-SCHEDULER = Path(__file__).resolve().parents[2] / "python" / "sglang" / "srt" / "managers" / "scheduler.py"
+MANAGERS = Path(__file__).resolve().parents[2] / "python" / "sglang" / "srt" / "managers"
 
 
 def _args(mode: str, backend: str = "fake") -> SimpleNamespace:
@@ -74,7 +76,21 @@ def test_fake_managers_hand_out_rooms_that_move_no_kv():
     receiver.release()
 
 
-def test_scheduler_names_no_pd_mode():
-    text = SCHEDULER.read_text(encoding="utf-8")
-    for word in ('"prefill"', '"decode"', "disaggregation_mode", "is not None and self.disagg"):
-        assert word not in text, word
+def test_managers_name_no_pd_mode():
+    """The scheduler and the tokenizer manager ask the PD component / role, never the mode."""
+    files = sorted(MANAGERS.rglob("*.py"))
+    assert MANAGERS / "scheduler" / "scheduler.py" in files and MANAGERS / "tokenizer" / "tokenizer_manager.py" in files
+    for path in files:
+        text = path.read_text(encoding="utf-8")
+        for word in ('"prefill"', '"decode"', '"null"', '"fake"', "disaggregation_mode", "is not None and self.disagg"):
+            assert word not in text, f"{path.relative_to(MANAGERS)}: {word}"
+
+
+def test_role_answers_the_request_side_and_the_bootstrap_server():
+    def role(mode: str, backend: str = "mooncake") -> DisaggregationRole:
+        return DisaggregationRole.of(_args(mode, backend))
+
+    assert not role("null").enabled and role("prefill").enabled and role("decode", "fake").enabled
+    assert role("prefill").runs_bootstrap_server()  # its ranks register there
+    assert not role("prefill", "fake").runs_bootstrap_server()  # fake rooms need no peer
+    assert not role("decode").runs_bootstrap_server() and not role("null").runs_bootstrap_server()

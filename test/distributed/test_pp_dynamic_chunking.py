@@ -33,7 +33,7 @@ CURVE = (1e-6, 1e-4, 1e-3)
 
 def _curve_rank_main(rank: int, world_size: int, kwargs: dict, waves: list, curve: tuple) -> dict:
     """pp_rank_main with the profile replaced by `curve` (after a real two-length profile)."""
-    import sglang.srt.managers.chunk_profiler as profiler
+    import sglang.srt.managers.scheduler.chunk_profiler as profiler
 
     real = profiler.shared_profile
 

@@ -12,7 +12,7 @@ import threading
 import pytest
 
 import sglang as sgl
-from sglang.srt.managers.incremental_detok import decode_ids
+from sglang.srt.managers.tokenizer.incremental_detok import decode_ids
 from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 from server_helpers import TINY_LLAMA, pid_alive, wait_until
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import sglang as sgl
-from sglang.srt.managers.incremental_detok import decode_ids
+from sglang.srt.managers.tokenizer.incremental_detok import decode_ids
 from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 from sglang.test.scheduler_harness import SchedulerHarness
 from sglang.test.tiny_models import ASSETS_DIR

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sglang.srt.managers.scheduler_output import due_for_output
+from sglang.srt.managers.scheduler.scheduler_output import due_for_output
 from sglang.srt.metrics.bubble import BubbleMeter
 from sglang.srt.metrics.collector import ServerMetrics
 from server_helpers import API_KEY, ServerHandle, launch_server, wait_idle

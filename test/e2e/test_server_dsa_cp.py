@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from server_helpers import REPO, internal_state, launch_server
-from sglang.srt.managers.incremental_detok import decode_ids
+from sglang.srt.managers.tokenizer.incremental_detok import decode_ids
 from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 from sglang.test.scheduler_harness import SchedulerHarness
 

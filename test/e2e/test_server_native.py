@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 
-from sglang.srt.managers.incremental_detok import decode_ids
+from sglang.srt.managers.tokenizer.incremental_detok import decode_ids
 from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 from server_helpers import (
     API_KEY,

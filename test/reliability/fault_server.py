@@ -18,7 +18,7 @@ HANG_TOKEN = 451
 
 def faulty_scheduler_entry(server_args, port_args, rank, pipe_writer) -> None:
     """The production scheduler entry with `ModelRunner.forward` wrapped by the fault."""
-    from sglang.srt.managers.scheduler_process import run_scheduler_process
+    from sglang.srt.managers.scheduler.scheduler_process import run_scheduler_process
     from sglang.srt.model_executor.model_runner import ModelRunner
 
     real_forward = ModelRunner.forward

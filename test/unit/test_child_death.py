@@ -7,7 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from sglang.srt.entrypoints.launch import death_message
-from sglang.srt.managers.scheduler_watchdog import WATCHDOG_EXIT_CODE
+from sglang.srt.managers.scheduler.scheduler_watchdog import WATCHDOG_EXIT_CODE
 
 
 def _proc(pid: int, code: int) -> SimpleNamespace:

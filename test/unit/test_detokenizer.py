@@ -11,14 +11,14 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from sglang.srt.managers.detokenizer_manager import DetokenizerManager
-from sglang.srt.managers.incremental_detok import (
+from sglang.srt.managers.io_struct import BatchTokenIDOut
+from sglang.srt.managers.tokenizer.detokenizer_manager import DetokenizerManager
+from sglang.srt.managers.tokenizer.incremental_detok import (
     IncrementalDecoder,
     RequestDetokState,
     find_anchor_ids,
     stop_holdback,
 )
-from sglang.srt.managers.io_struct import BatchTokenIDOut
 
 CORPUS = ["hello world, the quick brown fox jumps over the lazy dog. stop here please"] * 20
 MULTIBYTE = "héllo 世界 🙂 ok"

@@ -1,4 +1,4 @@
-"""The data-parallel controller's pure parts (managers/dp_controller.py) and the DP-attention flags:
+"""The data-parallel controller's pure parts (managers/dp/dp_controller.py) and the DP-attention flags:
 load balancing from replica reports plus requests still in transit, matching the replicas'
 control replies to their requests, merging them, and the refusals that name the flags."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from sglang.srt.managers.dp_controller import DPBalancer, ReplyCollector, merge_heartbeats, merge_replies, merge_states
+from sglang.srt.managers.dp.dp_controller import DPBalancer, ReplyCollector, merge_heartbeats, merge_replies, merge_states
 from sglang.srt.managers.io_struct import (
     DPLoadReport,
     FlushCacheReqOutput,

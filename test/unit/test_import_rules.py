@@ -140,6 +140,28 @@ CONFINED: dict[str, tuple[str, ...]] = {
 }
 
 
+# package -> packages (or modules) it must never import, finer than FORBIDDEN's areas
+# (managers/README.md): the request side (tokenizer/) and the scheduler side (scheduler/) know each
+# other only through the messages of io_struct, the DP controller (dp/) knows neither, the
+# scheduler side knows the pipeline ring (pp/) only in its process entry, dynamic_chunking/ is pure;
+# of the managers, model_executor knows only the request types its stage profiler builds a batch of.
+M = "sglang.srt.managers"
+APART: dict[str, tuple[str, ...]] = {
+    f"{M}.io_struct": (f"{M}.tokenizer", f"{M}.scheduler", f"{M}.dp", f"{M}.pp", f"{M}.dynamic_chunking"),
+    f"{M}.tokenizer": (f"{M}.scheduler", f"{M}.dp", f"{M}.pp", f"{M}.dynamic_chunking"),
+    f"{M}.scheduler": (f"{M}.tokenizer", f"{M}.dp", f"{M}.pp"),
+    f"{M}.dp": (f"{M}.tokenizer", f"{M}.scheduler", f"{M}.pp", f"{M}.dynamic_chunking"),
+    f"{M}.pp": (f"{M}.tokenizer", f"{M}.dp"),
+    f"{M}.dynamic_chunking": (f"{M}.io_struct", f"{M}.tokenizer", f"{M}.scheduler", f"{M}.dp", f"{M}.pp"),
+    "sglang.srt.model_executor": (M,),
+}
+# module -> what it may import all the same
+APART_EXCEPT: dict[str, tuple[str, ...]] = {
+    f"{M}.scheduler.scheduler_process": (f"{M}.pp",),  # the process entry builds a ring rank
+    "sglang.srt.model_executor.stage_profiler": (f"{M}.scheduler.schedule_batch",),
+}
+
+
 def _inside(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
 
@@ -156,6 +178,12 @@ def rule_breaks(edges: dict[str, set[str]]) -> list[str]:
         for src in (m for m in edges if _inside(m, package)):
             for dst in edges[src]:
                 if _inside(dst, parent) and dst != parent and not any(_inside(dst, p) for p in (package, *allowed)):
+                    breaks.add(f"{src} -> {dst}")
+    for package, banned in APART.items():
+        for src in (m for m in edges if _inside(m, package)):
+            excepted = APART_EXCEPT.get(src, ())
+            for dst in edges[src]:
+                if any(_inside(dst, b) for b in banned) and not any(_inside(dst, e) for e in excepted):
                     breaks.add(f"{src} -> {dst}")
     return sorted(breaks)
 
@@ -212,6 +240,34 @@ def test_checker_finds_confined_package_breaks(tmp_path):
     ]
 
 
+def test_checker_keeps_the_managers_subpackages_apart(tmp_path):
+    m = "sglang/srt/managers"
+    _write(
+        tmp_path,
+        {
+            "sglang/__init__.py": "",
+            "sglang/srt/__init__.py": "",
+            f"{m}/__init__.py": "",
+            f"{m}/io_struct.py": "X = 1\n",
+            f"{m}/tokenizer/__init__.py": "",
+            f"{m}/tokenizer/manager.py": "from sglang.srt.managers.io_struct import X\n",
+            f"{m}/tokenizer/bad.py": "def f():\n    from sglang.srt.managers.scheduler import loop\n",
+            f"{m}/scheduler/__init__.py": "",
+            f"{m}/scheduler/loop.py": "from sglang.srt.managers.io_struct import X\n",
+            f"{m}/scheduler/scheduler_process.py": "from sglang.srt.managers.pp.rank import R\n",
+            f"{m}/scheduler/ring.py": "from sglang.srt.managers.pp import rank\n",
+            f"{m}/pp/__init__.py": "",
+            f"{m}/pp/rank.py": "from sglang.srt.managers.scheduler.loop import X\nR = X\n",
+        },
+    )
+    assert rule_breaks(import_graph(tmp_path)) == [  # `from package import module` runs both
+        "sglang.srt.managers.scheduler.ring -> sglang.srt.managers.pp",
+        "sglang.srt.managers.scheduler.ring -> sglang.srt.managers.pp.rank",
+        "sglang.srt.managers.tokenizer.bad -> sglang.srt.managers.scheduler",
+        "sglang.srt.managers.tokenizer.bad -> sglang.srt.managers.scheduler.loop",
+    ]
+
+
 # ---------------------------------------------------------------------------- the tree
 @pytest.fixture(scope="module")
 def tree_edges() -> dict[str, set[str]]:
@@ -219,7 +275,8 @@ def tree_edges() -> dict[str, set[str]]:
 
 
 def test_tree_is_read(tree_edges):
-    assert "sglang.srt.managers.scheduler" in tree_edges
+    assert "sglang.srt.managers.scheduler.scheduler" in tree_edges
+    assert all(package in tree_edges for package in APART)  # every rule names a package of the tree
     assert len(tree_edges) > 100
 
 

@@ -14,7 +14,7 @@ from sglang.srt.distributed.p2p import Message
 from sglang.srt.distributed.pp_comm import Inbox
 from sglang.srt.entrypoints.cli import check_server_args
 from sglang.srt.managers.pp.messages import MsgType, StageBatch
-from sglang.srt.managers.schedule_batch import Req, ScheduleBatch, ScheduledReq
+from sglang.srt.managers.scheduler.schedule_batch import Req, ScheduleBatch, ScheduledReq
 from sglang.srt.models.utils import pp_layer_range, pp_partition
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs

@@ -8,7 +8,7 @@ import logging
 import threading
 import time
 
-from sglang.srt.managers.scheduler_watchdog import SchedulerWatchdog
+from sglang.srt.managers.scheduler.scheduler_watchdog import SchedulerWatchdog
 from sglang.test.scheduler_harness import SchedulerHarness
 from sglang.test.tiny_models import TINY_LLAMA_DIR
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sglang.srt.managers.io_struct import GenerateReqInput, SchedulerReadyInfo
-from sglang.srt.managers.tokenizer_input import generate_req_from_dict, prepare_requests
+from sglang.srt.managers.tokenizer.tokenizer_input import generate_req_from_dict, prepare_requests
 
 INFO = SchedulerReadyInfo(max_total_num_tokens=1000, max_req_input_len=63, context_len=64, vocab_size=100,
                           max_running_requests=8)  # fmt: skip

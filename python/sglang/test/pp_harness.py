@@ -107,7 +107,7 @@ def run_single_rank(server_kwargs: dict, waves: list[list], triggers: Optional[l
     """The workload on one in-process Scheduler (pp = 1, tp = 1): {rid: RequestResult}."""
     import copy
 
-    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.managers.scheduler.scheduler import Scheduler
     from sglang.srt.server_args import ServerArgs
 
     kwargs = {**server_kwargs, "pp_size": 1, "tp_size": 1, "pp_trace_path": None}

@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 
 from sglang.srt.managers.io_struct import AbortReq, TokenizedGenerateReqInput
-from sglang.srt.managers.scheduler import Scheduler
+from sglang.srt.managers.scheduler.scheduler import Scheduler
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 from sglang.srt.managers.io_struct import BatchTokenIDOut, TokenizedGenerateReqInput
-from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+from sglang.srt.managers.scheduler.schedule_batch import Req, ScheduleBatch
 
 OutputSink = Callable[[BatchTokenIDOut], None]
 

@@ -22,7 +22,7 @@ from sglang.srt.disaggregation.base.kv_poll import KVPoll
 from sglang.srt.disaggregation.common import agree
 from sglang.srt.disaggregation.component import HELD, NO_MOVES, Admission, Disaggregation, Moves, OutputSink
 from sglang.srt.disaggregation.messages import FAKE_BOOTSTRAP_HOST
-from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+from sglang.srt.managers.scheduler.schedule_batch import Req, ScheduleBatch
 
 logger = logging.getLogger(__name__)
 

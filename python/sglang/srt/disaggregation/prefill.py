@@ -24,8 +24,8 @@ from sglang.srt.disaggregation.base.messages import FirstToken
 from sglang.srt.disaggregation.common import agree, rank_place
 from sglang.srt.disaggregation.component import HELD, Admission, Disaggregation, Moves, OutputSink
 from sglang.srt.disaggregation.messages import FAKE_BOOTSTRAP_HOST
-from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
-from sglang.srt.managers.scheduler_output import build_token_id_out
+from sglang.srt.managers.scheduler.schedule_batch import Req, ScheduleBatch
+from sglang.srt.managers.scheduler.scheduler_output import build_token_id_out
 
 logger = logging.getLogger(__name__)
 

@@ -34,6 +34,7 @@ class StagePrefillTransfer:
     def after_forward(self, batch) -> None:
         """`batch`: the StageBatch this stage just ran."""
         rooms: list[Optional[int]] = getattr(batch, "pd_rooms", None) or []
+        wb = batch.worker_batch if rooms else None  # its ModelWorkerBatch (wire form)
         for i, room in enumerate(rooms):
             if room is None:
                 continue
@@ -42,13 +43,13 @@ class StagePrefillTransfer:
                 entry = (self.manager.create_sender(room), [0])
                 self.senders[room] = entry
             sender, sent = entry
-            if batch.prefix_lens[i] == 0 or i in batch.prefix_slots:
+            if wb.prefix_lens[i] == 0 or i in batch.prefix_slots:
                 sent[0] = 0  # first step after an admission (again, after a retraction): send it all
-            last = i in batch.sample_rows
-            end = batch.prefix_lens[i] + batch.extend_lens[i]
+            last = i in wb.sample_rows
+            end = wb.prefix_lens[i] + wb.extend_lens[i]
             upto = end if last else end // self.page * self.page
             if upto > sent[0]:
-                row = batch.req_pool_indices[i]
+                row = wb.req_pool_indices[i]
                 slots = self.req_to_token[row, sent[0] : upto].numpy().astype(np.int64)
                 sender.send(np.arange(sent[0], upto, dtype=np.int64), slots)
                 sent[0] = upto

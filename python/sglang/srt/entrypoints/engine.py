@@ -13,6 +13,7 @@ import logging
 import threading
 from typing import Any, AsyncIterator, Callable, Iterator, Optional, Union
 
+from sglang.srt.disaggregation.role import DisaggregationRole
 from sglang.srt.entrypoints.cli import check_server_args
 from sglang.srt.entrypoints.launch import ChildProcesses, launch_processes
 from sglang.srt.managers.io_struct import (
@@ -21,7 +22,7 @@ from sglang.srt.managers.io_struct import (
     GetInternalStateReqOutput,
     SchedulerReadyInfo,
 )
-from sglang.srt.managers.tokenizer_manager import TokenizerManager
+from sglang.srt.managers.tokenizer.tokenizer_manager import TokenizerManager
 from sglang.srt.server_args import PortArgs, ServerArgs
 from sglang.srt.utils.process import configure_logger
 from sglang.version import __version__
@@ -39,7 +40,7 @@ def _launch_subprocesses(
     """
     port_args = PortArgs.init_new(server_args)
     bootstrap = None
-    if server_args.disaggregation_mode == "prefill" and server_args.disaggregation_transfer_backend != "fake":
+    if DisaggregationRole.of(server_args).runs_bootstrap_server():
         from sglang.srt.disaggregation.bootstrap import BootstrapServer  # PD: the prefill ranks register here
 
         bootstrap = BootstrapServer(server_args.host, server_args.disaggregation_bootstrap_port).start()

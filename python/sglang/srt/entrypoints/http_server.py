@@ -26,7 +26,7 @@ from sglang.srt.entrypoints.http.admin import AdminRoutes
 from sglang.srt.entrypoints.http.common import ApiKeyMiddleware, add_error_handlers
 from sglang.srt.entrypoints.http.native import NativeRoutes
 from sglang.srt.entrypoints.http.openai_api import OpenAIRoutes
-from sglang.srt.managers.tokenizer_manager import TokenizerManager
+from sglang.srt.managers.tokenizer.tokenizer_manager import TokenizerManager
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.process import configure_logger
 

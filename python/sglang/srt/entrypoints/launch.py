@@ -18,7 +18,7 @@ from multiprocessing.connection import wait as mp_wait
 from typing import Any, Callable, Optional
 
 from sglang.srt.managers.io_struct import SchedulerReadyInfo
-from sglang.srt.managers.scheduler_watchdog import WATCHDOG_EXIT_CODE
+from sglang.srt.managers.scheduler.scheduler_watchdog import WATCHDOG_EXIT_CODE
 from sglang.srt.server_args import PortArgs, ServerArgs
 from sglang.srt.utils.process import kill_itself_when_parent_died, kill_process_tree, set_process_name
 
@@ -50,7 +50,7 @@ def _scheduler_entry(
     kill_itself_when_parent_died()
     try:
         if entry is None:
-            from sglang.srt.managers.scheduler_process import run_scheduler_process as entry
+            from sglang.srt.managers.scheduler.scheduler_process import run_scheduler_process as entry
         entry(server_args, port_args, rank, pipe_writer)
     except Exception:
         # Harmless if the scheduler already reported (the launcher reads one message only).
@@ -65,7 +65,7 @@ def _dp_controller_entry(server_args: ServerArgs, port_args: PortArgs) -> None:
     set_process_name("sglang-dp-ctrl")
     _ignore_sigint()
     kill_itself_when_parent_died()
-    from sglang.srt.managers.dp_controller import run_data_parallel_controller_process
+    from sglang.srt.managers.dp.dp_controller import run_data_parallel_controller_process
 
     run_data_parallel_controller_process(server_args, port_args)
 
@@ -74,7 +74,7 @@ def _detokenizer_entry(server_args: ServerArgs, port_args: PortArgs) -> None:
     set_process_name("sglang-detok")
     _ignore_sigint()
     kill_itself_when_parent_died()
-    from sglang.srt.managers.detokenizer_manager import run_detokenizer_process
+    from sglang.srt.managers.tokenizer.detokenizer_manager import run_detokenizer_process
 
     run_detokenizer_process(server_args, port_args)
 

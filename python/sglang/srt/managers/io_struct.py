@@ -132,7 +132,7 @@ class GetInternalStateReqOutput:
 
 @dataclass
 class SchedulerHeartbeat:
-    """Sent by the entry rank's watchdog thread (`managers/scheduler_watchdog.py`) on its own,
+    """Sent by the entry rank's watchdog thread (`managers/scheduler/scheduler_watchdog.py`) on its own,
     also while the scheduler loop is inside a long forward. Times are wall-clock (time.time())."""
 
     rank: int

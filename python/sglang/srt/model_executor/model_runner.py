@@ -27,7 +27,7 @@ from sglang.srt.distributed.parallel_state import ParallelGroups
 from sglang.srt.layers.attention.registry import check_attention_backend, create_attention_backend
 from sglang.srt.layers.context_parallel import CPRuntime
 from sglang.srt.layers.sampler import SampleOutput, Sampler
-from sglang.srt.managers.schedule_batch import ModelWorkerBatch
+from sglang.srt.model_executor.worker_batch import ModelWorkerBatch
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.cp_slots import physical_kv_state, plan_virtual_pool
 from sglang.srt.mem_cache.req_to_token import ReqToTokenPool

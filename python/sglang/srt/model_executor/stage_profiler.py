@@ -5,7 +5,7 @@ runner's own layers, writing KV into slots no request holds yet (the profile run
 request exists). Stage 0 embeds real token ids; later stages get zero activations of the shape
 the previous stage would send (under CP: this rank's share of the tokens). The batch is built the
 way the scheduler builds every batch (`ScheduleBatch.to_worker_batch`). The policy built from
-the timings is `managers/chunk_profiler.py`'s job.
+the timings is `managers/scheduler/chunk_profiler.py`'s job.
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from typing import Optional
 import torch
 
 from sglang.srt.layers.communicator import scatter_model_input
-from sglang.srt.managers.schedule_batch import ModelWorkerBatch, Req, ScheduleBatch, ScheduledReq
+from sglang.srt.managers.scheduler.schedule_batch import Req, ScheduleBatch, ScheduledReq
 from sglang.srt.model_executor.forward_batch import PPProxyTensors
 from sglang.srt.model_executor.model_runner import ModelRunner
+from sglang.srt.model_executor.worker_batch import ModelWorkerBatch
 from sglang.srt.sampling.sampling_params import SamplingParams
 
 

@@ -18,9 +18,8 @@ import json
 import sys
 from typing import Optional
 
-from sglang.srt.managers.dynamic_chunking import FitError, TransferModel
+from sglang.srt.managers.dynamic_chunking import ChunkPolicy, FitError, TransferModel
 from sglang.srt.tools.pp_sim_core import (
-    ChunkPolicy,
     StageCostModel,
     efficiency,
     plan_table,

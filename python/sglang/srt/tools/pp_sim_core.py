@@ -1,4 +1,6 @@
-"""Pipeline simulator core: stage cost model, chunk policies, TTFT / bubble / efficiency.
+"""Pipeline simulator core: stage cost model, the chunks of a policy, TTFT / bubble / efficiency.
+
+Chunk policies are the engine's own (`ChunkPolicy`, managers/dynamic_chunking/policy.py).
 
 A prompt's chunks flow through `pp` stages (the engine's micro-batch ring, see
 `managers/dynamic_chunking/pipeline.py`). Stage s, holding a fraction w_s of the layers, runs
@@ -8,20 +10,16 @@ and c is the fixed cost of one forward on one stage; each hop adds the p2p time 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional, Sequence
 
 from sglang.srt.managers.dynamic_chunking import (
-    AutoChunkPlanner,
-    ChunkSizePredictor,
+    ChunkPolicy,
     PipelineTimeline,
     QuadraticLatencyModel,
     TransferModel,
     run_pipeline,
 )
-
-POLICY_KINDS = ("fixed", "upstream", "auto")
-DEFAULT_MAX_PREFILL_TOKENS = 16384  # ServerArgs.max_prefill_tokens default
 
 
 @dataclass(frozen=True)
@@ -79,59 +77,16 @@ def stage_weights(pp_size: int, partition: Optional[Sequence[int]] = None) -> li
     return [n / total for n in partition]
 
 
-@dataclass(frozen=True)
-class ChunkPolicy:
-    """fixed C | upstream dynamic (C, α) | auto (C = floor base; chunks up to max_chunk)."""
-
-    kind: str
-    chunk_size: int
-    smooth_factor: float = 0.75
-    page_size: int = 1
-    # auto: largest chunk (default max(C, 16384) = --max-prefill-tokens); upstream: cap (default none)
-    max_chunk: Optional[int] = None
-
-    def __post_init__(self) -> None:
-        if self.kind not in POLICY_KINDS:
-            raise ValueError(f"policy must be one of {POLICY_KINDS}, got {self.kind!r}")
-
-    @property
-    def label(self) -> str:
-        if self.kind == "upstream":
-            return f"upstream C={self.chunk_size} a={self.smooth_factor:g}"
-        return f"{self.kind} C={self.chunk_size}"
-
-    @classmethod
-    def parse(cls, text: str, page_size: int = 1) -> "ChunkPolicy":
-        """'fixed:4096', 'upstream:12288:0.65', 'auto:4096[:max_chunk]'."""
-        parts = text.split(":")
-        kind, c = parts[0], int(parts[1])
-        if kind == "upstream":
-            alpha = float(parts[2]) if len(parts) > 2 else 0.75
-            return cls(kind, c, alpha, page_size)
-        max_chunk = int(parts[2]) if len(parts) > 2 else None
-        return cls(kind, c, page_size=page_size, max_chunk=max_chunk)
-
-
 def plan_for(policy: ChunkPolicy, cost: StageCostModel, pp_size: int, prompt_len: int,
              prefix_len: int = 0, partition: Optional[Sequence[int]] = None, async_depth: int = 0) -> list[int]:
     """The chunk list the engine would run under `policy` (fed the exact cost model)."""
     bottleneck = cost.stage_model(max(stage_weights(pp_size, partition)))
-    if policy.kind == "fixed" or (policy.kind == "upstream" and pp_size == 1):
-        fixed = ChunkSizePredictor(policy.chunk_size, page_size=policy.page_size, smooth_factor=0.0)
-        return fixed.plan_chunks(prompt_len, prefix_len)
-    if policy.kind == "upstream":
-        pred = ChunkSizePredictor(
-            policy.chunk_size, page_size=policy.page_size, smooth_factor=policy.smooth_factor,
-            max_prefill_tokens=policy.max_chunk,
-        )
-        pred.set_model(bottleneck)
-        return pred.plan_chunks(prompt_len, prefix_len)
-    planner = AutoChunkPlanner(
-        policy.chunk_size, page_size=policy.page_size,
-        max_chunk_size=policy.max_chunk or max(policy.chunk_size, DEFAULT_MAX_PREFILL_TOKENS),
-        prior=bottleneck, transfer=cost.transfer, async_depth=async_depth,
-    )
-    return planner.plan_chunks(prompt_len, pp_size, prefix_len)
+    if policy.kind == "upstream" and pp_size == 1:
+        policy = replace(policy, kind="fixed")  # upstream's sizes need a pipeline
+    planner = replace(policy, async_depth=async_depth).build(prior=bottleneck, transfer=cost.transfer)
+    if policy.kind == "auto":
+        return planner.plan_chunks(prompt_len, pp_size, prefix_len)
+    return planner.plan_chunks(prompt_len, prefix_len)
 
 
 @dataclass(frozen=True)

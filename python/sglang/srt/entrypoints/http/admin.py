@@ -12,8 +12,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from sglang.srt.entrypoints.engine import server_info
 from sglang.srt.entrypoints.http.common import read_json
 from sglang.srt.entrypoints.openai.utils import OpenAIError, error_response
-from sglang.srt.managers.tokenizer_manager import TokenizerManager
-from sglang.srt.managers.tokenizer_state import SchedulerUnavailable
+from sglang.srt.managers.tokenizer.tokenizer_manager import TokenizerManager
+from sglang.srt.managers.tokenizer.tokenizer_state import SchedulerUnavailable
 from sglang.srt.metrics.collector import CONTENT_TYPE as METRICS_CONTENT_TYPE
 
 logger = logging.getLogger(__name__)

@@ -10,9 +10,9 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 
 from sglang.srt.entrypoints.http.common import read_json
 from sglang.srt.entrypoints.openai.utils import SSE_DONE, error_body, error_response, sse, status_error_response
-from sglang.srt.managers.tokenizer_input import generate_req_from_dict
-from sglang.srt.managers.tokenizer_manager import TokenizerManager
-from sglang.srt.managers.tokenizer_state import RequestRejected
+from sglang.srt.managers.tokenizer.tokenizer_input import generate_req_from_dict
+from sglang.srt.managers.tokenizer.tokenizer_manager import TokenizerManager
+from sglang.srt.managers.tokenizer.tokenizer_state import RequestRejected
 from sglang.srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)

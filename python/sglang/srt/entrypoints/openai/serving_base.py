@@ -30,8 +30,8 @@ from sglang.srt.entrypoints.openai.utils import (
     status_error_response,
 )
 from sglang.srt.managers.io_struct import GenerateReqInput
-from sglang.srt.managers.tokenizer_manager import TokenizerManager
-from sglang.srt.managers.tokenizer_state import GenerateCall, ReqChunk, RequestRejected
+from sglang.srt.managers.tokenizer.tokenizer_manager import TokenizerManager
+from sglang.srt.managers.tokenizer.tokenizer_state import GenerateCall, ReqChunk, RequestRejected
 
 logger = logging.getLogger(__name__)
 

@@ -23,8 +23,8 @@ from sglang.srt.entrypoints.openai.protocol import (
 from sglang.srt.entrypoints.openai.serving_base import OpenAIServingBase, finish_fields, logprob_entries
 from sglang.srt.entrypoints.openai.utils import OpenAIError, check_logprobs_num, check_model_name
 from sglang.srt.managers.io_struct import GenerateReqInput
-from sglang.srt.managers.tokenizer_manager import TokenizerManager
-from sglang.srt.managers.tokenizer_state import ReqChunk
+from sglang.srt.managers.tokenizer.tokenizer_manager import TokenizerManager
+from sglang.srt.managers.tokenizer.tokenizer_state import ReqChunk
 
 
 def chat_logprobs(token_lps: list, top_lps: list) -> ChoiceLogprobs:

@@ -1,34 +1,20 @@
 """Turning launch flags into a chunk policy (`--enable-dynamic-chunking`, `--dynamic-chunking-mode`).
 
-`build_chunk_policy` takes any object with the `ServerArgs` field names (tests pass plain
-namespaces); the profiling and wiring into the pipeline ring are in `managers/chunk_profiler.py`.
+`chunk_policy_from_args` / `build_chunk_policy` take any object with the `ServerArgs` field names
+(tests pass plain namespaces); the profiling and wiring into the pipeline ring are in
+`managers/scheduler/chunk_profiler.py`.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional, Protocol, Sequence
+from typing import Any, Optional
 
-from sglang.srt.managers.dynamic_chunking.auto_planner import AutoChunkPlanner
-from sglang.srt.managers.dynamic_chunking.pipeline import TransferModel
-from sglang.srt.managers.dynamic_chunking.predictor import ChunkSizePredictor
+from sglang.srt.managers.dynamic_chunking.policy import ChunkPlanner, ChunkPolicy
 
 logger = logging.getLogger(__name__)
 
 MODES = ("upstream", "auto")
-
-
-class ChunkPolicy(Protocol):
-    """What the pipeline ring needs of a chunk policy (`ChunkSizePredictor`, `AutoChunkPlanner`)."""
-
-    def fit(self, lengths: Sequence[int], latencies: Sequence[float], *, warmup: int = 1) -> bool:
-        """Fit on the start-up profile (every rank with the same numbers); False: fixed chunks."""
-
-    def chunk_budget(self, prompt_len: int, prefix_len: int, pp_size: int) -> int:
-        """Token budget of the next chunk of a prompt of `prompt_len` tokens, `prefix_len` done."""
-
-    def observe(self, prefix_len: int, chunk_len: int, latency_s: float) -> None:
-        """One finished chunk's slowest-stage time (shared by every rank of stage 0, same order)."""
 
 
 def resolve_dynamic_chunking(
@@ -52,9 +38,8 @@ def resolve_dynamic_chunking(
     return mode
 
 
-def build_chunk_policy(server_args: Any, context_len: Optional[int] = None) -> Optional[ChunkPolicy]:
-    """An unfitted predictor/planner for these args, or None (fixed chunks). The caller then
-    profiles (`profile_lengths`), shares the latencies and calls `fit` / `seed_profile`."""
+def chunk_policy_from_args(server_args: Any, context_len: Optional[int] = None) -> Optional[ChunkPolicy]:
+    """The policy these flags ask for, or None (fixed chunks)."""
     mode = resolve_dynamic_chunking(
         bool(getattr(server_args, "enable_dynamic_chunking", False)),
         str(getattr(server_args, "dynamic_chunking_mode", "upstream")),
@@ -65,20 +50,29 @@ def build_chunk_policy(server_args: Any, context_len: Optional[int] = None) -> O
         return None
     c = int(server_args.chunked_prefill_size)
     if mode == "upstream":
-        return ChunkSizePredictor(
+        return ChunkPolicy(
+            "upstream",
             c,
+            smooth_factor=None,  # SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR
             page_size=server_args.page_size,
-            max_prefill_tokens=server_args.max_prefill_tokens,
+            max_chunk=server_args.max_prefill_tokens,
             context_len=context_len,
         )
-    return AutoChunkPlanner(
+    return ChunkPolicy(
+        "auto",
         c,
         page_size=server_args.page_size,
-        max_chunk_size=max(c, int(server_args.max_prefill_tokens)),
-        transfer=TransferModel(),
+        max_chunk=max(c, int(server_args.max_prefill_tokens)),
         async_depth=int(getattr(server_args, "pp_async_batch_depth", 0)),
         **_platform_tiles(server_args, c),
     )
+
+
+def build_chunk_policy(server_args: Any, context_len: Optional[int] = None) -> Optional[ChunkPlanner]:
+    """An unfitted predictor/planner for these args, or None (fixed chunks). The caller then
+    profiles (`profile_lengths`), shares the latencies and calls `fit`."""
+    policy = chunk_policy_from_args(server_args, context_len)
+    return None if policy is None else policy.build()
 
 
 def _platform_tiles(server_args: Any, chunk_size: int) -> dict:

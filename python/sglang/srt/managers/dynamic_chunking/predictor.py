@@ -127,7 +127,7 @@ class ChunkSizePredictor:
 
     def observe(self, prefix_len: int, chunk_len: int, latency_s: float) -> None:
         """Upstream's rule is fitted once at start-up: a measured chunk changes nothing (no-op;
-        the `ChunkPolicy` protocol's online hook, which `AutoChunkPlanner` uses)."""
+        the `ChunkPlanner` protocol's online hook, which `AutoChunkPlanner` uses)."""
 
     def _reject(self, why: str) -> bool:
         logger.warning("dynamic chunking: %s; falling back to fixed chunks of %d", why, self.chunk_size)

@@ -43,17 +43,18 @@ from typing import Any, Callable, Optional
 
 from sglang.srt.distributed.parallel_state import ParallelGroups
 from sglang.srt.distributed.pp_comm import PPComm
-from sglang.srt.managers.dp_lockstep import DPLockstep
-from sglang.srt.managers.dynamic_chunking.config import ChunkPolicy
+from sglang.srt.managers.dynamic_chunking.policy import ChunkPlanner
 from sglang.srt.managers.pp.messages import MsgType, StageBatch, StageOutput
 from sglang.srt.managers.pp.stage import PendingRing
 from sglang.srt.managers.pp.trace import PPTracer, merge_trace, parts_signature
-from sglang.srt.managers.schedule_batch import ModelWorkerBatch, ScheduleBatch
-from sglang.srt.managers.scheduler import Scheduler
-from sglang.srt.managers.scheduler_io import SchedulerPort
+from sglang.srt.managers.scheduler.dp_lockstep import DPLockstep
+from sglang.srt.managers.scheduler.schedule_batch import ScheduleBatch
+from sglang.srt.managers.scheduler.scheduler import Scheduler
+from sglang.srt.managers.scheduler.scheduler_io import SchedulerPort
 from sglang.srt.metrics.bubble import BubbleMeter
 from sglang.srt.model_executor.forward_batch import DPForwardInfo
 from sglang.srt.model_executor.model_runner import ModelRunner
+from sglang.srt.model_executor.worker_batch import ModelWorkerBatch
 from sglang.srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -101,7 +102,7 @@ class PPDriver:
         comm: PPComm,
         io: Optional[SchedulerPort] = None,
         tracer: Optional[PPTracer] = None,
-        chunk_policy: Optional[ChunkPolicy] = None,
+        chunk_policy: Optional[ChunkPlanner] = None,
         tokenizer: Any = None,
     ):
         self.groups = groups

@@ -1,7 +1,7 @@
 """Typed messages of the pipeline ring (what one stage tells the next, and the last tells stage 0).
 
 - `MsgType.BATCH` (stage k -> k+1): a `StageBatch`, everything a later stage needs to run one
-  micro-batch without request objects: the `ModelWorkerBatch` fields (minus input ids) and the
+  micro-batch without request objects: stage 0's `ModelWorkerBatch` (without input ids) and the
   `req_to_token` row updates for its mirror of stage 0's table.
 - `MsgType.PROXY` (stage k -> k+1, right after its BATCH): the micro-batch's activations
   (`PPProxyTensors`: hidden_states + residual).
@@ -21,16 +21,17 @@ on a stage only after every earlier micro-batch that used it has run there.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Optional
 
 import torch
 
-from sglang.srt.managers.schedule_batch import ModelWorkerBatch, ScheduleBatch
+from sglang.srt.managers.scheduler.schedule_batch import ScheduleBatch
 from sglang.srt.model_executor.forward_batch import DPForwardInfo
 from sglang.srt.model_executor.model_runner import ForwardResult
-from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.model_executor.worker_batch import ModelWorkerBatch
 
 
 class MsgType(IntEnum):
@@ -43,21 +44,16 @@ class MsgType(IntEnum):
 
 @dataclass
 class StageBatch:
-    """One micro-batch as later stages see it (picklable, plain lists)."""
+    """One micro-batch as later stages see it (picklable): stage 0's `ModelWorkerBatch` in its wire
+    form (below), the row updates, and the ring's bookkeeping."""
 
     mb_id: int
-    req_pool_indices: list[int]
-    prefix_lens: list[int]
-    extend_lens: list[int]
-    out_cache_loc: list[int]  # slots of this step's tokens, in item order
-    prefix_slots: dict[int, list[int]]  # item index -> slots of [0, prefix_len) (first step after admission)
-    is_decode: bool
-    sample_rows: list[int]
-    sampling_params: list[SamplingParams]
-    prompt_ids: list[list[int]]  # empty lists unless a repetition penalty needs the prompt
-    output_ids: list[list[int]]
-    return_logprob: bool
-    top_logprobs_nums: list[int]
+    # Wire form: no input ids or positions (only stage 0 embeds tokens; a later stage derives the
+    # positions from prefix / extend lengths), `out_cache_loc` a list of this step's slots in item
+    # order, `prompt_ids` empty lists unless a repetition penalty needs the prompt.
+    worker_batch: ModelWorkerBatch
+    # item index -> slots of [0, prefix_len), on the first step after an admission
+    prefix_slots: dict[int, list[int]] = field(default_factory=dict)
     rids: list[str] = field(default_factory=list)  # for traces
     launched_at: float = 0.0  # wall time stage 0 started this micro-batch (bubble accounting)
     ring_was_empty: bool = False  # nothing else was in flight when stage 0 launched it
@@ -74,15 +70,11 @@ class StageBatch:
     def idle(cls, mb_id: int, dp: DPForwardInfo) -> "StageBatch":
         """A micro-batch with no tokens: this replica's part of a lockstep micro-batch in which
         another replica has work (every stage runs it as an IDLE forward)."""
-        return cls(
-            mb_id=mb_id, req_pool_indices=[], prefix_lens=[], extend_lens=[], out_cache_loc=[], prefix_slots={},
-            is_decode=False, sample_rows=[], sampling_params=[], prompt_ids=[], output_ids=[], return_logprob=False,
-            top_logprobs_nums=[], dp=dp,
-        )  # fmt: skip
+        return cls(mb_id=mb_id, worker_batch=ModelWorkerBatch.empty(), dp=dp)
 
     @property
     def is_idle(self) -> bool:
-        return not self.out_cache_loc
+        return not self.worker_batch.out_cache_loc
 
     @classmethod
     def from_schedule(
@@ -94,35 +86,30 @@ class StageBatch:
             if item.start > 0 and item.start == item.req.cached_prefix_len:
                 prefix_slots[i] = req_to_token[item.req.req_pool_idx, : item.start].tolist()
         sampled = [batch.items[i].req for i in wb.sample_rows]
-        return cls(
-            mb_id=mb_id,
-            req_pool_indices=list(wb.req_pool_indices),
-            prefix_lens=list(wb.prefix_lens),
-            extend_lens=list(wb.extend_lens),
+        wire = dataclasses.replace(
+            wb,
+            input_ids=[],
+            positions=[],
             out_cache_loc=wb.out_cache_loc.tolist(),
-            prefix_slots=prefix_slots,
-            is_decode=wb.is_decode,
-            sample_rows=list(wb.sample_rows),
-            sampling_params=list(wb.sampling_params),
             prompt_ids=[
                 list(p) if req.sampling_params.repetition_penalty != 1.0 else []
                 for p, req in zip(wb.prompt_ids, sampled)
             ],
-            output_ids=[list(o) for o in wb.output_ids],
-            return_logprob=wb.return_logprob,
-            top_logprobs_nums=list(wb.top_logprobs_nums),
-            rids=[item.req.rid for item in batch.items],
+            output_ids=[list(o) for o in wb.output_ids],  # a copy: stage 0 appends to the requests' lists
         )
+        rids = [item.req.rid for item in batch.items]
+        return cls(mb_id=mb_id, worker_batch=wire, prefix_slots=prefix_slots, rids=rids)
 
     @property
     def num_tokens(self) -> int:
-        return len(self.out_cache_loc)
+        return len(self.worker_batch.out_cache_loc)
 
     def apply_rows(self, req_to_token: torch.Tensor) -> None:
         """Write this micro-batch's slots into a later stage's mirror of the req_to_token table."""
-        loc = torch.tensor(self.out_cache_loc, dtype=torch.int64)
+        wb = self.worker_batch
+        loc = torch.tensor(wb.out_cache_loc, dtype=torch.int64)
         offset = 0
-        for i, (row, start, n) in enumerate(zip(self.req_pool_indices, self.prefix_lens, self.extend_lens)):
+        for i, (row, start, n) in enumerate(zip(wb.req_pool_indices, wb.prefix_lens, wb.extend_lens)):
             prefix = self.prefix_slots.get(i)
             if prefix is not None:
                 req_to_token[row, :start] = torch.tensor(prefix, dtype=torch.int64)
@@ -131,38 +118,31 @@ class StageBatch:
 
     def to_worker_batch(self) -> ModelWorkerBatch:
         """The runner's input on a later stage (input ids are zeros: only stage 0 embeds tokens)."""
+        wb = self.worker_batch
         positions: list[int] = []
-        for start, n in zip(self.prefix_lens, self.extend_lens):
+        for start, n in zip(wb.prefix_lens, wb.extend_lens):
             positions.extend(range(start, start + n))
-        return ModelWorkerBatch(
+        return dataclasses.replace(
+            wb,
             input_ids=[0] * len(positions),
             positions=positions,
-            out_cache_loc=torch.tensor(self.out_cache_loc, dtype=torch.int64),
-            req_pool_indices=list(self.req_pool_indices),
-            prefix_lens=list(self.prefix_lens),
-            extend_lens=list(self.extend_lens),
-            is_decode=self.is_decode,
-            sample_rows=list(self.sample_rows),
-            sampling_params=list(self.sampling_params),
-            prompt_ids=list(self.prompt_ids),
-            output_ids=list(self.output_ids),
-            return_logprob=self.return_logprob,
-            top_logprobs_nums=list(self.top_logprobs_nums),
+            out_cache_loc=torch.tensor(wb.out_cache_loc, dtype=torch.int64),
         )
 
     def trace_args(self, pp_rank: int) -> dict:
         """Trace event arguments (`chunk_len` / `prefix_len` when the micro-batch is one request,
         the keys `tools/pp_sim` fits chunk latencies from)."""
+        wb = self.worker_batch
         args = {
             "mb": self.mb_id,
             "pp_rank": pp_rank,
             "num_tokens": self.num_tokens,
             "rids": list(self.rids),
-            "extend_lens": list(self.extend_lens),
-            "prefix_lens": list(self.prefix_lens),
+            "extend_lens": list(wb.extend_lens),
+            "prefix_lens": list(wb.prefix_lens),
         }
-        if len(self.extend_lens) == 1:
-            args["chunk_len"], args["prefix_len"] = self.extend_lens[0], self.prefix_lens[0]
+        if len(wb.extend_lens) == 1:
+            args["chunk_len"], args["prefix_len"] = wb.extend_lens[0], wb.prefix_lens[0]
         return args
 
 

@@ -15,15 +15,15 @@ import torch.distributed as dist
 
 from sglang.srt.distributed.parallel_state import ParallelGroups
 from sglang.srt.distributed.pp_comm import PPComm
-from sglang.srt.managers.chunk_profiler import build_dynamic_chunking
-from sglang.srt.managers.dynamic_chunking.config import ChunkPolicy
+from sglang.srt.managers.dynamic_chunking.policy import ChunkPlanner
 from sglang.srt.managers.io_struct import SchedulerReadyInfo
 from sglang.srt.managers.pp.driver import PPDriver
 from sglang.srt.managers.pp.messages import MsgType
 from sglang.srt.managers.pp.stage import PPStageWorker, stage_ready_info
 from sglang.srt.managers.pp.trace import PPTracer
-from sglang.srt.managers.scheduler import Scheduler
-from sglang.srt.managers.scheduler_io import SchedulerIO, SchedulerPort, ThreadOutputSender
+from sglang.srt.managers.scheduler.chunk_profiler import build_dynamic_chunking
+from sglang.srt.managers.scheduler.scheduler import Scheduler
+from sglang.srt.managers.scheduler.scheduler_io import SchedulerIO, SchedulerPort, ThreadOutputSender
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.server_args import PortArgs, ServerArgs
 
@@ -39,7 +39,7 @@ class PPRank:
         info: SchedulerReadyInfo,
         comm: PPComm,
         tracer: PPTracer,
-        chunk_policy: Optional[ChunkPolicy] = None,
+        chunk_policy: Optional[ChunkPlanner] = None,
     ):
         self.loop = loop
         self.chunk_policy = chunk_policy  # dynamic chunking: equal on every rank; stage 0 uses it

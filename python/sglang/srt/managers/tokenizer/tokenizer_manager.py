@@ -24,6 +24,7 @@ import zmq
 import zmq.asyncio
 
 from sglang.srt import envs
+from sglang.srt.disaggregation.role import DisaggregationRole
 from sglang.srt.managers.io_struct import (
     AbortReq,
     BatchStrOut,
@@ -33,11 +34,11 @@ from sglang.srt.managers.io_struct import (
     SchedulerReadyInfo,
     TokenizedGenerateReqInput,
 )
-from sglang.srt.managers.request_validation import bootstrap_of, check_bootstrap
-from sglang.srt.managers.tokenizer_control import STATE_WAIT_S, SchedulerControl
-from sglang.srt.managers.tokenizer_input import prepare_requests
-from sglang.srt.managers.tokenizer_output import OutputBuilder, RequestMetricsRecorder, apply_batch_str
-from sglang.srt.managers.tokenizer_state import (
+from sglang.srt.managers.tokenizer.request_validation import bootstrap_of, check_bootstrap
+from sglang.srt.managers.tokenizer.tokenizer_control import STATE_WAIT_S, SchedulerControl
+from sglang.srt.managers.tokenizer.tokenizer_input import prepare_requests
+from sglang.srt.managers.tokenizer.tokenizer_output import OutputBuilder, RequestMetricsRecorder, apply_batch_str
+from sglang.srt.managers.tokenizer.tokenizer_state import (
     HEALTH_RID_PREFIX,
     GenerateCall,
     ReqChunk,
@@ -73,6 +74,7 @@ class TokenizerManager:
         self.port_args = port_args
         self.scheduler_info = scheduler_info
         self.tokenizer = tokenizer
+        self.pd = DisaggregationRole.of(server_args)  # PD: requests' bootstrap fields, the health probe
         self.context = zmq.asyncio.Context(2)
         self.send_to_scheduler = self.context.socket(zmq.PUSH)
         self.send_to_scheduler.connect(port_args.scheduler_input_ipc_name)
@@ -165,7 +167,7 @@ class TokenizerManager:
         self._ensure_started()
         self._check_alive()
         reqs = prepare_requests(obj, self.tokenizer, self.scheduler_info, set(self.rid_to_state))
-        check_bootstrap(obj, self.server_args.disaggregation_mode, len(reqs))  # PD: bootstrap fields
+        check_bootstrap(obj, self.pd, len(reqs))  # PD: bootstrap fields
         call = GenerateCall(obj=obj, reqs=reqs, is_single=obj.is_single and len(reqs) == 1)
         for req in reqs:
             state = ReqState(req=req, call=call)
@@ -190,7 +192,7 @@ class TokenizerManager:
 
     def _bootstrap_fields(self, obj: GenerateReqInput, index: int) -> dict:
         """PD: the prompt's bootstrap host / port / room for the scheduler (none on a normal server)."""
-        if self.server_args.disaggregation_mode == "null":
+        if not self.pd.enabled:
             return {}
         host, port, room = bootstrap_of(obj, index)
         return {"bootstrap_host": host, "bootstrap_port": port, "bootstrap_room": room}
@@ -341,7 +343,7 @@ class TokenizerManager:
             sampling_params={"max_new_tokens": 1, "temperature": 0.0},
             rid=f"{HEALTH_RID_PREFIX}{uuid.uuid4().hex}",
         )
-        if self.server_args.disaggregation_mode != "null":  # PD: a self-contained request (fake transfer backend)
+        if self.pd.enabled:  # PD: a self-contained request (fake transfer backend)
             from sglang.srt.disaggregation.messages import fake_bootstrap
 
             obj = fake_bootstrap(obj)

@@ -12,9 +12,9 @@ import logging
 import traceback
 
 from sglang.srt.distributed.parallel_state import ParallelGroups, ParallelLayout
-from sglang.srt.managers.dp_lockstep import DPLockstep
-from sglang.srt.managers.scheduler import Scheduler
-from sglang.srt.managers.scheduler_io import HeartbeatSender, SchedulerIO, ThreadOutputSender
+from sglang.srt.managers.scheduler.dp_lockstep import DPLockstep
+from sglang.srt.managers.scheduler.scheduler import Scheduler
+from sglang.srt.managers.scheduler.scheduler_io import HeartbeatSender, SchedulerIO, ThreadOutputSender
 from sglang.srt.server_args import PortArgs, ServerArgs
 
 logger = logging.getLogger(__name__)

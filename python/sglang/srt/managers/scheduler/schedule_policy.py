@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from sglang.srt.managers.cache_manager import KVCacheManager
-from sglang.srt.managers.schedule_batch import Req, ScheduleBatch, ScheduledReq
+from sglang.srt.managers.scheduler.cache_manager import KVCacheManager
+from sglang.srt.managers.scheduler.schedule_batch import Req, ScheduleBatch, ScheduledReq
 
 # Fraction of the remaining max_new_tokens of running requests kept free for their decodes.
 DECODE_RESERVE_RATIO = 0.3

@@ -15,8 +15,8 @@ from typing import Any, Optional
 
 import zmq
 
-from sglang.srt.managers.incremental_detok import RequestDetokState, find_anchor_ids
 from sglang.srt.managers.io_struct import BatchStrOut, BatchTokenIDOut
+from sglang.srt.managers.tokenizer.incremental_detok import RequestDetokState, find_anchor_ids
 from sglang.srt.server_args import PortArgs, ServerArgs
 from sglang.srt.utils.process import configure_logger, watch_parent
 

@@ -1,14 +1,17 @@
 """Request-field checks of the request path that `tokenizer_input.prepare_requests` does not do:
 the bootstrap fields of a request (`bootstrap_host`, `bootstrap_port`, `bootstrap_room`, each a
 value or, for a batch, a list with one entry per prompt: what sglang-router adds for PD
-disaggregation). Checked in the tokenizer process against this server's `--disaggregation-mode`,
-so that bad ones get an HTTP 400 instead of reaching the scheduler; a normal server ignores them.
+disaggregation). Checked in the tokenizer process against this server's PD role
+(`DisaggregationRole`), so that bad ones get an HTTP 400 instead of reaching the scheduler; a
+normal server ignores them.
 """
 
 from __future__ import annotations
 
 import numbers
 from typing import Any, Optional
+
+from sglang.srt.disaggregation.role import DisaggregationRole
 
 MAX_ROOM = 2**63 - 1
 
@@ -27,14 +30,14 @@ def bootstrap_of(obj, i: int) -> tuple[Optional[str], Optional[int], Optional[in
     )
 
 
-def check_bootstrap(obj, mode: str, num_prepared: int) -> None:
-    """ValueError for a request this server's PD mode cannot take."""
+def check_bootstrap(obj, role: DisaggregationRole, num_prepared: int) -> None:
+    """ValueError for a request this server's PD role cannot take."""
     given = any(v is not None for v in (obj.bootstrap_host, obj.bootstrap_room))
-    if mode == "null":
+    if not role.enabled:
         return  # a normal server ignores bootstrap fields (a router may send them anyway)
     if not given:
         raise ValueError(
-            f"this server runs --disaggregation-mode {mode}: a request needs bootstrap_host, bootstrap_port and "
+            f"this server runs --disaggregation-mode {role.mode}: a request needs bootstrap_host, bootstrap_port and "
             "bootstrap_room (send it through sglang-router --pd-disaggregation)"
         )
     if num_prepared != obj.batch_size:

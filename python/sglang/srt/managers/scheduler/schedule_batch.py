@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from sglang.srt.model_executor.worker_batch import ModelWorkerBatch
 from sglang.srt.sampling.sampling_params import SamplingParams
 
 
@@ -87,6 +88,15 @@ class Req:
     @property
     def finished(self) -> bool:
         return self.finished_reason is not None
+
+    # ------------------------------------------------------------------ sampling
+    def append_token(self, token: int, logprob: Optional[float] = None, top: Optional[list] = None) -> None:
+        """A sampled token, with its logprob and top logprobs when the request returns them."""
+        self.output_ids.append(token)
+        if logprob is not None:
+            self.output_token_logprobs.append((logprob, token))
+            if top is not None:
+                self.output_top_logprobs.append(top)
 
     # ------------------------------------------------------------------ finishing
     def check_finished(self, eos_token_ids: set[int], tokenizer=None, context_len: int = 0) -> None:
@@ -171,7 +181,7 @@ class ScheduleBatch:
     def has_prefill_items(self) -> bool:
         return any(item.req.is_prefilling for item in self.items)
 
-    def to_worker_batch(self, out_cache_loc) -> "ModelWorkerBatch":
+    def to_worker_batch(self, out_cache_loc) -> ModelWorkerBatch:
         input_ids: list[int] = []
         positions: list[int] = []
         for item in self.items:
@@ -193,27 +203,3 @@ class ScheduleBatch:
             return_logprob=any(item.req.return_logprob for item in sampling),
             top_logprobs_nums=[item.req.top_logprobs_num if item.req.return_logprob else 0 for item in sampling],
         )
-
-
-@dataclass
-class ModelWorkerBatch:
-    """What crosses from the scheduler to the model runner: plain lists, no request objects."""
-
-    input_ids: list[int]
-    positions: list[int]
-    out_cache_loc: Any  # int64 tensor from the allocator
-    req_pool_indices: list[int]
-    prefix_lens: list[int]
-    extend_lens: list[int]
-    is_decode: bool
-    # Rows (indices into the batch's requests) that sample a token this step, and their inputs.
-    sample_rows: list[int]
-    sampling_params: list[SamplingParams]
-    prompt_ids: list[list[int]]
-    output_ids: list[list[int]]
-    return_logprob: bool
-    top_logprobs_nums: list[int]
-
-    @property
-    def batch_size(self) -> int:
-        return len(self.req_pool_indices)

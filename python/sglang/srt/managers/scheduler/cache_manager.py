@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from sglang.srt.managers.schedule_batch import Req, ScheduledReq
+from sglang.srt.managers.scheduler.schedule_batch import Req, ScheduledReq
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.mem_cache.req_to_token import ReqToTokenPool

@@ -22,7 +22,7 @@ from sglang.srt.managers.io_struct import (
     GetInternalStateReqOutput,
     SchedulerHeartbeat,
 )
-from sglang.srt.managers.tokenizer_state import SchedulerUnavailable
+from sglang.srt.managers.tokenizer.tokenizer_state import SchedulerUnavailable
 
 STATE_WAIT_S = 0.5  # then /get_server_info answers from the latest heartbeat's snapshot
 FLUSH_WAIT_S = 1.0  # asked only when no request is running: an idle scheduler answers in ms

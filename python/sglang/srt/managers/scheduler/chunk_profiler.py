@@ -22,7 +22,7 @@ from sglang.srt.managers.dynamic_chunking import (
     profile_lengths,
     time_prefills,
 )
-from sglang.srt.managers.dynamic_chunking.config import ChunkPolicy
+from sglang.srt.managers.dynamic_chunking.policy import ChunkPlanner
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.model_executor.stage_profiler import StagePrefillProfiler
 from sglang.srt.server_args import ServerArgs
@@ -42,7 +42,7 @@ def shared_profile(runner: ModelRunner, groups: ParallelGroups, lengths: list[in
 
 def build_dynamic_chunking(
     server_args: ServerArgs, runner: ModelRunner, groups: ParallelGroups
-) -> Optional[ChunkPolicy]:
+) -> Optional[ChunkPlanner]:
     """The fitted chunk policy (upstream predictor or auto planner), or None for fixed chunks.
 
     Every rank profiles and fits on the same merged numbers, so every rank returns an equal

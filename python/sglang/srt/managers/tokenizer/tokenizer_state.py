@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from sglang.srt.managers.io_struct import GenerateReqInput
-from sglang.srt.managers.tokenizer_input import PreparedReq
+from sglang.srt.managers.tokenizer.tokenizer_input import PreparedReq
 
 DISCONNECT_POLL_S = 1.0  # a waiting consumer checks this often whether its client left
 HEALTH_RID_PREFIX = "HEALTH_CHECK_"  # health probes: not counted in the metrics

@@ -1,5 +1,6 @@
 """Scheduler: the loop orchestrator of one rank. It holds components and inherits nothing.
 
+- `RequestAdmission` turns a tokenized request into a `Req` or refuses it (400 / 503);
 - `KVCacheManager` gives requests KV rows/slots and returns them to the radix cache;
 - `SchedulePolicy` picks each step's work (decodes + prefill chunks, continuous batching);
 - `ModelRunner` runs the forward and samples (the scheduler never touches tensors);
@@ -14,7 +15,7 @@
 
 The same object runs in-process (tests, benchmarks) through `add_request` / `step`. Its loop is
 `event_loop`; with pipeline parallelism stage 0's `managers/pp/driver.py` drives it instead (the
-process entry is `managers/scheduler_process.py`). Whatever the loop, everything the scheduler
+process entry is `scheduler_process.py`). Whatever the loop, everything the scheduler
 takes from outside comes through its constructor: an existing `ModelRunner`, a dynamic-chunking
 budget, extra `internal_state()` entries, an observer of every step's result.
 """
@@ -28,8 +29,6 @@ from typing import TYPE_CHECKING, Callable, Optional
 from sglang.srt.disaggregation.component import Disaggregation
 from sglang.srt.disaggregation.factory import create_disaggregation
 from sglang.srt.distributed.parallel_state import ParallelGroups
-from sglang.srt.managers.cache_manager import KVCacheManager
-from sglang.srt.managers.dp_lockstep import DPLockstep
 from sglang.srt.managers.io_struct import (
     AbortReq,
     BatchTokenIDOut,
@@ -42,20 +41,22 @@ from sglang.srt.managers.io_struct import (
     SchedulerReadyInfo,
     TokenizedGenerateReqInput,
 )
-from sglang.srt.managers.schedule_batch import ModelWorkerBatch, Req, ScheduleBatch
-from sglang.srt.managers.schedule_policy import ChunkBudgetFn, SchedulePolicy, StepBudget, pick_retract_victim
-from sglang.srt.managers.scheduler_output import build_token_id_out, due_for_output
-from sglang.srt.managers.scheduler_watchdog import SchedulerWatchdog
+from sglang.srt.managers.scheduler.admission import RequestAdmission, refuse
+from sglang.srt.managers.scheduler.cache_manager import KVCacheManager
+from sglang.srt.managers.scheduler.dp_lockstep import DPLockstep
+from sglang.srt.managers.scheduler.schedule_batch import Req, ScheduleBatch
+from sglang.srt.managers.scheduler.schedule_policy import ChunkBudgetFn, SchedulePolicy, StepBudget, pick_retract_victim
+from sglang.srt.managers.scheduler.scheduler_output import StepStats, build_token_id_out, due_for_output
+from sglang.srt.managers.scheduler.scheduler_watchdog import SchedulerWatchdog
 from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.model_executor.model_runner import ForwardResult, ModelRunner
+from sglang.srt.model_executor.worker_batch import ModelWorkerBatch
 from sglang.srt.server_args import ServerArgs
 
 if TYPE_CHECKING:
-    from sglang.srt.managers.scheduler_io import SchedulerPort
+    from sglang.srt.managers.scheduler.scheduler_io import SchedulerPort
 
 logger = logging.getLogger(__name__)
-
-STATS_LOG_INTERVAL_S = 10.0
 
 # Called with every applied step: the scheduled batch and its result (tests read the logits).
 StepObserver = Callable[[ScheduleBatch, ForwardResult], None]
@@ -82,7 +83,7 @@ class Scheduler:
         self.groups = groups or ParallelGroups.single()
         self.runner = runner if runner is not None else ModelRunner(server_args, self.groups)
         self.model_config = self.runner.model_config
-        self.tokenizer = tokenizer
+        self.tokenizer = tokenizer  # stop strings (None with --skip-tokenizer-init)
         self.eos_token_ids = set(self.model_config.eos_token_ids)
         self.context_len = self.model_config.context_len
 
@@ -106,6 +107,9 @@ class Scheduler:
             chunk_budget=chunk_budget,
         )
         self.max_req_input_len = min(self.context_len - 1, self.runner.max_total_num_tokens - 1)
+        self.admission = RequestAdmission(
+            tokenizer, self.max_req_input_len, self.model_config.vocab_size, server_args.max_queued_requests
+        )
 
         self.waiting: list[Req] = []
         self.running: list[Req] = []
@@ -117,8 +121,7 @@ class Scheduler:
         self.dp = dp_lockstep
         self.num_received = 0  # generate requests taken (the DP controller's load accounting)
         self._last_load: Optional[tuple[int, int]] = None
-        self._last_stats = time.monotonic()
-        self._stats = {"prefill_tokens": 0, "decode_tokens": 0, "steps": 0}
+        self.stats = StepStats(time.monotonic())
         # Reliability (issue 19): progress watchdog + state snapshots; the process entry starts its thread.
         self.watchdog = SchedulerWatchdog(
             server_args.watchdog_timeout, rank=self.groups.world_rank, dp_rank=self.groups.dp_rank
@@ -199,53 +202,19 @@ class Scheduler:
         return None
 
     def add_request(self, recv: TokenizedGenerateReqInput) -> Req:
-        params = recv.sampling_params
-        params.normalize(self.tokenizer)
-        req = Req(
-            recv.rid,
-            recv.input_ids,
-            params,
-            stream=recv.stream,
-            return_logprob=recv.return_logprob,
-            top_logprobs_num=recv.top_logprobs_num,
-            input_text=recv.input_text,
-        )
-        error, status = self._validate(req), 400
-        if error is None and self._queue_full():
-            error, status = self._queue_full_message(), 503
-        if not error:
+        req = self.admission.new_req(recv)
+        refusal = self.admission.refusal(req, len(self.waiting))
+        if refusal is None:
             admission = self.disagg.admit(req, recv)  # PD: the request waits in the transfer queues first
             if admission.held:
                 return req
-            error = admission.error
-        if error:
-            # `status_code`: the tokenizer manager turns it into that HTTP status
-            req.finished_reason = {"type": "abort", "message": error, "status_code": status}
+            refusal = (admission.error, 400) if admission.error else None
+        if refusal is not None:
+            refuse(req, refusal)
             self._pending_outputs.append(req)
         else:
             self.waiting.append(req)
         return req
-
-    def _validate(self, req: Req) -> Optional[str]:
-        n = len(req.origin_input_ids)
-        if n == 0:
-            return "the prompt is empty"
-        if n > self.max_req_input_len:
-            return f"the prompt has {n} tokens, more than the maximum of {self.max_req_input_len}"
-        vocab = self.model_config.vocab_size
-        if min(req.origin_input_ids) < 0 or max(req.origin_input_ids) >= vocab:
-            return f"input token ids must be in [0, {vocab})"
-        return None
-
-    # Overload guard (issue 19): --max-queued-requests bounds the waiting queue; more is a 503.
-    def _queue_full(self) -> bool:
-        limit = self.server_args.max_queued_requests
-        return limit is not None and len(self.waiting) >= limit
-
-    def _queue_full_message(self) -> str:
-        limit = self.server_args.max_queued_requests
-        return (f"the server is overloaded: {len(self.waiting)} requests are already waiting to be scheduled "
-                f"(--max-queued-requests {limit}); retry later")  # fmt: skip
 
     def abort(self, msg: AbortReq):
         self._pending_outputs += self.disagg.abort_queued(msg.rid, msg.abort_all, msg.message)  # PD queues
@@ -389,13 +358,10 @@ class Scheduler:
         if self.on_step_result is not None:
             self.on_step_result(batch, result)
         self.disagg.after_forward(batch)  # PD prefill: this chunk's KV starts moving now
+        self.stats.add_step(batch)
         sampled = 0
         for item in batch.items:
             req = item.req
-            if item.num_tokens > 1 or not req.output_ids:
-                self._stats["prefill_tokens"] += item.num_tokens
-            else:
-                self._stats["decode_tokens"] += 1
             if not item.samples:
                 continue
             row = sampled
@@ -409,14 +375,9 @@ class Scheduler:
                 self.cache.release(req)
                 self._pending_outputs.append(req)
                 continue
-            token = result.next_token_ids[row]
-            req.output_ids.append(token)
-            if req.return_logprob and result.logprobs is not None:
-                req.output_token_logprobs.append((result.logprobs[row], token))
-                if req.top_logprobs_num and result.top_logprobs is not None:
-                    req.output_top_logprobs.append(result.top_logprobs[row])
-            top = result.top_logprobs[row] if req.top_logprobs_num and result.top_logprobs is not None else None
             lp = result.logprobs[row] if req.return_logprob and result.logprobs is not None else None
+            top = result.top_logprobs[row] if req.top_logprobs_num and result.top_logprobs is not None else None
+            req.append_token(result.next_token_ids[row], lp, top)
             if self.disagg.take_over(req, lp, top):  # PD prefill: the decode server continues it
                 self.running.remove(req)
                 continue
@@ -425,26 +386,13 @@ class Scheduler:
                 self.running.remove(req)
                 self.cache.release(req)
                 self._pending_outputs.append(req)
-        self._stats["steps"] += 1
 
     # ------------------------------------------------------------------ logging
     def _maybe_log_stats(self) -> None:
         now = time.monotonic()
-        if now - self._last_stats < STATS_LOG_INTERVAL_S or not self._stats["steps"] or not self.groups.replica.is_first:
-            return
-        dt = now - self._last_stats
-        used = self.runner.max_total_num_tokens - self.cache.available_tokens()
-        logger.info(
-            "steps %d, prefill %.1f tok/s, decode %.1f tok/s, running %d, waiting %d, KV usage %.2f",
-            self._stats["steps"],
-            self._stats["prefill_tokens"] / dt,
-            self._stats["decode_tokens"] / dt,
-            len(self.running),
-            len(self.waiting),
-            used / self.runner.max_total_num_tokens,
-        )
-        self._stats = {"prefill_tokens": 0, "decode_tokens": 0, "steps": 0}
-        self._last_stats = now
+        if self.groups.replica.is_first and self.stats.due(now):
+            used = self.runner.max_total_num_tokens - self.cache.available_tokens()
+            self.stats.log(now, len(self.running), len(self.waiting), used / self.runner.max_total_num_tokens)
 
     # ------------------------------------------------------------------ process loop
     def event_loop(self, io: Optional["SchedulerPort"]) -> None:

@@ -1,11 +1,17 @@
-"""Turn request progress into the BatchTokenIDOut message for the detokenizer."""
+"""What the scheduler reports: request progress as the BatchTokenIDOut message for the
+detokenizer, and its throughput in the log (`StepStats`)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Optional
 
 from sglang.srt.managers.io_struct import BatchTokenIDOut
-from sglang.srt.managers.schedule_batch import Req
+from sglang.srt.managers.scheduler.schedule_batch import Req, ScheduleBatch
+
+logger = logging.getLogger(__name__)
+
+STATS_LOG_INTERVAL_S = 10.0
 
 
 def due_for_output(req: Req, stream_interval: int) -> bool:
@@ -64,3 +70,41 @@ def build_token_id_out(reqs: list[Req]) -> Optional[BatchTokenIDOut]:
             out.output_top_logprobs.append(None)
         req.sent_len = len(req.output_ids)
     return out
+
+
+class StepStats:
+    """Tokens prefilled and decoded and steps run since the last log line; a line is due every
+    `interval_s` seconds in which a step ran."""
+
+    def __init__(self, now: float, interval_s: float = STATS_LOG_INTERVAL_S):
+        self.interval_s = interval_s
+        self._reset(now)
+
+    def _reset(self, now: float) -> None:
+        self.since = now
+        self.prefill_tokens = self.decode_tokens = self.steps = 0
+
+    def add_step(self, batch: ScheduleBatch) -> None:
+        """Count a finished step (before its sampled tokens are appended)."""
+        for item in batch.items:
+            if item.num_tokens > 1 or not item.req.output_ids:
+                self.prefill_tokens += item.num_tokens
+            else:
+                self.decode_tokens += 1
+        self.steps += 1
+
+    def due(self, now: float) -> bool:
+        return self.steps > 0 and now - self.since >= self.interval_s
+
+    def log(self, now: float, running: int, waiting: int, kv_usage: float) -> None:
+        dt = now - self.since
+        logger.info(
+            "steps %d, prefill %.1f tok/s, decode %.1f tok/s, running %d, waiting %d, KV usage %.2f",
+            self.steps,
+            self.prefill_tokens / dt,
+            self.decode_tokens / dt,
+            running,
+            waiting,
+            kv_usage,
+        )
+        self._reset(now)

@@ -10,7 +10,7 @@ import time
 from typing import Any, Optional
 
 from sglang.srt.managers.io_struct import BatchStrOut
-from sglang.srt.managers.tokenizer_state import ReqChunk, ReqState, finish, notify
+from sglang.srt.managers.tokenizer.tokenizer_state import ReqChunk, ReqState, finish, notify
 from sglang.srt.metrics.collector import ServerMetrics
 
 TOKEN_TEXT_CACHE_MAX = 1 << 20
