@@ -13,13 +13,14 @@ per process), so the bf16 GEMMs run this CPU's oneDNN code."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
-from sglang.srt.kernels import dispatch
 from sglang.srt.kernels.cpu import isa
 from sglang.srt.model_loader.default_model import find_default_model
-from sglang.srt.platforms import cpu
+from sglang.srt.platforms import cpu, fresh_platforms
 from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 from sglang.test.scheduler_harness import SchedulerHarness
 
@@ -31,10 +32,17 @@ REAL_FLAGS = isa.cpu_flags() or frozenset()
 KINDS = [k for k in cpu.CPU_KINDS if cpu.KIND_FLAGS[k] <= REAL_FLAGS]
 BUILDS = [v.name for v in isa.runnable_variants()]
 # (kind, build) pairs covering every kind and every build once (the dtype mode follows the kind, the
-# LM head's kernel the build): an AVX-512 CPU without BF16 runs the avx2 build, an AVX-512 one may
-# be told SGLANG_CPU_ISA=avx2 / generic
-PAIRS = [("amx", "avx512"), ("avx512-bf16", "avx512"), ("avx512", "avx2"), ("avx512", "generic"), ("avx2", "avx2"),
-         ("generic", "generic")]  # fmt: skip
+# LM head's kernel the build): an AVX-512 CPU without BF16 runs the avx512 build, an AVX-512 one may
+# be told SGLANG_CPU_ISA=avx2 / portable
+PAIRS = [
+    ("amx", "avx512bf16"),
+    ("avx512-bf16", "avx512bf16"),
+    ("avx512", "avx512"),
+    ("avx512", "avx2"),
+    ("avx512", "portable"),
+    ("avx2", "avx2"),
+    ("generic", "portable"),
+]
 RUNNABLE_PAIRS = [(k, b) for k, b in PAIRS if k in KINDS and b in BUILDS]
 # bf16 model, float32 logits vs the float32 model: every layer's bf16 rounding moves the logprobs
 # by a few hundredths here; the near tie is 0.08 wide
@@ -66,14 +74,16 @@ def float32_top(prompt):
 
 @pytest.fixture
 def cpu_as(monkeypatch):
-    def force(kind: str, build: str) -> None:
-        monkeypatch.setenv("SGLANG_CPU_FLAGS_OVERRIDE", kind)
-        monkeypatch.setenv("SGLANG_CPU_ISA", build)
-        dispatch.reset()
+    """Set the kind and build, then run the rest of the test on fresh platform objects (their
+    kernel table and dtype choice follow the variables)."""
+    with contextlib.ExitStack() as stack:
 
-    yield force
-    cpu.forget_auto_dtype()
-    dispatch.reset()
+        def force(kind: str, build: str) -> None:
+            monkeypatch.setenv("SGLANG_CPU_FLAGS_OVERRIDE", kind)
+            monkeypatch.setenv("SGLANG_CPU_ISA", build)
+            stack.enter_context(fresh_platforms())
+
+        yield force
 
 
 @pytest.mark.parametrize("kind,build", RUNNABLE_PAIRS)
