@@ -1,13 +1,17 @@
 """Installs the `sglang` package from python/ (clean-room SGLang-compatible engine).
 
 The fused CPU kernels (python/sglang/srt/kernels/cpu/csrc) are compiled here, at install time, as
-ordinary extension modules (torch's `BuildExtension`), one per instruction-set variant
-(kernels/cpu/isa.py), so nothing is compiled when a server starts. `pip install -e .` (used by
-`make setup`) or `python setup.py build_ext --inplace` builds them; they need the torch the
-package runs with, so install torch first and pass `--no-build-isolation` to pip. Without torch
-or a C++ compiler the package installs without them and the engine uses its torch code.
-SGLANG_BUILD_CPU_KERNELS=0 skips them; SGLANG_CPU_KERNEL_VARIANTS=avx2,generic builds only
-those variants.
+ordinary extension modules (torch's `BuildExtension`), one per build of the one ISA vocabulary
+(kernels/cpu/isa.py: avx512bf16, avx512, avx2, portable), so nothing is compiled when a server
+starts. `pip install -e .` (used by `make setup`) or `python setup.py build_ext --inplace` builds
+them; they need the torch the package runs with, so install torch first and pass
+`--no-build-isolation` to pip. Without torch or a C++ compiler the package installs without them
+and the engine uses its torch code. SGLANG_BUILD_CPU_KERNELS=0 skips them;
+SGLANG_CPU_KERNEL_VARIANTS=avx2,portable builds only those.
+
+The DSA kernels' package `sgl-kernel-npu/` (not on PyPI) is optional and installed separately
+(`make setup` does): without it SGLang runs, merges partial attentions in torch, and the `dsa`
+attention backend refuses to start, naming it.
 """
 
 import importlib.util
@@ -43,7 +47,8 @@ INSTALL_REQUIRES = [
 
 
 def _load_isa():
-    """kernels/cpu/isa.py by path (the package itself is not importable before it is installed)."""
+    """kernels/cpu/isa.py by path (the package itself is not importable before it is installed;
+    sgl-kernel-npu/setup.py loads the same file)."""
     spec = importlib.util.spec_from_file_location("_sglang_cpu_isa", os.path.join(HERE, KERNEL_DIR, "isa.py"))
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # (its dataclasses look their module up)

@@ -2,10 +2,12 @@
 reference, Triton kernels, a torch_npu mapping and fused CPU kernels.
 
 The CPU kernels are compiled here, at install time, with torch's C++ extension tooling: one
-binding (csrc/cpu/dsa_ops.cpp) and one translation unit per instruction set (portable, AVX2 +
-FMA, AVX2 + FMA + AVX-VNNI, AVX-512, AVX-512 + VNNI, AVX-512 + BF16 + VNNI), each built for its own target whatever the compiler's default, and picked at run
-time from the CPU's flags. Install into the environment that holds torch, without build
-isolation (the extension is built against that torch):
+binding (csrc/cpu/dsa_ops.cpp) and one translation unit per instruction set of SGLang's one ISA
+vocabulary (python/sglang/srt/kernels/cpu/isa.py, loaded here by path: avx512bf16, avx512vnni,
+avx512, avx2vnni, avx2, portable), each built for its own target whatever the compiler's default;
+at run time the selector of that same file picks one (SGLANG_CPU_ISA, or the best the CPU runs).
+Install into the environment that holds torch, without build isolation (the extension is built
+against that torch):
 
     pip install --no-build-isolation -e ./sgl-kernel-npu
 
@@ -13,13 +15,37 @@ SGL_KERNEL_NPU_SKIP_CPU_BUILD=1 installs the Python package alone (the ops then 
 torch reference on CPU).
 """
 
+import importlib.util
 import os
-import platform
+import sys
 
 from setuptools import find_packages, setup
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 CSRC = os.path.join("csrc", "cpu")
+# SGLang's one ISA vocabulary and selector (standard library only), next to this package in the checkout
+ISA_FILE = os.path.join(ROOT, "..", "python", "sglang", "srt", "kernels", "cpu", "isa.py")
+
+
+def load_isa():
+    """SGLang's kernels/cpu/isa.py by path (nothing is installed yet when this runs)."""
+    if not os.path.isfile(ISA_FILE):
+        raise SystemExit(f"sgl-kernel-npu builds inside the SGLang checkout: {ISA_FILE} (the ISA vocabulary) is missing")
+    spec = importlib.util.spec_from_file_location("_sglang_cpu_isa", ISA_FILE)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # (its dataclasses look their module up)
+    spec.loader.exec_module(module)
+    return module
+
+
+def isa_sources():
+    """dsa_isa_<name>.cpp for every ISA of this architecture's vocabulary (each must exist)."""
+    names = list(load_isa().isas())
+    files = [os.path.join(CSRC, f"dsa_isa_{name}.cpp") for name in names]
+    missing = [f for f in files if not os.path.isfile(os.path.join(ROOT, f))]
+    if missing:
+        raise SystemExit(f"the ISA vocabulary names {names}, but these translation units are missing: {missing}")
+    return files
 
 
 def ext_modules():
@@ -27,9 +53,7 @@ def ext_modules():
         return [], {}
     from torch.utils.cpp_extension import BuildExtension, CppExtension
 
-    sources = [os.path.join(CSRC, "dsa_ops.cpp"), os.path.join(CSRC, "dsa_isa_portable.cpp")]
-    if platform.machine().lower() in ("x86_64", "amd64"):
-        sources += [os.path.join(CSRC, f"dsa_isa_{isa}.cpp") for isa in ("avx2", "avx2vnni", "avx512", "avx512vnni", "avx512bf16")]
+    sources = [os.path.join(CSRC, "dsa_ops.cpp")] + isa_sources()
     ext = CppExtension(
         "sgl_kernel_npu._cpu_ops",
         sources,

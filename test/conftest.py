@@ -23,10 +23,11 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(autouse=True)
-def _forget_cpu_auto_dtype():
-    """`--dtype auto` on CPU records its choice per process (platforms/cpu.py: the linears packed
-    after loading read it); a test that resolved auto must not change how a later test packs."""
-    yield
-    from sglang.srt.platforms.cpu import forget_auto_dtype
+def _fresh_platforms():
+    """Every test gets the platform objects a new process would have (`platforms.fresh_platforms`):
+    their kernel table and the CPU's `--dtype auto` choice start empty, so what a test resolved or
+    loaded (under its own SGLANG_CPU_* variables) stays with it."""
+    from sglang.srt.platforms import fresh_platforms
 
-    forget_auto_dtype()
+    with fresh_platforms():
+        yield

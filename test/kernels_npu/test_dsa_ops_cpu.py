@@ -207,6 +207,39 @@ def test_bf16_and_vnni_isas_are_picked_where_the_cpu_has_them():
         assert cpu.active_isa() == ISAS[0]
 
 
+def test_sglang_cpu_isa_reaches_the_dsa_kernels(monkeypatch):
+    """One ISA vocabulary and one selector for both CPU kernel homes (sglang/srt/kernels/cpu/isa.py):
+    SGLANG_CPU_ISA picks the DSA kernels' ISA as it picks SGLang's own build, old names included,
+    and an ISA this CPU cannot run is refused."""
+    if not ISAS:
+        pytest.skip("no CPU kernels")
+    from sglang.srt.kernels.cpu import isa
+
+    assert tuple(cpu.ISAS) == tuple(isa.X86_ISAS) and tuple(cpu._ops.isas()) == tuple(isa.isas())
+    assert ISAS == isa.runnable_isas()
+    monkeypatch.delenv("SGLANG_CPU_ISA", raising=False)
+    assert cpu.active_isa() == isa.select() == ISAS[0]
+    for name in ISAS:
+        monkeypatch.setenv("SGLANG_CPU_ISA", name)
+        assert cpu.active_isa() == name == isa.select()
+    monkeypatch.setenv("SGLANG_CPU_ISA", "generic")
+    assert cpu.active_isa() == "portable"
+    case = indexer_case(**RAGGED, topk=16, integer=True)  # the portable build's answer, exact
+    ref_idx, ref_val = skn.lightning_indexer(
+        case.query, case.key, case.weights, **case.kwargs(), return_value=True, impl="reference"
+    )
+    idx = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), impl="cpu")
+    check_same_selection(idx[:, 0], ref_idx[:, 0], ref_val[:, 0], visible_counts(case))
+    missing = [name for name in isa.isas() if name not in ISAS]
+    if missing:  # a CPU without the best ISAs: asking for one is an error, not a SIGILL
+        monkeypatch.setenv("SGLANG_CPU_ISA", missing[0])
+        with pytest.raises(ValueError, match=f"cannot run the {missing[0]} kernels"):
+            cpu.active_isa()
+    monkeypatch.setenv("SGLANG_CPU_ISA", "sse9")
+    with pytest.raises(ValueError, match="SGLANG_CPU_ISA"):
+        cpu.active_isa()
+
+
 def test_bf16_dot_choice_is_checked(monkeypatch):
     monkeypatch.setenv("SGL_KERNEL_NPU_BF16_DOT", "amx")
     with pytest.raises(ValueError, match="SGL_KERNEL_NPU_BF16_DOT"):

@@ -13,7 +13,7 @@ import torch
 
 from sglang.srt.layers import linear_mixed
 from sglang.srt.model_loader.default_model import find_default_model
-from sglang.srt.platforms import cpu
+from sglang.srt.platforms import get_platform
 from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 from sglang.test.scheduler_harness import SchedulerHarness
 
@@ -50,9 +50,8 @@ def _greedy(path, prompts, dtype, **kwargs):
 
 @pytest.fixture
 def avx2(monkeypatch):
+    """(The test's platform objects are its own: test/conftest.py.)"""
     monkeypatch.setenv("SGLANG_CPU_FLAGS_OVERRIDE", "avx2")
-    yield
-    cpu.forget_auto_dtype()
 
 
 @pytest.mark.parametrize("chunk", [64])
@@ -70,8 +69,9 @@ def test_auto_on_avx2_is_float32_with_bf16_decode_and_matches_float32(prompts_id
     assert len(packed) > 4 * 30  # every linear of the 30 layers, and the LM head
     assert all(isinstance(p[0], linear_mixed.MixedWeight) and p[0].bf16 is not None for p in packed)
     assert all(p[1] is linear_mixed.mixed_linear for p in packed)
-    cpu.forget_auto_dtype()
+    assert get_platform("cpu").dtype_choice.kind == "avx2"  # the choice is the process's CPU platform's
     _, f32_ids = _greedy(path, prompts, "float32", **kwargs)
+    assert get_platform("cpu").dtype_choice is None  # an explicit dtype drops it
     assert auto_ids == f32_ids
 
 
@@ -81,13 +81,10 @@ def test_auto_with_native_bf16_is_bf16(prompts_ids, monkeypatch, kind):
     both give the peers' greedy ids for the "Paris" prompt (whole prompt, then one-token decodes)."""
     monkeypatch.setenv("SGLANG_CPU_FLAGS_OVERRIDE", kind)
     path, prompts = prompts_ids
-    try:
-        h, ids = _greedy(path, prompts[:1], "auto")
-        model = h.scheduler.runner.model
-        assert next(model.parameters()).dtype == torch.bfloat16
-        kinds = {type(m.packed_weight[0]) for m in model.modules() if isinstance(getattr(m, "packed_weight", None), tuple)}
-        assert (linear_mixed.Float32PrefillWeight in kinds) == (kind == "avx512-bf16")
-        assert linear_mixed.MixedWeight not in kinds
-        assert ids[0] == [7042, 30, 198, 198, 504, 2988, 314, 42][:NEW_TOKENS]
-    finally:
-        cpu.forget_auto_dtype()
+    h, ids = _greedy(path, prompts[:1], "auto")
+    model = h.scheduler.runner.model
+    assert next(model.parameters()).dtype == torch.bfloat16
+    kinds = {type(m.packed_weight[0]) for m in model.modules() if isinstance(getattr(m, "packed_weight", None), tuple)}
+    assert (linear_mixed.Float32PrefillWeight in kinds) == (kind == "avx512-bf16")
+    assert linear_mixed.MixedWeight not in kinds
+    assert ids[0] == [7042, 30, 198, 198, 504, 2988, 314, 42][:NEW_TOKENS]

@@ -14,13 +14,14 @@ shows the exact tie the float32 head removes. The amx kind is a known open case 
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
-from sglang.srt.kernels import dispatch
 from sglang.srt.kernels.cpu import isa
 from sglang.srt.model_loader.default_model import find_default_model
-from sglang.srt.platforms import cpu
+from sglang.srt.platforms import cpu, fresh_platforms
 from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 from sglang.test.scheduler_harness import SchedulerHarness
 
@@ -31,11 +32,12 @@ REAL_FLAGS = isa.cpu_flags() or frozenset()
 # kinds this machine can stand in for (its flags include the kind's) and the kernel builds it runs
 KINDS = [k for k in cpu.CPU_KINDS if cpu.KIND_FLAGS[k] <= REAL_FLAGS]
 BUILDS = [v.name for v in isa.runnable_variants()]
-# (kind, build) pairs covering every kind and every build (the dtype mode follows the kind, the LM
-# head's kernel the build)
-# (the avx512 kind with the avx2 build, the issue's CPU, runs in a process of its own below, with
-# oneDNN capped as on that CPU)
-PAIRS = [("amx", "avx512"), ("avx512-bf16", "avx512"), ("avx2", "avx2"), ("generic", "generic")]
+# (kind, build) pairs covering every kind and every build once (the dtype mode follows the kind, the
+# LM head's kernel the build; SGLANG_CPU_ISA below avx512bf16 caps the kind at its own). The issue's
+# CPU (AVX-512 without BF16: the avx512 build) also runs in a process of its own below, with
+# oneDNN capped as on that CPU.
+PAIRS = [("amx", "avx512bf16"), ("avx512-bf16", "avx512bf16"), ("avx512", "avx512"), ("avx2", "avx2"),
+         ("generic", "portable")]  # fmt: skip
 RUNNABLE_PAIRS = [(k, b) for k, b in PAIRS if k in KINDS and b in BUILDS]
 # The amx kind runs the whole prefill in bf16 (AMX GEMMs and prefill attention): that model's own
 # bf16 error moves this tie's gap by +-0.15 between equally valid kernel choices (measured on an
@@ -73,14 +75,16 @@ def float32_top(prompt):
 
 @pytest.fixture
 def cpu_as(monkeypatch):
-    def force(kind: str, build: str) -> None:
-        monkeypatch.setenv("SGLANG_CPU_FLAGS_OVERRIDE", kind)
-        monkeypatch.setenv("SGLANG_CPU_ISA", build)
-        dispatch.reset()
+    """Set the kind and build, then run the rest of the test on fresh platform objects (their
+    kernel table and dtype choice follow the variables)."""
+    with contextlib.ExitStack() as stack:
 
-    yield force
-    cpu.forget_auto_dtype()
-    dispatch.reset()
+        def force(kind: str, build: str) -> None:
+            monkeypatch.setenv("SGLANG_CPU_FLAGS_OVERRIDE", kind)
+            monkeypatch.setenv("SGLANG_CPU_ISA", build)
+            stack.enter_context(fresh_platforms())
+
+        yield force
 
 
 @pytest.mark.parametrize(
@@ -110,10 +114,10 @@ print(json.dumps(h.logits[rid][0].float().tolist()))
 """
 
 
-@pytest.mark.skipif("avx512" not in KINDS or "avx2" not in BUILDS, reason="needs an AVX-512 CPU")
+@pytest.mark.skipif("avx512" not in KINDS or "avx512" not in BUILDS, reason="needs an AVX-512 CPU")
 def test_issue_cpu_avx512_without_bf16_emulated(prompt, float32_top):
     """The issue's CPU as far as a process can be made one: oneDNN capped at AVX-512 without BF16
-    (ONEDNN_MAX_CPU_ISA=AVX512_CORE, read at process start) and the avx2 kernel build. bf16
+    (ONEDNN_MAX_CPU_ISA=AVX512_CORE, read at process start) and the avx512 kernel build. bf16
     logits put "The" and "L" on the same bf16 step (the demo's "L'Étoile, ..."); float32 logits
     rank them as float32 does."""
     import json
@@ -122,7 +126,7 @@ def test_issue_cpu_avx512_without_bf16_emulated(prompt, float32_top):
     import sys
 
     path, ids = prompt
-    env = dict(os.environ, ONEDNN_MAX_CPU_ISA="AVX512_CORE", SGLANG_CPU_ISA="avx2")
+    env = dict(os.environ, ONEDNN_MAX_CPU_ISA="AVX512_CORE", SGLANG_CPU_ISA="avx512")
     env.pop("SGLANG_CPU_FLAGS_OVERRIDE", None)
     top = {}
     for disable in ("0", "1"):

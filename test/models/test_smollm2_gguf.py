@@ -54,7 +54,7 @@ def test_bf16_kernels_keep_greedy_ids(gguf_and_prompt, monkeypatch, chunk):
     attention, norms, SiLU, RoPE) vs the torch paths (SGLANG_CPU_KERNELS=0): a ~300-token prompt,
     whole and in 96-token chunks (prefill over a cached prefix); greedy ids identical, first-token
     logits close up to a constant shift."""
-    from sglang.srt.kernels import dispatch
+    from sglang.srt.platforms import fresh_platforms
 
     path, tok, _ = gguf_and_prompt
     ids = tok.encode(LONG_PROMPT, add_special_tokens=False)
@@ -62,13 +62,12 @@ def test_bf16_kernels_keep_greedy_ids(gguf_and_prompt, monkeypatch, chunk):
     runs = {}
     for kernels in ("1", "0"):
         monkeypatch.setenv("SGLANG_CPU_KERNELS", kernels)
-        dispatch.reset()
         kwargs = {"chunked_prefill_size": chunk} if chunk else {}
-        h = SchedulerHarness(model_path=path, dtype="bfloat16", max_total_tokens=4096, num_threads=2, **kwargs)
-        rid = h.submit(ids, 8)
-        h.run()
+        with fresh_platforms():  # platform objects (kernel tables) that read the variable
+            h = SchedulerHarness(model_path=path, dtype="bfloat16", max_total_tokens=4096, num_threads=2, **kwargs)
+            rid = h.submit(ids, 8)
+            h.run()
         runs[kernels] = (h.outputs[rid], h.logits[rid][0])
-    dispatch.reset()
     assert runs["1"][0] == runs["0"][0]
     # both bf16 runs are off float32 by a near-constant logit shift (opposite signs here: means
     # -0.15 / +0.11, spread 0.05 each), which softmax ignores: compare centred logits

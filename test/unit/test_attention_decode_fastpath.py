@@ -11,7 +11,6 @@ from typing import Sequence
 import pytest
 import torch
 
-from sglang.srt.kernels import dispatch
 from sglang.srt.layers.attention import cpu_backend, cpu_decode
 from sglang.srt.layers.attention.cpu_backend import CPUAttnBackend, CPUMetadata
 from sglang.srt.layers.attention.cpu_decode import plan_decode_segments
@@ -23,6 +22,8 @@ from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.kv_pool import MHATokenToKVPool
 from sglang.srt.mem_cache.req_to_token import ReqToTokenPool
 from sglang.srt.model_executor.forward_batch import ForwardBatch, ForwardMode
+from sglang.srt.platforms import fresh_platforms
+from sglang.srt.platforms import kernel_dispatch as dispatch
 
 HQ, HK, D, LAYERS = 4, 2, 8, 2
 ROWS = 512
@@ -33,11 +34,10 @@ def decode_impl(request, monkeypatch):
     """Every test runs twice: with the torch paths alone (SGLANG_CPU_KERNELS=0, what platforms
     without fused kernels run) and with the CPU build's fused decode attention where it builds."""
     monkeypatch.setenv("SGLANG_CPU_KERNELS", "0" if request.param == "torch" else "1")
-    dispatch.reset()
-    if request.param == "fused" and dispatch.kernels_for_device(torch.device("cpu")) is None:
-        pytest.skip("no C++ toolchain: the fused CPU kernels could not be built")
-    yield request.param
-    dispatch.reset()
+    with fresh_platforms():  # platform objects that read the variable
+        if request.param == "fused" and dispatch.kernels_for_device(torch.device("cpu")) is None:
+            pytest.skip("no C++ toolchain: the fused CPU kernels could not be built")
+        yield request.param
 
 
 def _layers() -> list[RadixAttention]:

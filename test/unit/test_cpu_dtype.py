@@ -12,7 +12,8 @@ import torch.nn.functional as F
 
 from sglang.srt.configs.model_config import resolve_dtype
 from sglang.srt.layers import linear_mixed
-from sglang.srt.platforms import cpu
+from sglang.srt.platforms import cpu, fresh_platforms, get_platform
+from sglang.srt.platforms import kernel_dispatch as dispatch
 
 AMD_EPYC_ROME = (  # /proc/cpuinfo flags of an AVX2-only AMD EPYC (Zen 2), abridged
     "fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge mca cmov pat pse36 clflush mmx fxsr sse sse2 ht "
@@ -29,11 +30,9 @@ COOPER_LAKE = SKYLAKE_X + " avx512_vnni avx512_bf16"
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch):
+    """(Each test also has platform objects of its own: test/conftest.py.)"""
     for name in ("SGLANG_CPU_FLAGS_OVERRIDE", "SGLANG_CPU_ISA", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY"):
         monkeypatch.delenv(name, raising=False)
-    cpu.forget_auto_dtype()
-    yield
-    cpu.forget_auto_dtype()
 
 
 @pytest.mark.parametrize(
@@ -67,6 +66,17 @@ def test_override_by_kind_name(monkeypatch, kind):
     assert cpu.cpu_kind(cpu.KIND_FLAGS[kind]) == kind
 
 
+@pytest.mark.parametrize("isa_name, kind", sorted(cpu.KIND_ALIASES.items()))
+def test_override_by_isa_name(monkeypatch, isa_name, kind):
+    """The kernels' ISA names (kernels/cpu/isa.py) of the kinds work in the override too, and each
+    kind's flags run the kernels of that ISA."""
+    from sglang.srt.kernels.cpu import isa
+
+    monkeypatch.setenv("SGLANG_CPU_FLAGS_OVERRIDE", isa_name)
+    assert cpu.choose_dtype().kind == kind
+    assert isa.select("auto", cpu.KIND_FLAGS[kind], machine="x86_64") == isa_name
+
+
 def test_isa_caps_emulate_older_cpus(monkeypatch):
     """ONEDNN_MAX_CPU_ISA / SGLANG_CPU_ISA: an AMX machine run as an AVX2 (or AVX-512) one is
     treated as the machine it emulates."""
@@ -78,16 +88,24 @@ def test_isa_caps_emulate_older_cpus(monkeypatch):
     assert cpu.choose_dtype().kind == "avx512"
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     assert cpu.choose_dtype().kind == "avx2"
-    monkeypatch.setenv("SGLANG_CPU_ISA", "avx2")  # AVX-512 without BF16 runs our avx2 build
+    monkeypatch.setenv("SGLANG_CPU_ISA", "avx2")  # oneDNN's cap given: our kernels' ISA caps nothing more
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE")
     assert cpu.choose_dtype().kind == "avx512"
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     assert cpu.choose_dtype().kind == "avx2"
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
     assert cpu.choose_dtype().kind == "avx2"
-    monkeypatch.setenv("SGLANG_CPU_ISA", "generic")
+    monkeypatch.setenv("SGLANG_CPU_ISA", "generic")  # the old name of portable
     assert cpu.choose_dtype().kind == "generic"
-    monkeypatch.setenv("SGLANG_CPU_ISA", "avx512")  # not a cap: the kernels' best build
+    monkeypatch.setenv("SGLANG_CPU_ISA", "portable")
+    assert cpu.choose_dtype().kind == "generic"
+    monkeypatch.setenv("SGLANG_CPU_ISA", "avx512")  # AVX-512 without BF16 (Cascade Lake's build)
+    assert cpu.choose_dtype().kind == "avx512"
+    monkeypatch.setenv("SGLANG_CPU_ISA", "avx512vnni")
+    assert cpu.choose_dtype().kind == "avx512"
+    monkeypatch.setenv("SGLANG_CPU_ISA", "avx2vnni")
+    assert cpu.choose_dtype().kind == "avx2"
+    monkeypatch.setenv("SGLANG_CPU_ISA", "avx512bf16")  # not a cap: the kernels' best build (AMX inside)
     assert cpu.choose_dtype().kind == "amx"
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
     assert cpu.choose_dtype().kind == "avx2"
@@ -114,22 +132,51 @@ def test_log_line_and_state(monkeypatch, caplog):
     lines = [r.getMessage() for r in caplog.records if "--dtype auto" in r.getMessage()]
     assert len(lines) == 1
     assert "(avx2): float32 + bf16 weight copies" in lines[0] and "reason: AVX2" in lines[0]
-    backend = cpu.CpuPlatform().prepacked_linear(torch.float32, torch.device("cpu"))
+    platform = get_platform("cpu")  # the platform object resolve_dtype asked: it holds the choice
+    assert platform.dtype_choice is not None and platform.dtype_choice.kind == "avx2"
+    backend = platform.prepacked_linear(torch.float32, torch.device("cpu"))
     assert backend is not None and backend[1] is linear_mixed.mixed_linear
+    assert cpu.CpuPlatform().prepacked_linear(torch.float32, torch.device("cpu")) is None  # another object: no choice
     caplog.clear()
     monkeypatch.setenv("SGLANG_CPU_FLAGS_OVERRIDE", "amx")
     resolve_dtype("auto", None, device="cpu")
     (line,) = [r.getMessage() for r in caplog.records if "--dtype auto" in r.getMessage()]
     assert "(amx): bfloat16;" in line and "AMX" in line
-    backend = cpu.CpuPlatform().prepacked_linear(torch.bfloat16, torch.device("cpu"))
+    backend = platform.prepacked_linear(torch.bfloat16, torch.device("cpu"))
     assert backend is None or backend[1] not in (linear_mixed.mixed_linear, linear_mixed.float32_prefill_linear)
     caplog.clear()
     monkeypatch.setenv("SGLANG_CPU_FLAGS_OVERRIDE", "avx512-bf16")
     resolve_dtype("auto", None, device="cpu")
     (line,) = [r.getMessage() for r in caplog.records if "--dtype auto" in r.getMessage()]
     assert "(avx512-bf16): bfloat16 + float32 weight copies for GEMMs of >= 32 tokens" in line
-    backend = cpu.CpuPlatform().prepacked_linear(torch.bfloat16, torch.device("cpu"))
+    backend = platform.prepacked_linear(torch.bfloat16, torch.device("cpu"))
     assert backend is not None and backend[1] is linear_mixed.float32_prefill_linear
+
+
+def test_choice_is_the_platform_objects_and_a_fresh_one_has_none(monkeypatch):
+    """The auto choice lives on the process's platform object (no module state): fresh platform
+    objects start without it, and the earlier ones keep theirs."""
+    monkeypatch.setenv("SGLANG_CPU_FLAGS_OVERRIDE", "avx2")
+    resolve_dtype("auto", None, device="cpu")
+    outer = get_platform("cpu")
+    assert outer.dtype_choice.kind == "avx2" and get_platform("cpu") is outer
+    with fresh_platforms():
+        inner = get_platform("cpu")
+        assert inner is not outer and inner.dtype_choice is None
+        assert inner.prepacked_linear(torch.float32, torch.device("cpu")) is None
+    assert get_platform("cpu") is outer and outer.dtype_choice.kind == "avx2"
+
+
+def test_mixed_linears_share_one_budget_per_choice():
+    """The backends of one choice pack against one copy budget; another choice starts its own."""
+    mixed = linear_mixed.MixedLinears(copy_budget_bytes=48 * 40 * 2)
+    pack, kernel = mixed.bf16_copies(1)
+    assert mixed.bf16_copies(1) == (pack, kernel) and kernel is linear_mixed.mixed_linear
+    assert pack(torch.randn(48, 40)).bf16 is not None and pack(torch.randn(48, 40)).bf16 is None
+    assert mixed.copies_kept() == (1, 48 * 40 * 2, 1)
+    pack32, kernel32 = mixed.float32_prefill(16)
+    assert kernel32 is linear_mixed.float32_prefill_linear and pack32(torch.randn(8, 4).bfloat16()).float32 is None
+    assert linear_mixed.MixedLinears().bf16_copies(1)[0](torch.randn(48, 40)).bf16 is not None
 
 
 @pytest.mark.parametrize("kind", ["avx2", "avx512-bf16", "amx"])
@@ -137,10 +184,11 @@ def test_explicit_dtype_is_honoured(monkeypatch, kind):
     monkeypatch.setenv("SGLANG_CPU_FLAGS_OVERRIDE", kind)
     resolve_dtype("auto", None, device="cpu")  # an earlier auto choice in this process...
     assert resolve_dtype("float32", None, device="cpu") == torch.float32
-    assert cpu._auto_choice is None  # ...is dropped: explicit bf16 / float32 run plain GEMMs
-    assert cpu.CpuPlatform().prepacked_linear(torch.float32, torch.device("cpu")) is None
+    platform = get_platform("cpu")
+    assert platform.dtype_choice is None  # ...is dropped: explicit bf16 / float32 run plain GEMMs
+    assert platform.prepacked_linear(torch.float32, torch.device("cpu")) is None
     assert resolve_dtype("bfloat16", None, device="cpu") == torch.bfloat16
-    backend = cpu.CpuPlatform().prepacked_linear(torch.bfloat16, torch.device("cpu"))
+    backend = platform.prepacked_linear(torch.bfloat16, torch.device("cpu"))
     assert backend is None or backend[1] not in (linear_mixed.mixed_linear, linear_mixed.float32_prefill_linear)
     with pytest.raises(ValueError, match="float16"):
         resolve_dtype("float16", None, device="cpu")
@@ -161,11 +209,12 @@ def test_auto_on_gpu_keeps_the_config_dtype():
 def test_mixed_linear(monkeypatch, keep_copy):
     """One token: the bf16 copy (input rounded to bf16, float32 result); more: the float32 weight
     itself, exactly F.linear."""
-    monkeypatch.setattr(linear_mixed._budget, "take", lambda nbytes: keep_copy)
+    budget = linear_mixed.CopyBudget()
+    monkeypatch.setattr(budget, "take", lambda nbytes: keep_copy)
     torch.manual_seed(0)
     w = torch.randn(48, 40) * 0.1
     b = torch.randn(48)
-    packed = linear_mixed.pack(w, max_tokens=1)
+    packed = linear_mixed.pack(w, max_tokens=1, budget=budget)
     assert (packed.bf16 is not None) == keep_copy
     one = torch.randn(1, 40)
     out = linear_mixed.mixed_linear(one, packed, b)
@@ -182,8 +231,7 @@ def test_mixed_linear(monkeypatch, keep_copy):
 
 
 def test_mixed_copy_budget():
-    budget = linear_mixed._CopyBudget()
-    budget.left = 100
+    budget = linear_mixed.CopyBudget(100)
     assert budget.take(60) and not budget.take(60) and budget.take(40)
     assert (budget.kept, budget.kept_bytes, budget.skipped) == (2, 100, 1)
 
@@ -192,11 +240,12 @@ def test_mixed_copy_budget():
 def test_float32_prefill_linear(monkeypatch, keep_copy):
     """bf16 model: below the threshold the small-input kernel itself (plain F.linear here); from it
     on a float32 GEMM on the float32 copy, rounded to bf16 once (or the bf16 GEMM without a copy)."""
-    monkeypatch.setattr(linear_mixed._budget, "take", lambda nbytes: keep_copy)
+    budget = linear_mixed.CopyBudget()
+    monkeypatch.setattr(budget, "take", lambda nbytes: keep_copy)
     torch.manual_seed(0)
     w = (torch.randn(48, 40) * 0.1).bfloat16()
     b = torch.randn(48).bfloat16()
-    packed = linear_mixed.pack_float32_prefill(w, min_tokens=16)
+    packed = linear_mixed.pack_float32_prefill(w, min_tokens=16, budget=budget)
     assert (packed.float32 is not None) == keep_copy
     small = torch.randn(15, 40).bfloat16()
     torch.testing.assert_close(linear_mixed.float32_prefill_linear(small, packed, b), F.linear(small, w, b), rtol=0, atol=0)
@@ -210,16 +259,11 @@ def test_float32_prefill_linear(monkeypatch, keep_copy):
 @pytest.mark.parametrize("kind, want", [("amx", torch.bfloat16), ("avx512-bf16", torch.float32), ("avx2", torch.float32)])
 def test_prefill_attention_dtype_per_kind(monkeypatch, kind, want):
     """bf16 prefill attention computes in float32 on CPUs without AMX (torch's bf16 flash kernel
-    is slower there); float32 stays float32 everywhere."""
-    from sglang.srt.kernels import dispatch
-
+    is slower there); float32 stays float32 everywhere. (The answer is the platform object's: this
+    test's own, test/conftest.py.)"""
     monkeypatch.setenv("SGLANG_CPU_FLAGS_OVERRIDE", kind)
-    dispatch.reset()
-    try:
-        assert dispatch.prefill_attention_dtype(torch.device("cpu"), torch.bfloat16) == want
-        assert dispatch.prefill_attention_dtype(torch.device("cpu"), torch.float32) == torch.float32
-    finally:
-        dispatch.reset()
+    assert dispatch.prefill_attention_dtype(torch.device("cpu"), torch.bfloat16) == want
+    assert dispatch.prefill_attention_dtype(torch.device("cpu"), torch.float32) == torch.float32
 
 
 def test_bf16_prefill_through_float32_matches_float32(monkeypatch):
@@ -227,12 +271,11 @@ def test_bf16_prefill_through_float32_matches_float32(monkeypatch):
     (bf16-rounded) inputs, rounded once to bf16 at the end: no bf16 probabilities in between."""
     from types import SimpleNamespace
 
-    from sglang.srt.kernels import dispatch
     from sglang.srt.layers.attention.cpu_backend import CPUAttnBackend, CPUMetadata, _ExtendItem
 
     monkeypatch.setenv("SGLANG_CPU_FLAGS_OVERRIDE", "avx512-bf16")
-    dispatch.reset()
-    try:
+    with fresh_platforms():  # (a fresh platform object besides the test's own: asked after the override)
+        assert dispatch.prefill_attention_dtype(torch.device("cpu"), torch.bfloat16) == torch.float32
         g = torch.Generator().manual_seed(0)
         n, h, hk, d = 300, 6, 2, 64
         q, k, v = (torch.randn(n, x * d, generator=g).to(torch.bfloat16) for x in (h, hk, hk))
@@ -245,5 +288,3 @@ def test_bf16_prefill_through_float32_matches_float32(monkeypatch):
             is_causal=True, scale=d**-0.5, enable_gqa=True,
         )[0].transpose(0, 1).to(torch.bfloat16)  # fmt: skip
         assert torch.equal(out, ref)
-    finally:
-        dispatch.reset()

@@ -2,8 +2,8 @@
 them against their torch paths.
 
 Every test that takes `ops` runs once per instruction-set build this CPU can execute
-(kernels/cpu/isa.py: avx512, avx2, generic), so an AVX-512 / AMX machine also checks the code that
-AVX2-only and older CPUs run. A build that is missing fails the test where a C++ compiler exists
+(kernels/cpu/isa.py: avx512bf16, avx512, avx2, portable), so an AVX-512 / AMX machine also checks
+the code that AVX-512 CPUs without BF16, AVX2-only and older CPUs run. A build that is missing fails the test where a C++ compiler exists
 (`make setup` builds them all); without a compiler it skips."""
 
 from __future__ import annotations
@@ -15,12 +15,13 @@ import shutil
 import pytest
 import torch
 
-from sglang.srt.kernels import dispatch
 from sglang.srt.kernels.cpu import isa, loader
 from sglang.srt.kernels.cpu import reference as ref
 from sglang.srt.layers.activation import SiluAndMul
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.rotary import RotaryEmbedding
+from sglang.srt.platforms import fresh_platforms
+from sglang.srt.platforms import kernel_dispatch as dispatch
 
 RUNNABLE = [v.name for v in isa.runnable_variants()]
 
@@ -42,14 +43,13 @@ def ops(request):
 
 @contextlib.contextmanager
 def _kernels_off(monkeypatch):
-    """SGLANG_CPU_KERNELS=0 for the block (the dispatch table forgets its cached answer)."""
+    """SGLANG_CPU_KERNELS=0 for the block (fresh platform objects: their kernel tables ask again)."""
     monkeypatch.setenv("SGLANG_CPU_KERNELS", "0")
-    dispatch.reset()
     try:
-        yield
+        with fresh_platforms():
+            yield
     finally:
         monkeypatch.delenv("SGLANG_CPU_KERNELS")
-        dispatch.reset()
 
 
 # float32: the same math up to summation order; bfloat16: one rounding of the output (plus the
@@ -205,9 +205,9 @@ def test_layers_fused_equal_torch_paths(ops, monkeypatch, dtype):
         return [norm(x), *norm(x, res), act(gu), rope.apply(qk, cos, sin)]
 
     monkeypatch.setenv("SGLANG_CPU_ISA", ops.isa())  # the layers' kernels: the build under test
-    dispatch.reset()
-    assert dispatch.kernels_for_device(torch.device("cpu")) is ops
-    fused = run()
+    with fresh_platforms():
+        assert dispatch.kernels_for_device(torch.device("cpu")) is ops
+        fused = run()
     monkeypatch.delenv("SGLANG_CPU_ISA")
     with _kernels_off(monkeypatch):
         assert dispatch.kernels_for_device(torch.device("cpu")) is None
@@ -229,7 +229,7 @@ def test_bfloat16_rounding_and_nan_match_torch(ops):
 
 
 def test_dispatch_table_answers_per_device_and_dtype(monkeypatch):
-    """Device choices live in kernels/dispatch.py: CPU float tensors get the CPU paths, other
+    """Device choices live in platforms/kernel_dispatch.py: CPU float tensors get the CPU paths, other
     devices / dtypes the portable ones (a meta tensor stands in for an accelerator here)."""
     cpu32, meta = torch.zeros(2, 3), torch.zeros(2, 3, device="meta")
     assert dispatch.flash_lse_op(cpu32) is not None and dispatch.flash_lse_op(meta) is None
@@ -397,9 +397,9 @@ def test_decode_attention_sharp_and_flat_scores(ops, dtype, head_dim):
 
 
 def test_builds_without_amx_refuse_prefill_attention(ops):
-    """Only the avx512 build carries the AMX kernel; the others say so instead of crashing."""
-    if ops.isa() == "avx512":
-        pytest.skip("the avx512 build has the AMX kernel (tested above where the CPU has AMX)")
+    """Only the avx512bf16 build carries the AMX kernel; the others say so instead of crashing."""
+    if ops.isa() == "avx512bf16":
+        pytest.skip("the avx512bf16 build has the AMX kernel (tested above where the CPU has AMX)")
     assert not ops.prefill_attention_supported()
     q = torch.zeros(2, 1, 64).bfloat16()
     with pytest.raises(RuntimeError, match="AMX is not available"):
@@ -420,13 +420,19 @@ def test_loader_picks_the_best_runnable_build_and_obeys_sglang_cpu_isa(monkeypat
     for name in RUNNABLE:
         monkeypatch.setenv("SGLANG_CPU_ISA", name)
         assert loader.load().isa() == name
-    if isa.is_x86():  # an AVX2-only CPU: the avx512 build is never chosen, and refused when asked for
+    for name in isa.runnable_isas():  # every ISA of the vocabulary: the best build at or below it
+        monkeypatch.setenv("SGLANG_CPU_ISA", name)
+        assert loader.load().isa() == isa.build_for(name).name
+    monkeypatch.setenv("SGLANG_CPU_ISA", "generic")  # the old name of portable
+    assert loader.load().isa() == "portable"
+    if isa.is_x86():  # an AVX2-only CPU: the avx512 builds are never chosen, and refused when asked for
         avx2_cpu = frozenset({"sse2", "avx", "avx2", "fma", "f16c"})
         monkeypatch.delenv("SGLANG_CPU_ISA")
         assert loader.choose(avx2_cpu).variant == "avx2"
-        monkeypatch.setenv("SGLANG_CPU_ISA", "avx512")
-        refused = loader.choose(avx2_cpu)
-        assert refused.module is None and "cannot run the avx512 variant" in refused.reason and "avx512f" in refused.reason
+        for name in ("avx512", "avx512bf16"):
+            monkeypatch.setenv("SGLANG_CPU_ISA", name)
+            refused = loader.choose(avx2_cpu)
+            assert refused.module is None and f"cannot run the {name} " in refused.reason and "avx512f" in refused.reason
     monkeypatch.setenv("SGLANG_CPU_ISA", "sse9")
     with pytest.raises(ValueError, match="SGLANG_CPU_ISA"):
         loader.choose()
@@ -434,23 +440,63 @@ def test_loader_picks_the_best_runnable_build_and_obeys_sglang_cpu_isa(monkeypat
 
 def test_variants_a_cpu_runs():
     x86 = "x86_64"
-    assert [v.name for v in isa.runnable_variants(flags=frozenset(), machine=x86)] == ["generic"]
-    assert [v.name for v in isa.runnable_variants(flags=frozenset({"avx2", "fma", "f16c"}), machine=x86)] == [
-        "avx2", "generic",
-    ]  # fmt: skip
-    assert not isa.runnable(isa.variant("avx2", x86), None)  # flags unknown: generic only
-    assert [(v.name, v.cflags) for v in isa.variants("aarch64")] == [("generic", ())]
+    assert [v.name for v in isa.runnable_variants(flags=frozenset(), machine=x86)] == ["portable"]
+    avx2_flags = frozenset({"avx2", "fma", "f16c"})
+    assert [v.name for v in isa.runnable_variants(flags=avx2_flags, machine=x86)] == ["avx2", "portable"]
+    assert not isa.runnable(isa.variant("avx2", x86), None)  # flags unknown: portable only
+    assert [(v.name, v.cflags) for v in isa.variants("aarch64")] == [("portable", ())]
     # the avx2 build: AVX2 + FMA + F16C (its intrinsics paths' guard) and nothing of AVX-512, so
     # AVX2-only CPUs (AMD Zen 1-3) can run all of it
     avx2 = isa.variant("avx2", x86)
     assert {"-mavx2", "-mfma", "-mf16c"} <= set(avx2.cflags) and not any("avx512" in f or "amx" in f for f in avx2.cflags)
     assert set(avx2.cpu_flags) == {"avx2", "fma", "f16c"}
-    assert not any(f.startswith("-m") and f != "-march=x86-64" for f in isa.variant("generic", x86).cflags)
+    assert not any(f.startswith("-m") and f != "-march=x86-64" for f in isa.variant("portable", x86).cflags)
+    assert isa.variant("generic", x86) is isa.variant("portable", x86)  # the old name
     common = (isa.OPS_SOURCE, isa.VEC_SOURCE, isa.LINEAR_SOURCE)
-    assert isa.variant("avx512", x86).sources == common + (isa.AMX_SOURCE,)
-    assert isa.variant("avx2", x86).sources == isa.variant("generic", x86).sources == common
+    assert isa.variant("avx512bf16", x86).sources == common + (isa.AMX_SOURCE,)
+    assert isa.variant("avx512", x86).sources == isa.variant("avx2", x86).sources == common
+    assert isa.variant("portable", x86).sources == common
     with pytest.raises(ValueError, match="unknown CPU kernel variant"):
         isa.variant("sse9", x86)
+
+
+def test_avx512_build_without_bf16_runs_on_cascade_lake():
+    """issue 32: an AVX-512 CPU without AVX512-BF16 / AMX (Cascade Lake, Skylake-SP) runs the avx512
+    build, compiled with AVX-512 F / DQ / BW / VL only (no BF16, VNNI or AMX instruction)."""
+    x86 = "x86_64"
+    cascade_lake = frozenset(
+        {"sse2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512dq", "avx512cd", "avx512bw", "avx512vl", "avx512_vnni"}
+    )
+    avx512 = isa.variant("avx512", x86)
+    assert {"-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl"} <= set(avx512.cflags)
+    assert not any("bf16" in f or "amx" in f or "vnni" in f for f in avx512.cflags) and not avx512.with_amx
+    assert [v.name for v in isa.runnable_variants(cascade_lake, x86)] == ["avx512", "avx2", "portable"]
+    assert isa.select("auto", cascade_lake, x86) == "avx512vnni" and isa.build_for("avx512vnni", x86) is avx512
+    assert isa.build_for("avx2vnni", x86).name == "avx2" and isa.build_for("avx512bf16", x86).name == "avx512bf16"
+    # the best build only where the CPU has AVX512-BF16 (and VNNI, which every such CPU has)
+    assert isa.runnable_variants(cascade_lake | {"avx512_bf16"}, x86)[0].name == "avx512bf16"
+
+
+def test_one_isa_vocabulary_and_selector():
+    """One vocabulary (sgl-kernel-npu's names), each ISA's flags a superset of the next lesser
+    one's on its branch; `select` takes aliases, refuses what the CPU cannot run, and `auto` is the
+    best the CPU runs."""
+    x86 = "x86_64"
+    names = list(isa.isas(x86))
+    assert names == ["avx512bf16", "avx512vnni", "avx512", "avx2vnni", "avx2", "portable"]
+    assert list(isa.isas("aarch64")) == ["portable"]
+    need = {n: set(f) for n, f in isa.isas(x86).items()}
+    assert need["avx512"] < need["avx512vnni"] < need["avx512bf16"] and need["avx2"] < need["avx2vnni"]
+    assert need["avx2"] < need["avx512"] and need["portable"] == set()
+    assert isa.parse("GENERIC") == "portable" and isa.parse("") == "auto" and isa.parse(" Avx2 ") == "avx2"
+    with pytest.raises(ValueError, match="SGLANG_CPU_ISA"):
+        isa.parse("avx512-bf16")
+    avx2_cpu = {"avx2", "fma", "f16c"}
+    assert isa.select("auto", avx2_cpu, x86) == "avx2" and isa.select("portable", avx2_cpu, x86) == "portable"
+    with pytest.raises(isa.IsaNotRunnable, match="cannot run the avx2vnni kernels .missing avx_vnni"):
+        isa.select("avx2vnni", avx2_cpu, x86)
+    assert isa.select("auto") == isa.runnable_isas()[0]  # this CPU's flags
+    assert isa.requested({"SGLANG_CPU_ISA": "generic"}) == "portable" and isa.requested({}) == "auto"
 
 
 def test_a_build_older_than_its_sources_is_not_loaded(monkeypatch):
@@ -474,8 +520,5 @@ def test_a_missing_build_falls_back_to_torch_with_one_warning(monkeypatch, caplo
         assert loader.load() is None and loader.load() is None
     texts = [r.getMessage() for r in caplog.records]
     assert texts.count("CPU kernels unavailable, using the torch implementations: the avx2 variant is not built") == 1
-    dispatch.reset()
-    try:
+    with fresh_platforms():
         assert dispatch.fused_ops(torch.zeros(2, 2)) is None
-    finally:
-        dispatch.reset()

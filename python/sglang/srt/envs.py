@@ -14,6 +14,8 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Generic, Mapping, Optional, TypeVar
 
+from sglang.srt.kernels.cpu import isa as cpu_isa  # standard library only: the one ISA vocabulary
+
 T = TypeVar("T")
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -98,19 +100,14 @@ SGLANG_CPU_KERNELS: EnvVar[bool] = EnvVar(
 )
 
 
-def parse_cpu_isa(text: str) -> str:
-    value = text.strip().lower() or "auto"
-    if value not in ("auto", "avx512", "avx2", "generic"):
-        raise ValueError(f"expected auto, avx512, avx2 or generic, got {text!r}")
-    return value
-
-
 SGLANG_CPU_ISA: EnvVar[str] = EnvVar(
     "SGLANG_CPU_ISA",
     "auto",
-    parse_cpu_isa,
-    "Which instruction-set build of the CPU kernels to load (kernels/cpu/isa.py): auto (the best "
-    "this CPU runs), avx512, avx2 or generic; e.g. avx2 runs an AVX2 machine's code on an AVX-512 one.",
+    cpu_isa.parse,
+    "The instruction set both CPU kernel homes run (kernels/cpu/isa.py): auto (the best this CPU runs), "
+    "avx512bf16, avx512vnni, avx512, avx2vnni, avx2 or portable (alias: generic); sglang's fused "
+    "kernels load the build it runs, sgl-kernel-npu's DSA kernels that ISA's code. E.g. avx2 runs an "
+    "AVX2 machine's code on an AVX-512 one; one the CPU cannot run is refused.",
 )
 
 SGLANG_CPU_FLAGS_OVERRIDE: EnvVar[str] = EnvVar(

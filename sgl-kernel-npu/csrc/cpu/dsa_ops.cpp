@@ -1,5 +1,8 @@
-// Python binding of the DSA CPU kernels: argument checks, the instruction-set choice (runtime, by
-// CPU flags; a lower one can be forced for tests), torch's thread pool.
+// Python binding of the DSA CPU kernels: argument checks, the instruction-set dispatch, torch's
+// thread pool. Which ISA runs is chosen in Python by SGLang's one selector (sglang/srt/kernels/cpu/
+// isa.py, SGLANG_CPU_ISA; sgl_kernel_npu/cpu.py passes its choice): here an ISA's translation unit
+// is called only where the CPU reports the flags its code needs (never a SIGILL), and "auto" (a
+// caller without SGLang) takes the first of them.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -11,24 +14,27 @@
 namespace sgl_dsa {
 namespace {
 
+// the flags each ISA's code is compiled for (its `#pragma GCC target`), as isa.py names them
 bool cpu_has(const std::string& isa) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+                      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
   if (isa == "avx512bf16")
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16") &&
-           __builtin_cpu_supports("avx512vnni");
-  if (isa == "avx512vnni") return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vnni");
-  if (isa == "avx512") return __builtin_cpu_supports("avx512f");
-  if (isa == "avx2vnni")
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("avxvnni");
-  if (isa == "avx2") return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return avx512 && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vnni");
+  if (isa == "avx512vnni") return avx512 && __builtin_cpu_supports("avx512vnni");
+  if (isa == "avx512") return avx512;
+  if (isa == "avx2vnni") return avx2 && __builtin_cpu_supports("avxvnni");
+  if (isa == "avx2") return avx2;
 #endif
   return isa == "portable";
 }
 
 enum class Isa { Portable, Avx2, Avx2Vnni, Avx512, Avx512Vnni, Avx512Bf16 };
 
-// best first ("auto" takes the first one the CPU runs; every CPU with avx512_bf16 has avx512_vnni)
+// best first: the vocabulary of sglang/srt/kernels/cpu/isa.py (setup.py checks every name has its
+// dsa_isa_<name>.cpp); every CPU with avx512_bf16 has avx512_vnni
 constexpr int N_ISAS = 6;
 const char* const ISAS[N_ISAS] = {"avx512bf16", "avx512vnni", "avx512", "avx2vnni", "avx2", "portable"};
 const Isa ISA_IDS[N_ISAS] = {Isa::Avx512Bf16, Isa::Avx512Vnni, Isa::Avx512, Isa::Avx2Vnni, Isa::Avx2, Isa::Portable};
@@ -65,6 +71,14 @@ std::string pick_isa(const std::string& isa) {
 }
 
 bool cpu_supports(const std::string& isa) { return cpu_has(isa); }
+
+std::vector<std::string> isas() {
+#if defined(__x86_64__)
+  return std::vector<std::string>(ISAS, ISAS + N_ISAS);
+#else
+  return {"portable"};
+#endif
+}
 
 // q [T, N, D]; w [T, N] float32; key_rows [R, D]; block_table [B, M] int32; q_batch, kv_end [T] int32.
 // q and key_rows are float32 or bfloat16, each its own, or key_rows int8 with key_scale [R] float32
@@ -225,7 +239,8 @@ std::vector<at::Tensor> merge_states(const std::vector<at::Tensor>& outs, const 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "DSA CPU kernels (lightning indexer, sparse flash attention, LSE merge)";
   m.def("pick_isa", &sgl_dsa::pick_isa, "the instruction set a request resolves to ('auto' -> the best)");
-  m.def("cpu_supports", &sgl_dsa::cpu_supports);
+  m.def("cpu_supports", &sgl_dsa::cpu_supports, "whether this CPU has the flags an ISA's code is compiled for");
+  m.def("isas", &sgl_dsa::isas, "the ISAs compiled in, best first");
   m.def("indexer_topk", &sgl_dsa::indexer_topk);
   m.def("sparse_attention", &sgl_dsa::sparse_attention);
   m.def("merge_states", &sgl_dsa::merge_states);

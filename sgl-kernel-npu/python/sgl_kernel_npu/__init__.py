@@ -10,7 +10,7 @@ The signatures follow upstream's Ascend ops (`torch_npu.npu_lightning_indexer`,
 see `layouts.py`). `impl` picks the implementation:
 
 - "reference": plain torch (`reference.py`), the oracle; any device;
-- "cpu": fused C++ kernels (`cpu.py`, csrc/cpu; AVX-512 / AVX2 / portable by CPU flags);
+- "cpu": fused C++ kernels (`cpu.py`, csrc/cpu; the ISA SGLang's selector picks: SGLANG_CPU_ISA or the best the CPU runs);
 - "triton": Triton kernels (`triton_kernels.py`; CUDA, triton-ascend, or TRITON_INTERPRET=1 on CPU);
 - "torch_npu": CANN's fused ops via torch_npu (`npu.py`);
 - "auto" (default): by the tensors' device: cpu -> "cpu" when built (else "reference"), cuda ->

@@ -1,10 +1,12 @@
 """Fused CPU implementation of the DSA ops (csrc/cpu, built at install time).
 
-The instruction set is chosen at run time from the CPU's flags (AVX-512 with BF16 and VNNI, else
-AVX-512 with VNNI, else AVX-512, else AVX2 + FMA with AVX-VNNI, else AVX2 + FMA, else the portable
-build); `SGL_KERNEL_NPU_CPU_ISA=avx512bf16|avx512vnni|avx512|avx2vnni|avx2|portable|auto`
-forces one (a set the CPU lacks is an error), and `force_isa()` does the same for one block of code
-(tests run every path the machine can). Inputs are float32 or bfloat16; outputs are float32 (the
+The instruction set is SGLang's one selector's choice (sglang/srt/kernels/cpu/isa.py, which also
+picks the build of SGLang's own CPU kernels): `SGLANG_CPU_ISA=avx512bf16|avx512vnni|avx512|
+avx2vnni|avx2|portable` (alias `generic` = portable) runs that one (an ISA the CPU lacks is refused),
+`auto` or unset the best this CPU runs (AVX-512 with BF16 and VNNI, else AVX-512 with VNNI, else
+AVX-512, else AVX2 + FMA with AVX-VNNI, else AVX2 + FMA, else the portable build). `force_isa()` does
+the same for one block of code (tests run every path the machine can). Without SGLang installed the
+extension picks the best one itself. Inputs are float32 or bfloat16; outputs are float32 (the
 callers cast). The indexer's key rows are used in their own dtype (a bf16 index-key cache is read
 as bf16, never copied to float32); with bf16 scoring (`score_dtype=torch.bfloat16`, or bf16 query
 and keys) q and k are rounded to bf16 and multiplied in pairs with float32 sums (`vdpbf16ps` on
@@ -22,7 +24,9 @@ so the default is `fma`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+from types import ModuleType
 from typing import Iterator, Optional, Sequence
 
 import torch
@@ -37,7 +41,7 @@ except ImportError as e:  # pragma: no cover - a build without the CPU kernels
 else:
     _IMPORT_ERROR = None
 
-ISAS = ("avx512bf16", "avx512vnni", "avx512", "avx2vnni", "avx2", "portable")
+ISAS = ("avx512bf16", "avx512vnni", "avx512", "avx2vnni", "avx2", "portable")  # isa.py's, best first
 BF16_DOTS = ("fma", "dpbf16")
 _forced: Optional[str] = None
 _forced_dot: Optional[str] = None
@@ -52,8 +56,28 @@ def _require() -> None:
         raise RuntimeError(f"sgl_kernel_npu was installed without its CPU kernels ({_IMPORT_ERROR})")
 
 
+@functools.lru_cache(maxsize=1)
+def selector() -> Optional[ModuleType]:
+    """SGLang's ISA selector (sglang/srt/kernels/cpu/isa.py, standard library only), or None where
+    this package runs without SGLang."""
+    try:
+        from sglang.srt.kernels.cpu import isa
+    except ImportError:
+        return None
+    return isa
+
+
+@functools.lru_cache(maxsize=None)
+def _selected(request: str) -> str:
+    return selector().select(request)  # CPU flags read once per request (IsaNotRunnable is not kept)
+
+
 def requested_isa() -> str:
-    return _forced or os.environ.get("SGL_KERNEL_NPU_CPU_ISA", "auto") or "auto"
+    """The ISA the kernels run: force_isa's, else SGLANG_CPU_ISA's (both through SGLang's selector:
+    `auto` -> the best this CPU runs, one it cannot run refused); "auto" (the extension's own pick)
+    without SGLang."""
+    request = _forced or os.environ.get("SGLANG_CPU_ISA", "auto") or "auto"
+    return _selected(request.strip().lower()) if selector() is not None else request
 
 
 def active_isa() -> str:
@@ -63,9 +87,12 @@ def active_isa() -> str:
 
 
 def supported_isas() -> list[str]:
-    """The instruction sets this CPU can run, best first."""
+    """The instruction sets this CPU can run, best first (the selector's answer where SGLang is
+    installed; every one the extension has compiled in, and its check of the CPU agrees)."""
     _require()
-    return [isa for isa in ISAS if _ops.cpu_supports(isa)]
+    sel = selector()
+    runnable = sel.runnable_isas() if sel is not None else ISAS
+    return [isa for isa in _ops.isas() if isa in runnable and _ops.cpu_supports(isa)]
 
 
 @contextlib.contextmanager

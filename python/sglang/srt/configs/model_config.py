@@ -56,7 +56,7 @@ def resolve_dtype(requested: str, hf_config: Any, device: str = "cpu") -> torch.
         if requested not in _DTYPES:
             raise ValueError(f"--dtype must be one of auto, float32, bfloat16, float16; got {requested!r}")
         dtype = _DTYPES[requested]
-        platform.forget_auto_dtype()  # an explicit dtype runs as given (no mixed GEMMs)
+        platform.use_explicit_dtype(dtype)  # an explicit dtype runs as given (no mixed GEMMs)
     else:
         dtype = platform.resolve_auto_dtype(hf_config)
     if device == "cpu" and dtype == torch.float16:

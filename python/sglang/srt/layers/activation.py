@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sglang.srt.kernels.dispatch import fused_ops
+from sglang.srt.platforms.kernel_dispatch import fused_ops
 
 
 class SiluAndMul(nn.Module):

@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from sglang.srt.kernels.dispatch import fused_ops
+from sglang.srt.platforms.kernel_dispatch import fused_ops
 
 BLOCK_ROWS = 8192
 PACK_ROWS = 32  # weight rows per packed block (the kernel's two 16-lane halves)

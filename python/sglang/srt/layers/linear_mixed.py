@@ -16,7 +16,8 @@ bytes again, while memory allows): inputs of at most `max_tokens` rows go throug
 (input rounded to bf16, result back to float32), larger ones through the float32 weight.
 
 Plugged in through the packed-linear hook (`Platform.prepacked_linear`, layers/linear_prepack.py):
-the CPU platform returns this backend when `--dtype auto` chose this mode (platforms/cpu.py).
+the CPU platform that made the `--dtype auto` choice holds a `MixedLinears` (the end of this file):
+the backends of its mode and the one copy budget they share. Nothing here is process state.
 """
 
 from __future__ import annotations
@@ -42,13 +43,13 @@ class MixedWeight:
     max_tokens: int
 
 
-class _CopyBudget:
-    """Bytes of bf16 copies still allowed in this process (set by the first `mixed_linear_backend`
-    call: the platform gives a quarter of the RAM free then); past it, the remaining linears run
-    in float32 only (logged once)."""
+class CopyBudget:
+    """Bytes of weight copies still allowed (None: no limit; the CPU platform gives a quarter of
+    the RAM free when the first linear is packed); past it, the remaining linears run in the model
+    dtype only (logged once)."""
 
-    def __init__(self) -> None:
-        self.left: Optional[int] = None
+    def __init__(self, left: Optional[int] = None) -> None:
+        self.left = left
         self.kept = self.skipped = 0
         self.kept_bytes = 0
         self.lock = threading.Lock()
@@ -72,12 +73,9 @@ class _CopyBudget:
             return False
 
 
-_budget = _CopyBudget()
-
-
-def pack(weight: torch.Tensor, max_tokens: int) -> MixedWeight:
+def pack(weight: torch.Tensor, max_tokens: int, budget: CopyBudget) -> MixedWeight:
     weight = weight.detach()
-    copy = weight.to(torch.bfloat16).contiguous() if _budget.take(weight.numel() * 2) else None
+    copy = weight.to(torch.bfloat16).contiguous() if budget.take(weight.numel() * 2) else None
     return MixedWeight(weight, copy, max_tokens)
 
 
@@ -88,31 +86,6 @@ def mixed_linear(x: torch.Tensor, w: MixedWeight, bias: Optional[torch.Tensor]) 
         return F.linear(x, w.float32, bias)
     out = F.linear(x.to(torch.bfloat16), w.bf16).float()
     return out if bias is None else out + bias
-
-
-_backends: dict[int, tuple[Callable, Callable]] = {}
-
-
-def mixed_linear_backend(max_tokens: int, copy_budget_bytes: Optional[int] = None) -> tuple[Callable, Callable]:
-    """(pack, kernel) for layers/linear_prepack.py; the first call sets the bytes the bf16 copies
-    may take in this process (None: no limit)."""
-    with _budget.lock:
-        if max_tokens in _backends:
-            return _backends[max_tokens]
-        if not _backends and not _prefill_backends:
-            _budget.left = copy_budget_bytes
-        _backends[max_tokens] = functools.partial(pack, max_tokens=max_tokens), mixed_linear
-    logger.info(
-        "float32 linears with bf16 weight copies (half the float32 weight bytes more, while a quarter "
-        "of free RAM allows) for inputs of at most %d token(s)",
-        max_tokens,
-    )
-    return _backends[max_tokens]
-
-
-def copies_kept() -> tuple[int, int, int]:
-    """(linears with a bf16 copy, their bytes, linears without one) packed in this process so far."""
-    return _budget.kept, _budget.kept_bytes, _budget.skipped
 
 
 # ---------------------------------------------------------------------------- bf16 model, float32 prefill GEMMs
@@ -138,11 +111,11 @@ def _plain(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) 
 
 
 def pack_float32_prefill(
-    weight: torch.Tensor, min_tokens: int, small: Optional[tuple[Callable, Callable]] = None
+    weight: torch.Tensor, min_tokens: int, budget: CopyBudget, small: Optional[tuple[Callable, Callable]] = None
 ) -> Float32PrefillWeight:
     weight = weight.detach()
     small_pack, small_kernel = small if small is not None else (lambda w: w, _plain)
-    copy = weight.float().contiguous() if _budget.take(weight.numel() * 4) else None
+    copy = weight.float().contiguous() if budget.take(weight.numel() * 4) else None
     return Float32PrefillWeight(small_pack(weight), small_kernel, copy, min_tokens)
 
 
@@ -154,26 +127,42 @@ def float32_prefill_linear(x: torch.Tensor, w: Float32PrefillWeight, bias: Optio
     return out.to(x.dtype)
 
 
-_prefill_backends: dict[int, tuple[Callable, Callable]] = {}
+# ---------------------------------------------------------------------------- the backends of one choice
+class MixedLinears:
+    """The mixed linears of one `--dtype auto` choice, held by the CPU platform that made it: the
+    (pack, kernel) pairs it hands to layers/linear_prepack.py, and the one copy budget every
+    linear they pack draws on."""
 
+    def __init__(self, copy_budget_bytes: Optional[int] = None) -> None:
+        self.budget = CopyBudget(copy_budget_bytes)
+        self._backends: dict[tuple[str, int], tuple[Callable, Callable]] = {}
 
-def float32_prefill_backend(
-    min_tokens: int, small: Optional[tuple[Callable, Callable]] = None, copy_budget_bytes: Optional[int] = None
-) -> tuple[Callable, Callable]:
-    """(pack, kernel) for layers/linear_prepack.py: bf16 through `small` (the platform's packed
-    bf16 linear, or plain F.linear) below `min_tokens` rows, float32 from there on."""
-    with _budget.lock:
-        if min_tokens in _prefill_backends:
-            return _prefill_backends[min_tokens]
-        if not _backends and not _prefill_backends:
-            _budget.left = copy_budget_bytes
-        _prefill_backends[min_tokens] = (
-            functools.partial(pack_float32_prefill, min_tokens=min_tokens, small=small),
-            float32_prefill_linear,
-        )
-    logger.info(
-        "bf16 linears with float32 weight copies (2x the bf16 weight bytes more, while a quarter of "
-        "free RAM allows) for inputs of at least %d tokens (prefill)",
-        min_tokens,
-    )
-    return _prefill_backends[min_tokens]
+    def bf16_copies(self, max_tokens: int) -> tuple[Callable, Callable]:
+        """Float32 linears reading a bf16 weight copy for inputs of at most `max_tokens` rows."""
+        key = ("bf16", max_tokens)
+        if key not in self._backends:
+            self._backends[key] = functools.partial(pack, max_tokens=max_tokens, budget=self.budget), mixed_linear
+            logger.info(
+                "float32 linears with bf16 weight copies (half the float32 weight bytes more, while a quarter "
+                "of free RAM allows) for inputs of at most %d token(s)",
+                max_tokens,
+            )
+        return self._backends[key]
+
+    def float32_prefill(self, min_tokens: int, small: Optional[tuple[Callable, Callable]] = None) -> tuple[Callable, Callable]:
+        """bf16 linears through `small` (the platform's packed bf16 linear, or plain F.linear) below
+        `min_tokens` rows, float32 GEMMs on a float32 weight copy from there on."""
+        key = ("float32", min_tokens)
+        if key not in self._backends:
+            packer = functools.partial(pack_float32_prefill, min_tokens=min_tokens, budget=self.budget, small=small)
+            self._backends[key] = packer, float32_prefill_linear
+            logger.info(
+                "bf16 linears with float32 weight copies (2x the bf16 weight bytes more, while a quarter of "
+                "free RAM allows) for inputs of at least %d tokens (prefill)",
+                min_tokens,
+            )
+        return self._backends[key]
+
+    def copies_kept(self) -> tuple[int, int, int]:
+        """(linears with a weight copy, their bytes, linears without one) packed so far."""
+        return self.budget.kept, self.budget.kept_bytes, self.budget.skipped

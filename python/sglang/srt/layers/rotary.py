@@ -13,7 +13,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from sglang.srt.kernels.dispatch import fused_ops
+from sglang.srt.platforms.kernel_dispatch import fused_ops
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 

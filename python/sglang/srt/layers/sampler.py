@@ -24,7 +24,7 @@ from typing import Optional
 
 import torch
 
-from sglang.srt.kernels.dispatch import host_argmax
+from sglang.srt.platforms.kernel_dispatch import host_argmax
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 
 TOP_P_CANDIDATES = 1024  # top_p first tries the 1024 most likely tokens before a full sort

@@ -3,10 +3,19 @@
     platform = get_platform(server_args.device)   # "cpu", "cuda" or "npu"
     platform = current_platform()                 # the best available one (npu > cuda > cpu)
 
-Platforms are stateless and cheap; construct them where needed, nothing here is cached.
+A process has one platform object per device family, created on first use (at start-up, by
+`rank_device.bind_rank`) and kept: it holds the process's device state, the kernel table
+(`Platform.kernels`: the fused kernel build, loaded once) and, on CPU, the `--dtype auto` choice.
+`fresh_platforms()` gives a block new ones (what a new process would create), for tests that change
+the SGLANG_CPU_* variables those answers depend on. Constructing a platform class directly gives a
+private object with state of its own.
 """
 
 from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Iterator
 
 from sglang.srt.platforms.base import AcceleratorPlatform, NullEvent, NullStream, Platform
 from sglang.srt.platforms.cpu import CpuPlatform
@@ -16,20 +25,61 @@ from sglang.srt.platforms.npu import NpuPlatform
 PLATFORMS: dict[str, type[Platform]] = {"cpu": CpuPlatform, "cuda": CudaPlatform, "npu": NpuPlatform}
 
 
-def get_platform(name: str) -> Platform:
-    """The platform called `name` ("cpu", "cuda", "npu"; a device string like "cuda:1" works too)."""
-    key = str(name).split(":", 1)[0].lower()
-    if key not in PLATFORMS:
-        raise ValueError(f"unknown platform {name!r}; expected one of {sorted(PLATFORMS)}")
-    return PLATFORMS[key]()
+class PlatformRegistry:
+    """The platform objects of a process, one per device family, by the names asked for."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_name: dict[Any, Platform] = {}
+
+    def get(self, name: Any) -> Platform:
+        found = self._by_name.get(name)
+        return found if found is not None else self._create(name)
+
+    def _create(self, name: Any) -> Platform:
+        key = str(name).split(":", 1)[0].lower()
+        if key not in PLATFORMS:
+            raise ValueError(f"unknown platform {name!r}; expected one of {sorted(PLATFORMS)}")
+        with self._lock:
+            platform = self._by_name.get(key)
+            if platform is None:
+                platform = self._by_name[key] = PLATFORMS[key]()
+            self._by_name[name] = platform
+        return platform
+
+    @contextlib.contextmanager
+    def fresh(self) -> Iterator[None]:
+        """New platform objects inside the block; the ones before it back after it."""
+        with self._lock:
+            saved, self._by_name = self._by_name, {}
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._by_name = saved
+
+
+_PROCESS = PlatformRegistry()
+
+
+def get_platform(name: Any) -> Platform:
+    """This process's platform called `name` ("cpu", "cuda", "npu"; a device string like "cuda:1" works too)."""
+    return _PROCESS.get(name)
 
 
 def current_platform() -> Platform:
     """The first available of npu, cuda, cpu."""
     for key in ("npu", "cuda"):
         if PLATFORMS[key].is_available():
-            return PLATFORMS[key]()
-    return CpuPlatform()
+            return get_platform(key)
+    return get_platform("cpu")
+
+
+def fresh_platforms() -> contextlib.AbstractContextManager[None]:
+    """Inside the block `get_platform` creates new platform objects (an empty kernel table, no
+    `--dtype auto` choice: what a new process starts with); after it the earlier ones are back.
+    For tests that change SGLANG_CPU_KERNELS, SGLANG_CPU_ISA or SGLANG_CPU_FLAGS_OVERRIDE."""
+    return _PROCESS.fresh()
 
 
 __all__ = [
@@ -41,6 +91,8 @@ __all__ = [
     "NullStream",
     "PLATFORMS",
     "Platform",
+    "PlatformRegistry",
     "current_platform",
+    "fresh_platforms",
     "get_platform",
 ]

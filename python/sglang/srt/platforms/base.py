@@ -12,6 +12,8 @@ from typing import Any, ContextManager, Optional
 
 import torch
 
+from sglang.srt.platforms.kernel_table import KernelTable
+
 
 class NullStream:
     """Stand-in stream for devices without streams (CPU): every operation is a no-op."""
@@ -46,7 +48,9 @@ class NullEvent:
 
 
 class Platform:
-    """A device family. Subclasses set `name`, `device_type` and `dist_backend`."""
+    """A device family. Subclasses set `name`, `device_type` and `dist_backend`. An object holds the
+    state of its process on that device (`platforms.get_platform` keeps one per process): the
+    kernel table and, where the platform has one, the `--dtype auto` choice."""
 
     name: str = "base"
     device_type: str = "cpu"
@@ -66,6 +70,10 @@ class Platform:
     dsa_ops_impl: str = "reference"
     # LM head logits in float32 unless --disable-fp32-lm-head (upstream: only with --enable-fp32-lm-head)
     float32_logits_by_default: bool = False
+
+    def __init__(self) -> None:
+        # the fused kernel build and prefill dtypes, looked up once (kernel_dispatch.py asks them)
+        self.kernels = KernelTable(self)
 
     @classmethod
     def is_available(cls) -> bool:
@@ -126,8 +134,8 @@ class Platform:
             cfg_dtype = {"float16": torch.float16, "half": torch.float16, "bfloat16": torch.bfloat16}.get(cfg_dtype)
         return cfg_dtype if cfg_dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
 
-    def forget_auto_dtype(self) -> None:
-        """Drop any process-wide state of an earlier `--dtype auto` choice (an explicit dtype follows)."""
+    def use_explicit_dtype(self, dtype: torch.dtype) -> None:
+        """An explicit `--dtype`: the model runs in it as given (no earlier auto choice applies)."""
 
     def prepacked_linear(self, dtype: torch.dtype, device: torch.device) -> Optional[tuple[Any, Any]]:
         """(pack(weight) -> packed, kernel(x2d, packed, bias) -> y) for a packed-weight linear
@@ -145,7 +153,7 @@ class Platform:
     def fused_kernels(self) -> Optional[Any]:
         """The module of fused kernels for this platform (signatures and torch references in
         kernels/cpu/reference.py), or None: callers keep their torch implementations. Looked up
-        through `sglang.srt.kernels.dispatch`, which caches the answer per device type."""
+        once per platform object through `self.kernels` (platforms/kernel_dispatch.py)."""
         return None
 
     def __repr__(self) -> str:

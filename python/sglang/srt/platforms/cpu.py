@@ -11,21 +11,24 @@ from typing import Any, ContextManager, Iterable, Optional
 
 import torch
 
+from sglang.srt.kernels.cpu import isa as cpu_isa  # standard library only: the one ISA vocabulary
 from sglang.srt.platforms.base import NullEvent, NullStream, Platform, null_stream_context
 
 logger = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------------- dtype of `--dtype auto`
-# CPU kinds, best first: what the bf16 GEMMs of oneDNN / torch run on.
+# CPU kinds, best first: what the bf16 GEMMs of oneDNN / torch run on (AMX tiles, AVX512-BF16,
+# AVX-512 without BF16, AVX2, none of them). Not the kernels' ISAs (kernels/cpu/isa.py), but the
+# flags of each kind are theirs.
 CPU_KINDS = ("amx", "avx512-bf16", "avx512", "avx2", "generic")
 # A representative flag set per kind (for SGLANG_CPU_FLAGS_OVERRIDE=<kind> and tests).
-KIND_FLAGS: dict[str, frozenset[str]] = {
-    "generic": frozenset({"sse2", "sse4_2"}),
-    "avx2": frozenset({"sse2", "sse4_2", "avx", "avx2", "fma", "f16c"}),
-}
-KIND_FLAGS["avx512"] = KIND_FLAGS["avx2"] | {"avx512f", "avx512dq", "avx512bw", "avx512vl", "avx512_vnni"}
-KIND_FLAGS["avx512-bf16"] = KIND_FLAGS["avx512"] | {"avx512_bf16"}
+KIND_FLAGS: dict[str, frozenset[str]] = {"generic": frozenset({"sse2", "sse4_2"})}
+KIND_FLAGS["avx2"] = KIND_FLAGS["generic"] | {"avx"} | set(cpu_isa.X86_ISAS["avx2"])
+KIND_FLAGS["avx512"] = KIND_FLAGS["avx2"] | set(cpu_isa.X86_ISAS["avx512vnni"])
+KIND_FLAGS["avx512-bf16"] = KIND_FLAGS["avx512"] | set(cpu_isa.X86_ISAS["avx512bf16"])
 KIND_FLAGS["amx"] = KIND_FLAGS["avx512-bf16"] | {"amx_tile", "amx_bf16", "amx_int8"}
+# the ISA names of the kinds' flag sets, accepted by SGLANG_CPU_FLAGS_OVERRIDE too
+KIND_ALIASES = {"avx512bf16": "avx512-bf16", "avx512vnni": "avx512", "portable": "generic"}
 _AVX512 = frozenset(f for f in KIND_FLAGS["amx"] if f.startswith(("avx512", "amx")))
 
 # Where bf16 GEMMs are not native (AVX2, generic): the model runs in float32, and linears over at
@@ -62,15 +65,14 @@ class CpuDtypeChoice:
 
 @functools.lru_cache(maxsize=None)
 def _proc_cpu_flags() -> Optional[frozenset[str]]:
-    from sglang.srt.kernels.cpu import isa  # standard library only; the one reader of /proc/cpuinfo
-
-    return isa.cpu_flags()
+    return cpu_isa.cpu_flags()  # the one reader of /proc/cpuinfo (a fact of the machine: read once)
 
 
 def _flags_override(text: str) -> frozenset[str]:
-    """SGLANG_CPU_FLAGS_OVERRIDE: a CPU kind name (amx, avx512-bf16, avx512, avx2, generic) or a
-    list of /proc/cpuinfo flags separated by spaces or commas."""
+    """SGLANG_CPU_FLAGS_OVERRIDE: a CPU kind name (amx, avx512-bf16, avx512, avx2, generic, or an
+    ISA name of KIND_ALIASES) or a list of /proc/cpuinfo flags separated by spaces or commas."""
     text = text.strip().lower()
+    text = KIND_ALIASES.get(text, text)
     if text in KIND_FLAGS:
         return KIND_FLAGS[text]
     return frozenset(text.replace(",", " ").split())
@@ -88,12 +90,16 @@ _ONEDNN_CAPS = (
 )
 
 
+# SGLANG_CPU_ISA values below the best build -> the kind they cap the dtype choice at
+_ISA_CAPS = {"avx512vnni": "avx512", "avx512": "avx512", "avx2vnni": "avx2", "avx2": "avx2", "portable": "generic"}
+
+
 def effective_cpu_flags() -> frozenset[str]:
     """The CPU flags the dtype choice goes by: /proc/cpuinfo (read once), or
-    SGLANG_CPU_FLAGS_OVERRIDE; then without what SGLANG_CPU_ISA (avx2 / generic),
-    ONEDNN_MAX_CPU_ISA or ATEN_CPU_CAPABILITY keep our kernels / oneDNN / torch from using (so
-    `ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 SGLANG_CPU_ISA=avx2` on an AVX-512 machine is
-    treated as the AVX2 machine it emulates)."""
+    SGLANG_CPU_FLAGS_OVERRIDE; then without what SGLANG_CPU_ISA (avx512 / avx512vnni, avx2 /
+    avx2vnni, portable), ONEDNN_MAX_CPU_ISA or ATEN_CPU_CAPABILITY keep our kernels / oneDNN / torch
+    from using (so `ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 SGLANG_CPU_ISA=avx2` on an
+    AVX-512 machine is treated as the AVX2 machine it emulates)."""
     from sglang.srt import envs
 
     override = envs.SGLANG_CPU_FLAGS_OVERRIDE.get()
@@ -102,10 +108,10 @@ def effective_cpu_flags() -> frozenset[str]:
     onednn = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().lower()
     if onednn and onednn not in ("all", "default"):
         caps += [kind for prefix, kind in _ONEDNN_CAPS if onednn.startswith(prefix)][:1]
-    isa_cap = os.environ.get("SGLANG_CPU_ISA", "auto").strip().lower()
-    # our kernels' build: a cap of its own only where oneDNN's is not given (an AVX-512 CPU without
-    # BF16 runs the avx2 build anyway, so ONEDNN_MAX_CPU_ISA=AVX512_CORE SGLANG_CPU_ISA=avx2 is one)
-    if isa_cap in ("avx2", "generic") and not onednn:
+    isa_cap = _ISA_CAPS.get(envs.SGLANG_CPU_ISA.get())
+    # our kernels' ISA: a cap of its own only where oneDNN's is not given (avx512bf16, the best
+    # build, caps nothing: it carries the AMX kernel, which checks for AMX at run time)
+    if isa_cap is not None and not onednn:
         caps.append(isa_cap)
     aten = os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()  # torch's own vectorised kernels
     if aten in ("avx2", "default"):
@@ -155,26 +161,6 @@ def choose_dtype(flags: Optional[Iterable[str]] = None) -> CpuDtypeChoice:
     )
 
 
-# The choice `--dtype auto` made in this process (set by resolve_auto_dtype; read when the linears
-# are packed after loading). None: no auto choice, every linear runs in the model dtype.
-_auto_choice: Optional[CpuDtypeChoice] = None
-
-
-def resolve_auto_dtype(log: bool = True) -> CpuDtypeChoice:
-    """Make (and log, once per call) this process's `--dtype auto` choice."""
-    global _auto_choice
-    _auto_choice = choose_dtype()
-    if log:
-        logger.info("--dtype auto on this CPU (%s): %s; reason: %s", _auto_choice.kind, _auto_choice.mode, _auto_choice.reason)
-    return _auto_choice
-
-
-def forget_auto_dtype() -> None:
-    """Clear this process's auto choice (tests; a later explicit --dtype in the same process)."""
-    global _auto_choice
-    _auto_choice = None
-
-
 def read_meminfo(path: str = "/proc/meminfo") -> tuple[int, int]:
     """(available_bytes, total_bytes) from a Linux meminfo file; falls back to sysconf."""
     fields: dict[str, int] = {}
@@ -198,7 +184,7 @@ class CpuPlatform(Platform):
     name = "cpu"
     device_type = "cpu"
     dist_backend = "gloo"
-    dsa_ops_impl = "cpu"  # fused C++ DSA kernels of sgl_kernel_npu (AVX-512 / AVX2 / portable by CPU flags)
+    dsa_ops_impl = "cpu"  # fused C++ DSA kernels of sgl_kernel_npu (the ISA kernels/cpu/isa.py selects)
     # torch's CPU flash attention works in key blocks of 512 (query blocks of 256 from 768
     # queries on): chunks that are whole multiples of its tiles run faster per token than chunks
     # between them at the same prefix (docs/benchmarks.md, dynamic chunking).
@@ -246,28 +232,47 @@ class CpuPlatform(Platform):
         # and decode unchanged). glibc still falls back to mmap if the heap cannot grow.
         mallopt(m_mmap_max, 0)
 
-    def resolve_auto_dtype(self, hf_config: Any = None) -> torch.dtype:
-        """`--dtype auto` on CPU: chosen from the CPU's native instructions (choose_dtype), logged."""
-        return resolve_auto_dtype().dtype
+    def __init__(self) -> None:
+        super().__init__()
+        # `--dtype auto`'s choice on this platform object (the process's: get_platform keeps one),
+        # set by resolve_auto_dtype and read when the linears are packed after loading; None: no
+        # auto choice, every linear runs in the model dtype. `_mixed`: the choice's mixed linears
+        # (their shared weight-copy budget), made when the first linear is packed.
+        self.dtype_choice: Optional[CpuDtypeChoice] = None
+        self._mixed: Optional[Any] = None
 
-    def forget_auto_dtype(self) -> None:
-        forget_auto_dtype()
+    def resolve_auto_dtype(self, hf_config: Any = None) -> torch.dtype:
+        """`--dtype auto` on CPU: chosen from the CPU's native instructions (choose_dtype), logged,
+        and kept on this platform for the linears packed after loading."""
+        choice = choose_dtype()
+        logger.info("--dtype auto on this CPU (%s): %s; reason: %s", choice.kind, choice.mode, choice.reason)
+        self.dtype_choice, self._mixed = choice, None
+        return choice.dtype
+
+    def use_explicit_dtype(self, dtype: torch.dtype) -> None:
+        self.dtype_choice, self._mixed = None, None
 
     def prepacked_linear(self, dtype: torch.dtype, device: torch.device):
         """oneDNN's packed bf16 linear, where this torch build and CPU support it; under
         `--dtype auto` the mixed linears of layers/linear_mixed.py (float32 with bf16 copies without
-        native bf16; bf16 with float32 copies on AVX512-BF16 without AMX)."""
-        choice = _auto_choice
-        if choice is not None and choice.bf16_gemm_max_tokens is not None and dtype == torch.float32 and device.type == "cpu":
-            from sglang.srt.layers.linear_mixed import mixed_linear_backend
-
-            return mixed_linear_backend(choice.bf16_gemm_max_tokens, copy_budget_bytes=read_meminfo()[0] // 4)
+        native bf16; bf16 with float32 copies on AVX-512 without AMX)."""
+        choice = self.dtype_choice
+        if choice is None or device.type != "cpu":
+            return self._onednn_linear(dtype, device)
+        if choice.bf16_gemm_max_tokens is not None and dtype == torch.float32:
+            return self._mixed_linears().bf16_copies(choice.bf16_gemm_max_tokens)
         onednn = self._onednn_linear(dtype, device)
-        if choice is not None and choice.float32_gemm_min_tokens is not None and dtype == torch.bfloat16 and device.type == "cpu":
-            from sglang.srt.layers.linear_mixed import float32_prefill_backend
-
-            return float32_prefill_backend(choice.float32_gemm_min_tokens, onednn, copy_budget_bytes=read_meminfo()[0] // 4)
+        if choice.float32_gemm_min_tokens is not None and dtype == torch.bfloat16:
+            return self._mixed_linears().float32_prefill(choice.float32_gemm_min_tokens, onednn)
         return onednn
+
+    def _mixed_linears(self):
+        if self._mixed is None:
+            from sglang.srt.layers.linear_mixed import MixedLinears
+
+            # the weight copies may take a quarter of the RAM free when the first linear is packed
+            self._mixed = MixedLinears(copy_budget_bytes=read_meminfo()[0] // 4)
+        return self._mixed
 
     def _onednn_linear(self, dtype: torch.dtype, device: torch.device):
         ops = getattr(torch.ops, "mkldnn", None)

@@ -16,7 +16,7 @@ def import_torch_npu() -> Any:
     try:
         return importlib.import_module("torch_npu")
     except ImportError as e:
-        raise ImportError("the npu platform needs torch_npu: pip install 'sglang[npu]' (or torch_npu for your CANN)") from e
+        raise ImportError("the npu platform needs torch_npu: install the torch_npu release for your CANN version (pip install torch-npu)") from e
 
 
 class NpuPlatform(AcceleratorPlatform):

@@ -55,12 +55,13 @@ def bind_rank(device: str, world_rank: int, world_size: int, nnodes: int = 1, lo
     """Bind this process to its rank's device: the platform of `device` (`--device`), its
     node-local device made current before anything is allocated, and the platform's fused kernels
     loaded now, so that a rank reports ready only with them in memory (they are built at install
-    time; loading is an import)."""
+    time; loading is an import). The platform object is the process's (`get_platform`), the one
+    that holds its kernel table and dtype choice from here on."""
     platform = get_platform(device)
     local = local_rank_of(world_rank, world_size, nnodes)
     platform.set_device(local)
     if load_kernels:
-        platform.fused_kernels()
+        platform.kernels.fused()  # kept by the platform: the layers' kernel_dispatch asks it
     return RankDevice(
         platform=platform,
         world_rank=world_rank,

@@ -4,7 +4,7 @@ It is the torch-native reference (`torch_native.py`) with a faster plain-attenti
 batches that are not context-parallel; latent attention (MLA, DSA) and context parallelism are
 the reference's, inherited. Per batch (`CPUBatch.fast`, built on first use):
 - single-token requests (all of a DECODE batch, the decode part of a MIXED batch): where the
-  device has fused kernels (`kernels/dispatch.py`; the CPU build), ONE `decode_attention` call
+  device has fused kernels (`platforms/kernel_dispatch.py`; the CPU build), ONE `decode_attention` call
   that reads each request's slots from the pool in place (no gather, no padding) and splits long
   sequences across threads. Otherwise one batched SDPA over slot rows padded to the longest
   sequence and masked, read as planned once per forward (`kv_source.py`: a zero-copy view when a
@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 import torch.nn.functional as F
 
-from sglang.srt.kernels.dispatch import kernels_for_device, prefill_attention_dtype, splits_attention
+from sglang.srt.platforms.kernel_dispatch import kernels_for_device, prefill_attention_dtype, splits_attention
 from sglang.srt.layers.attention.cpu_decode import DecodeSegments, attend_decode_segments, plan_decode_segments
 from sglang.srt.layers.attention.kv_source import KVGather, KVSource, KVWorkspace, fetch, head_major_kv, plan_source
 from sglang.srt.layers.attention.ops import attend_prefix_and_chunk, causal_mask, lse_kernel_available
@@ -70,7 +70,7 @@ class CPUMetadata:
     # Else, on CPU, when some request has a long contiguous run: runs as views + the rest gathered.
     single_segments: Optional[DecodeSegments] = None
     workspace: KVWorkspace = field(default_factory=KVWorkspace)  # gathers, reused by all layers
-    # Fused kernels of the device (kernels/dispatch.py): decode attention reads the pool in place.
+    # Fused kernels of the device (platforms/kernel_dispatch.py): decode attention reads the pool in place.
     kernels: Optional[Any] = None
     single_lens: Optional[torch.Tensor] = None  # [n1] int64 seq lens (for the fused kernel)
     prefill_kernel: bool = False  # the fused kernels run causal prefill here (CPU with AMX)

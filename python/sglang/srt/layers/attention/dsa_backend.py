@@ -39,7 +39,7 @@ import torch
 
 from sglang.srt.layers.attention.cpu_backend import CPUAttnBackend, CPUBatch
 from sglang.srt.layers.attention.dsa.backend_names import index_score_dtype, resolve_nsa_backend
-from sglang.srt.layers.attention.dsa.kernels import DSAKernels
+from sglang.srt.layers.attention.dsa.kernels import DSAKernels, dsa_ops
 from sglang.srt.layers.attention.mla_cp import mla_cp_forward
 from sglang.srt.layers.context_parallel import get_cp_layout
 
@@ -80,9 +80,7 @@ def _impl_for(flag_value: Optional[str], device: str) -> str:
     if impl == "auto":
         impl = get_platform(device).dsa_ops_impl
     if impl == "cpu":
-        from sgl_kernel_npu import cpu
-
-        if not cpu.available():
+        if not dsa_ops("sgl_kernel_npu.cpu").available():
             logger.warning("sgl_kernel_npu has no CPU kernels in this install; the DSA ops run the torch reference")
             impl = "reference"
     return impl

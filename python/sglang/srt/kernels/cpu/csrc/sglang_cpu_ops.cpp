@@ -1,9 +1,12 @@
-// Fused CPU kernels of the sglang engine, compiled at install time (setup.py) once per instruction
-// set variant (kernels/cpu/isa.py: avx512, avx2, generic); the loader imports the best one the CPU
-// runs. Intrinsics paths are guarded by the compiler's ISA macros: AVX-512 ones (decode attention,
-// bf16 SiLU) in the avx512 build, AVX2 + FMA ones (every op: 8 float32 lanes, bfloat16 widened by a
-// shift and rounded back to nearest even with integer ops) in the avx2 build, and the portable
-// loops (which the compiler vectorises for the variant's target) for the rest and the generic build.
+// Fused CPU kernels of the sglang engine, compiled at install time (setup.py) once per build of the
+// one ISA vocabulary (kernels/cpu/isa.py: avx512bf16, avx512, avx2, portable); the loader imports
+// the build of the selected ISA. Intrinsics paths are guarded by the compiler's ISA macros: AVX-512
+// ones (decode attention, bf16 SiLU: 16 float32 lanes, bfloat16 widened by a shift) in the avx512
+// builds, where only avx512bf16 may use BF16 instructions (`__AVX512BF16__`: vcvtneps2bf16; the
+// avx512 build rounds with integer ops, for AVX-512 CPUs without BF16 such as Cascade Lake), AVX2 +
+// FMA ones (every op: 8 float32 lanes, bfloat16 widened by a shift and rounded back to nearest even
+// with integer ops) in the avx2 build, and the portable loops (which the compiler vectorises for the
+// build's target) for the rest and the portable build.
 //
 // float32 / bfloat16 inputs; everything is computed in float32 and rounded once to the output
 // dtype. The torch reference of each op is in kernels/cpu/reference.py (tests compare them).
@@ -34,7 +37,7 @@
 #include <immintrin.h>
 
 #include "vec_exp2.h"
-// the 8-lane paths below; the avx512 build keeps its own (or the compiler's 16-lane loops)
+// the 8-lane paths below; the avx512 builds keep their own (or the compiler's 16-lane loops)
 #define SGL_AVX2 1
 #endif
 #include <cmath>
@@ -54,7 +57,7 @@ inline float to_f(uint16_t x) { return __builtin_bit_cast(float, static_cast<uin
 // 2^n * e^r with n = round(x / ln 2), |r| <= ln 2 / 2, degree-6 Taylor series for e^r;
 // relative error < 2e-7. Inputs are clamped to [-87, 88] (results stay finite and normal).
 // n is rounded by adding and subtracting 1.5 * 2^23 (nearest even, |x / ln 2| < 2^22), not by
-// floor: without SSE4.1 (the generic build) floor is a libm call and the loops stay scalar.
+// floor: without SSE4.1 (the portable build) floor is a libm call and the loops stay scalar.
 inline float vexp(float x) {
   x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
   const float n = (x * 1.44269504088896341f + 12582912.f) - 12582912.f;
@@ -619,7 +622,7 @@ std::vector<at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& resi
 }
 
 // ------------------------------------------------------------------------- silu_and_mul
-#if defined(__AVX512F__) && defined(__AVX512DQ__) && defined(__AVX512BF16__)
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
 // silu(g) * u for 16 bfloat16 lanes, one pass: e^-g as 2^t (t = -g log2 e, vec_exp2.h);
 // 1 / (1 + e^-g) by rcp14 and one Newton step. Far below bf16's precision; t is clamped so 1 + e^-g stays finite.
 // Faster than the three-pass loop below (docs/benchmarks.md, fused CPU kernels).
@@ -633,7 +636,16 @@ inline __m256i silu_mul16(const uint16_t* gate, const uint16_t* up) {
   // below g = -126 ln 2 the sigmoid underflows (0, as in torch; and -inf * 0 = NaN, as in torch)
   r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(t_raw, _mm512_set1_ps(126.f), _CMP_GT_OQ), _mm512_setzero_ps());
   const __m512 y = _mm512_mul_ps(_mm512_mul_ps(g, r), load16(up));
+#if defined(__AVX512BF16__)
   return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(y));
+#else
+  // round to nearest even with integer ops (no AVX512-BF16), then the low halves of the 16 lanes
+  // (vpmovdw); NaN as in f_to_bf16_lanes: only computed or bf16-born NaNs reach this
+  const __m512i u = _mm512_castps_si512(y);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb);
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16));
+#endif
 }
 #elif defined(SGL_AVX2)
 // silu(g) * u for 8 lanes whose result is rounded to bfloat16: silu_mul16's method on 8 lanes
@@ -670,7 +682,7 @@ void silu_and_mul_impl(const at::Tensor& x, at::Tensor& out) {
       const storage_t<T>* up = gate + d;
       storage_t<T>* orow = op + r * d;
       int64_t c0 = 0;
-#if defined(__AVX512F__) && defined(__AVX512DQ__) && defined(__AVX512BF16__)
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
       if constexpr (std::is_same_v<T, at::BFloat16>) {
         for (; c0 + 16 <= d; c0 += 16) {
           _mm256_storeu_si256(reinterpret_cast<__m256i*>(orow + c0), silu_mul16(gate + c0, up + c0));
@@ -795,13 +807,13 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
 #endif
 
 #if defined(SGLANG_WITH_AMX_SOURCE)
-// prefill_attention_amx.cpp (built into the variants that can have AMX)
+// prefill_attention_amx.cpp (built into the avx512bf16 build only)
 bool prefill_attention_supported();
 at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                              const std::optional<at::Tensor>& k_cache, const std::optional<at::Tensor>& v_cache,
                              const std::optional<at::Tensor>& prefix_slots, const std::optional<at::Tensor>& out);
 #else
-// variants without AMX do not compile prefill_attention_amx.cpp: the kernel is never available
+// builds without AMX do not compile prefill_attention_amx.cpp: the kernel is never available
 bool prefill_attention_supported() { return false; }
 at::Tensor prefill_attention(const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
                              const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
@@ -811,18 +823,18 @@ at::Tensor prefill_attention(const at::Tensor&, const at::Tensor&, const at::Ten
 }
 #endif
 
-// prefill_attention_vec.cpp (every variant; its AVX2 / AVX-512 paths where the build has them)
+// prefill_attention_vec.cpp (every build; its AVX2 / AVX-512 paths where the build has them)
 bool prefill_attention_vec_supported();
 at::Tensor prefill_attention_vec(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                                  const std::optional<at::Tensor>& k_cache, const std::optional<at::Tensor>& v_cache,
                                  const std::optional<at::Tensor>& prefix_slots, const std::optional<at::Tensor>& out);
 
-// linear_f32out_packed.cpp (every variant): x . W^T in float32 from a packed bf16 weight
+// linear_f32out_packed.cpp (every build): x . W^T in float32 from a packed bf16 weight
 at::Tensor linear_f32out_packed(const at::Tensor& x, const at::Tensor& packed, int64_t N,
                                 const std::optional<at::Tensor>& bias);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("isa", []() { return std::string(SGL_ISA_NAME); }, "the instruction-set variant this module was built for");
+  m.def("isa", []() { return std::string(SGL_ISA_NAME); }, "the build (ISA name, kernels/cpu/isa.py) this module is");
   m.def("source_tag", []() { return std::string(SGL_CSRC_TAG); }, "hash of the csrc files it was built from");
   m.def("decode_attention", &decode_attention, "decode attention over a head-major KV pool, in place");
   m.def("rms_norm", &rms_norm, "RMSNorm");

@@ -27,11 +27,27 @@ Which implementation runs is decided once, by the platform (`Platform.dsa_ops_im
 
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
 from typing import Optional
 
 import torch
 
-import sgl_kernel_npu as skn
+INSTALL_HINT = (
+    "the DSA ops need the sgl-kernel-npu package, which is not installed (it is not on PyPI): install it "
+    "from the SGLang checkout with `pip install --no-build-isolation -e ./sgl-kernel-npu` (`make setup` does)"
+)
+
+
+def dsa_ops(module: str = "sgl_kernel_npu") -> ModuleType:
+    """sgl_kernel_npu (or one of its modules), imported when first needed: SGLang runs without it
+    (merges fall back to torch), the DSA backend refuses to start without it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        if (exc.name or "").split(".")[0] != "sgl_kernel_npu":
+            raise
+        raise ImportError(f"{INSTALL_HINT} ({exc})") from exc
 
 
 def _runs(q_pos: list[int]) -> list[tuple[int, int]]:
@@ -50,9 +66,10 @@ class DSAKernels:
     def __init__(
         self, prefill_impl: str = "auto", decode_impl: str = "auto", index_score_dtype: Optional[torch.dtype] = None
     ):
+        self.ops = dsa_ops()
         for impl in (prefill_impl, decode_impl):
-            if impl not in skn.IMPLS:
-                raise ValueError(f"unknown DSA op implementation {impl!r}; choices: {skn.IMPLS}")
+            if impl not in self.ops.IMPLS:
+                raise ValueError(f"unknown DSA op implementation {impl!r}; choices: {self.ops.IMPLS}")
         self.prefill_impl = prefill_impl
         self.decode_impl = decode_impl
         self.index_score_dtype = index_score_dtype
@@ -84,7 +101,7 @@ class DSAKernels:
         """q [n, H, D], weights [n, H], index_k [num_blocks, block, 1, D] (PA_BSND view of the pool;
         int8 with index_k_scale [num_blocks, block, 1]: the pool's int8 copy, int8 scoring);
         table [B, max_blocks] block ids. -> [n, topk] int32."""
-        idx = skn.lightning_indexer(
+        idx = self.ops.lightning_indexer(
             q, index_k, weights.float() * scale, cu_q, kv_lens, table, "TND", "PA_BSND", topk, 3,
             impl=self.impl(decode), score_dtype=self.index_score_dtype, key_scale=index_k_scale,
         )  # fmt: skip
@@ -105,7 +122,7 @@ class DSAKernels:
         """q [n, H, L + R] absorbed queries, kv [num_blocks, block, 1, L + R] the latent pool (PA_BSND),
         positions [n, K] -> [n, H, L]."""
         rows = kv
-        return skn.sparse_flash_attention(
+        return self.ops.sparse_flash_attention(
             q[..., :v_dim], rows[..., :v_dim], rows[..., :v_dim], positions.unsqueeze(1), scale, table, cu_q, kv_lens,
             q[..., v_dim:], rows[..., v_dim:], 1, "TND", "PA_BSND", 3, impl=self.impl(decode),
         )  # fmt: skip
@@ -134,7 +151,7 @@ class DSAKernels:
         # group, and over 6x the pages it ran 10-13 % slower (TLB); one copy (T x D) costs ~ms.
         keys = keys.contiguous()
         key = keys.view(1, total, 1, keys.shape[1])
-        idx = skn.lightning_indexer(q, key, w.float() * scale, cu, kv_lens, table, "TND", "PA_BSND", width, 3,
+        idx = self.ops.lightning_indexer(q, key, w.float() * scale, cu, kv_lens, table, "TND", "PA_BSND", width, 3,
                                     impl=self.prefill_impl, score_dtype=self.index_score_dtype)  # fmt: skip
         return idx[:, 0]
 
@@ -145,7 +162,7 @@ class DSAKernels:
         total = seq.shape[0]
         cu, kv_lens, table = self._run_layout(q_pos, total)
         rows = seq.view(1, total, 1, seq.shape[1])
-        return skn.sparse_flash_attention(
+        return self.ops.sparse_flash_attention(
             q[..., :v_dim], rows[..., :v_dim], rows[..., :v_dim], positions.to(torch.int32).unsqueeze(1), scale,
             table, cu, kv_lens, q[..., v_dim:], rows[..., v_dim:], 1, "TND", "PA_BSND", 3, impl=self.prefill_impl,
         )  # fmt: skip
@@ -169,7 +186,7 @@ class DSAKernels:
         lens = valid.sum(dim=1).to(torch.int32)
         cu = torch.arange(1, n1 + 1, dtype=torch.int32)
         key = index_k.view(index_k.shape[0], 1, 1, index_k.shape[1])
-        idx, vals = skn.lightning_indexer(q, key, w.float() * scale, cu, lens, slots.to(torch.int32), "TND", "PA_BSND",
+        idx, vals = self.ops.lightning_indexer(q, key, w.float() * scale, cu, lens, slots.to(torch.int32), "TND", "PA_BSND",
                                           width, 0, return_value=True, impl=self.decode_impl,
                                           score_dtype=self.index_score_dtype, key_scale=index_k_scale)  # fmt: skip
         idx, vals = idx[:, 0].long(), vals[:, 0]
@@ -187,7 +204,7 @@ class DSAKernels:
         cu = torch.arange(1, n1 + 1, dtype=torch.int32)
         lens = torch.full((n1,), k, dtype=torch.int32)
         idx = torch.where(valid, torch.arange(k, dtype=torch.int32).unsqueeze(0), -1).to(torch.int32)
-        return skn.sparse_flash_attention(
+        return self.ops.sparse_flash_attention(
             q[..., :v_dim], rows[..., :v_dim], rows[..., :v_dim], idx.unsqueeze(1), scale, slots.to(torch.int32),
             cu, lens, q[..., v_dim:], rows[..., v_dim:], 1, "TND", "PA_BSND", 0, return_softmax_lse=True,
             impl=self.decode_impl,

@@ -1,5 +1,5 @@
-"""Pure attention math: the leaf of `layers/attention` (imports only torch, `kernels.dispatch` and
-`sgl_kernel_npu`, whose merge_attn_states is the one LSE merge).
+"""Pure attention math: the leaf of `layers/attention` (imports only torch, `platforms.kernel_dispatch`
+and, where installed, `sgl_kernel_npu`, whose merge_attn_states is the one LSE merge).
 
 - `mask.causal_mask`: bool mask by absolute position;
 - `lse.attention_with_lse` (exact float32 math) and `lse.sdpa_lse` (torch's CPU flash kernel with

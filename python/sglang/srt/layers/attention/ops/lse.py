@@ -6,7 +6,7 @@ results and their LSEs (`merge.merge_state`).
 
 - `attention_with_lse`: the exact float32 math version (any device, any mask).
 - `sdpa_lse`: 4-D SDPA returning (out, lse); on CPU torch's flash kernel
-  (`_scaled_dot_product_flash_attention_for_cpu`, via `kernels/dispatch.flash_lse_op`), elsewhere
+  (`_scaled_dot_product_flash_attention_for_cpu`, via `platforms/kernel_dispatch.flash_lse_op`), elsewhere
   `attention_with_lse`.
 
 A query that sees no key gets out = 0 and lse = -inf, so it drops out of a merge.
@@ -18,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from sglang.srt.kernels.dispatch import flash_lse_op
+from sglang.srt.platforms.kernel_dispatch import flash_lse_op
 from sglang.srt.layers.attention.ops.mask import causal_mask
 
 

@@ -5,40 +5,36 @@ kernels are made (`flash_lse_op`, `splits_attention`, `host_argmax`), so that la
 device checks.
 
 Layers ask `fused_ops(x)` and fall back to their torch code when it returns None, so every
-platform without fused kernels (or a dtype they do not cover) keeps working unchanged. The
-platform's answer is looked up once per device type and cached (building the CPU kernels takes
-about half a minute the first time on a machine; later processes load the cached build).
+platform without fused kernels (or a dtype they do not cover) keeps working unchanged. The answers
+are the state of the device's platform object (`Platform.kernels`, kernel_table.py): the process's
+platforms are created once, at start-up, so the kernel build is imported once per process. A test
+that changes SGLANG_CPU_KERNELS / SGLANG_CPU_ISA / SGLANG_CPU_FLAGS_OVERRIDE runs under
+`platforms.fresh_platforms()`: new platform objects, which look everything up again.
 """
 
 from __future__ import annotations
 
-import threading
 from typing import Any, Callable, Optional
 
 import torch
 
+from sglang.srt.platforms import get_platform
+from sglang.srt.platforms.kernel_table import KernelTable
+
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
 
-_lock = threading.Lock()
-_by_device: dict[str, Optional[Any]] = {}
+
+def _table(device_type: str) -> Optional[KernelTable]:
+    try:
+        return get_platform(device_type).kernels
+    except ValueError:  # a device type without a platform (meta, ...)
+        return None
 
 
 def kernels_for_device(device: torch.device) -> Optional[Any]:
     """The fused kernel module of the device's platform, or None."""
-    module = _by_device.get(device.type, _by_device)
-    if module is not _by_device:
-        return module
-    with _lock:
-        if device.type not in _by_device:
-            from sglang.srt.platforms import get_platform
-
-            try:
-                platform = get_platform(device.type)
-            except ValueError:  # a device type without a platform (meta, ...)
-                _by_device[device.type] = None
-            else:
-                _by_device[device.type] = platform.fused_kernels()
-        return _by_device[device.type]
+    table = _table(device.type)
+    return None if table is None else table.fused()
 
 
 def fused_ops(x: torch.Tensor) -> Optional[Any]:
@@ -46,13 +42,6 @@ def fused_ops(x: torch.Tensor) -> Optional[Any]:
     if x.dtype not in SUPPORTED_DTYPES:
         return None
     return kernels_for_device(x.device)
-
-
-def reset() -> None:
-    """Forget the cached answers (tests that change SGLANG_CPU_KERNELS)."""
-    with _lock:
-        _by_device.clear()
-        _prefill_dtype.clear()
 
 
 _FLASH_LSE = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
@@ -66,23 +55,11 @@ def flash_lse_op(q: torch.Tensor) -> Optional[Callable[..., Any]]:
     return _FLASH_LSE
 
 
-_prefill_dtype: dict[tuple[str, torch.dtype], torch.dtype] = {}
-
-
 def prefill_attention_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
     """The dtype torch's prefill attention runs in for q / k / v of `dtype` on `device` (the
-    platform's answer, cached: e.g. float32 for bf16 on CPUs without AMX)."""
-    key = (device.type, dtype)
-    found = _prefill_dtype.get(key)
-    if found is None:
-        from sglang.srt.platforms import get_platform
-
-        try:
-            found = get_platform(device.type).prefill_attention_dtype(dtype)
-        except ValueError:
-            found = dtype
-        _prefill_dtype[key] = found
-    return found
+    platform's answer, kept by it: e.g. float32 for bf16 on CPUs without AMX)."""
+    table = _table(device.type)
+    return dtype if table is None else table.prefill_attention_dtype(dtype)
 
 
 def splits_attention(device: torch.device) -> bool:
