@@ -297,7 +297,7 @@ class CpuPlatform(Platform):
         kernel there goes through oneDNN's bf16 GEMMs (AVX512-BF16 `vdpbf16ps` at half the
         float32 FMA rate on the Xeon measured, converting fallbacks on AVX2) and is 1.7x slower
         than converting q / k / v to float32 and back (a 4096-token causal prefill, 9 heads of
-        64: 171 vs 103 ms per layer on 2 threads; benchmark/vs_vllm/sdpa_dtype.py, docs/benchmarks.md). Float32 is also exact
+        64: 171 vs 103 ms per layer on 2 threads; benchmark/vs_vllm/sdpa_dtype.py, docs/notes/2026-11-vs-vllm.md). Float32 is also exact
         where bf16 rounds the softmax probabilities."""
         if dtype == torch.bfloat16 and cpu_kind(effective_cpu_flags()) != "amx":
             return torch.float32
@@ -307,7 +307,7 @@ class CpuPlatform(Platform):
         """2048 on CPU (as upstream picks for small GPUs): a CPU's prefill runs near its FMA peak
         from a few hundred rows on, so smaller steps cost little prefill speed, while prompts that
         arrive together get their first tokens step by step instead of all at the end of one long
-        step. Measured (docs/benchmarks.md, vs vLLM on the AVX512-BF16 Xeon, 2 cores): 8192 -> 2048
+        step. Measured (docs/notes/2026-11-vs-vllm.md, vs vLLM on the AVX512-BF16 Xeon, 2 cores): 8192 -> 2048
         took TTFT median (a) 3444 -> 2046 ms, (d) 4566 -> 3724 ms, (b) 5026 -> 5145 ms; output
         throughput (a) 146 -> 147 tok/s, (d) 91.7 -> 76.2 tok/s (staggered requests decode in
         smaller batches)."""

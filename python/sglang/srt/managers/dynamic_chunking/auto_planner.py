@@ -215,7 +215,7 @@ class AutoChunkPlanner:
 
         A prompt follows the plan made at its first chunk: re-planning the rest at every chunk
         would treat the pipeline as empty (its earlier chunks are still in flight) and, with the
-        model refitted between chunks, mix pieces of different plans (slower: docs/benchmarks.md).
+        model refitted between chunks, mix pieces of different plans (slower: docs/notes/2026-11-dynamic-chunking.md).
         A fresh plan is made when `prefix_len` is not a boundary of a kept plan (a radix hit, or
         the adder cut a chunk short). Same calls in the same order → same plans on every rank.
         """
