@@ -45,9 +45,11 @@ RUNNABLE_PAIRS = [(k, b) for k, b in PAIRS if k in KINDS and b in BUILDS]
 # logits alone cannot keep float32's ranking there. Known and open (issue 32's closing note: a
 # float32 residual stream, or float32 prefill GEMMs, is the fix); strict, so it is noticed when fixed.
 AMX_NOISE = pytest.mark.xfail(strict=True, reason="bf16 prefill noise on the amx kind flips this near tie (open)")
-# bf16 model, float32 logits vs the float32 model: every layer's bf16 rounding moves the logprobs
-# by up to ~0.05 here (fused bf16 norms and attention included); the near tie is 0.08 wide
-LOGPROB_TOL = 0.1
+# bf16 model, float32 logits vs the float32 model: the bf16 model's own rounding (weights,
+# residual stream, fused bf16 norms / SiLU / attention) moves these logprobs by up to 0.11 here
+# (measured: avx512 kind on the avx512 build, "The" -1.777 vs float32's -1.883); the ranking is
+# what the test is about, this bounds how far the values may drift
+LOGPROB_TOL = 0.15
 
 
 @pytest.fixture(scope="module")
