@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: setup serve demo test test-fast test-unit bench clean
+.PHONY: setup serve demo test test-fast test-unit format lint clean
 
 # sgl-kernel-npu (the DSA ops) is rebuilt when its build script or C++ sources change
 $(STAMP): setup.py sgl-kernel-npu/setup.py $(wildcard sgl-kernel-npu/csrc/cpu/*)
@@ -58,6 +58,13 @@ test-fast: setup
 
 test-unit: setup
 	$(PY) -m pytest -q test/unit
+
+# ruff, as ruff.toml sets it (test/unit/test_formatting.py checks the same in CI)
+format: setup
+	$(VENV)/bin/ruff format .
+
+lint: setup
+	$(VENV)/bin/ruff format --check . && $(VENV)/bin/ruff check .
 
 clean:
 	rm -rf $(VENV) build *.egg-info python/*.egg-info python/sglang/srt/kernels/cpu/_C_*.so

@@ -67,8 +67,10 @@ def cpu_kernel_build():
     try:
         from torch.utils.cpp_extension import BuildExtension, CppExtension
     except ImportError:
-        _warn("torch is not importable here, so the CPU kernels are not built (the engine uses its torch code); "
-              "install torch first and run pip with --no-build-isolation to build them")  # fmt: skip
+        _warn(
+            "torch is not importable here, so the CPU kernels are not built (the engine uses its torch code); "
+            "install torch first and run pip with --no-build-isolation to build them"
+        )
         return [], {}
     isa = _load_isa()
     tag = isa.source_tag(os.path.join(HERE, KERNEL_DIR, "csrc"))
@@ -102,8 +104,10 @@ def cpu_kernel_build():
             except Exception as exc:  # noqa: BLE001 - compiler missing or too old for the flags
                 if not ext.optional:
                     raise
-                _warn(f"CPU kernel variant {ext.name} not built ({type(exc).__name__}: {exc}); "
-                      "CPUs that would use it fall back to a lesser variant or the torch code")  # fmt: skip
+                _warn(
+                    f"CPU kernel variant {ext.name} not built ({type(exc).__name__}: {exc}); "
+                    "CPUs that would use it fall back to a lesser variant or the torch code"
+                )
             finally:
                 self.build_temp = base
 
@@ -123,7 +127,7 @@ setup(
     python_requires=">=3.10",
     install_requires=INSTALL_REQUIRES,
     extras_require={
-        "test": ["pytest", "openai", "httpx", "prometheus_client", "matplotlib"],
+        "test": ["pytest", "pytest-xdist", "ruff", "openai", "httpx", "prometheus_client", "matplotlib"],
         # PD disaggregation: the KV transfer engine (non-CUDA build; CUDA machines may install
         # mooncake-transfer-engine instead) and the upstream router in front of prefill + decode
         "pd": ["mooncake-transfer-engine-non-cuda", "sglang-router"],

@@ -30,7 +30,9 @@ ISA_FILE = os.path.join(ROOT, "..", "python", "sglang", "srt", "kernels", "cpu",
 def load_isa():
     """SGLang's kernels/cpu/isa.py by path (nothing is installed yet when this runs)."""
     if not os.path.isfile(ISA_FILE):
-        raise SystemExit(f"sgl-kernel-npu builds inside the SGLang checkout: {ISA_FILE} (the ISA vocabulary) is missing")
+        raise SystemExit(
+            f"sgl-kernel-npu builds inside the SGLang checkout: {ISA_FILE} (the ISA vocabulary) is missing"
+        )
     spec = importlib.util.spec_from_file_location("_sglang_cpu_isa", ISA_FILE)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # (its dataclasses look their module up)
@@ -44,7 +46,9 @@ def isa_sources():
     files = [os.path.join(CSRC, f"dsa_isa_{name}.cpp") for name in names]
     missing = [f for f in files if not os.path.isfile(os.path.join(ROOT, f))]
     if missing:
-        raise SystemExit(f"the ISA vocabulary names {names}, but these translation units are missing: {missing}")
+        raise SystemExit(
+            f"the ISA vocabulary names {names}, but these translation units are missing: {missing}"
+        )
     return files
 
 
@@ -58,7 +62,10 @@ def ext_modules():
         "sgl_kernel_npu._cpu_ops",
         sources,
         include_dirs=[os.path.join(ROOT, CSRC)],
-        depends=[os.path.join(CSRC, h) for h in ("dsa_args.h", "dsa_isa_entry.h", "dsa_kernels_impl.h", "dsa_vec_avx512.h")],  # rebuild when they change
+        depends=[
+            os.path.join(CSRC, h)
+            for h in ("dsa_args.h", "dsa_isa_entry.h", "dsa_kernels_impl.h", "dsa_vec_avx512.h")
+        ],  # rebuild when they change
         extra_compile_args=["-O3", "-std=c++17", "-fno-math-errno"],
     )
     return [ext], {"build_ext": BuildExtension.with_options(use_ninja=False)}

@@ -7,7 +7,11 @@ from pathlib import Path
 
 import pytest
 
-_FOLDER_MARKERS = {"distributed": pytest.mark.distributed, "e2e": pytest.mark.e2e, "reliability": pytest.mark.e2e}
+_FOLDER_MARKERS = {
+    "distributed": pytest.mark.distributed,
+    "e2e": pytest.mark.e2e,
+    "reliability": pytest.mark.e2e,
+}
 
 
 def pytest_collection_modifyitems(config, items):

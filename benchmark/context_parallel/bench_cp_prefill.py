@@ -57,7 +57,9 @@ def write_config(root: str) -> str:
 def prompt_ids(n: int) -> list[int]:
     import torch
 
-    return torch.randint(3, SMOLLM2_SHAPE["vocab_size"], (n,), generator=torch.Generator().manual_seed(0)).tolist()
+    return torch.randint(
+        3, SMOLLM2_SHAPE["vocab_size"], (n,), generator=torch.Generator().manual_seed(0)
+    ).tolist()
 
 
 def kv_bytes_per_rank(tokens: int, cp: int, pp: int, dtype_bytes: int = 2) -> int:
@@ -83,16 +85,28 @@ def rank_cpu_seconds() -> dict[int, float]:
     return out
 
 
-def run_engine(path: str, cp: int, pp: int, tokens: int, repeats: int, dtype: str) -> tuple[list[float], list[float]]:
+def run_engine(
+    path: str, cp: int, pp: int, tokens: int, repeats: int, dtype: str
+) -> tuple[list[float], list[float]]:
     import sglang as sgl
 
     ids = prompt_ids(tokens)
     times = []
     with sgl.Engine(
-        model_path=f"dummy:{path}", load_format="dummy", dtype=dtype, cp_size=cp, pp_size=pp,
-        num_threads=1, chunked_prefill_size=-1, max_prefill_tokens=tokens + 16, context_length=32768,
-        max_total_tokens=tokens + 4096, disable_radix_cache=True, skip_tokenizer_init=True, log_level="warning",
-    ) as llm:  # fmt: skip
+        model_path=f"dummy:{path}",
+        load_format="dummy",
+        dtype=dtype,
+        cp_size=cp,
+        pp_size=pp,
+        num_threads=1,
+        chunked_prefill_size=-1,
+        max_prefill_tokens=tokens + 16,
+        context_length=32768,
+        max_total_tokens=tokens + 4096,
+        disable_radix_cache=True,
+        skip_tokenizer_init=True,
+        log_level="warning",
+    ) as llm:
         params = {"max_new_tokens": 1, "temperature": 0, "ignore_eos": True}
         llm.generate(input_ids=ids[:64], sampling_params=params)  # warm up
         cpu = []  # busiest rank's CPU seconds per run: the compute split, whatever else runs on the box
@@ -131,15 +145,24 @@ def _model_rank(rank: int, cp: int, port: int, path: str, tokens: int, repeats: 
     ids = prompt_ids(tokens)
     times = []
     for _ in range(repeats):
-        h = CPForwardHarness(cfg, groups.attn_cp, "zigzag", dtype=tdtype, max_total_tokens=tokens + 64,
-                             max_requests=2, max_context_len=tokens + 64)  # fmt: skip
+        h = CPForwardHarness(
+            cfg,
+            groups.attn_cp,
+            "zigzag",
+            dtype=tdtype,
+            max_total_tokens=tokens + 64,
+            max_requests=2,
+            max_context_len=tokens + 64,
+        )
         req = h.new_request()
         groups.attn_cp.barrier()
         start = time.perf_counter()
         h.forward(model, [(req, ids)])
         groups.attn_cp.barrier()
         times.append(time.perf_counter() - start)
-    kv = h.stored_rows() * 2 * cfg.num_key_value_heads * cfg.head_dim * tdtype.itemsize * cfg.num_hidden_layers
+    kv = (
+        h.stored_rows() * 2 * cfg.num_key_value_heads * cfg.head_dim * tdtype.itemsize * cfg.num_hidden_layers
+    )
     out.put((rank, times, kv))
 
 
@@ -149,7 +172,10 @@ def run_model(path: str, cp: int, tokens: int, repeats: int, dtype: str) -> tupl
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = get_free_port()
-    procs = [ctx.Process(target=_model_rank, args=(r, cp, port, path, tokens, repeats, dtype, out)) for r in range(cp)]
+    procs = [
+        ctx.Process(target=_model_rank, args=(r, cp, port, path, tokens, repeats, dtype, out))
+        for r in range(cp)
+    ]
     for p in procs:
         p.start()
     results = sorted(out.get(timeout=3600) for _ in procs)
@@ -182,15 +208,20 @@ def main() -> None:
                 times, kv = run_model(path, cp, args.tokens, args.repeats, args.dtype)
             ttft[cp] = statistics.median(times)
             runs = ", ".join(f"{t:.2f}" for t in times)
-            print(f"mode={args.mode} pp={args.pp} cp={cp} tokens={args.tokens}: TTFT {ttft[cp]:.2f} s "
-                  f"(runs {runs}), KV per rank {kv / 2**20:.1f} MiB"
-                  + ("" if cpu is None else f", busiest rank CPU {cpu_s[cp]:.2f} s"), flush=True)  # fmt: skip
+            print(
+                f"mode={args.mode} pp={args.pp} cp={cp} tokens={args.tokens}: TTFT {ttft[cp]:.2f} s "
+                f"(runs {runs}), KV per rank {kv / 2**20:.1f} MiB"
+                + ("" if cpu is None else f", busiest rank CPU {cpu_s[cp]:.2f} s"),
+                flush=True,
+            )
         base = ttft.get(1)
         for cp, t in ttft.items():
             if base and cp > 1:
                 print(f"cp={cp}: speedup {base / t:.2f}x, efficiency T1/(cp*Tcp) = {base / (cp * t):.1%}")
                 if 1 in cpu_s and cp in cpu_s:
-                    print(f"cp={cp}: CPU-time efficiency cpu1/(cp*cpu_busiest) = {cpu_s[1] / (cp * cpu_s[cp]):.1%}")
+                    print(
+                        f"cp={cp}: CPU-time efficiency cpu1/(cp*cpu_busiest) = {cpu_s[1] / (cp * cpu_s[cp]):.1%}"
+                    )
 
 
 if __name__ == "__main__":

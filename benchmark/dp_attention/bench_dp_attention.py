@@ -42,14 +42,37 @@ from tqdm import tqdm
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOKENIZER_DIR = os.path.join(REPO, "python", "sglang", "test", "assets", "tiny-deepseek-v32")
 SHAPE = dict(
-    architectures=["DeepseekV3ForCausalLM"], model_type="deepseek_v3", vocab_size=4096, hidden_size=1024,
-    intermediate_size=2048, moe_intermediate_size=256, num_hidden_layers=8, first_k_dense_replace=1,
-    num_attention_heads=16, num_key_value_heads=16, q_lora_rank=384, kv_lora_rank=256, qk_nope_head_dim=64,
-    qk_rope_head_dim=64, v_head_dim=64, n_routed_experts=16, num_experts_per_tok=4, n_group=1, topk_group=1,
-    n_shared_experts=1, routed_scaling_factor=1.0, norm_topk_prob=True, hidden_act="silu", rms_norm_eps=1e-6,
-    rope_theta=10000.0, max_position_embeddings=8192, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+    architectures=["DeepseekV3ForCausalLM"],
+    model_type="deepseek_v3",
+    vocab_size=4096,
+    hidden_size=1024,
+    intermediate_size=2048,
+    moe_intermediate_size=256,
+    num_hidden_layers=8,
+    first_k_dense_replace=1,
+    num_attention_heads=16,
+    num_key_value_heads=16,
+    q_lora_rank=384,
+    kv_lora_rank=256,
+    qk_nope_head_dim=64,
+    qk_rope_head_dim=64,
+    v_head_dim=64,
+    n_routed_experts=16,
+    num_experts_per_tok=4,
+    n_group=1,
+    topk_group=1,
+    n_shared_experts=1,
+    routed_scaling_factor=1.0,
+    norm_topk_prob=True,
+    hidden_act="silu",
+    rms_norm_eps=1e-6,
+    rope_theta=10000.0,
+    max_position_embeddings=8192,
+    tie_word_embeddings=False,
+    bos_token_id=1,
+    eos_token_id=2,
     torch_dtype="bfloat16",
-)  # fmt: skip
+)
 CONFIGS = {"tp2": ("--tp-size", "2"), "dp2": ("--tp-size", "2", "--dp-size", "2", "--enable-dp-attention")}
 
 
@@ -68,8 +91,22 @@ class Server:
     def __init__(self, model: str, extra: tuple[str, ...], port: int, log_dir: str):
         self.url = f"http://127.0.0.1:{port}"
         self.log = open(os.path.join(log_dir, f"server-{port}.log"), "w")
-        cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--load-format", "dummy",
-               "--port", str(port), "--num-threads", "1", "--log-level", "warning", *extra]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            model,
+            "--load-format",
+            "dummy",
+            "--port",
+            str(port),
+            "--num-threads",
+            "1",
+            "--log-level",
+            "warning",
+            *extra,
+        ]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO)
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
@@ -109,8 +146,10 @@ def capacity(model: str, log_dir: str, mem_fraction: float) -> dict:
         server = Server(model, CONFIGS[name] + ("--mem-fraction-static", str(mem_fraction)), _port(), log_dir)
         try:
             states = server.states()
-            out[name] = {"per_replica": [s["max_total_num_tokens"] for s in states],
-                         "server": sum(s["max_total_num_tokens"] for s in states)}  # fmt: skip
+            out[name] = {
+                "per_replica": [s["max_total_num_tokens"] for s in states],
+                "server": sum(s["max_total_num_tokens"] for s in states),
+            }
         finally:
             server.stop()
     out["ratio"] = out["dp2"]["server"] / out["tp2"]["server"]
@@ -124,19 +163,46 @@ def serving(model: str, log_dir: str, pool: int, workloads: dict) -> dict:
         try:
             for wl, (n, conc, inp, outp) in tqdm(workloads.items(), desc=f"serving {name}"):
                 result = os.path.join(log_dir, f"bench-{name}-{wl}.jsonl")
-                cmd = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang", "--base-url", server.url,
-                       "--tokenizer", model, "--dataset-name", "random", "--num-prompts", str(n),
-                       "--random-input-len", str(inp), "--random-output-len", str(outp), "--random-range-ratio", "1.0",
-                       "--max-concurrency", str(conc), "--flush-cache", "--output-file", result, "--disable-tqdm"]  # fmt: skip
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "sglang.bench_serving",
+                    "--backend",
+                    "sglang",
+                    "--base-url",
+                    server.url,
+                    "--tokenizer",
+                    model,
+                    "--dataset-name",
+                    "random",
+                    "--num-prompts",
+                    str(n),
+                    "--random-input-len",
+                    str(inp),
+                    "--random-output-len",
+                    str(outp),
+                    "--random-range-ratio",
+                    "1.0",
+                    "--max-concurrency",
+                    str(conc),
+                    "--flush-cache",
+                    "--output-file",
+                    result,
+                    "--disable-tqdm",
+                ]
                 subprocess.run(cmd, check=True, cwd=REPO, stdout=subprocess.DEVNULL)
                 with open(result) as f:
                     row = json.loads(f.readlines()[-1])
-                out[wl][name] = {k: row[k] for k in ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms")}
+                out[wl][name] = {
+                    k: row[k] for k in ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms")
+                }
                 out[wl][name]["num_retractions"] = sum(s["num_retractions"] for s in server.states())
         finally:
             server.stop()
     for wl in workloads:
-        out[wl]["throughput_ratio"] = out[wl]["dp2"]["output_throughput"] / out[wl]["tp2"]["output_throughput"]
+        out[wl]["throughput_ratio"] = (
+            out[wl]["dp2"]["output_throughput"] / out[wl]["tp2"]["output_throughput"]
+        )
     return dict(out)
 
 
@@ -181,9 +247,15 @@ def _collective_rank(rank: int, name: str, model: str, port: int, steps: int, ba
     h.token_to_kv_pool = net.create_kv_pool(8192, 1, torch.bfloat16)
     per_replica = batch // layout.attn_dp
     reqs = [h.new_request() for _ in range(per_replica)]
-    dp = DPForwardInfo(groups.dp_rank, (per_replica,) * layout.attn_dp, (per_replica,) * layout.attn_dp) if layout.attn_dp > 1 else None
+    dp = (
+        DPForwardInfo(groups.dp_rank, (per_replica,) * layout.attn_dp, (per_replica,) * layout.attn_dp)
+        if layout.attn_dp > 1
+        else None
+    )
     prefill = h.build_batch([(r, list(range(3, 3 + 128))) for r in reqs])
-    prefill.dp = None if dp is None else DPForwardInfo(dp.replica, (128 * per_replica,) * 2, (per_replica,) * 2)
+    prefill.dp = (
+        None if dp is None else DPForwardInfo(dp.replica, (128 * per_replica,) * 2, (per_replica,) * 2)
+    )
     h.run(net, prefill)
     stats.clear()
     t0 = time.perf_counter()
@@ -208,9 +280,17 @@ def _collective_rank(rank: int, name: str, model: str, port: int, steps: int, ba
         t1 = time.perf_counter()
         h.run(net, one)
         prefill_s.append(time.perf_counter() - t1)
-    q.put((rank, {"step_ms": 1000 * total / steps, "layers": cfg.num_hidden_layers,
-                  "prefill_256_ms": 1000 * sorted(prefill_s)[1],
-                  "ops": ops}))  # fmt: skip
+    q.put(
+        (
+            rank,
+            {
+                "step_ms": 1000 * total / steps,
+                "layers": cfg.num_hidden_layers,
+                "prefill_256_ms": 1000 * sorted(prefill_s)[1],
+                "ops": ops,
+            },
+        )
+    )
 
 
 def collectives(model: str, steps: int, batch: int) -> dict:
@@ -219,7 +299,10 @@ def collectives(model: str, steps: int, batch: int) -> dict:
     for name in tqdm(CONFIGS, desc="collectives"):
         q = ctx.Queue()
         port = _port()
-        procs = [ctx.Process(target=_collective_rank, args=(r, name, model, port, steps, batch, q)) for r in range(2)]
+        procs = [
+            ctx.Process(target=_collective_rank, args=(r, name, model, port, steps, batch, q))
+            for r in range(2)
+        ]
         for p in procs:
             p.start()
         results = dict(q.get(timeout=1200) for _ in procs)
@@ -235,9 +318,13 @@ def main() -> None:
     ap.add_argument("--mem-fraction-static", type=float, default=0.2)
     ap.add_argument("--pool", type=int, default=4096, help="KV tokens per rank for the serving runs")
     ap.add_argument("--steps", type=int, default=20, help="decode steps timed for the collectives")
-    ap.add_argument("--decode-batch", type=int, default=16, help="requests in the collectives' decode step (all replicas)")
+    ap.add_argument(
+        "--decode-batch", type=int, default=16, help="requests in the collectives' decode step (all replicas)"
+    )
     ap.add_argument("--workloads", nargs="+", default=["kv_bound", "light"], help="serving workloads to run")
-    ap.add_argument("--rounds", type=int, default=1, help="serving: alternate tp2 / dp2 servers this many times")
+    ap.add_argument(
+        "--rounds", type=int, default=1, help="serving: alternate tp2 / dp2 servers this many times"
+    )
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     args = ap.parse_args()
     root = tempfile.mkdtemp(prefix="dp-bench-")

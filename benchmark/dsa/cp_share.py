@@ -34,12 +34,18 @@ def main() -> None:
     rows = []
     for n in args.tokens:
         g = torch.Generator().manual_seed(n)
-        iq, iw, keys = torch.randn(n, 16, 64, generator=g), torch.randn(n, 16, generator=g), torch.randn(n, 64, generator=g)
+        iq, iw, keys = (
+            torch.randn(n, 16, 64, generator=g),
+            torch.randn(n, 16, generator=g),
+            torch.randn(n, 64, generator=g),
+        )
         q, seq = torch.randn(n, 16, 320, generator=g), torch.randn(n, 320, generator=g)
         seg = n // 4
-        shares = {"cp1 (all queries)": torch.arange(n),
-                  "cp2 rank 0 (segments 0, 3)": torch.cat([torch.arange(0, seg), torch.arange(3 * seg, n)]),
-                  "cp2 rank 1 (segments 1, 2)": torch.arange(seg, 3 * seg)}  # fmt: skip
+        shares = {
+            "cp1 (all queries)": torch.arange(n),
+            "cp2 rank 0 (segments 0, 3)": torch.cat([torch.arange(0, seg), torch.arange(3 * seg, n)]),
+            "cp2 rank 1 (segments 1, 2)": torch.arange(seg, 3 * seg),
+        }
         for name, pos in tqdm(shares.items(), desc=f"{n} tokens", unit="share"):
             best_i = best_s = float("inf")
             for _ in range(args.repeats):
@@ -59,7 +65,9 @@ def main() -> None:
         r = {name: (ti, ts) for m, name, ti, ts in rows if m == n}
         c1 = r["cp1 (all queries)"]
         worst = [max(v[i] for key, v in r.items() if key.startswith("cp2")) for i in (0, 1)]
-        print(f"- {n}: cp1 / slowest cp2 rank: indexer {c1[0] / worst[0]:.2f}x, sparse attention {c1[1] / worst[1]:.2f}x")
+        print(
+            f"- {n}: cp1 / slowest cp2 rank: indexer {c1[0] / worst[0]:.2f}x, sparse attention {c1[1] / worst[1]:.2f}x"
+        )
 
 
 if __name__ == "__main__":

@@ -32,8 +32,13 @@ import sgl_kernel_npu as skn
 from sgl_kernel_npu import cpu
 from sgl_kernel_npu.reference import quantize_int8
 
-INT8_DOT = {"avx512bf16": "vpdpbusd", "avx512vnni": "vpdpbusd", "avx512": "vpmaddwd", "avx2vnni": "vpdpbusd ymm",
-            "avx2": "vpmaddwd"}
+INT8_DOT = {
+    "avx512bf16": "vpdpbusd",
+    "avx512vnni": "vpdpbusd",
+    "avx512": "vpmaddwd",
+    "avx2vnni": "vpdpbusd ymm",
+    "avx2": "vpmaddwd",
+}
 
 
 def main() -> None:
@@ -53,13 +58,25 @@ def main() -> None:
         q, w = torch.randn(q0, 16, 64, generator=g), torch.randn(q0, 16, generator=g)
         keys = torch.randn(1, n, 1, 64, generator=g)
         k8, k_scale = quantize_int8(keys)
-        kw = dict(actual_seq_lengths_query=torch.tensor([q0]), actual_seq_lengths_key=torch.tensor([n]),
-                  block_table=torch.zeros(1, 1, dtype=torch.int32), layout_query="TND", layout_key="PA_BSND",
-                  sparse_mode=3, impl="cpu")  # fmt: skip
+        kw = dict(
+            actual_seq_lengths_query=torch.tensor([q0]),
+            actual_seq_lengths_key=torch.tensor([n]),
+            block_table=torch.zeros(1, 1, dtype=torch.int32),
+            layout_query="TND",
+            layout_key="PA_BSND",
+            sparse_mode=3,
+            impl="cpu",
+        )
         flop = 2 * 16 * 64 * sum(n - q0 + i + 1 for i in range(q0))
         rows = [("float32", "float32", keys, None, {})]  # (scoring, cache, keys, score_dtype, extra kwargs)
-        rows += [("bf16", "float32", keys, torch.bfloat16, {}), ("bf16", "bf16", keys.bfloat16(), torch.bfloat16, {})]
-        rows += [("int8", "float32", keys, torch.int8, {}), ("int8", "int8", k8, torch.int8, {"key_scale": k_scale})]
+        rows += [
+            ("bf16", "float32", keys, torch.bfloat16, {}),
+            ("bf16", "bf16", keys.bfloat16(), torch.bfloat16, {}),
+        ]
+        rows += [
+            ("int8", "float32", keys, torch.int8, {}),
+            ("int8", "int8", k8, torch.int8, {"key_scale": k_scale}),
+        ]
         for isa in isas:
             for dot in ["fma", "dpbf16"] if isa == "avx512bf16" else ["fma"]:
                 for label, cache, kk, sd, extra in rows:
@@ -67,11 +84,18 @@ def main() -> None:
                         continue
                     for topk in (16, 2048):
                         with cpu.force_isa(isa), cpu.bf16_dot(dot):
-                            best = _best(args.repeats, lambda: skn.lightning_indexer(
-                                q, kk, w, sparse_count=topk, score_dtype=sd, **kw, **extra))  # fmt: skip
+                            best = _best(
+                                args.repeats,
+                                lambda: skn.lightning_indexer(
+                                    q, kk, w, sparse_count=topk, score_dtype=sd, **kw, **extra
+                                ),
+                            )
                         mult = {torch.bfloat16: dot, torch.int8: INT8_DOT.get(isa, "int32")}.get(sd, "—")
-                        print(f"| {n} | {q0} | {isa} | {mult} | {label} | {cache} | {topk} | {best * 1e3:.1f} | "
-                              f"{flop / best / 1e9:.1f} | {os.getloadavg()[0]:.2f} |", flush=True)  # fmt: skip
+                        print(
+                            f"| {n} | {q0} | {isa} | {mult} | {label} | {cache} | {topk} | {best * 1e3:.1f} | "
+                            f"{flop / best / 1e9:.1f} | {os.getloadavg()[0]:.2f} |",
+                            flush=True,
+                        )
     if args.decode:
         decode(args.decode, max(args.context), isas, args.repeats)
 
@@ -93,18 +117,32 @@ def decode(batch: int, n: int, isas: list[str], repeats: int) -> None:
     q, w = torch.randn(batch, 16, 64, generator=g), torch.randn(batch, 16, generator=g)
     keys = torch.randn(batch * n // 64, 64, 1, 64, generator=g)
     k8, k_scale = quantize_int8(keys)
-    kw = dict(actual_seq_lengths_query=torch.arange(1, batch + 1), actual_seq_lengths_key=torch.full((batch,), n),
-              block_table=torch.arange(batch * n // 64, dtype=torch.int32).view(batch, n // 64),
-              layout_query="TND", layout_key="PA_BSND", sparse_mode=3, sparse_count=2048, impl="cpu")  # fmt: skip
-    rows = [("float32", "float32", keys, None, {}), ("int8", "float32", keys, torch.int8, {}),
-            ("int8", "int8", k8, torch.int8, {"key_scale": k_scale})]  # fmt: skip
-    print(f"\n| decode: requests x keys | build | scoring | key cache | ms | load |\n|---|---|---|---|---:|---:|")
+    kw = dict(
+        actual_seq_lengths_query=torch.arange(1, batch + 1),
+        actual_seq_lengths_key=torch.full((batch,), n),
+        block_table=torch.arange(batch * n // 64, dtype=torch.int32).view(batch, n // 64),
+        layout_query="TND",
+        layout_key="PA_BSND",
+        sparse_mode=3,
+        sparse_count=2048,
+        impl="cpu",
+    )
+    rows = [
+        ("float32", "float32", keys, None, {}),
+        ("int8", "float32", keys, torch.int8, {}),
+        ("int8", "int8", k8, torch.int8, {"key_scale": k_scale}),
+    ]
+    print(
+        f"\n| decode: requests x keys | build | scoring | key cache | ms | load |\n|---|---|---|---|---:|---:|"
+    )
     for isa in isas:
         for label, cache, kk, sd, extra in rows:
             with cpu.force_isa(isa):
                 best = _best(repeats, lambda: skn.lightning_indexer(q, kk, w, score_dtype=sd, **kw, **extra))
-            print(f"| {batch} x {n} | {isa} | {label} | {cache} | {best * 1e3:.2f} | {os.getloadavg()[0]:.2f} |",
-                  flush=True)  # fmt: skip
+            print(
+                f"| {batch} x {n} | {isa} | {label} | {cache} | {best * 1e3:.2f} | {os.getloadavg()[0]:.2f} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

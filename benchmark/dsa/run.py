@@ -38,27 +38,48 @@ from typing import Any
 from tqdm import tqdm
 
 SHAPE: dict[str, Any] = dict(
-    vocab_size=1024, hidden_size=1024, intermediate_size=2048, moe_intermediate_size=256, num_hidden_layers=2,
-    first_k_dense_replace=2, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
-    num_attention_heads=16, num_key_value_heads=16, q_lora_rank=384, kv_lora_rank=256, qk_nope_head_dim=64,
-    qk_rope_head_dim=64, v_head_dim=64, index_n_heads=16, index_head_dim=64, max_position_embeddings=40960,
-    bos_token_id=1, eos_token_id=2,
-)  # fmt: skip
+    vocab_size=1024,
+    hidden_size=1024,
+    intermediate_size=2048,
+    moe_intermediate_size=256,
+    num_hidden_layers=2,
+    first_k_dense_replace=2,
+    n_routed_experts=4,
+    num_experts_per_tok=2,
+    n_group=1,
+    topk_group=1,
+    num_attention_heads=16,
+    num_key_value_heads=16,
+    q_lora_rank=384,
+    kv_lora_rank=256,
+    qk_nope_head_dim=64,
+    qk_rope_head_dim=64,
+    v_head_dim=64,
+    index_n_heads=16,
+    index_head_dim=64,
+    max_position_embeddings=40960,
+    bos_token_id=1,
+    eos_token_id=2,
+)
 QUICK = dict(num_hidden_layers=1)
 
 # (module, attribute[, class]) timed per rank: the indexer's selection and the selected-token attention
 TIMED = {
-    "indexer": [("sglang.srt.layers.attention.dsa.indexer", "index_topk_positions", None),
-                ("sglang.srt.layers.attention.mla_cp", "own_query_topk", None),
-                ("sglang.srt.layers.attention.dsa.kernels", "select_paged", "DSAKernels"),
-                ("sglang.srt.layers.attention.dsa.kernels", "own_query_topk", "DSAKernels"),
-                ("sglang.srt.layers.attention.dsa.kernels", "shard_topk_candidates", "DSAKernels")],
-    "sparse": [("sglang.srt.layers.attention.latent_attention", "sparse_latent_attention", None),
-               ("sglang.srt.layers.attention.mla_cp", "sparse_latent_attention", None),
-               ("sglang.srt.layers.attention.dsa.kernels", "attend_paged", "DSAKernels"),
-               ("sglang.srt.layers.attention.dsa.kernels", "attend_rows", "DSAKernels"),
-               ("sglang.srt.layers.attention.dsa.kernels", "attend_slots", "DSAKernels")],
-}  # fmt: skip
+    "indexer": [
+        ("sglang.srt.layers.attention.dsa.indexer", "index_topk_positions", None),
+        ("sglang.srt.layers.attention.mla_cp", "own_query_topk", None),
+        ("sglang.srt.layers.attention.dsa.kernels", "select_paged", "DSAKernels"),
+        ("sglang.srt.layers.attention.dsa.kernels", "own_query_topk", "DSAKernels"),
+        ("sglang.srt.layers.attention.dsa.kernels", "shard_topk_candidates", "DSAKernels"),
+    ],
+    "sparse": [
+        ("sglang.srt.layers.attention.latent_attention", "sparse_latent_attention", None),
+        ("sglang.srt.layers.attention.mla_cp", "sparse_latent_attention", None),
+        ("sglang.srt.layers.attention.dsa.kernels", "attend_paged", "DSAKernels"),
+        ("sglang.srt.layers.attention.dsa.kernels", "attend_rows", "DSAKernels"),
+        ("sglang.srt.layers.attention.dsa.kernels", "attend_slots", "DSAKernels"),
+    ],
+}
 
 
 def _instrument(totals: dict[str, float]) -> None:
@@ -124,9 +145,18 @@ def _harness(cfg, groups, model, backend: str, tokens: int, requests: int = 2):
 
     from sglang.test.cp_forward_helpers import CPForwardHarness
 
-    h = CPForwardHarness(cfg, groups.attn_cp, "zigzag", max_total_tokens=tokens + 256, max_requests=requests + 1,
-                         max_context_len=tokens + 256, attention_backend=backend)  # fmt: skip
-    h.token_to_kv_pool = model.create_kv_pool(h.mapping.physical_pool_size(h.allocator.size), 1, torch.float32)
+    h = CPForwardHarness(
+        cfg,
+        groups.attn_cp,
+        "zigzag",
+        max_total_tokens=tokens + 256,
+        max_requests=requests + 1,
+        max_context_len=tokens + 256,
+        attention_backend=backend,
+    )
+    h.token_to_kv_pool = model.create_kv_pool(
+        h.mapping.physical_pool_size(h.allocator.size), 1, torch.float32
+    )
     return h
 
 
@@ -151,9 +181,17 @@ def _prefill_rank(rank, cp, port, shape, topk, tokens, repeats, backend, out) ->
         elapsed, cpu = time.perf_counter() - start, time.thread_time() - cpu
         groups.attn_cp.barrier()
         if i:
-            runs.append({"time": elapsed, "cpu": cpu, "indexer": totals["indexer"], "sparse": totals["sparse"],
-                         "indexer_cpu": totals["indexer_cpu"], "sparse_cpu": totals["sparse_cpu"],
-                         "rows": sum(x.score_rows for x in indexers)})  # fmt: skip
+            runs.append(
+                {
+                    "time": elapsed,
+                    "cpu": cpu,
+                    "indexer": totals["indexer"],
+                    "sparse": totals["sparse"],
+                    "indexer_cpu": totals["indexer_cpu"],
+                    "sparse_cpu": totals["sparse_cpu"],
+                    "rows": sum(x.score_rows for x in indexers),
+                }
+            )
     out.put((rank, min(runs, key=lambda r: r["time"])))
 
 
@@ -186,8 +224,17 @@ def _decode_rank(rank, cp, port, shape, topk, context, batch, repeats, backend, 
         for r in reqs:  # roll the step back so every repeat runs at the same context
             r.tokens.pop()
         if i:
-            runs.append({"time": elapsed, "cpu": cpu, "indexer": totals["indexer"], "sparse": totals["sparse"],
-                         "indexer_cpu": totals["indexer_cpu"], "sparse_cpu": totals["sparse_cpu"], "rows": 0})
+            runs.append(
+                {
+                    "time": elapsed,
+                    "cpu": cpu,
+                    "indexer": totals["indexer"],
+                    "sparse": totals["sparse"],
+                    "indexer_cpu": totals["indexer_cpu"],
+                    "sparse_cpu": totals["sparse_cpu"],
+                    "rows": 0,
+                }
+            )
     out.put((rank, min(runs, key=lambda r: r["time"])))
 
 
@@ -217,7 +264,9 @@ def main() -> None:
     ap.add_argument("--reference", action="store_true", help="also DSA on the reference path (slow)")
     ap.add_argument("--quick", action="store_true", help="smoke run: 1K tokens, index_topk 128, 1 layer")
     ap.add_argument("--bf16-index", action="store_true", help="also DSA cp 1 with bf16 index scoring")
-    ap.add_argument("--int8-index", action="store_true", help="also DSA cp 1 and cp 2 with int8 index scoring")
+    ap.add_argument(
+        "--int8-index", action="store_true", help="also DSA cp 1 and cp 2 with int8 index scoring"
+    )
     args = ap.parse_args()
     shape = dict(SHAPE)
     token_list, topk, dctx = args.tokens, args.topk, args.decode_context
@@ -227,19 +276,25 @@ def main() -> None:
     dense_k = 1 << 30
     plan = []
     for n in token_list:
-        plan += [(f"{n} dense MLA cp1", _prefill_rank, 1, dense_k, n, "cpu"),
-                 (f"{n} DSA cp1", _prefill_rank, 1, topk, n, "dsa"),
-                 (f"{n} DSA cp2", _prefill_rank, 2, topk, n, "dsa")]  # fmt: skip
+        plan += [
+            (f"{n} dense MLA cp1", _prefill_rank, 1, dense_k, n, "cpu"),
+            (f"{n} DSA cp1", _prefill_rank, 1, topk, n, "dsa"),
+            (f"{n} DSA cp2", _prefill_rank, 2, topk, n, "dsa"),
+        ]
         if args.reference:
             plan.append((f"{n} DSA reference cp1", _prefill_rank, 1, topk, n, "cpu"))
         if args.bf16_index:
             plan.append((f"{n} DSA bf16-index cp1", _prefill_rank, 1, topk, n, "dsa-bf16"))
         if args.int8_index:
-            plan += [(f"{n} DSA int8-index cp1", _prefill_rank, 1, topk, n, "dsa-int8"),
-                     (f"{n} DSA int8-index cp2", _prefill_rank, 2, topk, n, "dsa-int8")]  # fmt: skip
+            plan += [
+                (f"{n} DSA int8-index cp1", _prefill_rank, 1, topk, n, "dsa-int8"),
+                (f"{n} DSA int8-index cp2", _prefill_rank, 2, topk, n, "dsa-int8"),
+            ]
     if args.decode_batch > 0:
-        plan += [("decode dense MLA", _decode_rank, 1, dense_k, dctx, "cpu"),
-                 ("decode DSA", _decode_rank, 1, topk, dctx, "dsa")]  # fmt: skip
+        plan += [
+            ("decode dense MLA", _decode_rank, 1, dense_k, dctx, "cpu"),
+            ("decode DSA", _decode_rank, 1, topk, dctx, "dsa"),
+        ]
         if args.bf16_index:
             plan.append(("decode DSA bf16-index", _decode_rank, 1, topk, dctx, "dsa-bf16"))
         if args.int8_index:
@@ -252,48 +307,70 @@ def main() -> None:
             results[name] = spawn(target, cp, shape, k, n, args.decode_batch, args.decode_repeats, backend)
         print(f"  {name}: " + ", ".join(f"{r['time']:.3f} s" for r in results[name]), flush=True)
     layers = shape["num_hidden_layers"]
-    print(f"\nDeepSeek-V3.2 dummy ({layers} layers, 16 heads, latent 256+64, indexer 16x64), index_topk {topk}, "
-          f"float32, 1 torch thread per rank\n")  # fmt: skip
-    print("| run | rank | time (s) | thread CPU (s) | indexer (s) | indexer CPU (s) | sparse attention (s) "
-          "| sparse CPU (s) | score rows |")  # fmt: skip
+    print(
+        f"\nDeepSeek-V3.2 dummy ({layers} layers, 16 heads, latent 256+64, indexer 16x64), index_topk {topk}, "
+        f"float32, 1 torch thread per rank\n"
+    )
+    print(
+        "| run | rank | time (s) | thread CPU (s) | indexer (s) | indexer CPU (s) | sparse attention (s) "
+        "| sparse CPU (s) | score rows |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, ranks in results.items():
         for r, x in enumerate(ranks):
-            print(f"| {name} | {r} | {x['time']:.3f} | {x['cpu']:.3f} | {x['indexer']:.3f} | {x['indexer_cpu']:.3f} | "
-                  f"{x['sparse']:.3f} | {x['sparse_cpu']:.3f} | {x['rows']} |")  # fmt: skip
+            print(
+                f"| {name} | {r} | {x['time']:.3f} | {x['cpu']:.3f} | {x['indexer']:.3f} | {x['indexer_cpu']:.3f} | "
+                f"{x['sparse']:.3f} | {x['sparse_cpu']:.3f} | {x['rows']} |"
+            )
     print()
     for n in token_list:
-        dense, dsa, cp2 = results[f"{n} dense MLA cp1"][0], results[f"{n} DSA cp1"][0], results[f"{n} DSA cp2"]
-        print(f"- {n}: DSA / dense MLA prefill time = {dsa['time']:.2f} / {dense['time']:.2f} s = "
-              f"{dsa['time'] / dense['time']:.2f}x (thread CPU {dsa['cpu'] / dense['cpu']:.2f}x)")
+        dense, dsa, cp2 = (
+            results[f"{n} dense MLA cp1"][0],
+            results[f"{n} DSA cp1"][0],
+            results[f"{n} DSA cp2"],
+        )
+        print(
+            f"- {n}: DSA / dense MLA prefill time = {dsa['time']:.2f} / {dense['time']:.2f} s = "
+            f"{dsa['time'] / dense['time']:.2f}x (thread CPU {dsa['cpu'] / dense['cpu']:.2f}x)"
+        )
         if f"{n} DSA bf16-index cp1" in results:
             b = results[f"{n} DSA bf16-index cp1"][0]
-            print(f"- {n}: DSA bf16-index / dense MLA thread CPU = {b['cpu'] / dense['cpu']:.2f}x "
-                  f"(indexer CPU {b['indexer_cpu']:.2f} s vs float32 {dsa['indexer_cpu']:.2f} s)")
+            print(
+                f"- {n}: DSA bf16-index / dense MLA thread CPU = {b['cpu'] / dense['cpu']:.2f}x "
+                f"(indexer CPU {b['indexer_cpu']:.2f} s vs float32 {dsa['indexer_cpu']:.2f} s)"
+            )
         runs = [("", dsa, cp2)]
         if f"{n} DSA int8-index cp1" in results:
             i1, i2 = results[f"{n} DSA int8-index cp1"][0], results[f"{n} DSA int8-index cp2"]
-            print(f"- {n}: DSA int8-index / dense MLA prefill time = {i1['time'] / dense['time']:.3f}x "
-                  f"(thread CPU {i1['cpu'] / dense['cpu']:.3f}x; indexer CPU {i1['indexer_cpu']:.2f} s vs float32 "
-                  f"{dsa['indexer_cpu']:.2f} s)")  # fmt: skip
+            print(
+                f"- {n}: DSA int8-index / dense MLA prefill time = {i1['time'] / dense['time']:.3f}x "
+                f"(thread CPU {i1['cpu'] / dense['cpu']:.3f}x; indexer CPU {i1['indexer_cpu']:.2f} s vs float32 "
+                f"{dsa['indexer_cpu']:.2f} s)"
+            )
             runs.append((" (int8-index)", i1, i2))
         for tag, one, two in runs:
             for key, label in (("indexer", "indexer"), ("sparse", "sparse attention")):
                 worst = max(r[key] for r in two)
                 mean = sum(r[key] for r in two) / len(two)
                 cworst = max(r[key + "_cpu"] for r in two)
-                print(f"- {n}{tag}: {label} per rank cp1 / cp2: {one[key]:.2f} s / "
-                      f"[{', '.join(f'{r[key]:.2f}' for r in two)}] s = {one[key] / worst:.2f}x (slowest rank), "
-                      f"{one[key] / mean:.2f}x (mean); thread CPU {one[key + '_cpu'] / cworst:.2f}x (slowest rank)")  # fmt: skip
+                print(
+                    f"- {n}{tag}: {label} per rank cp1 / cp2: {one[key]:.2f} s / "
+                    f"[{', '.join(f'{r[key]:.2f}' for r in two)}] s = {one[key] / worst:.2f}x (slowest rank), "
+                    f"{one[key] / mean:.2f}x (mean); thread CPU {one[key + '_cpu'] / cworst:.2f}x (slowest rank)"
+                )
     if args.decode_batch > 0:
         dd, ds = results["decode dense MLA"][0], results["decode DSA"][0]
-        print(f"- decode step, batch {args.decode_batch} at {dctx}: DSA / dense = {ds['time'] * 1e3:.1f} / "
-              f"{dd['time'] * 1e3:.1f} ms = {ds['time'] / dd['time']:.2f}x (thread CPU {ds['cpu'] / dd['cpu']:.2f}x; DSA indexer {ds['indexer'] * 1e3:.1f} ms, "
-              f"sparse attention {ds['sparse'] * 1e3:.1f} ms)")
+        print(
+            f"- decode step, batch {args.decode_batch} at {dctx}: DSA / dense = {ds['time'] * 1e3:.1f} / "
+            f"{dd['time'] * 1e3:.1f} ms = {ds['time'] / dd['time']:.2f}x (thread CPU {ds['cpu'] / dd['cpu']:.2f}x; DSA indexer {ds['indexer'] * 1e3:.1f} ms, "
+            f"sparse attention {ds['sparse'] * 1e3:.1f} ms)"
+        )
         if "decode DSA int8-index" in results:
             di = results["decode DSA int8-index"][0]
-            print(f"- decode step, int8-index: DSA / dense = {di['time'] * 1e3:.1f} / {dd['time'] * 1e3:.1f} ms = "
-                  f"{di['time'] / dd['time']:.2f}x (DSA indexer {di['indexer'] * 1e3:.1f} ms)")
+            print(
+                f"- decode step, int8-index: DSA / dense = {di['time'] * 1e3:.1f} / {dd['time'] * 1e3:.1f} ms = "
+                f"{di['time'] / dd['time']:.2f}x (DSA indexer {di['indexer'] * 1e3:.1f} ms)"
+            )
 
 
 if __name__ == "__main__":

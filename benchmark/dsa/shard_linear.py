@@ -50,8 +50,20 @@ def _rank(rank, cp, port, shape, topk, tokens, repeats, shard, out) -> None:
     held = series.weight_bytes() if series else series_full  # series: owned + windows
     windows = held - (series_full - (full - params))
     all_held = params + windows
-    out.put((rank, {"time": best[0], "cpu": best[1], "params": all_held, "params_full": full, "series": held,
-                    "series_full": series_full, "broadcasts": series.broadcasts if series else 0}))  # fmt: skip
+    out.put(
+        (
+            rank,
+            {
+                "time": best[0],
+                "cpu": best[1],
+                "params": all_held,
+                "params_full": full,
+                "series": held,
+                "series_full": series_full,
+                "broadcasts": series.broadcasts if series else 0,
+            },
+        )
+    )
 
 
 def main() -> None:
@@ -64,14 +76,20 @@ def main() -> None:
     res = {}
     for shard in tqdm((False, True), desc="shard linear", unit="run"):
         res[shard] = spawn(_rank, 2, shape, 2048, args.tokens, args.repeats, shard)
-    print(f"\nShard Linear, cp 2, {args.layers} layers, {args.tokens}-token prefill, float32, 1 thread per rank\n")
-    print("| Shard Linear | rank | all params (MiB) | q_b_proj + o_proj held (MiB) | prefill (s) | thread CPU (s) | broadcasts |")
+    print(
+        f"\nShard Linear, cp 2, {args.layers} layers, {args.tokens}-token prefill, float32, 1 thread per rank\n"
+    )
+    print(
+        "| Shard Linear | rank | all params (MiB) | q_b_proj + o_proj held (MiB) | prefill (s) | thread CPU (s) | broadcasts |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|")
     mib = 2**20
     for shard in (False, True):
         for r, x in enumerate(res[shard]):
-            print(f"| {'on' if shard else 'off'} | {r} | {x['params'] / mib:.1f} | {x['series'] / mib:.1f} | "
-                  f"{x['time']:.2f} | {x['cpu']:.2f} | {x['broadcasts']} |")  # fmt: skip
+            print(
+                f"| {'on' if shard else 'off'} | {r} | {x['params'] / mib:.1f} | {x['series'] / mib:.1f} | "
+                f"{x['time']:.2f} | {x['cpu']:.2f} | {x['broadcasts']} |"
+            )
 
 
 if __name__ == "__main__":

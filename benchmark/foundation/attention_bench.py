@@ -89,7 +89,9 @@ def _decode(
     return w, fb
 
 
-def _extend(prefix: int, chunk: int, page: int, dtype: torch.dtype, backend: str) -> tuple[_World, ForwardBatch]:
+def _extend(
+    prefix: int, chunk: int, page: int, dtype: torch.dtype, backend: str
+) -> tuple[_World, ForwardBatch]:
     w = _World(prefix + chunk + 256, 1, prefix + chunk + 8, page, dtype, backend)
     w.step([(0, prefix)])
     return w, w.step([(0, chunk)])
@@ -106,7 +108,11 @@ SCENARIOS: dict[str, Callable[[int, torch.dtype, str], tuple[_World, ForwardBatc
 def _step_fn(w: _World, fb: ForwardBatch) -> Callable[[], None]:
     layers = [RadixAttention(HQ, D, D**-0.5, HK, i) for i in range(LAYERS)]
     n, dt = fb.num_tokens, w.pool.dtype
-    q, k, v = torch.randn(n, HQ * D, dtype=dt), torch.randn(n, HK * D, dtype=dt), torch.randn(n, HK * D, dtype=dt)
+    q, k, v = (
+        torch.randn(n, HQ * D, dtype=dt),
+        torch.randn(n, HK * D, dtype=dt),
+        torch.randn(n, HK * D, dtype=dt),
+    )
 
     def step() -> None:
         fb.attn_metadata = None

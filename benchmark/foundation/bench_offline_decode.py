@@ -51,8 +51,12 @@ def main() -> None:
             prompts = [f"{PROMPT} (variant {i})" for i in range(16)]
             llm.flush_cache()
             batch.append(timed(llm, prompts, 64))
-    print(f"single stream 1x128: median {statistics.median(single):.1f} tok/s  runs {[round(x, 1) for x in single]}")
-    print(f"batch 16x64:         median {statistics.median(batch):.1f} tok/s  runs {[round(x, 1) for x in batch]}")
+    print(
+        f"single stream 1x128: median {statistics.median(single):.1f} tok/s  runs {[round(x, 1) for x in single]}"
+    )
+    print(
+        f"batch 16x64:         median {statistics.median(batch):.1f} tok/s  runs {[round(x, 1) for x in batch]}"
+    )
 
 
 if __name__ == "__main__":

@@ -47,7 +47,10 @@ def main() -> None:
             times.append(time.perf_counter() - start)
     finally:
         engine.shutdown()
-    print(f"input {args.input_len}, chunks of {args.chunked_prefill_size}: TTFT s per prompt", [round(t, 2) for t in times])
+    print(
+        f"input {args.input_len}, chunks of {args.chunked_prefill_size}: TTFT s per prompt",
+        [round(t, 2) for t in times],
+    )
 
 
 if __name__ == "__main__":

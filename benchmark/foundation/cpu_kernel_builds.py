@@ -81,7 +81,9 @@ def workloads(ops, dtype: torch.dtype) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--build", action="append", required=True, help="an ISA variant name or a kernel .so (repeat)")
+    ap.add_argument(
+        "--build", action="append", required=True, help="an ISA variant name or a kernel .so (repeat)"
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=3)

@@ -93,15 +93,19 @@ def workloads(ops, dtype: torch.dtype, batches, contexts) -> dict:
             v_buf = torch.randn(HK, pool, HD, generator=g).to(dtype)
             slots = torch.randperm(pool, generator=g)[: b * ctx].view(b, ctx).contiguous()
             lens = torch.full((b,), ctx, dtype=torch.int64)
-            rows[f"decode_attention {b} x {ctx}"] = lambda q=q, k=k_buf, v=v_buf, s=slots, n=lens: ops.decode_attention(
-                q, k, v, s, n, HD**-0.5
+            rows[f"decode_attention {b} x {ctx}"] = (
+                lambda q=q, k=k_buf, v=v_buf, s=slots, n=lens: ops.decode_attention(q, k, v, s, n, HD**-0.5)
             )
     return rows
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--build", action="append", help="avx512 / avx2 / generic / torch (repeat); default: all runnable + torch")
+    ap.add_argument(
+        "--build",
+        action="append",
+        help="avx512 / avx2 / generic / torch (repeat); default: all runnable + torch",
+    )
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--iters", type=int, default=50, help="timed blocks per op and round")
     ap.add_argument("--rounds", type=int, default=3)
@@ -115,7 +119,11 @@ def main() -> None:
         args.build = [v.name for v in isa.runnable_variants()] + ["torch"]
     builds = [(b, load(b)) for b in args.build]
     batches, contexts = args.batch or [1, 8], args.ctx or [1024, 4096]
-    jobs = {(b, d): workloads(ops, d, batches, contexts) for b, ops in builds for d in (torch.float32, torch.bfloat16)}
+    jobs = {
+        (b, d): workloads(ops, d, batches, contexts)
+        for b, ops in builds
+        for d in (torch.float32, torch.bfloat16)
+    }
     best: dict[tuple, float] = {}
     for r in range(args.rounds):
         for (b, d), rows in jobs.items():

@@ -48,7 +48,9 @@ def main() -> None:
     packed = ops._reorder_linear_weight(w, None)
     pairs = pack_bf16_pairs(w)
     builds = {v.name: loader.load_variant(v.name).module for v in isa.runnable_variants()}
-    print(f"LM head {args.vocab} x {args.hidden}, {args.threads} thread(s); bf16 weight {w.numel() * 2 / 2**20:.0f} MiB")
+    print(
+        f"LM head {args.vocab} x {args.hidden}, {args.threads} thread(s); bf16 weight {w.numel() * 2 / 2**20:.0f} MiB"
+    )
     for n in args.batch:
         x = torch.randn(n, args.hidden)
         xb = x.bfloat16()
@@ -62,7 +64,10 @@ def main() -> None:
             for k, fn in cases.items():
                 times[k].append(_time(fn, args.reps))
         base = statistics.median(times["bf16-onednn"])
-        row = ", ".join(f"{k} {statistics.median(v):.2f} ms ({statistics.median(v) / base:.2f}x)" for k, v in times.items())
+        row = ", ".join(
+            f"{k} {statistics.median(v):.2f} ms ({statistics.median(v) / base:.2f}x)"
+            for k, v in times.items()
+        )
         print(f"batch {n}: {row}")
 
 

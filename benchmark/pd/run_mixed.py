@@ -62,10 +62,25 @@ def stop(procs: list[subprocess.Popen]) -> None:
 
 
 def server_cmd(port: int, threads: int, args: argparse.Namespace, extra: list[str]) -> list[str]:
-    return [PY, "-m", "sglang.launch_server", "--port", str(port), "--num-threads", str(threads),
-            "--dtype", args.dtype, "--chunked-prefill-size", str(args.chunk), "--log-level", "warning",
-            "--max-total-tokens", str(args.max_total_tokens), *extra,
-            *([] if args.short_first is None else ["--short-prompt-first-tokens", str(args.short_first)])]  # fmt: skip
+    return [
+        PY,
+        "-m",
+        "sglang.launch_server",
+        "--port",
+        str(port),
+        "--num-threads",
+        str(threads),
+        "--dtype",
+        args.dtype,
+        "--chunked-prefill-size",
+        str(args.chunk),
+        "--log-level",
+        "warning",
+        "--max-total-tokens",
+        str(args.max_total_tokens),
+        *extra,
+        *([] if args.short_first is None else ["--short-prompt-first-tokens", str(args.short_first)]),
+    ]
 
 
 def start(config: str, args: argparse.Namespace) -> tuple[str, list[subprocess.Popen], str]:
@@ -77,21 +92,44 @@ def start(config: str, args: argparse.Namespace) -> tuple[str, list[subprocess.P
         wait_http(url, "/health_generate")
         return url, [p], ""
     pp, dp, bp, rp = free_port(), free_port(), free_port(), free_port()
-    prefill = spawn(server_cmd(pp, 1, args, ["--disaggregation-mode", "prefill",
-                                             "--disaggregation-bootstrap-port", str(bp)]), "prefill")  # fmt: skip
+    prefill = spawn(
+        server_cmd(
+            pp, 1, args, ["--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(bp)]
+        ),
+        "prefill",
+    )
     decode = spawn(server_cmd(dp, 1, args, ["--disaggregation-mode", "decode"]), "decode")
     procs = [prefill, decode]
     wait_http(f"http://127.0.0.1:{pp}", "/health_generate")
     wait_http(f"http://127.0.0.1:{dp}", "/health_generate")
-    router = spawn([PY, "-m", "sglang_router.launch_router", "--pd-disaggregation",
-                    "--prefill", f"http://127.0.0.1:{pp}", str(bp), "--decode", f"http://127.0.0.1:{dp}",
-                    "--host", "127.0.0.1", "--port", str(rp), "--log-level", "warn"], "router")  # fmt: skip
+    router = spawn(
+        [
+            PY,
+            "-m",
+            "sglang_router.launch_router",
+            "--pd-disaggregation",
+            "--prefill",
+            f"http://127.0.0.1:{pp}",
+            str(bp),
+            "--decode",
+            f"http://127.0.0.1:{dp}",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(rp),
+            "--log-level",
+            "warn",
+        ],
+        "router",
+    )
     procs.append(router)
     url = f"http://127.0.0.1:{rp}"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:  # the router registers its workers in the background
         try:
-            r = httpx.post(url + "/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 2}}, timeout=120)
+            r = httpx.post(
+                url + "/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 2}}, timeout=120
+            )
             if r.status_code == 200:
                 break
         except httpx.HTTPError:
@@ -101,9 +139,26 @@ def start(config: str, args: argparse.Namespace) -> tuple[str, list[subprocess.P
 
 
 def bench(url: str, name: str, out_file: str, args: argparse.Namespace, **kw) -> subprocess.Popen:
-    cmd = [PY, "-m", "sglang.bench_serving", "--backend", "sglang", "--base-url", url, "--dataset-name", "random",
-           "--random-range-ratio", str(kw.pop("ratio")), "--output-file", out_file, "--seed", str(args.seed),
-           "--disable-tqdm", "--tokenizer", args.tokenizer]  # fmt: skip
+    cmd = [
+        PY,
+        "-m",
+        "sglang.bench_serving",
+        "--backend",
+        "sglang",
+        "--base-url",
+        url,
+        "--dataset-name",
+        "random",
+        "--random-range-ratio",
+        str(kw.pop("ratio")),
+        "--output-file",
+        out_file,
+        "--seed",
+        str(args.seed),
+        "--disable-tqdm",
+        "--tokenizer",
+        args.tokenizer,
+    ]
     for k, v in kw.items():
         cmd += [f"--{k.replace('_', '-')}", str(v)]
     print(f"[bench {name}] {' '.join(cmd)}", flush=True)
@@ -132,9 +187,16 @@ def transfer_summary(prefill_url: str, min_tokens: int) -> list[dict]:
         busy = sum(c["done"] - c["started"] for c in chunks)
         last_queued = chunks[-1]["queued"]
         overlap = sum(max(0.0, min(c["done"], last_queued) - c["started"]) for c in chunks)
-        rows.append({"tokens": tokens, "chunks": len(chunks), "mb": t["bytes"] / 2**20, "transfer_ms": busy * 1e3,
-                     "mb_per_s": t["bytes"] / 2**20 / busy if busy else None,
-                     "overlap_fraction": overlap / busy if busy else None})  # fmt: skip
+        rows.append(
+            {
+                "tokens": tokens,
+                "chunks": len(chunks),
+                "mb": t["bytes"] / 2**20,
+                "transfer_ms": busy * 1e3,
+                "mb_per_s": t["bytes"] / 2**20 / busy if busy else None,
+                "overlap_fraction": overlap / busy if busy else None,
+            }
+        )
     return rows
 
 
@@ -147,7 +209,11 @@ def long_client(url: str, args: argparse.Namespace, until: subprocess.Popen) -> 
     while len(rows) < args.long_prompts and (not rows or until.poll() is None):
         n = int(rng.integers(args.long_input // 2, args.long_input + 1))
         ids = [int(i) for i in rng.integers(1000, 40000, n)]
-        body = {"input_ids": ids, "stream": True, "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}}
+        body = {
+            "input_ids": ids,
+            "stream": True,
+            "sampling_params": {"max_new_tokens": 4, "ignore_eos": True},
+        }
         t0, first = time.perf_counter(), None
         with httpx.stream("POST", url + "/generate", json=body, timeout=1800) as r:
             for line in r.iter_lines():
@@ -165,9 +231,18 @@ def run(config: str, args: argparse.Namespace) -> dict:
         # The short run first; once its client is sending (dataset built, then one warm-up
         # request) and --long-delay-s later, long prompts arrive one after another for as long as
         # the short run lasts, so its requests decode while long prompts prefill on both setups.
-        short = bench(url, "short", short_out, args, ratio=0.5, random_input_len=args.short_input,
-                      random_output_len=args.short_output, num_prompts=args.short_prompts,
-                      max_concurrency=args.short_concurrency, request_rate="inf")  # fmt: skip
+        short = bench(
+            url,
+            "short",
+            short_out,
+            args,
+            ratio=0.5,
+            random_input_len=args.short_input,
+            random_output_len=args.short_output,
+            num_prompts=args.short_prompts,
+            max_concurrency=args.short_concurrency,
+            request_rate="inf",
+        )
         wait_started(short, short_out + ".txt")
         time.sleep(args.long_delay_s)
         longs = long_client(url, args, until=short)
@@ -192,8 +267,12 @@ def main() -> None:
     ap.add_argument("--dtype", default="auto", help="--dtype of every server (auto: per CPU kind)")
     ap.add_argument("--colocated-threads", type=int, default=2, help="torch threads of the colocated server")
     ap.add_argument("--chunk", type=int, default=1024, help="--chunked-prefill-size of the prefilling server")
-    ap.add_argument("--short-first", type=int, default=None,
-                    help="--short-prompt-first-tokens of the prefilling server (default: the server's default)")
+    ap.add_argument(
+        "--short-first",
+        type=int,
+        default=None,
+        help="--short-prompt-first-tokens of the prefilling server (default: the server's default)",
+    )
     ap.add_argument("--max-total-tokens", type=int, default=40000)
     ap.add_argument("--short-input", type=int, default=128)
     ap.add_argument("--short-output", type=int, default=128)
@@ -201,8 +280,12 @@ def main() -> None:
     ap.add_argument("--short-concurrency", type=int, default=4)
     ap.add_argument("--long-input", type=int, default=8192, help="long prompts: uniform in [len/2, len]")
     ap.add_argument("--long-prompts", type=int, default=8, help="at most; they stop when the short run ends")
-    ap.add_argument("--long-delay-s", type=float, default=8.0,
-                    help="after the short client starts sending (its warm-up request takes a few seconds)")
+    ap.add_argument(
+        "--long-delay-s",
+        type=float,
+        default=8.0,
+        help="after the short client starts sending (its warm-up request takes a few seconds)",
+    )
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--tokenizer", default=None)
     ap.add_argument("--out", default=None, help="append one JSON line per configuration")
@@ -217,12 +300,16 @@ def main() -> None:
     for r in results:
         s = r["short"]
         long_ttft = float(np.median([x["ttft_s"] for x in r["long_prompts"]])) * 1e3
-        print(f"{r['config']:>9}: short ITL p99 {s.get('p99_itl_ms'):.1f} ms, TTFT median {s.get('median_ttft_ms'):.0f} ms "
-              f"p99 {s.get('p99_ttft_ms'):.0f} ms, output {s.get('output_throughput'):.1f} tok/s; "
-              f"long prompts: {len(r['long_prompts'])}, TTFT median {long_ttft:.0f} ms")  # fmt: skip
+        print(
+            f"{r['config']:>9}: short ITL p99 {s.get('p99_itl_ms'):.1f} ms, TTFT median {s.get('median_ttft_ms'):.0f} ms "
+            f"p99 {s.get('p99_ttft_ms'):.0f} ms, output {s.get('output_throughput'):.1f} tok/s; "
+            f"long prompts: {len(r['long_prompts'])}, TTFT median {long_ttft:.0f} ms"
+        )
         for t in r.get("transfers", []):
-            print(f"           transfer {t['tokens']} tok, {t['chunks']} chunks: {t['mb']:.1f} MB in {t['transfer_ms']:.1f} ms "
-                  f"({t['mb_per_s']:.0f} MB/s), {100 * t['overlap_fraction']:.0f} % overlapped the prefill")  # fmt: skip
+            print(
+                f"           transfer {t['tokens']} tok, {t['chunks']} chunks: {t['mb']:.1f} MB in {t['transfer_ms']:.1f} ms "
+                f"({t['mb_per_s']:.0f} MB/s), {100 * t['overlap_fraction']:.0f} % overlapped the prefill"
+            )
         if args.out:
             with open(args.out, "a") as f:
                 f.write(json.dumps(r) + "\n")

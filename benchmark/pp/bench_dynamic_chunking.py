@@ -47,10 +47,20 @@ def run_policy(model_dir: str, name: str, flags: dict, env: dict, prompt: list[i
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)  # the engine's rank processes inherit it
     trace_dir = tempfile.mkdtemp(prefix=f"dc-{name.replace(' ', '_')}-")
-    kwargs = dict(model_path=model_dir, load_format="dummy", skip_tokenizer_init=True, dtype=args.dtype,
-                  pp_size=args.pp, num_threads=1, context_length=CONTEXT, max_total_tokens=len(prompt) + 512,
-                  disable_radix_cache=True, log_level="warning", pp_trace_path=os.path.join(trace_dir, "t.json"),
-                  **flags)  # fmt: skip
+    kwargs = dict(
+        model_path=model_dir,
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        dtype=args.dtype,
+        pp_size=args.pp,
+        num_threads=1,
+        context_length=CONTEXT,
+        max_total_tokens=len(prompt) + 512,
+        disable_radix_cache=True,
+        log_level="warning",
+        pp_trace_path=os.path.join(trace_dir, "t.json"),
+        **flags,
+    )
     t_start = time.perf_counter()
     try:
         with sgl.Engine(**kwargs) as llm:
@@ -60,7 +70,9 @@ def run_policy(model_dir: str, name: str, flags: dict, env: dict, prompt: list[i
             for i in range(args.repeats):
                 background.append(wait_for_quiet(args.max_background_busy))
                 t0 = time.perf_counter()
-                llm.generate(input_ids=prompt, sampling_params={"max_new_tokens": 1, "temperature": 0}, rid=f"p{i}")
+                llm.generate(
+                    input_ids=prompt, sampling_params={"max_new_tokens": 1, "temperature": 0}, rid=f"p{i}"
+                )
                 times.append(time.perf_counter() - t0)
                 bar.update(1)
                 bar.set_postfix(policy=name, ttft=f"{times[-1]:.1f}s")
@@ -78,11 +90,23 @@ def run_policy(model_dir: str, name: str, flags: dict, env: dict, prompt: list[i
     events = load_events(trace)
     rid = f"p{args.repeats - 1}"
     report = bubble_report(events, rid)
-    chunks = [e["args"]["extend_lens"][0] for e in events
-              if e.get("ph") == "X" and e["name"] == "forward" and e["pid"] == 0 and e["args"].get("rids") == [rid]]  # fmt: skip
-    return {"policy": name, "flags": flags, "env": env, "ttft_s": times, "median_s": statistics.median(times),
-            "bubble": report.overall_bubble, "bubble_per_stage": report.bubble, "chunks": chunks,
-            "startup_s": startup, "background_cpu_busy": background}  # fmt: skip
+    chunks = [
+        e["args"]["extend_lens"][0]
+        for e in events
+        if e.get("ph") == "X" and e["name"] == "forward" and e["pid"] == 0 and e["args"].get("rids") == [rid]
+    ]
+    return {
+        "policy": name,
+        "flags": flags,
+        "env": env,
+        "ttft_s": times,
+        "median_s": statistics.median(times),
+        "bubble": report.overall_bubble,
+        "bubble_per_stage": report.bubble,
+        "chunks": chunks,
+        "startup_s": startup,
+        "background_cpu_busy": background,
+    }
 
 
 def main() -> None:
@@ -91,7 +115,9 @@ def main() -> None:
     ap.add_argument("--pp", type=int, default=2)
     ap.add_argument("--fixed", default="512,1024,2048,4096")
     ap.add_argument("--alphas", default="0.65,0.75,0.85")
-    ap.add_argument("--auto-chunk", type=int, default=2048, help="--chunked-prefill-size for auto (sets C // 4)")
+    ap.add_argument(
+        "--auto-chunk", type=int, default=2048, help="--chunked-prefill-size for auto (sets C // 4)"
+    )
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--max-background-busy", type=float, default=0.15)
@@ -107,7 +133,9 @@ def main() -> None:
     total = (len(fixed) + len(alphas) + 1) * args.repeats
     with tqdm(total=total, desc="policies") as bar:
         for c in fixed:
-            runs.append(run_policy(model_dir, f"fixed {c}", {"chunked_prefill_size": c}, {}, prompt, args, bar))
+            runs.append(
+                run_policy(model_dir, f"fixed {c}", {"chunked_prefill_size": c}, {}, prompt, args, bar)
+            )
         best = min((r for r in runs), key=lambda r: r["median_s"])
         best_c = best["flags"]["chunked_prefill_size"]
         for a in alphas:
@@ -117,16 +145,31 @@ def main() -> None:
         flags = {"chunked_prefill_size": args.auto_chunk, "dynamic_chunking_mode": "auto"}
         runs.append(run_policy(model_dir, f"auto (C={args.auto_chunk})", flags, {}, prompt, args, bar))
 
-    lines = ["| policy | TTFT median (s) | runs (s) | vs best fixed | bubble ratio | chunks (stage 0) |",
-             "|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| policy | TTFT median (s) | runs (s) | vs best fixed | bubble ratio | chunks (stage 0) |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in runs:
         ch = r["chunks"]
-        shown = ", ".join(map(str, ch)) if len(ch) <= 12 else ", ".join(map(str, ch[:6])) + f", … ({len(ch)} chunks)"
-        lines.append(f"| {r['policy']} | {r['median_s']:.2f} | {', '.join(f'{t:.2f}' for t in r['ttft_s'])} "
-                     f"| {r['median_s'] / best['median_s']:.3f}× | {100 * r['bubble']:.1f} % | {shown} |")  # fmt: skip
+        shown = (
+            ", ".join(map(str, ch))
+            if len(ch) <= 12
+            else ", ".join(map(str, ch[:6])) + f", … ({len(ch)} chunks)"
+        )
+        lines.append(
+            f"| {r['policy']} | {r['median_s']:.2f} | {', '.join(f'{t:.2f}' for t in r['ttft_s'])} "
+            f"| {r['median_s'] / best['median_s']:.3f}× | {100 * r['bubble']:.1f} % | {shown} |"
+        )
     table = "\n".join(lines)
-    out = {"prompt_len": args.prompt_len, "pp": args.pp, "dtype": args.dtype, "repeats": args.repeats,
-           "best_fixed": best_c, "runs": runs, "table": table}  # fmt: skip
+    out = {
+        "prompt_len": args.prompt_len,
+        "pp": args.pp,
+        "dtype": args.dtype,
+        "repeats": args.repeats,
+        "best_fixed": best_c,
+        "runs": runs,
+        "table": table,
+    }
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(out, f, indent=2, default=str)

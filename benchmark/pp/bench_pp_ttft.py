@@ -52,7 +52,9 @@ def write_config_dir(path: str) -> str:
     return path
 
 
-def engine_kwargs(model_dir: str, pp: int, chunk: int, prompt_len: int, dtype: str, trace: str | None) -> dict:
+def engine_kwargs(
+    model_dir: str, pp: int, chunk: int, prompt_len: int, dtype: str, trace: str | None
+) -> dict:
     return dict(
         model_path=model_dir,
         load_format="dummy",
@@ -100,7 +102,9 @@ def ttft(llm, prompt: list[int], rid: str) -> float:
     return time.perf_counter() - start
 
 
-def measure(model_dir, pp, chunk, prompt, dtype, repeats, bar, max_busy, trace=None) -> tuple[list[float], list[float]]:
+def measure(
+    model_dir, pp, chunk, prompt, dtype, repeats, bar, max_busy, trace=None
+) -> tuple[list[float], list[float]]:
     """TTFTs of `repeats` runs, and the background CPU share seen before each."""
     with sgl.Engine(**engine_kwargs(model_dir, pp, chunk, len(prompt), dtype, trace)) as llm:
         ttft(llm, prompt[: 2 * chunk], f"warmup-pp{pp}-c{chunk}")  # first-call overheads
@@ -126,8 +130,12 @@ def main() -> None:
     ap.add_argument("--trace", default=None, help="also write a pipeline trace of one run here")
     ap.add_argument("--trace-pp", type=int, default=2)
     ap.add_argument("--trace-chunk", type=int, default=512)
-    ap.add_argument("--max-background-busy", type=float, default=0.1,
-                    help="before each run wait until the CPUs are at most this busy (shared machines)")
+    ap.add_argument(
+        "--max-background-busy",
+        type=float,
+        default=0.1,
+        help="before each run wait until the CPUs are at most this busy (shared machines)",
+    )
     args = ap.parse_args()
 
     chunks = [int(c) for c in args.chunk_sizes.split(",")]
@@ -144,18 +152,35 @@ def main() -> None:
                     model_dir, pp, chunk, prompt, args.dtype, args.repeats, bar, args.max_background_busy
                 )
                 results["runs"].append(
-                    {"pp": pp, "chunk": chunk, "ttft_s": times, "median_s": statistics.median(times),
-                     "background_cpu_busy": background}
-                )  # fmt: skip
+                    {
+                        "pp": pp,
+                        "chunk": chunk,
+                        "ttft_s": times,
+                        "median_s": statistics.median(times),
+                        "background_cpu_busy": background,
+                    }
+                )
         if args.trace:
             for p in (args.trace, *[f"{args.trace}.rank{r}.part" for r in range(8)]):
                 if os.path.exists(p):
                     os.remove(p)
             times, _ = measure(
-                model_dir, args.trace_pp, args.trace_chunk, prompt, args.dtype, 1, bar, args.max_background_busy,
+                model_dir,
+                args.trace_pp,
+                args.trace_chunk,
+                prompt,
+                args.dtype,
+                1,
+                bar,
+                args.max_background_busy,
                 trace=args.trace,
             )
-            results["trace"] = {"path": args.trace, "pp": args.trace_pp, "chunk": args.trace_chunk, "ttft_s": times[0]}
+            results["trace"] = {
+                "path": args.trace,
+                "pp": args.trace_pp,
+                "chunk": args.trace_chunk,
+                "ttft_s": times[0],
+            }
     from sglang.srt.managers.pp.trace import merge_trace
 
     if args.trace:

@@ -91,7 +91,9 @@ def plot_timeline(events: list[dict], report: Report, png: str) -> None:
     t0 = min(e["ts"] for e in mine)
     t1 = max(e["ts"] + e["dur"] for e in mine)
     ranks = sorted({e["pid"] for e in events if e.get("ph") == "X"})
-    names = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
+    names = {
+        e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
+    }
     colors = plt.get_cmap("tab10")
     fig, ax = plt.subplots(figsize=(12, 0.8 + 0.7 * len(ranks)))
     for row, rank in enumerate(ranks):
@@ -113,7 +115,10 @@ def plot_timeline(events: list[dict], report: Report, png: str) -> None:
                 ax.broken_barh([(x, max(w, 0.05))], (row + 0.36, 0.1), facecolors="black")
     ax.set_yticks(range(len(ranks)))
     ax.set_yticklabels(
-        [f"{names.get(r, f'rank {r}')}\nbubble {100 * report.bubble.get(_stage(events, r), 0):.0f} %" for r in ranks]
+        [
+            f"{names.get(r, f'rank {r}')}\nbubble {100 * report.bubble.get(_stage(events, r), 0):.0f} %"
+            for r in ranks
+        ]
     )
     ax.invert_yaxis()
     ax.set_xlabel("ms since the request's first forward (colours: micro-batch id; grey: waits; black: sends)")

@@ -49,7 +49,9 @@ def main() -> None:
         packed = [ops._reorder_linear_weight(w.contiguous(), None) for w in w16]
     env = " ".join(f"{k}={os.environ.get(k, '-')}" for k in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY"))
     print(f"torch {torch.__version__}, threads {args.threads}, {env}, load {os.getloadavg()[0]:.2f}")
-    print(f"{'M':>6} {'bf16 ms':>9} {'packed ms':>10} {'fp32 ms':>9} {'mixed ms':>9} {'upcast ms':>10}  (one layer's 4 linears)")
+    print(
+        f"{'M':>6} {'bf16 ms':>9} {'packed ms':>10} {'fp32 ms':>9} {'mixed ms':>9} {'upcast ms':>10}  (one layer's 4 linears)"
+    )
     for m in [int(t) for t in args.tokens.split(",")]:
         xs32 = [torch.randn(m, i) for i, _ in SHAPES]
         xs16 = [x.bfloat16() for x in xs32]
@@ -62,7 +64,9 @@ def main() -> None:
         t_fp32 = bench(lambda: [F.linear(x, w) for x, w in zip(xs32, w32)])
         t_mix = bench(lambda: [F.linear(x.float(), w).bfloat16() for x, w in zip(xs16, w32)])
         t_up = bench(lambda: [F.linear(x.float(), w.float()).bfloat16() for x, w in zip(xs16, w16)])
-        print(f"{m:>6} {t_bf16*1e3:9.3f} {t_pack*1e3:10.3f} {t_fp32*1e3:9.3f} {t_mix*1e3:9.3f} {t_up*1e3:10.3f}")
+        print(
+            f"{m:>6} {t_bf16*1e3:9.3f} {t_pack*1e3:10.3f} {t_fp32*1e3:9.3f} {t_mix*1e3:9.3f} {t_up*1e3:10.3f}"
+        )
 
 
 if __name__ == "__main__":

@@ -23,8 +23,9 @@ def measure(dtype: str, prefill: int, steps: int, threads: int) -> dict:
     from sglang.test.scheduler_harness import SchedulerHarness
 
     path = find_default_model()
-    h = SchedulerHarness(model_path=path, dtype=dtype, max_total_tokens=16384, num_threads=threads,
-                         chunked_prefill_size=8192)  # fmt: skip
+    h = SchedulerHarness(
+        model_path=path, dtype=dtype, max_total_tokens=16384, num_threads=threads, chunked_prefill_size=8192
+    )
     g = torch.Generator().manual_seed(0)
     ids = lambda n: torch.randint(100, 40000, (n,), generator=g).tolist()  # noqa: E731
     h.submit(ids(64), 4)  # warm-up
@@ -52,7 +53,9 @@ def measure(dtype: str, prefill: int, steps: int, threads: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--modes", default="bfloat16,float32,auto")
-    ap.add_argument("--min-tokens", default="", help="thresholds of auto's mixed mode to try (comma-separated)")
+    ap.add_argument(
+        "--min-tokens", default="", help="thresholds of auto's mixed mode to try (comma-separated)"
+    )
     ap.add_argument("--prefill", type=int, default=1024)
     ap.add_argument("--decode-steps", type=int, default=24)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
@@ -65,8 +68,10 @@ def main() -> None:
             runs += [(mode, int(t)) for t in args.min_tokens.split(",")]
         else:
             runs.append((mode, None))
-    print(f"torch {torch.__version__}, threads {args.threads}, ONEDNN_MAX_CPU_ISA={os.environ.get('ONEDNN_MAX_CPU_ISA', '-')}, "
-          f"SGLANG_CPU_ISA={os.environ.get('SGLANG_CPU_ISA', '-')}, auto -> {cpu.choose_dtype().mode}")  # fmt: skip
+    print(
+        f"torch {torch.__version__}, threads {args.threads}, ONEDNN_MAX_CPU_ISA={os.environ.get('ONEDNN_MAX_CPU_ISA', '-')}, "
+        f"SGLANG_CPU_ISA={os.environ.get('SGLANG_CPU_ISA', '-')}, auto -> {cpu.choose_dtype().mode}"
+    )
     for mode, t in runs:
         if t is not None:
             cpu.MIXED_LINEAR_MIN_TOKENS = t
@@ -76,8 +81,11 @@ def main() -> None:
         load = os.getloadavg()[0]
         r = measure(mode, args.prefill, args.decode_steps, args.threads)
         label = mode if t is None else f"auto(min {t})"
-        print(f"{label:>16}: prefill {args.prefill} tok {r['prefill_ms']:8.0f} ms | decode step b1 "
-              f"{r['decode_b1_ms']:6.1f} ms, b8 {r['decode_b8_ms']:6.1f} ms | load {load:.2f}", flush=True)  # fmt: skip
+        print(
+            f"{label:>16}: prefill {args.prefill} tok {r['prefill_ms']:8.0f} ms | decode step b1 "
+            f"{r['decode_b1_ms']:6.1f} ms, b8 {r['decode_b8_ms']:6.1f} ms | load {load:.2f}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -30,9 +30,20 @@ def main() -> None:
     from sglang.srt.server_args import prepare_server_args
 
     with open(args.prompts) as f:
-        rows = [DatasetRow("", len(r["prompt_ids"]), r["output_len"], r["prompt_ids"]) for r in json.load(f)["prompts"]]
+        rows = [
+            DatasetRow("", len(r["prompt_ids"]), r["output_len"], r["prompt_ids"])
+            for r in json.load(f)["prompts"]
+        ]
     server_args = prepare_server_args(
-        ["--model-path", args.model, "--dtype", args.dtype, "--log-level", "warning", *shlex.split(args.engine_args)]
+        [
+            "--model-path",
+            args.model,
+            "--dtype",
+            args.dtype,
+            "--log-level",
+            "warning",
+            *shlex.split(args.engine_args),
+        ]
     )
     runs = []
     with Engine(**{name: getattr(server_args, name) for name in server_args.__dataclass_fields__}) as engine:

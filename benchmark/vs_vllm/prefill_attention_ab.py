@@ -44,7 +44,14 @@ def build(src: str, bind: str, i: int):
         name=f"prefill_ab_{i}_{abs(hash(os.path.abspath(src))) % 10**8}",
         sources=[bind, src],
         extra_include_paths=[os.path.dirname(os.path.abspath(src))],
-        extra_cflags=["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-mprefer-vector-width=512"],
+        extra_cflags=[
+            "-O3",
+            "-march=native",
+            "-fopenmp",
+            "-fno-math-errno",
+            "-fno-trapping-math",
+            "-mprefer-vector-width=512",
+        ],
         extra_ldflags=["-fopenmp"],
     )
 
@@ -72,8 +79,12 @@ def main() -> None:
     k = torch.randn(n, hk, 64, generator=g).bfloat16()
     v = torch.randn(n, hk, 64, generator=g).bfloat16()
     ref = torch.nn.functional.scaled_dot_product_attention(
-        q.transpose(0, 1).float(), k.transpose(0, 1).float(), v.transpose(0, 1).float(),
-        is_causal=True, scale=0.125, enable_gqa=h != hk,
+        q.transpose(0, 1).float(),
+        k.transpose(0, 1).float(),
+        v.transpose(0, 1).float(),
+        is_causal=True,
+        scale=0.125,
+        enable_gqa=h != hk,
     ).transpose(0, 1)
     best = [float("inf")] * len(mods)
     for _ in tqdm(range(args.rounds), desc="rounds"):

@@ -50,15 +50,27 @@ def main() -> None:
                 attr = getattr(module, name)
                 return timed(name, attr) if callable(attr) and name != "prefill_attention_supported" else attr
 
-        loader._loaded[chosen.variant] = loader.LoadResult(chosen.variant, Timed())  # before the model is built: layers look kernels up lazily
+        loader._loaded[chosen.variant] = loader.LoadResult(
+            chosen.variant, Timed()
+        )  # before the model is built: layers look kernels up lazily
     from sglang import bench_one_batch
     from sglang.srt.mem_cache import kv_pool
 
     kv_pool.MHATokenToKVPool.set_kv_buffer = timed("kv write", kv_pool.MHATokenToKVPool.set_kv_buffer)
     bench_args, server_args = bench_one_batch.parse_args(
-        ["--model-path", args.model_path, "--dtype", args.dtype, "--batch-size", "1",
-         "--input-len", str(args.input_len), "--output-len", "1"]
-    )  # fmt: skip
+        [
+            "--model-path",
+            args.model_path,
+            "--dtype",
+            args.dtype,
+            "--batch-size",
+            "1",
+            "--input-len",
+            str(args.input_len),
+            "--output-len",
+            "1",
+        ]
+    )
     bench = bench_one_batch.RunnerBench(server_args)
     for mod in bench.runner.model.modules():
         packed = getattr(mod, "packed_weight", None)
@@ -72,7 +84,9 @@ def main() -> None:
         t = time.perf_counter()
         bench.run([prompt], 1)
         total = time.perf_counter() - t
-    print(f"prefill of {args.input_len} tokens: {total * 1e3:.0f} ms, timed ops {sum(acc.values()) * 1e3:.0f} ms")
+    print(
+        f"prefill of {args.input_len} tokens: {total * 1e3:.0f} ms, timed ops {sum(acc.values()) * 1e3:.0f} ms"
+    )
     for name, sec in sorted(acc.items(), key=lambda kv: -kv[1]):
         print(f"  {name:40s} {sec * 1e3:8.1f} ms  ({calls[name]} calls)")
 

@@ -94,14 +94,21 @@ def plot(results: dict, path: str) -> None:
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.6), squeeze=False)
     axes = axes[0]
     for ax, (workload, key, title) in zip(axes, panels):
-        values = [_value(results, "ours", workload, key) or 0.0, _value(results, "vllm", workload, key) or 0.0]
+        values = [
+            _value(results, "ours", workload, key) or 0.0,
+            _value(results, "vllm", workload, key) or 0.0,
+        ]
         bars = ax.bar(["ours", "vLLM-CPU"], values, color=["#3b7dd8", "#999999"])
         for bar, v in zip(bars, values):
-            ax.annotate(_fmt(v) if v else "—", (bar.get_x() + bar.get_width() / 2, v), ha="center", va="bottom")
+            ax.annotate(
+                _fmt(v) if v else "—", (bar.get_x() + bar.get_width() / 2, v), ha="center", va="bottom"
+            )
         ax.set_title(title, fontsize=10)
         ax.margins(y=0.15)
     cpu = results["meta"].get("cpu", {})
-    fig.suptitle(f"SmolLM2-135M-Instruct, {cpu.get('kind', '?')} CPU ({cpu.get('model', '?')}), same run", fontsize=10)
+    fig.suptitle(
+        f"SmolLM2-135M-Instruct, {cpu.get('kind', '?')} CPU ({cpu.get('model', '?')}), same run", fontsize=10
+    )
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -39,9 +39,11 @@ WORKLOADS = {
 }
 SERVING = ("a", "b", "d")
 QUICK = {
-    "a": dict(num=8, inp=64, out=8, conc=4), "b": dict(num=1, inp=512, out=4, conc=1),
-    "c": dict(num=4, inp=16, out=8, conc=None), "d": dict(num=4, inp=256, out=16, conc=2),
-}  # fmt: skip
+    "a": dict(num=8, inp=64, out=8, conc=4),
+    "b": dict(num=1, inp=512, out=4, conc=1),
+    "c": dict(num=4, inp=16, out=8, conc=None),
+    "d": dict(num=4, inp=256, out=16, conc=2),
+}
 MEDIAN_KEYS = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "median_e2e_latency_ms")
 
 
@@ -61,18 +63,29 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--python", default="python3", help="interpreter that creates vLLM's venv")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--ours-args", default="", help="launch_server flags of ours for (a) and (c)")
-    ap.add_argument("--ours-ttft-args", default=None, help="launch_server flags of ours for (b) (default: --ours-args)")
-    ap.add_argument("--vllm-offline-eager", action="store_true", help="run vLLM's offline (c) with enforce_eager")
-    ap.add_argument("--vllm-dtype", default=None,
-                    help="vLLM's --dtype (default: its best on this CPU: bfloat16 with AVX512-BF16 / AMX, else float32)")
-    ap.add_argument("--ours-dtype", default="auto", help="our --dtype (default auto: chosen from the CPU's flags)")
+    ap.add_argument(
+        "--ours-ttft-args", default=None, help="launch_server flags of ours for (b) (default: --ours-args)"
+    )
+    ap.add_argument(
+        "--vllm-offline-eager", action="store_true", help="run vLLM's offline (c) with enforce_eager"
+    )
+    ap.add_argument(
+        "--vllm-dtype",
+        default=None,
+        help="vLLM's --dtype (default: its best on this CPU: bfloat16 with AVX512-BF16 / AMX, else float32)",
+    )
+    ap.add_argument(
+        "--ours-dtype", default="auto", help="our --dtype (default auto: chosen from the CPU's flags)"
+    )
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated subset of a,b,c,d")
     ap.add_argument("--skip-vllm", action="store_true")
     ap.add_argument("--skip-ours", action="store_true")
     ap.add_argument("--quick", action="store_true", help="tiny workloads (smoke test of the script)")
     ap.add_argument("--work-dir", default=os.path.join(HERE, ".work"))
     ap.add_argument("--docs", default=os.path.join(REPO, "docs", "benchmarks.md"))
-    ap.add_argument("--plot", default=None, help="PNG path (default: benchmarks_vs_vllm_<cpu kind>.png next to --docs)")
+    ap.add_argument(
+        "--plot", default=None, help="PNG path (default: benchmarks_vs_vllm_<cpu kind>.png next to --docs)"
+    )
     args = ap.parse_args()
     args.gguf = args.gguf or find_default_model()
     args.ours_ttft_args = args.ours_args if args.ours_ttft_args is None else args.ours_ttft_args
@@ -108,11 +121,31 @@ def bench_serving(args: argparse.Namespace, url: str, workload: str, out_file: s
     so TTFT is a real prefill in both engines (as peers.md measured vLLM)."""
     s = shape(args, workload)
     cmd = [
-        sys.executable, "-m", "sglang.bench_serving", "--backend", "openai", "--base-url", url,
-        "--tokenizer", args.hf_dir, "--dataset-name", "random", "--num-prompts", str(s["num"]),
-        "--random-input-len", str(s["inp"]), "--random-output-len", str(s["out"]), "--random-range-ratio", "1.0",
-        "--max-concurrency", str(s["conc"]), "--output-file", out_file, "--disable-tqdm",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "sglang.bench_serving",
+        "--backend",
+        "openai",
+        "--base-url",
+        url,
+        "--tokenizer",
+        args.hf_dir,
+        "--dataset-name",
+        "random",
+        "--num-prompts",
+        str(s["num"]),
+        "--random-input-len",
+        str(s["inp"]),
+        "--random-output-len",
+        str(s["out"]),
+        "--random-range-ratio",
+        "1.0",
+        "--max-concurrency",
+        str(s["conc"]),
+        "--output-file",
+        out_file,
+        "--disable-tqdm",
+    ]
     runs, load_before = [], load_now()
     for r in range(args.repeats):
         if os.path.exists(out_file):
@@ -131,7 +164,9 @@ def offline_prompts(args: argparse.Namespace, path: str) -> None:
     from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 
     s = shape(args, "c")
-    rows = sample_random_requests(s["inp"], s["out"], s["num"], 1.0, get_tokenizer(args.hf_dir), np.random.default_rng(1))
+    rows = sample_random_requests(
+        s["inp"], s["out"], s["num"], 1.0, get_tokenizer(args.hf_dir), np.random.default_rng(1)
+    )
     with open(path, "w") as f:
         json.dump({"prompts": [{"prompt_ids": r.prompt_ids, "output_len": r.output_len} for r in rows]}, f)
 
@@ -141,16 +176,23 @@ def offline(cmd: list[str], result_path: str, log_path: str, env: dict) -> dict:
     servers.run(cmd, env=env, log_path=log_path)
     with open(result_path) as f:
         res = json.load(f)
-    return {"runs": res["runs"], "median": {"output_throughput": res["output_throughput"]}, "load_before": load_before}
+    return {
+        "runs": res["runs"],
+        "median": {"output_throughput": res["output_throughput"]},
+        "load_before": load_before,
+    }
 
 
 def run_vllm(args: argparse.Namespace, work: str, prompts: str) -> dict:
     py = servers.ensure_vllm_venv(args.vllm_venv, args.python)
     port = servers.free_port()
     server = servers.start_server(
-        "vLLM", servers.vllm_server_cmd(py, args.hf_dir, port, args.vllm_dtype), port,
-        os.path.join(work, "vllm_server.log"), servers.VLLM_ENV,
-    )  # fmt: skip
+        "vLLM",
+        servers.vllm_server_cmd(py, args.hf_dir, port, args.vllm_dtype),
+        port,
+        os.path.join(work, "vllm_server.log"),
+        servers.VLLM_ENV,
+    )
     out: dict = {}
     try:
         servers.wait_ready(server, servers.VLLM_STARTUP_TIMEOUT_S)
@@ -160,18 +202,37 @@ def run_vllm(args: argparse.Namespace, work: str, prompts: str) -> dict:
         servers.stop_server(server)
     if "c" not in args.workloads:
         return out
-    cmd = [py, os.path.join(HERE, "vllm_offline.py"), "--model", args.hf_dir, "--prompts", prompts,
-           "--result", os.path.join(work, "vllm_c.json"), "--repeats", str(args.repeats), "--dtype", args.vllm_dtype]  # fmt: skip
+    cmd = [
+        py,
+        os.path.join(HERE, "vllm_offline.py"),
+        "--model",
+        args.hf_dir,
+        "--prompts",
+        prompts,
+        "--result",
+        os.path.join(work, "vllm_c.json"),
+        "--repeats",
+        str(args.repeats),
+        "--dtype",
+        args.vllm_dtype,
+    ]
     if args.vllm_offline_eager:
         cmd.append("--enforce-eager")
-    out["c"] = offline(cmd, os.path.join(work, "vllm_c.json"), os.path.join(work, "vllm_offline.log"), servers.VLLM_ENV)
+    out["c"] = offline(
+        cmd, os.path.join(work, "vllm_c.json"), os.path.join(work, "vllm_offline.log"), servers.VLLM_ENV
+    )
     return out
 
 
 def run_ours(args: argparse.Namespace, work: str, prompts: str) -> dict:
     out: dict = {}
     serving = [w for w in SERVING if w in args.workloads]
-    configs = [(args.ours_args, serving if args.ours_ttft_args == args.ours_args else [w for w in serving if w != "b"])]
+    configs = [
+        (
+            args.ours_args,
+            serving if args.ours_ttft_args == args.ours_args else [w for w in serving if w != "b"],
+        )
+    ]
     if args.ours_ttft_args != args.ours_args and "b" in serving:
         configs.append((args.ours_ttft_args, ["b"]))
     for flags, workloads in configs:
@@ -179,7 +240,9 @@ def run_ours(args: argparse.Namespace, work: str, prompts: str) -> dict:
             continue
         port = servers.free_port()
         cmd = servers.ours_server_cmd(args.hf_dir, port, shlex.split(flags), args.ours_dtype)
-        server = servers.start_server("ours", cmd, port, os.path.join(work, f"ours_server_{workloads[-1]}.log"))
+        server = servers.start_server(
+            "ours", cmd, port, os.path.join(work, f"ours_server_{workloads[-1]}.log")
+        )
         try:
             servers.wait_ready(server, servers.OURS_STARTUP_TIMEOUT_S)
             for w in workloads:
@@ -188,9 +251,22 @@ def run_ours(args: argparse.Namespace, work: str, prompts: str) -> dict:
             servers.stop_server(server)
     if "c" not in args.workloads:
         return out
-    cmd = [sys.executable, os.path.join(HERE, "ours_offline.py"), "--model", args.hf_dir, "--prompts", prompts,
-           "--result", os.path.join(work, "ours_c.json"), "--repeats", str(args.repeats), "--engine-args", args.ours_args,
-           "--dtype", args.ours_dtype]  # fmt: skip
+    cmd = [
+        sys.executable,
+        os.path.join(HERE, "ours_offline.py"),
+        "--model",
+        args.hf_dir,
+        "--prompts",
+        prompts,
+        "--result",
+        os.path.join(work, "ours_c.json"),
+        "--repeats",
+        str(args.repeats),
+        "--engine-args",
+        args.ours_args,
+        "--dtype",
+        args.ours_dtype,
+    ]
     out["c"] = offline(cmd, os.path.join(work, "ours_c.json"), os.path.join(work, "ours_offline.log"), {})
     return out
 
@@ -204,10 +280,14 @@ def main() -> None:
     prompts = os.path.join(work, "offline_prompts.json")
     offline_prompts(args, prompts)
     results: dict = {
-        "workloads": {w: (f"quick: {shape(args, w)}" if args.quick else WORKLOADS[w][0]) for w in args.workloads},
+        "workloads": {
+            w: (f"quick: {shape(args, w)}" if args.quick else WORKLOADS[w][0]) for w in args.workloads
+        },
         "meta": {
             "date": datetime.date.today().isoformat(),
-            "command": " ".join(shlex.quote(a) for a in [".venv/bin/python", os.path.relpath(__file__, REPO), *sys.argv[1:]]),
+            "command": " ".join(
+                shlex.quote(a) for a in [".venv/bin/python", os.path.relpath(__file__, REPO), *sys.argv[1:]]
+            ),
             "machine": f"{args.cpu['model']}, {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {_torch_version()}",
             "cpu": args.cpu,
             "vllm_dtype": None if args.skip_vllm else args.vllm_dtype,
@@ -215,7 +295,8 @@ def main() -> None:
             "load_before": load_before,
             "repeats": args.repeats,
             "vllm_config": " ".join(f"{k}={v}" for k, v in servers.VLLM_ENV.items())
-            + " (compiled, no --enforce-eager" + ("; offline (c) eager)" if args.vllm_offline_eager else ")"),
+            + " (compiled, no --enforce-eager"
+            + ("; offline (c) eager)" if args.vllm_offline_eager else ")"),
             "ours_args": args.ours_args,
             "ours_ttft_args": args.ours_ttft_args,
         },

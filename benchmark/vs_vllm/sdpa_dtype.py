@@ -48,10 +48,12 @@ def main() -> None:
         module = loader.load_variant(variant.name).module
         if module is None or not module.prefill_attention_vec_supported():
             continue
-        cases[f"prefill_attention_vec [{variant.name}] float32"] = (
-            lambda m=module: m.prefill_attention_vec(*rows_f32, scale)
+        cases[f"prefill_attention_vec [{variant.name}] float32"] = lambda m=module: m.prefill_attention_vec(
+            *rows_f32, scale
         )
-        cases[f"prefill_attention_vec [{variant.name}] bf16"] = lambda m=module: m.prefill_attention_vec(*rows_bf16, scale)
+        cases[f"prefill_attention_vec [{variant.name}] bf16"] = lambda m=module: m.prefill_attention_vec(
+            *rows_bf16, scale
+        )
     flop = 4 * (n * (n + 1) / 2) * d * args.heads  # QK^T and PV over the causal half
     for name, fn in tqdm(cases.items(), desc="cases"):
         fn()  # warm-up

@@ -120,16 +120,39 @@ def stop_server(server: Server, grace_s: float = 30.0) -> None:
 
 def vllm_server_cmd(py: str, model_dir: str, port: int, dtype: str = "bfloat16") -> list[str]:
     return [
-        py, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
-        "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "8192", "--dtype", dtype,
-    ]  # fmt: skip
+        py,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model_dir,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-model-len",
+        "8192",
+        "--dtype",
+        dtype,
+    ]
 
 
 def ours_server_cmd(model_dir: str, port: int, extra: list[str], dtype: str = "auto") -> list[str]:
     return [
-        sys.executable, "-m", "sglang.launch_server", "--model-path", model_dir, "--dtype", dtype,
-        "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", *extra,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        model_dir,
+        "--dtype",
+        dtype,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        *extra,
+    ]
 
 
 # ---------------------------------------------------------------------------- the CPU
@@ -165,7 +188,11 @@ def cpu_info() -> dict:
         }
 
     native_kind, kind = cpu.cpu_kind(native), cpu.cpu_kind(effective)
-    env = {k: os.environ[k] for k in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "SGLANG_CPU_ISA", "SGLANG_CPU_FLAGS_OVERRIDE") if os.environ.get(k)}
+    env = {
+        k: os.environ[k]
+        for k in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "SGLANG_CPU_ISA", "SGLANG_CPU_FLAGS_OVERRIDE")
+        if os.environ.get(k)
+    }
     return {
         "model": read_cpu_model(),
         "native_kind": native_kind,

@@ -24,7 +24,9 @@ WIDTH = 50
 
 
 def parse_args(argv: Optional[list[str]] = None) -> tuple[argparse.Namespace, ServerArgs]:
-    p = argparse.ArgumentParser(prog="python -m sglang.bench_offline_throughput", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m sglang.bench_offline_throughput", description=__doc__.splitlines()[0]
+    )
     ServerArgs.add_cli_args(p)
     add_dataset_args(p)
     p.add_argument("--backend", default="engine", choices=["engine"])

@@ -56,7 +56,9 @@ def parse_args(argv: Optional[list[str]] = None) -> tuple[argparse.Namespace, Se
     need = max(args.batch_size) * (max(args.input_len) + max(args.output_len))
     changes: dict[str, Any] = {}
     if server_args.max_total_tokens is None:
-        changes["max_total_tokens"] = max(need + server_args.page_size * max(args.batch_size), 2 * server_args.page_size)
+        changes["max_total_tokens"] = max(
+            need + server_args.page_size * max(args.batch_size), 2 * server_args.page_size
+        )
     if server_args.max_running_requests is None or server_args.max_running_requests < max(args.batch_size):
         changes["max_running_requests"] = max(args.batch_size)
     server_args = server_args.replace(**changes)
@@ -161,9 +163,13 @@ class EngineBench:
 
 
 # ---------------------------------------------------------------------------- reporting
-def measure(bench: Any, batch: int, input_len: int, output_len: int, rng: np.random.Generator, verbose: bool) -> dict:
+def measure(
+    bench: Any, batch: int, input_len: int, output_len: int, rng: np.random.Generator, verbose: bool
+) -> dict:
     if input_len + output_len > bench.context_len:
-        raise ValueError(f"input_len + output_len ({input_len + output_len}) exceeds the context length {bench.context_len}")
+        raise ValueError(
+            f"input_len + output_len ({input_len + output_len}) exceeds the context length {bench.context_len}"
+        )
     high = min(bench.vocab_size, 10000)
     prompts = [[int(t) for t in rng.integers(0, high, size=input_len)] for _ in range(batch)]
     prefill, decodes = bench.run(prompts, output_len)
@@ -182,7 +188,9 @@ def measure(bench: Any, batch: int, input_len: int, output_len: int, rng: np.ran
     if decodes:
         if verbose:
             for i, lat in enumerate(decodes[:PRINTED_DECODE_STEPS]):
-                print(f"Decode {i}. Batch size: {batch}, latency: {lat:6.5f} s, throughput: {batch / lat:9.2f} token/s")
+                print(
+                    f"Decode {i}. Batch size: {batch}, latency: {lat:6.5f} s, throughput: {batch / lat:9.2f} token/s"
+                )
         med = statistics.median(decodes)
         result["median_decode_latency"] = med
         result["median_decode_throughput"] = batch / med
@@ -210,13 +218,19 @@ def run(args: argparse.Namespace, server_args: ServerArgs) -> list[dict]:
     rng = np.random.default_rng(args.seed)
     results = []
     if parallel:
-        print("Mode: sgl.Engine (a parallel size > 1): times are measured from outside the engine, IPC included")
+        print(
+            "Mode: sgl.Engine (a parallel size > 1): times are measured from outside the engine, IPC included"
+        )
     try:
         print("Warmup ...")
         measure(bench, args.batch_size[0], args.input_len[0], min(args.output_len[0], 4), rng, verbose=True)
         profiled = False
-        for batch, input_len, output_len in itertools.product(args.batch_size, args.input_len, args.output_len):
-            print(f"Benchmark ... (batch size {batch}, input len {input_len}, output len {output_len}, {mode})")
+        for batch, input_len, output_len in itertools.product(
+            args.batch_size, args.input_len, args.output_len
+        ):
+            print(
+                f"Benchmark ... (batch size {batch}, input len {input_len}, output len {output_len}, {mode})"
+            )
             prof = _profiler(args) if args.profile and not profiled else nullcontext()
             with prof:
                 result = measure(bench, batch, input_len, output_len, rng, verbose=True)
@@ -224,7 +238,9 @@ def run(args: argparse.Namespace, server_args: ServerArgs) -> list[dict]:
                 profiled = True
                 print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
                 if args.profile_filename_prefix:
-                    path = f"{args.profile_filename_prefix}-bs{batch}-in{input_len}-out{output_len}.trace.json"
+                    path = (
+                        f"{args.profile_filename_prefix}-bs{batch}-in{input_len}-out{output_len}.trace.json"
+                    )
                     prof.export_chrome_trace(path)
                     print(f"profile written to {path}")
             result.update(run_name=args.run_name, mode=mode)

@@ -39,23 +39,39 @@ from sglang.benchmark.metrics import calculate_metrics, format_summary, metrics_
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m sglang.bench_serving", description="Online serving benchmark.")
-    p.add_argument("--backend", default="sglang", help="sglang | openai | openai-chat (aliases: vllm, sglang-oai)")
+    p = argparse.ArgumentParser(
+        prog="python -m sglang.bench_serving", description="Online serving benchmark."
+    )
+    p.add_argument(
+        "--backend", default="sglang", help="sglang | openai | openai-chat (aliases: vllm, sglang-oai)"
+    )
     p.add_argument("--base-url", default=None, help="server URL, e.g. http://127.0.0.1:30000")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--model", default=None, help="model name sent to OpenAI backends (default: the server's)")
-    p.add_argument("--tokenizer", default=None, help="tokenizer path (default: --model or the server's model path)")
-    p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="bearer token (or $OPENAI_API_KEY)")
+    p.add_argument(
+        "--tokenizer", default=None, help="tokenizer path (default: --model or the server's model path)"
+    )
+    p.add_argument(
+        "--api-key", default=os.environ.get("OPENAI_API_KEY"), help="bearer token (or $OPENAI_API_KEY)"
+    )
     add_dataset_args(p)
-    p.add_argument("--request-rate", type=float, default=float("inf"), help="requests/s (Poisson); inf = all at once")
+    p.add_argument(
+        "--request-rate", type=float, default=float("inf"), help="requests/s (Poisson); inf = all at once"
+    )
     p.add_argument("--max-concurrency", type=int, default=None, help="most requests in flight at once")
-    p.add_argument("--warmup-requests", type=int, default=1, help="requests sent (and discarded) before the run")
+    p.add_argument(
+        "--warmup-requests", type=int, default=1, help="requests sent (and discarded) before the run"
+    )
     p.add_argument("--disable-ignore-eos", action="store_true", help="let requests stop at EOS")
     p.add_argument("--extra-request-body", default=None, help="JSON merged into every request body")
-    p.add_argument("--flush-cache", action="store_true", help="POST /flush_cache before the run (sglang servers)")
+    p.add_argument(
+        "--flush-cache", action="store_true", help="POST /flush_cache before the run (sglang servers)"
+    )
     p.add_argument("--output-file", default=None, help="append one JSON line with the results")
-    p.add_argument("--output-details", action="store_true", help="include per-request values in the JSON line")
+    p.add_argument(
+        "--output-details", action="store_true", help="include per-request values in the JSON line"
+    )
     p.add_argument("--disable-tqdm", action="store_true")
     return p.parse_args(argv)
 
@@ -93,7 +109,9 @@ def load_tokenizer(path: str) -> Any:
 
 
 # ---------------------------------------------------------------------------- the run
-async def arrivals(rows: list[DatasetRow], rate: float, rng: np.random.Generator) -> AsyncIterator[DatasetRow]:
+async def arrivals(
+    rows: list[DatasetRow], rate: float, rng: np.random.Generator
+) -> AsyncIterator[DatasetRow]:
     """Yield rows at Poisson arrival times of `rate` per second (all at once when inf)."""
     for row in rows:
         yield row

@@ -59,7 +59,11 @@ def main(argv: list[str]) -> int:
         shown = ""
         with requests.post(
             url + "/generate",
-            json={"text": "The capital of France is", "sampling_params": {"max_new_tokens": 32, "temperature": 0}, "stream": True},
+            json={
+                "text": "The capital of France is",
+                "sampling_params": {"max_new_tokens": 32, "temperature": 0},
+                "stream": True,
+            },
             stream=True,
             timeout=300,
         ) as resp:
@@ -67,7 +71,7 @@ def main(argv: list[str]) -> int:
                 if not line.startswith(b"data:") or line.strip() == b"data: [DONE]":
                     continue
                 text = json.loads(line[5:])["text"]
-                print(text[len(shown):], end="", flush=True)
+                print(text[len(shown) :], end="", flush=True)
                 shown = text
         print("\n\ndemo finished", flush=True)
         return 0

@@ -69,12 +69,15 @@ class Proc:
 def _spawn(cmd: list[str], name: str, env: Optional[dict] = None) -> tuple[subprocess.Popen, str]:
     log = tempfile.NamedTemporaryFile(prefix=f"sglang-pd-{name}-", suffix=".log", delete=False)
     full_env = {**os.environ, **PD_ENV, **(env or {})}
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO), env=full_env,
-                            start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO), env=full_env, start_new_session=True
+    )
     return proc, log.name
 
 
-def launch(args: list[str], name: str, mode: str = "null", env: Optional[dict] = None, attempts: int = 3) -> Proc:
+def launch(
+    args: list[str], name: str, mode: str = "null", env: Optional[dict] = None, attempts: int = 3
+) -> Proc:
     """A server (`--disaggregation-mode mode`), warm (/health_generate answered). The machine is
     shared: a port picked free may be taken before the server binds it, so a start whose port was
     stolen is retried on new ports."""
@@ -105,7 +108,11 @@ def _launch_once(args: list[str], name: str, mode: str, env: Optional[dict], las
         try:  # /health_generate runs a forward (a PD server serves it alone): the server is warm
             if httpx.get(handle.url + "/health_generate", timeout=60.0).status_code == 200:
                 info = httpx.get(handle.url + "/get_server_info", timeout=30).json()
-                if proc.poll() is None and info.get("disaggregation_mode") == mode and info.get("port") == port:
+                if (
+                    proc.poll() is None
+                    and info.get("disaggregation_mode") == mode
+                    and info.get("port") == port
+                ):
                     return handle
                 if not last:  # another process answers on this port
                     handle.kill()
@@ -119,9 +126,23 @@ def _launch_once(args: list[str], name: str, mode: str, env: Optional[dict], las
 
 def launch_router(prefill: Proc, decode: Proc) -> Proc:
     port = free_port()
-    cmd = [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation",
-           "--prefill", prefill.url, str(prefill.bootstrap_port), "--decode", decode.url,
-           "--host", "127.0.0.1", "--port", str(port), "--log-level", "warn"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "sglang_router.launch_router",
+        "--pd-disaggregation",
+        "--prefill",
+        prefill.url,
+        str(prefill.bootstrap_port),
+        "--decode",
+        decode.url,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warn",
+    ]
     proc, log = _spawn(cmd, "router")
     handle = Proc(proc, f"http://127.0.0.1:{port}", log)
 
@@ -129,8 +150,11 @@ def launch_router(prefill: Proc, decode: Proc) -> Proc:
         if proc.poll() is not None:
             pytest.fail(f"router exited with {proc.returncode}; log {log}:\n{handle.log()}")
         try:
-            r = httpx.post(handle.url + "/generate", timeout=60,
-                           json={"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 1}})  # fmt: skip
+            r = httpx.post(
+                handle.url + "/generate",
+                timeout=60,
+                json={"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 1}},
+            )
             return r.status_code == 200
         except httpx.HTTPError:
             return False
@@ -155,8 +179,12 @@ def wait_kv_restored(server: Proc, timeout: float) -> dict:
         nonlocal state
         state = server.state()
         queued = sum(v for k, v in state.items() if k.startswith("pd_") and k.endswith(("queue", "draining")))
-        return (state["available_kv_tokens"] == state["max_total_num_tokens"] and queued == 0
-                and state["num_running_reqs"] == 0 and state["num_waiting_reqs"] == 0)  # fmt: skip
+        return (
+            state["available_kv_tokens"] == state["max_total_num_tokens"]
+            and queued == 0
+            and state["num_running_reqs"] == 0
+            and state["num_waiting_reqs"] == 0
+        )
 
     assert wait_until(restored, timeout), f"KV not restored within {timeout}s: {state}"
     return state
@@ -164,15 +192,23 @@ def wait_kv_restored(server: Proc, timeout: float) -> dict:
 
 def post_pair(prefill: Proc, decode: Proc, body: dict, timeout: float = 120) -> tuple[dict, dict]:
     """What the router does: the same request, with one room, to both servers at once."""
-    body = {**body, "bootstrap_host": "127.0.0.1", "bootstrap_port": prefill.bootstrap_port,
-            "bootstrap_room": random.getrandbits(63)}  # fmt: skip
+    body = {
+        **body,
+        "bootstrap_host": "127.0.0.1",
+        "bootstrap_port": prefill.bootstrap_port,
+        "bootstrap_room": random.getrandbits(63),
+    }
     out: dict = {}
 
     def post(name: str, server: Proc) -> None:
         r = httpx.post(server.url + "/generate", json=body, timeout=timeout)
-        out[name] = r.json() if r.headers.get("content-type", "").startswith("application/json") else {"raw": r.text}
+        out[name] = (
+            r.json() if r.headers.get("content-type", "").startswith("application/json") else {"raw": r.text}
+        )
 
-    threads = [threading.Thread(target=post, args=(n, s)) for n, s in (("prefill", prefill), ("decode", decode))]
+    threads = [
+        threading.Thread(target=post, args=(n, s)) for n, s in (("prefill", prefill), ("decode", decode))
+    ]
     for t in threads:
         t.start()
     for t in threads:

@@ -21,8 +21,24 @@ def _port() -> int:
 
 
 def _info(tp_rank: int, cp_rank: int = 0, cp_size: int = 2, dtype: str = "float32") -> PrefillRankInfo:
-    return PrefillRankInfo("127.0.0.1", 5000 + tp_rank, "127.0.0.1:1", tp_rank, 1, cp_rank, cp_size, 0, 1, 0, 1,
-                           1, dtype, "mha", 0, 4)  # fmt: skip
+    return PrefillRankInfo(
+        "127.0.0.1",
+        5000 + tp_rank,
+        "127.0.0.1:1",
+        tp_rank,
+        1,
+        cp_rank,
+        cp_size,
+        0,
+        1,
+        0,
+        1,
+        1,
+        dtype,
+        "mha",
+        0,
+        4,
+    )
 
 
 def test_register_and_query():
@@ -67,8 +83,14 @@ def test_bootstrap_fields_checked():
     "kwargs,match",
     [
         (dict(disaggregation_mode="bogus"), "--disaggregation-mode must be one of"),
-        (dict(disaggregation_mode="prefill", disaggregation_transfer_backend="nixl"), "--disaggregation-transfer-backend"),
-        (dict(disaggregation_mode="prefill", disaggregation_bootstrap_port=0), "--disaggregation-bootstrap-port"),
+        (
+            dict(disaggregation_mode="prefill", disaggregation_transfer_backend="nixl"),
+            "--disaggregation-transfer-backend",
+        ),
+        (
+            dict(disaggregation_mode="prefill", disaggregation_bootstrap_port=0),
+            "--disaggregation-bootstrap-port",
+        ),
         (dict(disaggregation_mode="prefill", disaggregation_bootstrap_port=30000), "must differ from --port"),
         (dict(disaggregation_mode="decode", pp_size=2), "decode with --pp-size"),
         (dict(disaggregation_mode="prefill", enable_dp_attention=True), "--enable-dp-attention"),
@@ -85,7 +107,12 @@ def test_upstream_flag_names_and_defaults():
     from sglang.srt.server_args import prepare_server_args
 
     args = prepare_server_args([])
-    assert (args.disaggregation_mode, args.disaggregation_transfer_backend, args.disaggregation_bootstrap_port,
-            args.disaggregation_ib_device, args.num_reserved_decode_tokens) == ("null", "mooncake", 8998, None, 512)  # fmt: skip
+    assert (
+        args.disaggregation_mode,
+        args.disaggregation_transfer_backend,
+        args.disaggregation_bootstrap_port,
+        args.disaggregation_ib_device,
+        args.num_reserved_decode_tokens,
+    ) == ("null", "mooncake", 8998, None, 512)
     args = prepare_server_args(["--disaggregation-mode", "decode", "--disaggregation-ib-device", "mlx5_0"])
     assert args.disaggregation_mode == "decode" and args.disaggregation_ib_device == "mlx5_0"

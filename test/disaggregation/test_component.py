@@ -46,7 +46,9 @@ def test_null_mode_builds_the_null_component_without_touching_the_rank():
     assert comp.rooms_of(ScheduleBatch()) == []
 
 
-@pytest.mark.parametrize("args", [_args("null", "mooncake"), _args("decode", "mooncake"), _args("prefill", "fake")])
+@pytest.mark.parametrize(
+    "args", [_args("null", "mooncake"), _args("decode", "mooncake"), _args("prefill", "fake")]
+)
 def test_no_stage_transfer_unless_a_prefill_server_moves_kv(args):
     assert create_stage_transfer(args, groups=None, runner=None) is None
 
@@ -55,9 +57,12 @@ def test_every_backend_implements_the_base_classes():
     assert set(BACKENDS) == {"mooncake", "fake"}  # the --disaggregation-transfer-backend choices
     for backend in BACKENDS.values():
         assert issubclass(backend, KVBackend) and not inspect.isabstract(backend)
-    for cls, base in [(MooncakeKVSender, BaseKVSender), (MooncakeKVReceiver, BaseKVReceiver),
-                      (MooncakePrefillKVManager, BasePrefillKVManager),
-                      (MooncakeDecodeKVManager, BaseDecodeKVManager)]:  # fmt: skip
+    for cls, base in [
+        (MooncakeKVSender, BaseKVSender),
+        (MooncakeKVReceiver, BaseKVReceiver),
+        (MooncakePrefillKVManager, BasePrefillKVManager),
+        (MooncakeDecodeKVManager, BaseDecodeKVManager),
+    ]:
         assert issubclass(cls, base) and not inspect.isabstract(cls), cls
     assert BACKENDS["mooncake"]().moves_kv and not BACKENDS["fake"]().moves_kv
 
@@ -79,10 +84,20 @@ def test_fake_managers_hand_out_rooms_that_move_no_kv():
 def test_managers_name_no_pd_mode():
     """The scheduler and the tokenizer manager ask the PD component / role, never the mode."""
     files = sorted(MANAGERS.rglob("*.py"))
-    assert MANAGERS / "scheduler" / "scheduler.py" in files and MANAGERS / "tokenizer" / "tokenizer_manager.py" in files
+    assert (
+        MANAGERS / "scheduler" / "scheduler.py" in files
+        and MANAGERS / "tokenizer" / "tokenizer_manager.py" in files
+    )
     for path in files:
         text = path.read_text(encoding="utf-8")
-        for word in ('"prefill"', '"decode"', '"null"', '"fake"', "disaggregation_mode", "is not None and self.disagg"):
+        for word in (
+            '"prefill"',
+            '"decode"',
+            '"null"',
+            '"fake"',
+            "disaggregation_mode",
+            "is not None and self.disagg",
+        ):
             assert word not in text, f"{path.relative_to(MANAGERS)}: {word}"
 
 

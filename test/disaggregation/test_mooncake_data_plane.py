@@ -31,7 +31,7 @@ def test_write_of_many_entries_moves_every_byte():
     n = 12 * MAX_BATCH_ENTRIES + 7  # 3,079 entries, past the transport's queue in one batch
     s, d, lens, offs = _plan(src, dst, n)
     assert a.write(b.session_id, s, d, lens) == 0
-    for o in offs[:: 97] + offs[-1:]:
+    for o in offs[::97] + offs[-1:]:
         assert np.array_equal(dst[o : o + 384], src[o : o + 384])
     assert not dst[384:768].any(), "the gaps between blocks were not written"
 
@@ -43,7 +43,9 @@ def test_batches_stay_under_the_transport_queue():
 
     a, b, src, dst = _pair()
     s, d, lens, _ = _plan(src, dst, 3000)
-    assert a.engine.batch_transfer_sync_write(b.session_id, s, d, lens) != 0, "the transport took 3000 at once"
+    assert (
+        a.engine.batch_transfer_sync_write(b.session_id, s, d, lens) != 0
+    ), "the transport took 3000 at once"
     assert MAX_BATCH_ENTRIES * envs.SGLANG_DISAGGREGATION_QUEUE_SIZE.get() <= 1024
 
 

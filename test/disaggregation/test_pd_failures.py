@@ -42,8 +42,12 @@ def _post_async(url: str, body: dict, out: dict, key: str) -> threading.Thread:
 
 
 def _room_body(prefill) -> dict:
-    return {**BODY, "bootstrap_host": "127.0.0.1", "bootstrap_port": prefill.bootstrap_port,
-            "bootstrap_room": random.getrandbits(63)}  # fmt: skip
+    return {
+        **BODY,
+        "bootstrap_host": "127.0.0.1",
+        "bootstrap_port": prefill.bootstrap_port,
+        "bootstrap_room": random.getrandbits(63),
+    }
 
 
 def test_pair_works_then_decode_killed_mid_transfer():
@@ -132,7 +136,9 @@ def test_requests_without_bootstrap_fields_are_rejected():
     try:
         r = httpx.post(decode.url + "/generate", json=BODY, timeout=30)
         assert r.status_code == 400 and "bootstrap_room" in r.text
-        r = httpx.post(decode.url + "/generate", json={**BODY, "bootstrap_host": "127.0.0.1", "bootstrap_room": "x"})
+        r = httpx.post(
+            decode.url + "/generate", json={**BODY, "bootstrap_host": "127.0.0.1", "bootstrap_room": "x"}
+        )
         assert r.status_code == 400
     finally:
         decode.stop()

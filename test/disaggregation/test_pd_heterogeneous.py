@@ -32,8 +32,13 @@ CONFIGS = {
 
 
 def _reference(model: str) -> list[list[int]]:
-    ref = SchedulerHarness(model_path=model, load_format="dummy", dtype="float32", max_total_tokens=2048,
-                           chunked_prefill_size=int(CHUNK))  # fmt: skip
+    ref = SchedulerHarness(
+        model_path=model,
+        load_format="dummy",
+        dtype="float32",
+        max_total_tokens=2048,
+        chunked_prefill_size=int(CHUNK),
+    )
     rids = [ref.submit(p, NEW_TOKENS) for p in PROMPTS]
     ref.run()
     return [ref.outputs[r] for r in rids]
@@ -42,9 +47,21 @@ def _reference(model: str) -> list[list[int]]:
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_heterogeneous_layout_matches_single_rank(name):
     model, prefill_args, decode_args = CONFIGS[name]
-    common = ["--model-path", model, "--load-format", "dummy", "--dtype", "float32", "--num-threads", "1",
-              "--max-total-tokens", "2048"]  # fmt: skip
-    prefill = launch([*common, "--chunked-prefill-size", CHUNK, *prefill_args], f"{name}-prefill", mode="prefill")
+    common = [
+        "--model-path",
+        model,
+        "--load-format",
+        "dummy",
+        "--dtype",
+        "float32",
+        "--num-threads",
+        "1",
+        "--max-total-tokens",
+        "2048",
+    ]
+    prefill = launch(
+        [*common, "--chunked-prefill-size", CHUNK, *prefill_args], f"{name}-prefill", mode="prefill"
+    )
     decode = None
     try:
         decode = launch([*common, *decode_args], f"{name}-decode", mode="decode")
@@ -53,8 +70,11 @@ def test_heterogeneous_layout_matches_single_rank(name):
         # CP attention (layers/attention/mla_cp.py `_decode_topk`: a rank with no rows of a
         # prefix-extend row, `view` of 0 elements); that is a DSA-CP bug, not a PD one (reported).
         with ThreadPoolExecutor(1 if model == TINY_DSV32 else len(PROMPTS)) as pool:
-            outs = list(pool.map(lambda p: post_pair(prefill, decode, {"input_ids": p, "sampling_params": params}),
-                                 PROMPTS))  # fmt: skip
+            outs = list(
+                pool.map(
+                    lambda p: post_pair(prefill, decode, {"input_ids": p, "sampling_params": params}), PROMPTS
+                )
+            )
         got = [d.get("output_ids") for _, d in outs]
         assert got == _reference(model), outs
         wait_kv_restored(prefill, 20)

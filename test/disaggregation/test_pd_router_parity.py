@@ -99,8 +99,12 @@ def test_openai_routes_parity(servers):
 
 def test_logprobs_parity(servers):
     """The first token's logprobs come from the prefill server, the rest from the decode server."""
-    body = {"text": "The capital of France is", "sampling_params": GREEDY, "return_logprob": True,
-            "top_logprobs_num": 3}  # fmt: skip
+    body = {
+        "text": "The capital of France is",
+        "sampling_params": GREEDY,
+        "return_logprob": True,
+        "top_logprobs_num": 3,
+    }
     ref = httpx.post(servers["ref"].url + "/generate", json=body, timeout=120).json()
     got = httpx.post(servers["router"].url + "/generate", json=body, timeout=120).json()
     assert got["output_ids"] == ref["output_ids"]
@@ -126,8 +130,11 @@ def test_first_chunk_arrives_before_last_chunk_forward(servers):
 
 
 def test_client_disconnect_aborts_both_sides(servers):
-    body = {"text": "Tell me a long story.", "stream": True,
-            "sampling_params": {"max_new_tokens": 400, "temperature": 0, "ignore_eos": True}}  # fmt: skip
+    body = {
+        "text": "Tell me a long story.",
+        "stream": True,
+        "sampling_params": {"max_new_tokens": 400, "temperature": 0, "ignore_eos": True},
+    }
     with httpx.stream("POST", servers["router"].url + "/generate", json=body, timeout=120) as r:
         seen = 0
         for line in r.iter_lines():

@@ -19,13 +19,21 @@ TINY = str(Path(__file__).resolve().parents[2] / "python" / "sglang" / "test" / 
 
 
 def _harness(mode: str) -> SchedulerHarness:
-    return SchedulerHarness(model_path=TINY, load_format="dummy", max_total_tokens=512, chunked_prefill_size=8,
-                            disaggregation_mode=mode, disaggregation_transfer_backend="fake")  # fmt: skip
+    return SchedulerHarness(
+        model_path=TINY,
+        load_format="dummy",
+        max_total_tokens=512,
+        chunked_prefill_size=8,
+        disaggregation_mode=mode,
+        disaggregation_transfer_backend="fake",
+    )
 
 
 def _submit(h: SchedulerHarness, rid: str, ids: list[int], new: int = 4, room: int = 1) -> None:
     sp = SamplingParams(max_new_tokens=new, temperature=0.0, ignore_eos=True)
-    h.scheduler.handle_message(TokenizedGenerateReqInput(rid, None, ids, sp, bootstrap_host="h", bootstrap_room=room))
+    h.scheduler.handle_message(
+        TokenizedGenerateReqInput(rid, None, ids, sp, bootstrap_host="h", bootstrap_room=room)
+    )
 
 
 @pytest.fixture(scope="module")

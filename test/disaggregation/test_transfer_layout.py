@@ -33,7 +33,10 @@ def test_mha_full_to_split_heads():
     src = MHATokenToKVPool(32, 4, torch.float32, head_num=4, head_dim=8, layer_num=3, start_layer=2)
     for t in src.k_head_major + src.v_head_major:
         t.copy_(torch.randn_like(t))
-    dsts = [MHATokenToKVPool(32, 4, torch.float32, head_num=2, head_dim=8, layer_num=3, start_layer=2) for _ in range(2)]
+    dsts = [
+        MHATokenToKVPool(32, 4, torch.float32, head_num=2, head_dim=8, layer_num=3, start_layer=2)
+        for _ in range(2)
+    ]
     src_slots = np.array([5, 6, 7, 8, 13, 14])
     dst_slots = np.array([20, 21, 22, 23, 4, 5])
     for r, dst in enumerate(dsts):

@@ -26,7 +26,14 @@ from sglang.srt.distributed.init import destroy_distributed, get_free_port, init
 
 
 def _worker(
-    fn: Callable, rank: int, world_size: int, port: int, args: Sequence[Any], out: Any, backend: str, env: dict
+    fn: Callable,
+    rank: int,
+    world_size: int,
+    port: int,
+    args: Sequence[Any],
+    out: Any,
+    backend: str,
+    env: dict,
 ) -> None:
     os.environ.clear()
     os.environ.update(env)
@@ -51,7 +58,11 @@ def run_ranks(
     out = ctx.Queue()
     port = get_free_port()
     procs = [
-        ctx.Process(target=_worker, args=(fn, r, world_size, port, tuple(args), out, backend, dict(os.environ)), daemon=True)
+        ctx.Process(
+            target=_worker,
+            args=(fn, r, world_size, port, tuple(args), out, backend, dict(os.environ)),
+            daemon=True,
+        )
         for r in range(world_size)
     ]
     for p in procs:
@@ -69,10 +80,14 @@ def run_ranks(
                 except queue_mod.Empty:
                     if dead:
                         codes = [procs[r].exitcode for r in dead]
-                        raise RuntimeError(f"rank(s) {dead} exited (codes {codes}) without a result") from None
+                        raise RuntimeError(
+                            f"rank(s) {dead} exited (codes {codes}) without a result"
+                        ) from None
                     if time.monotonic() > deadline:
                         missing = sorted(set(range(world_size)) - set(results))
-                        raise TimeoutError(f"rank(s) {missing} of {world_size} did not finish within {timeout:.0f}s") from None
+                        raise TimeoutError(
+                            f"rank(s) {missing} of {world_size} did not finish within {timeout:.0f}s"
+                        ) from None
                     continue
             if not ok:
                 raise AssertionError(f"rank {rank} of {world_size} failed:\n{payload}")

@@ -40,9 +40,14 @@ def _prompts(vocab: int) -> list[list[int]]:
 def _run(path: str, prompts: list[list[int]], **kwargs) -> dict:
     params = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
     with sgl.Engine(
-        model_path=path, dtype="float32", chunked_prefill_size=16, max_total_tokens=MAX_TOTAL,
-        num_threads=1, log_level="warning", **kwargs,
-    ) as llm:  # fmt: skip
+        model_path=path,
+        dtype="float32",
+        chunked_prefill_size=16,
+        max_total_tokens=MAX_TOTAL,
+        num_threads=1,
+        log_level="warning",
+        **kwargs,
+    ) as llm:
         first = llm.generate(input_ids=prompts, sampling_params=params, return_logprob=True)
         again = llm.generate(input_ids=prompts[2], sampling_params=params, return_logprob=True)
         state_after_hit = llm.get_server_info()["internal_states"][0]

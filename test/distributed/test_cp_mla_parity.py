@@ -22,25 +22,53 @@ from dist_spawn import run_ranks
 from sglang.srt.distributed.parallel_layout import ParallelLayout
 from sglang.srt.distributed.parallel_state import ParallelGroups
 from sglang.test.cp_moe_driver import generate, score_counts
-from sglang.test.tiny_moe_models import deepseek_v3_config, deepseek_v32_config, qwen3_moe_config, save_random_model
+from sglang.test.tiny_moe_models import (
+    deepseek_v3_config,
+    deepseek_v32_config,
+    qwen3_moe_config,
+    save_random_model,
+)
 
 pytestmark = pytest.mark.slow  # spawns gloo ranks and builds engines
 
 TOL = 1e-4
 NEW_TOKENS = 16
-MODELS = {"v32": lambda: deepseek_v32_config(index_topk=8), "v3": deepseek_v3_config, "qwen3moe": qwen3_moe_config}
+MODELS = {
+    "v32": lambda: deepseek_v32_config(index_topk=8),
+    "v3": deepseek_v3_config,
+    "qwen3moe": qwen3_moe_config,
+}
 # (layout name, ParallelLayout kwargs, runs: (model, strategy, page, interleave))
 CP2 = [
     ("cp2", dict(tp=2, attn_cp=2), [(m, s, 1, 1) for m in MODELS for s in ("zigzag", "round-robin")]),
-    ("cp2-ep2", dict(tp=2, attn_cp=2, moe_ep=2), [("v32", "zigzag", 1, 1), ("qwen3moe", "round-robin", 1, 1)]),
+    (
+        "cp2-ep2",
+        dict(tp=2, attn_cp=2, moe_ep=2),
+        [("v32", "zigzag", 1, 1), ("qwen3moe", "round-robin", 1, 1)],
+    ),
 ]
 CP4 = [
-    ("cp4", dict(tp=4, attn_cp=4), [("v32", "zigzag", 2, 2), ("v32", "round-robin", 1, 1), ("v3", "zigzag", 1, 1),
-                                    ("v3", "round-robin", 2, 2), ("qwen3moe", "zigzag", 1, 1),
-                                    ("qwen3moe", "round-robin", 2, 2)]),
+    (
+        "cp4",
+        dict(tp=4, attn_cp=4),
+        [
+            ("v32", "zigzag", 2, 2),
+            ("v32", "round-robin", 1, 1),
+            ("v3", "zigzag", 1, 1),
+            ("v3", "round-robin", 2, 2),
+            ("qwen3moe", "zigzag", 1, 1),
+            ("qwen3moe", "round-robin", 2, 2),
+        ],
+    ),
     ("tp4-cp2", dict(tp=4, attn_cp=2, moe_ep=2), [("v32", "zigzag", 1, 1), ("qwen3moe", "zigzag", 1, 1)]),
 ]
-PP2CP2 = [("pp2-cp2", dict(pp=2, tp=2, attn_cp=2), [(m, "zigzag", 1, 1) for m in MODELS] + [("v32", "round-robin", 1, 1)])]
+PP2CP2 = [
+    (
+        "pp2-cp2",
+        dict(pp=2, tp=2, attn_cp=2),
+        [(m, "zigzag", 1, 1) for m in MODELS] + [("v32", "round-robin", 1, 1)],
+    )
+]
 
 
 def _body(rank: int, world_size: int, paths: dict[str, str], layouts: list, counts: bool) -> dict:
@@ -86,7 +114,9 @@ def _check(results: list[dict], layouts: list, reference: dict) -> None:
                 assert got["tokens"] == ref["tokens"], (tag, rank)
                 assert len(got["logits"]) == len(ref["logits"])
                 for step, (a, b) in enumerate(zip(got["logits"], ref["logits"])):
-                    torch.testing.assert_close(a, b, atol=TOL, rtol=0, msg=lambda m: f"{tag} rank {rank} step {step}: {m}")
+                    torch.testing.assert_close(
+                        a, b, atol=TOL, rtol=0, msg=lambda m: f"{tag} rank {rank} step {step}: {m}"
+                    )
             cp = sizes["attn_cp"]
             attn_tp = sizes["tp"] // cp
             # each latent / KV row on exactly one cp rank (attn_tp peers hold the same rows)
@@ -114,10 +144,14 @@ def test_cp2_indexer_scores_only_own_work(cp2_results, reference):
     got = [r["counts"] for r in cp2_results]
     assert all(g["tokens"] == ref["tokens"] for g in got)
     rows = [g["prefill"]["rows"] for g in got]
-    assert sum(rows) == ref["prefill"]["rows"] and max(rows) <= ref["prefill"]["rows"] // 2 + ref["layers"], rows
+    assert (
+        sum(rows) == ref["prefill"]["rows"] and max(rows) <= ref["prefill"]["rows"] // 2 + ref["layers"]
+    ), rows
     assert sum(g["prefill"]["pairs"] for g in got) == ref["prefill"]["pairs"]
     pairs = [g["decode"]["pairs"] for g in got]
-    assert sum(pairs) == ref["decode"]["pairs"] and max(pairs) <= ref["decode"]["pairs"] // 2 + 3 * ref["layers"], pairs
+    assert (
+        sum(pairs) == ref["decode"]["pairs"] and max(pairs) <= ref["decode"]["pairs"] // 2 + 3 * ref["layers"]
+    ), pairs
 
 
 def test_cp4_matches_single_rank(checkpoints, reference):

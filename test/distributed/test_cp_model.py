@@ -91,7 +91,11 @@ def test_cp_model_matches_single_rank(cp, checkpoints, reference):
             assert len(got["logits"]) == len(ref["logits"])
             for step, (a, b) in enumerate(zip(got["logits"], ref["logits"])):
                 torch.testing.assert_close(
-                    a, b, atol=TOL, rtol=0, msg=lambda m: f"{name} {strategy} cp={cp} rank {rank} step {step}: {m}"
+                    a,
+                    b,
+                    atol=TOL,
+                    rtol=0,
+                    msg=lambda m: f"{name} {strategy} cp={cp} rank {rank} step {step}: {m}",
                 )
         rows = [results[r][run]["rows"] for r in range(cp)]
         assert sum(rows) == ref["rows"], (name, strategy, rows)  # each token stored once
@@ -110,7 +114,9 @@ def test_pp2_cp2_matches_single_rank(checkpoints, reference):
     for rank, got in enumerate(results):
         assert got["tokens"] == ref["tokens"], rank
         for step, (a, b) in enumerate(zip(got["logits"], ref["logits"])):
-            torch.testing.assert_close(a, b, atol=TOL, rtol=0, msg=lambda m: f"pp2 cp2 rank {rank} step {step}: {m}")
+            torch.testing.assert_close(
+                a, b, atol=TOL, rtol=0, msg=lambda m: f"pp2 cp2 rank {rank} step {step}: {m}"
+            )
     # proxies stay sharded: on a prefill step each stage-0 rank sends only its share of the tokens
     for rank in (0, 1):  # stage 0
         sent = results[rank]["proxy_rows"]

@@ -21,7 +21,9 @@ pytestmark = pytest.mark.slow  # spawns gloo ranks and builds engines
 
 NEW_TOKENS = 16
 TOL = 1e-4
-ENGINE = dict(dtype="float32", chunked_prefill_size=16, max_total_tokens=4096, num_threads=1, log_level="warning")
+ENGINE = dict(
+    dtype="float32", chunked_prefill_size=16, max_total_tokens=4096, num_threads=1, log_level="warning"
+)
 # cp 2 alone, round-robin and ep 2 are covered on hand-built batches (test_cp_mla_parity.py)
 CONFIGS = {"pp2-cp2": dict(cp_size=2, pp_size=2, cp_strategy="zigzag")}
 

@@ -31,7 +31,9 @@ TOL = 1e-4
 LENS = (7, 45, 19)
 NEW_TOKENS = (16, 5, 10)  # the requests finish at different steps
 CHUNK = 32
-ENGINE = dict(dtype="float32", chunked_prefill_size=CHUNK, max_total_tokens=2048, num_threads=1, log_level="warning")
+ENGINE = dict(
+    dtype="float32", chunked_prefill_size=CHUNK, max_total_tokens=2048, num_threads=1, log_level="warning"
+)
 DP = dict(dp_size=2, enable_dp_attention=True)
 
 
@@ -47,7 +49,9 @@ def _reference(path: str, prompts: list[list[int]], new_tokens, **kw) -> list[tu
     out = []
     for rid in rids:
         ids = ref.outputs[rid]
-        out.append((ids, [float(torch.log_softmax(lg.float(), -1)[t]) for lg, t in zip(ref.logits[rid], ids)]))
+        out.append(
+            (ids, [float(torch.log_softmax(lg.float(), -1)[t]) for lg, t in zip(ref.logits[rid], ids)])
+        )
     return out
 
 
@@ -86,12 +90,16 @@ def smollm2():
 def test_smollm2_tp2_dp2_matches_single_rank(smollm2, dense_tp):
     path, prompts, alone, ref, ref_alone = smollm2
     with sgl.Engine(model_path=path, tp_size=2, moe_dense_tp_size=dense_tp, **DP, **ENGINE) as llm:
-        outs = llm.generate(input_ids=prompts, sampling_params=[_params(n) for n in NEW_TOKENS], return_logprob=True)
+        outs = llm.generate(
+            input_ids=prompts, sampling_params=[_params(n) for n in NEW_TOKENS], return_logprob=True
+        )
         for i, (got, r) in enumerate(zip(outs, ref)):
             _check(got, r, f"prompt {i}")
         # round robin: prompts 0 and 2 went to replica 0, prompt 1 to replica 1; the next request
         # goes to replica 1, which holds prompt 1's prefix
-        again = llm.generate(input_ids=prompts[1], sampling_params=_params(NEW_TOKENS[1]), return_logprob=True)
+        again = llm.generate(
+            input_ids=prompts[1], sampling_params=_params(NEW_TOKENS[1]), return_logprob=True
+        )
         _check(again, ref[1], "radix hit")
         assert again["meta_info"]["cached_tokens"] == len(prompts[1]) - 1
         before = _assert_pools_back(llm, "after the batch")
@@ -130,7 +138,9 @@ def test_mla_moe_dp2_matches_single_rank(mla_models, name):
     paths, prompts, refs = mla_models
     model, layout = MLA_CONFIGS[name]
     with sgl.Engine(model_path=paths[model], **layout, **DP, **ENGINE) as llm:
-        outs = llm.generate(input_ids=prompts, sampling_params=[_params(n) for n in NEW_TOKENS], return_logprob=True)
+        outs = llm.generate(
+            input_ids=prompts, sampling_params=[_params(n) for n in NEW_TOKENS], return_logprob=True
+        )
         for i, (got, r) in enumerate(zip(outs, refs[model])):
             _check(got, r, f"{name} prompt {i}")
         states = _assert_pools_back(llm, name)

@@ -59,8 +59,9 @@ def _build(path: str, groups: ParallelGroups):
     hf_config = ModelConfig(path).hf_config
     model = ModelRegistry.resolve(hf_config.architectures)(hf_config, groups, torch.float32).eval()
     model.load_weights(iter_safetensors_weights(path))
-    harness = ForwardHarness(hf_config, torch.float32, max_total_tokens=512, max_context_len=128,
-                             tp_size=groups.attn_tp.size)  # fmt: skip
+    harness = ForwardHarness(
+        hf_config, torch.float32, max_total_tokens=512, max_context_len=128, tp_size=groups.attn_tp.size
+    )
     harness.token_to_kv_pool = model.create_kv_pool(512, 1, torch.float32)
     return model, harness, hf_config
 
@@ -142,7 +143,9 @@ def _check(got_by_rank: list[dict], reference: dict, layouts: dict, ranks_per_re
                 assert out["tokens"] == ref["tokens"], (name, model, d)
                 assert len(out["logits"]) == len(ref["logits"])
                 for step, (a, b) in enumerate(zip(out["logits"], ref["logits"])):
-                    torch.testing.assert_close(a, b, atol=TOL, rtol=0, msg=lambda m: f"{name} {model} replica {d} step {step}: {m}")
+                    torch.testing.assert_close(
+                        a, b, atol=TOL, rtol=0, msg=lambda m: f"{name} {model} replica {d} step {step}: {m}"
+                    )
             if d == 1:  # the short replica idled while replica 0 still had work
                 assert all(out["idle_steps"] > 0 for out in got.values()), name
 

@@ -38,7 +38,9 @@ def checkpoint(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def reference(checkpoint) -> dict:
-    return generate(checkpoint, ParallelGroups.single(), "zigzag", NEW_TOKENS, attention_backend="torch_native")
+    return generate(
+        checkpoint, ParallelGroups.single(), "zigzag", NEW_TOKENS, attention_backend="torch_native"
+    )
 
 
 def _same(got: dict, ref: dict, tag: str) -> None:
@@ -60,7 +62,9 @@ def test_dsa_backend_cp1_matches_reference(checkpoint, reference):
 
 def test_dsa_backend_paged_blocks_match_reference(checkpoint, reference):
     """Pool pages of 4 become the ops' PA_BSND blocks (block table of page ids)."""
-    got = generate(checkpoint, ParallelGroups.single(), "zigzag", NEW_TOKENS, page_size=4, attention_backend="dsa")
+    got = generate(
+        checkpoint, ParallelGroups.single(), "zigzag", NEW_TOKENS, page_size=4, attention_backend="dsa"
+    )
     _same(got, reference, "cp1 dsa page 4")
 
 
@@ -79,19 +83,29 @@ def test_dsa_backend_cp2_matches_reference(checkpoint, reference):
 @pytest.fixture(scope="module")
 def checkpoint6(tmp_path_factory) -> str:
     path = str(tmp_path_factory.mktemp("dsa_backend_ckpt6") / "v32")
-    cfg = DeepseekV32Config(q_lora_rank=32, index_n_heads=16, index_head_dim=32, index_topk=8,
-                            **{**DEEPSEEK_SIZES, "num_hidden_layers": 6})  # fmt: skip
+    cfg = DeepseekV32Config(
+        q_lora_rank=32,
+        index_n_heads=16,
+        index_head_dim=32,
+        index_topk=8,
+        **{**DEEPSEEK_SIZES, "num_hidden_layers": 6},
+    )
     save_random_model(cfg, path, seed=12)
     return path
 
 
 def _shard(rank: int, world_size: int, path: str) -> list:
     groups = ParallelGroups.build(ParallelLayout(tp=2, attn_cp=2), rank)
-    return [generate(path, groups, "zigzag", NEW_TOKENS, attention_backend="dsa", shard_linear=on) for on in (False, True)]
+    return [
+        generate(path, groups, "zigzag", NEW_TOKENS, attention_backend="dsa", shard_linear=on)
+        for on in (False, True)
+    ]
 
 
 def test_shard_linear_cp2_identical_and_smaller(checkpoint6):
-    ref = generate(checkpoint6, ParallelGroups.single(), "zigzag", NEW_TOKENS, attention_backend="torch_native")
+    ref = generate(
+        checkpoint6, ParallelGroups.single(), "zigzag", NEW_TOKENS, attention_backend="torch_native"
+    )
     results = run_ranks(_shard, 2, args=(checkpoint6,), timeout=500)
     per_layer = None
     for rank, (off, on) in enumerate(results):

@@ -121,7 +121,15 @@ def test_groups_pp2_tp2():
     res = run_ranks(_body, 4, args=(layout, "pp"))
     assert [r["entry"] for r in res] == [True, False, False, False]
     assert [r["ring_from"] for r in res] == [2, 3, 0, 1]  # pp ring: stage 1 <-> stage 0, same tp rank
-    assert res[0]["sizes"] == {"tp": 2, "pp": 2, "attn_dp": 1, "attn_cp": 1, "attn_tp": 2, "moe_ep": 1, "moe_tp": 2}
+    assert res[0]["sizes"] == {
+        "tp": 2,
+        "pp": 2,
+        "attn_dp": 1,
+        "attn_cp": 1,
+        "attn_tp": 2,
+        "moe_ep": 1,
+        "moe_tp": 2,
+    }
     assert not res[0]["shared_tp_world"]
 
 
@@ -137,5 +145,13 @@ def test_groups_tp4_cp2():
     layout = ParallelLayout(tp=4, attn_cp=2, moe_ep=2)
     res = run_ranks(_body, 4, args=(layout, "tp"))
     assert [r["ring_from"] for r in res] == [3, 0, 1, 2]
-    assert res[3]["sizes"] == {"tp": 4, "pp": 1, "attn_dp": 1, "attn_cp": 2, "attn_tp": 2, "moe_ep": 2, "moe_tp": 2}
+    assert res[3]["sizes"] == {
+        "tp": 4,
+        "pp": 1,
+        "attn_dp": 1,
+        "attn_cp": 2,
+        "attn_tp": 2,
+        "moe_ep": 2,
+        "moe_tp": 2,
+    }
     assert res[0]["shared_tp_world"]  # same rank set -> the same process groups, created once

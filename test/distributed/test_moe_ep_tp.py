@@ -45,7 +45,9 @@ def generate(path: str, groups: ParallelGroups, weights: str = "ckpt", new_token
         init_dummy_weights(model, seed=3)
     else:
         model.load_weights(iter_safetensors_weights(path))
-    h = ForwardHarness(hf_config, torch.float32, max_total_tokens=512, max_context_len=128, tp_size=groups.tp.size)
+    h = ForwardHarness(
+        hf_config, torch.float32, max_total_tokens=512, max_context_len=128, tp_size=groups.tp.size
+    )
     h.token_to_kv_pool = model.create_kv_pool(512, 1, torch.float32)
     gen = torch.Generator().manual_seed(5)
     prompts = [torch.randint(3, hf_config.vocab_size, (n,), generator=gen).tolist() for n in PROMPT_LENS]
@@ -60,8 +62,17 @@ def generate(path: str, groups: ParallelGroups, weights: str = "ckpt", new_token
 
 def _moe_block(groups: ParallelGroups, tokens_replicated: bool) -> SparseMoeBlock:
     topk = TopKConfig(top_k=2, scoring_func="sigmoid", renormalize=True, num_expert_group=2, topk_group=1)
-    block = SparseMoeBlock(32, 4, 16, topk, groups, torch.float32, shared_intermediate_size=16,
-                           correction_bias=True, tokens_replicated=tokens_replicated)
+    block = SparseMoeBlock(
+        32,
+        4,
+        16,
+        topk,
+        groups,
+        torch.float32,
+        shared_intermediate_size=16,
+        correction_bias=True,
+        tokens_replicated=tokens_replicated,
+    )
     g = torch.Generator().manual_seed(9)
     block.gate.weight.data.normal_(0, 0.5, generator=g)
     block.gate.e_score_correction_bias.data.normal_(0, 0.1, generator=g)
@@ -71,7 +82,9 @@ def _moe_block(groups: ParallelGroups, tokens_replicated: bool) -> SparseMoeBloc
             block.experts.weight_loader(param, torch.randn(shape, generator=g) * 0.3, (shard, e))
     shared = block.shared_experts
     for i in range(2):
-        shared.gate_up_proj.weight_loader(shared.gate_up_proj.weight, torch.randn(16, 32, generator=g) * 0.3, i)
+        shared.gate_up_proj.weight_loader(
+            shared.gate_up_proj.weight, torch.randn(16, 32, generator=g) * 0.3, i
+        )
     shared.down_proj.weight_loader(shared.down_proj.weight, torch.randn(32, 16, generator=g) * 0.3)
     return block
 
@@ -122,4 +135,6 @@ def test_ep_and_moe_tp_match_single_rank(checkpoints):
             assert out["tokens"] == ref["tokens"], (layout, model)
             assert len(out["logits"]) == len(ref["logits"])
             for step, (a, b) in enumerate(zip(out["logits"], ref["logits"])):
-                torch.testing.assert_close(a, b, atol=TOL, rtol=0, msg=lambda m: f"{layout} {model} step {step}: {m}")
+                torch.testing.assert_close(
+                    a, b, atol=TOL, rtol=0, msg=lambda m: f"{layout} {model} step {step}: {m}"
+                )

@@ -64,7 +64,9 @@ def _policy_rank_main(rank: int, world_size: int, kwargs: dict) -> dict:
     state = {"type": type(policy).__name__, "plan_16k": policy.plan_chunks(16384) if policy else None}
     if hasattr(policy, "to_dict"):
         state["dict"] = policy.to_dict()
-    state["budget_used_by_scheduler"] = pp.scheduler is not None and pp.scheduler.policy.chunk_budget is not None
+    state["budget_used_by_scheduler"] = (
+        pp.scheduler is not None and pp.scheduler.policy.chunk_budget is not None
+    )
     pp.run(stop=io.finished if io is not None else None)
     return state
 
@@ -80,8 +82,14 @@ def setup(tmp_path_factory):
         [req("long", long1, 6), req("odd", prompt(701), 6), req("short", prompt(9), 8)],
         [req("radix-extend", long1 + prompt(333), 5)],  # first chunk starts after a cached prefix
     ]
-    base = dict(model_path=path, dtype="float32", num_threads=1, chunked_prefill_size=C, max_total_tokens=8192,
-                log_level="warning")  # fmt: skip
+    base = dict(
+        model_path=path,
+        dtype="float32",
+        num_threads=1,
+        chunked_prefill_size=C,
+        max_total_tokens=8192,
+        log_level="warning",
+    )
     ref = run_single_rank(base, waves)["outputs"]
     return base, waves, ref
 
@@ -100,8 +108,11 @@ def _chunks(trace: str, rid: str) -> list[tuple[int, int]]:
     """(prefix_len, chunk_len) of the stage-0 forwards that ran a prefill chunk of `rid` alone."""
     events = merge_trace(trace)["traceEvents"]
     fwd = [e for e in events if e["ph"] == "X" and e["name"] == "forward" and e["pid"] == 0]
-    return [(e["args"]["prefix_lens"][0], e["args"]["extend_lens"][0]) for e in fwd
-            if e["args"]["rids"] == [rid] and e["args"]["extend_lens"][0] > 1]
+    return [
+        (e["args"]["prefix_lens"][0], e["args"]["extend_lens"][0])
+        for e in fwd
+        if e["args"]["rids"] == [rid] and e["args"]["extend_lens"][0] > 1
+    ]
 
 
 @pytest.mark.parametrize("mode", ["upstream", "auto"])
@@ -134,7 +145,13 @@ def test_pp2_dynamic_chunking_parity(setup, tmp_path, mode):
 def test_every_rank_fits_the_same_policy(setup):
     """Real profiling on both stages of pp = 2 × tp = 2: all four ranks agree on the fit."""
     base, _, _ = setup
-    kwargs = {**base, "pp_size": 2, "tp_size": 2, "enable_dynamic_chunking": True, "chunked_prefill_size": 128}
+    kwargs = {
+        **base,
+        "pp_size": 2,
+        "tp_size": 2,
+        "enable_dynamic_chunking": True,
+        "chunked_prefill_size": 128,
+    }
     states = run_ranks(_policy_rank_main, 4, args=(kwargs,), timeout=180)
     assert all(s["type"] == "ChunkSizePredictor" for s in states)
     assert all(s == {**states[0], "budget_used_by_scheduler": s["budget_used_by_scheduler"]} for s in states)
@@ -146,8 +163,12 @@ def test_flags_parse_and_validate():
     from sglang.srt.managers.dynamic_chunking import build_chunk_policy
     from sglang.srt.server_args import ServerArgs, prepare_server_args
 
-    args = prepare_server_args(["--enable-dynamic-chunking", "--dynamic-chunking-mode", "auto", "--pp-size", "2"])
+    args = prepare_server_args(
+        ["--enable-dynamic-chunking", "--dynamic-chunking-mode", "auto", "--pp-size", "2"]
+    )
     assert args.enable_dynamic_chunking and args.dynamic_chunking_mode == "auto"
     with pytest.raises(ValueError, match="dynamic-chunking-mode"):
         ServerArgs(dynamic_chunking_mode="fast").validate()
-    assert build_chunk_policy(ServerArgs(enable_dynamic_chunking=True, pp_size=1)) is None  # warns, fixed chunks
+    assert (
+        build_chunk_policy(ServerArgs(enable_dynamic_chunking=True, pp_size=1)) is None
+    )  # warns, fixed chunks

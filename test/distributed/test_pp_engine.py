@@ -37,7 +37,10 @@ def _prompts(path: str) -> list[list[int]]:
 def test_engine_pp2_matches_single_rank(checkpoint):
     prompts = _prompts(checkpoint)
     common = dict(model_path=checkpoint, dtype="float32", chunked_prefill_size=16, max_total_tokens=4096)
-    waves = [[req(f"r{i}", p, NEW_TOKENS) for i, p in enumerate(prompts)], [req("again", prompts[2], NEW_TOKENS)]]
+    waves = [
+        [req(f"r{i}", p, NEW_TOKENS) for i, p in enumerate(prompts)],
+        [req("again", prompts[2], NEW_TOKENS)],
+    ]
     ref = run_single_rank({**common, "num_threads": 1}, waves)["outputs"]
 
     params = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
@@ -45,7 +48,9 @@ def test_engine_pp2_matches_single_rank(checkpoint):
         first = llm.generate(input_ids=prompts, sampling_params=params, return_logprob=True)
         again = llm.generate(input_ids=prompts[2], sampling_params=params, return_logprob=True)
         # a stream closed after two chunks aborts its request, wherever it is in the ring
-        stream = llm.generate(input_ids=prompts[1], sampling_params={**params, "max_new_tokens": 2000}, stream=True)
+        stream = llm.generate(
+            input_ids=prompts[1], sampling_params={**params, "max_new_tokens": 2000}, stream=True
+        )
         next(stream), next(stream)
         stream.close()
         deadline = time.monotonic() + 20
@@ -71,7 +76,9 @@ def test_bad_partitions_fail_before_start(checkpoint, monkeypatch):
     with pytest.raises(ValueError, match=r"--pp-size 5 is larger than the model's number of layers \(4\)"):
         sgl.Engine(model_path=checkpoint, pp_size=5)
     monkeypatch.setenv("SGLANG_PP_LAYER_PARTITION", "1,1,1")
-    with pytest.raises(ValueError, match=r"SGLANG_PP_LAYER_PARTITION=1,1,1 sums to 3 but the model has 4 layers"):
+    with pytest.raises(
+        ValueError, match=r"SGLANG_PP_LAYER_PARTITION=1,1,1 sums to 3 but the model has 4 layers"
+    ):
         sgl.Engine(model_path=checkpoint, pp_size=3)
     monkeypatch.setenv("SGLANG_PP_LAYER_PARTITION", "2,2")
     with pytest.raises(ValueError, match=r"has 2 entries but --pp-size is 3"):

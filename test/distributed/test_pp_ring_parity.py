@@ -38,7 +38,12 @@ def _workload(vocab: int) -> tuple[list[list], list[When]]:
 
     short, long1, mid, long2, late = prompt(5), prompt(41), prompt(23), prompt(60), prompt(30)
     waves = [
-        [req("short", short, 20), req("long", long1, 12), req("mid", mid, 16), req("abort-prefill", long2, 16)],
+        [
+            req("short", short, 20),
+            req("long", long1, 12),
+            req("mid", mid, 16),
+            req("abort-prefill", long2, 16),
+        ],
         [
             req("radix-hit", long1, 8),
             req("radix-extend", long1 + prompt(9), 8),
@@ -61,8 +66,14 @@ def setup(request, tmp_path_factory):
     path = str(write_random_checkpoint(src, tmp_path_factory.mktemp(request.param), seed=7))
     vocab = json.load(open(os.path.join(path, "config.json")))["vocab_size"]
     waves, triggers = _workload(vocab)
-    base = dict(model_path=path, dtype="float32", num_threads=1, chunked_prefill_size=16, max_total_tokens=2048,
-                log_level="warning")  # fmt: skip
+    base = dict(
+        model_path=path,
+        dtype="float32",
+        num_threads=1,
+        chunked_prefill_size=16,
+        max_total_tokens=2048,
+        log_level="warning",
+    )
     return request.param, base, waves, triggers, run_single_rank(base, waves, triggers)
 
 
@@ -120,7 +131,9 @@ def test_pp2_mixed_workload_and_trace(setup, tmp_path):
     assert mixed, "no micro-batch mixed decodes with a prefill chunk"
     assert {e["name"] for e in events if e["pid"] == 1} >= {"forward", "recv wait", "send"}
 
-    spec = importlib.util.spec_from_file_location("pp_trace_report", os.path.join(REPO, "benchmark/pp/trace_report.py"))
+    spec = importlib.util.spec_from_file_location(
+        "pp_trace_report", os.path.join(REPO, "benchmark/pp/trace_report.py")
+    )
     report_mod = importlib.util.module_from_spec(spec)
     sys.modules["pp_trace_report"] = report_mod  # dataclasses look their module up
     spec.loader.exec_module(report_mod)
@@ -175,7 +188,9 @@ def test_pp2_tp2(setup):
     _check_same(ref["outputs"], results[0]["outputs"])
     _check_kv_released(results[0])
     # the other rank of stage 0 is a mirror: same micro-batches, same state
-    mirror = lambda r: ({k: v for k, v in r["stats"].items() if k != "output_waits"},  # noqa: E731
-                        {k: v for k, v in r["state"].items() if k != "pp_bubble_ratio"})  # entry-rank only
+    mirror = lambda r: (
+        {k: v for k, v in r["stats"].items() if k != "output_waits"},  # noqa: E731
+        {k: v for k, v in r["state"].items() if k != "pp_bubble_ratio"},
+    )  # entry-rank only
     assert mirror(results[1]) == mirror(results[0])
     assert results[2]["micro_batches"] == results[3]["micro_batches"] == results[0]["stats"]["micro_batches"]

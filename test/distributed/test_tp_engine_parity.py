@@ -28,9 +28,14 @@ def _prompts(vocab: int) -> list[list[int]]:
 def _run(path: str, tp: int, prompts: list[list[int]]) -> list[dict]:
     params = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
     with sgl.Engine(
-        model_path=path, dtype="float32", tp_size=tp, chunked_prefill_size=16, max_total_tokens=4096,
-        num_threads=1, log_level="warning",
-    ) as llm:  # fmt: skip
+        model_path=path,
+        dtype="float32",
+        tp_size=tp,
+        chunked_prefill_size=16,
+        max_total_tokens=4096,
+        num_threads=1,
+        log_level="warning",
+    ) as llm:
         first = llm.generate(input_ids=prompts, sampling_params=params, return_logprob=True)
         again = llm.generate(input_ids=prompts[2], sampling_params=params, return_logprob=True)
     return first + [again]

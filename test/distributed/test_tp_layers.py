@@ -87,8 +87,16 @@ def _check_qkv_and_o(tp, heads: int, kv: int, x: torch.Tensor) -> str:
 def _check_mlp(tp, x: torch.Tensor) -> None:
     inter = 6 * tp.size
     gen = torch.Generator().manual_seed(7)
-    gate, up, down = torch.randn(inter, HIDDEN, generator=gen), torch.randn(inter, HIDDEN, generator=gen), torch.randn(HIDDEN, inter, generator=gen)
-    bg, bu, bd = torch.randn(inter, generator=gen), torch.randn(inter, generator=gen), torch.randn(HIDDEN, generator=gen)
+    gate, up, down = (
+        torch.randn(inter, HIDDEN, generator=gen),
+        torch.randn(inter, HIDDEN, generator=gen),
+        torch.randn(HIDDEN, inter, generator=gen),
+    )
+    bg, bu, bd = (
+        torch.randn(inter, generator=gen),
+        torch.randn(inter, generator=gen),
+        torch.randn(HIDDEN, generator=gen),
+    )
     gu = MergedColumnParallelLinear(HIDDEN, [inter, inter], bias=True, tp=tp)
     gu.weight.weight_loader(gu.weight, gate, 0)
     gu.weight.weight_loader(gu.weight, up, 1)
@@ -169,6 +177,13 @@ def test_tp_layers_match_unsharded_reference(tp_size):
     expected = {
         2: {"9/3": "error", "4/2": "ok", "8/1": "replicated x2", "6/6": "ok", "12/4": "ok", "6/3": "error"},
         3: {"9/3": "ok", "4/2": "error", "8/1": "error", "6/6": "ok", "12/4": "error", "6/3": "ok"},
-        4: {"9/3": "error", "4/2": "replicated x2", "8/1": "replicated x4", "6/6": "error", "12/4": "ok", "6/3": "error"},
+        4: {
+            "9/3": "error",
+            "4/2": "replicated x2",
+            "8/1": "replicated x4",
+            "6/6": "error",
+            "12/4": "ok",
+            "6/3": "error",
+        },
     }[tp_size]
     assert qkv == expected

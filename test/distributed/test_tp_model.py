@@ -51,7 +51,9 @@ def _build(path: str, groups: ParallelGroups, weights: str):
 def generate(path: str, groups: ParallelGroups, weights: str = "ckpt", new_tokens: int = NEW_TOKENS) -> dict:
     """Chunked prefill (decodes of finished prompts ride along) then greedy decoding; every step's logits."""
     model, hf_config = _build(path, groups, weights)
-    harness = ForwardHarness(hf_config, torch.float32, max_total_tokens=512, max_context_len=128, tp_size=groups.tp.size)
+    harness = ForwardHarness(
+        hf_config, torch.float32, max_total_tokens=512, max_context_len=128, tp_size=groups.tp.size
+    )
     prompts = _prompts(hf_config.vocab_size)
     reqs = [harness.new_request() for _ in prompts]
 
@@ -104,4 +106,6 @@ def test_tp_matches_single_rank(tp_size, checkpoints, reference):
         assert out["tokens"] == ref["tokens"], name
         assert len(out["logits"]) == len(ref["logits"])
         for step, (a, b) in enumerate(zip(out["logits"], ref["logits"])):
-            torch.testing.assert_close(a, b, atol=TOL, rtol=0, msg=lambda m: f"{name} tp={tp_size} step {step}: {m}")
+            torch.testing.assert_close(
+                a, b, atol=TOL, rtol=0, msg=lambda m: f"{name} tp={tp_size} step {step}: {m}"
+            )

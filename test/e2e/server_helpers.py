@@ -63,7 +63,9 @@ class ServerHandle:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     def client(self, **kwargs) -> httpx.Client:
-        return httpx.Client(base_url=self.url, headers=self.headers, timeout=kwargs.pop("timeout", 60.0), **kwargs)
+        return httpx.Client(
+            base_url=self.url, headers=self.headers, timeout=kwargs.pop("timeout", 60.0), **kwargs
+        )
 
     def log(self) -> str:
         return Path(self.log_path).read_text(errors="replace")[-4000:]
@@ -91,10 +93,20 @@ def launch_server(
     port = free_port()
     log = tempfile.NamedTemporaryFile(prefix="sglang-e2e-", suffix=".log", delete=False)
     cmd = [
-        sys.executable, *entry,
-        "--model-path", model, "--load-format", "dummy", "--dtype", "float32",
-        "--port", str(port), "--log-level", "warning", *extra_args,
-    ]  # fmt: skip
+        sys.executable,
+        *entry,
+        "--model-path",
+        model,
+        "--load-format",
+        "dummy",
+        "--dtype",
+        "float32",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        *extra_args,
+    ]
     if api_key:
         cmd += ["--api-key", api_key]
     full_env = {**os.environ, **(env or {})}
@@ -103,7 +115,9 @@ def launch_server(
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            pytest.fail(f"server exited with {proc.returncode} during start-up; log {log.name}:\n{handle.log()}")
+            pytest.fail(
+                f"server exited with {proc.returncode} during start-up; log {log.name}:\n{handle.log()}"
+            )
         try:
             if httpx.get(f"{handle.url}/health", timeout=1.0).status_code == 200:
                 return handle
@@ -145,9 +159,13 @@ def openai_answers(handle: ServerHandle) -> dict:
     full length). Two servers of the same model must give equal dicts (parallel vs single rank)."""
     import openai
 
-    client = openai.OpenAI(base_url=handle.url + "/v1", api_key=handle.api_key or "none", max_retries=0, timeout=120)
+    client = openai.OpenAI(
+        base_url=handle.url + "/v1", api_key=handle.api_key or "none", max_retries=0, timeout=120
+    )
     common = dict(model="default", temperature=0, extra_body={"ignore_eos": True})
-    chat = client.chat.completions.create(messages=[{"role": "user", "content": "hi there"}], max_tokens=8, **common)
+    chat = client.chat.completions.create(
+        messages=[{"role": "user", "content": "hi there"}], max_tokens=8, **common
+    )
     whole = client.completions.create(prompt="hello", max_tokens=6, **common)
     pieces = list(client.completions.create(prompt="hello", max_tokens=6, stream=True, **common))
     ids = client.completions.create(prompt=list(range(5, 5 + 37)), max_tokens=6, **common)

@@ -30,7 +30,9 @@ def run_tool(*args: str) -> str:
     proc = subprocess.run(
         [sys.executable, "-m", *args], cwd=str(REPO), capture_output=True, text=True, timeout=TOOL_TIMEOUT_S
     )
-    assert proc.returncode == 0, f"{args[0]} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert (
+        proc.returncode == 0
+    ), f"{args[0]} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc.stdout
 
 
@@ -55,10 +57,14 @@ def test_random_dataset_lengths(tokenizer) -> None:
 
 def test_sharegpt_and_shared_prefix_datasets(tokenizer, tmp_path) -> None:
     convs = [
-        {"conversations": [{"from": "human", "value": f"hello there number {i} how are you"},
-                           {"from": "gpt", "value": "fine thanks " * (i + 1)}]}
+        {
+            "conversations": [
+                {"from": "human", "value": f"hello there number {i} how are you"},
+                {"from": "gpt", "value": "fine thanks " * (i + 1)},
+            ]
+        }
         for i in range(5)
-    ] + [{"conversations": [{"from": "human", "value": "only one turn"}]}]  # fmt: skip
+    ] + [{"conversations": [{"from": "human", "value": "only one turn"}]}]
     path = tmp_path / "sharegpt.json"
     path.write_text(json.dumps(convs))
     rows = sample_sharegpt_requests(str(path), 10, tokenizer, np.random.default_rng(0))
@@ -77,7 +83,9 @@ def test_sharegpt_and_shared_prefix_datasets(tokenizer, tmp_path) -> None:
 
 def test_metric_formulas() -> None:
     outs = [
-        RequestFuncOutput(success=True, latency=1.0, ttft=0.1, itl=[0.3, 0.3, 0.3], prompt_len=10, output_len=4),
+        RequestFuncOutput(
+            success=True, latency=1.0, ttft=0.1, itl=[0.3, 0.3, 0.3], prompt_len=10, output_len=4
+        ),
         RequestFuncOutput(success=True, latency=2.0, ttft=0.5, itl=[1.5], prompt_len=20, output_len=2),
         RequestFuncOutput(success=False, error="boom", prompt_len=30),
     ]
@@ -96,13 +104,38 @@ def test_metric_formulas() -> None:
 def test_bench_serving_cli_sglang_backend(server, tmp_path) -> None:
     out_file = tmp_path / "serving.jsonl"
     stdout = run_tool(
-        "sglang.bench_serving", "--backend", "sglang", "--base-url", server.url, "--api-key", API_KEY,
-        "--dataset-name", "random", "--num-prompts", "8", "--random-input-len", "32", "--random-output-len", "6",
-        "--random-range-ratio", "1.0", "--max-concurrency", "3", "--output-file", str(out_file), "--output-details",
-    )  # fmt: skip
+        "sglang.bench_serving",
+        "--backend",
+        "sglang",
+        "--base-url",
+        server.url,
+        "--api-key",
+        API_KEY,
+        "--dataset-name",
+        "random",
+        "--num-prompts",
+        "8",
+        "--random-input-len",
+        "32",
+        "--random-output-len",
+        "6",
+        "--random-range-ratio",
+        "1.0",
+        "--max-concurrency",
+        "3",
+        "--output-file",
+        str(out_file),
+        "--output-details",
+    )
     assert "Serving Benchmark Result" in stdout
-    for label in ("Successful requests:", "Output token throughput (tok/s):", "Median TTFT (ms):", "P99 ITL (ms):",
-                  "P90 TPOT (ms):", "Mean E2E Latency (ms):"):  # fmt: skip
+    for label in (
+        "Successful requests:",
+        "Output token throughput (tok/s):",
+        "Median TTFT (ms):",
+        "P99 ITL (ms):",
+        "P90 TPOT (ms):",
+        "Mean E2E Latency (ms):",
+    ):
         assert label in stdout, label
     record = json.loads(out_file.read_text().splitlines()[-1])
     assert record["completed"] == 8 and record["failed"] == 0
@@ -119,17 +152,39 @@ def test_bench_serving_cli_sglang_backend(server, tmp_path) -> None:
 @pytest.mark.parametrize("backend", ["openai", "openai-chat"])
 def test_bench_serving_openai_backends(server, tmp_path, backend) -> None:
     convs = [
-        {"conversations": [{"from": "human", "value": f"tell me a story about the number {i}"},
-                           {"from": "gpt", "value": "once upon a time " * 2}]}
+        {
+            "conversations": [
+                {"from": "human", "value": f"tell me a story about the number {i}"},
+                {"from": "gpt", "value": "once upon a time " * 2},
+            ]
+        }
         for i in range(4)
-    ]  # fmt: skip
+    ]
     path = tmp_path / "sharegpt.json"
     path.write_text(json.dumps(convs))
     args = bench_serving.parse_args(
-        ["--backend", backend, "--base-url", server.url, "--api-key", API_KEY, "--dataset-name", "sharegpt",
-         "--dataset-path", str(path), "--num-prompts", "4", "--sharegpt-output-len", "5", "--request-rate", "50",
-         "--disable-tqdm", "--output-file", str(tmp_path / "out.jsonl")]
-    )  # fmt: skip
+        [
+            "--backend",
+            backend,
+            "--base-url",
+            server.url,
+            "--api-key",
+            API_KEY,
+            "--dataset-name",
+            "sharegpt",
+            "--dataset-path",
+            str(path),
+            "--num-prompts",
+            "4",
+            "--sharegpt-output-len",
+            "5",
+            "--request-rate",
+            "50",
+            "--disable-tqdm",
+            "--output-file",
+            str(tmp_path / "out.jsonl"),
+        ]
+    )
     record = bench_serving.run_benchmark(args)
     assert record["completed"] == 4 and record["total_output_tokens"] == 20
     assert record["request_rate"] == 50.0 and record["mean_ttft_ms"] > 0
@@ -138,10 +193,28 @@ def test_bench_serving_openai_backends(server, tmp_path, backend) -> None:
 
 def test_bench_serving_shared_prefix_dataset(server) -> None:
     args = bench_serving.parse_args(
-        ["--backend", "sglang", "--base-url", server.url, "--api-key", API_KEY, "--dataset-name",
-         "generated-shared-prefix", "--gsp-num-groups", "2", "--gsp-prompts-per-group", "3",
-         "--gsp-system-prompt-len", "48", "--gsp-question-len", "6", "--gsp-output-len", "3", "--disable-tqdm"]
-    )  # fmt: skip
+        [
+            "--backend",
+            "sglang",
+            "--base-url",
+            server.url,
+            "--api-key",
+            API_KEY,
+            "--dataset-name",
+            "generated-shared-prefix",
+            "--gsp-num-groups",
+            "2",
+            "--gsp-prompts-per-group",
+            "3",
+            "--gsp-system-prompt-len",
+            "48",
+            "--gsp-question-len",
+            "6",
+            "--gsp-output-len",
+            "3",
+            "--disable-tqdm",
+        ]
+    )
     record = bench_serving.run_benchmark(args)
     assert record["completed"] == 6 and record["total_output_tokens"] == 18
 
@@ -150,10 +223,24 @@ def test_bench_serving_shared_prefix_dataset(server) -> None:
 def test_bench_one_batch(tmp_path) -> None:
     out_file = tmp_path / "one_batch.jsonl"
     stdout = run_tool(
-        "sglang.bench_one_batch", "--model-path", TINY_LLAMA, "--load-format", "dummy", "--dtype", "float32",
-        "--batch-size", "2", "--input-len", "16", "--output-len", "4", "--result-filename", str(out_file),
-        "--log-level", "warning",
-    )  # fmt: skip
+        "sglang.bench_one_batch",
+        "--model-path",
+        TINY_LLAMA,
+        "--load-format",
+        "dummy",
+        "--dtype",
+        "float32",
+        "--batch-size",
+        "2",
+        "--input-len",
+        "16",
+        "--output-len",
+        "4",
+        "--result-filename",
+        str(out_file),
+        "--log-level",
+        "warning",
+    )
     assert "Prefill. latency:" in stdout and "Decode 0. Batch size: 2," in stdout
     assert "Decode.  median latency:" in stdout and "Total. latency:" in stdout
     record = json.loads(out_file.read_text().splitlines()[-1])
@@ -167,11 +254,28 @@ def test_bench_one_batch(tmp_path) -> None:
 def test_bench_offline_throughput(tmp_path) -> None:
     out_file = tmp_path / "offline.jsonl"
     stdout = run_tool(
-        "sglang.bench_offline_throughput", "--model-path", TINY_LLAMA, "--load-format", "dummy",
-        "--dtype", "float32", "--dataset-name", "random", "--num-prompts", "5", "--random-input-len", "24",
-        "--random-output-len", "7", "--random-range-ratio", "1.0", "--result-filename", str(out_file),
-        "--log-level", "warning",
-    )  # fmt: skip
+        "sglang.bench_offline_throughput",
+        "--model-path",
+        TINY_LLAMA,
+        "--load-format",
+        "dummy",
+        "--dtype",
+        "float32",
+        "--dataset-name",
+        "random",
+        "--num-prompts",
+        "5",
+        "--random-input-len",
+        "24",
+        "--random-output-len",
+        "7",
+        "--random-range-ratio",
+        "1.0",
+        "--result-filename",
+        str(out_file),
+        "--log-level",
+        "warning",
+    )
     assert "Offline Throughput Benchmark Result" in stdout and "Output token throughput (tok/s):" in stdout
     record = json.loads(out_file.read_text().splitlines()[-1])
     assert record["successful_requests"] == 5

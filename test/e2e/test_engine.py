@@ -84,7 +84,9 @@ def test_bad_input_raises_value_error(engine):
 def test_async_generate(engine):
     async def main():
         one = await engine.async_generate("Hello", {"max_new_tokens": 3, **GREEDY})
-        many = await asyncio.gather(*[engine.async_generate(f"p{i}", {"max_new_tokens": 2}) for i in range(4)])
+        many = await asyncio.gather(
+            *[engine.async_generate(f"p{i}", {"max_new_tokens": 2}) for i in range(4)]
+        )
         stream = await engine.async_generate("Hello", {"max_new_tokens": 3, **GREEDY}, stream=True)
         chunks = [c async for c in stream]
         return one, many, chunks
@@ -99,7 +101,9 @@ def test_sync_calls_from_threads(engine):
     results = []
 
     def work(i):
-        results.append(engine.generate(f"thread {i}", {"max_new_tokens": 2})["meta_info"]["completion_tokens"])
+        results.append(
+            engine.generate(f"thread {i}", {"max_new_tokens": 2})["meta_info"]["completion_tokens"]
+        )
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
     for t in threads:

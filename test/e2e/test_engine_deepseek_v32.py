@@ -46,7 +46,8 @@ def test_engine_tp2_ep2_matches_single_rank():
     )
     try:
         outs = engine.generate(
-            input_ids=prompts, sampling_params={"max_new_tokens": NEW_TOKENS, "temperature": 0.0, "ignore_eos": True}
+            input_ids=prompts,
+            sampling_params={"max_new_tokens": NEW_TOKENS, "temperature": 0.0, "ignore_eos": True},
         )
         assert [o["output_ids"] for o in outs] == expected
         text = engine.generate(text_prompt, {"max_new_tokens": 4, "temperature": 0.0, "ignore_eos": True})

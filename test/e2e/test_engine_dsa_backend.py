@@ -29,8 +29,9 @@ PARAMS = {"max_new_tokens": NEW_TOKENS, "temperature": 0.0, "ignore_eos": True}
 def case():
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, 552, (n,), generator=gen).tolist() for n in (30, 5)]
-    ref = SchedulerHarness(model_path=TINY_V32, load_format="dummy", chunked_prefill_size=16,
-                           attention_backend="torch_native")  # fmt: skip
+    ref = SchedulerHarness(
+        model_path=TINY_V32, load_format="dummy", chunked_prefill_size=16, attention_backend="torch_native"
+    )
     rids = [ref.submit(p, NEW_TOKENS) for p in prompts]
     ref.run()
     expected = [ref.outputs[r] for r in rids]
@@ -67,8 +68,14 @@ def test_engine_int8_index_scoring(case, monkeypatch):
 
 
 def _generate(prompts, **extra) -> list:
-    engine = sgl.Engine(model_path=TINY_V32, load_format="dummy", dtype="float32", log_level="warning",
-                        chunked_prefill_size=16, **extra)  # fmt: skip
+    engine = sgl.Engine(
+        model_path=TINY_V32,
+        load_format="dummy",
+        dtype="float32",
+        log_level="warning",
+        chunked_prefill_size=16,
+        **extra,
+    )
     try:
         return [o["output_ids"] for o in engine.generate(input_ids=prompts, sampling_params=PARAMS)]
     finally:

@@ -21,7 +21,14 @@ pytestmark = pytest.mark.slow  # starts its own servers / engines
 
 HISTOGRAMS = ("time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds")
 COUNTERS = ("prompt_tokens", "generation_tokens", "cached_tokens", "num_requests", "num_aborted_requests")
-GAUGES = ("num_running_reqs", "num_queue_reqs", "num_used_tokens", "token_usage", "cache_hit_rate", "pp_bubble_ratio")
+GAUGES = (
+    "num_running_reqs",
+    "num_queue_reqs",
+    "num_used_tokens",
+    "token_usage",
+    "cache_hit_rate",
+    "pp_bubble_ratio",
+)
 
 
 def scrape(text: str) -> dict[str, float]:
@@ -52,7 +59,9 @@ def mclient(metrics_server: ServerHandle) -> Iterator[httpx.Client]:
 
 
 def get_metrics(client: httpx.Client) -> dict[str, float]:
-    r = httpx.get(str(client.base_url.join("/metrics")), timeout=30)  # no API key: /metrics is open, like /health
+    r = httpx.get(
+        str(client.base_url.join("/metrics")), timeout=30
+    )  # no API key: /metrics is open, like /health
     assert r.status_code == 200, r.text
     assert r.headers["content-type"].startswith("text/plain")
     return scrape(r.text)
@@ -77,14 +86,24 @@ def test_counters_move_when_serving(mclient) -> None:
     r = mclient.post("/generate", json={"text": "metrics one two three", "sampling_params": params})
     assert r.status_code == 200, r.text
     prompt_a = r.json()["meta_info"]["prompt_tokens"]
-    with mclient.stream("POST", "/generate", json={"input_ids": [5, 6, 7, 8, 9], "sampling_params": params, "stream": True}) as s:
+    with mclient.stream(
+        "POST", "/generate", json={"input_ids": [5, 6, 7, 8, 9], "sampling_params": params, "stream": True}
+    ) as s:
         assert s.status_code == 200
         s.read()
-    body = {"model": "default", "prompt": "metrics one two three", "max_tokens": 4, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    body = {
+        "model": "default",
+        "prompt": "metrics one two three",
+        "max_tokens": 4,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     with mclient.stream("POST", "/v1/completions", json=body) as s:
         assert s.status_code == 200
-        usage = [json.loads(x[5:])["usage"] for x in s.iter_lines() if x.startswith("data: {") and '"usage"' in x]
+        usage = [
+            json.loads(x[5:])["usage"] for x in s.iter_lines() if x.startswith("data: {") and '"usage"' in x
+        ]
     assert usage[-1]["prompt_tokens_details"]["cached_tokens"] > 0  # same prompt again: radix hit
     after = get_metrics(mclient)
     delta = {k: after[k] - before.get(k, 0.0) for k in after}
@@ -108,11 +127,17 @@ def test_non_streaming_request_observes_ttft_and_itl(mclient, route) -> None:
     before = get_metrics(mclient)
     tokens = 12
     if route == "/generate":
-        body = {"text": "ttft without streaming", "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True}}
+        body = {
+            "text": "ttft without streaming",
+            "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True},
+        }
     else:
         body = {"model": "default", "max_tokens": tokens, "ignore_eos": True, "temperature": 0}
-        body.update({"prompt": "ttft without streaming"} if route == "/v1/completions"
-                    else {"messages": [{"role": "user", "content": "ttft without streaming"}]})  # fmt: skip
+        body.update(
+            {"prompt": "ttft without streaming"}
+            if route == "/v1/completions"
+            else {"messages": [{"role": "user", "content": "ttft without streaming"}]}
+        )
     r = mclient.post(route, json=body)
     assert r.status_code == 200, r.text
     after = get_metrics(mclient)
@@ -127,7 +152,11 @@ def test_non_streaming_request_observes_ttft_and_itl(mclient, route) -> None:
 
 def test_scheduler_gauges_follow_a_live_request(mclient) -> None:
     wait_idle(mclient)
-    body = {"input_ids": list(range(3, 40)), "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}, "stream": True}
+    body = {
+        "input_ids": list(range(3, 40)),
+        "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True},
+        "stream": True,
+    }
     with mclient.stream("POST", "/generate", json=body) as s:
         assert s.status_code == 200
         lines = s.iter_lines()  # keep the generator alive: closing it would close the stream
@@ -152,7 +181,9 @@ def test_no_metrics_route_without_the_flag(client) -> None:
 # ---------------------------------------------------------------------------- no server
 def test_due_for_output_reports_every_first_token() -> None:
     def req(stream: bool, produced: int, sent: int, finished: bool = False) -> SimpleNamespace:
-        return SimpleNamespace(stream=stream, output_ids=list(range(produced)), sent_len=sent, finished=finished)
+        return SimpleNamespace(
+            stream=stream, output_ids=list(range(produced)), sent_len=sent, finished=finished
+        )
 
     for stream in (False, True):
         assert not due_for_output(req(stream, 0, 0), 1)  # still prefilling
@@ -170,11 +201,18 @@ def test_server_metrics_objects() -> None:
     m.observe_finish(prompt_tokens=40, completion_tokens=4, cached_tokens=10, e2e_s=0.5, aborted=False)
     m.observe_finish(prompt_tokens=60, completion_tokens=0, cached_tokens=40, e2e_s=0.1, aborted=True)
     m.update_scheduler_state(
-        {"num_running_reqs": 3, "num_waiting_reqs": 2, "max_total_num_tokens": 1000,
-         "available_kv_tokens": 750, "pp_bubble_ratio": [0.25, 0.5]}
-    )  # fmt: skip
+        {
+            "num_running_reqs": 3,
+            "num_waiting_reqs": 2,
+            "max_total_num_tokens": 1000,
+            "available_kv_tokens": 750,
+            "pp_bubble_ratio": [0.25, 0.5],
+        }
+    )
     v = scrape(m.render().decode())
-    assert v["inter_token_latency_seconds_count"] == 3 and v["inter_token_latency_seconds_sum"] == pytest.approx(0.3)
+    assert v["inter_token_latency_seconds_count"] == 3 and v[
+        "inter_token_latency_seconds_sum"
+    ] == pytest.approx(0.3)
     assert v["cache_hit_rate"] == pytest.approx(0.5) and v["num_aborted_requests_total"] == 1
     assert (v["num_running_reqs"], v["num_queue_reqs"], v["num_used_tokens"]) == (3, 2, 250)
     assert v["token_usage"] == pytest.approx(0.25)

@@ -30,7 +30,9 @@ def _states(client: httpx.Client) -> list[dict]:
 def _idle_and_free(client: httpx.Client, initial: list[dict]) -> bool:
     states = _states(client)
     return all(
-        s["num_running_reqs"] == 0 and s["num_waiting_reqs"] == 0 and s["available_kv_tokens"] == i["available_kv_tokens"]
+        s["num_running_reqs"] == 0
+        and s["num_waiting_reqs"] == 0
+        and s["available_kv_tokens"] == i["available_kv_tokens"]
         for s, i in zip(states, initial)
     )
 
@@ -50,10 +52,16 @@ def test_dp2_abort_mid_stream_frees_every_replica(dp2_server):
         oa = openai.OpenAI(base_url=dp2_server.url + "/v1", api_key="none", max_retries=0, timeout=120)
         # two long streams, one per replica (round robin), both closed after a few chunks
         streams = [
-            oa.completions.create(model="default", prompt="count with me:", max_tokens=2000, stream=True,
-                                  temperature=0, extra_body={"ignore_eos": True})
+            oa.completions.create(
+                model="default",
+                prompt="count with me:",
+                max_tokens=2000,
+                stream=True,
+                temperature=0,
+                extra_body={"ignore_eos": True},
+            )
             for _ in range(2)
-        ]  # fmt: skip
+        ]
         for stream in streams:
             for i, _chunk in enumerate(stream):
                 if i == 3:

@@ -32,7 +32,9 @@ def dsa_cp2_server():
 @pytest.fixture(scope="module")
 def reference() -> dict[str, list[int]]:
     """Greedy ids of the in-process single-rank scheduler, per prompt (as a tuple)."""
-    ref = SchedulerHarness(model_path=TINY_V32, load_format="dummy", max_total_tokens=2048, chunked_prefill_size=16)
+    ref = SchedulerHarness(
+        model_path=TINY_V32, load_format="dummy", max_total_tokens=2048, chunked_prefill_size=16
+    )
     rids = [ref.submit(p, NEW_TOKENS) for p in PROMPTS]
     ref.run()
     return {tuple(p): ref.outputs[rid] for p, rid in zip(PROMPTS, rids)}
@@ -41,7 +43,11 @@ def reference() -> dict[str, list[int]]:
 def test_dsa_cp2_openai_completion_equals_single_rank(dsa_cp2_server, reference):
     client = openai.OpenAI(base_url=dsa_cp2_server.url + "/v1", api_key="none", max_retries=0, timeout=120)
     out = client.completions.create(
-        model="default", prompt=PROMPTS[0], max_tokens=NEW_TOKENS, temperature=0, extra_body={"ignore_eos": True}
+        model="default",
+        prompt=PROMPTS[0],
+        max_tokens=NEW_TOKENS,
+        temperature=0,
+        extra_body={"ignore_eos": True},
     )
     assert out.choices[0].finish_reason == "length" and out.usage.completion_tokens == NEW_TOKENS
     tokenizer = get_tokenizer(TINY_V32)
@@ -50,8 +56,9 @@ def test_dsa_cp2_openai_completion_equals_single_rank(dsa_cp2_server, reference)
 
 def test_dsa_cp2_matches_single_rank_and_shards_kv(dsa_cp2_server, reference):
     params = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
-    r = httpx.post(dsa_cp2_server.url + "/generate", json={"input_ids": PROMPTS, "sampling_params": params},
-                   timeout=120)  # fmt: skip
+    r = httpx.post(
+        dsa_cp2_server.url + "/generate", json={"input_ids": PROMPTS, "sampling_params": params}, timeout=120
+    )
     assert r.status_code == 200, r.text
     got = [item["output_ids"] for item in r.json()]
     assert got == [reference[tuple(p)] for p in PROMPTS]

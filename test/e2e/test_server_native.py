@@ -54,11 +54,16 @@ def test_generate_single(client):
 def test_generate_batch_and_input_ids(client):
     r = client.post(
         "/generate",
-        json={"text": ["a", "b c"], "sampling_params": [{"max_new_tokens": 2, **GREEDY}, {"max_new_tokens": 3, **GREEDY}]},
+        json={
+            "text": ["a", "b c"],
+            "sampling_params": [{"max_new_tokens": 2, **GREEDY}, {"max_new_tokens": 3, **GREEDY}],
+        },
     )
     assert r.status_code == 200, r.text
     assert [o["meta_info"]["completion_tokens"] for o in r.json()] == [2, 3]
-    r = client.post("/generate", json={"input_ids": [[5, 6, 7], [8, 9]], "sampling_params": {"max_new_tokens": 2}})
+    r = client.post(
+        "/generate", json={"input_ids": [[5, 6, 7], [8, 9]], "sampling_params": {"max_new_tokens": 2}}
+    )
     assert [o["meta_info"]["prompt_tokens"] for o in r.json()] == [3, 2]
 
 
@@ -92,17 +97,26 @@ def test_generate_batch_stream_has_index(client):
 def test_generate_with_logprobs(client):
     r = client.post(
         "/generate",
-        json={"text": "Hi", "sampling_params": {"max_new_tokens": 3, **GREEDY}, "return_logprob": True,
-              "top_logprobs_num": 2, "return_text_in_logprobs": True},
-    )  # fmt: skip
+        json={
+            "text": "Hi",
+            "sampling_params": {"max_new_tokens": 3, **GREEDY},
+            "return_logprob": True,
+            "top_logprobs_num": 2,
+            "return_text_in_logprobs": True,
+        },
+    )
     out = r.json()
     meta = out["meta_info"]
     assert [tid for _, tid, _ in meta["output_token_logprobs"]] == out["output_ids"]
     assert all(lp <= 0 for lp, _, _ in meta["output_token_logprobs"])
-    assert [text for _, _, text in meta["output_token_logprobs"]] == [TOKENIZER.decode([t]) for t in out["output_ids"]]
+    assert [text for _, _, text in meta["output_token_logprobs"]] == [
+        TOKENIZER.decode([t]) for t in out["output_ids"]
+    ]
     assert all(len(top) == 2 for top in meta["output_top_logprobs"])
     for (lp, tid, _), top in zip(meta["output_token_logprobs"], meta["output_top_logprobs"]):
-        assert top[0][1] == tid and top[0][0] == pytest.approx(lp)  # greedy: the chosen token is the most likely
+        assert top[0][1] == tid and top[0][0] == pytest.approx(
+            lp
+        )  # greedy: the chosen token is the most likely
         assert top[1][0] <= top[0][0]
 
 
@@ -125,7 +139,9 @@ def test_flush_cache(client):
     state = internal_state(client)
     assert state["available_kv_tokens"] == state["max_total_num_tokens"]
     assert state.get("evictable_kv_tokens", 0) == 0
-    again = client.post("/generate", json={"text": "cache me please", "sampling_params": {"max_new_tokens": 1}})
+    again = client.post(
+        "/generate", json={"text": "cache me please", "sampling_params": {"max_new_tokens": 1}}
+    )
     assert again.json()["meta_info"]["cached_tokens"] == 0
 
 
@@ -169,8 +185,14 @@ BAD_REQUESTS = [
     ("/v1/chat/completions", {"model": "default", "messages": []}),
     ("/v1/chat/completions", {"model": "default", "messages": "hi"}),
     ("/v1/chat/completions", {"model": "default", "messages": [{"role": "wizard", "content": "hi"}]}),
-    ("/v1/chat/completions", {"model": "default", "messages": [{"role": "user", "content": "hi"}], "top_p": -1}),
-    ("/v1/chat/completions", {"model": "default", "messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3}),
+    (
+        "/v1/chat/completions",
+        {"model": "default", "messages": [{"role": "user", "content": "hi"}], "top_p": -1},
+    ),
+    (
+        "/v1/chat/completions",
+        {"model": "default", "messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3},
+    ),
     ("/v1/chat/completions", {"model": "default", "messages": [{"role": "user", "content": "hi " * 5000}]}),
 ]
 
@@ -230,7 +252,9 @@ def test_client_disconnect_mid_stream_aborts(client, server):
     initial = _idle_kv(client)
     started = time.monotonic()
     with httpx.Client(base_url=server.url, headers=server.headers, timeout=60) as c:
-        with c.stream("POST", "/generate", json={"text": "go on", "sampling_params": LONG_GEN, "stream": True}) as r:
+        with c.stream(
+            "POST", "/generate", json={"text": "go on", "sampling_params": LONG_GEN, "stream": True}
+        ) as r:
             events = _sse_events(r.iter_lines())
             for _ in range(3):
                 next(events)
@@ -243,7 +267,14 @@ def test_client_disconnect_mid_stream_aborts(client, server):
 
 def test_openai_stream_disconnect_aborts(client, server):
     initial = _idle_kv(client)
-    body = {"model": "default", "prompt": "go", "max_tokens": 3000, "stream": True, "temperature": 0, "ignore_eos": True}
+    body = {
+        "model": "default",
+        "prompt": "go",
+        "max_tokens": 3000,
+        "stream": True,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
     with httpx.Client(base_url=server.url, headers=server.headers, timeout=60) as c:
         with c.stream("POST", "/v1/completions", json=body) as r:
             events = _sse_events(r.iter_lines())
@@ -256,7 +287,12 @@ def test_openai_stream_disconnect_aborts(client, server):
 def test_client_timeout_non_streaming_aborts(client, server):
     initial = _idle_kv(client)
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{server.url}/generate", json={"text": "x", "sampling_params": LONG_GEN}, headers=server.headers, timeout=1.0)
+        httpx.post(
+            f"{server.url}/generate",
+            json={"text": "x", "sampling_params": LONG_GEN},
+            headers=server.headers,
+            timeout=1.0,
+        )
     assert wait_until(lambda: internal_state(client)["num_running_reqs"] == 0, 10.0, 0.1)
     assert _idle_kv(client) == initial
 

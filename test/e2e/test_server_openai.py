@@ -88,7 +88,9 @@ def test_streaming_completion_matches_non_streaming(oai, client):
 
 
 def test_streaming_chat_with_usage(oai, client):
-    kwargs = dict(model=MODEL, messages=[{"role": "user", "content": "Tell me a story"}], max_tokens=10, **GREEDY)
+    kwargs = dict(
+        model=MODEL, messages=[{"role": "user", "content": "Tell me a story"}], max_tokens=10, **GREEDY
+    )
     flush(client)
     full = oai.chat.completions.create(**kwargs)
     flush(client)
@@ -97,7 +99,9 @@ def test_streaming_chat_with_usage(oai, client):
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == full.choices[0].message.content
-    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == [
+        "length"
+    ]
     usage = chunks[-1].usage
     assert usage.completion_tokens == 10 and usage.prompt_tokens == full.usage.prompt_tokens
 
@@ -106,7 +110,11 @@ def test_stop_string(oai, client):
     kwargs = dict(model=MODEL, prompt="Hello", max_tokens=24, **GREEDY)
     flush(client)
     text = oai.completions.create(**kwargs).choices[0].text
-    clean = [i for i in range(len(text) // 3, len(text) - 3) if "\ufffd" not in text[i : i + 2] and text[i : i + 2].strip()]
+    clean = [
+        i
+        for i in range(len(text) // 3, len(text) - 3)
+        if "\ufffd" not in text[i : i + 2] and text[i : i + 2].strip()
+    ]
     assert clean, f"no usable stop string in {text!r}"
     stop = text[clean[0] : clean[0] + 2]
     expected = text[: text.find(stop)]
@@ -115,7 +123,9 @@ def test_stop_string(oai, client):
         if stream:
             chunks = list(oai.completions.create(stop=[stop], stream=True, **kwargs))
             got = "".join(c.choices[0].text for c in chunks if c.choices)
-            reason = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason][-1]
+            reason = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason][
+                -1
+            ]
             assert all(stop not in c.choices[0].text for c in chunks if c.choices)
         else:
             r = oai.completions.create(stop=stop, **kwargs)
@@ -154,7 +164,9 @@ def test_streaming_n_and_echo_match_non_streaming(oai, client):
             if choice.finish_reason:
                 finishes.setdefault(choice.index, []).append(choice.finish_reason)
     assert texts == {c.index: c.text for c in full.choices}
-    assert texts[1].startswith("Hello") and texts[2].startswith("World")  # prompt-major: index = prompt * n + sample
+    assert texts[1].startswith("Hello") and texts[2].startswith(
+        "World"
+    )  # prompt-major: index = prompt * n + sample
     assert finishes == {i: ["length"] for i in range(4)}
     usage = chunks[-1].usage
     assert not chunks[-1].choices and usage.completion_tokens == 20 == full.usage.completion_tokens
@@ -163,16 +175,24 @@ def test_streaming_n_and_echo_match_non_streaming(oai, client):
 
 def test_streaming_chat_n_with_logprobs(oai):
     stream = oai.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4, n=2, logprobs=True, top_logprobs=1,
-        stream=True, **GREEDY,
-    )  # fmt: skip
+        model=MODEL,
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=4,
+        n=2,
+        logprobs=True,
+        top_logprobs=1,
+        stream=True,
+        **GREEDY,
+    )
     roles: list[int] = []
     logprobs = {0: 0, 1: 0}
     finishes: dict[int, str] = {}
     for chunk in stream:
         for choice in chunk.choices:
             if choice.delta.role:
-                assert choice.index not in roles and choice.index not in finishes and not logprobs[choice.index]
+                assert (
+                    choice.index not in roles and choice.index not in finishes and not logprobs[choice.index]
+                )
                 roles.append(choice.index)  # the role comes first, once per choice
             if choice.logprobs:
                 logprobs[choice.index] += len(choice.logprobs.content)
@@ -184,7 +204,9 @@ def test_streaming_chat_n_with_logprobs(oai):
 
 
 def test_streaming_completion_logprob_offsets(oai):
-    chunks = list(oai.completions.create(model=MODEL, prompt="Hello", max_tokens=5, logprobs=1, stream=True, **GREEDY))
+    chunks = list(
+        oai.completions.create(model=MODEL, prompt="Hello", max_tokens=5, logprobs=1, stream=True, **GREEDY)
+    )
     tokens, offsets = [], []
     for chunk in chunks:
         if chunk.choices and chunk.choices[0].logprobs:
@@ -210,7 +232,12 @@ def test_completion_logprobs(oai):
 
 def test_chat_logprobs(oai):
     r = oai.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4, logprobs=True, top_logprobs=2, **GREEDY
+        model=MODEL,
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=4,
+        logprobs=True,
+        top_logprobs=2,
+        **GREEDY,
     )
     content = r.choices[0].logprobs.content
     assert len(content) == 4
@@ -225,10 +252,15 @@ def test_32_concurrent_requests(server):
     async def run():
         aclient = AsyncOpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
         tasks = [
-            aclient.completions.create(model=MODEL, prompt=f"Request number {i}", max_tokens=8, temperature=0.0,
-                                       extra_body={"ignore_eos": True})
+            aclient.completions.create(
+                model=MODEL,
+                prompt=f"Request number {i}",
+                max_tokens=8,
+                temperature=0.0,
+                extra_body={"ignore_eos": True},
+            )
             for i in range(32)
-        ]  # fmt: skip
+        ]
         try:
             return await asyncio.gather(*tasks)
         finally:
@@ -244,13 +276,21 @@ def test_openai_client_errors(oai):
         oai.completions.create(model="no-such-model", prompt="Hi", max_tokens=2)
     with pytest.raises(openai.BadRequestError, match="constrained decoding"):
         oai.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=2, extra_body={"regex": "[a-z]+"}
+            model=MODEL,
+            messages=[{"role": "user", "content": "Hi"}],
+            max_tokens=2,
+            extra_body={"regex": "[a-z]+"},
         )
     with pytest.raises(openai.BadRequestError, match="constrained decoding"):
         oai.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=2,
-            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}},
-        )  # fmt: skip
+            model=MODEL,
+            messages=[{"role": "user", "content": "Hi"}],
+            max_tokens=2,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "object"}},
+            },
+        )
     with pytest.raises(openai.BadRequestError):
         oai.completions.create(model=MODEL, prompt="Hi", max_tokens=2, temperature=-1)
     with pytest.raises(openai.AuthenticationError):

@@ -19,18 +19,28 @@ PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [40, 41, 42]]
 
 @pytest.fixture(scope="module", params=["fixed", "auto"])
 def pp2_server(request):
-    extra = () if request.param == "fixed" else ("--dynamic-chunking-mode", "auto", "--chunked-prefill-size", "4")
+    extra = (
+        () if request.param == "fixed" else ("--dynamic-chunking-mode", "auto", "--chunked-prefill-size", "4")
+    )
     handle = launch_server(("--pp-size", "2", *extra))
     yield handle
     handle.stop()
 
 
 def test_pp2_generate_matches_single_rank(pp2_server):
-    r = httpx.post(pp2_server.url + "/generate", json={"input_ids": PROMPTS, "sampling_params": GREEDY}, timeout=60)
+    r = httpx.post(
+        pp2_server.url + "/generate", json={"input_ids": PROMPTS, "sampling_params": GREEDY}, timeout=60
+    )
     assert r.status_code == 200, r.text
     got = [item["output_ids"] for item in r.json()]
     ref = run_single_rank(
-        dict(model_path=TINY_LLAMA, load_format="dummy", dtype="float32", num_threads=1, skip_tokenizer_init=True),
+        dict(
+            model_path=TINY_LLAMA,
+            load_format="dummy",
+            dtype="float32",
+            num_threads=1,
+            skip_tokenizer_init=True,
+        ),
         [[req(f"p{i}", p, GREEDY["max_new_tokens"]) for i, p in enumerate(PROMPTS)]],
     )["outputs"]
     assert got == [ref["p0"].output_ids, ref["p1"].output_ids]
@@ -39,16 +49,24 @@ def test_pp2_generate_matches_single_rank(pp2_server):
 def test_pp2_serves_openai_client(pp2_server):
     client = openai.OpenAI(base_url=pp2_server.url + "/v1", api_key="none", max_retries=0, timeout=60)
     chat = client.chat.completions.create(
-        model="default", messages=[{"role": "user", "content": "hi"}], max_tokens=8, temperature=0,
+        model="default",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=8,
+        temperature=0,
         extra_body={"ignore_eos": True},
-    )  # fmt: skip
+    )
     assert chat.usage.completion_tokens == 8 and chat.choices[0].finish_reason == "length"
     whole = client.completions.create(
         model="default", prompt="hello", max_tokens=6, temperature=0, extra_body={"ignore_eos": True}
     )
     pieces = list(
         client.completions.create(
-            model="default", prompt="hello", max_tokens=6, temperature=0, stream=True, extra_body={"ignore_eos": True}
+            model="default",
+            prompt="hello",
+            max_tokens=6,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True},
         )
     )
     assert len(pieces) >= 2 and pieces[-1].choices[0].finish_reason == "length"

@@ -73,10 +73,26 @@ def test_two_node_loopback_matches_single_node(tp2_server):
     common = ("--tp-size", "2", "--nnodes", "2", "--dist-init-addr", addr)
     log = tempfile.NamedTemporaryFile(prefix="sglang-node1-", suffix=".log", delete=False)
     node1 = subprocess.Popen(
-        [sys.executable, "-m", "sglang.launch_server", "--model-path", TINY_LLAMA, "--load-format", "dummy",
-         "--dtype", "float32", "--log-level", "warning", *common, "--node-rank", "1"],
-        stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO),
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            TINY_LLAMA,
+            "--load-format",
+            "dummy",
+            "--dtype",
+            "float32",
+            "--log-level",
+            "warning",
+            *common,
+            "--node-rank",
+            "1",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=str(REPO),
+    )
     node0 = launch_server((*common, "--node-rank", "0"))
     try:
         assert _generate(node0.url) == expected
@@ -103,7 +119,9 @@ def test_killing_a_rank_ends_the_server():
         everyone = [handle.proc.pid, *child_pids(handle.proc.pid)]
         start = time.monotonic()
         os.kill(ranks[1], signal.SIGKILL)
-        assert wait_until(lambda: handle.proc.poll() is not None, 30.0), "server still running 30 s after a rank died"
+        assert wait_until(
+            lambda: handle.proc.poll() is not None, 30.0
+        ), "server still running 30 s after a rank died"
         assert handle.proc.returncode != 0
         assert wait_until(lambda: not any(pid_alive(p) for p in everyone), 10.0), "processes left behind"
         assert time.monotonic() - start < 30.0

@@ -26,9 +26,14 @@ class IndexerCase:
 
     def kwargs(self) -> dict:
         return dict(
-            actual_seq_lengths_query=self.cu_q, actual_seq_lengths_key=self.kv_lens, block_table=self.block_table,
-            layout_query="TND", layout_key="PA_BSND", sparse_count=self.topk, sparse_mode=3,
-        )  # fmt: skip
+            actual_seq_lengths_query=self.cu_q,
+            actual_seq_lengths_key=self.kv_lens,
+            block_table=self.block_table,
+            layout_query="TND",
+            layout_key="PA_BSND",
+            sparse_count=self.topk,
+            sparse_mode=3,
+        )
 
 
 def paged(kv_lens: list, block_size: int, dim: int, gen: torch.Generator, dtype=torch.float32, integer=False):
@@ -50,8 +55,9 @@ def paged(kv_lens: list, block_size: int, dim: int, gen: torch.Generator, dtype=
     return cache, table
 
 
-def indexer_case(q_lens, kv_lens, heads=8, dim=32, topk=16, block_size=4, seed=0, dtype=torch.float32,
-                 integer=False) -> IndexerCase:  # fmt: skip
+def indexer_case(
+    q_lens, kv_lens, heads=8, dim=32, topk=16, block_size=4, seed=0, dtype=torch.float32, integer=False
+) -> IndexerCase:
     gen = torch.Generator().manual_seed(seed)
     t = sum(q_lens)
     if integer:  # small integers: every score is exact in float32, so ties are real ties
@@ -62,7 +68,9 @@ def indexer_case(q_lens, kv_lens, heads=8, dim=32, topk=16, block_size=4, seed=0
         weights = torch.randn((t, heads), generator=gen)
     key, table = paged(kv_lens, block_size, dim, gen, dtype, integer)
     cu = torch.tensor(q_lens).cumsum(0).to(torch.int32)
-    return IndexerCase(query, key, weights, cu, torch.tensor(kv_lens, dtype=torch.int32), table, list(q_lens), topk)
+    return IndexerCase(
+        query, key, weights, cu, torch.tensor(kv_lens, dtype=torch.int32), table, list(q_lens), topk
+    )
 
 
 def visible_counts(case: IndexerCase) -> list[int]:
@@ -73,8 +81,9 @@ def visible_counts(case: IndexerCase) -> list[int]:
     return out
 
 
-def check_same_selection(got: torch.Tensor, ref_idx: torch.Tensor, ref_val: torch.Tensor, visible: list[int],
-                         tol: float = 0.0) -> None:  # fmt: skip
+def check_same_selection(
+    got: torch.Tensor, ref_idx: torch.Tensor, ref_val: torch.Tensor, visible: list[int], tol: float = 0.0
+) -> None:
     """got / ref [T, K]: the same number of valid picks per row, all distinct and visible, and
     with tol 0 the same set; with tol > 0 every pick scores (by the reference) within tol of the
     reference's k-th best (float rounding may swap near-equal keys at the boundary)."""
@@ -119,7 +128,9 @@ def check_near_topk(got: torch.Tensor, scores: list[torch.Tensor], tol: float) -
         assert float(s[picks].min()) >= float(kth) - tol * scale, t
 
 
-def check_values(got_idx: torch.Tensor, got_val: torch.Tensor, scores: list[torch.Tensor], tol: float) -> None:
+def check_values(
+    got_idx: torch.Tensor, got_val: torch.Tensor, scores: list[torch.Tensor], tol: float
+) -> None:
     """Each pick's returned score is within tol (relative to the row's largest |score|) of its exact score."""
     for t, s in enumerate(scores):
         picks = [(int(i), float(v)) for i, v in zip(got_idx[t], got_val[t]) if i >= 0]
@@ -128,8 +139,9 @@ def check_values(got_idx: torch.Tensor, got_val: torch.Tensor, scores: list[torc
             assert abs(v - float(s[i])) <= tol * scale, (t, i, v, float(s[i]))
 
 
-def check_same_set_but_near_ties(got: torch.Tensor, ref_idx: torch.Tensor, ref_val: torch.Tensor,
-                                 scores: list[torch.Tensor], tol: float) -> None:  # fmt: skip
+def check_same_set_but_near_ties(
+    got: torch.Tensor, ref_idx: torch.Tensor, ref_val: torch.Tensor, scores: list[torch.Tensor], tol: float
+) -> None:
     """got / ref [T, K]: the same sets, except keys whose exact scores lie within tol (relative to
     the row's largest |score|) of the reference's k-th best (float32 rounding may swap those)."""
     for t in range(got.shape[0]):

@@ -23,8 +23,20 @@ def test_nsa_alias_and_backend_class():
 
 
 def test_flags_parse_with_both_spellings():
-    a = prepare_server_args(["--model-path", "x", "--load-format", "dummy", "--attention-backend", "nsa",
-                             "--dsa-prefill-backend", "flashmla_sparse", "--nsa-decode-backend", "cpu"])  # fmt: skip
+    a = prepare_server_args(
+        [
+            "--model-path",
+            "x",
+            "--load-format",
+            "dummy",
+            "--attention-backend",
+            "nsa",
+            "--dsa-prefill-backend",
+            "flashmla_sparse",
+            "--nsa-decode-backend",
+            "cpu",
+        ]
+    )
     assert (a.nsa_prefill_backend, a.nsa_decode_backend) == ("flashmla_sparse", "cpu")
     check_server_args(a)
 
@@ -34,7 +46,10 @@ def test_flags_parse_with_both_spellings():
     [
         (dict(attention_backend="dsa", nsa_prefill_backend="flash_magic"), "--nsa-prefill-backend: unknown"),
         (dict(nsa_decode_backend="cpu"), "applies to --attention-backend dsa"),
-        (dict(attention_backend="torch_native", nsa_prefill_backend="reference"), "applies to --attention-backend"),
+        (
+            dict(attention_backend="torch_native", nsa_prefill_backend="reference"),
+            "applies to --attention-backend",
+        ),
         (dict(enable_shard_linear=True), "needs --cp-size > 1"),
         (dict(enable_shard_linear=True, cp_size=2, tp_size=4), "attention TP 1"),
     ],
@@ -64,8 +79,14 @@ def test_backend_picks_the_platform_impl_or_the_flags():
 
     runner = types.SimpleNamespace(server_args=ServerArgs(**BASE, attention_backend="dsa"))
     b = DSAAttnBackend(runner)
-    assert (b.kernels.prefill_impl, b.kernels.decode_impl) == ("cpu", "cpu")  # the CPU platform's fused kernels
-    runner = types.SimpleNamespace(server_args=ServerArgs(**BASE, attention_backend="dsa", nsa_prefill_backend="fa3",
-                                                          nsa_decode_backend="reference"))  # fmt: skip
+    assert (b.kernels.prefill_impl, b.kernels.decode_impl) == (
+        "cpu",
+        "cpu",
+    )  # the CPU platform's fused kernels
+    runner = types.SimpleNamespace(
+        server_args=ServerArgs(
+            **BASE, attention_backend="dsa", nsa_prefill_backend="fa3", nsa_decode_backend="reference"
+        )
+    )
     b = DSAAttnBackend(runner)
     assert (b.kernels.prefill_impl, b.kernels.decode_impl) == ("triton", "reference")

@@ -48,7 +48,9 @@ def test_int8_scoring_topk_overlap_and_tokens(checkpoint, monkeypatch):
     real = DSAKernels.select_paged
     overlaps = []
 
-    def both(self, *args, **kwargs):  # the float32 selection drives the run; int8's on the same inputs is compared
+    # the float32 selection drives the run; int8's on the same inputs is compared
+
+    def both(self, *args, **kwargs):
         out = real(self, *args, **kwargs)
         assert self.index_score_dtype is None
         self.index_score_dtype = torch.int8

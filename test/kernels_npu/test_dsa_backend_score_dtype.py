@@ -52,7 +52,9 @@ def test_kernels_pass_the_score_dtype(monkeypatch):
     seen.clear()
     k.own_query_topk(q, w, pos, keys, 8, 0.5)
     table = torch.arange(total, dtype=torch.int32).view(1, total)
-    k.select_paged(q, w, 0.5, keys.view(total, 1, 1, dim), table, torch.tensor([n]), torch.tensor([total]), 8, False)
+    k.select_paged(
+        q, w, 0.5, keys.view(total, 1, 1, dim), table, torch.tensor([n]), torch.tensor([total]), 8, False
+    )
     slots = torch.arange(total).view(1, total).expand(n, total)
     valid = torch.ones(n, total, dtype=torch.bool)
     k.shard_topk_candidates(q, w, keys, slots, valid, torch.arange(total), 8, 0.5)
@@ -67,7 +69,9 @@ def test_kernels_read_the_pools_int8_copy_when_scoring_int8():
     for pool in (with_copy, plain):
         pool.set_index_k_buffer(0, torch.arange(3), torch.randn(3, 6))
     keys, scale = DSAKernels("reference", "reference", torch.int8).index_keys(with_copy, 0)
-    assert keys.dtype == torch.int8 and keys is with_copy.index_k_int8[0] and scale is with_copy.index_k_scale[0]
+    assert (
+        keys.dtype == torch.int8 and keys is with_copy.index_k_int8[0] and scale is with_copy.index_k_scale[0]
+    )
     for k, pool in ((DSAKernels("reference", "reference", torch.int8), plain), (DSAKernels(), with_copy)):
         keys, scale = k.index_keys(pool, 0)
         assert keys is pool.get_index_k_buffer(0) and scale is None

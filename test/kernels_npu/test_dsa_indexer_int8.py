@@ -56,8 +56,12 @@ def _quantized(case):
     scales (float32, as the kernel forms them), keys k8 * s_k (exact in float64)."""
     q8, sq = quantize_int8(case.query)
     k8, sk = quantize_int8(case.key)
-    return dataclasses.replace(case, query=q8.double(), key=k8.double() * sk.double().unsqueeze(-1),
-                               weights=case.weights.float() * sq)  # fmt: skip
+    return dataclasses.replace(
+        case,
+        query=q8.double(),
+        key=k8.double() * sk.double().unsqueeze(-1),
+        weights=case.weights.float() * sq,
+    )
 
 
 def _scale_127(case):
@@ -70,8 +74,16 @@ def _scale_127(case):
 
 
 def _run(case, impl, **kw):
-    return skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), return_value=True, impl=impl,
-                                 score_dtype=I8, **kw)  # fmt: skip
+    return skn.lightning_indexer(
+        case.query,
+        case.key,
+        case.weights,
+        **case.kwargs(),
+        return_value=True,
+        impl=impl,
+        score_dtype=I8,
+        **kw,
+    )
 
 
 def test_quantize_int8():
@@ -117,9 +129,14 @@ def test_reference_int8_close_to_float32():
         for i in range(q_len):
             t = t0 + i
             w, q, s_q = case.weights[t].double().abs(), case.query[t].double(), sq[t].double()
-            bound = (w.unsqueeze(1) * (q.abs().sum(-1, keepdim=True) * kscale[rows] / 2
-                     + keys[rows].abs().sum(-1) * s_q.unsqueeze(1) / 2
-                     + q.shape[-1] * s_q.unsqueeze(1) * kscale[rows] / 4)).sum(0)  # fmt: skip
+            bound = (
+                w.unsqueeze(1)
+                * (
+                    q.abs().sum(-1, keepdim=True) * kscale[rows] / 2
+                    + keys[rows].abs().sum(-1) * s_q.unsqueeze(1) / 2
+                    + q.shape[-1] * s_q.unsqueeze(1) * kscale[rows] / 4
+                )
+            ).sum(0)
             for j, v in zip(idx[t, 0].tolist(), val[t, 0].tolist()):
                 if j >= 0:
                     assert abs(v - float(f32[t][j])) <= float(bound[j]) * (1 + 1e-4) + 1e-6, (t, j)
@@ -129,8 +146,15 @@ def test_reference_int8_close_to_float32():
         t0 += q_len
     assert sum(overlaps) / len(overlaps) >= 0.95 and min(overlaps) >= 0.8, overlaps
     # and it is int8 scoring: the values are not the float32 scores
-    assert max(abs(v - float(f32[t][j])) for t in range(idx.shape[0])
-               for j, v in zip(idx[t, 0].tolist(), val[t, 0].tolist()) if j >= 0) > 1e-4  # fmt: skip
+    assert (
+        max(
+            abs(v - float(f32[t][j]))
+            for t in range(idx.shape[0])
+            for j, v in zip(idx[t, 0].tolist(), val[t, 0].tolist())
+            if j >= 0
+        )
+        > 1e-4
+    )
 
 
 @needs_cpu
@@ -166,14 +190,18 @@ def test_cpu_int8_exact_ties(isa, topk, block_size):
     """Every scale 1 (`_scale_127`): exact scores, so the same set as the reference (ties to the
     earlier position) and the same score multiset; also without values (rows that see <= topk keys
     answered without scoring). RAGGED has a request whose queries outnumber its keys."""
-    case = _scale_127(indexer_case(**RAGGED, topk=topk, block_size=block_size, integer=True, seed=topk + block_size))
+    case = _scale_127(
+        indexer_case(**RAGGED, topk=topk, block_size=block_size, integer=True, seed=topk + block_size)
+    )
     ref_idx, ref_val = _run(case, "reference")
     got, got_val = _run(case, "cpu")
     vis = visible_counts(case)
     check_same_selection(got[:, 0], ref_idx[:, 0], ref_val[:, 0], vis)
     assert torch.equal(got_val[:, 0].sort(dim=-1).values, ref_val[:, 0].sort(dim=-1).values)
     assert torch.equal(ref_val, ref_val.round())  # integer scores: the inputs reached the kernel unscaled
-    plain = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), impl="cpu", score_dtype=I8)
+    plain = skn.lightning_indexer(
+        case.query, case.key, case.weights, **case.kwargs(), impl="cpu", score_dtype=I8
+    )
     check_same_selection(plain[:, 0], ref_idx[:, 0], ref_val[:, 0], vis)
 
 
@@ -190,7 +218,9 @@ def test_int8_key_cache(isa):
         got_idx, got_val = _run(cached, impl, key_scale=sk)
         assert torch.equal(got_idx.sort(-1).values, want_idx.sort(-1).values), impl
         assert torch.equal(got_val.sort(-1).values, want_val.sort(-1).values), impl
-        implied = skn.lightning_indexer(case.query, k8, case.weights, **case.kwargs(), impl=impl, key_scale=sk)
+        implied = skn.lightning_indexer(
+            case.query, k8, case.weights, **case.kwargs(), impl=impl, key_scale=sk
+        )
         assert torch.equal(implied.sort(-1).values, want_idx.sort(-1).values), impl
 
 
@@ -200,9 +230,20 @@ def test_int8_arguments_are_checked():
     with pytest.raises(ValueError, match="key_scale"):
         skn.lightning_indexer(case.query, k8, case.weights, **case.kwargs(), impl="reference")
     with pytest.raises(ValueError, match="int8"):
-        skn.lightning_indexer(case.query, k8, case.weights, **case.kwargs(), impl="reference", key_scale=sk,
-                              score_dtype=torch.bfloat16)  # fmt: skip
+        skn.lightning_indexer(
+            case.query,
+            k8,
+            case.weights,
+            **case.kwargs(),
+            impl="reference",
+            key_scale=sk,
+            score_dtype=torch.bfloat16,
+        )
     with pytest.raises(ValueError, match="key_scale"):
-        skn.lightning_indexer(case.query, k8, case.weights, **case.kwargs(), impl="reference", key_scale=sk[:3])
+        skn.lightning_indexer(
+            case.query, k8, case.weights, **case.kwargs(), impl="reference", key_scale=sk[:3]
+        )
     with pytest.raises(NotImplementedError, match="torch_npu"):
-        skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), impl="torch_npu", score_dtype=I8)
+        skn.lightning_indexer(
+            case.query, case.key, case.weights, **case.kwargs(), impl="torch_npu", score_dtype=I8
+        )

@@ -52,8 +52,9 @@ def isa(request):
 
 def test_reference_indexer_matches_exact_scores():
     case = indexer_case(**RAGGED, topk=16)
-    idx, val = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), return_value=True,
-                                     impl="reference")  # fmt: skip
+    idx, val = skn.lightning_indexer(
+        case.query, case.key, case.weights, **case.kwargs(), return_value=True, impl="reference"
+    )
     assert idx.shape == (sum(case.q_lens), 1, 16) and idx.dtype == torch.int32
     check_near_topk(idx[:, 0], full_scores(case), tol=1e-5)
     vis = visible_counts(case)
@@ -67,10 +68,12 @@ def test_reference_indexer_matches_exact_scores():
 @pytest.mark.parametrize("block_size", [1, 4, 16])
 def test_cpu_indexer_exact_ties(isa, topk, block_size):
     case = indexer_case(**RAGGED, topk=topk, block_size=block_size, integer=True, seed=topk + block_size)
-    ref_idx, ref_val = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), return_value=True,
-                                             impl="reference")  # fmt: skip
-    got, got_val = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), return_value=True,
-                                         impl="cpu")  # fmt: skip
+    ref_idx, ref_val = skn.lightning_indexer(
+        case.query, case.key, case.weights, **case.kwargs(), return_value=True, impl="reference"
+    )
+    got, got_val = skn.lightning_indexer(
+        case.query, case.key, case.weights, **case.kwargs(), return_value=True, impl="cpu"
+    )
     check_same_selection(got[:, 0], ref_idx[:, 0], ref_val[:, 0], visible_counts(case))
     # the values belong to the picks: same multiset as the reference's
     assert torch.equal(got_val[:, 0].sort(dim=-1).values, ref_val[:, 0].sort(dim=-1).values)
@@ -80,7 +83,9 @@ def test_cpu_indexer_exact_ties(isa, topk, block_size):
 
 
 def test_cpu_indexer_random_long(isa):
-    case = indexer_case(q_lens=[70, 1, 1], kv_lens=[600, 300, 1000], heads=16, dim=64, topk=64, block_size=16, seed=3)
+    case = indexer_case(
+        q_lens=[70, 1, 1], kv_lens=[600, 300, 1000], heads=16, dim=64, topk=64, block_size=16, seed=3
+    )
     got = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), impl="cpu")
     check_near_topk(got[:, 0], full_scores(case), tol=1e-5)
 
@@ -91,12 +96,22 @@ def test_cpu_indexer_large_topk_estimated_cuts(isa, topk, integer):
     """k >= 256: the streaming top-k's buffer (4k) is cut at a threshold estimated from a sample
     (exact only at the end or when the estimate fails), several times per query over 3000 keys.
     Small-integer inputs (exact scores, real ties, to the earlier position) and random ones."""
-    case = indexer_case(q_lens=[24, 1, 3], kv_lens=[3000, 2600, 1400], heads=8, dim=32, topk=topk, block_size=16,
-                        seed=topk, integer=integer)  # fmt: skip
-    ref_idx, ref_val = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), return_value=True,
-                                             impl="reference")  # fmt: skip
-    got, got_val = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), return_value=True,
-                                         impl="cpu")  # fmt: skip
+    case = indexer_case(
+        q_lens=[24, 1, 3],
+        kv_lens=[3000, 2600, 1400],
+        heads=8,
+        dim=32,
+        topk=topk,
+        block_size=16,
+        seed=topk,
+        integer=integer,
+    )
+    ref_idx, ref_val = skn.lightning_indexer(
+        case.query, case.key, case.weights, **case.kwargs(), return_value=True, impl="reference"
+    )
+    got, got_val = skn.lightning_indexer(
+        case.query, case.key, case.weights, **case.kwargs(), return_value=True, impl="cpu"
+    )
     if integer:
         check_same_selection(got[:, 0], ref_idx[:, 0], ref_val[:, 0], visible_counts(case))
         assert torch.equal(got_val[:, 0].sort(dim=-1).values, ref_val[:, 0].sort(dim=-1).values)
@@ -106,8 +121,9 @@ def test_cpu_indexer_large_topk_estimated_cuts(isa, topk, integer):
 
 def test_cpu_indexer_bf16(isa):
     case = indexer_case(**RAGGED, topk=8, dtype=torch.bfloat16, integer=True)
-    ref_idx, ref_val = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), return_value=True,
-                                             impl="reference")  # fmt: skip
+    ref_idx, ref_val = skn.lightning_indexer(
+        case.query, case.key, case.weights, **case.kwargs(), return_value=True, impl="reference"
+    )
     got = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), impl="cpu")
     check_same_selection(got[:, 0], ref_idx[:, 0], ref_val[:, 0], visible_counts(case))
 
@@ -122,26 +138,47 @@ def _rounded(case):
     return dataclasses.replace(case, query=case.query.to(BF16).float(), key=case.key.to(BF16).float())
 
 
-@pytest.mark.parametrize("key_dtype", [torch.float32, BF16])  # float32 rows rounded in the kernel, or a bf16 cache
+@pytest.mark.parametrize(
+    "key_dtype", [torch.float32, BF16]
+)  # float32 rows rounded in the kernel, or a bf16 cache
 @pytest.mark.parametrize("block_size", [1, 16])
 def test_cpu_indexer_bf16_scoring_random(isa, key_dtype, block_size):
-    case = indexer_case(q_lens=[70, 1, 5, 1], kv_lens=[600, 300, 5, 1000], heads=16, dim=64, topk=64,
-                        block_size=block_size, seed=11)  # fmt: skip
+    case = indexer_case(
+        q_lens=[70, 1, 5, 1],
+        kv_lens=[600, 300, 5, 1000],
+        heads=16,
+        dim=64,
+        topk=64,
+        block_size=block_size,
+        seed=11,
+    )
     case = dataclasses.replace(case, key=case.key.to(key_dtype))
-    got, got_val = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), return_value=True,
-                                         impl="cpu", score_dtype=BF16)  # fmt: skip
+    got, got_val = skn.lightning_indexer(
+        case.query, case.key, case.weights, **case.kwargs(), return_value=True, impl="cpu", score_dtype=BF16
+    )
     exact = full_scores(_rounded(case))
     check_near_topk(got[:, 0], exact, tol=SCORE_TOL)
     check_values(got[:, 0], got_val[:, 0], exact, SCORE_TOL)
-    ref_idx, ref_val = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), return_value=True,
-                                             impl="reference", score_dtype=BF16)  # fmt: skip
+    ref_idx, ref_val = skn.lightning_indexer(
+        case.query,
+        case.key,
+        case.weights,
+        **case.kwargs(),
+        return_value=True,
+        impl="reference",
+        score_dtype=BF16,
+    )
     check_same_selection(got[:, 0], ref_idx[:, 0], ref_val[:, 0], visible_counts(case), tol=SCORE_TOL)
     # set equality with the reference except where two scores sit within float32 rounding at the k-th
     check_same_set_but_near_ties(got[:, 0], ref_idx[:, 0], ref_val[:, 0], exact, SCORE_TOL)
     # and it is bf16 scoring: the float32 scores of the unrounded inputs are not what came back
     f32 = full_scores(case)
-    off = max(abs(float(v) - float(f32[t][int(i)])) / (float(f32[t].abs().max()) + 1e-6)
-              for t in range(got.shape[0]) for i, v in zip(got[t, 0], got_val[t, 0]) if i >= 0)  # fmt: skip
+    off = max(
+        abs(float(v) - float(f32[t][int(i)])) / (float(f32[t].abs().max()) + 1e-6)
+        for t in range(got.shape[0])
+        for i, v in zip(got[t, 0], got_val[t, 0])
+        if i >= 0
+    )
     assert off > 1e-3
 
 
@@ -151,22 +188,34 @@ def test_cpu_indexer_bf16_scoring_exact_ties(isa, topk, block_size):
     """Small integers are exact in bf16 and every score is exact: the same set as the reference,
     ties to the earlier position, and the same score multiset."""
     case = indexer_case(**RAGGED, topk=topk, block_size=block_size, integer=True, seed=topk + 7 * block_size)
-    ref_idx, ref_val = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), return_value=True,
-                                             impl="reference", score_dtype=BF16)  # fmt: skip
+    ref_idx, ref_val = skn.lightning_indexer(
+        case.query,
+        case.key,
+        case.weights,
+        **case.kwargs(),
+        return_value=True,
+        impl="reference",
+        score_dtype=BF16,
+    )
     for key in (case.key, case.key.to(BF16)):
-        got, got_val = skn.lightning_indexer(case.query, key, case.weights, **case.kwargs(), return_value=True,
-                                             impl="cpu", score_dtype=BF16)  # fmt: skip
+        got, got_val = skn.lightning_indexer(
+            case.query, key, case.weights, **case.kwargs(), return_value=True, impl="cpu", score_dtype=BF16
+        )
         check_same_selection(got[:, 0], ref_idx[:, 0], ref_val[:, 0], visible_counts(case))
         assert torch.equal(got_val[:, 0].sort(dim=-1).values, ref_val[:, 0].sort(dim=-1).values)
 
 
 def test_cpu_indexer_bf16_inputs_score_in_bf16(isa):
     """bf16 query and keys are bf16 scoring without asking (the rounding is the identity)."""
-    case = indexer_case(q_lens=[9, 1], kv_lens=[200, 90], heads=16, dim=64, topk=32, block_size=4, seed=5,
-                        dtype=BF16)  # fmt: skip
-    a, va = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), return_value=True, impl="cpu")
-    b, vb = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), return_value=True, impl="cpu",
-                                  score_dtype=BF16)  # fmt: skip
+    case = indexer_case(
+        q_lens=[9, 1], kv_lens=[200, 90], heads=16, dim=64, topk=32, block_size=4, seed=5, dtype=BF16
+    )
+    a, va = skn.lightning_indexer(
+        case.query, case.key, case.weights, **case.kwargs(), return_value=True, impl="cpu"
+    )
+    b, vb = skn.lightning_indexer(
+        case.query, case.key, case.weights, **case.kwargs(), return_value=True, impl="cpu", score_dtype=BF16
+    )
     assert torch.equal(a, b) and torch.equal(va, vb)
     exact = full_scores(_rounded(case))
     check_near_topk(a[:, 0], exact, tol=SCORE_TOL)
@@ -178,8 +227,9 @@ def test_cpu_indexer_float32_query_over_bf16_keys(isa):
     given (the keys widened exactly, the query not rounded), without copying the cache."""
     case = indexer_case(q_lens=[9, 1], kv_lens=[200, 90], heads=8, dim=32, topk=16, block_size=4, seed=6)
     case = dataclasses.replace(case, key=case.key.to(BF16))
-    got, val = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), return_value=True,
-                                     impl="cpu")  # fmt: skip
+    got, val = skn.lightning_indexer(
+        case.query, case.key, case.weights, **case.kwargs(), return_value=True, impl="cpu"
+    )
     exact = full_scores(dataclasses.replace(case, key=case.key.float()))
     check_near_topk(got[:, 0], exact, tol=SCORE_TOL)
     check_values(got[:, 0], val[:, 0], exact, SCORE_TOL)
@@ -188,8 +238,9 @@ def test_cpu_indexer_float32_query_over_bf16_keys(isa):
 def test_cpu_indexer_bf16_scoring_odd_head_dim(isa):
     """An odd head dim has no whole bf16 pairs: the kernel multiplies the rounded values in float32."""
     case = indexer_case(q_lens=[6, 1], kv_lens=[90, 40], heads=3, dim=33, topk=8, block_size=4, seed=8)
-    got, val = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), return_value=True,
-                                     impl="cpu", score_dtype=BF16)  # fmt: skip
+    got, val = skn.lightning_indexer(
+        case.query, case.key, case.weights, **case.kwargs(), return_value=True, impl="cpu", score_dtype=BF16
+    )
     exact = full_scores(_rounded(case))
     check_near_topk(got[:, 0], exact, tol=SCORE_TOL)
     check_values(got[:, 0], val[:, 0], exact, SCORE_TOL)
@@ -263,11 +314,21 @@ def test_indexer_layouts_agree():
     keys = torch.randn(b, s, 1, d, generator=gen)
     w = torch.randn(b, s, n, generator=gen)
     for impl in ["reference"] + (["cpu"] if ISAS else []):
-        bsnd = skn.lightning_indexer(q, keys, w, layout_query="BSND", layout_key="BSND", sparse_count=k, impl=impl)
+        bsnd = skn.lightning_indexer(
+            q, keys, w, layout_query="BSND", layout_key="BSND", sparse_count=k, impl=impl
+        )
         assert bsnd.shape == (b, s, 1, k)
-        tnd = skn.lightning_indexer(q.reshape(b * s, n, d), keys.reshape(b * s, 1, d), w.reshape(b * s, n),
-                                    actual_seq_lengths_query=[s, 2 * s], actual_seq_lengths_key=[s, 2 * s],
-                                    layout_query="TND", layout_key="TND", sparse_count=k, impl=impl)  # fmt: skip
+        tnd = skn.lightning_indexer(
+            q.reshape(b * s, n, d),
+            keys.reshape(b * s, 1, d),
+            w.reshape(b * s, n),
+            actual_seq_lengths_query=[s, 2 * s],
+            actual_seq_lengths_key=[s, 2 * s],
+            layout_query="TND",
+            layout_key="TND",
+            sparse_count=k,
+            impl=impl,
+        )
         assert torch.equal(bsnd.reshape(b * s, k).sort(-1).values, tnd[:, 0].sort(-1).values)
         # mode 0: no causal mask, every query sees all s keys
         full = skn.lightning_indexer(q, keys, w, sparse_count=s, sparse_mode=0, impl=impl)
@@ -305,16 +366,26 @@ def sfa_case(q_lens, kv_lens, heads=4, dk=32, dr=8, topk=24, block_size=4, seed=
             idx[start + i, 0, : pick.numel()] = pick.to(torch.int32)
             idx[start + i, 0] = idx[start + i, 0, torch.randperm(topk, generator=gen)]  # -1s anywhere
         start += q_len
-    kw = dict(block_table=table, actual_seq_lengths_query=torch.tensor(q_lens).cumsum(0),
-              actual_seq_lengths_kv=torch.tensor(kv_lens), query_rope=q_rope, key_rope=key_rope,
-              layout_query="TND", layout_kv="PA_BSND", sparse_mode=3, return_softmax_lse=True)  # fmt: skip
+    kw = dict(
+        block_table=table,
+        actual_seq_lengths_query=torch.tensor(q_lens).cumsum(0),
+        actual_seq_lengths_kv=torch.tensor(kv_lens),
+        query_rope=q_rope,
+        key_rope=key_rope,
+        layout_query="TND",
+        layout_kv="PA_BSND",
+        sparse_mode=3,
+        return_softmax_lse=True,
+    )
     return q, key, idx, kw
 
 
 def exact_sfa(q, key, idx, kw, scale):
     """float64 per query, straight from the definition."""
     table, bs = kw["block_table"], key.shape[1]
-    q_lens = torch.diff(torch.cat([torch.zeros(1, dtype=torch.long), kw["actual_seq_lengths_query"].long()])).tolist()
+    q_lens = torch.diff(
+        torch.cat([torch.zeros(1, dtype=torch.long), kw["actual_seq_lengths_query"].long()])
+    ).tolist()
     flat = key.reshape(-1, key.shape[-1]).double()
     rope = kw["key_rope"].reshape(-1, kw["key_rope"].shape[-1]).double()
     outs, lses, t = [], [], 0
@@ -334,8 +405,10 @@ def exact_sfa(q, key, idx, kw, scale):
     return torch.stack(outs), torch.stack(lses)
 
 
-SFA_CASES = [dict(q_lens=[5, 1, 20, 1], kv_lens=[30, 7, 20, 90]),
-             dict(q_lens=[3, 2], kv_lens=[2, 50], heads=16, dk=64, dr=16, topk=80, block_size=1)]  # fmt: skip
+SFA_CASES = [
+    dict(q_lens=[5, 1, 20, 1], kv_lens=[30, 7, 20, 90]),
+    dict(q_lens=[3, 2], kv_lens=[2, 50], heads=16, dk=64, dr=16, topk=80, block_size=1),
+]
 
 
 @pytest.mark.parametrize("spec", SFA_CASES)
@@ -375,7 +448,9 @@ def test_sparse_attention_causal_limit_ignores_future_indices():
     for impl in ["reference"] + (["cpu"] if ISAS else []):
         o3, l3 = skn.sparse_flash_attention(q, key, key, idx, 0.5, **kw, impl=impl)
         limited = torch.where(torch.arange(4).unsqueeze(1) <= torch.arange(4).unsqueeze(0), idx[:, 0].T, -1).T
-        ol, ll = skn.sparse_flash_attention(q, key, key, limited.unsqueeze(1).contiguous(), 0.5, **kw, impl=impl)
+        ol, ll = skn.sparse_flash_attention(
+            q, key, key, limited.unsqueeze(1).contiguous(), 0.5, **kw, impl=impl
+        )
         torch.testing.assert_close(o3, ol)
         o0, _ = skn.sparse_flash_attention(q, key, key, idx, 0.5, **{**kw, "sparse_mode": 0}, impl=impl)
         assert not torch.allclose(o0[0], o3[0])

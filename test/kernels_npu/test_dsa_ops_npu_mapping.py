@@ -90,8 +90,9 @@ def stand_in(monkeypatch):
 
 def test_indexer_mapping(stand_in):
     case = indexer_case(q_lens=[5, 1, 9], kv_lens=[40, 9, 30], topk=8, integer=True, block_size=16)
-    got, vals = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), return_value=True,
-                                      impl="torch_npu")  # fmt: skip
+    got, vals = skn.lightning_indexer(
+        case.query, case.key, case.weights, **case.kwargs(), return_value=True, impl="torch_npu"
+    )
     name, kw = stand_in.calls[-1]
     assert name == "npu_lightning_indexer"
     assert kw["weights"].dtype == case.query.dtype and kw["return_value"] is True and kw["sparse_count"] == 8
@@ -100,26 +101,35 @@ def test_indexer_mapping(stand_in):
     assert kw["actual_seq_lengths_query"].tolist() == case.cu_q.tolist()  # TND: cumulative
     assert kw["actual_seq_lengths_key"].tolist() == case.kv_lens.tolist()  # PA_BSND: per request
     assert kw["key"] is case.key and kw["query"] is case.query  # no copies, no re-layout
-    ref_idx, ref_val = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), return_value=True,
-                                             impl="reference")  # fmt: skip
+    ref_idx, ref_val = skn.lightning_indexer(
+        case.query, case.key, case.weights, **case.kwargs(), return_value=True, impl="reference"
+    )
     check_same_selection(got[:, 0], ref_idx[:, 0], ref_val[:, 0], visible_counts(case))
     assert "return_value" not in dict(
-        (skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), impl="torch_npu"),
-         stand_in.calls[-1])[1][1]
-    )  # fmt: skip
+        (
+            skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), impl="torch_npu"),
+            stand_in.calls[-1],
+        )[1][1]
+    )
 
 
 def test_sparse_attention_mapping(stand_in):
     q, key, idx, kw = sfa_case(q_lens=[5, 1, 20, 1], kv_lens=[30, 7, 20, 90], block_size=16)
     out, lse = skn.sparse_flash_attention(q, key, key, idx, 0.3, **kw, impl="torch_npu")
     name, call = stand_in.calls[-1]
-    assert name == "npu_sparse_flash_attention" and call["attention_mode"] == 2 and call["sparse_block_size"] == 1
+    assert (
+        name == "npu_sparse_flash_attention"
+        and call["attention_mode"] == 2
+        and call["sparse_block_size"] == 1
+    )
     assert call["sparse_indices"].dtype == torch.int32 and call["return_softmax_lse"] is True
     assert call["actual_seq_lengths_query"].tolist() == kw["actual_seq_lengths_query"].tolist()
     ro, rl = skn.sparse_flash_attention(q, key, key, idx, 0.3, **kw, impl="reference")
     torch.testing.assert_close(out, ro, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(lse, rl, atol=1e-5, rtol=1e-5)
-    plain = skn.sparse_flash_attention(q, key, key, idx, 0.3, **{**kw, "return_softmax_lse": False}, impl="torch_npu")
+    plain = skn.sparse_flash_attention(
+        q, key, key, idx, 0.3, **{**kw, "return_softmax_lse": False}, impl="torch_npu"
+    )
     torch.testing.assert_close(plain, ro, atol=1e-5, rtol=1e-5)
 
 
@@ -141,10 +151,14 @@ def test_missing_torch_npu_is_a_clear_error(monkeypatch):
 def test_indexer_bf16_scoring_hands_bf16_to_the_op(stand_in):
     """score_dtype=bf16: the op gets bf16 query and key (it scores in its inputs' dtype)."""
     case = indexer_case(q_lens=[3, 1], kv_lens=[20, 12], topk=4, integer=True, block_size=16)
-    got = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), impl="torch_npu",
-                                score_dtype=torch.bfloat16)  # fmt: skip
+    got = skn.lightning_indexer(
+        case.query, case.key, case.weights, **case.kwargs(), impl="torch_npu", score_dtype=torch.bfloat16
+    )
     kw = stand_in.calls[-1][1]
     assert kw["query"].dtype == kw["key"].dtype == kw["weights"].dtype == torch.bfloat16
-    ref_idx, ref_val = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), return_value=True,
-                                             impl="reference")  # fmt: skip
-    check_same_selection(got[:, 0], ref_idx[:, 0], ref_val[:, 0], visible_counts(case))  # integers: exact in bf16
+    ref_idx, ref_val = skn.lightning_indexer(
+        case.query, case.key, case.weights, **case.kwargs(), return_value=True, impl="reference"
+    )
+    check_same_selection(
+        got[:, 0], ref_idx[:, 0], ref_val[:, 0], visible_counts(case)
+    )  # integers: exact in bf16

@@ -25,7 +25,11 @@ def test_triton_kernels_match_reference_under_interpreter():
     cases = HERE / "triton_interpreted_cases.py"
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(HERE), str(cases)],
-        cwd=HERE, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        cwd=HERE,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout and "9 passed" in proc.stdout, proc.stdout[-2000:]

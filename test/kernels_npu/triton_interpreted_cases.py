@@ -32,10 +32,12 @@ RAGGED = dict(q_lens=[3, 1, 9, 1], kv_lens=[20, 9, 9, 70])
 @pytest.mark.parametrize("topk", [4, 100])
 def test_triton_indexer_exact(topk):
     case = indexer_case(**RAGGED, topk=topk, integer=True, seed=topk)
-    ref_idx, ref_val = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), return_value=True,
-                                             impl="reference")  # fmt: skip
-    got, got_val = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), return_value=True,
-                                         impl="triton")  # fmt: skip
+    ref_idx, ref_val = skn.lightning_indexer(
+        case.query, case.key, case.weights, **case.kwargs(), return_value=True, impl="reference"
+    )
+    got, got_val = skn.lightning_indexer(
+        case.query, case.key, case.weights, **case.kwargs(), return_value=True, impl="triton"
+    )
     check_same_selection(got[:, 0], ref_idx[:, 0], ref_val[:, 0], visible_counts(case))
     assert torch.equal(got, ref_idx)  # same order too: both sort stably by score
     torch.testing.assert_close(got_val, ref_val)
@@ -50,12 +52,26 @@ def test_triton_indexer_random():
 def test_triton_indexer_bf16_scoring():
     """score_dtype bf16: the kernel scores the bf16-rounded inputs (float32 sums), like the reference."""
     case = indexer_case(q_lens=[6, 1], kv_lens=[80, 150], heads=16, dim=64, topk=32, block_size=16, seed=5)
-    got, val = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), return_value=True,
-                                     impl="triton", score_dtype=torch.bfloat16)  # fmt: skip
+    got, val = skn.lightning_indexer(
+        case.query,
+        case.key,
+        case.weights,
+        **case.kwargs(),
+        return_value=True,
+        impl="triton",
+        score_dtype=torch.bfloat16,
+    )
     rounded = dataclasses.replace(case, query=case.query.bfloat16().float(), key=case.key.bfloat16().float())
     check_near_topk(got[:, 0], full_scores(rounded), tol=1e-5)
-    _, ref_val = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), return_value=True,
-                                       impl="reference", score_dtype=torch.bfloat16)  # fmt: skip
+    _, ref_val = skn.lightning_indexer(
+        case.query,
+        case.key,
+        case.weights,
+        **case.kwargs(),
+        return_value=True,
+        impl="reference",
+        score_dtype=torch.bfloat16,
+    )
     torch.testing.assert_close(val.sort(-1).values, ref_val.sort(-1).values, atol=1e-4, rtol=1e-5)
 
 
@@ -63,13 +79,29 @@ def test_triton_indexer_int8_scoring():
     """score_dtype int8: the reference's quantization, float32 products of the int8 values with the
     dequantized keys: the reference's int8 scores up to float32 rounding."""
     case = indexer_case(q_lens=[6, 1], kv_lens=[80, 150], heads=16, dim=64, topk=32, block_size=16, seed=6)
-    got, val = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), return_value=True,
-                                     impl="triton", score_dtype=torch.int8)  # fmt: skip
-    ref_idx, ref_val = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), return_value=True,
-                                             impl="reference", score_dtype=torch.int8)  # fmt: skip
+    got, val = skn.lightning_indexer(
+        case.query,
+        case.key,
+        case.weights,
+        **case.kwargs(),
+        return_value=True,
+        impl="triton",
+        score_dtype=torch.int8,
+    )
+    ref_idx, ref_val = skn.lightning_indexer(
+        case.query,
+        case.key,
+        case.weights,
+        **case.kwargs(),
+        return_value=True,
+        impl="reference",
+        score_dtype=torch.int8,
+    )
     check_same_selection(got[:, 0], ref_idx[:, 0], ref_val[:, 0], visible_counts(case), tol=1e-5)
     torch.testing.assert_close(val.sort(-1).values, ref_val.sort(-1).values, atol=1e-4, rtol=1e-5)
-    f32 = skn.lightning_indexer(case.query, case.key, case.weights, **case.kwargs(), return_value=True, impl="triton")
+    f32 = skn.lightning_indexer(
+        case.query, case.key, case.weights, **case.kwargs(), return_value=True, impl="triton"
+    )
     assert not torch.allclose(val, f32[1])  # int8 scores, not the float32 ones
 
 

@@ -19,13 +19,15 @@ from sglang.test.scheduler_harness import SchedulerHarness
 
 PROMPTS = [
     "The capital of France is",
-    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
     (
         "Paris is the capital and largest city of France. With an estimated population of over two "
         "million residents, it is the centre of the Ile-de-France region. Since the 17th century Paris "
         "has been one of the world's major centres of finance, diplomacy, commerce, culture, fashion and "
         "gastronomy. "
-    ) * 2 + "In one sentence, the most famous landmark of Paris is",
+    )
+    * 2
+    + "In one sentence, the most famous landmark of Paris is",
 ]
 NEW_TOKENS = 8
 
@@ -84,7 +86,11 @@ def test_auto_with_native_bf16_is_bf16(prompts_ids, monkeypatch, kind):
     h, ids = _greedy(path, prompts[:1], "auto")
     model = h.scheduler.runner.model
     assert next(model.parameters()).dtype == torch.bfloat16
-    kinds = {type(m.packed_weight[0]) for m in model.modules() if isinstance(getattr(m, "packed_weight", None), tuple)}
+    kinds = {
+        type(m.packed_weight[0])
+        for m in model.modules()
+        if isinstance(getattr(m, "packed_weight", None), tuple)
+    }
     assert (linear_mixed.Float32PrefillWeight in kinds) == (kind == "avx512-bf16")
     assert linear_mixed.MixedWeight not in kinds
     assert ids[0] == [7042, 30, 198, 198, 504, 2988, 314, 42][:NEW_TOKENS]

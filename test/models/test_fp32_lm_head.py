@@ -36,15 +36,22 @@ BUILDS = [v.name for v in isa.runnable_variants()]
 # LM head's kernel the build; SGLANG_CPU_ISA below avx512bf16 caps the kind at its own). The issue's
 # CPU (AVX-512 without BF16: the avx512 build) also runs in a process of its own below, with
 # oneDNN capped as on that CPU.
-PAIRS = [("amx", "avx512bf16"), ("avx512-bf16", "avx512bf16"), ("avx512", "avx512"), ("avx2", "avx2"),
-         ("generic", "portable")]  # fmt: skip
+PAIRS = [
+    ("amx", "avx512bf16"),
+    ("avx512-bf16", "avx512bf16"),
+    ("avx512", "avx512"),
+    ("avx2", "avx2"),
+    ("generic", "portable"),
+]
 RUNNABLE_PAIRS = [(k, b) for k, b in PAIRS if k in KINDS and b in BUILDS]
 # The amx kind runs the whole prefill in bf16 (AMX GEMMs and prefill attention): that model's own
 # bf16 error moves this tie's gap by +-0.15 between equally valid kernel choices (measured on an
 # AMX Xeon: torch attention +0.09, the fused AMX attention -0.15; float32 +0.08), so float32
 # logits alone cannot keep float32's ranking there. Known and open (issue 32's closing note: a
 # float32 residual stream, or float32 prefill GEMMs, is the fix); strict, so it is noticed when fixed.
-AMX_NOISE = pytest.mark.xfail(strict=True, reason="bf16 prefill noise on the amx kind flips this near tie (open)")
+AMX_NOISE = pytest.mark.xfail(
+    strict=True, reason="bf16 prefill noise on the amx kind flips this near tie (open)"
+)
 # bf16 model, float32 logits vs the float32 model: the bf16 model's own rounding (weights,
 # residual stream, fused bf16 norms / SiLU / attention) moves these logprobs by up to 0.11 here
 # (measured: avx512 kind on the avx512 build, "The" -1.777 vs float32's -1.883); the ranking is
@@ -134,8 +141,12 @@ def test_issue_cpu_avx512_without_bf16_emulated(prompt, float32_top):
     for disable in ("0", "1"):
         out = subprocess.run(
             [sys.executable, "-c", _FIRST_TOKEN_SCRIPT, path, json.dumps(ids), disable],
-            env=env, capture_output=True, text=True, timeout=300, check=True,
-        )  # fmt: skip
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=True,
+        )
         lp = torch.log_softmax(torch.tensor(json.loads(out.stdout.strip().splitlines()[-1])), -1)
         top[disable] = lp[float32_top[1][:2]]
     assert top["0"][0] > top["0"][1], top  # float32's first token stays first

@@ -166,10 +166,21 @@ def test_idle_batch_gives_empty_logits(pair: Pair):
     h = ForwardHarness(pair.cfg)
     empty = torch.empty(0, dtype=torch.int64)
     batch = ForwardBatch(
-        forward_mode=ForwardMode.IDLE, batch_size=0, input_ids=empty, positions=empty, out_cache_loc=empty,
-        req_pool_indices=empty, seq_lens=empty, extend_prefix_lens=empty, extend_seq_lens=empty,
-        seq_lens_cpu=[], extend_prefix_lens_cpu=[], extend_seq_lens_cpu=[],
-        req_to_token_pool=h.req_to_token_pool, token_to_kv_pool=h.token_to_kv_pool, attn_backend=h.attn_backend,
+        forward_mode=ForwardMode.IDLE,
+        batch_size=0,
+        input_ids=empty,
+        positions=empty,
+        out_cache_loc=empty,
+        req_pool_indices=empty,
+        seq_lens=empty,
+        extend_prefix_lens=empty,
+        extend_seq_lens=empty,
+        seq_lens_cpu=[],
+        extend_prefix_lens_cpu=[],
+        extend_seq_lens_cpu=[],
+        req_to_token_pool=h.req_to_token_pool,
+        token_to_kv_pool=h.token_to_kv_pool,
+        attn_backend=h.attn_backend,
     )
     assert h.run(pair.ours, batch).next_token_logits.shape == (0, 256)
 
@@ -202,13 +213,17 @@ def test_last_layer_finishes_only_logit_rows(pair: Pair):
     if not hasattr(pair.ours.model, "_logit_rows"):
         pytest.skip("not a LlamaModel")
     rows_seen = []
-    hook = pair.ours.model.layers[-1].mlp.register_forward_hook(lambda m, i, o: rows_seen.append(i[0].shape[0]))
+    hook = pair.ours.model.layers[-1].mlp.register_forward_hook(
+        lambda m, i, o: rows_seen.append(i[0].shape[0])
+    )
     try:
         h = ForwardHarness(pair.cfg)
         reqs = [h.new_request() for _ in pair.prompts]
         out = h.forward(pair.ours, list(zip(reqs, pair.prompts)))
         full = ForwardHarness(pair.cfg)
-        out_all = full.forward(pair.ours, [(full.new_request(), p) for p in pair.prompts], return_all_logits=True)
+        out_all = full.forward(
+            pair.ours, [(full.new_request(), p) for p in pair.prompts], return_all_logits=True
+        )
     finally:
         hook.remove()
     assert rows_seen == [len(pair.prompts), sum(PROMPT_LENS)]

@@ -28,7 +28,11 @@ from sglang.test.tiny_moe_models import (
 
 NEW_TOKENS = 16
 LOGIT_TOL = 1e-3
-CONFIGS = {"deepseek_v3": deepseek_v3_config, "deepseek_v32": deepseek_v32_config, "qwen3_moe": qwen3_moe_config}
+CONFIGS = {
+    "deepseek_v3": deepseek_v3_config,
+    "deepseek_v32": deepseek_v32_config,
+    "qwen3_moe": qwen3_moe_config,
+}
 
 
 def _prompts(lengths, seed):

@@ -94,7 +94,9 @@ def test_retraction_under_kv_pressure(reference):
     """A pool too small for all requests at once: requests get retracted and requeued, and still
     produce exactly the reference tokens."""
     path, refs = reference
-    h = SchedulerHarness(model_path=path, max_total_tokens=128, chunked_prefill_size=16, disable_radix_cache=True)
+    h = SchedulerHarness(
+        model_path=path, max_total_tokens=128, chunked_prefill_size=16, disable_radix_cache=True
+    )
     rids = [h.submit(refs[i][0], NEW_TOKENS) for i in range(3)]
     h.run()
     for i, rid in enumerate(rids):
@@ -126,8 +128,9 @@ def test_short_prompt_first(reference, short_first):
     is prefilled in the very next step, beside a smaller chunk of the long one (the step's budget
     unchanged); off, it waits for the long prompt's chunks. Tokens match the reference either way."""
     path, refs = reference
-    h = SchedulerHarness(model_path=path, max_total_tokens=2048, chunked_prefill_size=16,
-                         short_prompt_first_tokens=short_first)  # fmt: skip
+    h = SchedulerHarness(
+        model_path=path, max_total_tokens=2048, chunked_prefill_size=16, short_prompt_first_tokens=short_first
+    )
     long = h.submit(refs[2][0], NEW_TOKENS)  # 41 tokens: chunks of at most 16
     h.step()
     assert h.batch_shapes[-1] == (1, 16)
@@ -151,6 +154,11 @@ def test_short_prompt_first_default_and_validation():
     assert ServerArgs(model_path=TINY_LLAMA_DIR).resolved_short_prompt_first_tokens == 0
     pd = ServerArgs(model_path=TINY_LLAMA_DIR, disaggregation_mode="prefill", chunked_prefill_size=1024)
     assert pd.resolved_short_prompt_first_tokens == 256
-    assert ServerArgs(model_path=TINY_LLAMA_DIR, disaggregation_mode="prefill", short_prompt_first_tokens=0).resolved_short_prompt_first_tokens == 0
+    assert (
+        ServerArgs(
+            model_path=TINY_LLAMA_DIR, disaggregation_mode="prefill", short_prompt_first_tokens=0
+        ).resolved_short_prompt_first_tokens
+        == 0
+    )
     with pytest.raises(ValueError, match="short-prompt-first-tokens"):
         ServerArgs(model_path=TINY_LLAMA_DIR, short_prompt_first_tokens=-1).validate()

@@ -64,7 +64,9 @@ def test_bf16_kernels_keep_greedy_ids(gguf_and_prompt, monkeypatch, chunk):
         monkeypatch.setenv("SGLANG_CPU_KERNELS", kernels)
         kwargs = {"chunked_prefill_size": chunk} if chunk else {}
         with fresh_platforms():  # platform objects (kernel tables) that read the variable
-            h = SchedulerHarness(model_path=path, dtype="bfloat16", max_total_tokens=4096, num_threads=2, **kwargs)
+            h = SchedulerHarness(
+                model_path=path, dtype="bfloat16", max_total_tokens=4096, num_threads=2, **kwargs
+            )
             rid = h.submit(ids, 8)
             h.run()
         runs[kernels] = (h.outputs[rid], h.logits[rid][0])

@@ -61,17 +61,26 @@ class LoadReport:
 
     def summary(self) -> dict:
         return {
-            "requests": self.requests, "samples": self.samples, "completed": self.completed, "dropped_by_client": self.dropped,
+            "requests": self.requests,
+            "samples": self.samples,
+            "completed": self.completed,
+            "dropped_by_client": self.dropped,
             "dropped_samples": self.dropped_samples,
-            "planned_drops": self.streams_planned_to_drop, "errors": len(self.errors), "by_route": self.by_route,
-            "output_tokens": self.output_tokens, "duration_s": round(self.duration_s, 1),
-            "max_health_latency_s": round(self.max_health_latency_s, 3), "health_failures": self.health_failures,
+            "planned_drops": self.streams_planned_to_drop,
+            "errors": len(self.errors),
+            "by_route": self.by_route,
+            "output_tokens": self.output_tokens,
+            "duration_s": round(self.duration_s, 1),
+            "max_health_latency_s": round(self.max_health_latency_s, 3),
+            "health_failures": self.health_failures,
             "max_info_latency_s": round(self.max_info_latency_s, 3),
             "health_generate_failures": self.health_generate_failures,
-        }  # fmt: skip
+        }
 
 
-def make_specs(n: int, drop_fraction: float, vocab: int, seed: int, max_prompt: int, max_new: int) -> list[RequestSpec]:
+def make_specs(
+    n: int, drop_fraction: float, vocab: int, seed: int, max_prompt: int, max_new: int
+) -> list[RequestSpec]:
     """Random requests: a shared prefix (prefix-cache hits) or not, random lengths; exactly
     round(n * drop_fraction) streams dropped mid-stream, the rest half non-streaming, half full streams."""
     rng = random.Random(seed)
@@ -89,12 +98,16 @@ def make_specs(n: int, drop_fraction: float, vocab: int, seed: int, max_prompt: 
         route = ROUTES[i % len(ROUTES)]
         specs.append(
             RequestSpec(
-                index=i, route=route, prompt_ids=ids,
+                index=i,
+                route=route,
+                prompt_ids=ids,
                 max_new_tokens=rng.randint(8, max_new) if dropped else rng.randint(1, max_new),
-                stream=stream, drop_after=rng.randint(1, 3) if dropped else None,
-                n=2 if route != "chat" and rng.random() < 0.1 else 1, logprobs=rng.random() < 0.1,
+                stream=stream,
+                drop_after=rng.randint(1, 3) if dropped else None,
+                n=2 if route != "chat" and rng.random() < 0.1 else 1,
+                logprobs=rng.random() < 0.1,
             )
-        )  # fmt: skip
+        )
     return specs
 
 
@@ -104,8 +117,13 @@ class Runner:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         limits = httpx.Limits(max_connections=256, max_keepalive_connections=128)
         self.http = httpx.AsyncClient(base_url=url, headers=headers, timeout=600, limits=limits)
-        self.oai = openai.AsyncOpenAI(base_url=url + "/v1", api_key=api_key or "none", max_retries=0, timeout=600,
-                                      http_client=httpx.AsyncClient(timeout=600, limits=limits))  # fmt: skip
+        self.oai = openai.AsyncOpenAI(
+            base_url=url + "/v1",
+            api_key=api_key or "none",
+            max_retries=0,
+            timeout=600,
+            http_client=httpx.AsyncClient(timeout=600, limits=limits),
+        )
         self.report = report
 
     async def close(self) -> None:
@@ -135,8 +153,12 @@ class Runner:
         self.report.output_tokens += sum(t for _, t in finals)
 
     async def _generate(self, spec: RequestSpec) -> None:
-        body = {"input_ids": spec.prompt_ids, "stream": spec.stream, "return_logprob": spec.logprobs,
-                "sampling_params": {"max_new_tokens": spec.max_new_tokens, "n": spec.n}}  # fmt: skip
+        body = {
+            "input_ids": spec.prompt_ids,
+            "stream": spec.stream,
+            "return_logprob": spec.logprobs,
+            "sampling_params": {"max_new_tokens": spec.max_new_tokens, "n": spec.n},
+        }
 
         def final(meta: dict) -> tuple[Optional[str], int]:
             return (meta["finish_reason"] or {}).get("type"), meta["completion_tokens"]
@@ -172,7 +194,9 @@ class Runner:
     async def _openai(self, spec: RequestSpec) -> None:
         common = dict(model="default", max_tokens=spec.max_new_tokens, stream=spec.stream, n=spec.n)
         if spec.route == "completions":
-            call = self.oai.completions.create(prompt=spec.prompt_ids, logprobs=2 if spec.logprobs else None, **common)
+            call = self.oai.completions.create(
+                prompt=spec.prompt_ids, logprobs=2 if spec.logprobs else None, **common
+            )
         else:
             call = self.oai.chat.completions.create(
                 messages=[{"role": "user", "content": spec.text}], logprobs=spec.logprobs, **common
@@ -235,9 +259,14 @@ async def _watch_health(url: str, report: LoadReport, stop: asyncio.Event, api_k
                 pass
 
 
-async def run_load_async(url: str, specs: list[RequestSpec], clients: int, api_key: Optional[str] = None) -> LoadReport:
-    report = LoadReport(requests=len(specs), samples=sum(s.n for s in specs),
-                        streams_planned_to_drop=sum(s.drop_after is not None for s in specs))  # fmt: skip
+async def run_load_async(
+    url: str, specs: list[RequestSpec], clients: int, api_key: Optional[str] = None
+) -> LoadReport:
+    report = LoadReport(
+        requests=len(specs),
+        samples=sum(s.n for s in specs),
+        streams_planned_to_drop=sum(s.drop_after is not None for s in specs),
+    )
     for s in specs:
         report.by_route[s.route] = report.by_route.get(s.route, 0) + 1
     runner = Runner(url, api_key, report)
@@ -266,8 +295,17 @@ async def run_load_async(url: str, specs: list[RequestSpec], clients: int, api_k
     return report
 
 
-def run_load(url: str, n: int = 1000, clients: int = 64, drop_fraction: float = 0.2, vocab: int = 552,
-             seed: int = 0, max_prompt: int = 160, max_new: int = 24, api_key: Optional[str] = None) -> LoadReport:  # fmt: skip
+def run_load(
+    url: str,
+    n: int = 1000,
+    clients: int = 64,
+    drop_fraction: float = 0.2,
+    vocab: int = 552,
+    seed: int = 0,
+    max_prompt: int = 160,
+    max_new: int = 24,
+    api_key: Optional[str] = None,
+) -> LoadReport:
     specs = make_specs(n, drop_fraction, vocab, seed, max_prompt, max_new)
     return asyncio.run(run_load_async(url, specs, clients, api_key))
 

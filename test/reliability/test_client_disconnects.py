@@ -28,7 +28,15 @@ def _aborted(client: httpx.Client) -> float:
 def server(tmp_path_factory):
     """8 layers x 512: 3000 tokens take many seconds however fast the kernels are."""
     model = make_mid_llama(tmp_path_factory.mktemp("models"))
-    args = ("--enable-metrics", "--num-threads", "1", "--chunked-prefill-size", "16", "--max-total-tokens", "16384")
+    args = (
+        "--enable-metrics",
+        "--num-threads",
+        "1",
+        "--chunked-prefill-size",
+        "16",
+        "--max-total-tokens",
+        "16384",
+    )
     handle = launch_server(args, model=model)
     yield handle
     handle.stop()
@@ -49,7 +57,10 @@ def test_non_streaming_clients_that_leave_are_aborted(server):
         bodies = [
             ("/generate", {"input_ids": [5, 6, 7], "sampling_params": LONG}),
             ("/v1/completions", {"prompt": [5, 6, 7], "max_tokens": 3000, "ignore_eos": True}),
-            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3000, "ignore_eos": True}),
+            (
+                "/v1/chat/completions",
+                {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3000, "ignore_eos": True},
+            ),
         ]
 
         async def all_leave() -> None:
@@ -58,7 +69,9 @@ def test_non_streaming_clients_that_leave_are_aborted(server):
         asyncio.run(all_leave())
         left = time.monotonic()
         # 3000 tokens each would take far longer than this: they must have been aborted
-        assert wait_until(lambda: internal_state(client)["num_running_reqs"] == 0, 10.0), internal_state(client)
+        assert wait_until(lambda: internal_state(client)["num_running_reqs"] == 0, 10.0), internal_state(
+            client
+        )
         assert time.monotonic() - left < 10.0
         assert _aborted(client) - aborted_before == len(bodies)
         after = wait_idle(client)
@@ -70,7 +83,11 @@ def test_stream_left_before_its_first_token_is_aborted(server):
     with server.client() as client:
         before, aborted_before = internal_state(client), _aborted(client)
         # 4000 prompt tokens in chunks of 16: the first token is 250 steps away
-        body = {"input_ids": [5 + i % 400 for i in range(4000)], "sampling_params": {"max_new_tokens": 16}, "stream": True}
+        body = {
+            "input_ids": [5 + i % 400 for i in range(4000)],
+            "sampling_params": {"max_new_tokens": 16},
+            "stream": True,
+        }
 
         async def leave() -> None:
             async with httpx.AsyncClient(base_url=server.url, timeout=600) as aclient:
@@ -83,7 +100,9 @@ def test_stream_left_before_its_first_token_is_aborted(server):
                     return
 
         asyncio.run(leave())
-        assert wait_until(lambda: internal_state(client)["num_running_reqs"] == 0, 10.0), internal_state(client)
+        assert wait_until(lambda: internal_state(client)["num_running_reqs"] == 0, 10.0), internal_state(
+            client
+        )
         assert _aborted(client) - aborted_before == 1
         after = wait_idle(client)
         assert after["available_kv_tokens"] == before["available_kv_tokens"]

@@ -68,7 +68,9 @@ def test_endpoints_answer_during_a_long_prefill(mid_llama):
 
             def long_prefill() -> None:
                 ids = [5 + (i * 7) % 500 for i in range(LONG_PROMPT)]
-                result["r"] = client.post("/generate", json={"input_ids": ids, "sampling_params": {"max_new_tokens": 2}})
+                result["r"] = client.post(
+                    "/generate", json={"input_ids": ids, "sampling_params": {"max_new_tokens": 2}}
+                )
 
             worker = threading.Thread(target=long_prefill)
             worker.start()
@@ -87,14 +89,21 @@ def test_endpoints_answer_during_a_long_prefill(mid_llama):
                 else:
                     assert r.status_code == 200, (path, r.text)
             info = client.get("/get_server_info").json()["internal_states"][0]
-            assert worker.is_alive(), f"the prefill ended before the checks were done ({timings}): lengthen it"
+            assert (
+                worker.is_alive()
+            ), f"the prefill ended before the checks were done ({timings}): lengthen it"
             assert all(t < FAST_S for t in timings.values()), timings
             assert info["num_running_reqs"] == 1 and info["step_running_s"] > 0
             assert client.get("/health_generate").status_code == 200  # busy, not stuck
             worker.join(120)
-            assert result["r"].status_code == 200 and result["r"].json()["meta_info"]["completion_tokens"] == 2
+            assert (
+                result["r"].status_code == 200 and result["r"].json()["meta_info"]["completion_tokens"] == 2
+            )
             # afterwards the loop answers itself again: exact, fresh state
-            assert wait_until(lambda: "step_running_s" not in client.get("/get_server_info").json()["internal_states"][0], 10)
+            assert wait_until(
+                lambda: "step_running_s" not in client.get("/get_server_info").json()["internal_states"][0],
+                10,
+            )
             assert client.post("/flush_cache").status_code == 200
     finally:
         handle.stop()
@@ -121,7 +130,9 @@ def test_frozen_scheduler_fails_health_generate_but_not_the_info_endpoints():
             finally:
                 os.kill(rank0, signal.SIGCONT)
             assert wait_until(lambda: client.get("/health_generate").status_code == 200, 30, 0.5)
-            r = client.post("/generate", json={"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 3}})
+            r = client.post(
+                "/generate", json={"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 3}}
+            )
             assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 3
     finally:
         handle.stop()

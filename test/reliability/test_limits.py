@@ -48,9 +48,14 @@ def test_requests_that_cannot_fit_get_a_400_naming_the_limit(small_server):
         assert pool <= POOL + 8 and CONTEXT > pool  # the pool, not the context, is the smaller limit
         oai = openai.OpenAI(base_url=small_server.url + "/v1", api_key="none", max_retries=0)
         for ids, max_new, words in _cases(pool):
-            r = client.post("/generate", json={"input_ids": ids, "sampling_params": {"max_new_tokens": max_new}})
+            r = client.post(
+                "/generate", json={"input_ids": ids, "sampling_params": {"max_new_tokens": max_new}}
+            )
             assert r.status_code == 400 and words in r.json()["error"]["message"], (words, r.text)
-            r = client.post("/generate", json={"input_ids": ids, "sampling_params": {"max_new_tokens": max_new}, "stream": True})
+            r = client.post(
+                "/generate",
+                json={"input_ids": ids, "sampling_params": {"max_new_tokens": max_new}, "stream": True},
+            )
             assert r.status_code == 400 and words in r.json()["error"]["message"], (words, r.text)
             with pytest.raises(openai.BadRequestError) as err:
                 oai.completions.create(model="default", prompt=ids, max_tokens=max_new)
@@ -59,7 +64,10 @@ def test_requests_that_cannot_fit_get_a_400_naming_the_limit(small_server):
                 oai.completions.create(model="default", prompt=ids, max_tokens=max_new, stream=True)
             assert words in str(err.value)
         # the server keeps serving, with nothing held
-        r = client.post("/generate", json={"input_ids": [7] * 50, "sampling_params": {"max_new_tokens": 8, "ignore_eos": True}})
+        r = client.post(
+            "/generate",
+            json={"input_ids": [7] * 50, "sampling_params": {"max_new_tokens": 8, "ignore_eos": True}},
+        )
         assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 8
         state = wait_idle(client)
         assert state["free_req_slots"] == state["max_req_slots"]
@@ -78,12 +86,19 @@ def test_overload_past_max_queued_requests_is_a_503():
             kind = i % 4
             if kind < 2:
                 path = "/generate"
-                body = {"input_ids": [5, 6, 7, i], "sampling_params": {"max_new_tokens": 64, "ignore_eos": True}}
+                body = {
+                    "input_ids": [5, 6, 7, i],
+                    "sampling_params": {"max_new_tokens": 64, "ignore_eos": True},
+                }
             elif kind == 2:
                 path, body = "/v1/completions", {"prompt": [5, 6, 7, i], "max_tokens": 64, "ignore_eos": True}
             else:
                 path = "/v1/chat/completions"
-                body = {"messages": [{"role": "user", "content": f"hi {i}"}], "max_tokens": 64, "ignore_eos": True}
+                body = {
+                    "messages": [{"role": "user", "content": f"hi {i}"}],
+                    "max_tokens": 64,
+                    "ignore_eos": True,
+                }
             if kind in (1, 3):
                 body["stream"] = True
                 async with aclient.stream("POST", path, json=body) as r:
@@ -102,7 +117,12 @@ def test_overload_past_max_queued_requests_is_a_503():
         assert refused and statuses.count(200) >= queued, statuses
         for text in refused:
             assert "overloaded" in text and f"--max-queued-requests {queued}" in text, text
-        assert {i % 4 for i, (s, _) in enumerate(results) if s == 503} == {0, 1, 2, 3}, statuses  # every route
+        assert {i % 4 for i, (s, _) in enumerate(results) if s == 503} == {
+            0,
+            1,
+            2,
+            3,
+        }, statuses  # every route
         for status, text in results:
             if status == 200 and text.startswith("data:"):
                 assert text.rstrip().endswith("data: [DONE]") and "length" in text
@@ -113,6 +133,8 @@ def test_overload_past_max_queued_requests_is_a_503():
             r = client.post("/generate", json={"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 2}})
             assert r.status_code == 200
         oai = openai.OpenAI(base_url=handle.url + "/v1", api_key="none", max_retries=0)
-        assert oai.completions.create(model="default", prompt=[5, 6], max_tokens=2).usage.completion_tokens == 2
+        assert (
+            oai.completions.create(model="default", prompt=[5, 6], max_tokens=2).usage.completion_tokens == 2
+        )
     finally:
         handle.stop()

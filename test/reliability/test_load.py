@@ -51,7 +51,10 @@ def test_load_with_dropped_streams_leaks_nothing(config):
         assert report.health_failures == 0 and report.health_generate_failures == 0, summary
         # the HTTP process itself is saturated by 64 clients here (the 1 s bound with a busy
         # scheduler but idle HTTP is test_control_endpoints.py's)
-        assert report.max_health_latency_s < HTTP_BUSY_LATENCY_S and report.max_info_latency_s < HTTP_BUSY_LATENCY_S, summary
+        assert (
+            report.max_health_latency_s < HTTP_BUSY_LATENCY_S
+            and report.max_info_latency_s < HTTP_BUSY_LATENCY_S
+        ), summary
         with handle.client() as client:
             state = wait_idle(client, timeout=60)
             info = client.get("/get_server_info").json()
@@ -67,11 +70,23 @@ def test_load_with_dropped_streams_leaks_nothing(config):
             flushed = internal_state(client)
             leaks["KV tokens not free after a flush"] = initial["free_kv_tokens"] - flushed["free_kv_tokens"]
             leaks["evictable KV after a flush"] = flushed["evictable_kv_tokens"]
-        print(f"\nreliability[{config}]: " + json.dumps({**summary, "server_requests": finished, "server_aborted": aborted,
-                                                          "leaks": sum(leaks.values())}))  # fmt: skip
+        print(
+            f"\nreliability[{config}]: "
+            + json.dumps(
+                {
+                    **summary,
+                    "server_requests": finished,
+                    "server_aborted": aborted,
+                    "leaks": sum(leaks.values()),
+                }
+            )
+        )
         # every sample (n = 2 requests count twice) finished or was aborted, as the server counts them
         assert finished == report.samples, f"the server counted {finished} requests for {report.samples} sent"
-        assert report.dropped_samples >= aborted > 0, (aborted, report.dropped_samples)  # a drop may race the finish
+        assert report.dropped_samples >= aborted > 0, (
+            aborted,
+            report.dropped_samples,
+        )  # a drop may race the finish
         assert all(v == 0 for v in leaks.values()), leaks
     finally:
         handle.stop()

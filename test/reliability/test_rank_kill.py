@@ -47,13 +47,19 @@ def test_killed_rank_ends_the_server(name, args, victim):
         outcomes: list[str] = []
 
         def client(i: int) -> None:  # long streams in flight when the rank dies
-            body = {"input_ids": [5, 6, 7, i], "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}, "stream": True}
+            body = {
+                "input_ids": [5, 6, 7, i],
+                "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True},
+                "stream": True,
+            }
             try:
                 with httpx.stream("POST", handle.url + "/generate", json=body, timeout=120) as r:
                     last = ""
                     for line in r.iter_lines():
                         last = line if line.startswith("data:") and "[DONE]" not in line else last
-                outcomes.append("error event" if '"error"' in last and f"Scheduler rank {victim}" in last else "ended")
+                outcomes.append(
+                    "error event" if '"error"' in last and f"Scheduler rank {victim}" in last else "ended"
+                )
             except httpx.HTTPError as err:
                 outcomes.append(type(err).__name__)
 
@@ -63,11 +69,15 @@ def test_killed_rank_ends_the_server(name, args, victim):
         time.sleep(1.5)  # the streams are running
         start = time.monotonic()
         os.kill(ranks[victim], signal.SIGKILL)
-        assert wait_until(lambda: handle.proc.poll() is not None, 30.0, 0.02), "server still running 30 s after a rank died"
+        assert wait_until(
+            lambda: handle.proc.poll() is not None, 30.0, 0.02
+        ), "server still running 30 s after a rank died"
         exited_after = time.monotonic() - start
         assert exited_after < 30.0
         assert handle.proc.returncode != 0
-        assert wait_until(lambda: not any(pid_alive(p) for p in everyone), 10.0), [p for p in everyone if pid_alive(p)]
+        assert wait_until(lambda: not any(pid_alive(p) for p in everyone), 10.0), [
+            p for p in everyone if pid_alive(p)
+        ]
         for t in clients:
             t.join(30.0)
         assert len(outcomes) == len(clients), "a client still hangs after the server exited"
@@ -76,7 +86,9 @@ def test_killed_rank_ends_the_server(name, args, victim):
         assert f"Scheduler rank {victim} process (pid {ranks[victim]}) exited unexpectedly" in log, log
         assert "killed by SIGKILL" in log
         assert f"a child process died (Scheduler rank {victim})" in log
-        print(f"\nreliability[kill {name} rank {victim}]: server exited {exited_after:.2f} s after the kill, "
-              f"{len(everyone)} processes gone, clients: {sorted(set(outcomes))}")  # fmt: skip
+        print(
+            f"\nreliability[kill {name} rank {victim}]: server exited {exited_after:.2f} s after the kill, "
+            f"{len(everyone)} processes gone, clients: {sorted(set(outcomes))}"
+        )
     finally:
         handle.stop()

@@ -23,7 +23,11 @@ TIMEOUT_S = 4.0
 def test_hanging_forward_ends_the_server_after_the_watchdog_timeout():
     handle = launch_server(("--watchdog-timeout", str(TIMEOUT_S)), entry=(FAULT_SERVER,))
     try:
-        r = httpx.post(handle.url + "/generate", json={"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 4}}, timeout=60)
+        r = httpx.post(
+            handle.url + "/generate",
+            json={"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 4}},
+            timeout=60,
+        )
         assert r.status_code == 200, r.text
         everyone = [handle.proc.pid, *child_pids(handle.proc.pid)]
 

@@ -170,8 +170,14 @@ def test_plan_decode_segments_partitions_every_slot():
     assert plan.seg_row == [0, 0, 1] and plan.seg_start == [10, 60, 100] and plan.seg_len == [6, 6, 5]
     tail = plan.tail_indices.view(3, plan.tail_len)
     for i, n in enumerate(lens):
-        seg = [s + j for r, s, m in zip(plan.seg_row, plan.seg_start, plan.seg_len) if r == i for j in range(m)]
-        keep = plan.tail_mask[i, 0, 0] if plan.tail_mask is not None else torch.ones(plan.tail_len, dtype=torch.bool)
+        seg = [
+            s + j for r, s, m in zip(plan.seg_row, plan.seg_start, plan.seg_len) if r == i for j in range(m)
+        ]
+        keep = (
+            plan.tail_mask[i, 0, 0]
+            if plan.tail_mask is not None
+            else torch.ones(plan.tail_len, dtype=torch.bool)
+        )
         assert sorted(seg + tail[i][keep].tolist()) == sorted(kv[i, :n].tolist())
     assert [ids for _, ids in plan.rounds] == [[0, 2], [1]]
     assert plan_decode_segments(kv, lens, min_run=7) is None
@@ -248,7 +254,11 @@ def test_extend_over_cached_prefix(monkeypatch, contiguous, split):
 def test_bfloat16_fast_paths_match_reference(monkeypatch):
     """bf16 pool: the view / split paths agree with the reference's gather + masked SDPA."""
     monkeypatch.setattr(cpu_decode, "MIN_RUN", 8)
-    cases = [([list(range(1, 60))], [1]), ([_runs((1, 30), (90, 120))], [12]), ([_runs((1, 20), (90, 99))], [1])]
+    cases = [
+        ([list(range(1, 60))], [1]),
+        ([_runs((1, 30), (90, 120))], [12]),
+        ([_runs((1, 20), (90, 99))], [1]),
+    ]
     for slots, ext in cases:
         pool, r2t, g = _world(1, torch.bfloat16, seed=3)
         fb = _batch(pool, r2t, slots, ext)

@@ -145,7 +145,9 @@ def test_slot_mapping_bijective_and_owner_rule(page, cp, inter):
         assert int(mine.sum()) == num_pages * page  # every rank stores the same share
         slots = local[mine]
         assert slots.unique().numel() == slots.numel()  # injective on the owned set
-        assert int(slots.min()) >= page and int(slots.max()) < phys_size + page  # inside the pool, off padding
+        assert (
+            int(slots.min()) >= page and int(slots.max()) < phys_size + page
+        )  # inside the pool, off padding
         assert torch.equal(m.to_virtual(r, slots), v[mine])  # inverse
     # positions of a request starting at a virtual page: owner = (p // interleave) % cp
     start = 3 * vps
@@ -189,7 +191,9 @@ def test_merge_of_partials_equals_full_softmax():
     k = torch.randn(1, 2, 40, 16, generator=g)
     v = torch.randn(1, 2, 40, 16, generator=g)
     full, full_lse = attention_with_lse(q, k, v, 0.25)
-    ref = torch.softmax((q @ k.repeat_interleave(2, 1).transpose(-1, -2)) * 0.25, -1) @ v.repeat_interleave(2, 1)
+    ref = torch.softmax((q @ k.repeat_interleave(2, 1).transpose(-1, -2)) * 0.25, -1) @ v.repeat_interleave(
+        2, 1
+    )
     torch.testing.assert_close(full, ref, atol=1e-6, rtol=1e-5)
     owner = torch.randint(0, 3, (40,), generator=g)
     owner[0] = 3  # a shard of one key, and one empty shard below
@@ -254,7 +258,9 @@ def test_cp_server_args():
     layout = ParallelLayout.from_server_args(args)
     assert (layout.world_size, layout.attn_cp, layout.attn_tp) == (2, 2, 1)
     with pytest.raises(ValueError, match="interleave-size"):
-        ServerArgs(model_path=TINY_LLAMA_DIR, cp_size=2, page_size=4, cp_kv_cache_interleave_size=3).validate()
+        ServerArgs(
+            model_path=TINY_LLAMA_DIR, cp_size=2, page_size=4, cp_kv_cache_interleave_size=3
+        ).validate()
     # CP inside each attention-DP replica composes (test_dp_attention_engine.py runs it)
     args = ServerArgs(model_path=TINY_LLAMA_DIR, cp_size=2, tp_size=4, dp_size=2, enable_dp_attention=True)
     check_server_args(args)
@@ -268,9 +274,9 @@ def test_attention_backend_flag_validation():
     for name in (None, "cpu", "intel_amx", "torch_native", "torch_native_mla"):
         check_server_args(ServerArgs(model_path=TINY_LLAMA_DIR, cp_size=2, attention_backend=name))
     assert ServerArgs(model_path=TINY_LLAMA_DIR).resolved_attention_backend == "cpu"
-    assert ServerArgs(model_path=TINY_LLAMA_DIR, attention_backend="torch_native").resolved_attention_backend == (
-        "torch_native"
-    )
+    assert ServerArgs(
+        model_path=TINY_LLAMA_DIR, attention_backend="torch_native"
+    ).resolved_attention_backend == ("torch_native")
     from sglang.srt.layers.attention import registry
     from sglang.srt.layers.attention.torch_native import TorchNativeAttnBackend
 
@@ -282,6 +288,8 @@ def test_attention_backend_flag_validation():
     try:
         check_server_args(ServerArgs(model_path=TINY_LLAMA_DIR, attention_backend="no_cp_test"))
         with pytest.raises(ValueError, match="supports context parallelism, got 'no_cp_test'"):
-            check_server_args(ServerArgs(model_path=TINY_LLAMA_DIR, cp_size=2, attention_backend="no_cp_test"))
+            check_server_args(
+                ServerArgs(model_path=TINY_LLAMA_DIR, cp_size=2, attention_backend="no_cp_test")
+            )
     finally:
         registry._REGISTERED.pop("no_cp_test")

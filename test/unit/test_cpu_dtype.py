@@ -116,7 +116,9 @@ def test_proc_flags_are_read_once(monkeypatch):
     from sglang.srt.kernels.cpu import isa
 
     cpu._proc_cpu_flags.cache_clear()
-    monkeypatch.setattr(isa, "cpu_flags", lambda path="/proc/cpuinfo": calls.append(path) or frozenset({"avx2", "fma"}))
+    monkeypatch.setattr(
+        isa, "cpu_flags", lambda path="/proc/cpuinfo": calls.append(path) or frozenset({"avx2", "fma"})
+    )
     try:
         assert cpu.choose_dtype().kind == "avx2"
         assert cpu.choose_dtype().kind == "avx2"
@@ -136,14 +138,19 @@ def test_log_line_and_state(monkeypatch, caplog):
     assert platform.dtype_choice is not None and platform.dtype_choice.kind == "avx2"
     backend = platform.prepacked_linear(torch.float32, torch.device("cpu"))
     assert backend is not None and backend[1] is linear_mixed.mixed_linear
-    assert cpu.CpuPlatform().prepacked_linear(torch.float32, torch.device("cpu")) is None  # another object: no choice
+    assert (
+        cpu.CpuPlatform().prepacked_linear(torch.float32, torch.device("cpu")) is None
+    )  # another object: no choice
     caplog.clear()
     monkeypatch.setenv("SGLANG_CPU_FLAGS_OVERRIDE", "amx")
     resolve_dtype("auto", None, device="cpu")
     (line,) = [r.getMessage() for r in caplog.records if "--dtype auto" in r.getMessage()]
     assert "(amx): bfloat16;" in line and "AMX" in line
     backend = platform.prepacked_linear(torch.bfloat16, torch.device("cpu"))
-    assert backend is None or backend[1] not in (linear_mixed.mixed_linear, linear_mixed.float32_prefill_linear)
+    assert backend is None or backend[1] not in (
+        linear_mixed.mixed_linear,
+        linear_mixed.float32_prefill_linear,
+    )
     caplog.clear()
     monkeypatch.setenv("SGLANG_CPU_FLAGS_OVERRIDE", "avx512-bf16")
     resolve_dtype("auto", None, device="cpu")
@@ -175,7 +182,10 @@ def test_mixed_linears_share_one_budget_per_choice():
     assert pack(torch.randn(48, 40)).bf16 is not None and pack(torch.randn(48, 40)).bf16 is None
     assert mixed.copies_kept() == (1, 48 * 40 * 2, 1)
     pack32, kernel32 = mixed.float32_prefill(16)
-    assert kernel32 is linear_mixed.float32_prefill_linear and pack32(torch.randn(8, 4).bfloat16()).float32 is None
+    assert (
+        kernel32 is linear_mixed.float32_prefill_linear
+        and pack32(torch.randn(8, 4).bfloat16()).float32 is None
+    )
     assert linear_mixed.MixedLinears().bf16_copies(1)[0](torch.randn(48, 40)).bf16 is not None
 
 
@@ -189,7 +199,10 @@ def test_explicit_dtype_is_honoured(monkeypatch, kind):
     assert platform.prepacked_linear(torch.float32, torch.device("cpu")) is None
     assert resolve_dtype("bfloat16", None, device="cpu") == torch.bfloat16
     backend = platform.prepacked_linear(torch.bfloat16, torch.device("cpu"))
-    assert backend is None or backend[1] not in (linear_mixed.mixed_linear, linear_mixed.float32_prefill_linear)
+    assert backend is None or backend[1] not in (
+        linear_mixed.mixed_linear,
+        linear_mixed.float32_prefill_linear,
+    )
     with pytest.raises(ValueError, match="float16"):
         resolve_dtype("float16", None, device="cpu")
 
@@ -248,7 +261,9 @@ def test_float32_prefill_linear(monkeypatch, keep_copy):
     packed = linear_mixed.pack_float32_prefill(w, min_tokens=16, budget=budget)
     assert (packed.float32 is not None) == keep_copy
     small = torch.randn(15, 40).bfloat16()
-    torch.testing.assert_close(linear_mixed.float32_prefill_linear(small, packed, b), F.linear(small, w, b), rtol=0, atol=0)
+    torch.testing.assert_close(
+        linear_mixed.float32_prefill_linear(small, packed, b), F.linear(small, w, b), rtol=0, atol=0
+    )
     big = torch.randn(16, 40).bfloat16()
     out = linear_mixed.float32_prefill_linear(big, packed, b)
     assert out.dtype == torch.bfloat16
@@ -256,7 +271,9 @@ def test_float32_prefill_linear(monkeypatch, keep_copy):
     torch.testing.assert_close(out, ref, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("kind, want", [("amx", torch.bfloat16), ("avx512-bf16", torch.float32), ("avx2", torch.float32)])
+@pytest.mark.parametrize(
+    "kind, want", [("amx", torch.bfloat16), ("avx512-bf16", torch.float32), ("avx2", torch.float32)]
+)
 def test_prefill_attention_dtype_per_kind(monkeypatch, kind, want):
     """bf16 prefill attention computes in float32 on CPUs without AMX (torch's bf16 flash kernel
     is slower there); float32 stays float32 everywhere. (The answer is the platform object's: this
@@ -279,12 +296,20 @@ def test_bf16_prefill_through_float32_matches_float32(monkeypatch):
         g = torch.Generator().manual_seed(0)
         n, h, hk, d = 300, 6, 2, 64
         q, k, v = (torch.randn(n, x * d, generator=g).to(torch.bfloat16) for x in (h, hk, hk))
-        layer = SimpleNamespace(num_heads=h, num_kv_heads=hk, head_dim=d, v_head_dim=d, scaling=d**-0.5, layer_id=0)
+        layer = SimpleNamespace(
+            num_heads=h, num_kv_heads=hk, head_dim=d, v_head_dim=d, scaling=d**-0.5, layer_id=0
+        )
         md = CPUMetadata(False, None, None, None, [_ExtendItem(0, n, None, None, True)])
         out = torch.empty(n, h, d, dtype=torch.bfloat16)
         CPUAttnBackend._attend_extends(q.view(n, h, d), k, v, layer, None, md, out)
-        ref = F.scaled_dot_product_attention(
-            *(t.float().view(n, -1, d).transpose(0, 1).unsqueeze(0) for t in (q, k, v)),
-            is_causal=True, scale=d**-0.5, enable_gqa=True,
-        )[0].transpose(0, 1).to(torch.bfloat16)  # fmt: skip
+        ref = (
+            F.scaled_dot_product_attention(
+                *(t.float().view(n, -1, d).transpose(0, 1).unsqueeze(0) for t in (q, k, v)),
+                is_causal=True,
+                scale=d**-0.5,
+                enable_gqa=True,
+            )[0]
+            .transpose(0, 1)
+            .to(torch.bfloat16)
+        )
         assert torch.equal(out, ref)

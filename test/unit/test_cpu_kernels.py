@@ -176,8 +176,13 @@ def test_silu_bf16_extremes_match_torch(ops):
     """silu_and_mul in bf16 on huge, infinite and NaN gates (the AVX-512 vector path where the CPU
     has it, with a scalar tail: 19 = 16 + 3; the scalar path elsewhere): finite where torch is
     finite, inf / NaN where torch is."""
-    gate = torch.tensor([[-1e30, -200.0, -90.0, -10.0, -0.5, 0.0, 0.5, 10.0, 90.0, 200.0, 3e38]
-                         + [float("inf"), float("-inf"), float("nan")] + [1.5] * 5]).bfloat16()
+    gate = torch.tensor(
+        [
+            [-1e30, -200.0, -90.0, -10.0, -0.5, 0.0, 0.5, 10.0, 90.0, 200.0, 3e38]
+            + [float("inf"), float("-inf"), float("nan")]
+            + [1.5] * 5
+        ]
+    ).bfloat16()
     up = torch.linspace(-2, 2, gate.shape[1]).view(1, -1).bfloat16()
     got, want = ops.silu_and_mul(torch.cat((gate, up), dim=1)), ref.silu_and_mul(torch.cat((gate, up), dim=1))
     assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.isinf(), want.isinf())
@@ -252,7 +257,20 @@ def test_prefill_attention_matches_reference(ops, heads):
     g = torch.Generator().manual_seed(hq)
     # n around the 16-row tasks and 64-key blocks; 300 also with scores 8x sharper (most p underflow
     # to 0 or far below bf16's range, and the running max jumps by large steps)
-    for n, sharp in ((1, 1), (15, 1), (16, 1), (17, 1), (31, 1), (33, 1), (63, 1), (64, 1), (65, 1), (300, 1), (300, 8), (1100, 1)):
+    for n, sharp in (
+        (1, 1),
+        (15, 1),
+        (16, 1),
+        (17, 1),
+        (31, 1),
+        (33, 1),
+        (63, 1),
+        (64, 1),
+        (65, 1),
+        (300, 1),
+        (300, 8),
+        (1100, 1),
+    ):
         qkv = torch.randn(n, (hq + 2 * hk) * 64, generator=g).bfloat16()
         q = qkv[:, : hq * 64].view(n, hq, 64) * sharp
         k = qkv[:, hq * 64 : (hq + hk) * 64].view(n, hk, 64)
@@ -296,8 +314,15 @@ def test_prefill_attention_over_cached_prefix(ops, prefix):
         _close(got, ref.prefill_attention(q, k, v, 0.125, k_cache, v_cache, slots), torch.bfloat16)
         # written in place into rows of a larger output (a batch's [tokens, heads, 64])
         batch_out = torch.full((n + 5, hq, 64), 7.0).bfloat16()
-        assert ops.prefill_attention(q, k, v, 0.125, k_cache, v_cache, slots, out=batch_out[3 : 3 + n]) is not None
-        assert torch.equal(batch_out[3 : 3 + n], got) and (batch_out[:3] == 7).all() and (batch_out[3 + n :] == 7).all()
+        assert (
+            ops.prefill_attention(q, k, v, 0.125, k_cache, v_cache, slots, out=batch_out[3 : 3 + n])
+            is not None
+        )
+        assert (
+            torch.equal(batch_out[3 : 3 + n], got)
+            and (batch_out[:3] == 7).all()
+            and (batch_out[3 + n :] == 7).all()
+        )
     with pytest.raises(RuntimeError, match="outside the cache"):
         ops.prefill_attention(q, k, v, 0.125, k_cache, v_cache, torch.tensor([rows]))
     with pytest.raises(RuntimeError, match="out must be"):
@@ -305,15 +330,32 @@ def test_prefill_attention_over_cached_prefix(ops, prefix):
 
 
 # ---------------------------------------------------------------------------- edge values, every build
-SPECIALS = [0.0, -0.0, 1e-40, -1e-40, 1e-30, 1e19, -1e19, 1e20, -1e20, 3e38, -3e38,
-            float("inf"), float("-inf"), float("nan")]  # fmt: skip
+SPECIALS = [
+    0.0,
+    -0.0,
+    1e-40,
+    -1e-40,
+    1e-30,
+    1e19,
+    -1e19,
+    1e20,
+    -1e20,
+    3e38,
+    -3e38,
+    float("inf"),
+    float("-inf"),
+    float("nan"),
+]
 
 
 def _same_specials(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> None:
     """NaN and inf exactly where torch has them (with inf's sign); the finite rest close."""
     assert got.dtype == want.dtype == dtype and got.shape == want.shape
     assert torch.equal(got.isnan(), want.isnan()), (got, want)
-    assert torch.equal(got.isinf(), want.isinf()) and torch.equal(got[got.isinf()], want[want.isinf()]), (got, want)
+    assert torch.equal(got.isinf(), want.isinf()) and torch.equal(got[got.isinf()], want[want.isinf()]), (
+        got,
+        want,
+    )
     fin = want.isfinite()
     torch.testing.assert_close(got[fin].float(), want[fin].float(), atol=1e-30, rtol=TOL[dtype])
 
@@ -330,8 +372,14 @@ def test_silu_edge_values_every_width(ops, dtype, width):
     plus scalar tail)."""
     vals = torch.tensor(SPECIALS + [-200.0, -90.0, -88.5, -87.0, -10.0, -0.5, 0.5, 10.0, 87.0, 89.0, 200.0])
     g = torch.Generator().manual_seed(width)
-    rows = [torch.cat((_cycle(vals, shift, width), torch.randn(width, generator=g) * 3)) for shift in range(len(vals))]
-    rows += [torch.cat((torch.randn(width, generator=g), _cycle(vals, shift, width))) for shift in range(0, len(vals), 5)]
+    rows = [
+        torch.cat((_cycle(vals, shift, width), torch.randn(width, generator=g) * 3))
+        for shift in range(len(vals))
+    ]
+    rows += [
+        torch.cat((torch.randn(width, generator=g), _cycle(vals, shift, width)))
+        for shift in range(0, len(vals), 5)
+    ]
     x = torch.stack(rows).to(dtype)
     _same_specials(ops.silu_and_mul(x), ref.silu_and_mul(x), dtype)
 
@@ -432,7 +480,11 @@ def test_loader_picks_the_best_runnable_build_and_obeys_sglang_cpu_isa(monkeypat
         for name in ("avx512", "avx512bf16"):
             monkeypatch.setenv("SGLANG_CPU_ISA", name)
             refused = loader.choose(avx2_cpu)
-            assert refused.module is None and f"cannot run the {name} " in refused.reason and "avx512f" in refused.reason
+            assert (
+                refused.module is None
+                and f"cannot run the {name} " in refused.reason
+                and "avx512f" in refused.reason
+            )
     monkeypatch.setenv("SGLANG_CPU_ISA", "sse9")
     with pytest.raises(ValueError, match="SGLANG_CPU_ISA"):
         loader.choose()
@@ -448,7 +500,9 @@ def test_variants_a_cpu_runs():
     # the avx2 build: AVX2 + FMA + F16C (its intrinsics paths' guard) and nothing of AVX-512, so
     # AVX2-only CPUs (AMD Zen 1-3) can run all of it
     avx2 = isa.variant("avx2", x86)
-    assert {"-mavx2", "-mfma", "-mf16c"} <= set(avx2.cflags) and not any("avx512" in f or "amx" in f for f in avx2.cflags)
+    assert {"-mavx2", "-mfma", "-mf16c"} <= set(avx2.cflags) and not any(
+        "avx512" in f or "amx" in f for f in avx2.cflags
+    )
     assert set(avx2.cpu_flags) == {"avx2", "fma", "f16c"}
     assert not any(f.startswith("-m") and f != "-march=x86-64" for f in isa.variant("portable", x86).cflags)
     assert isa.variant("generic", x86) is isa.variant("portable", x86)  # the old name
@@ -465,14 +519,31 @@ def test_avx512_build_without_bf16_runs_on_cascade_lake():
     build, compiled with AVX-512 F / DQ / BW / VL only (no BF16, VNNI or AMX instruction)."""
     x86 = "x86_64"
     cascade_lake = frozenset(
-        {"sse2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512dq", "avx512cd", "avx512bw", "avx512vl", "avx512_vnni"}
+        {
+            "sse2",
+            "avx",
+            "avx2",
+            "fma",
+            "f16c",
+            "avx512f",
+            "avx512dq",
+            "avx512cd",
+            "avx512bw",
+            "avx512vl",
+            "avx512_vnni",
+        }
     )
     avx512 = isa.variant("avx512", x86)
     assert {"-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl"} <= set(avx512.cflags)
     assert not any("bf16" in f or "amx" in f or "vnni" in f for f in avx512.cflags) and not avx512.with_amx
     assert [v.name for v in isa.runnable_variants(cascade_lake, x86)] == ["avx512", "avx2", "portable"]
-    assert isa.select("auto", cascade_lake, x86) == "avx512vnni" and isa.build_for("avx512vnni", x86) is avx512
-    assert isa.build_for("avx2vnni", x86).name == "avx2" and isa.build_for("avx512bf16", x86).name == "avx512bf16"
+    assert (
+        isa.select("auto", cascade_lake, x86) == "avx512vnni" and isa.build_for("avx512vnni", x86) is avx512
+    )
+    assert (
+        isa.build_for("avx2vnni", x86).name == "avx2"
+        and isa.build_for("avx512bf16", x86).name == "avx512bf16"
+    )
     # the best build only where the CPU has AVX512-BF16 (and VNNI, which every such CPU has)
     assert isa.runnable_variants(cascade_lake | {"avx512_bf16"}, x86)[0].name == "avx512bf16"
 
@@ -519,6 +590,9 @@ def test_a_missing_build_falls_back_to_torch_with_one_warning(monkeypatch, caplo
     with caplog.at_level("WARNING", logger=loader.__name__):
         assert loader.load() is None and loader.load() is None
     texts = [r.getMessage() for r in caplog.records]
-    assert texts.count("CPU kernels unavailable, using the torch implementations: the avx2 variant is not built") == 1
+    assert (
+        texts.count("CPU kernels unavailable, using the torch implementations: the avx2 variant is not built")
+        == 1
+    )
     with fresh_platforms():
         assert dispatch.fused_ops(torch.zeros(2, 2)) is None

@@ -14,7 +14,16 @@ from sglang.srt.layers.vocab_embedding import ParallelLMHead
 
 # (rows of x, weight rows, K): tails of every tile (4 rows of x on AVX-512, 2 on AVX2; blocks of
 # 32 weight rows, taken two at a time on AVX-512; a half block), decode and LM-head-like shapes
-SHAPES = [(1, 1, 1), (1, 37, 576), (2, 5, 19), (3, 16, 40), (5, 64, 64), (7, 130, 33), (9, 100, 128), (33, 67, 96)]
+SHAPES = [
+    (1, 1, 1),
+    (1, 37, 576),
+    (2, 5, 19),
+    (3, 16, 40),
+    (5, 64, 64),
+    (7, 130, 33),
+    (9, 100, 128),
+    (33, 67, 96),
+]
 
 
 @pytest.fixture(scope="module", params=[v.name for v in isa.runnable_variants()])

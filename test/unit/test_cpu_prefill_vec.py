@@ -58,7 +58,19 @@ def test_matches_reference(vec, dtype, head_dim, heads):
     hq, hk = heads
     g = torch.Generator().manual_seed(hq * head_dim)
     scale = head_dim**-0.5
-    for n, sharp in ((1, 1), (15, 1), (16, 1), (17, 1), (47, 1), (48, 1), (49, 1), (64, 1), (65, 1), (97, 1), (300, 8)):
+    for n, sharp in (
+        (1, 1),
+        (15, 1),
+        (16, 1),
+        (17, 1),
+        (47, 1),
+        (48, 1),
+        (49, 1),
+        (64, 1),
+        (65, 1),
+        (97, 1),
+        (300, 8),
+    ):
         q, k, v = _qkv(n, hq, hk, head_dim, dtype, g)
         q = q * sharp
         _close(vec.prefill_attention_vec(q, k, v, scale), ref.prefill_attention(q, k, v, scale))
@@ -79,8 +91,10 @@ def test_long_sequence_and_rising_scores(vec):
     # errors of ~1e-4 in p in any float32 kernel (SDPA's too), hence the wider tolerance
     got, want = vec.prefill_attention_vec(q, k, v, 0.125), ref.prefill_attention(q, k, v, 0.125)
     torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-3)
-    _close(vec.prefill_attention_vec(q.bfloat16(), k.bfloat16(), v.bfloat16(), 0.125),
-           ref.prefill_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), 0.125))  # fmt: skip
+    _close(
+        vec.prefill_attention_vec(q.bfloat16(), k.bfloat16(), v.bfloat16(), 0.125),
+        ref.prefill_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), 0.125),
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -132,7 +146,11 @@ def _md(amx: bool, vec: bool):
 def test_backend_picks_the_kernel_for_the_compute_dtype():
     """AMX for bf16 head dim 64 where the CPU has it; the float32 vector kernel wherever attention
     computes in float32 (float32 models, bf16 ones without AMX) and the shapes fit; else SDPA."""
-    bf64, f64, bf128 = torch.zeros(3, 2, 64).bfloat16(), torch.zeros(3, 2, 64), torch.zeros(3, 2, 128).bfloat16()
+    bf64, f64, bf128 = (
+        torch.zeros(3, 2, 64).bfloat16(),
+        torch.zeros(3, 2, 64),
+        torch.zeros(3, 2, 128).bfloat16(),
+    )
     pick = cpu_backend._prefill_kernel
     assert pick(_md(True, True), torch.bfloat16, bf64, bf64, bf64) == "amx"
     assert pick(_md(True, True), torch.bfloat16, bf128, bf128, bf128) is None  # AMX CPU: torch's bf16 SDPA

@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from sglang.srt.managers.dp.dp_controller import DPBalancer, ReplyCollector, merge_heartbeats, merge_replies, merge_states
+from sglang.srt.managers.dp.dp_controller import (
+    DPBalancer,
+    ReplyCollector,
+    merge_heartbeats,
+    merge_replies,
+    merge_states,
+)
 from sglang.srt.managers.io_struct import (
     DPLoadReport,
     FlushCacheReqOutput,
@@ -58,7 +64,10 @@ def test_unknown_method_is_refused():
 
 def test_replies_are_matched_per_replica_in_order():
     c = ReplyCollector(2)
-    a0, a1 = GetInternalStateReqOutput({"dp_rank": 0, "k": 1}), GetInternalStateReqOutput({"dp_rank": 0, "k": 2})
+    a0, a1 = (
+        GetInternalStateReqOutput({"dp_rank": 0, "k": 1}),
+        GetInternalStateReqOutput({"dp_rank": 0, "k": 2}),
+    )
     assert c.add(0, a0) == [] and c.add(0, a1) == []  # replica 0 answered two requests first
     b0 = GetInternalStateReqOutput({"dp_rank": 1, "k": 1})
     assert c.add(1, b0) == [[a0, b0]]
@@ -69,8 +78,20 @@ def test_replies_are_matched_per_replica_in_order():
 
 def test_merging():
     states = [
-        {"dp_rank": 0, "max_total_num_tokens": 100, "available_kv_tokens": 90, "num_running_reqs": 1, "cp_size": 1},
-        {"dp_rank": 1, "max_total_num_tokens": 100, "available_kv_tokens": 100, "num_running_reqs": 0, "cp_size": 1},
+        {
+            "dp_rank": 0,
+            "max_total_num_tokens": 100,
+            "available_kv_tokens": 90,
+            "num_running_reqs": 1,
+            "cp_size": 1,
+        },
+        {
+            "dp_rank": 1,
+            "max_total_num_tokens": 100,
+            "available_kv_tokens": 100,
+            "num_running_reqs": 0,
+            "cp_size": 1,
+        },
     ]
     merged = merge_states(states)
     assert merged["max_total_num_tokens"] == 200 and merged["available_kv_tokens"] == 190
@@ -86,9 +107,17 @@ def test_merging():
 
 def test_heartbeats_merge_to_the_busiest_replica():
     def beat(d, busy, steps, t):
-        return SchedulerHeartbeat(rank=d, dp_rank=d, sent_time=t + 1, steps_finished=steps, steps_in_flight=int(busy is not None),
-                                  busy_since=busy, state={"dp_rank": d, "num_running_reqs": d + 1}, state_time=t,
-                                  watchdog_timeout=300.0)  # fmt: skip
+        return SchedulerHeartbeat(
+            rank=d,
+            dp_rank=d,
+            sent_time=t + 1,
+            steps_finished=steps,
+            steps_in_flight=int(busy is not None),
+            busy_since=busy,
+            state={"dp_rank": d, "num_running_reqs": d + 1},
+            state_time=t,
+            watchdog_timeout=300.0,
+        )
 
     merged = merge_heartbeats([beat(0, None, 10, 100.0), beat(1, 95.0, 4, 99.0)])
     assert merged.busy_since == 95.0  # replica 1 is inside a step: the server is busy
@@ -99,10 +128,13 @@ def test_heartbeats_merge_to_the_busiest_replica():
 
 def test_metrics_have_a_series_per_replica():
     m = ServerMetrics("m", dp_size=2)
-    m.update_scheduler_state({}, [
-        {"num_running_reqs": 3, "max_total_num_tokens": 100, "available_kv_tokens": 75},
-        {"num_running_reqs": 1, "max_total_num_tokens": 100, "available_kv_tokens": 100},
-    ])  # fmt: skip
+    m.update_scheduler_state(
+        {},
+        [
+            {"num_running_reqs": 3, "max_total_num_tokens": 100, "available_kv_tokens": 75},
+            {"num_running_reqs": 1, "max_total_num_tokens": 100, "available_kv_tokens": 100},
+        ],
+    )
     text = m.render().decode()
     assert 'sglang:num_running_reqs{dp_rank="0",model_name="m"} 3.0' in text
     assert 'sglang:num_running_reqs{dp_rank="1",model_name="m"} 1.0' in text
@@ -114,21 +146,36 @@ def test_metrics_have_a_series_per_replica():
     [
         (dict(tp_size=2, dp_size=2), "--dp-size > 1 needs --enable-dp-attention"),
         (dict(tp_size=3, dp_size=2, enable_dp_attention=True), r"tp_size \(3\) must be divisible by dp_size"),
-        (dict(tp_size=2, dp_size=2, enable_dp_attention=True, moe_dense_tp_size=2), "--moe-dense-tp-size must be 1"),
-        (dict(tp_size=2, dp_size=2, enable_dp_attention=True, load_balance_method="x"), "--load-balance-method"),
-        (dict(tp_size=2, dp_size=2, enable_dp_attention=True, nnodes=2, dist_init_addr="127.0.0.1:5000"),
-         "--dp-size > 1 with --nnodes > 1"),
+        (
+            dict(tp_size=2, dp_size=2, enable_dp_attention=True, moe_dense_tp_size=2),
+            "--moe-dense-tp-size must be 1",
+        ),
+        (
+            dict(tp_size=2, dp_size=2, enable_dp_attention=True, load_balance_method="x"),
+            "--load-balance-method",
+        ),
+        (
+            dict(tp_size=2, dp_size=2, enable_dp_attention=True, nnodes=2, dist_init_addr="127.0.0.1:5000"),
+            "--dp-size > 1 with --nnodes > 1",
+        ),
         (dict(tp_size=2, ep_size=1, moe_a2a_backend="all_to_all"), r"ep_size == tp_size"),
         (dict(tp_size=2, ep_size=2, moe_a2a_backend="deepep"), "--moe-a2a-backend must be one of"),
     ],
-)  # fmt: skip
+)
 def test_flag_refusals(kwargs, message):
     with pytest.raises(ValueError, match=message):
         ServerArgs(model_path=TINY_LLAMA_DIR, **kwargs).validate()
 
 
 def test_accepted_flags():
-    ServerArgs(model_path=TINY_LLAMA_DIR, tp_size=2, dp_size=2, enable_dp_attention=True,
-               moe_dense_tp_size=1, enable_dp_lm_head=True, load_balance_method="total_tokens").validate()  # fmt: skip
+    ServerArgs(
+        model_path=TINY_LLAMA_DIR,
+        tp_size=2,
+        dp_size=2,
+        enable_dp_attention=True,
+        moe_dense_tp_size=1,
+        enable_dp_lm_head=True,
+        load_balance_method="total_tokens",
+    ).validate()
     ServerArgs(model_path=TINY_LLAMA_DIR, tp_size=2, ep_size=2, moe_a2a_backend="all_to_all").validate()
     ServerArgs(model_path=TINY_LLAMA_DIR, enable_dp_attention=True).validate()  # dp 1: one replica

@@ -69,7 +69,9 @@ def test_shard_candidates_merge_to_single_rank_topk():
     for r in range(cp):
         k_pos = torch.nonzero(torch.arange(total) % cp == r).flatten()
         visible = k_pos.unsqueeze(0) <= q_pos.unsqueeze(1)
-        v, p = shard_topk_candidates(q, w, keys[k_pos].unsqueeze(0), k_pos.unsqueeze(0), visible, topk, dim**-0.5)
+        v, p = shard_topk_candidates(
+            q, w, keys[k_pos].unsqueeze(0), k_pos.unsqueeze(0), visible, topk, dim**-0.5
+        )
         vals.append(v)
         poss.append(p)
     got = merge_candidates(torch.cat(vals, 1), torch.cat(poss, 1), topk)

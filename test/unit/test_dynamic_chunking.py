@@ -203,7 +203,9 @@ def test_ranks_in_separate_processes_agree():
     outs = set()
     for seed in ("1", "2"):
         env = {**os.environ, "PYTHONHASHSEED": seed, "SGLANG_DYNAMIC_CHUNKING_SMOOTH_FACTOR": "0.7"}
-        proc = subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True)
+        proc = subprocess.run(
+            [sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True
+        )
         outs.add(proc.stdout)
     assert len(outs) == 1 and "[" in outs.pop()
 
@@ -233,8 +235,13 @@ def test_flags_resolve_and_warn_with_pp1(caplog):
     with pytest.raises(ValueError):
         resolve_dynamic_chunking(True, "magic", 4, 8192)
     args = SimpleNamespace(
-        enable_dynamic_chunking=True, dynamic_chunking_mode="upstream", pp_size=2,
-        chunked_prefill_size=8192, page_size=1, max_prefill_tokens=16384, pp_async_batch_depth=0,
+        enable_dynamic_chunking=True,
+        dynamic_chunking_mode="upstream",
+        pp_size=2,
+        chunked_prefill_size=8192,
+        page_size=1,
+        max_prefill_tokens=16384,
+        pp_async_batch_depth=0,
     )
     assert isinstance(build_chunk_policy(args, context_len=32768), ChunkSizePredictor)
     args.dynamic_chunking_mode = "auto"
@@ -300,7 +307,9 @@ def test_profile_seeds_the_prior():
     lengths = profile_lengths(4096, n=32)
     planner = AutoChunkPlanner(4096, max_chunk_size=16384)
     assert planner.fit(lengths, [TRUE.cumulative(l) for l in lengths])
-    assert planner.model.a == pytest.approx(TRUE.a, rel=1e-6) and planner.model.c == pytest.approx(TRUE.c, rel=1e-6)
+    assert planner.model.a == pytest.approx(TRUE.a, rel=1e-6) and planner.model.c == pytest.approx(
+        TRUE.c, rel=1e-6
+    )
     assert planner.plan_chunks(131_072, 8) != planner.plan_chunks(131_072, 1)
 
 
@@ -319,7 +328,10 @@ def test_auto_ignores_degenerate_fits_and_is_deterministic():
     for i in range(20):
         planner.observe(1000 * i, 2048, 0.1)  # flat: no quadratic growth
     assert planner.model.a > 0
-    twin_a, twin_b = AutoChunkPlanner(4096, max_chunk_size=12288), AutoChunkPlanner(4096, max_chunk_size=12288)
+    twin_a, twin_b = (
+        AutoChunkPlanner(4096, max_chunk_size=12288),
+        AutoChunkPlanner(4096, max_chunk_size=12288),
+    )
     rng = random.Random(7)
     for _ in range(50):
         L, x = rng.randrange(0, 10**5), rng.choice((512, 4096))
@@ -407,9 +419,15 @@ def test_auto_aligns_to_the_platform_attention_tile():
 
     assert get_platform("cpu").prefill_chunk_alignment == 512
     args = SimpleNamespace(
-        enable_dynamic_chunking=False, dynamic_chunking_mode="auto", pp_size=2, chunked_prefill_size=4096,
-        page_size=16, max_prefill_tokens=16384, pp_async_batch_depth=0, device="cpu",
-    )  # fmt: skip
+        enable_dynamic_chunking=False,
+        dynamic_chunking_mode="auto",
+        pp_size=2,
+        chunked_prefill_size=4096,
+        page_size=16,
+        max_prefill_tokens=16384,
+        pp_async_batch_depth=0,
+        device="cpu",
+    )
     planner = build_chunk_policy(args)
     assert planner.alignment == 512 and planner.body_floor == 1024  # 768 rounded up to the tile
     planner.set_prior(TRUE)
@@ -420,8 +438,14 @@ def test_auto_aligns_to_the_platform_attention_tile():
 
 def test_small_chunk_size_keeps_small_chunks_on_cpu():
     args = SimpleNamespace(
-        enable_dynamic_chunking=False, dynamic_chunking_mode="auto", pp_size=2, chunked_prefill_size=256,
-        page_size=1, max_prefill_tokens=16384, pp_async_batch_depth=0, device="cpu",
-    )  # fmt: skip
+        enable_dynamic_chunking=False,
+        dynamic_chunking_mode="auto",
+        pp_size=2,
+        chunked_prefill_size=256,
+        page_size=1,
+        max_prefill_tokens=16384,
+        pp_async_batch_depth=0,
+        device="cpu",
+    )
     planner = build_chunk_policy(args)
     assert planner.alignment == 64 and planner.body_floor == 64

@@ -238,6 +238,8 @@ def test_smollm2_tokenizer_agrees_with_transformers_converter(smollm2_tokenizer)
     from sglang.srt.model_loader.default_model import find_default_model
 
     path = find_default_model()
-    ref = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path), local_files_only=True)
+    ref = AutoTokenizer.from_pretrained(
+        os.path.dirname(path), gguf_file=os.path.basename(path), local_files_only=True
+    )
     for text in ROUND_TRIP_TEXTS:
         assert smollm2_tokenizer.encode(text) == ref.encode(text), text

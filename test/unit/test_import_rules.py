@@ -27,11 +27,22 @@ FORBIDDEN: dict[str, set[str]] = {
     "server_args": {"layers", "models", "managers", "entrypoints", "model_executor"},
     "server_args_cli": {"layers", "models", "managers", "entrypoints", "model_executor"},
     "server_args_checks": {"layers", "models", "managers", "entrypoints", "model_executor"},
+    "server_args_parallel": {"layers", "models", "managers", "entrypoints", "model_executor"},
+    "port_args": {"layers", "models", "managers", "entrypoints", "model_executor", "server_args"},
     "kernels": {
-        "managers", "entrypoints", "models", "layers", "model_executor", "mem_cache", "distributed",
-        "sampling", "metrics", "model_loader", "server_args",
+        "managers",
+        "entrypoints",
+        "models",
+        "layers",
+        "model_executor",
+        "mem_cache",
+        "distributed",
+        "sampling",
+        "metrics",
+        "model_loader",
+        "server_args",
     },
-}  # fmt: skip
+}
 
 
 def module_files(root: Path, package: str = "sglang") -> dict[str, Path]:
@@ -177,7 +188,11 @@ def rule_breaks(edges: dict[str, set[str]]) -> list[str]:
         parent = package.rpartition(".")[0]
         for src in (m for m in edges if _inside(m, package)):
             for dst in edges[src]:
-                if _inside(dst, parent) and dst != parent and not any(_inside(dst, p) for p in (package, *allowed)):
+                if (
+                    _inside(dst, parent)
+                    and dst != parent
+                    and not any(_inside(dst, p) for p in (package, *allowed))
+                ):
                     breaks.add(f"{src} -> {dst}")
     for package, banned in APART.items():
         for src in (m for m in edges if _inside(m, package)):

@@ -29,7 +29,9 @@ def _built() -> bool:
 
 
 def _run_load(env: dict) -> tuple[str, float]:
-    out = subprocess.run([sys.executable, "-c", LOAD_SNIPPET], env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", LOAD_SNIPPET], env=env, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     name, seconds = out.stdout.split()
     return name, float(seconds)
@@ -63,8 +65,14 @@ def test_a_killed_build_blocks_neither_the_next_start_nor_the_next_build(tmp_pat
         pytest.skip("the CPU kernels are not built here (no compiler at install time)")
     lib, temp = tmp_path / "lib", tmp_path / "temp"
     cmd = [sys.executable, "setup.py", "-q", "build_ext", "--build-lib", str(lib), "--build-temp", str(temp)]
-    env = dict(os.environ, SGLANG_CPU_KERNEL_VARIANTS="portable", PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
-    build = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    env = dict(
+        os.environ,
+        SGLANG_CPU_KERNEL_VARIANTS="portable",
+        PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    )
+    build = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     try:
         deadline = time.monotonic() + 120
         while not list(temp.rglob("build.ninja")) and time.monotonic() < deadline:  # the compiler is running

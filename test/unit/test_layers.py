@@ -196,7 +196,9 @@ def test_torch_native_backend_mixed_batch_matches_reference(backend):
         vv = torch.cat([old_v, v[start : start + n].view(n, 2, 8)]).transpose(0, 1)
         qq = q[start : start + n].view(n, 4, 8).transpose(0, 1)
         ref, _ = _softmax_attention(qq, kk, vv, 8**-0.5, causal_mask(n, kk.shape[1], q_offset=old_k.shape[0]))
-        torch.testing.assert_close(out[start : start + n].view(n, 4, 8), ref.transpose(0, 1), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            out[start : start + n].view(n, 4, 8), ref.transpose(0, 1), atol=1e-5, rtol=1e-5
+        )
         start += n
     # the new keys were written to the pool
     torch.testing.assert_close(h.token_to_kv_pool.get_key_buffer(0)[fb.out_cache_loc], k.view(T, 2, 8))
@@ -239,7 +241,9 @@ def test_attention_backend_model_pairing():
     try:
         check_attention_backend("mha_only_test", "mha", "LlamaForCausalLM")
         check_attention_backend("torch_native", "mla", "DeepseekV3ForCausalLM")
-        with pytest.raises(ValueError, match="--attention-backend mha_only_test .*MLA.*DeepseekV3ForCausalLM"):
+        with pytest.raises(
+            ValueError, match="--attention-backend mha_only_test .*MLA.*DeepseekV3ForCausalLM"
+        ):
             check_attention_backend("mha_only_test", "mla", "DeepseekV3ForCausalLM")
         with pytest.raises(NotImplementedError, match="mha_only_test"):
             MHAOnly().forward_mla(None, None, None, None)
@@ -263,7 +267,12 @@ def test_model_registry():
 
 
 def test_make_layers_and_pp_ranges():
-    assert [pp_layer_range(30, r, 4) for r in range(4)] == [(0, 7), (7, 14), (14, 22), (22, 30)]  # remainder last
+    assert [pp_layer_range(30, r, 4) for r in range(4)] == [
+        (0, 7),
+        (7, 14),
+        (14, 22),
+        (22, 30),
+    ]  # remainder last
     layers = make_layers(5, lambda i: torch.nn.Linear(2, 2), 1, 3)
     assert [isinstance(m, PPMissingLayer) for m in layers] == [True, False, False, True, True]
     with pytest.raises(ValueError):
@@ -292,7 +301,9 @@ def test_qkv_loader_places_shards_and_replicates_kv():
         assert layer.num_kv_head_replicas == 2 and layer.num_kv_heads == 1
         for sid, w in (("q", wq), ("k", wk), ("v", wv)):
             layer.weight.weight_loader(layer.weight, w, sid)
-        torch.testing.assert_close(layer.weight.data, torch.cat([wq[rank * 2 : rank * 2 + 2], wk[2:], wv[2:]]))
+        torch.testing.assert_close(
+            layer.weight.data, torch.cat([wq[rank * 2 : rank * 2 + 2], wk[2:], wv[2:]])
+        )
     with pytest.raises(ValueError, match="shard_id"):
         full.weight.weight_loader(full.weight, wq, "x")
 
@@ -351,7 +362,9 @@ def test_vocab_parallel_embedding_and_lm_head_shards():
         emb.weight.weight_loader(emb.weight, w)
         assert emb.weight.shape == (3, 4)
         in_range = (ids >= emb.vocab_start_index) & (ids < emb.vocab_end_index)
-        local = torch.nn.functional.embedding(torch.where(in_range, ids - emb.vocab_start_index, 0), emb.weight)
+        local = torch.nn.functional.embedding(
+            torch.where(in_range, ids - emb.vocab_start_index, 0), emb.weight
+        )
         emb_parts.append(local * in_range[:, None])
         logit_parts.append(torch.nn.functional.linear(torch.eye(4), emb.weight))
     torch.testing.assert_close(sum(emb_parts), w[ids])

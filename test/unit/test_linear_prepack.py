@@ -42,7 +42,9 @@ def test_packed_layers_match_f_linear(shape):
     assert all(m[k].packed_weight is not None for k in ("up", "down", "head"))
     torch.testing.assert_close(m["up"](x), ref_up, atol=0.05, rtol=0.02)
     torch.testing.assert_close(m["down"](ref_up), ref_down, atol=0.25, rtol=0.02)
-    torch.testing.assert_close(m["head"].compute_logits(x.reshape(-1, 64))[:, :200], ref_head, atol=0.1, rtol=0.02)
+    torch.testing.assert_close(
+        m["head"].compute_logits(x.reshape(-1, 64))[:, :200], ref_head, atol=0.1, rtol=0.02
+    )
     assert "packed" not in " ".join(m.state_dict())  # a plain attribute, not a parameter
 
 
@@ -53,7 +55,9 @@ def test_float32_and_opt_out_keep_plain_weights(monkeypatch):
     m = _model()
     assert prepack_linear_weights(m, CPU) == 0 and m["down"].packed_weight is None
     x = torch.randn(3, 64)
-    torch.testing.assert_close(linear(x, m["up"].weight.float(), None, None), F.linear(x, m["up"].weight.float()))
+    torch.testing.assert_close(
+        linear(x, m["up"].weight.float(), None, None), F.linear(x, m["up"].weight.float())
+    )
 
 
 def test_cpu_process_tuning_runs_and_can_be_disabled(monkeypatch):

@@ -106,7 +106,12 @@ def test_iter_safetensors_sharded_with_index(tmp_path):
     save_file({"a.weight": a}, str(tmp_path / "model-00001-of-00002.safetensors"))
     save_file({"b.weight": b}, str(tmp_path / "model-00002-of-00002.safetensors"))
     save_file({"junk": torch.zeros(1)}, str(tmp_path / "unrelated.safetensors"))  # not in the index
-    index = {"weight_map": {"a.weight": "model-00001-of-00002.safetensors", "b.weight": "model-00002-of-00002.safetensors"}}
+    index = {
+        "weight_map": {
+            "a.weight": "model-00001-of-00002.safetensors",
+            "b.weight": "model-00002-of-00002.safetensors",
+        }
+    }
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
     got = dict(iter_safetensors_weights(str(tmp_path)))
     assert set(got) == {"a.weight", "b.weight"}
@@ -118,7 +123,9 @@ def test_load_model_weights_streams_and_dummy(llama_ckpt, llama_gguf):
     assert load_model_weights(model, llama_gguf, "auto", torch.float32) == "gguf"
     st = dict(iter_safetensors_weights(llama_ckpt))
     assert set(model.loaded) == set(st)
-    assert torch.equal(model.loaded["model.layers.2.self_attn.k_proj.weight"], st["model.layers.2.self_attn.k_proj.weight"])
+    assert torch.equal(
+        model.loaded["model.layers.2.self_attn.k_proj.weight"], st["model.layers.2.self_attn.k_proj.weight"]
+    )
 
     dummy = _RecordingModel()
     assert load_model_weights(dummy, llama_ckpt, "dummy", torch.float32, seed=5) == "dummy"
@@ -135,7 +142,9 @@ def test_dummy_weights_deterministic_across_dtypes():
     torch.manual_seed(999)
     init_dummy_weights(bf16, seed=7)
     init_dummy_weights(f32_again, seed=7)
-    for (name, p), (_, q), (_, r) in zip(f32.named_parameters(), bf16.named_parameters(), f32_again.named_parameters()):
+    for (name, p), (_, q), (_, r) in zip(
+        f32.named_parameters(), bf16.named_parameters(), f32_again.named_parameters()
+    ):
         assert torch.equal(p, r), name
         assert torch.equal(p.to(torch.bfloat16), q), name
     assert torch.equal(f32.input_layernorm.weight, torch.ones(16))
@@ -161,8 +170,14 @@ def test_dummy_weight_specs_match_hf_checkpoint(name):
 
     from sglang.srt.models.registry import ModelRegistry
 
-    common = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, vocab_size=64)
+    common = dict(
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=64,
+    )
     cfg = {
         "llama": lambda: LlamaConfig(**common),
         "qwen2_bias": lambda: Qwen2Config(**common),
@@ -188,8 +203,10 @@ def test_dummy_weights_are_full_checkpoint_tensors_sharded_by_loaders():
     full = LlamaForCausalLM(cfg)
     init_dummy_weights(full, seed=4)
     layer = full.model.layers[2]
-    wq, wk, wv = (dummy_tensor(f"model.layers.2.self_attn.{p}_proj.weight", s, 4) for p, s in
-                  (("q", (64, 64)), ("k", (32, 64)), ("v", (32, 64))))
+    wq, wk, wv = (
+        dummy_tensor(f"model.layers.2.self_attn.{p}_proj.weight", s, 4)
+        for p, s in (("q", (64, 64)), ("k", (32, 64)), ("v", (32, 64)))
+    )
     assert torch.equal(layer.self_attn.qkv_proj.weight, torch.cat([wq, wk, wv]))
     assert torch.equal(layer.input_layernorm.weight, torch.ones(64))
     assert torch.equal(full.lm_head.weight, dummy_tensor("lm_head.weight", (552, 64), 4))
@@ -200,12 +217,21 @@ def test_dummy_weights_are_full_checkpoint_tensors_sharded_by_loaders():
 
     one = fake("x", 1, 0)
     # pipeline stage 1 of 2 (layers 2..3) on tp rank 1 of 2
-    stage = ParallelGroups(ParallelLayout(pp=2, tp=2), 3, tp=fake("tp", 2, 1), pp=fake("pp", 2, 1),
-                           attn_cp=one, attn_tp=fake("attn_tp", 2, 1), moe_ep=one)
+    stage = ParallelGroups(
+        ParallelLayout(pp=2, tp=2),
+        3,
+        tp=fake("tp", 2, 1),
+        pp=fake("pp", 2, 1),
+        attn_cp=one,
+        attn_tp=fake("attn_tp", 2, 1),
+        moe_ep=one,
+    )
     part = LlamaForCausalLM(cfg, stage)
     init_dummy_weights(part, seed=4)
     got = part.model.layers[2]
-    torch.testing.assert_close(got.self_attn.qkv_proj.weight, torch.cat([wq[32:], wk[16:], wv[16:]]), rtol=0, atol=0)
+    torch.testing.assert_close(
+        got.self_attn.qkv_proj.weight, torch.cat([wq[32:], wk[16:], wv[16:]]), rtol=0, atol=0
+    )
     assert torch.equal(got.mlp.down_proj.weight, layer.mlp.down_proj.weight[:, 64:])
     assert torch.equal(part.lm_head.weight, full.lm_head.weight[276:])
 
@@ -216,10 +242,18 @@ def test_gguf_to_hf_dir_loads_with_transformers(llama_ckpt, llama_gguf, tmp_path
 
     out = gguf_to_hf_dir(llama_gguf, str(tmp_path / "hf"), dtype="float32")
     assert sorted(os.listdir(out)) == [
-        "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
     ]
     config = AutoConfig.from_pretrained(out, local_files_only=True)
-    assert config.model_type == "llama" and config.num_key_value_heads == 2 and config.tie_word_embeddings is False
+    assert (
+        config.model_type == "llama"
+        and config.num_key_value_heads == 2
+        and config.tie_word_embeddings is False
+    )
     tok = AutoTokenizer.from_pretrained(out, local_files_only=True)
     src_tok = AutoTokenizer.from_pretrained(llama_ckpt, local_files_only=True)
     assert tok.encode("The capital of France is 42") == src_tok.encode("The capital of France is 42")

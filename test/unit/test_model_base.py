@@ -40,8 +40,14 @@ from sglang.test.tiny_moe_models import (
     save_random_model,
 )
 
-_COMMON = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-               num_key_value_heads=2, vocab_size=64)  # fmt: skip
+_COMMON = dict(
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=64,
+)
 _DSV32_DIR = os.path.join(ASSETS_DIR, "tiny-deepseek-v32")
 
 
@@ -56,32 +62,66 @@ CASES: dict[str, tuple[type[CausalLM], Callable[[], Any]]] = {
     "llama_all_bias": (LlamaForCausalLM, lambda: LlamaConfig(attention_bias=True, mlp_bias=True, **_COMMON)),
     "qwen2_qkv_bias": (Qwen2ForCausalLM, lambda: Qwen2Config(**_COMMON)),
     "qwen3_asset_tied": (Qwen3ForCausalLM, _asset(TINY_QWEN3_DIR)),
-    "qwen3_untied": (Qwen3ForCausalLM, lambda: Qwen3Config(head_dim=16, tie_word_embeddings=False, **_COMMON)),
+    "qwen3_untied": (
+        Qwen3ForCausalLM,
+        lambda: Qwen3Config(head_dim=16, tie_word_embeddings=False, **_COMMON),
+    ),
     "qwen3_moe_mlp_only": (Qwen3MoeForCausalLM, qwen3_moe_config),
     "qwen3_moe_sparse_step": (
         Qwen3MoeForCausalLM,
-        lambda: Qwen3MoeConfig(vocab_size=64, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
-                               num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                               num_experts=4, num_experts_per_tok=2, decoder_sparse_step=2, attention_bias=True),
-    ),  # fmt: skip
+        lambda: Qwen3MoeConfig(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=48,
+            moe_intermediate_size=16,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            num_experts=4,
+            num_experts_per_tok=2,
+            decoder_sparse_step=2,
+            attention_bias=True,
+        ),
+    ),
     "dsv3_no_q_lora": (DeepseekV3ForCausalLM, deepseek_v3_config),
     "dsv3_q_lora": (DeepseekV3ForCausalLM, lambda: DeepseekV3Config(q_lora_rank=32, **DEEPSEEK_SIZES)),
     "dsv3_bias_no_shared": (
         DeepseekV3ForCausalLM,
-        lambda: DeepseekV3Config(**{**DEEPSEEK_SIZES, "q_lora_rank": 16, "attention_bias": True,
-                                    "n_shared_experts": 0, "first_k_dense_replace": 2, "num_hidden_layers": 4}),
-    ),  # fmt: skip
+        lambda: DeepseekV3Config(
+            **{
+                **DEEPSEEK_SIZES,
+                "q_lora_rank": 16,
+                "attention_bias": True,
+                "n_shared_experts": 0,
+                "first_k_dense_replace": 2,
+                "num_hidden_layers": 4,
+            }
+        ),
+    ),
     "dsv32_asset": (DeepseekV32ForCausalLM, _asset(_DSV32_DIR)),
     "dsv32_indexer": (DeepseekV32ForCausalLM, deepseek_v32_config),
     "dsv32_bias": (
         DeepseekV32ForCausalLM,
-        lambda: DeepseekV32Config(q_lora_rank=16, index_n_heads=2, index_head_dim=8, index_topk=4, attention_bias=True,
-                                  **{k: v for k, v in DEEPSEEK_SIZES.items() if k != "first_k_dense_replace"}),
-    ),  # fmt: skip
+        lambda: DeepseekV32Config(
+            q_lora_rank=16,
+            index_n_heads=2,
+            index_head_dim=8,
+            index_topk=4,
+            attention_bias=True,
+            **{k: v for k, v in DEEPSEEK_SIZES.items() if k != "first_k_dense_replace"},
+        ),
+    ),
 }
 # one config of each model class: dummy weights checked against a real HF checkpoint's layout
-HF_LAYOUT_CASES = ["llama_asset", "qwen2_qkv_bias", "qwen3_asset_tied", "qwen3_moe_mlp_only", "dsv3_no_q_lora",
-                   "dsv32_indexer"]  # fmt: skip
+HF_LAYOUT_CASES = [
+    "llama_asset",
+    "qwen2_qkv_bias",
+    "qwen3_asset_tied",
+    "qwen3_moe_mlp_only",
+    "dsv3_no_q_lora",
+    "dsv32_indexer",
+]
 
 
 def _fake(name: str, size: int, rank: int) -> GroupCoordinator:  # construction / loading only, no collectives
@@ -160,7 +200,9 @@ def test_stage_range_and_kv_pool_defaults(path, pp_rank):
     else:
         assert type(pool) is MHATokenToKVPool
         assert (pool.head_num, pool.head_dim) == (mc.get_num_kv_heads(2), mc.head_dim)
-        want = MHATokenToKVPool.cell_size_bytes(mc.get_num_kv_heads(2), mc.head_dim, stage_layers, torch.bfloat16)
+        want = MHATokenToKVPool.cell_size_bytes(
+            mc.get_num_kv_heads(2), mc.head_dim, stage_layers, torch.bfloat16
+        )
     assert model.kv_cell_size_bytes(torch.bfloat16) == want
 
 

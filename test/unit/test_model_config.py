@@ -22,13 +22,24 @@ def _write(tmp_path, cfg, generation_eos=None):
 
 def test_reads_sizes_eos_and_context(tmp_path):
     cfg = LlamaConfig(
-        hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=3, vocab_size=300,
-        max_position_embeddings=777, eos_token_id=2, architectures=["LlamaForCausalLM"],
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=3,
+        vocab_size=300,
+        max_position_embeddings=777,
+        eos_token_id=2,
+        architectures=["LlamaForCausalLM"],
     )
     path = _write(tmp_path, cfg, generation_eos=[2, 9])
     mc = ModelConfig(path)
     assert mc.architectures == ["LlamaForCausalLM"]
-    assert (mc.num_hidden_layers, mc.hidden_size, mc.num_attention_heads, mc.num_key_value_heads) == (3, 64, 4, 2)
+    assert (mc.num_hidden_layers, mc.hidden_size, mc.num_attention_heads, mc.num_key_value_heads) == (
+        3,
+        64,
+        4,
+        2,
+    )
     assert mc.head_dim == 16 and mc.vocab_size == 300
     assert mc.context_len == 777
     assert mc.eos_token_ids == [2, 9]
@@ -42,7 +53,9 @@ def test_reads_sizes_eos_and_context(tmp_path):
 
 
 def test_head_dim_from_config_and_dtype_policy(tmp_path):
-    cfg = Qwen3Config(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_hidden_layers=1)
+    cfg = Qwen3Config(
+        hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_hidden_layers=1
+    )
     mc = ModelConfig(_write(tmp_path, cfg))
     assert mc.head_dim == 32 and mc.model_type == "qwen3"
     with pytest.raises(ValueError, match="float16"):
@@ -69,7 +82,14 @@ def test_gguf_config(tmp_path):
     path = write_tiny_gguf(hf_dir, str(tmp_path / "tiny.gguf"))
     mc = ModelConfig(path)
     ref = ModelConfig(hf_dir)
-    sizes = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size")
+    sizes = (
+        "num_hidden_layers",
+        "hidden_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "vocab_size",
+    )
     for attr in sizes:
         assert getattr(mc, attr) == getattr(ref, attr), attr
     assert mc.architectures == ["LlamaForCausalLM"]

@@ -41,10 +41,24 @@ from sglang.test.forward_helpers import ForwardHarness
 
 E, HID, INTER = 8, 32, 16
 _DS = dict(
-    vocab_size=64, hidden_size=HID, intermediate_size=48, moe_intermediate_size=INTER, num_hidden_layers=3,
-    first_k_dense_replace=1, num_attention_heads=4, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4,
-    v_head_dim=8, n_routed_experts=E, num_experts_per_tok=2, n_group=4, topk_group=2, n_shared_experts=1,
-    routed_scaling_factor=2.5, max_position_embeddings=256,
+    vocab_size=64,
+    hidden_size=HID,
+    intermediate_size=48,
+    moe_intermediate_size=INTER,
+    num_hidden_layers=3,
+    first_k_dense_replace=1,
+    num_attention_heads=4,
+    kv_lora_rank=16,
+    qk_nope_head_dim=8,
+    qk_rope_head_dim=4,
+    v_head_dim=8,
+    n_routed_experts=E,
+    num_experts_per_tok=2,
+    n_group=4,
+    topk_group=2,
+    n_shared_experts=1,
+    routed_scaling_factor=2.5,
+    max_position_embeddings=256,
 )
 
 
@@ -63,8 +77,14 @@ def test_grouped_sigmoid_topk_matches_hf_router():
     g = torch.Generator().manual_seed(0)
     hf.weight.data.normal_(0, 0.5, generator=g)
     hf.e_score_correction_bias.normal_(0, 0.3, generator=g)
-    topk = TopKConfig(top_k=2, scoring_func="sigmoid", renormalize=True, num_expert_group=4, topk_group=2,
-                      routed_scaling_factor=2.5)
+    topk = TopKConfig(
+        top_k=2,
+        scoring_func="sigmoid",
+        renormalize=True,
+        num_expert_group=4,
+        topk_group=2,
+        routed_scaling_factor=2.5,
+    )
     ours = MoEGate(HID, E, topk, torch.float32, correction_bias=True, logits_in_fp32=True)
     ours.weight.data.copy_(hf.weight.data)
     ours.e_score_correction_bias.data.copy_(hf.e_score_correction_bias)
@@ -121,11 +141,17 @@ def test_fused_experts_match_hf_and_shards_sum_to_full(hf_experts):
     total = torch.zeros_like(ref)
     for ep_rank in range(2):
         for tp_rank in range(2):
-            part = FusedMoE(E, HID, INTER, _fake("moe_ep", 2, ep_rank), _fake("moe_tp", 2, tp_rank), torch.float32)
+            part = FusedMoE(
+                E, HID, INTER, _fake("moe_ep", 2, ep_rank), _fake("moe_tp", 2, tp_rank), torch.float32
+            )
             assert part.w13_weight.shape == (E // 2, INTER, HID) and part.expert_start == ep_rank * E // 2
             for e in range(E):
                 gate, up = hf_experts.gate_up_proj.data[e].split(INTER)
-                for proj, tensor in (("gate_proj", gate), ("up_proj", up), ("down_proj", hf_experts.down_proj.data[e])):
+                for proj, tensor in (
+                    ("gate_proj", gate),
+                    ("up_proj", up),
+                    ("down_proj", hf_experts.down_proj.data[e]),
+                ):
                     param_name, shard = match_expert_weight(f"model.layers.1.mlp.experts.{e}.{proj}.weight")
                     param = getattr(part, param_name.rsplit(".", 1)[1])
                     part.weight_loader(param, tensor, shard)
@@ -177,9 +203,19 @@ def test_dsa_pool_int8_index_key_copy():
 
 
 def test_yarn_frequencies_and_mla_scale_match_hf():
-    yarn = {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096, "beta_fast": 32,
-            "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0, "rope_theta": 10000.0}
-    cfg = DeepseekV3Config(**{**_DS, "qk_rope_head_dim": 64, "max_position_embeddings": 163840}, rope_parameters=yarn)
+    yarn = {
+        "rope_type": "yarn",
+        "factor": 40.0,
+        "original_max_position_embeddings": 4096,
+        "beta_fast": 32,
+        "beta_slow": 1,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+        "rope_theta": 10000.0,
+    }
+    cfg = DeepseekV3Config(
+        **{**_DS, "qk_rope_head_dim": 64, "max_position_embeddings": 163840}, rope_parameters=yarn
+    )
     hf_inv, hf_factor = ROPE_INIT_FUNCTIONS["yarn"](cfg)
     inv, factor = rope_frequencies(64, 10000.0, dict(yarn), 163840)
     torch.testing.assert_close(inv, hf_inv, atol=0, rtol=1e-6)
@@ -260,12 +296,28 @@ def test_sparse_selecting_all_visible_equals_dense():
     "model_cls,config",
     [
         (DeepseekV3ForCausalLM, lambda: DeepseekV3Config(q_lora_rank=None, **_DS)),
-        (DeepseekV32ForCausalLM, lambda: DeepseekV32Config(q_lora_rank=16, index_n_heads=2, index_head_dim=8,
-                                                           index_topk=4, attention_bias=True, **_DS)),
-        (Qwen3MoeForCausalLM, lambda: Qwen3MoeConfig(vocab_size=64, hidden_size=HID, intermediate_size=48,
-                                                     moe_intermediate_size=INTER, num_hidden_layers=3,
-                                                     num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                                                     num_experts=E, num_experts_per_tok=2, decoder_sparse_step=2)),
+        (
+            DeepseekV32ForCausalLM,
+            lambda: DeepseekV32Config(
+                q_lora_rank=16, index_n_heads=2, index_head_dim=8, index_topk=4, attention_bias=True, **_DS
+            ),
+        ),
+        (
+            Qwen3MoeForCausalLM,
+            lambda: Qwen3MoeConfig(
+                vocab_size=64,
+                hidden_size=HID,
+                intermediate_size=48,
+                moe_intermediate_size=INTER,
+                num_hidden_layers=3,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                head_dim=8,
+                num_experts=E,
+                num_experts_per_tok=2,
+                decoder_sparse_step=2,
+            ),
+        ),
     ],
     ids=["v3", "v32", "qwen3_moe"],
 )
@@ -279,10 +331,21 @@ def test_dummy_weights_cover_every_parameter_and_run(model_cls, config):
     h.token_to_kv_pool = model.create_kv_pool(64, 1, torch.float32)
     empty = torch.empty(0, dtype=torch.int64)
     idle = ForwardBatch(
-        forward_mode=ForwardMode.IDLE, batch_size=0, input_ids=empty, positions=empty, out_cache_loc=empty,
-        req_pool_indices=empty, seq_lens=empty, extend_prefix_lens=empty, extend_seq_lens=empty,
-        seq_lens_cpu=[], extend_prefix_lens_cpu=[], extend_seq_lens_cpu=[],
-        req_to_token_pool=h.req_to_token_pool, token_to_kv_pool=h.token_to_kv_pool, attn_backend=h.attn_backend,
+        forward_mode=ForwardMode.IDLE,
+        batch_size=0,
+        input_ids=empty,
+        positions=empty,
+        out_cache_loc=empty,
+        req_pool_indices=empty,
+        seq_lens=empty,
+        extend_prefix_lens=empty,
+        extend_seq_lens=empty,
+        seq_lens_cpu=[],
+        extend_prefix_lens_cpu=[],
+        extend_seq_lens_cpu=[],
+        req_to_token_pool=h.req_to_token_pool,
+        token_to_kv_pool=h.token_to_kv_pool,
+        attn_backend=h.attn_backend,
     )
     assert h.run(model, idle).next_token_logits.shape == (0, 64)
     logits = h.forward(model, [(h.new_request(), list(range(3, 15)))]).next_token_logits

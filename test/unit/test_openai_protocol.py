@@ -51,10 +51,24 @@ def test_bad_completion_bodies_raise_400(body):
 def test_sampling_params_mapping_is_accepted_by_sampling_params():
     req = parse_model(
         CompletionRequest,
-        {"prompt": "hi", "max_tokens": 7, "min_tokens": 2, "temperature": 0.5, "top_p": 0.9, "top_k": 5,
-         "min_p": 0.1, "seed": 3, "stop": ["x"], "frequency_penalty": 0.5, "presence_penalty": 0.2,
-         "repetition_penalty": 1.1, "n": 2, "ignore_eos": True, "user": "someone"},
-    )  # fmt: skip
+        {
+            "prompt": "hi",
+            "max_tokens": 7,
+            "min_tokens": 2,
+            "temperature": 0.5,
+            "top_p": 0.9,
+            "top_k": 5,
+            "min_p": 0.1,
+            "seed": 3,
+            "stop": ["x"],
+            "frequency_penalty": 0.5,
+            "presence_penalty": 0.2,
+            "repetition_penalty": 1.1,
+            "n": 2,
+            "ignore_eos": True,
+            "user": "someone",
+        },
+    )
     params = req.base_sampling_params(req.max_tokens)
     assert params["max_new_tokens"] == 7 and params["min_new_tokens"] == 2 and params["seed"] == 3
     sp = SamplingParams.from_dict(params)
@@ -72,12 +86,20 @@ def test_unset_fields_keep_sampling_defaults():
 def test_chat_messages_with_text_parts():
     req = parse_model(
         ChatCompletionRequest,
-        {"messages": [{"role": "system", "content": "be brief"},
-                      {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]},
-    )  # fmt: skip
-    assert message_dicts(req) == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "ab"}]
+        {
+            "messages": [
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+            ]
+        },
+    )
+    assert message_dicts(req) == [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "ab"},
+    ]
     bad = parse_model(
-        ChatCompletionRequest, {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}
+        ChatCompletionRequest,
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
     )
     with pytest.raises(OpenAIError):
         message_dicts(bad)
@@ -92,7 +114,9 @@ def test_model_name_check():
     with pytest.raises(OpenAIError) as info:
         check_model_name("gpt-4", "served", "/models/tiny")
     # upstream SGLang's answer: 400 naming both names
-    assert info.value.status == 400 and info.value.err_type == "BadRequestError" and info.value.param == "model"
+    assert (
+        info.value.status == 400 and info.value.err_type == "BadRequestError" and info.value.param == "model"
+    )
     assert info.value.message == "The model `gpt-4` does not exist. The served model name is `served`."
 
 
@@ -103,13 +127,24 @@ def test_model_name_check():
         (CompletionRequest, {"prompt": "x", "json_schema": '{"type": "object"}'}),
         (CompletionRequest, {"prompt": "x", "ebnf": "root ::= 'a'"}),
         (ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}], "regex": "a+"}),
-        (ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}], "json_schema": {"type": "object"}}),
+        (
+            ChatCompletionRequest,
+            {"messages": [{"role": "user", "content": "x"}], "json_schema": {"type": "object"}},
+        ),
         (ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}], "ebnf": "root ::= 'a'"}),
-        (ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}],
-                                 "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}),
-        (ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}),
+        (
+            ChatCompletionRequest,
+            {
+                "messages": [{"role": "user", "content": "x"}],
+                "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}},
+            },
+        ),
+        (
+            ChatCompletionRequest,
+            {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}},
+        ),
     ],
-)  # fmt: skip
+)
 def test_constrained_decoding_is_refused(cls, extra):
     req = parse_model(cls, extra)
     with pytest.raises(OpenAIError) as info:
@@ -121,7 +156,10 @@ def test_constrained_decoding_is_refused(cls, extra):
 def test_plain_requests_pass_the_constrained_decoding_check():
     check_constrained_decoding(parse_model(CompletionRequest, {"prompt": "x", "regex": None}))
     check_constrained_decoding(
-        parse_model(ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "text"}})
+        parse_model(
+            ChatCompletionRequest,
+            {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "text"}},
+        )
     )
 
 

@@ -40,7 +40,10 @@ def test_sglang_runs_without_sgl_kernel_npu_and_dsa_names_it():
     assert out.returncode == 0, out.stderr[-3000:]
     refused = [line for line in out.stdout.splitlines() if line.startswith("REFUSED")]
     assert len(refused) == 1
-    assert "sgl-kernel-npu" in refused[0] and "pip install --no-build-isolation -e ./sgl-kernel-npu" in refused[0]
+    assert (
+        "sgl-kernel-npu" in refused[0]
+        and "pip install --no-build-isolation -e ./sgl-kernel-npu" in refused[0]
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -56,5 +59,7 @@ def test_torch_merge_matches_the_kernel_merge(dtype):
     out, lse = merge.merge_state_torch(outs, lses)
     assert out.dtype == dtype and lse.dtype == torch.float32
     torch.testing.assert_close(lse, want_lse, rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(out.float(), want_out.float(), rtol=1e-5 if dtype == torch.float32 else 1e-2, atol=1e-5)
+    torch.testing.assert_close(
+        out.float(), want_out.float(), rtol=1e-5 if dtype == torch.float32 else 1e-2, atol=1e-5
+    )
     assert torch.isinf(lse[2, 3]) and lse[2, 3] < 0 and torch.equal(out[2, 3].float(), torch.zeros(16))

@@ -52,9 +52,15 @@ def test_every_axis_partitions_the_world():
                     assert lay.ranks_of(axis, r) == g
                     # members differ ONLY in this axis' coordinate (within its view)
                     c0, c = lay.coords(g[0]), lay.coords(r)
-                    same = {"tp": ("pp",), "pp": ("tp",), "attn_dp": ("pp", "attn_cp", "attn_tp"),
-                            "attn_cp": ("pp", "attn_dp", "attn_tp"), "attn_tp": ("pp", "attn_dp", "attn_cp"),
-                            "moe_ep": ("pp", "moe_tp"), "moe_tp": ("pp", "moe_ep")}[axis]
+                    same = {
+                        "tp": ("pp",),
+                        "pp": ("tp",),
+                        "attn_dp": ("pp", "attn_cp", "attn_tp"),
+                        "attn_cp": ("pp", "attn_dp", "attn_tp"),
+                        "attn_tp": ("pp", "attn_dp", "attn_cp"),
+                        "moe_ep": ("pp", "moe_tp"),
+                        "moe_tp": ("pp", "moe_ep"),
+                    }[axis]
                     assert all(c.axis(a) == c0.axis(a) for a in same), (lay, axis, r)
 
 
@@ -66,7 +72,9 @@ def test_coordinates_round_trip_and_fastest_axes():
             assert lay.world_rank_of(c.pp, c.tp) == r == c.world_rank
             assert lay.tp_rank_of_attn(c.attn_dp, c.attn_cp, c.attn_tp) == c.tp
             assert lay.tp_rank_of_moe(c.moe_ep, c.moe_tp) == c.tp
-            assert 0 <= c.attn_tp < lay.attn_tp and 0 <= c.attn_cp < lay.attn_cp and 0 <= c.attn_dp < lay.attn_dp
+            assert (
+                0 <= c.attn_tp < lay.attn_tp and 0 <= c.attn_cp < lay.attn_cp and 0 <= c.attn_dp < lay.attn_dp
+            )
             assert 0 <= c.moe_tp < lay.moe_tp and 0 <= c.moe_ep < lay.moe_ep and 0 <= c.pp < lay.pp
             seen.add((c.pp, c.attn_dp, c.attn_cp, c.attn_tp))
             # attn_tp / moe_tp are fastest: neighbouring tp ranks differ there first
@@ -114,7 +122,9 @@ def test_replicas():
     assert [r for r in range(16) if lay.is_replica_entry(r)] == [0, 4]  # stage 0 only
     for r in range(16):
         c = lay.coords(r)
-        assert all(lay.coords(x).attn_dp == c.attn_dp and lay.coords(x).pp == c.pp for x in lay.replica_ranks(r))
+        assert all(
+            lay.coords(x).attn_dp == c.attn_dp and lay.coords(x).pp == c.pp for x in lay.replica_ranks(r)
+        )
     one = ParallelLayout(tp=4, attn_cp=2)
     assert one.all_replica_groups() == [[0, 1, 2, 3]] == [one.ranks_of("tp", 0)]
 
@@ -123,7 +133,10 @@ def test_replicas():
     "kwargs, message",
     [
         (dict(tp=4, attn_dp=3), r"tp_size \(4\) must be divisible by dp_size × cp_size \(3 × 1 = 3\)"),
-        (dict(tp=4, attn_dp=2, attn_cp=4), r"tp_size \(4\) must be divisible by dp_size × cp_size \(2 × 4 = 8\)"),
+        (
+            dict(tp=4, attn_dp=2, attn_cp=4),
+            r"tp_size \(4\) must be divisible by dp_size × cp_size \(2 × 4 = 8\)",
+        ),
         (dict(tp=6, moe_ep=4), r"tp_size \(6\) must be divisible by ep_size \(4\)"),
         (dict(pp=0), r"pp_size must be a positive integer, got 0"),
         (dict(tp=-2), r"tp_size must be a positive integer, got -2"),
@@ -156,7 +169,9 @@ def _args(**kw):
 
 def test_from_server_args_and_tp_default():
     assert ParallelLayout.from_server_args(_args()) == ParallelLayout()
-    assert ParallelLayout.from_server_args(_args(tp_size=4, pp_size=2, ep_size=2)) == ParallelLayout(pp=2, tp=4, moe_ep=2)
+    assert ParallelLayout.from_server_args(_args(tp_size=4, pp_size=2, ep_size=2)) == ParallelLayout(
+        pp=2, tp=4, moe_ep=2
+    )
     # dp counts for attention only with DP attention
     assert ParallelLayout.from_server_args(_args(tp_size=4, dp_size=2)).attn_dp == 1
     lay = ParallelLayout.from_server_args(_args(tp_size=4, dp_size=2, enable_dp_attention=True))
@@ -165,7 +180,9 @@ def test_from_server_args_and_tp_default():
     assert ParallelLayout.from_server_args(_args(cp_size=4)) == ParallelLayout(tp=4, attn_cp=4)
     lay = ParallelLayout.from_server_args(_args(cp_size=2, dp_size=2, enable_dp_attention=True))
     assert (lay.tp, lay.attn_tp) == (4, 1)
-    with pytest.raises(ValueError, match=r"tp_size \(6\) must be divisible by dp_size × cp_size \(1 × 4 = 4\)"):
+    with pytest.raises(
+        ValueError, match=r"tp_size \(6\) must be divisible by dp_size × cp_size \(1 × 4 = 4\)"
+    ):
         ParallelLayout.from_server_args(_args(tp_size=6, cp_size=4))
     assert resolve_tp_size(None, 2, 3) == 6 and resolve_tp_size(8, 2, 3) == 8
 

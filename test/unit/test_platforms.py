@@ -19,12 +19,16 @@ from sglang.srt.platforms.cpu import read_meminfo
 
 def test_get_platform_names_and_backends():
     assert [(get_platform(n).device_type, get_platform(n).dist_backend) for n in ("cpu", "cuda", "npu")] == [
-        ("cpu", "gloo"), ("cuda", "nccl"), ("npu", "hccl"),
+        ("cpu", "gloo"),
+        ("cuda", "nccl"),
+        ("npu", "hccl"),
     ]
     assert get_platform("cuda:1").device_type == "cuda"
     # attention backend served when --attention-backend is not given: the fused-kernel one on CPU
     assert [get_platform(n).default_attention_backend for n in ("cpu", "cuda", "npu")] == [
-        "cpu", "torch_native", "torch_native",
+        "cpu",
+        "torch_native",
+        "torch_native",
     ]
     with pytest.raises(ValueError, match="unknown platform 'tpu'"):
         get_platform("tpu")
@@ -63,7 +67,9 @@ def test_read_meminfo_parses_and_falls_back(tmp_path):
 @pytest.mark.skipif(importlib.util.find_spec("torch_npu") is not None, reason="torch_npu installed")
 def test_importing_platforms_does_not_import_torch_npu():
     code = "import sys, sglang.srt.platforms as p; p.get_platform('npu'); p.current_platform(); print('torch_npu' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert out == "False"
 
 
@@ -166,7 +172,9 @@ def test_init_rank_distributed_binds_before_joining_with_the_platform_backend(st
     from sglang.srt.distributed.parallel_state import ParallelGroups
 
     joined, built = [], []
-    monkeypatch.setattr(dist_init, "init_distributed", lambda *a: (joined.append(a), stand_in.calls.append(("join",))))
+    monkeypatch.setattr(
+        dist_init, "init_distributed", lambda *a: (joined.append(a), stand_in.calls.append(("join",)))
+    )
     monkeypatch.setattr(ParallelGroups, "build", staticmethod(lambda *a: built.append(a) or "groups"))
     layout = ParallelLayout(tp=4)
     assert dist_init.init_rank_distributed(layout, 3, "cuda", "127.0.0.1:1234", 60, nnodes=1) == "groups"
@@ -176,13 +184,20 @@ def test_init_rank_distributed_binds_before_joining_with_the_platform_backend(st
     # one rank: no torch.distributed, but the device is still bound
     stand_in.calls.clear()
     single = dist_init.init_rank_distributed(ParallelLayout(), 0, "cuda", None)
-    assert single.world.device == torch.device("cuda", 0) and stand_in.calls[0] == ("set_device", torch.device("cuda", 0))
+    assert single.world.device == torch.device("cuda", 0) and stand_in.calls[0] == (
+        "set_device",
+        torch.device("cuda", 0),
+    )
 
 
 def test_default_mem_fraction_is_upstreams_on_accelerators_only():
     assert [get_platform("cuda").default_mem_fraction_static(tp) for tp in (1, 2, 4, 8, 16)] == [
-        0.88, 0.87, 0.85, 0.81, 0.79,
-    ]  # fmt: skip
+        0.88,
+        0.87,
+        0.85,
+        0.81,
+        0.79,
+    ]
     assert get_platform("npu").default_mem_fraction_static(1) == 0.88
     assert get_platform("cpu").default_mem_fraction_static(1) is None
 
@@ -215,7 +230,11 @@ def test_kv_pool_from_the_rank_device_free_memory(stand_in):
     # no flag: upstream's default for tp 2 (0.87): 50 - 60 x 0.13 = 42.2 GiB
     assert plan_kv_pool(_args(), cfg, cell, memory).max_total_tokens == int((50 - 60 * 0.13) * 1024)
     # page-aligned, and --max-total-tokens wins
-    assert plan_kv_pool(_args(page_size=64, mem_fraction_static=0.9), cfg, 3 * 2**20, memory).max_total_tokens % 64 == 0
+    assert (
+        plan_kv_pool(_args(page_size=64, mem_fraction_static=0.9), cfg, 3 * 2**20, memory).max_total_tokens
+        % 64
+        == 0
+    )
     assert plan_kv_pool(_args(max_total_tokens=1000), cfg, cell, memory).max_total_tokens == 1000
     # a fraction that leaves nothing after the weights: a clear error naming the flags
     with pytest.raises(ValueError, match="no memory left for the KV pool.*--mem-fraction-static"):
@@ -235,7 +254,14 @@ def test_cpu_ranks_of_one_host_split_its_memory(monkeypatch):
     assert memory == MemoryReading(20 * GIB, 18 * GIB, sharers=4, default_fraction=None)
     cell = 2**20
     # f = 0.5: (18 - 20 x 0.5) / 4 ranks = 2 GiB each
-    assert plan_kv_pool(_args(mem_fraction_static=0.5), SimpleNamespace(context_len=4096), cell, memory).max_total_tokens == 2048
+    assert (
+        plan_kv_pool(
+            _args(mem_fraction_static=0.5), SimpleNamespace(context_len=4096), cell, memory
+        ).max_total_tokens
+        == 2048
+    )
     # default: min(4 contexts, a quarter of this rank's share of the available RAM)
     assert plan_kv_pool(_args(), SimpleNamespace(context_len=256), cell, memory).max_total_tokens == 4 * 256
-    assert plan_kv_pool(_args(), SimpleNamespace(context_len=10**6), cell, memory).max_total_tokens == int(18 * 1024 / 4 / 4)
+    assert plan_kv_pool(_args(), SimpleNamespace(context_len=10**6), cell, memory).max_total_tokens == int(
+        18 * 1024 / 4 / 4
+    )

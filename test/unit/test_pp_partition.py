@@ -44,7 +44,11 @@ def test_explicit_and_env_partition(monkeypatch):
         ("1,2", 3, r"SGLANG_PP_LAYER_PARTITION=1,2 has 2 entries but --pp-size is 3"),
         ("1,1,1", 3, r"SGLANG_PP_LAYER_PARTITION=1,1,1 sums to 3 but the model has 4 layers"),
         ("0,2,2", 3, r"SGLANG_PP_LAYER_PARTITION=0,2,2: every stage needs at least one layer"),
-        ("1;3", 2, r"environment variable SGLANG_PP_LAYER_PARTITION='1;3': expected comma-separated integers"),
+        (
+            "1;3",
+            2,
+            r"environment variable SGLANG_PP_LAYER_PARTITION='1;3': expected comma-separated integers",
+        ),
         (None, 5, r"--pp-size 5 is larger than the model's number of layers \(4\)"),
     ],
 )
@@ -61,7 +65,9 @@ def test_server_args_accept_pipeline_flags():
     args = ServerArgs(model_path=TINY_LLAMA_DIR, load_format="dummy", pp_size=2, pp_trace_path="/tmp/t.json")
     check_server_args(args)
     with pytest.raises(ValueError, match="--pp-async-batch-depth must be >= 0"):
-        ServerArgs(model_path=TINY_LLAMA_DIR, load_format="dummy", pp_size=2, pp_async_batch_depth=-1).validate()
+        ServerArgs(
+            model_path=TINY_LLAMA_DIR, load_format="dummy", pp_size=2, pp_async_batch_depth=-1
+        ).validate()
 
 
 # ---------------------------------------------------------------------------- micro-batch message

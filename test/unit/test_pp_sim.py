@@ -46,7 +46,9 @@ def test_uneven_partition_and_hops():
 
 
 def test_planner_prediction_matches_simulation():
-    planner = AutoChunkPlanner(4096, max_chunk_size=16384, prior=COST.stage_model(1 / 4), transfer=COST.transfer)
+    planner = AutoChunkPlanner(
+        4096, max_chunk_size=16384, prior=COST.stage_model(1 / 4), transfer=COST.transfer
+    )
     plan = planner.plan_chunks(100_000, 4)
     assert simulate(COST, 4, plan).ttft == pytest.approx(planner.predict_ttft(plan, 4), rel=1e-12)
 
@@ -70,7 +72,9 @@ def test_policies():
 
 
 def test_plan_table_rows():
-    rows = plan_table(COST, [2, 4], [32768, 65536], [ChunkPolicy("fixed", 4096), ChunkPolicy("auto", 4096)], 4096)
+    rows = plan_table(
+        COST, [2, 4], [32768, 65536], [ChunkPolicy("fixed", 4096), ChunkPolicy("auto", 4096)], 4096
+    )
     assert len(rows) == 8
     assert all(0 < r["efficiency"] <= 1 and 0 <= r["bubble"] < 1 for r in rows)
 
@@ -83,13 +87,23 @@ def test_trace_and_record_ingestion_and_fit():
         for L in range(0, 60_000, 6000):
             for x in (1024, 4096):
                 dur = true.chunk_latency(L, x) * 1e6
-                events.append({"name": "forward_extend", "ph": "X", "ts": ts, "dur": dur, "pid": stage,
-                               "args": {"prefix_len": L, "extend_len": x, "pp_rank": stage}})
+                events.append(
+                    {
+                        "name": "forward_extend",
+                        "ph": "X",
+                        "ts": ts,
+                        "dur": dur,
+                        "pid": stage,
+                        "args": {"prefix_len": L, "extend_len": x, "pp_rank": stage},
+                    }
+                )
                 records.append({"prefix_len": L, "chunk_len": x, "latency_ms": dur / 1e3, "stage": stage})
                 ts += dur
     events.append({"name": "other", "ph": "X", "ts": 0, "dur": 5, "args": {}})
-    events += [{"name": "be", "ph": "B", "ts": 0, "pid": 9, "tid": 1, "args": {"chunk_len": 100}},
-               {"name": "be", "ph": "E", "ts": 1000, "pid": 9, "tid": 1}]
+    events += [
+        {"name": "be", "ph": "B", "ts": 0, "pid": 9, "tid": 1, "args": {"chunk_len": 100}},
+        {"name": "be", "ph": "E", "ts": 1000, "pid": 9, "tid": 1},
+    ]
     ms = parse_measurements(json.dumps({"traceEvents": events}))
     assert len(ms) == 41 and ms[-1].latency_s == pytest.approx(1e-3) and ms[-1].stage == 9
     assert len(parse_measurements(json.dumps({"traceEvents": events}), name_filter="forward")) == 40
@@ -147,8 +161,23 @@ def test_load_ttfts_formats(tmp_path):
 
 def test_cli_run_plan_fit_validate(tmp_path, capsys):
     png = tmp_path / "timeline.png"
-    rc = pp_sim.main(["run", "--coeffs", "2.3e-9,6e-5,0.05", "--pp", "4", "--prompt-len", "65536",
-                      "--policy", "fixed:4096", "--policy", "auto:4096", "--png", str(png)])
+    rc = pp_sim.main(
+        [
+            "run",
+            "--coeffs",
+            "2.3e-9,6e-5,0.05",
+            "--pp",
+            "4",
+            "--prompt-len",
+            "65536",
+            "--policy",
+            "fixed:4096",
+            "--policy",
+            "auto:4096",
+            "--png",
+            str(png),
+        ]
+    )
     assert rc == 0 and png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
     out = capsys.readouterr().out
     assert "fixed C=4096" in out and "auto C=4096" in out and "TTFT" in out
@@ -156,8 +185,11 @@ def test_cli_run_plan_fit_validate(tmp_path, capsys):
     assert pp_sim.main(["plan", "--preset", "h20-dsv31-tp8", "--pp", "2", "--prompts", "32768"]) == 0
     assert "| 32768 | 2 | upstream C=4096 a=0.75 |" in capsys.readouterr().out
 
-    recs = [{"prefix_len": L, "chunk_len": x, "latency_s": COST.stage_time(L, x, 1.0)}
-            for L in (0, 8192, 16384, 32768) for x in (1024, 2048, 4096)]
+    recs = [
+        {"prefix_len": L, "chunk_len": x, "latency_s": COST.stage_time(L, x, 1.0)}
+        for L in (0, 8192, 16384, 32768)
+        for x in (1024, 2048, 4096)
+    ]
     (tmp_path / "m.json").write_text(json.dumps(recs))
     model = tmp_path / "model.json"
     assert pp_sim.main(["fit", str(tmp_path / "m.json"), "-o", str(model)]) == 0

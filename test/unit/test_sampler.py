@@ -41,7 +41,12 @@ def test_greedy_is_argmax_with_bf16_and_ties():
 def test_top_k_one_equals_greedy_in_mixed_batch():
     torch.manual_seed(1)
     logits = torch.randn(4, 30)
-    params = [SamplingParams(top_k=1, temperature=0.8), SamplingParams(), SamplingParams(top_k=1), SamplingParams(top_p=0.5)]
+    params = [
+        SamplingParams(top_k=1, temperature=0.8),
+        SamplingParams(),
+        SamplingParams(top_k=1),
+        SamplingParams(top_p=0.5),
+    ]
     info = make_info(params, 30)
     assert info.greedy_rows == [True, False, True, False] and not info.all_greedy
     ids = Sampler(seed=3)(logits, info).next_token_ids
@@ -182,7 +187,11 @@ def test_min_new_tokens_and_logit_bias():
 def test_logprobs_and_top_logprobs():
     torch.manual_seed(3)
     logits = torch.randn(3, 20).to(torch.bfloat16)
-    params = [SamplingParams(), SamplingParams(temperature=0), SamplingParams(top_k=4, repetition_penalty=1.5)]
+    params = [
+        SamplingParams(),
+        SamplingParams(temperature=0),
+        SamplingParams(top_k=4, repetition_penalty=1.5),
+    ]
     info = make_info(params, 20, output_ids=[[1], [], [2, 3]])
     out = Sampler(seed=0)(logits, info, return_logprob=True, top_logprobs_nums=[3, 0, 5])
     ref = torch.log_softmax(logits.float(), -1)

@@ -91,8 +91,17 @@ def test_verify_rejects(kwargs, field):
 
 def test_verify_accepts_edges():
     SamplingParams(
-        temperature=0.0, top_p=1.0, top_k=1, min_p=1.0, frequency_penalty=-2.0, presence_penalty=2.0,
-        repetition_penalty=2.0, max_new_tokens=0, n=64, stop_token_ids=[99], stop=["x"],
+        temperature=0.0,
+        top_p=1.0,
+        top_k=1,
+        min_p=1.0,
+        frequency_penalty=-2.0,
+        presence_penalty=2.0,
+        repetition_penalty=2.0,
+        max_new_tokens=0,
+        n=64,
+        stop_token_ids=[99],
+        stop=["x"],
     ).verify(vocab_size=100)
     SamplingParams(stop_token_ids=[10**6]).verify()  # no vocab known: only negatives are rejected
 

@@ -25,18 +25,27 @@ def test_every_field_has_one_line_of_help_and_a_group(f):
     help_text = f.metadata.get("help")
     assert help_text and help_text.strip() == help_text, f"{f.name}: no help"
     assert "\n" not in help_text and len(help_text) < 240, f"{f.name}: help must be one line"
-    assert "default" not in help_text.lower(), f"{f.name}: the default is appended by --help, not written in help"
+    assert (
+        "default" not in help_text.lower()
+    ), f"{f.name}: the default is appended by --help, not written in help"
     assert f.metadata.get("group") in GROUP_ORDER, f"{f.name}: unknown group {f.metadata.get('group')!r}"
     if f.default is None and f.type not in ("bool", bool):
         # a None default that is resolved later says to what
-        assert f.metadata.get("default_text") or f.name in {"api_key", "chat_template", "pp_trace_path"}, f.name
+        assert f.metadata.get("default_text") or f.name in {
+            "api_key",
+            "chat_template",
+            "pp_trace_path",
+        }, f.name
 
 
 def test_help_lists_every_flag_in_its_group_with_choices_and_default():
     out = subprocess.run(
-        [sys.executable, "-m", "sglang.launch_server", "--help"], capture_output=True, text=True, timeout=120,
+        [sys.executable, "-m", "sglang.launch_server", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
         env={"COLUMNS": "400", "PATH": ""},
-    )  # fmt: skip
+    )
     assert out.returncode == 0, out.stderr
     text = out.stdout
     sections: dict[str, list[str]] = {}  # group -> one entry per flag (its lines joined)
@@ -51,8 +60,13 @@ def test_help_lists_every_flag_in_its_group_with_choices_and_default():
             sections[current][-1] += " " + line.strip()
     assert [s for s in sections if s in GROUP_ORDER] == list(GROUP_ORDER)
     for f in dataclasses.fields(ServerArgs):
-        lines = [ln for ln in sections[f.metadata["group"]] if ln.strip().startswith(_flag(f.name) + " ")
-                 or ln.strip() == _flag(f.name) or ln.strip().startswith(_flag(f.name) + ",")]  # fmt: skip
+        lines = [
+            ln
+            for ln in sections[f.metadata["group"]]
+            if ln.strip().startswith(_flag(f.name) + " ")
+            or ln.strip() == _flag(f.name)
+            or ln.strip().startswith(_flag(f.name) + ",")
+        ]
         assert len(lines) == 1, f"{_flag(f.name)} not (once) in group {f.metadata['group']!r}"
         line = lines[0]
         assert "(default: " in line, line
@@ -63,9 +77,22 @@ def test_help_lists_every_flag_in_its_group_with_choices_and_default():
 
 def test_aliases_and_values_parse():
     args = prepare_server_args(
-        ["--model", TINY_LLAMA_DIR, "--tensor-parallel-size", "2", "--attn-cp-size", "2", "--nccl-init-addr",
-         "127.0.0.1:1234", "--watchdog-timeout", "7.5", "--max-queued-requests", "3", "--trust-remote-code"]
-    )  # fmt: skip
+        [
+            "--model",
+            TINY_LLAMA_DIR,
+            "--tensor-parallel-size",
+            "2",
+            "--attn-cp-size",
+            "2",
+            "--nccl-init-addr",
+            "127.0.0.1:1234",
+            "--watchdog-timeout",
+            "7.5",
+            "--max-queued-requests",
+            "3",
+            "--trust-remote-code",
+        ]
+    )
     assert (args.model_path, args.tp_size, args.cp_size) == (TINY_LLAMA_DIR, 2, 2)
     assert args.dist_init_addr == "127.0.0.1:1234" and args.watchdog_timeout == 7.5
     assert args.max_queued_requests == 3 and args.trust_remote_code
@@ -84,13 +111,18 @@ def test_bad_choice_is_refused_by_argparse_and_by_validate():
 
 def test_attention_backend_choices_come_from_the_model_layer():
     """ServerArgs declares no backend names; the entry point hands the registry's to argparse."""
-    assert field_choices(next(f for f in dataclasses.fields(ServerArgs) if f.name == "attention_backend")) is None
+    assert (
+        field_choices(next(f for f in dataclasses.fields(ServerArgs) if f.name == "attention_backend"))
+        is None
+    )
     assert {"cpu", "torch_native", "dsa", "nsa"} <= set(flag_choices()["attention_backend"])
     parser = argparse.ArgumentParser(exit_on_error=False)
     ServerArgs.add_cli_args(parser, choices=flag_choices())
     with pytest.raises((argparse.ArgumentError, SystemExit)):
         parser.parse_args(["--attention-backend", "flashinfer"])
-    args = prepare_server_args(["--model-path", TINY_LLAMA_DIR, "--attention-backend", "nsa"], choices=flag_choices())
+    args = prepare_server_args(
+        ["--model-path", TINY_LLAMA_DIR, "--attention-backend", "nsa"], choices=flag_choices()
+    )
     assert args.attention_backend == "nsa"
 
 
@@ -115,7 +147,12 @@ def test_cp_strategy_interleave_is_round_robin_with_a_note():
 
 def test_compatibility_flags_are_accepted_and_explained():
     compat = [f.name for f in dataclasses.fields(ServerArgs) if f.metadata["group"] == G_COMPAT]
-    assert set(compat) >= {"disable_cuda_graph", "disable_overlap_schedule", "enable_mixed_chunk", "skip_server_warmup"}
+    assert set(compat) >= {
+        "disable_cuda_graph",
+        "disable_overlap_schedule",
+        "enable_mixed_chunk",
+        "skip_server_warmup",
+    }
     args = prepare_server_args(["--model-path", TINY_LLAMA_DIR, *(_flag(n) for n in compat)])
     args.validate()
     notes = args.compat_notes()
@@ -132,6 +169,10 @@ def test_chunked_prefill_size_defaults_to_the_platforms_choice():
 
     assert ServerArgs(model_path=TINY_LLAMA_DIR).chunked_prefill_size == 2048
     assert get_platform("cpu").default_chunked_prefill_size() == 2048
-    assert get_platform("cuda").default_chunked_prefill_size() == get_platform("npu").default_chunked_prefill_size() == 8192
+    assert (
+        get_platform("cuda").default_chunked_prefill_size()
+        == get_platform("npu").default_chunked_prefill_size()
+        == 8192
+    )
     assert ServerArgs(model_path=TINY_LLAMA_DIR, chunked_prefill_size=8192).chunked_prefill_size == 8192
     assert not ServerArgs(model_path=TINY_LLAMA_DIR, chunked_prefill_size=-1).chunked_prefill_enabled

@@ -7,8 +7,9 @@ import pytest
 from sglang.srt.managers.io_struct import GenerateReqInput, SchedulerReadyInfo
 from sglang.srt.managers.tokenizer.tokenizer_input import generate_req_from_dict, prepare_requests
 
-INFO = SchedulerReadyInfo(max_total_num_tokens=1000, max_req_input_len=63, context_len=64, vocab_size=100,
-                          max_running_requests=8)  # fmt: skip
+INFO = SchedulerReadyInfo(
+    max_total_num_tokens=1000, max_req_input_len=63, context_len=64, vocab_size=100, max_running_requests=8
+)
 
 
 class CharTokenizer:
@@ -94,8 +95,9 @@ def test_generate_req_from_dict():
         generate_req_from_dict(["a"])
 
 
-SMALL_POOL = SchedulerReadyInfo(max_total_num_tokens=30, max_req_input_len=29, context_len=64, vocab_size=100,
-                                max_running_requests=8)  # fmt: skip
+SMALL_POOL = SchedulerReadyInfo(
+    max_total_num_tokens=30, max_req_input_len=29, context_len=64, vocab_size=100, max_running_requests=8
+)
 
 
 @pytest.mark.parametrize(
@@ -104,7 +106,10 @@ SMALL_POOL = SchedulerReadyInfo(max_total_num_tokens=30, max_req_input_len=29, c
         # a prompt within the context but longer than the whole KV pool
         (dict(input_ids=[1] * 40), "KV cache pool can hold for one request: 30 tokens"),
         # prompt + max_new_tokens within the context but past the pool
-        (dict(input_ids=[1] * 20, sampling_params={"max_new_tokens": 20}), "more than the KV cache pool's 30 tokens"),
+        (
+            dict(input_ids=[1] * 20, sampling_params={"max_new_tokens": 20}),
+            "more than the KV cache pool's 30 tokens",
+        ),
         # past the context names the context
         (dict(input_ids=[1] * 20, sampling_params={"max_new_tokens": 50}), "maximum context length is 64"),
     ],
@@ -112,11 +117,14 @@ SMALL_POOL = SchedulerReadyInfo(max_total_num_tokens=30, max_req_input_len=29, c
 def test_requests_that_cannot_fit_name_the_limit(kwargs, match):
     with pytest.raises(ValueError, match=match):
         prepare_requests(GenerateReqInput(**kwargs), TOK, SMALL_POOL)
-    prepare_requests(GenerateReqInput(input_ids=[1] * 20, sampling_params={"max_new_tokens": 10}), TOK, SMALL_POOL)
+    prepare_requests(
+        GenerateReqInput(input_ids=[1] * 20, sampling_params={"max_new_tokens": 10}), TOK, SMALL_POOL
+    )
 
 
 def test_default_max_new_tokens_fits_small_kv_pool():
-    info = SchedulerReadyInfo(max_total_num_tokens=30, max_req_input_len=29, context_len=64, vocab_size=100,
-                              max_running_requests=8)  # fmt: skip
+    info = SchedulerReadyInfo(
+        max_total_num_tokens=30, max_req_input_len=29, context_len=64, vocab_size=100, max_running_requests=8
+    )
     (req,) = prepare_requests(GenerateReqInput(input_ids=[1] * 20), TOK, info)
     assert req.sampling_params.max_new_tokens == 10

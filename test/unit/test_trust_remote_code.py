@@ -52,7 +52,9 @@ def remote_code_model(tmp_path: Path) -> str:
 
 
 def _args(path: str, trust: bool) -> ServerArgs:
-    return ServerArgs(model_path=path, load_format="dummy", dtype="float32", num_threads=1, trust_remote_code=trust)
+    return ServerArgs(
+        model_path=path, load_format="dummy", dtype="float32", num_threads=1, trust_remote_code=trust
+    )
 
 
 def test_model_config_needs_the_flag(remote_code_model):

@@ -15,19 +15,36 @@ servers = pytest.importorskip("servers")
 
 
 def _results(kind: str, tps: float, emulated: bool = False) -> dict:
-    cpu = {"kind": kind, "model": "Some CPU", "native_kind": "avx512-bf16" if emulated else kind, "emulated": emulated,
-           "emulation_env": {"ONEDNN_MAX_CPU_ISA": "AVX2"} if emulated else {},
-           "flags": {"avx2": True, "avx512f": kind != "avx2", "avx512_bf16": False, "amx": False}}  # fmt: skip
-    meta = {"date": "2026-11-25", "command": "run.py", "machine": "m", "load_before": "1.00, 1, 1", "repeats": 1,
-            "vllm_config": "v", "ours_args": "", "ours_ttft_args": "", "cpu": cpu, "ours_dtype": "auto",
-            "vllm_dtype": None if emulated else "float32"}  # fmt: skip
+    cpu = {
+        "kind": kind,
+        "model": "Some CPU",
+        "native_kind": "avx512-bf16" if emulated else kind,
+        "emulated": emulated,
+        "emulation_env": {"ONEDNN_MAX_CPU_ISA": "AVX2"} if emulated else {},
+        "flags": {"avx2": True, "avx512f": kind != "avx2", "avx512_bf16": False, "amx": False},
+    }
+    meta = {
+        "date": "2026-11-25",
+        "command": "run.py",
+        "machine": "m",
+        "load_before": "1.00, 1, 1",
+        "repeats": 1,
+        "vllm_config": "v",
+        "ours_args": "",
+        "ours_ttft_args": "",
+        "cpu": cpu,
+        "ours_dtype": "auto",
+        "vllm_dtype": None if emulated else "float32",
+    }
     entry = {"median": {"output_throughput": tps, "median_ttft_ms": 10.0}, "load_before": "2.50, 2, 2"}
     return {"workloads": {"a": "A", "d": "D"}, "meta": meta, "ours": {"a": entry, "d": entry}}
 
 
 def test_one_section_per_kind(tmp_path):
     docs = tmp_path / "benchmarks.md"
-    docs.write_text("# B\n\n<!-- vs_vllm:amx:begin -->\nold amx\n<!-- vs_vllm:amx:end -->\n\nnotes\n\n## Later\nx\n")
+    docs.write_text(
+        "# B\n\n<!-- vs_vllm:amx:begin -->\nold amx\n<!-- vs_vllm:amx:end -->\n\nnotes\n\n## Later\nx\n"
+    )
     report.update_docs(str(docs), report.section(_results("avx2", 11.0, emulated=True), "p.png"), "avx2")
     report.update_docs(str(docs), report.section(_results("avx512", 22.0), "q.png"), "avx512")
     report.update_docs(str(docs), report.section(_results("avx2", 33.0, emulated=True), "p.png"), "avx2")

@@ -114,7 +114,10 @@ class _Timer:
 
 
 async def _run(
-    body: dict, inp: RequestFuncInput, session: aiohttp.ClientSession, on_event: Callable[[dict, _Timer], None]
+    body: dict,
+    inp: RequestFuncInput,
+    session: aiohttp.ClientSession,
+    on_event: Callable[[dict, _Timer], None],
 ) -> RequestFuncOutput:
     out = RequestFuncOutput(prompt_len=inp.prompt_len)
     out.start_time = time.perf_counter()
@@ -142,7 +145,11 @@ async def _run(
 async def request_sglang(inp: RequestFuncInput, session: aiohttp.ClientSession) -> RequestFuncOutput:
     body = {
         "text": inp.prompt,
-        "sampling_params": {"temperature": 0.0, "max_new_tokens": inp.output_len, "ignore_eos": inp.ignore_eos},
+        "sampling_params": {
+            "temperature": 0.0,
+            "max_new_tokens": inp.output_len,
+            "ignore_eos": inp.ignore_eos,
+        },
         "stream": True,
         **inp.extra_request_body,
     }

@@ -35,11 +35,17 @@ class DatasetRow:
 def add_dataset_args(parser: argparse.ArgumentParser) -> None:
     """The dataset flags shared by bench_serving and bench_offline_throughput (SGLang's names)."""
     parser.add_argument("--dataset-name", default="random", choices=DATASET_NAMES)
-    parser.add_argument("--dataset-path", default="", help="ShareGPT-format JSON file (for --dataset-name sharegpt)")
+    parser.add_argument(
+        "--dataset-path", default="", help="ShareGPT-format JSON file (for --dataset-name sharegpt)"
+    )
     parser.add_argument("--num-prompts", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--sharegpt-output-len", type=int, default=None, help="fixed output length for ShareGPT")
-    parser.add_argument("--sharegpt-context-len", type=int, default=None, help="drop ShareGPT rows longer than this")
+    parser.add_argument(
+        "--sharegpt-output-len", type=int, default=None, help="fixed output length for ShareGPT"
+    )
+    parser.add_argument(
+        "--sharegpt-context-len", type=int, default=None, help="drop ShareGPT rows longer than this"
+    )
     parser.add_argument("--random-input-len", type=int, default=1024)
     parser.add_argument("--random-output-len", type=int, default=1024)
     parser.add_argument(
@@ -60,13 +66,25 @@ def get_dataset(args: argparse.Namespace, tokenizer: Any) -> list[DatasetRow]:
     rng = np.random.default_rng(args.seed)
     if args.dataset_name == "random":
         return sample_random_requests(
-            args.random_input_len, args.random_output_len, args.num_prompts, args.random_range_ratio, tokenizer, rng
+            args.random_input_len,
+            args.random_output_len,
+            args.num_prompts,
+            args.random_range_ratio,
+            tokenizer,
+            rng,
         )
     if args.dataset_name == "sharegpt":
         if not args.dataset_path:
-            raise ValueError("--dataset-name sharegpt needs --dataset-path FILE (a ShareGPT-format JSON file)")
+            raise ValueError(
+                "--dataset-name sharegpt needs --dataset-path FILE (a ShareGPT-format JSON file)"
+            )
         return sample_sharegpt_requests(
-            args.dataset_path, args.num_prompts, tokenizer, rng, args.sharegpt_output_len, args.sharegpt_context_len
+            args.dataset_path,
+            args.num_prompts,
+            tokenizer,
+            rng,
+            args.sharegpt_output_len,
+            args.sharegpt_context_len,
         )
     if args.dataset_name == "generated-shared-prefix":
         return sample_generated_shared_prefix_requests(
@@ -95,7 +113,9 @@ def encode(tokenizer: Any, text: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)
 
 
-def random_text(tokenizer: Any, num_tokens: int, rng: np.random.Generator, vocab: list[int]) -> tuple[str, list[int]]:
+def random_text(
+    tokenizer: Any, num_tokens: int, rng: np.random.Generator, vocab: list[int]
+) -> tuple[str, list[int]]:
     """Text of random words that tokenizes back to `num_tokens` ids (or as close as a few rounds get)."""
     num_tokens = max(int(num_tokens), 1)
     ids = [int(i) for i in rng.choice(vocab, num_tokens)]
@@ -118,7 +138,12 @@ def _lengths(target: int, ratio: float, n: int, rng: np.random.Generator) -> lis
 
 
 def sample_random_requests(
-    input_len: int, output_len: int, num_prompts: int, range_ratio: float, tokenizer: Any, rng: np.random.Generator
+    input_len: int,
+    output_len: int,
+    num_prompts: int,
+    range_ratio: float,
+    tokenizer: Any,
+    rng: np.random.Generator,
 ) -> list[DatasetRow]:
     """`num_prompts` random prompts; lengths uniform in [len * range_ratio, len] (SGLang's `random`)."""
     if input_len < 1 or output_len < 1 or num_prompts < 1:

@@ -35,7 +35,13 @@ class Stats:
         ms = np.asarray(values_s, dtype=np.float64) * 1000.0
         pct = np.percentile(ms, [50, 90, 95, 99])
         return Stats(
-            float(ms.mean()), float(pct[0]), float(ms.std()), float(pct[1]), float(pct[2]), float(pct[3]), float(ms.max())
+            float(ms.mean()),
+            float(pct[0]),
+            float(ms.std()),
+            float(pct[1]),
+            float(pct[2]),
+            float(pct[3]),
+            float(ms.max()),
         )
 
 
@@ -68,9 +74,7 @@ def calculate_metrics(
     total_in = sum(o.prompt_len for o in ok)
     total_out = sum(out_lens)
     duration = max(duration, 1e-9)
-    tpots = [
-        (o.latency - o.ttft) / (n - 1) for o, n in zip(outputs, out_lens) if o.success and n > 1
-    ]
+    tpots = [(o.latency - o.ttft) / (n - 1) for o, n in zip(outputs, out_lens) if o.success and n > 1]
     metrics = BenchmarkMetrics(
         completed=len(ok),
         failed=len(outputs) - len(ok),
@@ -115,7 +119,9 @@ def _stats_lines(name: str, stats: Stats, extra: tuple[str, ...] = ()) -> list[s
     return lines
 
 
-def format_summary(m: BenchmarkMetrics, backend: str, request_rate: float, max_concurrency: Optional[int]) -> str:
+def format_summary(
+    m: BenchmarkMetrics, backend: str, request_rate: float, max_concurrency: Optional[int]
+) -> str:
     """SGLang's "Serving Benchmark Result" block (with P90/P99 for every latency)."""
     lines = [
         _section(" Serving Benchmark Result ", "="),

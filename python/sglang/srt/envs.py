@@ -118,6 +118,7 @@ SGLANG_CPU_FLAGS_OVERRIDE: EnvVar[str] = EnvVar(
     "(amx, avx512-bf16, avx512, avx2, generic) or a comma-separated flag list; empty = /proc/cpuinfo.",
 )
 
+
 # ---------------------------------------------------------------- pipeline parallelism
 def parse_int_list(text: str) -> list[int]:
     """'15,15,15,16' → [15, 15, 15, 16] (spaces allowed); ValueError on anything else."""

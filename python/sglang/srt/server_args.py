@@ -18,11 +18,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import tempfile
 from dataclasses import dataclass, fields
 from typing import Any, Mapping, Optional, Sequence
 
+from sglang.srt.port_args import PortArgs  # noqa: F401 - importable from here
 from sglang.srt.server_args_checks import validate_server_args
+from sglang.srt.server_args_parallel import ParallelArgs
 from sglang.srt.server_args_cli import (  # noqa: F401 - GROUP_ORDER, G_*, field_choices: importable from here
     G_API,
     G_COMPAT,
@@ -59,26 +60,44 @@ def default_model_path() -> str:
 
 
 @dataclass(frozen=True)
-class ServerArgs:
+class ServerArgs(ParallelArgs):
     """Every flag: `--` + field name with `-`. Each field carries its help, group and choices
     (`arg(...)`); `test_server_args.py` checks that none is missing."""
 
     # ------------------------------------------------------------------ model and tokenizer
     model_path: Optional[str] = arg(
-        None, "Model weights: an HF directory (config.json + safetensors) or a .gguf file.", G_MODEL,
-        aliases=["--model"], default_text="the embedded SmolLM2-135M-Instruct GGUF")  # fmt: skip
+        None,
+        "Model weights: an HF directory (config.json + safetensors) or a .gguf file.",
+        G_MODEL,
+        aliases=["--model"],
+        default_text="the embedded SmolLM2-135M-Instruct GGUF",
+    )
     tokenizer_path: Optional[str] = arg(
-        None, "Tokenizer directory or .gguf file.", G_MODEL, default_text="--model-path")
+        None, "Tokenizer directory or .gguf file.", G_MODEL, default_text="--model-path"
+    )
     load_format: str = arg(
-        "auto", "Weight format: auto (by file), safetensors, gguf, or dummy (random weights, for tests and profiling).",
-        G_MODEL, choices=["auto", "safetensors", "gguf", "dummy"])  # fmt: skip
+        "auto",
+        "Weight format: auto (by file), safetensors, gguf, or dummy (random weights, for tests and profiling).",
+        G_MODEL,
+        choices=["auto", "safetensors", "gguf", "dummy"],
+    )
     context_length: Optional[int] = arg(
-        None, "The model's maximum context length (prompt + output).", G_MODEL, default_text="the model config's")
+        None,
+        "The model's maximum context length (prompt + output).",
+        G_MODEL,
+        default_text="the model config's",
+    )
     trust_remote_code: bool = arg(
-        False, "Allow the model's own Python code (auto_map in config.json / tokenizer_config.json) to run when "
-        "its config and tokenizer load.", G_MODEL)  # fmt: skip
+        False,
+        "Allow the model's own Python code (auto_map in config.json / tokenizer_config.json) to run when "
+        "its config and tokenizer load.",
+        G_MODEL,
+    )
     skip_tokenizer_init: bool = arg(
-        False, "Load no tokenizer: requests must give input_ids and get output ids (and no text) back.", G_MODEL)
+        False,
+        "Load no tokenizer: requests must give input_ids and get output ids (and no text) back.",
+        G_MODEL,
+    )
 
     # ------------------------------------------------------------------ HTTP server
     host: str = arg("127.0.0.1", "Host address of the HTTP server.", G_HTTP)
@@ -86,168 +105,175 @@ class ServerArgs:
 
     # ------------------------------------------------------------------ data type
     dtype: str = arg(
-        "auto", "Data type of weights and activations; auto: on CPU chosen from its instructions (bfloat16 with "
+        "auto",
+        "Data type of weights and activations; auto: on CPU chosen from its instructions (bfloat16 with "
         "AMX / AVX-512; on AVX2 bfloat16 with float32 GEMMs for prefill, logged at start-up), the model's "
         "half type on GPU/NPU.",
-        G_DTYPE, choices=["auto", "float32", "bfloat16", "float16"])  # fmt: skip
+        G_DTYPE,
+        choices=["auto", "float32", "bfloat16", "float16"],
+    )
     enable_fp32_lm_head: bool = arg(
-        False, "Compute the LM head's logits in float32 whatever --dtype (float32 hidden states and sums, bf16 "
-        "weights widened exactly); always on for CPU unless --disable-fp32-lm-head.", G_DTYPE)  # fmt: skip
+        False,
+        "Compute the LM head's logits in float32 whatever --dtype (float32 hidden states and sums, bf16 "
+        "weights widened exactly); always on for CPU unless --disable-fp32-lm-head.",
+        G_DTYPE,
+    )
     disable_fp32_lm_head: bool = arg(
-        False, "Logits in the model dtype on CPU too, where float32 logits are otherwise used (bf16 logits round "
-        "near ties into exact ties).", G_DTYPE)  # fmt: skip
+        False,
+        "Logits in the model dtype on CPU too, where float32 logits are otherwise used (bf16 logits round "
+        "near ties into exact ties).",
+        G_DTYPE,
+    )
 
     # ------------------------------------------------------------------ memory and scheduling
     mem_fraction_static: Optional[float] = arg(
-        None, "Fraction of the device's memory for weights + KV pool.", G_MEMORY,
-        default_text="CPU: four full contexts, at most 25 % of free RAM (docs/architecture.md)")  # fmt: skip
+        None,
+        "Fraction of the device's memory for weights + KV pool.",
+        G_MEMORY,
+        default_text="CPU: four full contexts, at most 25 % of free RAM (docs/architecture.md)",
+    )
     max_running_requests: Optional[int] = arg(
-        None, "Most requests decoding at once.", G_MEMORY, default_text="from the KV pool size")
+        None, "Most requests decoding at once.", G_MEMORY, default_text="from the KV pool size"
+    )
     max_queued_requests: Optional[int] = arg(
-        None, "Most requests waiting to be scheduled; a request past it is refused with HTTP 503.", G_MEMORY,
-        default_text="no limit")  # fmt: skip
+        None,
+        "Most requests waiting to be scheduled; a request past it is refused with HTTP 503.",
+        G_MEMORY,
+        default_text="no limit",
+    )
     max_total_tokens: Optional[int] = arg(
-        None, "Size of the KV pool in tokens (overrides the memory budget; mainly for tests).", G_MEMORY,
-        default_text="from the memory budget")  # fmt: skip
+        None,
+        "Size of the KV pool in tokens (overrides the memory budget; mainly for tests).",
+        G_MEMORY,
+        default_text="from the memory budget",
+    )
     chunked_prefill_size: Optional[int] = arg(
-        None, "Most prompt tokens of one request per step (chunked prefill); -1 disables chunking.", G_MEMORY,
-        default_text="the device platform's: 2048 on CPU, 8192 elsewhere")  # fmt: skip
+        None,
+        "Most prompt tokens of one request per step (chunked prefill); -1 disables chunking.",
+        G_MEMORY,
+        default_text="the device platform's: 2048 on CPU, 8192 elsewhere",
+    )
     enable_dynamic_chunking: bool = arg(
-        False, "Pipeline parallelism only: chunk sizes from a fitted latency model (docs/dynamic_chunking.md).", G_MEMORY)
+        False,
+        "Pipeline parallelism only: chunk sizes from a fitted latency model (docs/dynamic_chunking.md).",
+        G_MEMORY,
+    )
     dynamic_chunking_mode: str = arg(
-        "upstream", "upstream: SGLang's quadratic fit; auto: online refit and TTFT-minimising plans (implies "
-        "--enable-dynamic-chunking).", G_MEMORY, choices=["upstream", "auto"])  # fmt: skip
+        "upstream",
+        "upstream: SGLang's quadratic fit; auto: online refit and TTFT-minimising plans (implies "
+        "--enable-dynamic-chunking).",
+        G_MEMORY,
+        choices=["upstream", "auto"],
+    )
     max_prefill_tokens: int = arg(16384, "Most prompt tokens in one step (all requests together).", G_MEMORY)
     short_prompt_first_tokens: Optional[int] = arg(
-        None, "Short prompts first: waiting prompts of at most this many uncached tokens are prefilled ahead of "
+        None,
+        "Short prompts first: waiting prompts of at most this many uncached tokens are prefilled ahead of "
         "a long prompt's next chunk, inside the same step's budget (the long prompt keeps at least half of it); "
-        "0 turns it off.", G_MEMORY,
-        default_text="--disaggregation-mode prefill: a quarter of --chunked-prefill-size; otherwise 0")  # fmt: skip
+        "0 turns it off.",
+        G_MEMORY,
+        default_text="--disaggregation-mode prefill: a quarter of --chunked-prefill-size; otherwise 0",
+    )
     schedule_policy: str = arg(
-        "fcfs", "Order of waiting requests: fcfs (arrival) or lpm (longest cached prefix first).", G_MEMORY,
-        choices=["fcfs", "lpm"])  # fmt: skip
+        "fcfs",
+        "Order of waiting requests: fcfs (arrival) or lpm (longest cached prefix first).",
+        G_MEMORY,
+        choices=["fcfs", "lpm"],
+    )
     page_size: int = arg(1, "Tokens per KV-cache page.", G_MEMORY)
 
     # ------------------------------------------------------------------ runtime
     device: str = arg("cpu", "Device of every rank.", G_RUNTIME, choices=["cpu", "cuda", "npu"])
-    tp_size: int = arg(1, "Tensor parallel size (ranks per pipeline stage).", G_RUNTIME, aliases=["--tensor-parallel-size"])
+    tp_size: int = arg(
+        1, "Tensor parallel size (ranks per pipeline stage).", G_RUNTIME, aliases=["--tensor-parallel-size"]
+    )
     pp_size: int = arg(1, "Pipeline parallel size (stages).", G_RUNTIME, aliases=["--pipeline-parallel-size"])
     cp_size: int = arg(
-        1, "Attention context parallel size (splits each prompt's tokens over this many ranks of a stage).",
-        G_RUNTIME, aliases=["--attn-cp-size", "--attention-context-parallel-size"])  # fmt: skip
+        1,
+        "Attention context parallel size (splits each prompt's tokens over this many ranks of a stage).",
+        G_RUNTIME,
+        aliases=["--attn-cp-size", "--attention-context-parallel-size"],
+    )
     pp_max_micro_batch_size: Optional[int] = arg(
-        None, "Most requests in one pipeline micro-batch.", G_RUNTIME, default_text="the token budget alone")
+        None, "Most requests in one pipeline micro-batch.", G_RUNTIME, default_text="the token budget alone"
+    )
     pp_async_batch_depth: int = arg(0, "Extra micro-batch slots in the pipeline ring.", G_RUNTIME)
     stream_interval: int = arg(1, "Streamed output is sent every this many tokens.", G_RUNTIME)
     random_seed: Optional[int] = arg(None, "Random seed.", G_RUNTIME, default_text="42")
     watchdog_timeout: float = arg(
-        300.0, "Seconds a forward step may take; after that the server logs where it hangs and exits.", G_RUNTIME)
+        300.0,
+        "Seconds a forward step may take; after that the server logs where it hangs and exits.",
+        G_RUNTIME,
+    )
     dist_timeout: Optional[int] = arg(
-        None, "Timeout in seconds of torch.distributed initialisation.", G_RUNTIME, default_text="torch's")
+        None, "Timeout in seconds of torch.distributed initialisation.", G_RUNTIME, default_text="torch's"
+    )
     num_threads: Optional[int] = arg(
-        None, "torch threads per rank.", G_RUNTIME, default_text="this machine's cores shared by its local ranks")
-
-    # ------------------------------------------------------------------ context parallelism
-    cp_strategy: str = arg(
-        "zigzag", "How a prompt's tokens are split over CP ranks: zigzag (2·cp segments, balanced causal work) or "
-        "round-robin (token i on rank i mod cp; upstream's 'interleave' is accepted for it).", G_CP,
-        choices=["zigzag", "round-robin", "interleave"])  # fmt: skip
-    cp_kv_cache_interleave_size: int = arg(
-        1, "Consecutive tokens stored on one CP rank's KV cache before the next rank's.", G_CP)
+        None,
+        "torch threads per rank.",
+        G_RUNTIME,
+        default_text="this machine's cores shared by its local ranks",
+    )
 
     # ------------------------------------------------------------------ logging
-    log_level: str = arg("info", "Log level of every process.", G_LOGGING, choices=["debug", "info", "warning", "error"])
+    log_level: str = arg(
+        "info", "Log level of every process.", G_LOGGING, choices=["debug", "info", "warning", "error"]
+    )
     enable_metrics: bool = arg(False, "Serve Prometheus metrics on /metrics.", G_LOGGING)
     pp_trace_path: Optional[str] = arg(
-        None, "Write a Chrome/Perfetto trace of the pipeline ring here (benchmark/pp/README.md).", G_LOGGING)
+        None, "Write a Chrome/Perfetto trace of the pipeline ring here (benchmark/pp/README.md).", G_LOGGING
+    )
 
     # ------------------------------------------------------------------ API
-    api_key: Optional[str] = arg(None, "Require 'Authorization: Bearer <key>' on every route but /health and /metrics.", G_API)
+    api_key: Optional[str] = arg(
+        None, "Require 'Authorization: Bearer <key>' on every route but /health and /metrics.", G_API
+    )
     served_model_name: Optional[str] = arg(
-        None, "Model name of the OpenAI API (/v1/models, `model` of requests).", G_API, default_text="the model path")
+        None,
+        "Model name of the OpenAI API (/v1/models, `model` of requests).",
+        G_API,
+        default_text="the model path",
+    )
     chat_template: Optional[str] = arg(
-        None, "Chat template (Jinja text or a file) instead of the tokenizer's, for /v1/chat/completions.", G_API)
-
-    # ------------------------------------------------------------------ data parallelism
-    dp_size: int = arg(1, "Data parallel size (attention data parallelism with --enable-dp-attention).", G_DP,
-                       aliases=["--data-parallel-size"])  # fmt: skip
-    load_balance_method: str = arg(
-        "auto", "How the data-parallel controller picks a replica for a request: round_robin, total_requests (fewest "
-        "running + waiting), total_tokens (fewest KV + waiting prompt tokens); auto = round_robin.", G_DP,
-        choices=["auto", "round_robin", "total_requests", "total_tokens"])  # fmt: skip
-
-    # ------------------------------------------------------------------ multi-node
-    nnodes: int = arg(1, "Number of nodes.", G_MULTI_NODE)
-    node_rank: int = arg(0, "This node's rank (0 serves HTTP; the others run their ranks only).", G_MULTI_NODE)
-    dist_init_addr: Optional[str] = arg(
-        None, "HOST:PORT of the torch.distributed rendezvous (required with --nnodes > 1).", G_MULTI_NODE,
-        aliases=["--nccl-init-addr"], default_text="a free local port on one node")  # fmt: skip
-
-    # ------------------------------------------------------------------ kernels
-    # its accepted names are the attention registry's: given to argparse and checked at start-up
-    # by the entry points (configs/startup_checks.py)
-    attention_backend: Optional[str] = arg(
-        None, "Attention kernels.", G_KERNELS,
-        default_text="the device platform's choice: cpu on CPU, torch_native elsewhere")  # fmt: skip
-
-    nsa_prefill_backend: Optional[str] = arg(
-        None, "DSA ops of the dsa/nsa attention backend for extend batches: auto, reference, cpu, triton, torch_npu, "
-        "or upstream's names (flashmla_sparse, fa3, tilelang, ... -> triton; ascend -> torch_npu).", G_KERNELS,
-        aliases=["--dsa-prefill-backend"], default_text="auto: the platform's")  # fmt: skip
-    nsa_decode_backend: Optional[str] = arg(
-        None, "Like --nsa-prefill-backend, for decode batches.", G_KERNELS, aliases=["--dsa-decode-backend"],
-        default_text="auto: the platform's")  # fmt: skip
-
-    # ------------------------------------------------------------------ MoE
-    ep_size: int = arg(1, "Expert parallel size.", G_MOE, aliases=["--expert-parallel-size"])
-    moe_dense_tp_size: Optional[int] = arg(
-        None, "TP size of dense MLPs under attention DP; 1 replicates them on every rank (only 1 is supported).",
-        G_MOE, default_text="the tp size")  # fmt: skip
-    moe_a2a_backend: str = arg(
-        "none", "MoE token dispatch: none (the tp group runs the MoE on the same tokens) or all_to_all (tokens go to "
-        "their experts' ranks and back; needs --ep-size == --tp-size).", G_MOE,
-        choices=["none", "all_to_all"])  # fmt: skip
+        None,
+        "Chat template (Jinja text or a file) instead of the tokenizer's, for /v1/chat/completions.",
+        G_API,
+    )
 
     # ------------------------------------------------------------------ optimization / debug
     disable_radix_cache: bool = arg(False, "Disable the radix (prefix) cache.", G_OPTIMIZATION)
     enable_dp_attention: bool = arg(
-        False, "Data parallel attention, tensor parallel MLP (with --dp-size): each of the dp replicas has its own "
-        "requests and KV cache (docs/dp_attention.md).", G_OPTIMIZATION)  # fmt: skip
+        False,
+        "Data parallel attention, tensor parallel MLP (with --dp-size): each of the dp replicas has its own "
+        "requests and KV cache (docs/dp_attention.md).",
+        G_OPTIMIZATION,
+    )
     enable_dp_lm_head: bool = arg(
-        False, "LM head vocab-parallel inside each attention-TP group (no gather across DP replicas).", G_OPTIMIZATION)
+        False,
+        "LM head vocab-parallel inside each attention-TP group (no gather across DP replicas).",
+        G_OPTIMIZATION,
+    )
     enable_shard_linear: bool = arg(
-        False, "Shard Linear (CP, DeepSeek MLA, attention TP 1): layer i's q_b_proj and o_proj live on cp rank i % cp "
+        False,
+        "Shard Linear (CP, DeepSeek MLA, attention TP 1): layer i's q_b_proj and o_proj live on cp rank i % cp "
         "and are broadcast before use (overlapped); less weight memory, identical outputs.",
-        G_OPTIMIZATION)  # fmt: skip
+        G_OPTIMIZATION,
+    )
 
     # ------------------------------------------------------------------ upstream flags without an effect here
     # Common in copied launch lines; accepted, and `compat_notes()` says at start-up what they do here.
-    disable_cuda_graph: bool = arg(False, "Accepted for compatibility: this engine captures no CUDA graphs.", G_COMPAT)
+    disable_cuda_graph: bool = arg(
+        False, "Accepted for compatibility: this engine captures no CUDA graphs.", G_COMPAT
+    )
     disable_overlap_schedule: bool = arg(
-        False, "Accepted for compatibility: this scheduler has no overlap mode to turn off.", G_COMPAT)
+        False, "Accepted for compatibility: this scheduler has no overlap mode to turn off.", G_COMPAT
+    )
     enable_mixed_chunk: bool = arg(
-        False, "Accepted for compatibility: prefill chunks and decodes always share a step here.", G_COMPAT)
+        False, "Accepted for compatibility: prefill chunks and decodes always share a step here.", G_COMPAT
+    )
     skip_server_warmup: bool = arg(
-        False, "Accepted for compatibility: this server sends no warm-up request at start-up.", G_COMPAT)
-
-    # ------------------------------------------------------------------ PD disaggregation
-    # (upstream names and defaults; python/sglang/srt/disaggregation/README.md). Timeouts are the
-    # SGLANG_DISAGGREGATION_* environment variables (srt/envs.py).
-    disaggregation_mode: str = arg(
-        "null", "This server's side of a prefill/decode pair: null (colocated), prefill or decode.", G_PD,
-        choices=["null", "prefill", "decode"])  # fmt: skip
-    disaggregation_transfer_backend: str = arg(
-        "mooncake", "How KV moves between the sides: mooncake (Mooncake transfer engine; TCP, or RDMA with "
-        "--disaggregation-ib-device) or fake (no data moves: warm-up and tests).", G_PD,
-        choices=["mooncake", "fake"])  # fmt: skip
-    disaggregation_bootstrap_port: int = arg(
-        8998, "Prefill side: port of the bootstrap server where the decode side looks up the prefill ranks.", G_PD)
-    disaggregation_ib_device: Optional[str] = arg(
-        None, "RDMA device(s) for Mooncake, e.g. mlx5_0.", G_PD, default_text="TCP")
-    num_reserved_decode_tokens: int = arg(
-        512, "Decode side: KV tokens kept free per running request for its growth.", G_PD)
-    disaggregation_decode_polling_interval: int = arg(
-        1, "Decode side: poll the transfers every this many scheduler steps.", G_PD)
+        False, "Accepted for compatibility: this server sends no warm-up request at start-up.", G_COMPAT
+    )
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
@@ -317,12 +343,16 @@ class ServerArgs:
         notes = list(getattr(self, "_alias_notes", ()))
         for f in fields(self):
             if f.metadata.get("group") == G_COMPAT and getattr(self, f.name):
-                notes.append(f"--{flag(f.name)}: {f.metadata['help'].removeprefix('Accepted for compatibility: ')}")
+                notes.append(
+                    f"--{flag(f.name)}: {f.metadata['help'].removeprefix('Accepted for compatibility: ')}"
+                )
         return notes
 
     # ------------------------------------------------------------------ CLI
     @staticmethod
-    def add_cli_args(parser: argparse.ArgumentParser, choices: Optional[Mapping[str, Sequence[str]]] = None) -> None:
+    def add_cli_args(
+        parser: argparse.ArgumentParser, choices: Optional[Mapping[str, Sequence[str]]] = None
+    ) -> None:
         """One flag per field, in upstream's groups; each help line ends with the default.
         `choices`: accepted values of the flags the model layer declares (`--attention-backend`)."""
         add_cli_args(parser, ServerArgs, choices)
@@ -346,37 +376,3 @@ class ServerArgs:
 def prepare_server_args(argv: list[str], choices: Optional[Mapping[str, Sequence[str]]] = None) -> ServerArgs:
     """ServerArgs from `launch_server` arguments (`choices`: see `ServerArgs.add_cli_args`)."""
     return ServerArgs.from_cli_args(build_parser(ServerArgs, choices).parse_args(argv))
-
-
-@dataclass
-class PortArgs:
-    """ZMQ endpoints between the processes of one server (ipc:// files in a private temp dir).
-
-    With attention DP (`--dp-size D --enable-dp-attention`) the data-parallel controller binds
-    `scheduler_input_ipc_name` (the tokenizer's target, unchanged), each replica's entry rank binds
-    `replica_input_ipc_name(d)` and sends its control replies and load reports to
-    `dp_controller_ipc_name`; token ids still go straight to the detokenizer."""
-
-    tokenizer_ipc_name: str
-    scheduler_input_ipc_name: str
-    detokenizer_ipc_name: str
-    dp_controller_ipc_name: str = ""
-
-    @staticmethod
-    def init_new(server_args: ServerArgs) -> "PortArgs":
-        base = tempfile.mkdtemp(prefix="sglang-ipc-")
-        return PortArgs(
-            tokenizer_ipc_name=f"ipc://{base}/tokenizer",
-            scheduler_input_ipc_name=f"ipc://{base}/scheduler",
-            detokenizer_ipc_name=f"ipc://{base}/detokenizer",
-            dp_controller_ipc_name=f"ipc://{base}/dp_controller",
-        )
-
-    def replica_input_ipc_name(self, dp_rank: int, dp_size: int) -> str:
-        """Where replica `dp_rank`'s entry rank takes its messages (the tokenizer's target when
-        there is one replica)."""
-        return self.scheduler_input_ipc_name if dp_size == 1 else f"{self.scheduler_input_ipc_name}-dp{dp_rank}"
-
-    def control_reply_ipc_name(self, dp_size: int) -> str:
-        """Where scheduler entry ranks send control replies: the tokenizer, or the DP controller."""
-        return self.tokenizer_ipc_name if dp_size == 1 else self.dp_controller_ipc_name

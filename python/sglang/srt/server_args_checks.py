@@ -15,7 +15,13 @@ from typing import Any
 
 from sglang.srt.server_args_cli import field_choices, flag
 
-POSITIVE = ("max_total_tokens", "max_running_requests", "max_queued_requests", "context_length", "num_threads")
+POSITIVE = (
+    "max_total_tokens",
+    "max_running_requests",
+    "max_queued_requests",
+    "context_length",
+    "num_threads",
+)
 AT_LEAST_ONE = ("tp_size", "pp_size", "dp_size", "cp_size", "ep_size", "nnodes", "stream_interval")
 
 
@@ -24,7 +30,9 @@ def validate_server_args(args: Any) -> None:
     _validate_values(args)
     _validate_dp_attention(args)
     if args.enable_shard_linear and args.cp_size == 1:
-        raise ValueError("--enable-shard-linear shares weights across context-parallel ranks: needs --cp-size > 1")
+        raise ValueError(
+            "--enable-shard-linear shares weights across context-parallel ranks: needs --cp-size > 1"
+        )
     _validate_layout(args)
     if args.load_format != "dummy" and not args.model_path.startswith("dummy:"):
         if not os.path.exists(args.model_path):
@@ -55,7 +63,9 @@ def _validate_values(args: Any) -> None:
     if args.max_prefill_tokens < 1:
         raise ValueError(f"--max-prefill-tokens must be >= 1, got {args.max_prefill_tokens}")
     if args.chunked_prefill_size == 0 or args.chunked_prefill_size < -1:
-        raise ValueError(f"--chunked-prefill-size must be positive or -1 (disabled), got {args.chunked_prefill_size}")
+        raise ValueError(
+            f"--chunked-prefill-size must be positive or -1 (disabled), got {args.chunked_prefill_size}"
+        )
     if args.short_prompt_first_tokens is not None and args.short_prompt_first_tokens < 0:
         raise ValueError(f"--short-prompt-first-tokens must be >= 0, got {args.short_prompt_first_tokens}")
     if args.mem_fraction_static is not None and not (0.0 < args.mem_fraction_static < 1.0):
@@ -95,11 +105,17 @@ def _validate_disaggregation(args: Any) -> None:
     if args.disaggregation_mode == "prefill" and port == args.port:
         raise ValueError("--disaggregation-bootstrap-port must differ from --port")
     if args.num_reserved_decode_tokens < 0 or args.disaggregation_decode_polling_interval < 1:
-        raise ValueError("--num-reserved-decode-tokens must be >= 0 and --disaggregation-decode-polling-interval >= 1")
+        raise ValueError(
+            "--num-reserved-decode-tokens must be >= 0 and --disaggregation-decode-polling-interval >= 1"
+        )
     if args.dp_size > 1 or args.enable_dp_attention:
-        raise ValueError("--disaggregation-mode with --dp-size > 1 / --enable-dp-attention is not supported yet")
+        raise ValueError(
+            "--disaggregation-mode with --dp-size > 1 / --enable-dp-attention is not supported yet"
+        )
     if args.disaggregation_mode == "decode" and args.pp_size > 1:
-        raise ValueError("--disaggregation-mode decode with --pp-size > 1 is not supported (use tp on the decode side)")
+        raise ValueError(
+            "--disaggregation-mode decode with --pp-size > 1 is not supported (use tp on the decode side)"
+        )
 
 
 def _validate_dp_attention(args: Any) -> None:

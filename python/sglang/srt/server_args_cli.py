@@ -31,13 +31,28 @@ G_OPTIMIZATION = "Optimization/debug options"
 G_PD = "PD disaggregation"
 G_COMPAT = "Upstream flags accepted for compatibility"
 GROUP_ORDER = (
-    G_MODEL, G_HTTP, G_DTYPE, G_MEMORY, G_RUNTIME, G_CP, G_LOGGING, G_API,
-    G_DP, G_MULTI_NODE, G_KERNELS, G_MOE, G_OPTIMIZATION, G_PD, G_COMPAT,
-)  # fmt: skip
+    G_MODEL,
+    G_HTTP,
+    G_DTYPE,
+    G_MEMORY,
+    G_RUNTIME,
+    G_CP,
+    G_LOGGING,
+    G_API,
+    G_DP,
+    G_MULTI_NODE,
+    G_KERNELS,
+    G_MOE,
+    G_OPTIMIZATION,
+    G_PD,
+    G_COMPAT,
+)
 
 # Upstream spellings that mean one of our values (accepted, normalised, logged at start-up).
 VALUE_ALIASES = {
-    "cp_strategy": {"interleave": ("round-robin", "upstream's name for round-robin: token i goes to CP rank i mod cp")},
+    "cp_strategy": {
+        "interleave": ("round-robin", "upstream's name for round-robin: token i goes to CP rank i mod cp")
+    },
 }
 
 
@@ -56,7 +71,13 @@ def arg(
 
     Values known only to the model layer (the registered attention backends) are not declared
     here: the entry point passes them to `add_cli_args` and checks them at start-up."""
-    meta = {"help": help, "group": group, "choices": choices, "aliases": tuple(aliases), "default_text": default_text}
+    meta = {
+        "help": help,
+        "group": group,
+        "choices": choices,
+        "aliases": tuple(aliases),
+        "default_text": default_text,
+    }
     return field(default=default, metadata=meta)
 
 

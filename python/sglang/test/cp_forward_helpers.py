@@ -54,7 +54,12 @@ class CPForwardHarness:
         self.allocator = TokenToKVPoolAllocator(max_total_tokens, self.mapping.virtual_page_size)
         physical = self.mapping.physical_pool_size(self.allocator.size)
         self.token_to_kv_pool = MHATokenToKVPool(
-            physical, page_size, dtype, max(1, kv_heads // attn_tp_size), head_dim, hf_config.num_hidden_layers
+            physical,
+            page_size,
+            dtype,
+            max(1, kv_heads // attn_tp_size),
+            head_dim,
+            hf_config.num_hidden_layers,
         )
         self.req_to_token_pool = ReqToTokenPool(max_requests, max_context_len)
         self.attn_backend = create_attention_backend(attention_backend or default_attention_backend("cpu"))
@@ -68,7 +73,9 @@ class CPForwardHarness:
         req = ReqHandle(row=rows[0])
         if share_prefix_of is not None and prefix_len:
             if prefix_len % self.mapping.virtual_page_size:
-                raise ValueError(f"a shared prefix must be whole virtual pages ({self.mapping.virtual_page_size})")
+                raise ValueError(
+                    f"a shared prefix must be whole virtual pages ({self.mapping.virtual_page_size})"
+                )
             table = self.req_to_token_pool.req_to_token
             table[req.row, :prefix_len] = table[share_prefix_of.row, :prefix_len]
             req.tokens = list(share_prefix_of.tokens[:prefix_len])
@@ -90,7 +97,13 @@ class CPForwardHarness:
             req.tokens.extend(int(t) for t in toks)
             cursor += n
         is_decode = [n == 1 and p > 0 for p, n in zip(prefix, ext)]
-        mode = ForwardMode.DECODE if all(is_decode) else ForwardMode.MIXED if any(is_decode) else ForwardMode.EXTEND
+        mode = (
+            ForwardMode.DECODE
+            if all(is_decode)
+            else ForwardMode.MIXED
+            if any(is_decode)
+            else ForwardMode.EXTEND
+        )
         seq = [p + n for p, n in zip(prefix, ext)]
         i64 = dict(dtype=torch.int64)
         fb = ForwardBatch(
@@ -133,6 +146,7 @@ def pp_stepper(h: "CPForwardHarness", model: torch.nn.Module, groups, proxy_rows
     """step(items, all_logits=False) -> logits on every rank: runs this rank's shard and, with pp,
     passes proxy tensors down the stages and the logits back to stage 0; proxy_rows gets
     (rows sent to the next stage, tokens in the batch) per step on stage 0."""
+
     def step(items, all_logits: bool = False) -> torch.Tensor:
         fb = h.build_batch(items, return_all_logits=all_logits)
         pp = groups.pp

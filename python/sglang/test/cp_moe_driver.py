@@ -44,13 +44,29 @@ def load_model(path: str, groups: ParallelGroups) -> tuple[Any, CausalLM]:
     return hf_config, model
 
 
-def make_harness(hf_config: Any, model: CausalLM, groups: ParallelGroups, strategy: str,
-                 page_size: int = 1, interleave: int = 1, attention_backend: Optional[str] = None) -> CPForwardHarness:  # fmt: skip
+def make_harness(
+    hf_config: Any,
+    model: CausalLM,
+    groups: ParallelGroups,
+    strategy: str,
+    page_size: int = 1,
+    interleave: int = 1,
+    attention_backend: Optional[str] = None,
+) -> CPForwardHarness:
     """A CP harness whose pool is the model's own (MHA, latent or DSA) pool."""
-    h = CPForwardHarness(hf_config, groups.attn_cp, strategy, page_size=page_size, interleave=interleave,
-                         max_total_tokens=1024, attn_tp_size=groups.attn_tp.size,
-                         attention_backend=attention_backend)  # fmt: skip
-    h.token_to_kv_pool = model.create_kv_pool(h.mapping.physical_pool_size(h.allocator.size), page_size, torch.float32)
+    h = CPForwardHarness(
+        hf_config,
+        groups.attn_cp,
+        strategy,
+        page_size=page_size,
+        interleave=interleave,
+        max_total_tokens=1024,
+        attn_tp_size=groups.attn_tp.size,
+        attention_backend=attention_backend,
+    )
+    h.token_to_kv_pool = model.create_kv_pool(
+        h.mapping.physical_pool_size(h.allocator.size), page_size, torch.float32
+    )
     return h
 
 
@@ -59,11 +75,16 @@ def _stored_rows(h: CPForwardHarness, model: CausalLM) -> int:
     return int((keys.reshape(keys.shape[0], -1).abs().sum(dim=1) != 0).sum())
 
 
-
-
-def generate(path: str, groups: ParallelGroups, strategy: str = "zigzag", new_tokens: int = 16,
-             page_size: int = 1, interleave: int = 1, attention_backend: Optional[str] = None,
-             shard_linear: bool = False) -> dict:  # fmt: skip
+def generate(
+    path: str,
+    groups: ParallelGroups,
+    strategy: str = "zigzag",
+    new_tokens: int = 16,
+    page_size: int = 1,
+    interleave: int = 1,
+    attention_backend: Optional[str] = None,
+    shard_linear: bool = False,
+) -> dict:
     hf_config, model = load_model(path, groups)
     series = model.enable_shard_linear() if shard_linear else None
     h = make_harness(hf_config, model, groups, strategy, page_size, interleave, attention_backend)
@@ -76,7 +97,9 @@ def generate(path: str, groups: ParallelGroups, strategy: str = "zigzag", new_to
     hit = h.new_request(share_prefix_of=reqs[2], prefix_len=SHARED)
     fresh = h.new_request()
     fresh_prompt = torch.randint(3, hf_config.vocab_size, (FRESH_LEN,), generator=gen).tolist()
-    step_logits.append(step([(hit, prompts[2][SHARED:] + prompts[0]), (fresh, fresh_prompt)], all_logits=True).clone())
+    step_logits.append(
+        step([(hit, prompts[2][SHARED:] + prompts[0]), (fresh, fresh_prompt)], all_logits=True).clone()
+    )
     out = {"tokens": outputs, "logits": step_logits, "rows": _stored_rows(h, model), "proxy_rows": proxy_rows}
     out["param_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
     if series is not None:  # Shard Linear: what this rank holds for the series, and how many broadcasts ran
@@ -94,7 +117,9 @@ def score_counts(path: str, groups: ParallelGroups, prompt_len: int = 40, decode
     h = make_harness(hf_config, model, groups, "zigzag")
     step = pp_stepper(h, model, groups, [])
     idx = _indexers(model)
-    prompt = torch.randint(3, hf_config.vocab_size, (prompt_len,), generator=torch.Generator().manual_seed(7)).tolist()
+    prompt = torch.randint(
+        3, hf_config.vocab_size, (prompt_len,), generator=torch.Generator().manual_seed(7)
+    ).tolist()
     req = h.new_request()
     token = int(step([(req, prompt)])[0].argmax())
     prefill = {"rows": sum(i.score_rows for i in idx), "pairs": sum(i.score_pairs for i in idx)}

@@ -94,7 +94,13 @@ class ForwardHarness:
             cursor += n
         if mode is None:
             is_decode = [n == 1 and p > 0 for p, n in zip(prefix, ext)]
-            mode = ForwardMode.DECODE if all(is_decode) else ForwardMode.MIXED if any(is_decode) else ForwardMode.EXTEND
+            mode = (
+                ForwardMode.DECODE
+                if all(is_decode)
+                else ForwardMode.MIXED
+                if any(is_decode)
+                else ForwardMode.EXTEND
+            )
         seq = [p + n for p, n in zip(prefix, ext)]
         i64 = dict(dtype=torch.int64)
         return ForwardBatch(

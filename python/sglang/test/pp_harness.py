@@ -25,7 +25,9 @@ from sglang.srt.sampling.sampling_params import SamplingParams
 
 def req(rid: str, input_ids: list[int], max_new_tokens: int = 16, **params: Any) -> TokenizedGenerateReqInput:
     """A request with logprobs: greedy (temperature 0) and ignore_eos unless `params` say otherwise."""
-    sp = SamplingParams(**{"max_new_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": True, **params})
+    sp = SamplingParams(
+        **{"max_new_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": True, **params}
+    )
     return TokenizedGenerateReqInput(rid, None, list(input_ids), sp, return_logprob=True)
 
 
@@ -124,7 +126,11 @@ def run_single_rank(server_kwargs: dict, waves: list[list], triggers: Optional[l
         out = scheduler.step()
         if out is not None:
             io.emit(out)
-    return {"outputs": io.results(), "state": scheduler.internal_state(), "num_retractions": scheduler.num_retractions}
+    return {
+        "outputs": io.results(),
+        "state": scheduler.internal_state(),
+        "num_retractions": scheduler.num_retractions,
+    }
 
 
 def pp_rank_main(

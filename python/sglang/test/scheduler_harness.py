@@ -39,7 +39,9 @@ class SchedulerHarness:
         for i, rid in enumerate(rows):  # `result.logits` is the runner's tensor: keep a copy
             self.logits[rid].append(result.logits[i].clone())
 
-    def submit(self, input_ids: list[int], max_new_tokens: int = 16, rid: Optional[str] = None, **params) -> str:
+    def submit(
+        self, input_ids: list[int], max_new_tokens: int = 16, rid: Optional[str] = None, **params
+    ) -> str:
         rid = rid or f"req{self._n}"
         self._n += 1
         sp = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, ignore_eos=True, **params)

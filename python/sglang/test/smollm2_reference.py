@@ -75,7 +75,7 @@ def transformers_greedy(
             top_p=None,
             top_k=None,
         )
-    return out[0, ids.shape[1]:].tolist()
+    return out[0, ids.shape[1] :].tolist()
 
 
 def main(argv: Optional[list[str]] = None) -> None:

@@ -63,8 +63,11 @@ def _add_tokenizer(writer: gguf.GGUFWriter, hf_dir: str, pre: str) -> None:
         [gguf.TokenType.CONTROL if t in special else gguf.TokenType.NORMAL for t in tokens]
     )
     writer.add_token_merges(merges)
-    for key, add in (("bos_token", writer.add_bos_token_id), ("eos_token", writer.add_eos_token_id),
-                     ("pad_token", writer.add_pad_token_id)):
+    for key, add in (
+        ("bos_token", writer.add_bos_token_id),
+        ("eos_token", writer.add_eos_token_id),
+        ("pad_token", writer.add_pad_token_id),
+    ):
         if tok_cfg.get(key):
             add(vocab[tok_cfg[key]])
     writer.add_add_bos_token(bool(tok_cfg.get("add_bos_token", False)))

@@ -67,7 +67,9 @@ def _backend(name: str):
 def _check_indexer_shapes(query: torch.Tensor, weights: torch.Tensor, layout_query: str) -> None:
     want = query.shape[:-1]
     if tuple(weights.shape) != tuple(want):
-        raise ValueError(f"weights must be {tuple(want)} (the query without its last dim), got {tuple(weights.shape)}")
+        raise ValueError(
+            f"weights must be {tuple(want)} (the query without its last dim), got {tuple(weights.shape)}"
+        )
 
 
 def lightning_indexer(
@@ -109,9 +111,13 @@ def lightning_indexer(
     if key.dtype == torch.int8 and score_dtype is None:
         score_dtype = torch.int8
     if score_dtype not in (None, torch.float32, torch.bfloat16, torch.int8):
-        raise ValueError(f"score_dtype must be None, torch.float32, torch.bfloat16 or torch.int8, got {score_dtype}")
+        raise ValueError(
+            f"score_dtype must be None, torch.float32, torch.bfloat16 or torch.int8, got {score_dtype}"
+        )
     if (key.dtype == torch.int8 or key_scale is not None) and score_dtype != torch.int8:
-        raise ValueError("an int8 key cache (key int8 + key_scale) is scored with score_dtype=torch.int8 only")
+        raise ValueError(
+            "an int8 key cache (key int8 + key_scale) is scored with score_dtype=torch.int8 only"
+        )
     if score_dtype == torch.float32:
         score_dtype = None
     if sparse_count < 1:
@@ -122,12 +128,26 @@ def lightning_indexer(
         from sgl_kernel_npu import npu
 
         if score_dtype == torch.int8:
-            raise NotImplementedError("int8 index scoring is not mapped to torch_npu (use impl='reference' or 'cpu')")
+            raise NotImplementedError(
+                "int8 index scoring is not mapped to torch_npu (use impl='reference' or 'cpu')"
+            )
         return npu.lightning_indexer(
-            query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key, block_table, layout_query,
-            layout_key, sparse_count, sparse_mode, return_value, score_dtype,
-        )  # fmt: skip
-    batch = None if actual_seq_lengths_key is None else len(torch.as_tensor(actual_seq_lengths_key).reshape(-1))
+            query,
+            key,
+            weights,
+            actual_seq_lengths_query,
+            actual_seq_lengths_key,
+            block_table,
+            layout_query,
+            layout_key,
+            sparse_count,
+            sparse_mode,
+            return_value,
+            score_dtype,
+        )
+    batch = (
+        None if actual_seq_lengths_key is None else len(torch.as_tensor(actual_seq_lengths_key).reshape(-1))
+    )
     keys = canonical_keys(key, layout_key, actual_seq_lengths_key, block_table, batch, key_scale)
     qs = canonical_queries(query, layout_query, keys.kv_lens, actual_seq_lengths_query, sparse_mode)
     w = weights.reshape(qs.q.shape[0], qs.q.shape[1])
@@ -176,18 +196,36 @@ def sparse_flash_attention(
         from sgl_kernel_npu import npu
 
         return npu.sparse_flash_attention(
-            query, key, value, sparse_indices, scale_value, block_table, actual_seq_lengths_query,
-            actual_seq_lengths_kv, query_rope, key_rope, sparse_block_size, layout_query, layout_kv, sparse_mode,
+            query,
+            key,
+            value,
+            sparse_indices,
+            scale_value,
+            block_table,
+            actual_seq_lengths_query,
+            actual_seq_lengths_kv,
+            query_rope,
+            key_rope,
+            sparse_block_size,
+            layout_query,
+            layout_kv,
+            sparse_mode,
             return_softmax_lse,
-        )  # fmt: skip
+        )
     keys = canonical_keys(key, layout_kv, actual_seq_lengths_kv, block_table)
     values = canonical_keys(value, layout_kv, actual_seq_lengths_kv, block_table).rows
-    rope_rows = None if key_rope is None else canonical_keys(key_rope, layout_kv, actual_seq_lengths_kv, block_table).rows
+    rope_rows = (
+        None
+        if key_rope is None
+        else canonical_keys(key_rope, layout_kv, actual_seq_lengths_kv, block_table).rows
+    )
     qs = canonical_queries(query, layout_query, keys.kv_lens, actual_seq_lengths_query, sparse_mode)
     n = qs.q.shape[0]
     qr = None if query_rope is None else query_rope.reshape(n, *query_rope.shape[-2:])
     idx = sparse_indices.reshape(n, sparse_indices.shape[-1])
-    out, lse = _backend(name).sparse_attention(qs.q, qr, keys, rope_rows, values, qs.batch, qs.kv_end, idx, scale_value)
+    out, lse = _backend(name).sparse_attention(
+        qs.q, qr, keys, rope_rows, values, qs.batch, qs.kv_end, idx, scale_value
+    )
     out = qs.unflatten(out)
     return (out, qs.unflatten(lse)) if return_softmax_lse else out
 

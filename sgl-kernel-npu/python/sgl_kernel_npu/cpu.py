@@ -151,10 +151,20 @@ def indexer_topk(
     score = 2 if score_dtype == torch.int8 else 1 if bf16 else 0
     scale = None if keys.scale is None else keys.scale.float().contiguous()
     idx, val = _ops.indexer_topk(
-        q, weights.float().contiguous(), _rows(keys.rows, kd), scale, _int32(keys.block_table), keys.block_size,
-        _int32(qs.batch), _int32(qs.kv_end), k, want_values, score, requested_bf16_dot() == "dpbf16",
+        q,
+        weights.float().contiguous(),
+        _rows(keys.rows, kd),
+        scale,
+        _int32(keys.block_table),
+        keys.block_size,
+        _int32(qs.batch),
+        _int32(qs.kv_end),
+        k,
+        want_values,
+        score,
+        requested_bf16_dot() == "dpbf16",
         requested_isa(),
-    )  # fmt: skip
+    )
     return idx, (val if want_values else None)
 
 
@@ -174,14 +184,25 @@ def sparse_attention(
     qq = _rows(q, dt)
     qr = _rows(q_rope, dt) if q_rope is not None else None
     out, lse = _ops.sparse_attention(
-        qq, qr, _rows(key.rows, dt), _rows(key_rope, dt) if key_rope is not None else None, _rows(value, dt),
-        _int32(key.block_table), key.block_size, _int32(batch), _int32(limit), _int32(indices), float(scale),
+        qq,
+        qr,
+        _rows(key.rows, dt),
+        _rows(key_rope, dt) if key_rope is not None else None,
+        _rows(value, dt),
+        _int32(key.block_table),
+        key.block_size,
+        _int32(batch),
+        _int32(limit),
+        _int32(indices),
+        float(scale),
         requested_isa(),
-    )  # fmt: skip
+    )
     return out.to(q.dtype), lse
 
 
-def merge_attn_states(outs: Sequence[torch.Tensor], lses: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def merge_attn_states(
+    outs: Sequence[torch.Tensor], lses: Sequence[torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
     _require()
     shape, dim = lses[0].shape, outs[0].shape[-1]
     o2 = [o.float().reshape(-1, dim).contiguous() for o in outs]

@@ -81,7 +81,9 @@ def canonical_keys(
         raise ValueError("int8 keys come with key_scale (one scale per key row), and only int8 keys do")
     if key_scale is not None:
         if key_scale.numel() != keys.rows.shape[0]:
-            raise ValueError(f"key_scale must hold one scale per key row ({keys.rows.shape[0]}), got {key_scale.numel()}")
+            raise ValueError(
+                f"key_scale must hold one scale per key row ({keys.rows.shape[0]}), got {key_scale.numel()}"
+            )
         keys.scale = key_scale.reshape(-1)
     return keys
 
@@ -112,7 +114,9 @@ def _canonical_keys(key, layout_key, actual_seq_lengths_key, block_table) -> Pag
     starts = torch.cat([ends.new_zeros(1), ends[:-1]])
     per = ends - starts
     width = max(1, int(per.max()) if per.numel() else 1)
-    table = (starts.unsqueeze(1) + torch.arange(width, dtype=torch.int32, device=dev)).clamp(max=max(0, t - 1))
+    table = (starts.unsqueeze(1) + torch.arange(width, dtype=torch.int32, device=dev)).clamp(
+        max=max(0, t - 1)
+    )
     return PagedKeys(key.reshape(t, d), table.to(torch.int32), 1, per.to(torch.int32))
 
 
@@ -126,7 +130,9 @@ def canonical_queries(
     """Queries of any layout, flattened, with each token's request and visible key count."""
     _check_layout("layout_query", layout_query, QUERY_LAYOUTS)
     if sparse_mode not in SPARSE_MODES:
-        raise ValueError(f"sparse_mode must be one of {SPARSE_MODES} (0: no mask, 3: right-down causal), got {sparse_mode}")
+        raise ValueError(
+            f"sparse_mode must be one of {SPARSE_MODES} (0: no mask, 3: right-down causal), got {sparse_mode}"
+        )
     dev = query.device
     lens = _as_int32(actual_seq_lengths_query, dev)
     if layout_query == "BSND":

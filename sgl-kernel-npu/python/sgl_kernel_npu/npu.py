@@ -37,9 +37,19 @@ def _i32(x, device: torch.device) -> Optional[torch.Tensor]:
 
 
 def lightning_indexer(
-    query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key, block_table, layout_query, layout_key,
-    sparse_count, sparse_mode, return_value, score_dtype=None,
-):  # fmt: skip
+    query,
+    key,
+    weights,
+    actual_seq_lengths_query,
+    actual_seq_lengths_key,
+    block_table,
+    layout_query,
+    layout_key,
+    sparse_count,
+    sparse_mode,
+    return_value,
+    score_dtype=None,
+):
     npu = _torch_npu()
     dev = query.device
     if score_dtype == torch.bfloat16:
@@ -67,9 +77,22 @@ def lightning_indexer(
 
 
 def sparse_flash_attention(
-    query, key, value, sparse_indices, scale_value, block_table, actual_seq_lengths_query, actual_seq_lengths_kv,
-    query_rope, key_rope, sparse_block_size, layout_query, layout_kv, sparse_mode, return_softmax_lse,
-):  # fmt: skip
+    query,
+    key,
+    value,
+    sparse_indices,
+    scale_value,
+    block_table,
+    actual_seq_lengths_query,
+    actual_seq_lengths_kv,
+    query_rope,
+    key_rope,
+    sparse_block_size,
+    layout_query,
+    layout_kv,
+    sparse_mode,
+    return_softmax_lse,
+):
     npu = _torch_npu()
     dev = query.device
     result = npu.npu_sparse_flash_attention(

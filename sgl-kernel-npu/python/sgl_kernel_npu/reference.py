@@ -44,7 +44,9 @@ def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     float32 ops the CPU kernels repeat exactly (so both see the same integers)."""
     x = x.float()
     amax = x.abs().amax(dim=-1, keepdim=True)
-    c127 = torch.full_like(amax, 127.0)  # tensor / tensor: IEEE division (a scalar divisor may be a reciprocal)
+    c127 = torch.full_like(
+        amax, 127.0
+    )  # tensor / tensor: IEEE division (a scalar divisor may be a reciprocal)
     inv = torch.where(amax > 0, c127 / amax, torch.zeros_like(amax))
     q = torch.round((x * inv).clamp_(-127, 127)).to(torch.int8)
     return q, (amax / c127).squeeze(-1)
@@ -53,7 +55,9 @@ def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def int8_dot_exact(dim: int) -> None:
     """int8 dot products of `dim` terms are exact in float32 (|sum| < 2^24) up to dim 1040."""
     if dim * 127 * 127 >= 1 << 24:
-        raise ValueError(f"int8 index scoring needs head dim <= 1040 for exact float32 dot products, got {dim}")
+        raise ValueError(
+            f"int8 index scoring needs head dim <= 1040 for exact float32 dot products, got {dim}"
+        )
 
 
 def indexer_topk(
@@ -146,7 +150,9 @@ def sparse_attention(
     return out.to(q.dtype), lse
 
 
-def merge_attn_states(outs: Sequence[torch.Tensor], lses: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def merge_attn_states(
+    outs: Sequence[torch.Tensor], lses: Sequence[torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Combine partial attentions of the same queries over disjoint key sets.
 
     outs[r] [..., L, D], lses[r] [..., L] (float32; -inf for a query that saw no key of part r).

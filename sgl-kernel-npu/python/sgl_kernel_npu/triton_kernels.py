@@ -34,10 +34,27 @@ def _p2(x: int, lo: int = 16) -> int:
 
 @triton.jit
 def _index_logits(
-    q_ptr, w_ptr, k_ptr, bt_ptr, batch_ptr, kvend_ptr, out_ptr,
-    t_base, stride_qt, stride_qh, stride_k, stride_bt, stride_out, n_heads, dim, block_size, s_max,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
-):  # fmt: skip
+    q_ptr,
+    w_ptr,
+    k_ptr,
+    bt_ptr,
+    batch_ptr,
+    kvend_ptr,
+    out_ptr,
+    t_base,
+    stride_qt,
+    stride_qh,
+    stride_k,
+    stride_bt,
+    stride_out,
+    n_heads,
+    dim,
+    block_size,
+    s_max,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
     row = tl.program_id(0)
     sb = tl.program_id(1)
     t = t_base + row
@@ -49,13 +66,17 @@ def _index_logits(
     hmask = offs_h < n_heads
     dmask = offs_d < dim
     smask = offs_s < kv_end
-    q = tl.load(q_ptr + t * stride_qt + offs_h[:, None] * stride_qh + offs_d[None, :],
-                mask=hmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)  # fmt: skip
+    q = tl.load(
+        q_ptr + t * stride_qt + offs_h[:, None] * stride_qh + offs_d[None, :],
+        mask=hmask[:, None] & dmask[None, :],
+        other=0.0,
+    ).to(tl.float32)
     w = tl.load(w_ptr + t * n_heads + offs_h, mask=hmask, other=0.0)
     blk = tl.load(bt_ptr + b * stride_bt + offs_s // block_size, mask=smask, other=0)
     rows = blk.to(tl.int64) * block_size + offs_s % block_size
-    k = tl.load(k_ptr + rows[:, None] * stride_k + offs_d[None, :], mask=smask[:, None] & dmask[None, :],
-                other=0.0).to(tl.float32)  # fmt: skip
+    k = tl.load(
+        k_ptr + rows[:, None] * stride_k + offs_d[None, :], mask=smask[:, None] & dmask[None, :], other=0.0
+    ).to(tl.float32)
     s = tl.dot(q, tl.trans(k), input_precision="ieee")  # [H, S]
     s = tl.maximum(s, 0.0) * w[:, None]
     score = tl.sum(s, axis=0)
@@ -97,10 +118,27 @@ def indexer_topk(
         logits = torch.empty((t1 - t0, s_max), dtype=torch.float32, device=dev)
         grid = (t1 - t0, triton.cdiv(s_max, block_s))
         _index_logits[grid](
-            q, w, rows, table, batch, kv_end, logits, t0, q.stride(0), q.stride(1), rows.stride(0), table.stride(0),
-            logits.stride(0), heads, dim, keys.block_size, s_max,
-            BLOCK_H=_p2(heads), BLOCK_D=_p2(dim), BLOCK_S=block_s,
-        )  # fmt: skip
+            q,
+            w,
+            rows,
+            table,
+            batch,
+            kv_end,
+            logits,
+            t0,
+            q.stride(0),
+            q.stride(1),
+            rows.stride(0),
+            table.stride(0),
+            logits.stride(0),
+            heads,
+            dim,
+            keys.block_size,
+            s_max,
+            BLOCK_H=_p2(heads),
+            BLOCK_D=_p2(dim),
+            BLOCK_S=block_s,
+        )
         vals, idx = select_topk(logits, k)
         out_idx[t0:t1] = idx.to(torch.int32)
         out_val[t0:t1] = vals
@@ -109,12 +147,40 @@ def indexer_topk(
 
 @triton.jit
 def _sparse_attn(
-    q_ptr, qr_ptr, k_ptr, kr_ptr, v_ptr, bt_ptr, batch_ptr, limit_ptr, idx_ptr, out_ptr, lse_ptr,
-    stride_qt, stride_qh, stride_qrt, stride_qrh, stride_k, stride_kr, stride_v, stride_bt, stride_idx,
-    n_heads, dk, dr, dv, topk, block_size, scale,
-    HAS_ROPE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DR: tl.constexpr,
-    BLOCK_DV: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
+    q_ptr,
+    qr_ptr,
+    k_ptr,
+    kr_ptr,
+    v_ptr,
+    bt_ptr,
+    batch_ptr,
+    limit_ptr,
+    idx_ptr,
+    out_ptr,
+    lse_ptr,
+    stride_qt,
+    stride_qh,
+    stride_qrt,
+    stride_qrh,
+    stride_k,
+    stride_kr,
+    stride_v,
+    stride_bt,
+    stride_idx,
+    n_heads,
+    dk,
+    dr,
+    dv,
+    topk,
+    block_size,
+    scale,
+    HAS_ROPE: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_DK: tl.constexpr,
+    BLOCK_DR: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     t = tl.program_id(0)
     hb = tl.program_id(1)
     b = tl.load(batch_ptr + t)
@@ -123,12 +189,18 @@ def _sparse_attn(
     hmask = offs_h < n_heads
     offs_dk = tl.arange(0, BLOCK_DK)
     offs_dv = tl.arange(0, BLOCK_DV)
-    q = tl.load(q_ptr + t * stride_qt + offs_h[:, None] * stride_qh + offs_dk[None, :],
-                mask=hmask[:, None] & (offs_dk[None, :] < dk), other=0.0).to(tl.float32)  # fmt: skip
+    q = tl.load(
+        q_ptr + t * stride_qt + offs_h[:, None] * stride_qh + offs_dk[None, :],
+        mask=hmask[:, None] & (offs_dk[None, :] < dk),
+        other=0.0,
+    ).to(tl.float32)
     if HAS_ROPE:
         offs_dr = tl.arange(0, BLOCK_DR)
-        qr = tl.load(qr_ptr + t * stride_qrt + offs_h[:, None] * stride_qrh + offs_dr[None, :],
-                     mask=hmask[:, None] & (offs_dr[None, :] < dr), other=0.0).to(tl.float32)  # fmt: skip
+        qr = tl.load(
+            qr_ptr + t * stride_qrt + offs_h[:, None] * stride_qrh + offs_dr[None, :],
+            mask=hmask[:, None] & (offs_dr[None, :] < dr),
+            other=0.0,
+        ).to(tl.float32)
     m = tl.full((BLOCK_H,), float("-inf"), dtype=tl.float32)
     l = tl.zeros((BLOCK_H,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_H, BLOCK_DV), dtype=tl.float32)
@@ -139,12 +211,18 @@ def _sparse_attn(
         safe = tl.where(valid, pos, 0)
         blk = tl.load(bt_ptr + b * stride_bt + safe // block_size, mask=valid, other=0)
         rows = blk.to(tl.int64) * block_size + safe % block_size
-        k = tl.load(k_ptr + rows[:, None] * stride_k + offs_dk[None, :],
-                    mask=valid[:, None] & (offs_dk[None, :] < dk), other=0.0).to(tl.float32)  # fmt: skip
+        k = tl.load(
+            k_ptr + rows[:, None] * stride_k + offs_dk[None, :],
+            mask=valid[:, None] & (offs_dk[None, :] < dk),
+            other=0.0,
+        ).to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision="ieee")
         if HAS_ROPE:
-            kr = tl.load(kr_ptr + rows[:, None] * stride_kr + offs_dr[None, :],
-                         mask=valid[:, None] & (offs_dr[None, :] < dr), other=0.0).to(tl.float32)  # fmt: skip
+            kr = tl.load(
+                kr_ptr + rows[:, None] * stride_kr + offs_dr[None, :],
+                mask=valid[:, None] & (offs_dr[None, :] < dr),
+                other=0.0,
+            ).to(tl.float32)
             s += tl.dot(qr, tl.trans(kr), input_precision="ieee")
         s = tl.where(valid[None, :], s * scale, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
@@ -152,15 +230,21 @@ def _sparse_attn(
         alpha = tl.exp(m - m_safe)
         p = tl.exp(s - m_safe[:, None])
         l = l * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_ptr + rows[:, None] * stride_v + offs_dv[None, :],
-                    mask=valid[:, None] & (offs_dv[None, :] < dv), other=0.0).to(tl.float32)  # fmt: skip
+        v = tl.load(
+            v_ptr + rows[:, None] * stride_v + offs_dv[None, :],
+            mask=valid[:, None] & (offs_dv[None, :] < dv),
+            other=0.0,
+        ).to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
         m = m_new
     has = l > 0
     out = acc / tl.where(has, l, 1.0)[:, None]
     lse = tl.where(has, m + tl.log(tl.where(has, l, 1.0)), float("-inf"))
-    tl.store(out_ptr + t * n_heads * dv + offs_h[:, None] * dv + offs_dv[None, :], out,
-             mask=hmask[:, None] & (offs_dv[None, :] < dv))  # fmt: skip
+    tl.store(
+        out_ptr + t * n_heads * dv + offs_h[:, None] * dv + offs_dv[None, :],
+        out,
+        mask=hmask[:, None] & (offs_dv[None, :] < dv),
+    )
     tl.store(lse_ptr + t * n_heads + offs_h, lse, mask=hmask)
 
 
@@ -197,13 +281,40 @@ def sparse_attention(
     block_h = 16
     grid = (t_total, triton.cdiv(heads, block_h))
     _sparse_attn[grid](
-        q, qr if has_rope else q, k_rows, kr_rows if has_rope else k_rows, v_rows, table,
-        batch.to(torch.int32).contiguous(), limit.to(torch.int32).contiguous(), idx, out, lse,
-        q.stride(0), q.stride(1), qr.stride(0) if has_rope else 0, qr.stride(1) if has_rope else 0,
-        k_rows.stride(0), kr_rows.stride(0) if has_rope else 0, v_rows.stride(0), table.stride(0), idx.stride(0),
-        heads, dk, dr, dv, topk, key.block_size, float(scale),
-        HAS_ROPE=has_rope, BLOCK_H=block_h, BLOCK_DK=_p2(dk), BLOCK_DR=_p2(dr), BLOCK_DV=_p2(dv), BLOCK_K=32,
-    )  # fmt: skip
+        q,
+        qr if has_rope else q,
+        k_rows,
+        kr_rows if has_rope else k_rows,
+        v_rows,
+        table,
+        batch.to(torch.int32).contiguous(),
+        limit.to(torch.int32).contiguous(),
+        idx,
+        out,
+        lse,
+        q.stride(0),
+        q.stride(1),
+        qr.stride(0) if has_rope else 0,
+        qr.stride(1) if has_rope else 0,
+        k_rows.stride(0),
+        kr_rows.stride(0) if has_rope else 0,
+        v_rows.stride(0),
+        table.stride(0),
+        idx.stride(0),
+        heads,
+        dk,
+        dr,
+        dv,
+        topk,
+        key.block_size,
+        float(scale),
+        HAS_ROPE=has_rope,
+        BLOCK_H=block_h,
+        BLOCK_DK=_p2(dk),
+        BLOCK_DR=_p2(dr),
+        BLOCK_DV=_p2(dv),
+        BLOCK_K=32,
+    )
     return out.to(q.dtype), lse
 
 
@@ -229,7 +340,9 @@ def _merge(out_ptr, lse_ptr, outs_ptr, lses_ptr, rows, dim, PARTS: tl.constexpr,
     tl.store(lse_ptr + r, m_safe + tl.log(total))
 
 
-def merge_attn_states(outs: Sequence[torch.Tensor], lses: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def merge_attn_states(
+    outs: Sequence[torch.Tensor], lses: Sequence[torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
     shape, dim = lses[0].shape, outs[0].shape[-1]
     o = torch.stack([x.float().reshape(-1, dim) for x in outs]).contiguous()
     ls = torch.stack([x.float().reshape(-1) for x in lses]).contiguous()

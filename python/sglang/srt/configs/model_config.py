@@ -38,7 +38,9 @@ def load_hf_config(model_path: str, load_format: str = "auto", trust_remote_code
             raise ValueError(f"GGUF config of {model_path!r} has no model_type")
         return transformers.AutoConfig.for_model(**config_dict)
     if not os.path.isdir(model_path):
-        raise ValueError(f"model path {model_path!r} is neither a directory with config.json nor a .gguf file")
+        raise ValueError(
+            f"model path {model_path!r} is neither a directory with config.json nor a .gguf file"
+        )
     if not os.path.isfile(os.path.join(model_path, "config.json")):
         raise ValueError(f"model directory {model_path!r} has no config.json")
     return transformers.AutoConfig.from_pretrained(
@@ -98,7 +100,9 @@ class ModelConfig:
         self.num_attention_heads: int = int(cfg.num_attention_heads)
         kv_heads = getattr(cfg, "num_key_value_heads", None)
         self.num_key_value_heads: int = int(kv_heads if kv_heads is not None else self.num_attention_heads)
-        self.head_dim: int = int(getattr(cfg, "head_dim", None) or self.hidden_size // self.num_attention_heads)
+        self.head_dim: int = int(
+            getattr(cfg, "head_dim", None) or self.hidden_size // self.num_attention_heads
+        )
         self.vocab_size: int = int(cfg.vocab_size)
         self.intermediate_size: Optional[int] = getattr(cfg, "intermediate_size", None)
         self.tie_word_embeddings: bool = bool(getattr(cfg, "tie_word_embeddings", False))

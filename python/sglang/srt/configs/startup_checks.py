@@ -40,7 +40,9 @@ def _check_attention_backend(server_args: ServerArgs) -> None:
 
     choices = attention_backend_choices()
     if server_args.attention_backend not in choices:
-        raise ValueError(f"--attention-backend must be one of {choices}, got {server_args.attention_backend!r}")
+        raise ValueError(
+            f"--attention-backend must be one of {choices}, got {server_args.attention_backend!r}"
+        )
 
 
 def _check_nsa_backends(server_args: ServerArgs) -> None:

@@ -32,10 +32,13 @@ def pd_ip(host: str) -> str:
 
 def rank_place(groups) -> RankPlace:
     return RankPlace(
-        tp_rank=groups.attn_tp.rank, tp_size=groups.attn_tp.size,
-        cp_rank=groups.attn_cp.rank, cp_size=groups.attn_cp.size,
-        pp_rank=groups.pp.rank, pp_size=groups.pp.size,
-    )  # fmt: skip
+        tp_rank=groups.attn_tp.rank,
+        tp_size=groups.attn_tp.size,
+        cp_rank=groups.attn_cp.rank,
+        cp_size=groups.attn_cp.size,
+        pp_rank=groups.pp.rank,
+        pp_size=groups.pp.size,
+    )
 
 
 def kv_kind(pool) -> str:

@@ -38,8 +38,15 @@ class DecodeDisaggregation(Disaggregation):
     """`manager`: the transfer backend's (factory.py); `local_manager`: the fake backend's, for
     requests served without a peer (bootstrap host FAKE_BOOTSTRAP_HOST)."""
 
-    def __init__(self, server_args, groups, runner, cache, manager: BaseDecodeKVManager,
-                 local_manager: BaseDecodeKVManager):  # fmt: skip
+    def __init__(
+        self,
+        server_args,
+        groups,
+        runner,
+        cache,
+        manager: BaseDecodeKVManager,
+        local_manager: BaseDecodeKVManager,
+    ):
         self.groups = groups
         self.cache = cache
         self.page = runner.kv_page_size
@@ -59,8 +66,10 @@ class DecodeDisaggregation(Disaggregation):
         """Take a new request into the prealloc queue, or refuse it."""
         room, host = recv.bootstrap_room, recv.bootstrap_host
         if room is None or host is None:
-            return Admission(error="this server runs --disaggregation-mode decode: a request needs bootstrap_host, "
-                             "bootstrap_port and bootstrap_room (send it through sglang-router)")  # fmt: skip
+            return Admission(
+                error="this server runs --disaggregation-mode decode: a request needs bootstrap_host, "
+                "bootstrap_port and bootstrap_room (send it through sglang-router)"
+            )
         manager = self.local_manager if host == FAKE_BOOTSTRAP_HOST else self.manager
         port = recv.bootstrap_port or self.bootstrap_port
         try:

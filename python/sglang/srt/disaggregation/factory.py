@@ -29,14 +29,19 @@ def create_disaggregation(server_args, groups, runner, cache) -> Disaggregation:
         return PrefillDisaggregation(groups, runner, cache, manager, FakeBackend().prefill_manager())
     if mode == "decode":
         manager = create_kv_manager("decode", server_args, groups, runner)
-        return DecodeDisaggregation(server_args, groups, runner, cache, manager, FakeBackend().decode_manager())
+        return DecodeDisaggregation(
+            server_args, groups, runner, cache, manager, FakeBackend().decode_manager()
+        )
     return NullDisaggregation()
 
 
 def create_stage_transfer(server_args, groups, runner) -> Optional[StagePrefillTransfer]:
     """A prefill server's pipeline stage k > 0: what sends this stage's layers' KV (None on other
     servers, and with a backend that moves no KV)."""
-    if server_args.disaggregation_mode != "prefill" or not BACKENDS[server_args.disaggregation_transfer_backend]().moves_kv:
+    if (
+        server_args.disaggregation_mode != "prefill"
+        or not BACKENDS[server_args.disaggregation_transfer_backend]().moves_kv
+    ):
         return None
     return StagePrefillTransfer(runner, create_kv_manager("prefill", server_args, groups, runner))
 
@@ -56,9 +61,15 @@ def kv_manager_args(side: str, server_args, groups, runner) -> KVManagerArgs:
         host = "127.0.0.1" if server_args.host in WILDCARD_HOSTS else server_args.host
         bootstrap_url = f"http://{host}:{server_args.disaggregation_bootstrap_port}"
     return KVManagerArgs(
-        place=place, ip=pd_ip(server_args.host),
+        place=place,
+        ip=pd_ip(server_args.host),
         regions=pool_regions(pool, runner.model_config.num_key_value_heads, place),
-        kv_dtype=str(pool.dtype).replace("torch.", ""), page_size=server_args.page_size, kv_kind=kv_kind(pool),
-        start_layer=pool.start_layer, end_layer=pool.end_layer, ib_device=server_args.disaggregation_ib_device,
-        bootstrap=HttpBootstrapClient(), bootstrap_url=bootstrap_url,
-    )  # fmt: skip
+        kv_dtype=str(pool.dtype).replace("torch.", ""),
+        page_size=server_args.page_size,
+        kv_kind=kv_kind(pool),
+        start_layer=pool.start_layer,
+        end_layer=pool.end_layer,
+        ib_device=server_args.disaggregation_ib_device,
+        bootstrap=HttpBootstrapClient(),
+        bootstrap_url=bootstrap_url,
+    )

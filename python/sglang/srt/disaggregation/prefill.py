@@ -45,7 +45,9 @@ class PrefillDisaggregation(Disaggregation):
     """`manager`: the transfer backend's (factory.py); `local_manager`: the fake backend's, for
     requests served without a peer (bootstrap host FAKE_BOOTSTRAP_HOST)."""
 
-    def __init__(self, groups, runner, cache, manager: BasePrefillKVManager, local_manager: BasePrefillKVManager):
+    def __init__(
+        self, groups, runner, cache, manager: BasePrefillKVManager, local_manager: BasePrefillKVManager
+    ):
         self.groups = groups
         self.cache = cache
         self.req_to_token = runner.req_to_token_pool.req_to_token
@@ -69,8 +71,10 @@ class PrefillDisaggregation(Disaggregation):
         """Take a new request into the bootstrap queue, or refuse it."""
         room, host = recv.bootstrap_room, recv.bootstrap_host
         if room is None or host is None:
-            return Admission(error="this server runs --disaggregation-mode prefill: a request needs bootstrap_host, "
-                             "bootstrap_port and bootstrap_room (send it through sglang-router)")  # fmt: skip
+            return Admission(
+                error="this server runs --disaggregation-mode prefill: a request needs bootstrap_host, "
+                "bootstrap_port and bootstrap_room (send it through sglang-router)"
+            )
         manager = self.local_manager if host == FAKE_BOOTSTRAP_HOST else self.manager
         try:
             sender = manager.create_sender(room)
@@ -123,7 +127,9 @@ class PrefillDisaggregation(Disaggregation):
 
     def rooms_of(self, batch: ScheduleBatch) -> list:
         """The bootstrap room of each item (None: not a PD request); [] when there is none."""
-        senders = [self.entries[it.req.rid].sender if it.req.rid in self.entries else None for it in batch.items]
+        senders = [
+            self.entries[it.req.rid].sender if it.req.rid in self.entries else None for it in batch.items
+        ]
         rooms = [s.room if s is not None and s.transfers_kv else None for s in senders]
         return rooms if any(r is not None for r in rooms) else []
 
@@ -146,7 +152,10 @@ class PrefillDisaggregation(Disaggregation):
 
                 virt = torch.from_numpy(slots)
                 own = (self.cp_mapping.owner(virt) == self.place.cp_rank).numpy()
-                positions, slots = positions[own], self.cp_mapping.local_slot(virt[torch.from_numpy(own)]).numpy()
+                positions, slots = (
+                    positions[own],
+                    self.cp_mapping.local_slot(virt[torch.from_numpy(own)]).numpy(),
+                )
             entry.sender.send(positions, slots)
             entry.sent = upto
 

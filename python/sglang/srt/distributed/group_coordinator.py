@@ -124,7 +124,9 @@ class GroupCoordinator:
             mine = torch.tensor([tensor.shape[dim]], dtype=torch.int64, device=tensor.device)
             sizes = [int(s) for s in self.all_gather(mine, dim=0).tolist()]
         if len(sizes) != self.size or sizes[self.rank] != tensor.shape[dim]:
-            raise ValueError(f"{self.name}: sizes {list(sizes)} do not match this rank's size {tensor.shape[dim]}")
+            raise ValueError(
+                f"{self.name}: sizes {list(sizes)} do not match this rank's size {tensor.shape[dim]}"
+            )
         longest = max(sizes)
         padded = tensor
         if tensor.shape[dim] < longest:
@@ -141,9 +143,13 @@ class GroupCoordinator:
         self._need_groups()
         dim = dim % tensor.dim()
         if tensor.shape[dim] % self.size:
-            raise ValueError(f"{self.name}: reduce_scatter size {tensor.shape[dim]} not divisible by {self.size}")
+            raise ValueError(
+                f"{self.name}: reduce_scatter size {tensor.shape[dim]} not divisible by {self.size}"
+            )
         moved = tensor.movedim(dim, 0).contiguous()
-        out = torch.empty((moved.shape[0] // self.size,) + tuple(moved.shape[1:]), dtype=moved.dtype, device=moved.device)
+        out = torch.empty(
+            (moved.shape[0] // self.size,) + tuple(moved.shape[1:]), dtype=moved.dtype, device=moved.device
+        )
         _reduce_scatter_single(out, moved, group=self.device_group)
         return out.movedim(0, dim)
 

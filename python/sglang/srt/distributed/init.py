@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 
 def parse_host_port(addr: str) -> tuple[str, int]:
-    """"host:port" (or "[ipv6]:port") -> (host, port); ValueError naming the address otherwise."""
+    """ "host:port" (or "[ipv6]:port") -> (host, port); ValueError naming the address otherwise."""
     host, sep, port = str(addr).rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"distributed init address must look like host:port, got {addr!r}")

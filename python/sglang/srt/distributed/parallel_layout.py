@@ -90,7 +90,11 @@ class ParallelLayout:
         defaults to 1, so `tp_size == 1` together with `cp_size > 1` is read as "not given" and
         becomes `dp · cp` (see `resolve_tp_size`).
         """
-        dp = int(getattr(server_args, "dp_size", 1) or 1) if getattr(server_args, "enable_dp_attention", False) else 1
+        dp = (
+            int(getattr(server_args, "dp_size", 1) or 1)
+            if getattr(server_args, "enable_dp_attention", False)
+            else 1
+        )
         cp = int(getattr(server_args, "cp_size", 1) or 1)
         tp_given: Optional[int] = getattr(server_args, "tp_size", None)
         if tp_given == 1 and cp > 1:
@@ -110,8 +114,13 @@ class ParallelLayout:
 
     def validate(self) -> None:
         """Raise ValueError with one readable sentence when the sizes do not fit together."""
-        for field, flag in (("pp", "pp_size"), ("tp", "tp_size"), ("attn_dp", "dp_size"), ("attn_cp", "cp_size"),
-                            ("moe_ep", "ep_size")):
+        for field, flag in (
+            ("pp", "pp_size"),
+            ("tp", "tp_size"),
+            ("attn_dp", "dp_size"),
+            ("attn_cp", "cp_size"),
+            ("moe_ep", "ep_size"),
+        ):
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{flag} must be a positive integer, got {value!r}")
@@ -126,8 +135,10 @@ class ParallelLayout:
         if self.moe_dense_tp not in (None, 1):
             raise ValueError(f"moe_dense_tp_size must be unset or 1, got {self.moe_dense_tp!r}")
         if self.moe_a2a and self.moe_ep != self.tp:
-            raise ValueError(f"the all-to-all MoE dispatch needs ep_size == tp_size (whole experts per rank), "
-                             f"got ep {self.moe_ep}, tp {self.tp}")  # fmt: skip
+            raise ValueError(
+                f"the all-to-all MoE dispatch needs ep_size == tp_size (whole experts per rank), "
+                f"got ep {self.moe_ep}, tp {self.tp}"
+            )
 
     # ------------------------------------------------------------------ rank <-> coordinates
     def _check_rank(self, world_rank: int) -> None:
@@ -212,8 +223,11 @@ class ParallelLayout:
 
     def all_replica_groups(self) -> list[list[int]]:
         """Every attention-DP replica of every stage, in order of their smallest rank."""
-        return [self.replica_ranks(self.world_rank_of(pp, d * self.attn_cp * self.attn_tp))
-                for pp in range(self.pp) for d in range(self.attn_dp)]  # fmt: skip
+        return [
+            self.replica_ranks(self.world_rank_of(pp, d * self.attn_cp * self.attn_tp))
+            for pp in range(self.pp)
+            for d in range(self.attn_dp)
+        ]
 
     def pp_neighbors(self, world_rank: int) -> tuple[int, int]:
         """(previous, next) stage's world rank with the same tp rank, wrapping round the ring

@@ -104,7 +104,9 @@ class ParallelGroups:
                 f"({layout.describe()})"
             )
         if dist.get_rank() != world_rank:
-            raise ValueError(f"world_rank {world_rank} does not match torch.distributed rank {dist.get_rank()}")
+            raise ValueError(
+                f"world_rank {world_rank} does not match torch.distributed rank {dist.get_rank()}"
+            )
         backend = backend or dist.get_backend()
         dev = torch.device(device) if device is not None else torch.device("cpu")
         made: dict[tuple[int, ...], tuple[Any, Any]] = {}
@@ -115,12 +117,17 @@ class ParallelGroups:
             for ranks in groups:
                 key = tuple(ranks)
                 if len(ranks) > 1 and key not in made:
-                    made[key] = (dist.new_group(ranks, backend=backend), dist.new_group(ranks, backend="gloo"))
+                    made[key] = (
+                        dist.new_group(ranks, backend=backend),
+                        dist.new_group(ranks, backend="gloo"),
+                    )
                 if world_rank in ranks:
                     mine = ranks
             assert mine is not None, f"rank {world_rank} is in no {axis} group"
             device_group, cpu_group = made.get(tuple(mine), (None, None))
-            coordinators[axis] = GroupCoordinator(axis, mine, mine.index(world_rank), device_group, cpu_group, dev)
+            coordinators[axis] = GroupCoordinator(
+                axis, mine, mine.index(world_rank), device_group, cpu_group, dev
+            )
         mine = None
         for ranks in layout.all_replica_groups():  # same rank sets as tp when attn_dp = 1: shared groups
             key = tuple(ranks)
@@ -130,7 +137,9 @@ class ParallelGroups:
                 mine = ranks
         assert mine is not None, f"rank {world_rank} is in no attention-DP replica"
         device_group, cpu_group = made.get(tuple(mine), (None, None))
-        coordinators["replica"] = GroupCoordinator("replica", mine, mine.index(world_rank), device_group, cpu_group, dev)
+        coordinators["replica"] = GroupCoordinator(
+            "replica", mine, mine.index(world_rank), device_group, cpu_group, dev
+        )
         return ParallelGroups(layout=layout, world_rank=world_rank, **coordinators)
 
     # ------------------------------------------------------------------ queries

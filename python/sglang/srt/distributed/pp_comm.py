@@ -118,7 +118,11 @@ class PPComm:
     Building it is collective (every world rank creates every link's groups in the same order)."""
 
     def __init__(
-        self, groups: ParallelGroups, stop_kind: int, backend: str = "gloo", device: Optional[torch.device] = None
+        self,
+        groups: ParallelGroups,
+        stop_kind: int,
+        backend: str = "gloo",
+        device: Optional[torch.device] = None,
     ):
         layout = groups.layout
         me = groups.world_rank
@@ -152,7 +156,9 @@ class PPComm:
     def _make_link(src: int, dst: int, backend: str) -> Link:
         ranks = sorted((src, dst))
         group = dist.new_group(ranks, backend="gloo", timeout=LINK_TIMEOUT)
-        tensor_group = group if backend == "gloo" else dist.new_group(ranks, backend=backend, timeout=LINK_TIMEOUT)
+        tensor_group = (
+            group if backend == "gloo" else dist.new_group(ranks, backend=backend, timeout=LINK_TIMEOUT)
+        )
         return Link(src, dst, group, tensor_group)
 
     @property

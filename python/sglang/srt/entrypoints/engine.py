@@ -80,10 +80,14 @@ class Engine:
         configure_logger(self.server_args.log_level, "Engine")
         self._shutdown_done = False
         self.loop = asyncio.new_event_loop()
-        self.loop_thread = threading.Thread(target=self.loop.run_forever, name="sglang-engine-loop", daemon=True)
+        self.loop_thread = threading.Thread(
+            target=self.loop.run_forever, name="sglang-engine-loop", daemon=True
+        )
         self.loop_thread.start()
         try:
-            self.tokenizer_manager, self.scheduler_info = _launch_subprocesses(self.server_args, _scheduler_entry)
+            self.tokenizer_manager, self.scheduler_info = _launch_subprocesses(
+                self.server_args, _scheduler_entry
+            )
         except BaseException:
             self._stop_loop()
             raise
@@ -120,7 +124,9 @@ class Engine:
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
 
     @staticmethod
-    def _make_obj(prompt, sampling_params, input_ids, return_logprob, top_logprobs_num, stream, rid) -> GenerateReqInput:
+    def _make_obj(
+        prompt, sampling_params, input_ids, return_logprob, top_logprobs_num, stream, rid
+    ) -> GenerateReqInput:
         return GenerateReqInput(
             text=prompt,
             input_ids=input_ids,
@@ -149,7 +155,9 @@ class Engine:
         rid: Optional[Union[str, list[str]]] = None,
     ) -> Union[dict, list[dict], Iterator[dict]]:
         """Generate for one prompt (dict) or a batch (list); `stream=True` returns an iterator of chunks."""
-        obj = self._make_obj(prompt, sampling_params, input_ids, return_logprob, top_logprobs_num, stream, rid)
+        obj = self._make_obj(
+            prompt, sampling_params, input_ids, return_logprob, top_logprobs_num, stream, rid
+        )
         if not stream:
             return self._run(self._collect(obj))
         call = self._run(self.tokenizer_manager.submit(obj))
@@ -179,7 +187,9 @@ class Engine:
         rid: Optional[Union[str, list[str]]] = None,
     ) -> Union[dict, list[dict], AsyncIterator[dict]]:
         """Like `generate`, awaitable; with `stream=True` it returns an async iterator of chunks."""
-        obj = self._make_obj(prompt, sampling_params, input_ids, return_logprob, top_logprobs_num, stream, rid)
+        obj = self._make_obj(
+            prompt, sampling_params, input_ids, return_logprob, top_logprobs_num, stream, rid
+        )
         if not stream:
             return await self._await(self._collect(obj))
         call = await self._await(self.tokenizer_manager.submit(obj))

@@ -46,19 +46,21 @@ def print_banner(server_args: ServerArgs) -> None:
     print(
         f"\nThe server is ready at {url}  (model: {model})\n\n"
         f"Try it with curl:\n"
-        f"  curl {url}/v1/chat/completions -H \"Content-Type: application/json\"{auth} \\\n"
+        f'  curl {url}/v1/chat/completions -H "Content-Type: application/json"{auth} \\\n'
         f"    -d '{body}'\n\n"
         f"Or with the openai client:\n"
         f"  from openai import OpenAI\n"
-        f"  client = OpenAI(base_url=\"{url}/v1\", api_key={key})\n"
+        f'  client = OpenAI(base_url="{url}/v1", api_key={key})\n'
         f"  r = client.chat.completions.create(model={model!r}, "
-        f"messages=[{{\"role\": \"user\", \"content\": \"Hello!\"}}], max_tokens=32)\n"
+        f'messages=[{{"role": "user", "content": "Hello!"}}], max_tokens=32)\n'
         f"  print(r.choices[0].message.content)\n",
         flush=True,
     )
 
 
-def create_app(tokenizer_manager: TokenizerManager, on_started: Optional[Callable[[], None]] = None) -> FastAPI:
+def create_app(
+    tokenizer_manager: TokenizerManager, on_started: Optional[Callable[[], None]] = None
+) -> FastAPI:
     """The FastAPI app serving one TokenizerManager: the native, OpenAI and admin routers, the
     error handlers and, with --api-key, the key check."""
     tm = tokenizer_manager

@@ -139,6 +139,7 @@ def death_message(dead: list[tuple[str, mp.process.BaseProcess]]) -> str:
     peers fail in their next collective and exit with an error soon after, often before the
     watchdog looks, so a death by signal or by watchdog timeout comes before an exit with an
     error; the others are listed after it."""
+
     def cause_rank(item: tuple[str, mp.process.BaseProcess]) -> int:
         code = item[1].exitcode
         return 0 if code is not None and (code < 0 or code == WATCHDOG_EXIT_CODE) else 1
@@ -173,7 +174,7 @@ def _ipc_dir(port_args: PortArgs) -> Optional[str]:
 
 # ---------------------------------------------------------------------------- launch
 _EARLY_EXIT_HINT = (
-    " (see its log above; a script that creates an Engine must guard it with `if __name__ == \"__main__\":`"
+    ' (see its log above; a script that creates an Engine must guard it with `if __name__ == "__main__":`'
     " because child processes are spawned)"
 )
 
@@ -285,15 +286,20 @@ def launch_processes(
             readers.append((reader, proc, f"Scheduler rank {rank}"))
         if is_head_node:  # other nodes run only their scheduler ranks
             detok = ctx.Process(
-                target=_detokenizer_entry, args=(server_args, port_args), name="sglang-detokenizer", daemon=False
+                target=_detokenizer_entry,
+                args=(server_args, port_args),
+                name="sglang-detokenizer",
+                daemon=False,
             )
             detok.start()
             children.add("Detokenizer", detok)
             if server_args.enable_dp_attention and server_args.dp_size > 1:
                 ctrl = ctx.Process(
-                    target=_dp_controller_entry, args=(server_args, port_args), name="sglang-dp-controller",
+                    target=_dp_controller_entry,
+                    args=(server_args, port_args),
+                    name="sglang-dp-controller",
                     daemon=False,
-                )  # fmt: skip
+                )
                 ctrl.start()
                 children.add("DP controller", ctrl)
 

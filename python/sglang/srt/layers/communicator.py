@@ -124,7 +124,11 @@ def _canonical(mode: ScatterMode, forward_batch: "ForwardBatch") -> ScatterMode:
 
 
 def change_layout(
-    x: torch.Tensor, src: ScatterMode, dst: ScatterMode, forward_batch: "ForwardBatch", groups: "ParallelGroups"
+    x: torch.Tensor,
+    src: ScatterMode,
+    dst: ScatterMode,
+    forward_batch: "ForwardBatch",
+    groups: "ParallelGroups",
 ) -> torch.Tensor:
     """Move the rows of `x` (complete values on every rank that holds them) from `src` to `dst`."""
     src, dst = _canonical(src, forward_batch), _canonical(dst, forward_batch)
@@ -161,7 +165,9 @@ class LayerCommunicator:
         groups: "ParallelGroups",
     ):
         if not (modes.layer_input == modes.attn == modes.layer_output == ScatterMode.SCATTERED):
-            raise ValueError(f"layer input, attention and output run in this rank's tokens (SCATTERED), got {modes}")
+            raise ValueError(
+                f"layer input, attention and output run in this rank's tokens (SCATTERED), got {modes}"
+            )
         self.modes = modes
         self.input_layernorm = input_layernorm
         self.post_attention_layernorm = post_attention_layernorm

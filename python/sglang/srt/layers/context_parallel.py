@@ -99,7 +99,9 @@ class GatherSpec:
 class PendingGather:
     """An all-gather in flight (padded to the largest contribution); `wait()` trims the padding."""
 
-    def __init__(self, work: Any, buffer: torch.Tensor, sizes: list[int], local: Optional[torch.Tensor] = None):
+    def __init__(
+        self, work: Any, buffer: torch.Tensor, sizes: list[int], local: Optional[torch.Tensor] = None
+    ):
         self.work, self.buffer, self.sizes, self.local = work, buffer, sizes, local
 
     def wait(self) -> torch.Tensor:
@@ -176,13 +178,7 @@ class CPLayout:
             raise ValueError(f"cp_rank {cp_rank} out of range for cp_size {cp_size}")
         n_total = int(sum(ext_lens))
         if n_total == len(ext_lens):  # decodes only: every rank holds every token
-            b = len(ext_lens)
-            rows = torch.arange(b, dtype=torch.int64)
-            return CPLayout(
-                cp_size, cp_rank, strategy, b, [REPLICATED] * b, list(range(b)), [1] * b,
-                [int(x) for x in prefix_lens], rows, list(range(b)), [1] * b, [torch.zeros(1, dtype=torch.int64)] * b,
-                torch.full((b,), -1, dtype=torch.int64), rows.clone(), group, slot_mapping,
-            )  # fmt: skip
+            return CPLayout._decodes_only(prefix_lens, cp_size, cp_rank, strategy, group, slot_mapping)
         holder_rank = torch.full((n_total,), -1, dtype=torch.int64)
         holder_row = torch.zeros(n_total, dtype=torch.int64)
         kinds, starts, offsets_mine = [], [], []
@@ -217,10 +213,47 @@ class CPLayout:
         parts = [s + o for s, o in zip(starts, offsets_mine)]
         local_idx = torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
         return CPLayout(
-            cp_size, cp_rank, strategy, n_total, kinds, starts, [int(x) for x in ext_lens],
-            [int(x) for x in prefix_lens], local_idx, local_starts, counts, offsets_mine, holder_rank,
-            holder_row, group, slot_mapping,
-        )  # fmt: skip
+            cp_size,
+            cp_rank,
+            strategy,
+            n_total,
+            kinds,
+            starts,
+            [int(x) for x in ext_lens],
+            [int(x) for x in prefix_lens],
+            local_idx,
+            local_starts,
+            counts,
+            offsets_mine,
+            holder_rank,
+            holder_row,
+            group,
+            slot_mapping,
+        )
+
+    @staticmethod
+    def _decodes_only(prefix_lens, cp_size, cp_rank, strategy, group, slot_mapping) -> "CPLayout":
+        """The layout of a batch of decode tokens: each one replicated on every rank."""
+        b = len(prefix_lens)
+        rows = torch.arange(b, dtype=torch.int64)
+        return CPLayout(
+            cp_size,
+            cp_rank,
+            strategy,
+            b,
+            [REPLICATED] * b,
+            list(range(b)),
+            [1] * b,
+            [int(x) for x in prefix_lens],
+            rows,
+            list(range(b)),
+            [1] * b,
+            [torch.zeros(1, dtype=torch.int64)] * b,
+            torch.full((b,), -1, dtype=torch.int64),
+            rows.clone(),
+            group,
+            slot_mapping,
+        )
 
     # ------------------------------------------------------------------ queries
     @property
@@ -238,8 +271,9 @@ class CPLayout:
 
     def token_kinds(self) -> torch.Tensor:
         """[num_tokens] the kind of each token's request."""
-        return torch.repeat_interleave(torch.tensor(self.kinds, dtype=torch.int64),
-                                       torch.tensor(self.ext_lens, dtype=torch.int64))  # fmt: skip
+        return torch.repeat_interleave(
+            torch.tensor(self.kinds, dtype=torch.int64), torch.tensor(self.ext_lens, dtype=torch.int64)
+        )
 
     def gather_spec(self, global_idx: torch.Tensor) -> GatherSpec:
         """Spec gathering the SPLIT tokens among `global_idx` (replicated ones are local everywhere)."""
@@ -289,7 +323,9 @@ class CPLayout:
             return x_local.index_select(0, self.holder_row[global_idx].to(x_local.device))
         spec = spec or self.gather_spec(global_idx)
         dev = x_local.device
-        gathered = start_gather(self.group, x_local.index_select(0, spec.local_rows.to(dev)), spec.sizes).wait()
+        gathered = start_gather(
+            self.group, x_local.index_select(0, spec.local_rows.to(dev)), spec.sizes
+        ).wait()
         out = x_local.new_empty((int(global_idx.numel()),) + tuple(x_local.shape[1:]))
         # position of each requested row: split rows come from the gather, replicated from local
         pos = torch.full((self.num_tokens,), -1, dtype=torch.int64)
@@ -299,7 +335,9 @@ class CPLayout:
             out.index_copy_(0, pos[spec.global_idx].to(dev), gathered)
         repl = torch.nonzero(~split).flatten()
         if repl.numel():
-            out.index_copy_(0, repl.to(dev), x_local.index_select(0, self.holder_row[global_idx[repl]].to(dev)))
+            out.index_copy_(
+                0, repl.to(dev), x_local.index_select(0, self.holder_row[global_idx[repl]].to(dev))
+            )
         return out
 
     def gather_all(self, x_local: torch.Tensor) -> torch.Tensor:

@@ -36,7 +36,9 @@ class RMSNorm(nn.Module):
         """The fused kernels when they cover this call (2-D rows of the weight's dtype)."""
         if x.dim() != 2 or x.stride(-1) != 1 or self.weight.dtype != x.dtype:
             return None
-        if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype or residual.stride(-1) != 1):
+        if residual is not None and (
+            residual.shape != x.shape or residual.dtype != x.dtype or residual.stride(-1) != 1
+        ):
             return None
         return fused_ops(x)
 

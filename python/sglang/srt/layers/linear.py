@@ -41,13 +41,17 @@ def _new_param(shape: tuple[int, ...], dtype: torch.dtype, loader) -> nn.Paramet
 
 def _copy_checked(dst: torch.Tensor, src: torch.Tensor, name: str) -> None:
     if tuple(dst.shape) != tuple(src.shape):
-        raise ValueError(f"{name}: shape mismatch, parameter slice {tuple(dst.shape)} vs checkpoint {tuple(src.shape)}")
+        raise ValueError(
+            f"{name}: shape mismatch, parameter slice {tuple(dst.shape)} vs checkpoint {tuple(src.shape)}"
+        )
     dst.copy_(src)
 
 
 def _check_full(loaded: torch.Tensor, dim: int, expected: int, name: str) -> None:
     if loaded.dim() <= dim or loaded.shape[dim] != expected:
-        raise ValueError(f"{name}: shape mismatch, checkpoint {tuple(loaded.shape)} needs size {expected} in dim {dim}")
+        raise ValueError(
+            f"{name}: shape mismatch, checkpoint {tuple(loaded.shape)} needs size {expected} in dim {dim}"
+        )
 
 
 def default_weight_loader(param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: ShardId = None) -> None:
@@ -79,7 +83,9 @@ class LinearBase(nn.Module):
             self.register_parameter("bias", None)
         self.packed_weight = None  # set once after loading where the platform packs weights
 
-    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: ShardId = None) -> None:
+    def weight_loader(
+        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: ShardId = None
+    ) -> None:
         raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -102,7 +108,9 @@ class ReplicatedLinear(LinearBase):
     ):
         super().__init__(input_size, output_size, bias, None, params_dtype)
 
-    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: ShardId = None) -> None:
+    def weight_loader(
+        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: ShardId = None
+    ) -> None:
         default_weight_loader(param, loaded_weight, shard_id)
 
 
@@ -123,7 +131,9 @@ class ColumnParallelLinear(LinearBase):
         super().__init__(input_size, self.output_size_per_partition, bias, tp, params_dtype)
         self.gather_output = gather_output
 
-    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: ShardId = None) -> None:
+    def weight_loader(
+        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: ShardId = None
+    ) -> None:
         if shard_id is not None:
             raise ValueError(f"ColumnParallelLinear takes no shard_id, got {shard_id!r}")
         n = param.shape[0]
@@ -162,7 +172,9 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
             raise ValueError(f"shard_id must be in 0..{len(self.output_sizes) - 1}, got {shard_id!r}")
         return (self.output_sizes[shard_id], *param.shape[1:])
 
-    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: ShardId = None) -> None:
+    def weight_loader(
+        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: ShardId = None
+    ) -> None:
         if shard_id is None:  # an already fused checkpoint tensor: split it and load each part
             for i, part in enumerate(torch.split(loaded_weight, self.output_sizes, dim=0)):
                 self.weight_loader(param, part, i)
@@ -222,7 +234,9 @@ class QKVParallelLinear(ColumnParallelLinear):
         heads = self.total_num_heads if shard_id == "q" else self.total_num_kv_heads
         return (heads * self.head_size, *param.shape[1:])
 
-    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: ShardId = None) -> None:
+    def weight_loader(
+        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: ShardId = None
+    ) -> None:
         if shard_id is None:  # fused qkv checkpoint tensor
             total_q = self.total_num_heads * self.head_size
             total_kv = self.total_num_kv_heads * self.head_size
@@ -264,7 +278,9 @@ class RowParallelLinear(LinearBase):
         super().__init__(self.input_size_per_partition, output_size, bias, tp, params_dtype)
         self.reduce_results = reduce_results
 
-    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: ShardId = None) -> None:
+    def weight_loader(
+        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: ShardId = None
+    ) -> None:
         if shard_id is not None:
             raise ValueError(f"RowParallelLinear takes no shard_id, got {shard_id!r}")
         if param.dim() == 1:  # bias: not sharded

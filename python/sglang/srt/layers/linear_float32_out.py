@@ -41,7 +41,10 @@ def pack_bf16_pairs(weight: torch.Tensor) -> torch.Tensor:
 
 
 def float32_out_linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, packed: Optional[torch.Tensor] = None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    packed: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """x [..., K] . weight [N, K]^T (+ bias) -> [..., N] float32; `packed`: pack_bf16_pairs(weight)
     where the CPU kernel serves it."""
@@ -67,7 +70,12 @@ def _blocked(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]
 def float32_logits_packing(weight: torch.Tensor) -> Optional[torch.Tensor]:
     """The packed weight for the CPU kernel, or None where it does not serve this weight."""
     ops = fused_ops(weight)
-    if weight.dtype != torch.bfloat16 or weight.dim() != 2 or ops is None or not hasattr(ops, "linear_f32out_packed"):
+    if (
+        weight.dtype != torch.bfloat16
+        or weight.dim() != 2
+        or ops is None
+        or not hasattr(ops, "linear_f32out_packed")
+    ):
         return None
     return pack_bf16_pairs(weight.detach())
 
@@ -76,7 +84,9 @@ def use_float32_logits(model: torch.nn.Module, server_args, platform) -> bool:
     """Switch every LM head of `model` (the modules with a `set_float32_logits` switch:
     vocab_embedding.ParallelLMHead) to float32 logits where the flags / platform ask for it;
     returns whether they did."""
-    on = server_args.enable_fp32_lm_head or (platform.float32_logits_by_default and not server_args.disable_fp32_lm_head)
+    on = server_args.enable_fp32_lm_head or (
+        platform.float32_logits_by_default and not server_args.disable_fp32_lm_head
+    )
     if on:
         for module in model.modules():
             if hasattr(module, "set_float32_logits"):

@@ -111,7 +111,10 @@ def _plain(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) 
 
 
 def pack_float32_prefill(
-    weight: torch.Tensor, min_tokens: int, budget: CopyBudget, small: Optional[tuple[Callable, Callable]] = None
+    weight: torch.Tensor,
+    min_tokens: int,
+    budget: CopyBudget,
+    small: Optional[tuple[Callable, Callable]] = None,
 ) -> Float32PrefillWeight:
     weight = weight.detach()
     small_pack, small_kernel = small if small is not None else (lambda w: w, _plain)
@@ -119,7 +122,9 @@ def pack_float32_prefill(
     return Float32PrefillWeight(small_pack(weight), small_kernel, copy, min_tokens)
 
 
-def float32_prefill_linear(x: torch.Tensor, w: Float32PrefillWeight, bias: Optional[torch.Tensor]) -> torch.Tensor:
+def float32_prefill_linear(
+    x: torch.Tensor, w: Float32PrefillWeight, bias: Optional[torch.Tensor]
+) -> torch.Tensor:
     """x [tokens, in] bf16 -> [tokens, out] bf16; a float32 GEMM from `w.min_tokens` rows on."""
     if w.float32 is None or x.shape[0] < w.min_tokens:
         return w.small_kernel(x, w.small, bias)
@@ -141,7 +146,10 @@ class MixedLinears:
         """Float32 linears reading a bf16 weight copy for inputs of at most `max_tokens` rows."""
         key = ("bf16", max_tokens)
         if key not in self._backends:
-            self._backends[key] = functools.partial(pack, max_tokens=max_tokens, budget=self.budget), mixed_linear
+            self._backends[key] = (
+                functools.partial(pack, max_tokens=max_tokens, budget=self.budget),
+                mixed_linear,
+            )
             logger.info(
                 "float32 linears with bf16 weight copies (half the float32 weight bytes more, while a quarter "
                 "of free RAM allows) for inputs of at most %d token(s)",
@@ -149,12 +157,16 @@ class MixedLinears:
             )
         return self._backends[key]
 
-    def float32_prefill(self, min_tokens: int, small: Optional[tuple[Callable, Callable]] = None) -> tuple[Callable, Callable]:
+    def float32_prefill(
+        self, min_tokens: int, small: Optional[tuple[Callable, Callable]] = None
+    ) -> tuple[Callable, Callable]:
         """bf16 linears through `small` (the platform's packed bf16 linear, or plain F.linear) below
         `min_tokens` rows, float32 GEMMs on a float32 weight copy from there on."""
         key = ("float32", min_tokens)
         if key not in self._backends:
-            packer = functools.partial(pack_float32_prefill, min_tokens=min_tokens, budget=self.budget, small=small)
+            packer = functools.partial(
+                pack_float32_prefill, min_tokens=min_tokens, budget=self.budget, small=small
+            )
             self._backends[key] = packer, float32_prefill_linear
             logger.info(
                 "bf16 linears with float32 weight copies (2x the bf16 weight bytes more, while a quarter of "

@@ -43,7 +43,8 @@ def linear(
 
 
 def prepack_linear_weights(model: torch.nn.Module, platform, max_bytes: Optional[int] = None) -> int:
-    """Pack the weight of every module with a `packed_weight` slot; returns the bytes the packed
+    """Pack the weight of every module with a `packed_weight` slot (unless it sets `skip_prepack`:
+    its own kernel holds a packed copy); returns the bytes the packed
     copies take (the plain weights stay, so the memory budget must count these too).
 
     max_bytes: when the copies would take more (a large model on a small host), nothing is packed
@@ -52,7 +53,7 @@ def prepack_linear_weights(model: torch.nn.Module, platform, max_bytes: Optional
         return 0
     todo = []
     for module in model.modules():
-        if not hasattr(module, "packed_weight"):
+        if not hasattr(module, "packed_weight") or getattr(module, "skip_prepack", False):
             continue
         weight = getattr(module, "weight", None)
         if weight is None or weight.dim() != 2:
@@ -75,5 +76,7 @@ def prepack_linear_weights(model: torch.nn.Module, platform, max_bytes: Optional
         count += 1
         nbytes += weight.numel() * weight.element_size()  # the blocked layout holds the same values
     if count:
-        logger.info("prepacked %d linear weights (%.0f MiB) for the %s kernel", count, nbytes / 2**20, platform.name)
+        logger.info(
+            "prepacked %d linear weights (%.0f MiB) for the %s kernel", count, nbytes / 2**20, platform.name
+        )
     return nbytes

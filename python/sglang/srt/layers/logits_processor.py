@@ -53,7 +53,9 @@ class LogitsProcessor(nn.Module):
             full = self._logits(hidden_states, lm_head, forward_batch, dp.num_tokens if dp else ())
             if forward_batch.forward_mode.is_decode():
                 return LogitsProcessorOutput(next_token_logits=full, full_logits=full)
-            return LogitsProcessorOutput(next_token_logits=full[forward_batch.last_token_indices()], full_logits=full)
+            return LogitsProcessorOutput(
+                next_token_logits=full[forward_batch.last_token_indices()], full_logits=full
+            )
         if forward_batch.forward_mode.is_decode() or hidden_states.shape[0] == forward_batch.batch_size:
             last = hidden_states  # one new token per request: already in request order
         else:

@@ -81,7 +81,9 @@ class RotaryEmbedding(nn.Module):
         self.base = base
         self.rope_scaling = rope_scaling
         self.dtype = dtype
-        self.register_buffer("inv_freq", compute_inv_freq(self.rotary_dim, base, rope_scaling), persistent=False)
+        self.register_buffer(
+            "inv_freq", compute_inv_freq(self.rotary_dim, base, rope_scaling), persistent=False
+        )
         self.max_position = 0
         self.extend_cache(max_position)
 
@@ -130,7 +132,9 @@ class RotaryEmbedding(nn.Module):
         return f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base}, max_pos={self.max_position}"
 
 
-def get_rope(hf_config: Any, head_dim: int, dtype: torch.dtype, max_position: Optional[int] = None) -> RotaryEmbedding:
+def get_rope(
+    hf_config: Any, head_dim: int, dtype: torch.dtype, max_position: Optional[int] = None
+) -> RotaryEmbedding:
     """A RotaryEmbedding configured from an HF config (theta, scaling, partial rotary factor)."""
     theta, scaling = get_rope_params(hf_config)
     params = getattr(hf_config, "rope_parameters", None)
@@ -140,5 +144,10 @@ def get_rope(hf_config: Any, head_dim: int, dtype: torch.dtype, max_position: Op
     if max_position is None:
         max_position = int(getattr(hf_config, "max_position_embeddings", 2048) or 2048)
     return RotaryEmbedding(
-        head_dim, max_position, base=theta, rope_scaling=scaling, rotary_dim=int(head_dim * partial), dtype=dtype
+        head_dim,
+        max_position,
+        base=theta,
+        rope_scaling=scaling,
+        rotary_dim=int(head_dim * partial),
+        dtype=dtype,
     )

@@ -28,7 +28,9 @@ def yarn_get_mscale(scale: float = 1.0, mscale: float = 1.0) -> float:
     return 0.1 * mscale * math.log(scale) + 1.0
 
 
-def _yarn_inv_freq(dim: int, base: float, scaling: dict, max_position_embeddings: int) -> tuple[torch.Tensor, float]:
+def _yarn_inv_freq(
+    dim: int, base: float, scaling: dict, max_position_embeddings: int
+) -> tuple[torch.Tensor, float]:
     factor = scaling.get("factor")
     original = scaling.get("original_max_position_embeddings") or max_position_embeddings
     if factor is None:
@@ -116,8 +118,12 @@ class DeepseekRotaryEmbedding(nn.Module):
         if max_position <= self.max_position:
             return
         freqs = torch.arange(max_position, dtype=torch.float32)[:, None] * self.inv_freq[None, :]
-        self.register_buffer("cos_cache", (freqs.cos() * self.attention_factor).to(self.dtype), persistent=False)
-        self.register_buffer("sin_cache", (freqs.sin() * self.attention_factor).to(self.dtype), persistent=False)
+        self.register_buffer(
+            "cos_cache", (freqs.cos() * self.attention_factor).to(self.dtype), persistent=False
+        )
+        self.register_buffer(
+            "sin_cache", (freqs.sin() * self.attention_factor).to(self.dtype), persistent=False
+        )
         self.max_position = max_position
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

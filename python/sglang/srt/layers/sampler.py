@@ -125,9 +125,7 @@ class Sampler(torch.nn.Module):
             probs = probs.masked_fill(probs < min_ps.view(-1, 1) * peak, 0.0)
         return self._draw(probs, info, rows)
 
-    def _draw(
-        self, weights: torch.Tensor, info: SamplingBatchInfo, rows: list[int]
-    ) -> torch.Tensor:
+    def _draw(self, weights: torch.Tensor, info: SamplingBatchInfo, rows: list[int]) -> torch.Tensor:
         """One categorical draw per row from non-negative `weights` (inverse CDF).
 
         Seeded rows take their uniform number from their own generator, the others from the
@@ -189,9 +187,7 @@ def _filter_sorted(
     elif info.need_top_p and TOP_P_CANDIDATES < vocab:
         vals, idx = torch.topk(probs, TOP_P_CANDIDATES, dim=-1, sorted=True)
         unlimited = top_ks >= vocab
-        inside = (top_ks <= TOP_P_CANDIDATES) | (
-            unlimited & (vals.sum(dim=-1) > top_ps * probs.sum(dim=-1))
-        )
+        inside = (top_ks <= TOP_P_CANDIDATES) | (unlimited & (vals.sum(dim=-1) > top_ps * probs.sum(dim=-1)))
         if not bool(inside.all()):
             vals = idx = None
     if vals is None:

@@ -39,14 +39,18 @@ class ShardLinearSeries:
         self.modules = dict(layers)
         first = layers[0][1]
         self.names = list(first)
-        self.specs = {n: (tuple(first[n].weight.shape), first[n].weight.dtype, first[n].weight.device)
-                      for n in self.names}  # fmt: skip
+        self.specs = {
+            n: (tuple(first[n].weight.shape), first[n].weight.dtype, first[n].weight.device)
+            for n in self.names
+        }
         for lid, mods in layers:
             for n in self.names:
                 w = mods[n].weight
                 if (tuple(w.shape), w.dtype, w.device) != self.specs[n]:
-                    raise ValueError(f"Shard Linear: {n} of layer {lid} differs in shape / dtype from layer "
-                                     f"{self.order[0]}")  # fmt: skip
+                    raise ValueError(
+                        f"Shard Linear: {n} of layer {lid} differs in shape / dtype from layer "
+                        f"{self.order[0]}"
+                    )
         self._held: dict[int, tuple[dict[str, torch.Tensor], list[Any], bool]] = {}
         self._free: list[dict[str, torch.Tensor]] = []
         self.windows_allocated = 0

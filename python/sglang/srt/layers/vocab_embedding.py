@@ -40,7 +40,8 @@ class VocabParallelEmbedding(nn.Module):
         self.vocab_start_index = self.tp_rank * self.num_embeddings_per_partition
         self.vocab_end_index = self.vocab_start_index + self.num_embeddings_per_partition
         self.weight = nn.Parameter(
-            torch.zeros(self.num_embeddings_per_partition, embedding_dim, dtype=params_dtype), requires_grad=False
+            torch.zeros(self.num_embeddings_per_partition, embedding_dim, dtype=params_dtype),
+            requires_grad=False,
         )
         self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]
 
@@ -49,7 +50,9 @@ class VocabParallelEmbedding(nn.Module):
         if shard_id is not None:
             raise ValueError(f"embedding takes no shard_id, got {shard_id!r}")
         if loaded_weight.dim() != 2 or loaded_weight.shape[1] != self.embedding_dim:
-            raise ValueError(f"embedding: expected [vocab, {self.embedding_dim}], got {tuple(loaded_weight.shape)}")
+            raise ValueError(
+                f"embedding: expected [vocab, {self.embedding_dim}], got {tuple(loaded_weight.shape)}"
+            )
         if loaded_weight.shape[0] != self.num_embeddings:
             raise ValueError(f"embedding: expected vocab {self.num_embeddings}, got {loaded_weight.shape[0]}")
         start = min(self.vocab_start_index, self.num_embeddings)
@@ -97,6 +100,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         self.packed_weight = None  # set once after loading where the platform packs weights
         self.float32_logits = False
         self.float32_packed: Optional[torch.Tensor] = None
+        self.skip_prepack = False
 
     def _bias_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id=None) -> None:
         start = min(self.vocab_start_index, self.num_embeddings)
@@ -119,6 +123,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         replaces the packed bf16 GEMM copy (the same bytes)."""
         self.float32_logits = True
         self.float32_packed = packed
+        self.skip_prepack = packed is not None  # linear_prepack: the float32 kernel's copy replaces it
         if packed is not None:
             self.packed_weight = None
 

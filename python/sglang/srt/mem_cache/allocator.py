@@ -138,7 +138,9 @@ class TokenToKVPoolAllocator:
         if bool(cont.any()):
             bad = (last[cont] <= 0) | (last[cont] % ps != (pos[cont] - 1) % ps)
             if bool(bad.any()):
-                raise ValueError(f"last_locs {last[cont][bad].tolist()} do not match seq_lens {seq[cont][bad].tolist()}")
+                raise ValueError(
+                    f"last_locs {last[cont][bad].tolist()} do not match seq_lens {seq[cont][bad].tolist()}"
+                )
         n_new = int(new_page.sum())
         if n_new > self._num_free:
             return None

@@ -47,7 +47,9 @@ class KVPool(ABC):
         return self.get_key_buffer(layer_id), self.get_value_buffer(layer_id)
 
     @abstractmethod
-    def set_kv_buffer(self, layer_id: int, loc: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor) -> None: ...
+    def set_kv_buffer(
+        self, layer_id: int, loc: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor
+    ) -> None: ...
 
     @abstractmethod
     def mem_bytes(self) -> int: ...
@@ -104,7 +106,9 @@ class MHATokenToKVPool(KVPool):
         i = self._local(layer_id)
         return self.k_head_major[i], self.v_head_major[i]
 
-    def set_kv_buffer(self, layer_id: int, loc: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor) -> None:
+    def set_kv_buffer(
+        self, layer_id: int, loc: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor
+    ) -> None:
         """Write K/V of tokens to slots `loc`; inputs may be [n, H, D] or [n, H*D], any float dtype."""
         i = self._local(layer_id)
         n = cache_k.shape[0]

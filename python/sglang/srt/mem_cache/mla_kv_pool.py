@@ -47,7 +47,8 @@ class MLATokenToKVPool(KVPool):
         self.kv_cache_dim = kv_lora_rank + qk_rope_head_dim
         rows = size + page_size
         self.kv_buffer = [
-            torch.zeros((rows, 1, self.kv_cache_dim), dtype=dtype, device=self.device) for _ in range(layer_num)
+            torch.zeros((rows, 1, self.kv_cache_dim), dtype=dtype, device=self.device)
+            for _ in range(layer_num)
         ]
 
     def get_key_buffer(self, layer_id: int) -> torch.Tensor:
@@ -65,7 +66,9 @@ class MLATokenToKVPool(KVPool):
         row = cache_k.reshape(cache_k.shape[0], 1, self.kv_cache_dim).to(self.dtype)
         self.kv_buffer[self._local(layer_id)][loc.to(device=self.device, dtype=torch.int64)] = row
 
-    def set_mla_kv_buffer(self, layer_id: int, loc: torch.Tensor, latent: torch.Tensor, k_rope: torch.Tensor) -> None:
+    def set_mla_kv_buffer(
+        self, layer_id: int, loc: torch.Tensor, latent: torch.Tensor, k_rope: torch.Tensor
+    ) -> None:
         """Write latent [n, kv_lora_rank] and roped key [n, qk_rope_head_dim] of new tokens."""
         self.set_kv_buffer(layer_id, loc, torch.cat((latent, k_rope.reshape(latent.shape[0], -1)), dim=-1))
 
@@ -96,15 +99,21 @@ class DSATokenToKVPool(MLATokenToKVPool):
         start_layer: int = 0,
         index_k_int8: bool = False,
     ):
-        super().__init__(size, page_size, dtype, kv_lora_rank, qk_rope_head_dim, layer_num, device, start_layer)
+        super().__init__(
+            size, page_size, dtype, kv_lora_rank, qk_rope_head_dim, layer_num, device, start_layer
+        )
         self.index_head_dim = index_head_dim
         rows = size + page_size
         self.index_k_buffer = [
             torch.zeros((rows, index_head_dim), dtype=dtype, device=self.device) for _ in range(layer_num)
         ]
         n8 = layer_num if index_k_int8 else 0
-        self.index_k_int8 = [torch.zeros((rows, index_head_dim), dtype=torch.int8, device=self.device) for _ in range(n8)]
-        self.index_k_scale = [torch.zeros((rows,), dtype=torch.float32, device=self.device) for _ in range(n8)]
+        self.index_k_int8 = [
+            torch.zeros((rows, index_head_dim), dtype=torch.int8, device=self.device) for _ in range(n8)
+        ]
+        self.index_k_scale = [
+            torch.zeros((rows,), dtype=torch.float32, device=self.device) for _ in range(n8)
+        ]
 
     def get_index_k_buffer(self, layer_id: int) -> torch.Tensor:
         return self.index_k_buffer[self._local(layer_id)]
@@ -134,7 +143,11 @@ class DSATokenToKVPool(MLATokenToKVPool):
 
     @staticmethod
     def cell_size_bytes(  # type: ignore[override]
-        kv_lora_rank: int, qk_rope_head_dim: int, layer_num: int, dtype: torch.dtype, index_head_dim: int = 0,
+        kv_lora_rank: int,
+        qk_rope_head_dim: int,
+        layer_num: int,
+        dtype: torch.dtype,
+        index_head_dim: int = 0,
         index_k_int8: bool = False,
     ) -> int:
         int8_copy = (index_head_dim + 4) * layer_num if index_k_int8 and index_head_dim else 0

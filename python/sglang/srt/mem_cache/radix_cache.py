@@ -31,8 +31,13 @@ from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 class TreeNode:
     """A node holding a run of tokens (`key`) and their KV slots (`value`)."""
 
-    def __init__(self, node_id: int = 0, key: tuple[int, ...] = (), value: Optional[torch.Tensor] = None,
-                 parent: Optional["TreeNode"] = None):
+    def __init__(
+        self,
+        node_id: int = 0,
+        key: tuple[int, ...] = (),
+        value: Optional[torch.Tensor] = None,
+        parent: Optional["TreeNode"] = None,
+    ):
         self.id = node_id  # unique within one cache; LRU tie-breaker
         self.key = key
         self.value = value if value is not None else torch.empty(0, dtype=torch.int64)

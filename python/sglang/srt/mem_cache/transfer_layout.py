@@ -55,8 +55,17 @@ def _region(kind: str, layer_id: int, t: torch.Tensor, head_offset: int, head_ma
         heads, slot_bytes, head_stride = t.shape[0], t.shape[2] * item, t.stride(0) * item
     else:  # [rows, ...]: one row per slot
         heads, slot_bytes, head_stride = 1, t.stride(0) * item, 0
-    return KVRegion(kind, layer_id, t.data_ptr(), t.numel() * item, head_offset if head_major else 0,
-                    heads, head_stride, slot_bytes, str(t.dtype).replace("torch.", ""))  # fmt: skip
+    return KVRegion(
+        kind,
+        layer_id,
+        t.data_ptr(),
+        t.numel() * item,
+        head_offset if head_major else 0,
+        heads,
+        head_stride,
+        slot_bytes,
+        str(t.dtype).replace("torch.", ""),
+    )
 
 
 def kv_regions(pool: KVPool, head_offset: int = 0) -> list[KVRegion]:
@@ -111,8 +120,10 @@ def copy_plan(
     src_keys = {r.key for r in src}
     for d in dst:  # the receiver would score int8 against index keys nobody wrote into its int8 copy
         if d.kind == "index_k_int8" and ("index_k", d.layer_id) in src_keys and d.key not in src_keys:
-            raise ValueError(f"the receiver keeps int8 index keys (layer {d.layer_id}) and the sender does not: "
-                             "both servers need the same SGLANG_DSA_INDEX_SCORE_DTYPE")  # fmt: skip
+            raise ValueError(
+                f"the receiver keeps int8 index keys (layer {d.layer_id}) and the sender does not: "
+                "both servers need the same SGLANG_DSA_INDEX_SCORE_DTYPE"
+            )
     s_all, d_all, n_all = [], [], []
     if len(runs) == 0:
         return [], [], []

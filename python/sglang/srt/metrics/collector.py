@@ -35,24 +35,99 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 TTFT_BUCKETS = (
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-    10.0, 15.0, 20.0, 25.0, 30.0, 40.0, 50.0, 60.0, 90.0, 120.0, 180.0, 240.0, 300.0, 400.0,
-)  # fmt: skip
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    15.0,
+    20.0,
+    25.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    90.0,
+    120.0,
+    180.0,
+    240.0,
+    300.0,
+    400.0,
+)
 ITL_BUCKETS = (
-    0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.05, 0.06, 0.08,
-    0.1, 0.15, 0.2, 0.3, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0,
-)  # fmt: skip
+    0.002,
+    0.004,
+    0.006,
+    0.008,
+    0.01,
+    0.015,
+    0.02,
+    0.025,
+    0.03,
+    0.035,
+    0.04,
+    0.05,
+    0.06,
+    0.08,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.6,
+    0.8,
+    1.0,
+    2.0,
+    4.0,
+    6.0,
+    8.0,
+)
 E2E_BUCKETS = (
-    0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0,
-    150.0, 200.0, 300.0, 400.0, 600.0, 1200.0,
-)  # fmt: skip
+    0.1,
+    0.2,
+    0.4,
+    0.6,
+    0.8,
+    1.0,
+    2.0,
+    4.0,
+    6.0,
+    8.0,
+    10.0,
+    20.0,
+    40.0,
+    60.0,
+    80.0,
+    100.0,
+    150.0,
+    200.0,
+    300.0,
+    400.0,
+    600.0,
+    1200.0,
+)
 
 
 class ServerMetrics:
     """Every metric of one server; `render()` gives the Prometheus text exposition."""
 
     def __init__(
-        self, model_name: str, pp_size: int = 1, registry: Optional[CollectorRegistry] = None, dp_size: int = 1
+        self,
+        model_name: str,
+        pp_size: int = 1,
+        registry: Optional[CollectorRegistry] = None,
+        dp_size: int = 1,
     ):
         self.registry = registry or CollectorRegistry(auto_describe=True)
         self.model_name = model_name
@@ -77,20 +152,38 @@ class ServerMetrics:
             g = Gauge(name, doc, labels + ["dp_rank"], registry=reg)
             return [g.labels(model_name, str(d)) for d in range(self.dp_size)]
 
-        self.ttft = hist("sglang:time_to_first_token_seconds", "Time to first token in seconds.", TTFT_BUCKETS)
-        self.itl = hist("sglang:inter_token_latency_seconds", "Latency between output tokens in seconds.", ITL_BUCKETS)
-        self.e2e = hist("sglang:e2e_request_latency_seconds", "End-to-end request latency in seconds.", E2E_BUCKETS)
+        self.ttft = hist(
+            "sglang:time_to_first_token_seconds", "Time to first token in seconds.", TTFT_BUCKETS
+        )
+        self.itl = hist(
+            "sglang:inter_token_latency_seconds", "Latency between output tokens in seconds.", ITL_BUCKETS
+        )
+        self.e2e = hist(
+            "sglang:e2e_request_latency_seconds", "End-to-end request latency in seconds.", E2E_BUCKETS
+        )
         self.prompt_tokens = counter("sglang:prompt_tokens", "Number of prompt tokens of finished requests.")
-        self.generation_tokens = counter("sglang:generation_tokens", "Number of generated tokens of finished requests.")
-        self.cached_tokens = counter("sglang:cached_tokens", "Number of prompt tokens served from the prefix cache.")
+        self.generation_tokens = counter(
+            "sglang:generation_tokens", "Number of generated tokens of finished requests."
+        )
+        self.cached_tokens = counter(
+            "sglang:cached_tokens", "Number of prompt tokens served from the prefix cache."
+        )
         self.num_requests = counter("sglang:num_requests", "Number of finished requests.")
         self.num_aborted = counter("sglang:num_aborted_requests", "Number of aborted requests.")
-        self.cache_hit_rate = gauge("sglang:cache_hit_rate", "Prefix cache hit rate (cached / prompt tokens).")
+        self.cache_hit_rate = gauge(
+            "sglang:cache_hit_rate", "Prefix cache hit rate (cached / prompt tokens)."
+        )
         self.num_running = scheduler_gauge("sglang:num_running_reqs", "Number of running requests.")
-        self.num_queue = scheduler_gauge("sglang:num_queue_reqs", "Number of requests waiting in the scheduler queue.")
-        self.num_used_tokens = scheduler_gauge("sglang:num_used_tokens", "KV cache tokens held by running requests.")
+        self.num_queue = scheduler_gauge(
+            "sglang:num_queue_reqs", "Number of requests waiting in the scheduler queue."
+        )
+        self.num_used_tokens = scheduler_gauge(
+            "sglang:num_used_tokens", "KV cache tokens held by running requests."
+        )
         self.token_usage = scheduler_gauge("sglang:token_usage", "Fraction of the KV cache pool in use.")
-        self.max_total_tokens = scheduler_gauge("sglang:max_total_num_tokens", "Size of the KV cache pool in tokens.")
+        self.max_total_tokens = scheduler_gauge(
+            "sglang:max_total_num_tokens", "Size of the KV cache pool in tokens."
+        )
         self.bubble = Gauge(
             "sglang:pp_bubble_ratio",
             "Share of wall time a pipeline stage waited instead of computing (recent window).",

@@ -128,11 +128,23 @@ class ForwardBatch:
         """A batch with no tokens: a replica's part of a lockstep forward it has no work for."""
         empty = torch.empty(0, dtype=torch.int64, device=device)
         return cls(
-            forward_mode=ForwardMode.IDLE, batch_size=0, input_ids=empty, positions=empty, out_cache_loc=empty,
-            req_pool_indices=empty, seq_lens=empty, extend_prefix_lens=empty, extend_seq_lens=empty,
-            seq_lens_cpu=[], extend_prefix_lens_cpu=[], extend_seq_lens_cpu=[],
-            req_to_token_pool=req_to_token_pool, token_to_kv_pool=token_to_kv_pool, attn_backend=attn_backend, dp=dp,
-        )  # fmt: skip
+            forward_mode=ForwardMode.IDLE,
+            batch_size=0,
+            input_ids=empty,
+            positions=empty,
+            out_cache_loc=empty,
+            req_pool_indices=empty,
+            seq_lens=empty,
+            extend_prefix_lens=empty,
+            extend_seq_lens=empty,
+            seq_lens_cpu=[],
+            extend_prefix_lens_cpu=[],
+            extend_seq_lens_cpu=[],
+            req_to_token_pool=req_to_token_pool,
+            token_to_kv_pool=token_to_kv_pool,
+            attn_backend=attn_backend,
+            dp=dp,
+        )
 
     @property
     def num_tokens(self) -> int:

@@ -82,7 +82,9 @@ def plan_kv_pool(server_args, model_config, cell: int, memory: MemoryReading) ->
                 )
         else:
             avail = memory.free_after_load // memory.sharers
-            budget = min(CPU_DEFAULT_CONTEXTS * model_config.context_len * cell, CPU_DEFAULT_MAX_FRACTION * avail)
+            budget = min(
+                CPU_DEFAULT_CONTEXTS * model_config.context_len * cell, CPU_DEFAULT_MAX_FRACTION * avail
+            )
         tokens = int(budget // cell)
     tokens = tokens // page * page
     if tokens < 2 * page:

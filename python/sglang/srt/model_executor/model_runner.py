@@ -83,22 +83,11 @@ class ModelRunner:
         self.cp: Optional[CPRuntime] = CPRuntime.from_server_args(server_args, groups.attn_cp)
         if self.cp is not None and not model_cls.supports_context_parallel:
             raise ValueError(f"--cp-size > 1 is not supported for {cfg.architectures[0]} yet")
-        with torch.device(self.device):
-            self.model = model_cls(cfg.hf_config, groups, self.dtype)
-        load_model_weights(
-            self.model, server_args.model_path, server_args.load_format, self.dtype, server_args.random_seed
-        )
-        self.model.eval()
-        if server_args.enable_shard_linear:  # Shard Linear (issue 18): drop q_b_proj / o_proj that other cp ranks own
-            self.model.enable_shard_linear()
-        weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        # packed copies only while they take at most a quarter of the memory still free
-        weight_bytes += prepack_linear_weights(self.model, platform, max_bytes=platform.memory_info()[0] // 4)
-        self.float32_logits = use_float32_logits(self.model, server_args, platform)
+        self.model, weight_bytes, self.float32_logits = self._load_model(model_cls, platform)
         # Pipeline stage: this rank's layers [start_layer, end_layer); KV is stored for those only.
         self.is_first_stage, self.is_last_stage = groups.pp.is_first, groups.pp.is_last
         self.start_layer, self.end_layer = self.model.start_layer, self.model.end_layer
-        cell_bytes = self.model.kv_cell_size_bytes(self.dtype)  # the model's cache layout (MHA, MLA latent, ...)
+        cell_bytes = self.model.kv_cell_size_bytes(self.dtype)  # the model's layout (MHA, MLA latent, ...)
         local_ranks = groups.world.size // max(1, server_args.nnodes)
         memory = MemoryReading.after_load(platform, free_before_load, local_ranks, groups.tp.size)
         plan = self._agree_on_plan(plan_kv_pool(server_args, cfg, cell_bytes, memory))
@@ -132,15 +121,45 @@ class ModelRunner:
             ", float32 logits" if self.float32_logits and self.dtype != torch.float32 else "",
             self.max_total_num_tokens,
             self.token_to_kv_pool.mem_bytes() / 2**20,
-            "" if self.cp is None else f", {pool_tokens} tokens stored on this rank of cp {self.cp.group.size}",
+            ""
+            if self.cp is None
+            else f", {pool_tokens} tokens stored on this rank of cp {self.cp.group.size}",
             plan.max_running_requests,
         )
+
+    def _load_model(self, model_cls, platform) -> tuple[torch.nn.Module, int, bool]:
+        """Build the model on this rank's device and load its weights; returns it, the bytes its
+        weights and packed copies take, and whether its logits are float32."""
+        server_args = self.server_args
+        with torch.device(self.device):
+            model = model_cls(self.model_config.hf_config, self.groups, self.dtype)
+        load_model_weights(
+            model, server_args.model_path, server_args.load_format, self.dtype, server_args.random_seed
+        )
+        model.eval()
+        # Shard Linear (issue 18): drop the q_b / o_proj other cp ranks own
+        if server_args.enable_shard_linear:
+            model.enable_shard_linear()
+        weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        # before prepacking: an LM head with a float32-logits packed copy opts out of the other one
+        float32_logits = use_float32_logits(model, server_args, platform)
+        weight_bytes += sum(
+            m.float32_packed.numel() * m.float32_packed.element_size()
+            for m in model.modules()
+            if getattr(m, "float32_packed", None) is not None
+        )
+        # packed copies only while they take at most a quarter of the memory still free
+        weight_bytes += prepack_linear_weights(model, platform, max_bytes=platform.memory_info()[0] // 4)
+        return model, weight_bytes, float32_logits
 
     def kv_state(self, free_slots: int) -> dict:
         """Physical KV numbers of one rank (under CP every rank reserves the same share)."""
         if self.cp is None:
-            return {"cp_size": 1, "kv_physical_tokens_per_rank": self.max_total_num_tokens,
-                    "kv_physical_used_per_rank": self.max_total_num_tokens - free_slots}  # fmt: skip
+            return {
+                "cp_size": 1,
+                "kv_physical_tokens_per_rank": self.max_total_num_tokens,
+                "kv_physical_used_per_rank": self.max_total_num_tokens - free_slots,
+            }
         return physical_kv_state(self.cp.mapping, self.max_total_num_tokens, free_slots)
 
     def _agree_on_plan(self, plan: KVPoolPlan) -> KVPoolPlan:
@@ -149,7 +168,9 @@ class ModelRunner:
         world = self.groups.world
         if world.size == 1:
             return plan
-        sizes = torch.tensor([plan.max_total_tokens, plan.max_running_requests], dtype=torch.int64, device=world.device)
+        sizes = torch.tensor(
+            [plan.max_total_tokens, plan.max_running_requests], dtype=torch.int64, device=world.device
+        )
         world.all_reduce(sizes, op="min")
         tokens, running = (int(v) for v in sizes.tolist())
         return KVPoolPlan(max_total_tokens=tokens, max_running_requests=running, cell_bytes=plan.cell_bytes)
@@ -189,7 +210,9 @@ class ModelRunner:
 
     def idle_forward_batch(self, dp: DPForwardInfo) -> ForwardBatch:
         """A batch with no tokens: this replica's part of a lockstep forward it has no work for."""
-        fb = ForwardBatch.idle(dp, self.req_to_token_pool, self.token_to_kv_pool, self.attn_backend, self.device)
+        fb = ForwardBatch.idle(
+            dp, self.req_to_token_pool, self.token_to_kv_pool, self.attn_backend, self.device
+        )
         self.attn_backend.init_forward_metadata(fb)
         return fb
 
@@ -198,7 +221,9 @@ class ModelRunner:
         counts when the replicas run in lockstep (dp > 1)."""
         out = self.forward_stage(wb, dp=dp)
         if isinstance(out, PPProxyTensors):
-            raise RuntimeError("ModelRunner.forward on a pipeline stage that is not the last: use forward_stage")
+            raise RuntimeError(
+                "ModelRunner.forward on a pipeline stage that is not the last: use forward_stage"
+            )
         return out
 
     @torch.inference_mode()

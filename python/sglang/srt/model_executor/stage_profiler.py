@@ -53,8 +53,11 @@ class StagePrefillProfiler:
 
     def _prefill_batch(self, row: int, n: int, slots: torch.Tensor) -> ModelWorkerBatch:
         """One request of `n` deterministic token ids in request row `row`, greedy, one sampled row."""
-        req = Req("stage-profile", [(i * 7919 + 13) % self.vocab for i in range(n)],
-                  SamplingParams(temperature=0.0, max_new_tokens=1))  # fmt: skip
+        req = Req(
+            "stage-profile",
+            [(i * 7919 + 13) % self.vocab for i in range(n)],
+            SamplingParams(temperature=0.0, max_new_tokens=1),
+        )
         req.req_pool_idx = row
         return ScheduleBatch([ScheduledReq(req, 0, n)]).to_worker_batch(slots)
 

@@ -79,7 +79,11 @@ def init_dummy_weights(model: torch.nn.Module, seed: int, std: float = 0.02) -> 
         _fill_parameters(model, seed, std)
         return
     specs = model.dummy_weight_specs(model.config)
-    loaded = model.load_weights(iter_dummy_weights(specs, seed, std, _stage_filter(model.start_layer, model.end_layer)))
+    loaded = model.load_weights(
+        iter_dummy_weights(specs, seed, std, _stage_filter(model.start_layer, model.end_layer))
+    )
     missing = sorted(name for name, _ in model.named_parameters() if name not in loaded)
     if missing:
-        raise ValueError(f"dummy checkpoint tensors left parameters of {type(model).__name__} unfilled: {missing}")
+        raise ValueError(
+            f"dummy checkpoint tensors left parameters of {type(model).__name__} unfilled: {missing}"
+        )

@@ -96,7 +96,9 @@ def gguf_to_hf_config(source: GGUFSource) -> dict[str, Any]:
     arch = gguf_arch(reader)
     hf_arch, model_type = SUPPORTED_ARCHS[arch]
     if _tensor_shape(reader, "rope_freqs.weight") is not None:
-        raise NotImplementedError("GGUF files with a rope_freqs tensor (Llama 3.1-style rope) are not supported")
+        raise NotImplementedError(
+            "GGUF files with a rope_freqs tensor (Llama 3.1-style rope) are not supported"
+        )
 
     hidden = int(_require(reader, f"{arch}.embedding_length"))
     n_head = int(_require(reader, f"{arch}.attention.head_count"))
@@ -104,7 +106,9 @@ def gguf_to_hf_config(source: GGUFSource) -> dict[str, Any]:
     head_dim = int(field_value(reader, f"{arch}.attention.key_length", hidden // n_head))
     rope_dim = field_value(reader, f"{arch}.rope.dimension_count")
     if rope_dim is not None and int(rope_dim) != head_dim:
-        raise NotImplementedError(f"partial rotary (rope dim {rope_dim} != head dim {head_dim}) is not supported")
+        raise NotImplementedError(
+            f"partial rotary (rope dim {rope_dim} != head dim {head_dim}) is not supported"
+        )
     n_layers = int(_require(reader, f"{arch}.block_count"))
 
     embd_shape = _tensor_shape(reader, "token_embd.weight")

@@ -67,7 +67,12 @@ def gguf_tokenizer_config(source: GGUFSource) -> dict[str, Any]:
         "clean_up_tokenization_spaces": False,
         "model_max_length": int(field_value(reader, f"{arch}.context_length", 4096)),
     }
-    for key, hf_key in (("bos", "bos_token"), ("eos", "eos_token"), ("unknown", "unk_token"), ("padding", "pad_token")):
+    for key, hf_key in (
+        ("bos", "bos_token"),
+        ("eos", "eos_token"),
+        ("unknown", "unk_token"),
+        ("padding", "pad_token"),
+    ):
         config[hf_key] = _token_str(tokens, field_value(reader, f"tokenizer.ggml.{key}_token_id"))
     template = field_value(reader, "tokenizer.chat_template")
     if template:
@@ -80,7 +85,9 @@ def build_gguf_tokenizer_object(source: GGUFSource) -> Tokenizer:
     reader: GGUFReader = open_gguf(source)
     model = field_value(reader, "tokenizer.ggml.model")
     if model != "gpt2":
-        raise NotImplementedError(f"GGUF tokenizer model {model!r} is not supported (only 'gpt2' byte-level BPE)")
+        raise NotImplementedError(
+            f"GGUF tokenizer model {model!r} is not supported (only 'gpt2' byte-level BPE)"
+        )
     tokens: list[str] = field_value(reader, "tokenizer.ggml.tokens")
     merges: list[str] = field_value(reader, "tokenizer.ggml.merges", [])
     types: list[int] = field_value(reader, "tokenizer.ggml.token_type") or [TokenType.NORMAL] * len(tokens)
@@ -102,8 +109,14 @@ def build_gguf_tokenizer_object(source: GGUFSource) -> Tokenizer:
     tk.decoder = decoders.ByteLevel()
     tk.post_processor = processors.ByteLevel(trim_offsets=False)
 
-    special = [AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types) if k == TokenType.CONTROL]
-    user = [AddedToken(t, special=False, normalized=False) for t, k in zip(tokens, types) if k == TokenType.USER_DEFINED]
+    special = [
+        AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types) if k == TokenType.CONTROL
+    ]
+    user = [
+        AddedToken(t, special=False, normalized=False)
+        for t, k in zip(tokens, types)
+        if k == TokenType.USER_DEFINED
+    ]
     if special:
         tk.add_special_tokens(special)
     if user:

@@ -24,7 +24,7 @@ DtypeLike = Union[torch.dtype, str, None]
 
 def strip_dummy_prefix(model_path: str) -> str:
     """`dummy:<path>` -> `<path>`; other paths unchanged."""
-    return model_path[len(DUMMY_PREFIX):] if model_path.startswith(DUMMY_PREFIX) else model_path
+    return model_path[len(DUMMY_PREFIX) :] if model_path.startswith(DUMMY_PREFIX) else model_path
 
 
 def _is_gguf_file(path: str) -> bool:
@@ -81,7 +81,11 @@ def iter_weights(
 
         return iter_gguf_weights(model_path, dtype)
     if fmt == "safetensors":
-        torch_dtype = None if dtype in (None, "auto") else (dtype if isinstance(dtype, torch.dtype) else getattr(torch, dtype))
+        torch_dtype = (
+            None
+            if dtype in (None, "auto")
+            else (dtype if isinstance(dtype, torch.dtype) else getattr(torch, dtype))
+        )
         return iter_safetensors_weights(model_path, torch_dtype)
     raise ValueError(f"load format 'dummy' has no weights to iterate for {model_path!r}")
 

@@ -40,7 +40,9 @@ class CausalLM(nn.Module):
     supports_context_parallel: ClassVar[bool] = False
     attention_kind: ClassVar[str] = "mha"  # what its attention layers need from the backend ("mha" / "mla")
 
-    def __init__(self, config: Any, groups: Optional[ParallelGroups] = None, dtype: torch.dtype = torch.float32):
+    def __init__(
+        self, config: Any, groups: Optional[ParallelGroups] = None, dtype: torch.dtype = torch.float32
+    ):
         super().__init__()
         groups = optional_groups(groups)
         self.config = config
@@ -105,9 +107,15 @@ class CausalLM(nn.Module):
         """The KV pool of this stage's layers, `size` token slots. Default: MHA K and V per layer."""
         heads, head_dim = self._mha_kv_heads_and_dim()
         return MHATokenToKVPool(
-            size, page_size, dtype, heads, head_dim, self.end_layer - self.start_layer,
-            device=device, start_layer=self.start_layer,
-        )  # fmt: skip
+            size,
+            page_size,
+            dtype,
+            heads,
+            head_dim,
+            self.end_layer - self.start_layer,
+            device=device,
+            start_layer=self.start_layer,
+        )
 
     # ------------------------------------------------------------------ weights
     @classmethod
@@ -124,6 +132,10 @@ class CausalLM(nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Load HF-named tensors (full, unsharded); returns the names of the parameters filled."""
         return load_checkpoint_weights(
-            self, weights, self.stacked_params, (self.start_layer, self.end_layer), self.tie_word_embeddings,
+            self,
+            weights,
+            self.stacked_params,
+            (self.start_layer, self.end_layer),
+            self.tie_word_embeddings,
             self.check_checkpoint_tensor,
-        )  # fmt: skip
+        )

@@ -51,12 +51,16 @@ def checkpoint_specs(model: nn.Module, stacked: Sequence[StackedParam]) -> list[
             specs.append((name, tuple(param.shape)))
             continue
         if not isinstance(owner, (MergedColumnParallelLinear, QKVParallelLinear)):
-            raise TypeError(f"{name}: a stacked-params entry names it, but {type(owner).__name__} is not a fused layer")
+            raise TypeError(
+                f"{name}: a stacked-params entry names it, but {type(owner).__name__} is not a fused layer"
+            )
         specs += [(ckpt_name, owner.checkpoint_shape(shard, param)) for ckpt_name, shard in parts]
     return specs
 
 
-def derive_weight_specs(model_cls: ModelFactory, config: Any, stacked: Sequence[StackedParam]) -> list[WeightSpec]:
+def derive_weight_specs(
+    model_cls: ModelFactory, config: Any, stacked: Sequence[StackedParam]
+) -> list[WeightSpec]:
     """Checkpoint tensors (HF name, FULL shape) of `model_cls(config, ...)`: every layer, tp size 1."""
     with torch.device("meta"):
         model = model_cls(config, ParallelGroups.single(), torch.float32)

@@ -70,7 +70,9 @@ def deepseek_topk_config(config: Any) -> TopKConfig:
 
 
 class DeepseekV2DecoderLayer(nn.Module):
-    def __init__(self, config: Any, layer_id: int, groups: ParallelGroups, dtype: torch.dtype, use_indexer: bool):
+    def __init__(
+        self, config: Any, layer_id: int, groups: ParallelGroups, dtype: torch.dtype, use_indexer: bool
+    ):
         super().__init__()
         self.layer_id = layer_id
         self.self_attn = MLAAttention(config, layer_id, groups.attn_tp, dtype, use_indexer)
@@ -94,7 +96,9 @@ class DeepseekV2DecoderLayer(nn.Module):
             self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, mlp_group, dtype, False)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
-        self.comm = make_layer_communicator(mlp_group, self.input_layernorm, self.post_attention_layernorm, groups)
+        self.comm = make_layer_communicator(
+            mlp_group, self.input_layernorm, self.post_attention_layernorm, groups
+        )
 
     def forward(
         self,
@@ -144,9 +148,13 @@ class DeepseekV3ForCausalLM(CausalLM):
     supports_context_parallel = True  # sharded latent KV + zero-redundant indexer (mla_cp.py)
     attention_kind = "mla"
 
-    def __init__(self, config: Any, groups: Optional[ParallelGroups] = None, dtype: torch.dtype = torch.float32):
+    def __init__(
+        self, config: Any, groups: Optional[ParallelGroups] = None, dtype: torch.dtype = torch.float32
+    ):
         if getattr(config, "quantization_config", None):
-            raise ValueError("quantized DeepSeek checkpoints (FP8 block scales) are not supported; use BF16 weights")
+            raise ValueError(
+                "quantized DeepSeek checkpoints (FP8 block scales) are not supported; use BF16 weights"
+            )
         super().__init__(config, groups, dtype)
 
     def build_model(self, config: Any, groups: ParallelGroups, dtype: torch.dtype) -> DeepseekV2Model:
@@ -157,8 +165,9 @@ class DeepseekV3ForCausalLM(CausalLM):
         """KV bytes per token slot: latent rows (plus indexer keys for V3.2) of this stage's layers."""
         cfg, layers = self.config, self.end_layer - self.start_layer
         index_dim = int(cfg.index_head_dim) if self.use_indexer else 0
-        return DSATokenToKVPool.cell_size_bytes(cfg.kv_lora_rank, cfg.qk_rope_head_dim, layers, dtype, index_dim,
-                                                int8_index_keys())  # fmt: skip
+        return DSATokenToKVPool.cell_size_bytes(
+            cfg.kv_lora_rank, cfg.qk_rope_head_dim, layers, dtype, index_dim, int8_index_keys()
+        )
 
     def create_kv_pool(
         self, size: int, page_size: int, dtype: torch.dtype, device: Union[str, torch.device] = "cpu"
@@ -167,8 +176,16 @@ class DeepseekV3ForCausalLM(CausalLM):
         cfg, layers = self.config, self.end_layer - self.start_layer
         if self.use_indexer:
             return DSATokenToKVPool(
-                size, page_size, dtype, cfg.kv_lora_rank, cfg.qk_rope_head_dim, int(cfg.index_head_dim),
-                layers, device, self.start_layer, int8_index_keys(),
+                size,
+                page_size,
+                dtype,
+                cfg.kv_lora_rank,
+                cfg.qk_rope_head_dim,
+                int(cfg.index_head_dim),
+                layers,
+                device,
+                self.start_layer,
+                int8_index_keys(),
             )
         return MLATokenToKVPool(
             size, page_size, dtype, cfg.kv_lora_rank, cfg.qk_rope_head_dim, layers, device, self.start_layer
@@ -185,12 +202,16 @@ class DeepseekV3ForCausalLM(CausalLM):
         if cp.size == 1:
             return None
         if self.groups.attn_tp.size != 1:
-            raise ValueError("--enable-shard-linear needs attention TP 1 (tp = cp): cp ranks must hold equal weights")
+            raise ValueError(
+                "--enable-shard-linear needs attention TP 1 (tp = cp): cp ranks must hold equal weights"
+            )
         layers = []
         for layer in self.model._stage_layers:
             attn = layer.self_attn
             if not getattr(attn, "q_lora_rank", None):
-                raise ValueError("--enable-shard-linear shards q_b_proj, which this model (no q-LoRA) does not have")
+                raise ValueError(
+                    "--enable-shard-linear shards q_b_proj, which this model (no q-LoRA) does not have"
+                )
             layers.append((layer.layer_id, {"q_b_proj": attn.q_b_proj, "o_proj": attn.o_proj}))
         series = ShardLinearSeries(cp, layers)
         series.activate()

@@ -47,7 +47,9 @@ def _head_dim(config: PretrainedConfig) -> int:
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, hidden_size: int, intermediate_size: int, tp: GroupCoordinator, dtype: torch.dtype, bias: bool):
+    def __init__(
+        self, hidden_size: int, intermediate_size: int, tp: GroupCoordinator, dtype: torch.dtype, bias: bool
+    ):
         super().__init__()
         self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2, bias, tp, dtype)
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias, tp, dtype)
@@ -72,9 +74,13 @@ class LlamaAttention(nn.Module):
         head_dim = _head_dim(config)
         num_heads = config.num_attention_heads
         num_kv_heads = getattr(config, "num_key_value_heads", None) or num_heads
-        self.qkv_proj = QKVParallelLinear(config.hidden_size, head_dim, num_heads, num_kv_heads, qkv_bias, tp, dtype)
+        self.qkv_proj = QKVParallelLinear(
+            config.hidden_size, head_dim, num_heads, num_kv_heads, qkv_bias, tp, dtype
+        )
         # unreduced: the layer's communicator completes the sum over attn_tp (with the DP gather, if any)
-        self.o_proj = RowParallelLinear(num_heads * head_dim, config.hidden_size, o_bias, tp, dtype, reduce_results=False)
+        self.o_proj = RowParallelLinear(
+            num_heads * head_dim, config.hidden_size, o_bias, tp, dtype, reduce_results=False
+        )
         self.num_heads = self.qkv_proj.num_heads
         self.num_kv_heads = self.qkv_proj.num_kv_heads
         self.head_dim = head_dim
@@ -103,7 +109,9 @@ class LlamaAttention(nn.Module):
         v = qkv[:, qk_size:]
         if self.q_norm is None and not is_cp_batch(forward_batch):
             # rotate q and k together: one set of rope ops per layer
-            qk = rotary.apply(qkv[:, :qk_size].view(n, self.num_heads + self.num_kv_heads, self.head_dim), cos, sin)
+            qk = rotary.apply(
+                qkv[:, :qk_size].view(n, self.num_heads + self.num_kv_heads, self.head_dim), cos, sin
+            )
             q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         else:
             q = qkv[:, : self.q_size].view(n, self.num_heads, self.head_dim)
@@ -138,7 +146,9 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, mlp_group, dtype, mlp_bias)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
-        self.comm = make_layer_communicator(mlp_group, self.input_layernorm, self.post_attention_layernorm, groups)
+        self.comm = make_layer_communicator(
+            mlp_group, self.input_layernorm, self.post_attention_layernorm, groups
+        )
 
     def forward(
         self,
@@ -164,7 +174,12 @@ class LlamaModel(StageModel):
     model's last layer finishes only the rows that need logits (`_logit_rows`)."""
 
     def __init__(
-        self, config: PretrainedConfig, groups: ParallelGroups, dtype: torch.dtype, qkv_bias: bool, qk_norm: bool
+        self,
+        config: PretrainedConfig,
+        groups: ParallelGroups,
+        dtype: torch.dtype,
+        qkv_bias: bool,
+        qk_norm: bool,
     ):
         super().__init__(
             config,
@@ -188,7 +203,9 @@ class LlamaModel(StageModel):
             hidden_states, residual = layer(hidden_states, residual, rotary, cos, sin, forward_batch)
         if layers:
             keep = self._logit_rows(forward_batch, hidden_states.shape[0])
-            hidden_states, residual = layers[-1](hidden_states, residual, rotary, cos, sin, forward_batch, keep)
+            hidden_states, residual = layers[-1](
+                hidden_states, residual, rotary, cos, sin, forward_batch, keep
+            )
         return hidden_states, residual
 
     def _logit_rows(self, forward_batch: ForwardBatch, num_tokens: int) -> Optional[torch.Tensor]:

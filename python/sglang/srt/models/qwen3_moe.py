@@ -32,7 +32,11 @@ def is_sparse_layer(config: Any, layer_id: int) -> bool:
     """HF rule: not in mlp_only_layers, experts exist, and (layer_id + 1) % decoder_sparse_step == 0."""
     only_mlp = getattr(config, "mlp_only_layers", None) or []
     step = getattr(config, "decoder_sparse_step", 1) or 1
-    return layer_id not in only_mlp and int(getattr(config, "num_experts", 0) or 0) > 0 and (layer_id + 1) % step == 0
+    return (
+        layer_id not in only_mlp
+        and int(getattr(config, "num_experts", 0) or 0) > 0
+        and (layer_id + 1) % step == 0
+    )
 
 
 class Qwen3MoeDecoderLayer(nn.Module):
@@ -46,14 +50,21 @@ class Qwen3MoeDecoderLayer(nn.Module):
         if self.is_moe:
             topk = TopKConfig(top_k=int(config.num_experts_per_tok), renormalize=bool(config.norm_topk_prob))
             self.mlp: nn.Module = SparseMoeBlock(
-                config.hidden_size, int(config.num_experts), int(config.moe_intermediate_size), topk, groups, dtype,
+                config.hidden_size,
+                int(config.num_experts),
+                int(config.moe_intermediate_size),
+                topk,
+                groups,
+                dtype,
                 all_to_all=groups.layout.moe_a2a,
             )
         else:
             self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, mlp_group, dtype, False)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
-        self.comm = make_layer_communicator(mlp_group, self.input_layernorm, self.post_attention_layernorm, groups)
+        self.comm = make_layer_communicator(
+            mlp_group, self.input_layernorm, self.post_attention_layernorm, groups
+        )
 
     def forward(
         self,

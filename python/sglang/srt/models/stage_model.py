@@ -87,7 +87,9 @@ class StageModel(nn.Module):
         """Run `self._stage_layers` in order; returns (hidden_states, residual) after the last."""
         raise NotImplementedError
 
-    def stage_input(self, input_ids: torch.Tensor, pp_proxy_tensors: Optional[PPProxyTensors]) -> HiddenAndResidual:
+    def stage_input(
+        self, input_ids: torch.Tensor, pp_proxy_tensors: Optional[PPProxyTensors]
+    ) -> HiddenAndResidual:
         """(hidden_states, residual) entering this stage's layers: the embedding on the first
         stage, the previous stage's `PPProxyTensors` elsewhere."""
         if self.pp_first:

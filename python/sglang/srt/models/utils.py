@@ -37,7 +37,9 @@ def pp_partition(num_layers: int, pp_size: int, partition: Optional[Sequence[int
     parts = [int(p) for p in partition]
     where = f"SGLANG_PP_LAYER_PARTITION={','.join(str(p) for p in parts)}"
     if len(parts) != pp_size:
-        raise ValueError(f"{where} has {len(parts)} entries but --pp-size is {pp_size}: give one entry per stage")
+        raise ValueError(
+            f"{where} has {len(parts)} entries but --pp-size is {pp_size}: give one entry per stage"
+        )
     if any(p < 1 for p in parts):
         raise ValueError(f"{where}: every stage needs at least one layer")
     if sum(parts) != num_layers:

@@ -83,6 +83,8 @@ def load_param(
             loader(param, tensor, shard_id)
     else:
         if tuple(param.shape) != tuple(tensor.shape):
-            raise ValueError(f"{name}: shape mismatch, model {tuple(param.shape)} vs checkpoint {tuple(tensor.shape)}")
+            raise ValueError(
+                f"{name}: shape mismatch, model {tuple(param.shape)} vs checkpoint {tuple(tensor.shape)}"
+            )
         param.data.copy_(tensor)
     loaded.add(name)

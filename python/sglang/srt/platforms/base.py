@@ -131,7 +131,9 @@ class Platform:
         """`--dtype auto`: the half type the model config names (float16 / bfloat16), else bfloat16."""
         cfg_dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
         if isinstance(cfg_dtype, str):
-            cfg_dtype = {"float16": torch.float16, "half": torch.float16, "bfloat16": torch.bfloat16}.get(cfg_dtype)
+            cfg_dtype = {"float16": torch.float16, "half": torch.float16, "bfloat16": torch.bfloat16}.get(
+                cfg_dtype
+            )
         return cfg_dtype if cfg_dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
 
     def use_explicit_dtype(self, dtype: torch.dtype) -> None:

@@ -91,7 +91,13 @@ _ONEDNN_CAPS = (
 
 
 # SGLANG_CPU_ISA values below the best build -> the kind they cap the dtype choice at
-_ISA_CAPS = {"avx512vnni": "avx512", "avx512": "avx512", "avx2vnni": "avx2", "avx2": "avx2", "portable": "generic"}
+_ISA_CAPS = {
+    "avx512vnni": "avx512",
+    "avx512": "avx512",
+    "avx2vnni": "avx2",
+    "avx2": "avx2",
+    "portable": "generic",
+}
 
 
 def effective_cpu_flags() -> frozenset[str]:
@@ -143,7 +149,11 @@ def choose_dtype(flags: Optional[Iterable[str]] = None) -> CpuDtypeChoice:
     if kind == "amx":
         return CpuDtypeChoice(kind, torch.bfloat16, "AMX-BF16 tiles: native bf16 GEMMs")
     if kind in ("avx512-bf16", "avx512"):
-        what = "AVX512-BF16 without AMX" if kind == "avx512-bf16" else "AVX-512 without BF16 (oneDNN converts bf16 in registers)"
+        what = (
+            "AVX512-BF16 without AMX"
+            if kind == "avx512-bf16"
+            else "AVX-512 without BF16 (oneDNN converts bf16 in registers)"
+        )
         return CpuDtypeChoice(
             kind,
             torch.bfloat16,

@@ -73,4 +73,10 @@ def splits_attention(device: torch.device) -> bool:
 def host_argmax(x: torch.Tensor) -> bool:
     """Whether x's row argmax is best taken by numpy on the host (2-D, non-empty float32 CPU
     tensors: numpy's single-threaded SIMD beats torch's parallel reduction there)."""
-    return x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2 and x.shape[0] > 0 and x.shape[1] > 0
+    return (
+        x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and x.dim() == 2
+        and x.shape[0] > 0
+        and x.shape[1] > 0
+    )

@@ -16,14 +16,18 @@ def import_torch_npu() -> Any:
     try:
         return importlib.import_module("torch_npu")
     except ImportError as e:
-        raise ImportError("the npu platform needs torch_npu: install the torch_npu release for your CANN version (pip install torch-npu)") from e
+        raise ImportError(
+            "the npu platform needs torch_npu: install the torch_npu release for your CANN version (pip install torch-npu)"
+        ) from e
 
 
 class NpuPlatform(AcceleratorPlatform):
     name = "npu"
     device_type = "npu"
     dist_backend = "hccl"
-    dsa_ops_impl = "torch_npu"  # CANN's fused ops (torch_npu.npu_lightning_indexer / npu_sparse_flash_attention)
+    dsa_ops_impl = (
+        "torch_npu"  # CANN's fused ops (torch_npu.npu_lightning_indexer / npu_sparse_flash_attention)
+    )
 
     @classmethod
     def is_available(cls) -> bool:

@@ -51,7 +51,9 @@ class RankDevice:
         return self.platform.dist_backend
 
 
-def bind_rank(device: str, world_rank: int, world_size: int, nnodes: int = 1, load_kernels: bool = True) -> RankDevice:
+def bind_rank(
+    device: str, world_rank: int, world_size: int, nnodes: int = 1, load_kernels: bool = True
+) -> RankDevice:
     """Bind this process to its rank's device: the platform of `device` (`--device`), its
     node-local device made current before anything is allocated, and the platform's fused kernels
     loaded now, so that a rank reports ready only with them in memory (they are built at install

@@ -106,8 +106,7 @@ class SamplingBatchInfo:
             row_seeds: list[Optional[int]] = [int(s) for s in step_seeds]
         else:
             row_seeds = [
-                None if p.seed is None else mix_seed(p.seed, len(out))
-                for p, out in zip(params, output_ids)
+                None if p.seed is None else mix_seed(p.seed, len(out)) for p, out in zip(params, output_ids)
             ]
 
         def col(values: list[float]) -> torch.Tensor:
@@ -130,18 +129,14 @@ class SamplingBatchInfo:
             need_top_p=any(params[i].top_p < 1.0 for i in sampled),
             need_min_p=any(params[i].min_p > 0.0 for i in sampled),
             all_top_k_limited=need_top_k and all(top_ks[i] < vocab_size for i in sampled),
-            need_freq_presence=any(
-                p.frequency_penalty != 0.0 or p.presence_penalty != 0.0 for p in params
-            ),
+            need_freq_presence=any(p.frequency_penalty != 0.0 or p.presence_penalty != 0.0 for p in params),
             need_repetition=any(p.repetition_penalty != 1.0 for p in params),
             row_seeds=row_seeds,
             output_ids=output_ids,
             prompt_ids=prompt_ids,
         )
         info.bias_index = _build_bias(params, vocab_size, device)
-        info.min_tokens_mask = _build_min_tokens_mask(
-            params, output_ids, eos_token_ids, vocab_size, device
-        )
+        info.min_tokens_mask = _build_min_tokens_mask(params, output_ids, eos_token_ids, vocab_size, device)
         return info
 
     @property
@@ -167,9 +162,7 @@ class SamplingBatchInfo:
         """[bs, width] float32: how often each token occurs in each row's output so far."""
         width = width or self.vocab_size
         if self._output_counts is None or self._output_counts.shape[1] != width:
-            self._output_counts = _count_tokens(
-                self.output_ids, self.batch_size, width, self.device
-            )
+            self._output_counts = _count_tokens(self.output_ids, self.batch_size, width, self.device)
         return self._output_counts
 
     def seen_index(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -214,9 +207,7 @@ class SamplingBatchInfo:
 
 
 # ---------------------------------------------------------------------- builders
-def _flat_index(
-    rows: Sequence[Sequence[int]], device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _flat_index(rows: Sequence[Sequence[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(row index, token id) int64 tensors of every token of every row."""
     row_of = [i for i, r in enumerate(rows) for _ in r]
     ridx = torch.tensor(row_of, dtype=torch.int64, device=device)
@@ -224,9 +215,7 @@ def _flat_index(
     return ridx, cols
 
 
-def _count_tokens(
-    rows: Sequence[Sequence[int]], bs: int, width: int, device: torch.device
-) -> torch.Tensor:
+def _count_tokens(rows: Sequence[Sequence[int]], bs: int, width: int, device: torch.device) -> torch.Tensor:
     counts = torch.zeros(bs, width, dtype=torch.float32, device=device)
     ridx, cols = _flat_index(rows, device)
     keep = (cols >= 0) & (cols < width)

@@ -140,9 +140,7 @@ class SamplingParams:
         if self.max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
         if self.max_new_tokens > MAX_NEW_TOKENS_LIMIT:
-            raise ValueError(
-                f"max_new_tokens must be <= {MAX_NEW_TOKENS_LIMIT}, got {self.max_new_tokens}"
-            )
+            raise ValueError(f"max_new_tokens must be <= {MAX_NEW_TOKENS_LIMIT}, got {self.max_new_tokens}")
         if self.min_new_tokens < 0:
             raise ValueError(f"min_new_tokens must be >= 0, got {self.min_new_tokens}")
         if self.min_new_tokens > self.max_new_tokens:
@@ -157,20 +155,14 @@ class SamplingParams:
                 raise ValueError("stop strings must not be empty")
         for tid in self.stop_token_ids or []:
             if tid < 0 or (vocab_size is not None and tid >= vocab_size):
-                raise ValueError(
-                    f"stop_token_ids entry {tid} is outside the vocabulary [0, {vocab_size})"
-                )
+                raise ValueError(f"stop_token_ids entry {tid} is outside the vocabulary [0, {vocab_size})")
         for key, bias in (self.logit_bias or {}).items():
             tid = int(key)
             if tid < 0 or (vocab_size is not None and tid >= vocab_size):
-                raise ValueError(
-                    f"logit_bias token id {tid} is outside the vocabulary [0, {vocab_size})"
-                )
+                raise ValueError(f"logit_bias token id {tid} is outside the vocabulary [0, {vocab_size})")
             _check_finite("logit_bias", bias)
             if abs(bias) > LOGIT_BIAS_LIMIT:
-                raise ValueError(
-                    f"logit_bias values must be in [-100, 100], got {bias} for token {tid}"
-                )
+                raise ValueError(f"logit_bias values must be in [-100, 100], got {bias} for token {tid}")
 
     # ------------------------------------------------------------------ normalisation
     def normalize(self, tokenizer: Any = None) -> "SamplingParams":
@@ -193,11 +185,7 @@ class SamplingParams:
 
     @property
     def has_penalties(self) -> bool:
-        return (
-            self.frequency_penalty != 0.0
-            or self.presence_penalty != 0.0
-            or self.repetition_penalty != 1.0
-        )
+        return self.frequency_penalty != 0.0 or self.presence_penalty != 0.0 or self.repetition_penalty != 1.0
 
 
 # ---------------------------------------------------------------------- helpers
@@ -269,9 +257,7 @@ def _coerce(key: str, value: Any) -> Any:
 
 def _coerce_logit_bias(value: Any) -> dict[str, float]:
     if not isinstance(value, dict):
-        raise ValueError(
-            f"logit_bias must be an object mapping token ids to numbers, got {value!r}"
-        )
+        raise ValueError(f"logit_bias must be an object mapping token ids to numbers, got {value!r}")
     out: dict[str, float] = {}
     for k, v in value.items():
         try:

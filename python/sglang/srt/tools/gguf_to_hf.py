@@ -13,7 +13,9 @@ from sglang.srt.model_loader.gguf_loader import gguf_to_hf_dir
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sglang.srt.tools.gguf_to_hf", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m sglang.srt.tools.gguf_to_hf", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("gguf", help="path of the .gguf file")
     parser.add_argument("out_dir", help="directory to write (created if missing)")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])

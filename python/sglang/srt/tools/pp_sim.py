@@ -78,12 +78,18 @@ def _cost_model(args: argparse.Namespace) -> StageCostModel:
 
 
 def _policies(args: argparse.Namespace) -> list[ChunkPolicy]:
-    texts = args.policy or [f"fixed:{args.chunk_size}", f"upstream:{args.chunk_size}:0.75", f"auto:{args.chunk_size}"]
+    texts = args.policy or [
+        f"fixed:{args.chunk_size}",
+        f"upstream:{args.chunk_size}:0.75",
+        f"auto:{args.chunk_size}",
+    ]
     return [ChunkPolicy.parse(t, args.page_size) for t in texts]
 
 
 def _add_policy_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--policy", action="append", help="fixed:C | upstream:C[:alpha] | auto:C[:max_chunk]; repeat")
+    p.add_argument(
+        "--policy", action="append", help="fixed:C | upstream:C[:alpha] | auto:C[:max_chunk]; repeat"
+    )
     p.add_argument("--chunk-size", type=int, default=4096, help="C for the default policies and T1")
     p.add_argument("--page-size", type=int, default=1)
     p.add_argument("--async-depth", type=int, default=0, help="pp_async_batch_depth (ring = pp + depth)")
@@ -97,11 +103,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     for pol in _policies(args):
         r = simulate_policy(pol, cost, args.pp, args.prompt_len, args.prefix_len, partition, args.async_depth)
         results.append(r)
-        row = {"policy": r.label, "chunks": len(r.chunks), "ttft_s": r.ttft, "bubble": r.bubble_ratio,
-               "stage_bubble": r.stage_bubble, "efficiency": efficiency(t1, r), "chunk_sizes": r.chunks}
-        print(json.dumps(row) if args.json else
-              f"{r.label:28s} chunks {len(r.chunks):4d}  TTFT {r.ttft:9.3f} s  bubble {100 * r.bubble_ratio:5.1f} %"
-              f"  efficiency {100 * efficiency(t1, r):5.1f} %")
+        row = {
+            "policy": r.label,
+            "chunks": len(r.chunks),
+            "ttft_s": r.ttft,
+            "bubble": r.bubble_ratio,
+            "stage_bubble": r.stage_bubble,
+            "efficiency": efficiency(t1, r),
+            "chunk_sizes": r.chunks,
+        }
+        print(
+            json.dumps(row)
+            if args.json
+            else f"{r.label:28s} chunks {len(r.chunks):4d}  TTFT {r.ttft:9.3f} s  bubble {100 * r.bubble_ratio:5.1f} %"
+            f"  efficiency {100 * efficiency(t1, r):5.1f} %"
+        )
     if args.png:
         from sglang.srt.tools.pp_sim_plot import draw_timelines
 
@@ -111,16 +127,24 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    rows = plan_table(_cost_model(args), _ints(args.pp), _ints(args.prompts), _policies(args),
-                      args.chunk_size, args.async_depth)
+    rows = plan_table(
+        _cost_model(args),
+        _ints(args.pp),
+        _ints(args.prompts),
+        _policies(args),
+        args.chunk_size,
+        args.async_depth,
+    )
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
     print("| prompt | pp | policy | chunks (first→last) | TTFT s | bubble | efficiency |")
     print("|---:|---:|---|---|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['prompt_len']} | {r['pp']} | {r['policy']} | {r['num_chunks']} ({r['first_chunk']}→"
-              f"{r['last_chunk']}) | {r['ttft_s']:.2f} | {100 * r['bubble']:.1f} % | {100 * r['efficiency']:.1f} % |")
+        print(
+            f"| {r['prompt_len']} | {r['pp']} | {r['policy']} | {r['num_chunks']} ({r['first_chunk']}→"
+            f"{r['last_chunk']}) | {r['ttft_s']:.2f} | {100 * r['bubble']:.1f} % | {100 * r['efficiency']:.1f} % |"
+        )
     return 0
 
 
@@ -175,13 +199,17 @@ def cmd_measure(args: argparse.Namespace) -> int:
         if args.ttft:
             rows = measure_ttft(engine, _ints(args.ttft_lens), args.repeats, args.vocab_max, stat=args.stat)
             with open(args.ttft, "w", encoding="utf-8") as f:
-                json.dump({"ttft": [{"prompt_len": n, "ttft_s": t} for n, t in rows], "engine": kwargs}, f, indent=1)
+                json.dump(
+                    {"ttft": [{"prompt_len": n, "ttft_s": t} for n, t in rows], "engine": kwargs}, f, indent=1
+                )
             print("\n".join(f"TTFT {n}: {t:.3f} s" for n, t in rows))
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m sglang.srt.tools.pp_sim", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m sglang.srt.tools.pp_sim", description=__doc__.splitlines()[0]
+    )
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     p = sub.add_parser("run", help="simulate one prompt under each policy")

@@ -77,8 +77,15 @@ def stage_weights(pp_size: int, partition: Optional[Sequence[int]] = None) -> li
     return [n / total for n in partition]
 
 
-def plan_for(policy: ChunkPolicy, cost: StageCostModel, pp_size: int, prompt_len: int,
-             prefix_len: int = 0, partition: Optional[Sequence[int]] = None, async_depth: int = 0) -> list[int]:
+def plan_for(
+    policy: ChunkPolicy,
+    cost: StageCostModel,
+    pp_size: int,
+    prompt_len: int,
+    prefix_len: int = 0,
+    partition: Optional[Sequence[int]] = None,
+    async_depth: int = 0,
+) -> list[int]:
     """The chunk list the engine would run under `policy` (fed the exact cost model)."""
     bottleneck = cost.stage_model(max(stage_weights(pp_size, partition)))
     if policy.kind == "upstream" and pp_size == 1:
@@ -113,8 +120,15 @@ class SimResult:
         return 1.0 - sum(self.stage_busy) / (self.pp_size * t) if t > 0 else 0.0
 
 
-def simulate(cost: StageCostModel, pp_size: int, chunks: Sequence[int], prefix_len: int = 0,
-             partition: Optional[Sequence[int]] = None, async_depth: int = 0, label: str = "") -> SimResult:
+def simulate(
+    cost: StageCostModel,
+    pp_size: int,
+    chunks: Sequence[int],
+    prefix_len: int = 0,
+    partition: Optional[Sequence[int]] = None,
+    async_depth: int = 0,
+    label: str = "",
+) -> SimResult:
     """Event-simulate one prompt's `chunks` through `pp_size` stages."""
     weights = stage_weights(pp_size, partition)
     times, hops, done = [], [], prefix_len
@@ -127,8 +141,15 @@ def simulate(cost: StageCostModel, pp_size: int, chunks: Sequence[int], prefix_l
     return SimResult(pp_size, list(chunks), timeline, label, busy)
 
 
-def simulate_policy(policy: ChunkPolicy, cost: StageCostModel, pp_size: int, prompt_len: int,
-                    prefix_len: int = 0, partition: Optional[Sequence[int]] = None, async_depth: int = 0) -> SimResult:
+def simulate_policy(
+    policy: ChunkPolicy,
+    cost: StageCostModel,
+    pp_size: int,
+    prompt_len: int,
+    prefix_len: int = 0,
+    partition: Optional[Sequence[int]] = None,
+    async_depth: int = 0,
+) -> SimResult:
     chunks = plan_for(policy, cost, pp_size, prompt_len, prefix_len, partition, async_depth)
     return simulate(cost, pp_size, chunks, prefix_len, partition, async_depth, policy.label)
 
@@ -143,8 +164,14 @@ def efficiency(t1: float, result: SimResult) -> float:
     return t1 / (result.pp_size * result.ttft) if result.ttft > 0 else 0.0
 
 
-def plan_table(cost: StageCostModel, pp_sizes: Sequence[int], prompt_lens: Sequence[int],
-               policies: Sequence[ChunkPolicy], baseline_chunk: int, async_depth: int = 0) -> list[dict]:
+def plan_table(
+    cost: StageCostModel,
+    pp_sizes: Sequence[int],
+    prompt_lens: Sequence[int],
+    policies: Sequence[ChunkPolicy],
+    baseline_chunk: int,
+    async_depth: int = 0,
+) -> list[dict]:
     """Rows of (pp, prompt, policy, chunks, TTFT, bubble, efficiency) for a planning table."""
     rows = []
     for n in prompt_lens:
@@ -152,9 +179,18 @@ def plan_table(cost: StageCostModel, pp_sizes: Sequence[int], prompt_lens: Seque
         for pp in pp_sizes:
             for pol in policies:
                 r = simulate_policy(pol, cost, pp, n, async_depth=async_depth)
-                rows.append({
-                    "pp": pp, "prompt_len": n, "policy": pol.label, "num_chunks": len(r.chunks),
-                    "first_chunk": r.chunks[0], "last_chunk": r.chunks[-1], "ttft_s": r.ttft,
-                    "bubble": r.bubble_ratio, "efficiency": efficiency(t1, r), "t1_s": t1,
-                })
+                rows.append(
+                    {
+                        "pp": pp,
+                        "prompt_len": n,
+                        "policy": pol.label,
+                        "num_chunks": len(r.chunks),
+                        "first_chunk": r.chunks[0],
+                        "last_chunk": r.chunks[-1],
+                        "ttft_s": r.ttft,
+                        "bubble": r.bubble_ratio,
+                        "efficiency": efficiency(t1, r),
+                        "t1_s": t1,
+                    }
+                )
     return rows

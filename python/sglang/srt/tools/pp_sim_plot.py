@@ -24,7 +24,9 @@ def draw_timelines(results: Sequence[SimResult], path: str, title: str = "") -> 
     for ax, r in zip(axes[:, 0], results):
         k_n = len(r.chunks)
         for s in range(r.pp_size):
-            bars = [(r.timeline.start[k][s], r.timeline.end[k][s] - r.timeline.start[k][s]) for k in range(k_n)]
+            bars = [
+                (r.timeline.start[k][s], r.timeline.end[k][s] - r.timeline.start[k][s]) for k in range(k_n)
+            ]
             colors = [cmap(k / max(1, k_n - 1)) for k in range(k_n)]
             ax.broken_barh(bars, (s - 0.4, 0.8), facecolors=colors, edgecolor="white", linewidth=0.3)
         ax.set_ylim(r.pp_size - 0.5, -0.5)

@@ -14,7 +14,7 @@ def get_tokenizer(tokenizer_path: str, trust_remote_code: bool = False) -> PreTr
     `trust_remote_code` (`--trust-remote-code`) lets a directory's own tokenizer class (auto_map
     in tokenizer_config.json) run; without it transformers refuses such a tokenizer."""
     if tokenizer_path.startswith("dummy:"):
-        tokenizer_path = tokenizer_path[len("dummy:"):]
+        tokenizer_path = tokenizer_path[len("dummy:") :]
     if os.path.isfile(tokenizer_path) and tokenizer_path.lower().endswith(".gguf"):
         from sglang.srt.model_loader.gguf_tokenizer import load_gguf_tokenizer
 
@@ -27,7 +27,9 @@ def get_tokenizer(tokenizer_path: str, trust_remote_code: bool = False) -> PreTr
         tokenizer_path, local_files_only=True, trust_remote_code=trust_remote_code
     )
     if not isinstance(tokenizer, PreTrainedTokenizerFast):
-        raise ValueError(f"tokenizer at {tokenizer_path!r} is not a fast tokenizer ({type(tokenizer).__name__})")
+        raise ValueError(
+            f"tokenizer at {tokenizer_path!r} is not a fast tokenizer ({type(tokenizer).__name__})"
+        )
     return tokenizer
 
 
@@ -46,5 +48,9 @@ def apply_chat_template(
             "use the completions API or pass --chat-template"
         )
     return tokenizer.apply_chat_template(
-        messages, chat_template=template, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs
+        messages,
+        chat_template=template,
+        tokenize=False,
+        add_generation_prompt=add_generation_prompt,
+        **kwargs,
     )

@@ -65,7 +65,9 @@ class MooncakeDataPlane:
         ptrs = [p for p, _ in ranges]
         lens = [n for _, n in ranges]
         if ptrs and self.engine.batch_register_memory(ptrs, lens) != 0:
-            raise RuntimeError(f"mooncake could not register {len(ptrs)} KV buffers ({sum(lens) / 2**20:.1f} MB)")
+            raise RuntimeError(
+                f"mooncake could not register {len(ptrs)} KV buffers ({sum(lens) / 2**20:.1f} MB)"
+            )
 
     def write(self, session_id: str, src: list[int], dst: list[int], lengths: list[int]) -> int:
         """Write the triples to `session_id`'s memory; 0 on success, the engine's error code else."""
@@ -91,7 +93,9 @@ class MooncakeDataPlane:
                 continue
             if delay > MAX_RETRY_DELAY_S:
                 return rc
-            logger.debug("mooncake batch of %d entries to %s rejected (rc %d); retrying", size, session_id, rc)
+            logger.debug(
+                "mooncake batch of %d entries to %s rejected (rc %d); retrying", size, session_id, rc
+            )
             time.sleep(delay)
             delay *= 2
             cap = max(MIN_BATCH_ENTRIES, size // 2)
@@ -103,6 +107,11 @@ def start_data_plane(ip: str, ib_device: Optional[str], regions: Sequence[KVRegi
     """A transfer engine on `ip` with this rank's whole KV pool registered once."""
     plane = MooncakeDataPlane(ip, ib_device)
     plane.register(registration_ranges(regions))
-    logger.info("PD: mooncake %s transfer engine at %s, %d KV buffers registered (%.1f MB)",
-                plane.protocol, plane.session_id, len(regions), sum(r.nbytes for r in regions) / 2**20)  # fmt: skip
+    logger.info(
+        "PD: mooncake %s transfer engine at %s, %d KV buffers registered (%.1f MB)",
+        plane.protocol,
+        plane.session_id,
+        len(regions),
+        sum(r.nbytes for r in regions) / 2**20,
+    )
     return plane

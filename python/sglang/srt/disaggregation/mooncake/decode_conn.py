@@ -47,23 +47,32 @@ class MooncakeKVReceiver(BaseKVReceiver):
         state = self.state.poll()
         t = self.mgr.timeouts
         if state == KVPoll.Bootstrapping and self.state.age_in(state) > t.bootstrap_s:
-            self.fail(f"the prefill server at {self.bootstrap_url} was not ready within {t.bootstrap_s:g} s "
-                      "(SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT)")  # fmt: skip
+            self.fail(
+                f"the prefill server at {self.bootstrap_url} was not ready within {t.bootstrap_s:g} s "
+                "(SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT)"
+            )
         elif self.meta_sent and state in (KVPoll.WaitingForInput, KVPoll.Transferring):
             if self.state.age_in(KVPoll.WaitingForInput) > t.waiting_s:
-                self.fail(f"no KV from the prefill server at {self.bootstrap_url} within {t.waiting_s:g} s "
-                          "(SGLANG_DISAGGREGATION_WAITING_TIMEOUT)")  # fmt: skip
+                self.fail(
+                    f"no KV from the prefill server at {self.bootstrap_url} within {t.waiting_s:g} s "
+                    "(SGLANG_DISAGGREGATION_WAITING_TIMEOUT)"
+                )
         return self.state.poll()
 
     def send_metadata(self, dst_slots: np.ndarray) -> None:
         assert self.topology is not None, "send_metadata before the prefill ranks are known"
         mgr = self.mgr
         req = DecodeKVRequest(
-            room=self.room, decode_rank=mgr.place.tp_rank, decode_tp_size=mgr.place.tp_size,
-            status_endpoint=mgr.endpoint, session_id=mgr.data_plane.session_id,
-            dst_slots=np.asarray(dst_slots, dtype=np.int64), regions=mgr.regions, kv_dtype=mgr.kv_dtype,
+            room=self.room,
+            decode_rank=mgr.place.tp_rank,
+            decode_tp_size=mgr.place.tp_size,
+            status_endpoint=mgr.endpoint,
+            session_id=mgr.data_plane.session_id,
+            dst_slots=np.asarray(dst_slots, dtype=np.int64),
+            regions=mgr.regions,
+            kv_dtype=mgr.kv_dtype,
             wall_time=time.time(),
-        )  # fmt: skip
+        )
         self.meta_sent = True
         for rank in self.topology.ranks:
             if not mgr.outbox.send(rank.endpoint, req):
@@ -129,7 +138,9 @@ class MooncakeDecodeKVManager(MooncakeKVManager, BaseDecodeKVManager):
         self.dead: set[str] = set()
         self.lookups: queue.Queue = queue.Queue()
         self._lookup_thread = threading.Thread(target=self._lookup_loop, name="pd-bootstrap", daemon=True)
-        self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="pd-heartbeat", daemon=True)
+        self._heartbeat_thread = threading.Thread(
+            target=self._heartbeat_loop, name="pd-heartbeat", daemon=True
+        )
 
     def start(self) -> None:
         super().start()
@@ -161,7 +172,9 @@ class MooncakeDecodeKVManager(MooncakeKVManager, BaseDecodeKVManager):
     def _bootstrapped(self, recv: MooncakeKVReceiver, topo: PrefillTopology) -> None:
         first = topo.first
         if first.kv_dtype != self.kv_dtype:
-            recv.fail(f"the prefill server caches KV in {first.kv_dtype}, this decode server in {self.kv_dtype}")
+            recv.fail(
+                f"the prefill server caches KV in {first.kv_dtype}, this decode server in {self.kv_dtype}"
+            )
             return
         recv.topology = topo
         if recv.state.poll() == KVPoll.Bootstrapping:
@@ -171,7 +184,9 @@ class MooncakeDecodeKVManager(MooncakeKVManager, BaseDecodeKVManager):
         while not self.closed:
             recv = self.lookups.get()
             while recv.state.poll() == KVPoll.Bootstrapping and not self.closed:
-                topo = self.topologies.get(recv.bootstrap_url) or self.bootstrap.query_topology(recv.bootstrap_url)
+                topo = self.topologies.get(recv.bootstrap_url) or self.bootstrap.query_topology(
+                    recv.bootstrap_url
+                )
                 if topo is not None:
                     self.topologies[recv.bootstrap_url] = topo
                     self.dead.discard(recv.bootstrap_url)
@@ -204,8 +219,11 @@ class MooncakeDecodeKVManager(MooncakeKVManager, BaseDecodeKVManager):
             victims = [r for r in self.receivers.values() if r.bootstrap_url == url]
         for recv in victims:
             if recv.state.poll() not in (KVPoll.Success, KVPoll.Failed):
-                recv.fail(f"the prefill server at {url} is unreachable (heartbeat failed "
-                          f"{self.timeouts.heartbeat_max_failure} times)", notify=False)  # fmt: skip
+                recv.fail(
+                    f"the prefill server at {url} is unreachable (heartbeat failed "
+                    f"{self.timeouts.heartbeat_max_failure} times)",
+                    notify=False,
+                )
 
     def handle(self, msg: Any) -> None:
         if isinstance(msg, TransferDone):

@@ -1,10 +1,10 @@
 """The Mooncake backend's control messages between ranks (ZMQ, pickled dataclasses):
 
-    decode rank --DecodeKVRequest------> every prefill rank   (its KV slots and buffer addresses)
-    prefill rank --TransferDone--------> each decode rank      (its part of the KV is written; the
-                                                                first token from the entry rank)
-    decode rank --TransferComplete-----> every prefill rank    (all parts arrived: free your KV;
-                                                                or ok=False: the request is gone)
+decode rank --DecodeKVRequest------> every prefill rank   (its KV slots and buffer addresses)
+prefill rank --TransferDone--------> each decode rank      (its part of the KV is written; the
+                                                            first token from the entry rank)
+decode rank --TransferComplete-----> every prefill rank    (all parts arrived: free your KV;
+                                                            or ok=False: the request is gone)
 """
 
 from __future__ import annotations

@@ -13,11 +13,21 @@ from typing import Any, Optional
 import numpy as np
 
 from sglang.srt import envs
-from sglang.srt.disaggregation.base.conn import BaseKVSender, BasePrefillKVManager, KVManagerArgs, SuccessCallback
+from sglang.srt.disaggregation.base.conn import (
+    BaseKVSender,
+    BasePrefillKVManager,
+    KVManagerArgs,
+    SuccessCallback,
+)
 from sglang.srt.disaggregation.base.kv_poll import KVPoll, TransferState
 from sglang.srt.disaggregation.base.messages import FirstToken, PrefillRankInfo
 from sglang.srt.disaggregation.mooncake.data_plane import DataPlane
-from sglang.srt.disaggregation.mooncake.messages import ChunkRecord, DecodeKVRequest, TransferComplete, TransferDone
+from sglang.srt.disaggregation.mooncake.messages import (
+    ChunkRecord,
+    DecodeKVRequest,
+    TransferComplete,
+    TransferDone,
+)
 from sglang.srt.disaggregation.mooncake.transport import MooncakeKVManager
 from sglang.srt.mem_cache.transfer_layout import KVRegion, copy_plan, slot_runs
 
@@ -71,17 +81,23 @@ class MooncakeKVSender(BaseKVSender):
     def poll(self) -> KVPoll:
         state = self.state.poll()
         if state == KVPoll.Bootstrapping and self.state.age_in(state) > self.mgr.timeouts.bootstrap_s:
-            self.fail(f"the decode side sent no KV addresses within {self.mgr.timeouts.bootstrap_s:g} s "
-                      "(SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT)")  # fmt: skip
+            self.fail(
+                f"the decode side sent no KV addresses within {self.mgr.timeouts.bootstrap_s:g} s "
+                "(SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT)"
+            )
         elif self.finished and state in (KVPoll.WaitingForInput, KVPoll.Transferring):
             if time.monotonic() - self.finished_at > self.mgr.timeouts.waiting_s:
-                self.fail(f"the decode side did not confirm the KV within {self.mgr.timeouts.waiting_s:g} s "
-                          "(SGLANG_DISAGGREGATION_WAITING_TIMEOUT)")  # fmt: skip
+                self.fail(
+                    f"the decode side did not confirm the KV within {self.mgr.timeouts.waiting_s:g} s "
+                    "(SGLANG_DISAGGREGATION_WAITING_TIMEOUT)"
+                )
         return self.state.poll()
 
     def send(self, positions: np.ndarray, src_slots: np.ndarray) -> None:
         if len(positions):
-            self._submit(_Chunk(np.asarray(positions, np.int64), np.asarray(src_slots, np.int64), time.time()))
+            self._submit(
+                _Chunk(np.asarray(positions, np.int64), np.asarray(src_slots, np.int64), time.time())
+            )
 
     def finish(self, first_token: Optional[FirstToken]) -> None:
         """The last chunk was handed over (and the first token sampled): report when written."""
@@ -143,12 +159,23 @@ class MooncakePrefillKVManager(MooncakeKVManager, BasePrefillKVManager):
         ]
         place = args.place
         self.rank_info = PrefillRankInfo(
-            rank_ip=args.ip, rank_port=self.port, session_id=data_plane.session_id,
-            tp_rank=place.tp_rank, tp_size=place.tp_size, cp_rank=place.cp_rank, cp_size=place.cp_size,
-            pp_rank=place.pp_rank, pp_size=place.pp_size, dp_rank=place.dp_rank, dp_size=place.dp_size,
-            kv_dtype=args.kv_dtype, page_size=args.page_size, kv_kind=args.kv_kind,
-            start_layer=args.start_layer, end_layer=args.end_layer,
-        )  # fmt: skip
+            rank_ip=args.ip,
+            rank_port=self.port,
+            session_id=data_plane.session_id,
+            tp_rank=place.tp_rank,
+            tp_size=place.tp_size,
+            cp_rank=place.cp_rank,
+            cp_size=place.cp_size,
+            pp_rank=place.pp_rank,
+            pp_size=place.pp_size,
+            dp_rank=place.dp_rank,
+            dp_size=place.dp_size,
+            kv_dtype=args.kv_dtype,
+            page_size=args.page_size,
+            kv_kind=args.kv_kind,
+            start_layer=args.start_layer,
+            end_layer=args.end_layer,
+        )
         self.bootstrap_url = args.bootstrap_url
 
     def start(self) -> None:
@@ -207,10 +234,14 @@ class MooncakePrefillKVManager(MooncakeKVManager, BasePrefillKVManager):
             if sender is None and not msg.ok:
                 known = msg.room in self.early_metas
                 self.early_failures[msg.room] = (msg.error or "aborted on the decode server", time.time())
-                meta = next((m for m in self.early_metas.get(msg.room, []) if m.decode_rank == msg.decode_rank), None)
+                meta = next(
+                    (m for m in self.early_metas.get(msg.room, []) if m.decode_rank == msg.decode_rank), None
+                )
         if sender is None:
             if not msg.ok and known and meta is not None:  # nothing was written: acknowledge now
-                self.outbox.send(meta.status_endpoint, TransferDone(msg.room, self.key, False, "acknowledged"))
+                self.outbox.send(
+                    meta.status_endpoint, TransferDone(msg.room, self.key, False, "acknowledged")
+                )
             return
         if msg.ok:
             sender.completed.add(msg.decode_rank)
@@ -223,7 +254,9 @@ class MooncakePrefillKVManager(MooncakeKVManager, BasePrefillKVManager):
 
     def _expire_early(self) -> None:
         now = time.time()
-        for room in [r for r, metas in self.early_metas.items() if now - metas[0].wall_time > EARLY_MESSAGE_TTL_S]:
+        for room in [
+            r for r, metas in self.early_metas.items() if now - metas[0].wall_time > EARLY_MESSAGE_TTL_S
+        ]:
             del self.early_metas[room]
         for room in [r for r, (_, t) in self.early_failures.items() if now - t > EARLY_MESSAGE_TTL_S]:
             del self.early_failures[room]
@@ -262,7 +295,9 @@ class MooncakePrefillKVManager(MooncakeKVManager, BasePrefillKVManager):
                 continue
             rc = self.data_plane.write(meta.session_id, src_addrs, dst_addrs, lengths)
             if rc != 0:
-                sender.fail(f"KV transfer to decode rank {meta.decode_rank} ({meta.session_id}) failed (rc {rc})")
+                sender.fail(
+                    f"KV transfer to decode rank {meta.decode_rank} ({meta.session_id}) failed (rc {rc})"
+                )
                 return
             nbytes += sum(lengths)
         sender.nbytes += nbytes
@@ -270,7 +305,9 @@ class MooncakePrefillKVManager(MooncakeKVManager, BasePrefillKVManager):
 
     def _report_done(self, sender: MooncakeKVSender, first_token: Optional[FirstToken]) -> None:
         for meta in sender.metas.values():
-            done = TransferDone(sender.room, self.key, True, first_token=first_token, chunks=list(sender.records))
+            done = TransferDone(
+                sender.room, self.key, True, first_token=first_token, chunks=list(sender.records)
+            )
             if not self.outbox.send(meta.status_endpoint, done):
                 sender.fail(f"cannot reach decode rank {meta.decode_rank}")
                 break

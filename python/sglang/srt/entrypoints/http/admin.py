@@ -47,7 +47,9 @@ class AdminRoutes:
     async def metrics(self) -> Response:
         # Scheduler gauges are pulled at scrape time; on timeout the previous values stay.
         try:
-            reply = await asyncio.wait_for(self.tm.get_internal_state_reply(), timeout=METRICS_STATE_TIMEOUT_S)
+            reply = await asyncio.wait_for(
+                self.tm.get_internal_state_reply(), timeout=METRICS_STATE_TIMEOUT_S
+            )
             self.tm.metrics.update_scheduler_state(reply.state, reply.replica_states)
         except Exception as err:  # noqa: BLE001 - still serve the tokenizer-side metrics
             logger.warning("metrics: scheduler state unavailable (%r)", err)

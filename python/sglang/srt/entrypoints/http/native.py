@@ -9,7 +9,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from sglang.srt.entrypoints.http.common import read_json
-from sglang.srt.entrypoints.openai.utils import SSE_DONE, error_body, error_response, sse, status_error_response
+from sglang.srt.entrypoints.openai.utils import (
+    SSE_DONE,
+    error_body,
+    error_response,
+    sse,
+    status_error_response,
+)
 from sglang.srt.managers.tokenizer.tokenizer_input import generate_req_from_dict
 from sglang.srt.managers.tokenizer.tokenizer_manager import TokenizerManager
 from sglang.srt.managers.tokenizer.tokenizer_state import RequestRejected

@@ -32,7 +32,9 @@ class OpenAIRoutes:
 
     async def models(self) -> dict:
         card = ModelCard(
-            id=self.args.served_model_name, root=self.args.model_path, max_model_len=self.tm.scheduler_info.context_len
+            id=self.args.served_model_name,
+            root=self.args.model_path,
+            max_model_len=self.tm.scheduler_info.context_len,
         )
         return ModelList(data=[card]).model_dump()
 

@@ -127,8 +127,11 @@ class SamplingExtensions(BaseModel):
     bootstrap_room: Optional[Union[int, list[int]]] = None
 
     def bootstrap_fields(self) -> dict[str, Any]:
-        return {"bootstrap_host": self.bootstrap_host, "bootstrap_port": self.bootstrap_port,
-                "bootstrap_room": self.bootstrap_room}  # fmt: skip
+        return {
+            "bootstrap_host": self.bootstrap_host,
+            "bootstrap_port": self.bootstrap_port,
+            "bootstrap_room": self.bootstrap_room,
+        }
 
     def base_sampling_params(self, max_new_tokens: Optional[int]) -> dict[str, Any]:
         """SGLang native sampling params for this request (None values mean 'default')."""

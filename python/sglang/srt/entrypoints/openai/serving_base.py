@@ -89,7 +89,9 @@ class OpenAIServingBase(ABC):
             try:
                 first = await chunks.__anext__()
             except StopAsyncIteration:
-                return JSONResponse(error_body("client disconnected", 499, "ClientDisconnected"), status_code=499)
+                return JSONResponse(
+                    error_body("client disconnected", 499, "ClientDisconnected"), status_code=499
+                )
             except RequestRejected as err:
                 return status_error_response(err.message, err.status)
             return StreamingResponse(self._stream(req, call, first, chunks), media_type="text/event-stream")

@@ -39,7 +39,8 @@ def chat_logprobs(token_lps: list, top_lps: list) -> ChoiceLogprobs:
                 logprob=lp,
                 bytes=list(text.encode("utf-8")),
                 top_logprobs=[
-                    TopLogprob(token=t or "", logprob=v, bytes=list((t or "").encode("utf-8"))) for v, _, t in tops or []
+                    TopLogprob(token=t or "", logprob=v, bytes=list((t or "").encode("utf-8")))
+                    for v, _, t in tops or []
                 ],
             )
         )
@@ -55,7 +56,9 @@ def message_dicts(req: ChatCompletionRequest) -> list[dict]:
             texts = []
             for part in content:
                 if part.type != "text" or part.text is None:
-                    raise OpenAIError(f"content parts of type {part.type!r} are not supported", param="messages")
+                    raise OpenAIError(
+                        f"content parts of type {part.type!r} are not supported", param="messages"
+                    )
                 texts.append(part.text)
             content = "".join(texts)
         d = {"role": m.role, "content": content or ""}
@@ -129,7 +132,10 @@ class OpenAIServingChat(OpenAIServingBase):
     def _choice(self, req: ChatCompletionRequest, index: int, out: dict) -> BaseModel:
         logprobs = chat_logprobs(*logprob_entries(out)) if req.logprobs else None
         return ChatCompletionChoice(
-            index=index, message=ChatResponseMessage(content=out["text"]), logprobs=logprobs, **finish_fields(out)
+            index=index,
+            message=ChatResponseMessage(content=out["text"]),
+            logprobs=logprobs,
+            **finish_fields(out),
         )
 
     def _stream_choices(self, req: ChatCompletionRequest, chunk: ReqChunk, first: bool) -> list[BaseModel]:
@@ -137,7 +143,9 @@ class OpenAIServingChat(OpenAIServingBase):
         i = chunk.index
         choices: list[BaseModel] = []
         if first:
-            choices.append(ChatCompletionStreamChoice(index=i, delta=DeltaMessage(role="assistant", content="")))
+            choices.append(
+                ChatCompletionStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))
+            )
         logprobs = chat_logprobs(*logprob_entries(chunk.out, chunk.logprob_start)) if req.logprobs else None
         if logprobs is not None and not logprobs.content:
             logprobs = None
@@ -145,5 +153,7 @@ class OpenAIServingChat(OpenAIServingBase):
             delta = DeltaMessage(content=chunk.delta_text)
             choices.append(ChatCompletionStreamChoice(index=i, delta=delta, logprobs=logprobs))
         if chunk.finished:
-            choices.append(ChatCompletionStreamChoice(index=i, delta=DeltaMessage(), **finish_fields(chunk.out)))
+            choices.append(
+                ChatCompletionStreamChoice(index=i, delta=DeltaMessage(), **finish_fields(chunk.out))
+            )
         return choices

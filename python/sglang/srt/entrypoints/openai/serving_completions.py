@@ -106,7 +106,9 @@ class OpenAIServingCompletion(OpenAIServingBase):
         if req.logprobs is not None:
             # echo is refused with logprobs, so the offset is the generated text before this chunk
             offset = len(chunk.out["text"]) - len(chunk.delta_text)
-            logprobs = completion_logprobs(*logprob_entries(chunk.out, chunk.logprob_start), text_offset=offset)
+            logprobs = completion_logprobs(
+                *logprob_entries(chunk.out, chunk.logprob_start), text_offset=offset
+            )
         finish = finish_fields(chunk.out)
         if not text and finish["finish_reason"] is None and logprobs is None:
             return []

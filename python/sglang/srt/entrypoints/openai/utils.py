@@ -17,7 +17,9 @@ ALWAYS_ACCEPTED_MODEL_NAMES = ("default",)
 class OpenAIError(Exception):
     """An error to report to the client with an HTTP status and an OpenAI error type."""
 
-    def __init__(self, message: str, status: int = 400, err_type: str = "BadRequestError", param: Optional[str] = None):
+    def __init__(
+        self, message: str, status: int = 400, err_type: str = "BadRequestError", param: Optional[str] = None
+    ):
         super().__init__(message)
         self.message = message
         self.status = status
@@ -25,11 +27,17 @@ class OpenAIError(Exception):
         self.param = param
 
 
-def error_body(message: str, status: int = 400, err_type: str = "BadRequestError", param: Optional[str] = None) -> dict:
-    return ErrorResponse(error=ErrorBody(message=message, type=err_type, param=param, code=status)).model_dump()
+def error_body(
+    message: str, status: int = 400, err_type: str = "BadRequestError", param: Optional[str] = None
+) -> dict:
+    return ErrorResponse(
+        error=ErrorBody(message=message, type=err_type, param=param, code=status)
+    ).model_dump()
 
 
-def error_response(message: str, status: int = 400, err_type: str = "BadRequestError", param: Optional[str] = None) -> JSONResponse:
+def error_response(
+    message: str, status: int = 400, err_type: str = "BadRequestError", param: Optional[str] = None
+) -> JSONResponse:
     return JSONResponse(error_body(message, status, err_type, param), status_code=status)
 
 
@@ -69,7 +77,12 @@ def check_model_name(requested: Optional[str], served_model_name: str, model_pat
     SGLang's 'default'."""
     if not requested:
         return
-    accepted = {served_model_name, model_path, model_path.rstrip("/").split("/")[-1], *ALWAYS_ACCEPTED_MODEL_NAMES}
+    accepted = {
+        served_model_name,
+        model_path,
+        model_path.rstrip("/").split("/")[-1],
+        *ALWAYS_ACCEPTED_MODEL_NAMES,
+    }
     if requested not in accepted:
         raise OpenAIError(
             f"The model `{requested}` does not exist. The served model name is `{served_model_name}`.",

@@ -105,7 +105,9 @@ def runnable_isas(flags: Optional[Iterable[str]] = None, machine: Optional[str] 
     return [name for name in isas(machine) if not missing_flags(name, flags, machine)]
 
 
-def select(request: Optional[str] = None, flags: Optional[Iterable[str]] = None, machine: Optional[str] = None) -> str:
+def select(
+    request: Optional[str] = None, flags: Optional[Iterable[str]] = None, machine: Optional[str] = None
+) -> str:
     """The ISA to run: `request` (default: SGLANG_CPU_ISA) where this CPU runs it, the best it
     runs for `auto`; IsaNotRunnable for a named ISA the CPU cannot run."""
     name = parse(requested() if request is None else request, machine)
@@ -121,7 +123,11 @@ def select(request: Optional[str] = None, flags: Optional[Iterable[str]] = None,
 # ---------------------------------------------------------------------------- sglang's own builds
 PACKAGE = "sglang.srt.kernels.cpu"
 CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
-OPS_SOURCE, AMX_SOURCE, VEC_SOURCE = "sglang_cpu_ops.cpp", "prefill_attention_amx.cpp", "prefill_attention_vec.cpp"
+OPS_SOURCE, AMX_SOURCE, VEC_SOURCE = (
+    "sglang_cpu_ops.cpp",
+    "prefill_attention_amx.cpp",
+    "prefill_attention_vec.cpp",
+)
 LINEAR_SOURCE = "linear_f32out_packed.cpp"
 COMMON_CFLAGS = ("-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math")
 COMMON_LDFLAGS = ("-fopenmp",)
@@ -181,7 +187,9 @@ def variant(name: str, machine: Optional[str] = None) -> Variant:
     for v in variants(machine):
         if v.name == name:
             return v
-    raise ValueError(f"unknown CPU kernel variant {name!r}; expected one of {[v.name for v in variants(machine)]}")
+    raise ValueError(
+        f"unknown CPU kernel variant {name!r}; expected one of {[v.name for v in variants(machine)]}"
+    )
 
 
 def runnable(v: Variant, flags: Optional[Iterable[str]]) -> bool:

@@ -52,7 +52,9 @@ def _import(v: isa.Variant) -> LoadResult:
     built_from, now = module.source_tag(), isa.source_tag()
     if built_from != now:
         return LoadResult(
-            v.name, None, f"the {v.name} build is older than the sources in csrc/ (built from {built_from}, now {now}); {BUILD_HINT}"
+            v.name,
+            None,
+            f"the {v.name} build is older than the sources in csrc/ (built from {built_from}, now {now}); {BUILD_HINT}",
         )
     return LoadResult(v.name, module)
 
@@ -64,7 +66,11 @@ def load_variant(name: str, flags: Optional[frozenset[str]] = None) -> LoadResul
     flags = isa.cpu_flags() if flags is None else flags
     if not isa.runnable(v, flags):
         missing = sorted(set(v.cpu_flags) - set(flags or ()))
-        return LoadResult(v.name, None, f"this CPU cannot run the {v.name} build (missing {', '.join(missing) or 'CPU flags'})")
+        return LoadResult(
+            v.name,
+            None,
+            f"this CPU cannot run the {v.name} build (missing {', '.join(missing) or 'CPU flags'})",
+        )
     with _lock:
         if v.name not in _loaded:
             _loaded[v.name] = _import(v)
@@ -116,7 +122,12 @@ def main() -> int:
         r = load_variant(v.name, flags)
         print(f"  {v.name:10s} {'ready' if r.module is not None else r.reason}")
     chosen = choose(flags)
-    print("CPU kernels:", f"{chosen.variant} build in use" if chosen.module is not None else "unavailable (torch fallbacks in use)")
+    print(
+        "CPU kernels:",
+        f"{chosen.variant} build in use"
+        if chosen.module is not None
+        else "unavailable (torch fallbacks in use)",
+    )
     return 0 if chosen.module is not None else 1
 
 

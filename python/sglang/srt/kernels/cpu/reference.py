@@ -9,7 +9,12 @@ import torch.nn.functional as F
 
 
 def decode_attention(
-    q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, slots: torch.Tensor, lens: torch.Tensor, scale: float
+    q: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    slots: torch.Tensor,
+    lens: torch.Tensor,
+    scale: float,
 ) -> torch.Tensor:
     """q [n, H, D]; k/v_buf [Hk, rows, D]; slots [n, max_len] pool rows (valid up to lens[i])."""
     outs = []
@@ -68,22 +73,27 @@ def prefill_attention(
         values = torch.cat((v_cache[:, prefix_slots], values), dim=1)
     n = q.shape[0]
     mask = torch.ones(n, prefix + n, dtype=torch.bool).tril(diagonal=prefix)
-    res = F.scaled_dot_product_attention(
-        q.transpose(0, 1).unsqueeze(0).float(),
-        keys.unsqueeze(0).float(),
-        values.unsqueeze(0).float(),
-        attn_mask=mask,
-        scale=scale,
-        enable_gqa=q.shape[1] != k.shape[1],
-    )[0].transpose(0, 1).to(q.dtype)
+    res = (
+        F.scaled_dot_product_attention(
+            q.transpose(0, 1).unsqueeze(0).float(),
+            keys.unsqueeze(0).float(),
+            values.unsqueeze(0).float(),
+            attn_mask=mask,
+            scale=scale,
+            enable_gqa=q.shape[1] != k.shape[1],
+        )[0]
+        .transpose(0, 1)
+        .to(q.dtype)
+    )
     if out is None:
         return res
     out.copy_(res)
     return out
 
 
-
-def linear_f32out_packed(x: torch.Tensor, packed: torch.Tensor, N: int, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+def linear_f32out_packed(
+    x: torch.Tensor, packed: torch.Tensor, N: int, bias: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     """float32 x [n, K] . W^T (+ bias) in float32, W [N, K] bf16 rebuilt from its packed form
     (int32 [ceil(N / 32), K, 16]: row 32b + l in the low half of lane l, row 32b + 16 + l in the high half)."""
     blocks, K, _ = packed.shape

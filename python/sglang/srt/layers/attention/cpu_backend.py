@@ -32,8 +32,19 @@ import torch
 import torch.nn.functional as F
 
 from sglang.srt.platforms.kernel_dispatch import kernels_for_device, prefill_attention_dtype, splits_attention
-from sglang.srt.layers.attention.cpu_decode import DecodeSegments, attend_decode_segments, plan_decode_segments
-from sglang.srt.layers.attention.kv_source import KVGather, KVSource, KVWorkspace, fetch, head_major_kv, plan_source
+from sglang.srt.layers.attention.cpu_decode import (
+    DecodeSegments,
+    attend_decode_segments,
+    plan_decode_segments,
+)
+from sglang.srt.layers.attention.kv_source import (
+    KVGather,
+    KVSource,
+    KVWorkspace,
+    fetch,
+    head_major_kv,
+    plan_source,
+)
 from sglang.srt.layers.attention.ops import attend_prefix_and_chunk, causal_mask, lse_kernel_available
 from sglang.srt.layers.attention.torch_native import TorchNativeAttnBackend, TorchNativeBatch
 
@@ -145,7 +156,8 @@ def _amx_prefill_fits(*tensors: torch.Tensor) -> bool:
     64 values of a head contiguous ([n, heads, 64] views of q / k / v, or the rows of the
     head-major pool buffers [heads, rows, 64])."""
     return all(
-        t.dtype == torch.bfloat16 and t.shape[-1] == 64 and t.stride(-1) == 1 and t.stride(-2) == 64 for t in tensors
+        t.dtype == torch.bfloat16 and t.shape[-1] == 64 and t.stride(-1) == 1 and t.stride(-2) == 64
+        for t in tensors
     )
 
 
@@ -210,7 +222,9 @@ class CPUAttnBackend(TorchNativeAttnBackend):
             and v_buf.is_contiguous()
             and q.stride(-1) == 1
         ):
-            return md.kernels.decode_attention(q, k_buf, v_buf, md.single_kv_indices, md.single_lens, layer.scaling)
+            return md.kernels.decode_attention(
+                q, k_buf, v_buf, md.single_kv_indices, md.single_lens, layer.scaling
+            )
         if md.single_segments is not None and lse_kernel_available(q):
             return attend_decode_segments(q, k_buf, v_buf, md.single_segments, md.workspace, layer.scaling)
         src = md.single_source if md.single_source is not None else KVGather(md.single_kv_indices.reshape(-1))
@@ -256,7 +270,9 @@ class CPUAttnBackend(TorchNativeAttnBackend):
         gqa = layer.num_heads != layer.num_kv_heads
         k3 = k.view(num_tokens, layer.num_kv_heads, layer.head_dim)
         v3 = v.view(num_tokens, layer.num_kv_heads, layer.v_head_dim)
-        cdt = prefill_attention_dtype(q3.device, q3.dtype)  # SDPA's compute dtype (float32 for bf16 without AMX)
+        cdt = prefill_attention_dtype(
+            q3.device, q3.dtype
+        )  # SDPA's compute dtype (float32 for bf16 without AMX)
         fresh_kernel = _prefill_kernel(md, cdt, q3, k3, v3)
         k_cache = v_cache = None
         cached_kernel = None  # the fused kernel for a chunk over a cached prefix (decided once per layer)
@@ -270,7 +286,9 @@ class CPUAttnBackend(TorchNativeAttnBackend):
             ki = k3[item.start : item.end].transpose(0, 1).unsqueeze(0).to(cdt)
             vi = v3[item.start : item.end].transpose(0, 1).unsqueeze(0).to(cdt)
             if item.kv_indices is None:
-                oi = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=layer.scaling, enable_gqa=gqa)
+                oi = F.scaled_dot_product_attention(
+                    qi, ki, vi, is_causal=True, scale=layer.scaling, enable_gqa=gqa
+                )
                 out[item.start : item.end] = oi[0].transpose(0, 1)
                 continue
             if k_cache is None:
@@ -280,7 +298,9 @@ class CPUAttnBackend(TorchNativeAttnBackend):
             if cached_kernel is not None:
                 s, e = item.start, item.end
                 prefix_slots = item.kv_indices[: item.kv_indices.shape[0] - (e - s)]
-                cached_kernel(q3[s:e], k3[s:e], v3[s:e], layer.scaling, k_cache, v_cache, prefix_slots, out=out[s:e])
+                cached_kernel(
+                    q3[s:e], k3[s:e], v3[s:e], layer.scaling, k_cache, v_cache, prefix_slots, out=out[s:e]
+                )
                 continue
             if item.prefix_source is not None and lse_kernel_available(qi):
                 src = item.prefix_source
@@ -296,6 +316,12 @@ class CPUAttnBackend(TorchNativeAttnBackend):
                 ks = fetch(k_cache, src, md.workspace, "k").unsqueeze(0).to(cdt)
                 vs = fetch(v_cache, src, md.workspace, "v").unsqueeze(0).to(cdt)
                 oi = F.scaled_dot_product_attention(
-                    qi, ks, vs, attn_mask=item.mask, is_causal=item.is_causal, scale=layer.scaling, enable_gqa=gqa
+                    qi,
+                    ks,
+                    vs,
+                    attn_mask=item.mask,
+                    is_causal=item.is_causal,
+                    scale=layer.scaling,
+                    enable_gqa=gqa,
                 )
             out[item.start : item.end] = oi[0].transpose(0, 1)

@@ -101,7 +101,8 @@ def plan_decode_segments(
         rounds_rows[r].append(row)
         rounds_ids[r].append(s)
     rounds = [
-        (torch.tensor(rows, dtype=torch.int64, device=device), ids) for rows, ids in zip(rounds_rows, rounds_ids)
+        (torch.tensor(rows, dtype=torch.int64, device=device), ids)
+        for rows, ids in zip(rounds_rows, rounds_ids)
     ]
     return DecodeSegments(tail_kv.reshape(-1), tail_len, tail_mask, seg_row, seg_start, seg_len, rounds)
 

@@ -65,7 +65,9 @@ class DSAPaged:
     def blocks(self, buffer: torch.Tensor) -> torch.Tensor:
         """A pool buffer [rows, D] as PA_BSND [rows / block, block, 1, D]."""
         rows, dim = buffer.shape[0], buffer.shape[-1]
-        return buffer.reshape(rows, dim)[: rows - rows % self.block].view(rows // self.block, self.block, 1, dim)
+        return buffer.reshape(rows, dim)[: rows - rows % self.block].view(
+            rows // self.block, self.block, 1, dim
+        )
 
 
 @dataclass
@@ -81,7 +83,9 @@ def _impl_for(flag_value: Optional[str], device: str) -> str:
         impl = get_platform(device).dsa_ops_impl
     if impl == "cpu":
         if not dsa_ops("sgl_kernel_npu.cpu").available():
-            logger.warning("sgl_kernel_npu has no CPU kernels in this install; the DSA ops run the torch reference")
+            logger.warning(
+                "sgl_kernel_npu has no CPU kernels in this install; the DSA ops run the torch reference"
+            )
             impl = "reference"
     return impl
 
@@ -93,7 +97,11 @@ class DSAAttnBackend(CPUAttnBackend):
     batch_state_type = DSABatch
 
     def __init__(
-        self, model_runner: Any = None, prefill_impl: Optional[str] = None, decode_impl: Optional[str] = None, **_: Any
+        self,
+        model_runner: Any = None,
+        prefill_impl: Optional[str] = None,
+        decode_impl: Optional[str] = None,
+        **_: Any,
     ):
         super().__init__(model_runner)
         args = getattr(model_runner, "server_args", None)
@@ -135,7 +143,9 @@ class DSAAttnBackend(CPUAttnBackend):
         layout = get_cp_layout(forward_batch)
         if layout is not None:
             md = self._mla_cp(forward_batch, layout)
-            return mla_cp_forward(layer, q, kv_new, forward_batch, layout, md, indexer, save_kv_cache, self.kernels)
+            return mla_cp_forward(
+                layer, q, kv_new, forward_batch, layout, md, indexer, save_kv_cache, self.kernels
+            )
         n = q.shape[0]
         if indexer is None or forward_batch.forward_mode.is_idle() or n == 0:
             return super().forward_mla(q, kv_new, layer, forward_batch, indexer, save_kv_cache)
@@ -147,8 +157,9 @@ class DSAAttnBackend(CPUAttnBackend):
             return self.attend_latent(q, layer, forward_batch, None)
         d = self._dsa(forward_batch)
         kv = d.blocks(pool.get_key_buffer(layer.layer_id))
-        return self.kernels.attend_paged(q, kv, layer.kv_lora_rank, layer.scaling, selected, d.table, d.cu_q,
-                                         d.kv_lens, d.decode)  # fmt: skip
+        return self.kernels.attend_paged(
+            q, kv, layer.kv_lora_rank, layer.scaling, selected, d.table, d.cu_q, d.kv_lens, d.decode
+        )
 
     def _set_score_dtype(self, fb: "ForwardBatch", dsa: "IndexerInputs") -> None:
         """The indexer's scoring precision for this layer call: from the index-key cache's dtype."""
@@ -164,10 +175,22 @@ class DSAAttnBackend(CPUAttnBackend):
         if max(fb.seq_lens_cpu) <= idx.index_topk:
             return None
         q, weights = dsa.query()
-        pairs = sum(e * p + e * (e + 1) // 2 for e, p in zip(fb.extend_seq_lens_cpu, fb.extend_prefix_lens_cpu))
+        pairs = sum(
+            e * p + e * (e + 1) // 2 for e, p in zip(fb.extend_seq_lens_cpu, fb.extend_prefix_lens_cpu)
+        )
         idx.count(q.shape[0], pairs)
         d = self._dsa(fb)
         keys, scale = self.kernels.index_keys(pool, idx.layer_id)
         scale = None if scale is None else d.blocks(scale.unsqueeze(-1))[..., 0]
-        return self.kernels.select_paged(q, weights, idx.softmax_scale, d.blocks(keys), d.table, d.cu_q, d.kv_lens,
-                                         idx.index_topk, d.decode, scale)  # fmt: skip
+        return self.kernels.select_paged(
+            q,
+            weights,
+            idx.softmax_scale,
+            d.blocks(keys),
+            d.table,
+            d.cu_q,
+            d.kv_lens,
+            idx.index_topk,
+            d.decode,
+            scale,
+        )

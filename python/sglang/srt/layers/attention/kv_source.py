@@ -90,7 +90,9 @@ class KVWorkspace:
     def __init__(self) -> None:
         self._flat: dict[str, torch.Tensor] = {}
 
-    def take(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    def take(
+        self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+    ) -> torch.Tensor:
         """A contiguous tensor of `shape` backed by the buffer `name` (contents undefined)."""
         numel = 1
         for s in shape:

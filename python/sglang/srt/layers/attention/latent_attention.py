@@ -47,7 +47,9 @@ def dense_latent_attention(
         m = item.end - item.start
         fresh = item.prefix_len == 0
         mask = None if fresh else causal_mask(m, item.seq_len, item.prefix_len, device=q.device)
-        o = F.scaled_dot_product_attention(qi, keys, keys, attn_mask=mask, is_causal=fresh, scale=scale, enable_gqa=True)
+        o = F.scaled_dot_product_attention(
+            qi, keys, keys, attn_mask=mask, is_causal=fresh, scale=scale, enable_gqa=True
+        )
         out[item.start : item.end] = o[0, ..., :v_dim].transpose(0, 1)
     return out
 

@@ -44,7 +44,9 @@ class MLACore(nn.Module):
 
     Runs on the batch's backend (`AttentionBackend.forward_mla`)."""
 
-    def __init__(self, num_heads: int, kv_lora_rank: int, qk_rope_head_dim: int, scaling: float, layer_id: int):
+    def __init__(
+        self, num_heads: int, kv_lora_rank: int, qk_rope_head_dim: int, scaling: float, layer_id: int
+    ):
         super().__init__()
         self.num_heads = num_heads
         self.kv_lora_rank = kv_lora_rank
@@ -101,26 +103,38 @@ class MLAAttention(nn.Module):
         if self.q_lora_rank:
             self.q_a_proj = ReplicatedLinear(hidden, self.q_lora_rank, bias, None, dtype)
             self.q_a_layernorm = RMSNorm(self.q_lora_rank, LORA_NORM_EPS, dtype)
-            self.q_b_proj = ColumnParallelLinear(self.q_lora_rank, total_heads * qk_head_dim, False, tp, dtype)
+            self.q_b_proj = ColumnParallelLinear(
+                self.q_lora_rank, total_heads * qk_head_dim, False, tp, dtype
+            )
         else:
             self.q_proj = ColumnParallelLinear(hidden, total_heads * qk_head_dim, False, tp, dtype)
-        self.kv_a_proj_with_mqa = ReplicatedLinear(hidden, self.kv_lora_rank + self.qk_rope_head_dim, bias, None, dtype)
+        self.kv_a_proj_with_mqa = ReplicatedLinear(
+            hidden, self.kv_lora_rank + self.qk_rope_head_dim, bias, None, dtype
+        )
         self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, LORA_NORM_EPS, dtype)
         self.kv_b_proj = ColumnParallelLinear(
             self.kv_lora_rank, total_heads * (self.qk_nope_head_dim + self.v_head_dim), False, tp, dtype
         )
         # unreduced: the layer's communicator completes the sum over attn_tp (with the DP gather, if any)
-        self.o_proj = RowParallelLinear(total_heads * self.v_head_dim, hidden, bias, tp, dtype, reduce_results=False)
+        self.o_proj = RowParallelLinear(
+            total_heads * self.v_head_dim, hidden, bias, tp, dtype, reduce_results=False
+        )
         self.num_heads = total_heads // (tp.size if tp is not None else 1)
         self.attn = MLACore(
-            self.num_heads, self.kv_lora_rank, self.qk_rope_head_dim, mla_softmax_scale(qk_head_dim, config), layer_id
+            self.num_heads,
+            self.kv_lora_rank,
+            self.qk_rope_head_dim,
+            mla_softmax_scale(qk_head_dim, config),
+            layer_id,
         )
         # Shard Linear (layers/shard_linear.py): set by the model when q_b_proj / o_proj are sharded over cp
         self.shard_linear: Optional[Any] = None
         self.indexer: Optional[Indexer] = None
         if use_indexer:
             if not self.q_lora_rank:
-                raise ValueError("the DSA indexer needs q_lora_rank (its queries come from the q-LoRA latent)")
+                raise ValueError(
+                    "the DSA indexer needs q_lora_rank (its queries come from the q-LoRA latent)"
+                )
             self.indexer = Indexer(
                 hidden,
                 self.q_lora_rank,
@@ -141,11 +155,14 @@ class MLAAttention(nn.Module):
         self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, forward_batch: "ForwardBatch"
     ) -> torch.Tensor:
         n, heads = hidden_states.shape[0], self.num_heads
-        if self.shard_linear is not None:  # this layer's q_b_proj / o_proj from their owner rank; next layer's starts
+        # this layer's q_b_proj / o_proj from their owner rank; next layer's starts
+        if self.shard_linear is not None:
             self.shard_linear.acquire(self.attn.layer_id)
         # kv first: the backend may start moving its rows (context parallelism: an async
         # all-gather, with the index keys for DSA) while the q up-projection below runs
-        latent, k_rope = self.kv_a_proj_with_mqa(hidden_states).split([self.kv_lora_rank, self.qk_rope_head_dim], -1)
+        latent, k_rope = self.kv_a_proj_with_mqa(hidden_states).split(
+            [self.kv_lora_rank, self.qk_rope_head_dim], -1
+        )
         latent = self.kv_a_layernorm(latent)
         k_rope = self._rope(k_rope.unsqueeze(1), cos, sin).squeeze(1)
         kv_new = torch.cat((latent, k_rope), dim=-1)

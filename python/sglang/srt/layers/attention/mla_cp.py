@@ -38,7 +38,11 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
-from sglang.srt.layers.attention.dsa.cp_indexer import exchange_and_merge, own_query_topk, shard_topk_candidates
+from sglang.srt.layers.attention.dsa.cp_indexer import (
+    exchange_and_merge,
+    own_query_topk,
+    shard_topk_candidates,
+)
 from sglang.srt.layers.attention.dsa.sparse_attention import sparse_latent_attention
 from sglang.srt.layers.attention.mla_cp_metadata import MLACPMetadata
 from sglang.srt.layers.attention.ops import causal_attention_lse, merge_state, sdpa_lse
@@ -57,11 +61,15 @@ def _pool_rows(fb: "ForwardBatch", layer_id: int, slots: torch.Tensor, with_inde
     kv = pool.get_key_buffer(layer_id)
     rows = kv.view(kv.shape[0], -1).index_select(0, slots.to(kv.device))
     if with_index:
-        rows = torch.cat((rows, pool.get_index_k_buffer(layer_id).index_select(0, slots.to(kv.device))), dim=-1)
+        rows = torch.cat(
+            (rows, pool.get_index_k_buffer(layer_id).index_select(0, slots.to(kv.device))), dim=-1
+        )
     return rows
 
 
-def _start(fb, layout: CPLayout, md: MLACPMetadata, layer_id: int, rows: torch.Tensor, with_index: bool) -> None:
+def _start(
+    fb, layout: CPLayout, md: MLACPMetadata, layer_id: int, rows: torch.Tensor, with_index: bool
+) -> None:
     plan = md.plan
     send = rows.index_select(0, plan.new_local_rows.to(rows.device))
     if plan.prefix_slots.numel():
@@ -71,7 +79,12 @@ def _start(fb, layout: CPLayout, md: MLACPMetadata, layer_id: int, rows: torch.T
 
 
 def start_row_exchange(
-    fb: "ForwardBatch", layout: CPLayout, md: MLACPMetadata, layer_id: int, rows: torch.Tensor, with_index: bool
+    fb: "ForwardBatch",
+    layout: CPLayout,
+    md: MLACPMetadata,
+    layer_id: int,
+    rows: torch.Tensor,
+    with_index: bool,
 ) -> None:
     """Start this layer's async row all-gather (new split rows + stored prefix rows); call it as
     soon as the new rows of this rank's tokens exist: [latent ; k_rope], with the index key
@@ -140,13 +153,15 @@ def mla_cp_forward(
             seq = torch.cat((prefix[it.prefix_offset : it.prefix_offset + it.prefix_len], seq), dim=0)
         kv = seq[:, :dim]
         if sparse and kernels is not None:
-            pos = kernels.own_query_topk(index_q[loc], index_w[loc], it.q_pos, seq[:, dim:], indexer.index_topk,
-                                         indexer.softmax_scale)  # fmt: skip
+            pos = kernels.own_query_topk(
+                index_q[loc], index_w[loc], it.q_pos, seq[:, dim:], indexer.index_topk, indexer.softmax_scale
+            )
             indexer.count(it.local_count, int((it.q_pos + 1).sum()))
             out[loc] = kernels.attend_rows(q[loc], kv, it.q_pos, pos, core.scaling, v_dim)
         elif sparse:
-            pos = own_query_topk(index_q[loc], index_w[loc], it.q_pos, seq[:, dim:], indexer.index_topk,
-                                 indexer.softmax_scale)  # fmt: skip
+            pos = own_query_topk(
+                index_q[loc], index_w[loc], it.q_pos, seq[:, dim:], indexer.index_topk, indexer.softmax_scale
+            )
             indexer.count(it.local_count, int((it.q_pos + 1).sum()))
             out[loc] = sparse_latent_attention(q[loc], kv, pos.clamp(min=0), pos >= 0, core.scaling, v_dim)
         else:
@@ -154,28 +169,49 @@ def mla_cp_forward(
             o, _ = causal_attention_lse(q[loc], it.q_pos, k3, k3, torch.arange(kv.shape[0]), core.scaling)
             out[loc] = o[..., :v_dim]
     if md.decode_rows is not None:
-        _decode_attention(core, q, index_q, index_w, indexer if sparse else None, fb, layout, md, out, kernels)
+        _decode_attention(
+            core, q, index_q, index_w, indexer if sparse else None, fb, layout, md, out, kernels
+        )
     return out
 
 
-def _decode_topk(indexer: "Indexer", iq, iw, fb: "ForwardBatch", layout: CPLayout, md: MLACPMetadata, kernels=None):
+def _decode_topk(
+    indexer: "Indexer", iq, iw, fb: "ForwardBatch", layout: CPLayout, md: MLACPMetadata, kernels=None
+):
     """Global top-k positions [n1, topk] of the decode queries (identical on every rank)."""
     n1, max_len = md.decode_slots.shape
     if kernels is not None:  # (with int8 scoring, the pool's int8 copy of the keys)
         keys, scale = kernels.index_keys(fb.token_to_kv_pool, indexer.layer_id)
-        vals, pos = kernels.shard_topk_candidates(iq, iw, keys, md.decode_slots, md.decode_valid, md.decode_pos,
-                                                  indexer.index_topk, indexer.softmax_scale, scale)  # fmt: skip
+        vals, pos = kernels.shard_topk_candidates(
+            iq,
+            iw,
+            keys,
+            md.decode_slots,
+            md.decode_valid,
+            md.decode_pos,
+            indexer.index_topk,
+            indexer.softmax_scale,
+            scale,
+        )
     else:
         keys_all = fb.token_to_kv_pool.get_index_k_buffer(indexer.layer_id)
         keys = keys_all.index_select(0, md.decode_slots.reshape(-1)).view(n1, max_len, keys_all.shape[-1])
-        vals, pos = shard_topk_candidates(iq, iw, keys, md.decode_pos.unsqueeze(0), md.decode_valid,
-                                          indexer.index_topk, indexer.softmax_scale)  # fmt: skip
+        vals, pos = shard_topk_candidates(
+            iq,
+            iw,
+            keys,
+            md.decode_pos.unsqueeze(0),
+            md.decode_valid,
+            indexer.index_topk,
+            indexer.softmax_scale,
+        )
     indexer.count(n1, int(md.decode_valid.sum()))
     return exchange_and_merge(layout.group, vals, pos, indexer.index_topk)
 
 
-def _decode_attention(core, q, index_q, index_w, indexer, fb, layout: CPLayout, md: MLACPMetadata, out,
-                      kernels=None) -> None:  # fmt: skip
+def _decode_attention(
+    core, q, index_q, index_w, indexer, fb, layout: CPLayout, md: MLACPMetadata, out, kernels=None
+) -> None:
     """Partial attention of the decode queries over this rank's rows, exchanged and merged."""
     dev = q.device
     rows = md.decode_rows.to(dev)
@@ -185,8 +221,9 @@ def _decode_attention(core, q, index_q, index_w, indexer, fb, layout: CPLayout, 
     kv_cache = fb.token_to_kv_pool.get_key_buffer(core.layer_id)
     kv_cache = kv_cache.view(kv_cache.shape[0], dim)
     if indexer is not None:
-        sel = _decode_topk(indexer, index_q.index_select(0, rows), index_w.index_select(0, rows), fb, layout, md,
-                           kernels)  # fmt: skip
+        sel = _decode_topk(
+            indexer, index_q.index_select(0, rows), index_w.index_select(0, rows), fb, layout, md, kernels
+        )
         safe = sel.clamp(min=0)
         mapping = layout.slot_mapping
         mine = (sel >= 0) & (mapping.position_owner(safe) == layout.cp_rank)
@@ -196,7 +233,9 @@ def _decode_attention(core, q, index_q, index_w, indexer, fb, layout: CPLayout, 
         if kernels is not None:
             part_o, part_l = kernels.attend_slots(qd, kv_cache, slots, mine, core.scaling, v_dim)
         else:
-            part_o, part_l = sparse_latent_attention(qd, kv_cache, slots, mine, core.scaling, v_dim, return_lse=True)
+            part_o, part_l = sparse_latent_attention(
+                qd, kv_cache, slots, mine, core.scaling, v_dim, return_lse=True
+            )
     else:
         max_len = md.decode_slots.shape[1]
         keys = kv_cache.index_select(0, md.decode_slots.reshape(-1)).view(n1, 1, max_len, dim).to(qd.dtype)

@@ -103,8 +103,16 @@ def _gather_plan(layout: CPLayout, fb: "ForwardBatch", rows: list[int]) -> tuple
         cursor += n_new + n_pre
     empty = torch.empty(0, dtype=torch.int64)
     cat = lambda parts: torch.cat(parts) if parts else empty  # noqa: E731
-    plan = GatherPlan(sizes, spec.local_rows, cat(my_slots), cat(new_src), cat(new_dst), cat(prefix_src),
-                      cat(prefix_dst), total)  # fmt: skip
+    plan = GatherPlan(
+        sizes,
+        spec.local_rows,
+        cat(my_slots),
+        cat(new_src),
+        cat(new_dst),
+        cat(prefix_src),
+        cat(prefix_dst),
+        total,
+    )
     offset_of = {i: off for i, off in zip(prefix_reqs, offsets)}
     return plan, [offset_of.get(i, 0) for i in range(layout.batch_size)]
 
@@ -128,13 +136,32 @@ def build_mla_cp_metadata(fb: "ForwardBatch", layout: CPLayout) -> MLACPMetadata
             decodes.append(i)
             continue
         pre = layout.prefix_lens[i]
-        extends.append(CPExtend(layout.starts[i], layout.ext_lens[i], pre, layout.local_starts[i],
-                                layout.local_counts[i], pre + layout.local_offsets[i], prefix_offsets[i]))  # fmt: skip
+        extends.append(
+            CPExtend(
+                layout.starts[i],
+                layout.ext_lens[i],
+                pre,
+                layout.local_starts[i],
+                layout.local_counts[i],
+                pre + layout.local_offsets[i],
+                prefix_offsets[i],
+            )
+        )
     repl_local_rows = torch.nonzero(layout.holder_rank[layout.local_idx] < 0).flatten()
     md = MLACPMetadata(
-        own_global_idx, local[own_global_idx], extends, plan, repl_local_rows, layout.local_idx[repl_local_rows],
-        None, None, None, None, None, max(fb.seq_lens_cpu) if fb.seq_lens_cpu else 0,
-    )  # fmt: skip
+        own_global_idx,
+        local[own_global_idx],
+        extends,
+        plan,
+        repl_local_rows,
+        layout.local_idx[repl_local_rows],
+        None,
+        None,
+        None,
+        None,
+        None,
+        max(fb.seq_lens_cpu) if fb.seq_lens_cpu else 0,
+    )
     if decodes:
         seqs = [layout.prefix_lens[i] + 1 for i in decodes]
         lens = [mapping.local_token_count(s, layout.cp_rank) for s in seqs]
@@ -149,4 +176,3 @@ def build_mla_cp_metadata(fb: "ForwardBatch", layout: CPLayout) -> MLACPMetadata
         md.decode_valid = valid
         md.decode_pos = pos
     return md
-

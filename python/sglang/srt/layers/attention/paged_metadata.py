@@ -18,6 +18,7 @@ import torch
 if TYPE_CHECKING:
     from sglang.srt.model_executor.forward_batch import ForwardBatch
 
+
 @dataclass
 class PagedExtend:
     """One multi-token request: its new tokens [start, end) at positions prefix_len .. seq_len - 1."""
@@ -32,7 +33,9 @@ class PagedExtend:
 @dataclass
 class PagedMetadata:
     all_single: bool  # every request brings exactly one token
-    single_token_idx: Optional[torch.Tensor]  # [n1] flat index of each single-token request (None if all_single)
+    single_token_idx: Optional[
+        torch.Tensor
+    ]  # [n1] flat index of each single-token request (None if all_single)
     single_slots: Optional[torch.Tensor]  # [n1, max_len] slots, 0 past seq_len
     single_valid: Optional[torch.Tensor]  # [n1, max_len] bool; None when all lengths are equal
     extends: list[PagedExtend]
@@ -81,4 +84,3 @@ def build_paged_metadata(fb: "ForwardBatch") -> PagedMetadata:
         token_positions=fb.positions.to(device),
         max_seq_len=max(seq_lens) if seq_lens else 0,
     )
-

@@ -155,12 +155,16 @@ class TorchNativeAttnBackend(AttentionBackend):
             qi = q3[s:e].transpose(0, 1).unsqueeze(0)  # [1, H, m, D]: SDPA's flash kernel wants 4-D
             if item.prefix_len == 0:  # fresh prompt: its own k/v, causal
                 ki, vi = k3[s:e].transpose(0, 1).unsqueeze(0), v3[s:e].transpose(0, 1).unsqueeze(0)
-                o = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=layer.scaling, enable_gqa=gqa)
+                o = F.scaled_dot_product_attention(
+                    qi, ki, vi, is_causal=True, scale=layer.scaling, enable_gqa=gqa
+                )
             else:  # whole sequence from the pool, causal mask offset by the cached prefix
                 ks = k_buf.index_select(1, item.slots).unsqueeze(0).to(q.dtype)
                 vs = v_buf.index_select(1, item.slots).unsqueeze(0).to(q.dtype)
                 mask = causal_mask(e - s, item.seq_len, item.prefix_len, device=q.device)
-                o = F.scaled_dot_product_attention(qi, ks, vs, attn_mask=mask, scale=layer.scaling, enable_gqa=gqa)
+                o = F.scaled_dot_product_attention(
+                    qi, ks, vs, attn_mask=mask, scale=layer.scaling, enable_gqa=gqa
+                )
             out[s:e] = o[0].transpose(0, 1)
         return out.view(n, h * dv)
 

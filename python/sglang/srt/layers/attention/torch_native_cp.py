@@ -96,7 +96,9 @@ def build_cp_attn_metadata(fb: "ForwardBatch", layout: CPLayout) -> CPAttnMetada
     for i, kind in enumerate(layout.kinds):
         g, n, pre = layout.starts[i], layout.ext_lens[i], layout.prefix_lens[i]
         if kind == FRESH:
-            fresh.append(_FreshItem(g, n, layout.local_starts[i], layout.local_counts[i], layout.local_offsets[i]))
+            fresh.append(
+                _FreshItem(g, n, layout.local_starts[i], layout.local_counts[i], layout.local_offsets[i])
+            )
             continue
         b_parts.append(torch.arange(g, g + n, dtype=torch.int64))
         if kind == PREFIX:
@@ -130,10 +132,22 @@ def build_cp_attn_metadata(fb: "ForwardBatch", layout: CPLayout) -> CPAttnMetada
         q_spec = layout.prefix_query_spec()
         prefix_b_idx = b_pos[q_spec.global_idx]
     return CPAttnMetadata(
-        own_global_idx, own_slots, fresh, prefix, single_rows, single_slots, single_mask, b_global_idx,
-        b_local_rows, local_b[b_local_rows], repl_local_rows, repl_global_idx, b_pos[repl_global_idx],
-        q_spec, prefix_b_idx,
-    )  # fmt: skip
+        own_global_idx,
+        own_slots,
+        fresh,
+        prefix,
+        single_rows,
+        single_slots,
+        single_mask,
+        b_global_idx,
+        b_local_rows,
+        local_b[b_local_rows],
+        repl_local_rows,
+        repl_global_idx,
+        b_pos[repl_global_idx],
+        q_spec,
+        prefix_b_idx,
+    )
 
 
 # ---------------------------------------------------------------------------- K/V exchange
@@ -196,7 +210,9 @@ def cp_attention_forward(
     pool = fb.token_to_kv_pool
     if save_kv_cache and md.own_global_idx.numel():
         own = md.own_global_idx.to(q.device)
-        pool.set_kv_buffer(layer.layer_id, md.own_slots, k_full.index_select(0, own), v_full.index_select(0, own))
+        pool.set_kv_buffer(
+            layer.layer_id, md.own_slots, k_full.index_select(0, own), v_full.index_select(0, own)
+        )
 
     q_pending = None
     if md.q_spec is not None:  # PREFIX queries: gather them while the FRESH work runs
@@ -234,7 +250,9 @@ def _b_queries(q3, q_pending, layout: CPLayout, md: CPAttnMetadata) -> torch.Ten
     return qb
 
 
-def _shard_attention(q3, q_pending, layer, fb, layout: CPLayout, md: CPAttnMetadata, out: torch.Tensor) -> None:
+def _shard_attention(
+    q3, q_pending, layer, fb, layout: CPLayout, md: CPAttnMetadata, out: torch.Tensor
+) -> None:
     """Partial attention of all B queries over this rank's KV shard, exchanged and merged."""
     qb = _b_queries(q3, q_pending, layout, md)
     nb, h, dv = qb.shape[0], qb.shape[1], layer.v_head_dim
@@ -256,7 +274,9 @@ def _shard_attention(q3, q_pending, layer, fb, layout: CPLayout, md: CPAttnMetad
         ks = fetch(k_cache, src, None, "k").view(hk, n1, max_len, dk).transpose(0, 1).to(qb.dtype)
         vs = fetch(v_cache, src, None, "v").view(hk, n1, max_len, dv_).transpose(0, 1).to(qb.dtype)
         rows = md.single_rows.to(qb.device)
-        o, l = sdpa_lse(qb.index_select(0, rows).unsqueeze(2), ks, vs, layer.scaling, attn_mask=md.single_mask)
+        o, l = sdpa_lse(
+            qb.index_select(0, rows).unsqueeze(2), ks, vs, layer.scaling, attn_mask=md.single_mask
+        )
         part_o.index_copy_(0, rows, o.squeeze(2))
         part_l.index_copy_(0, rows, l.squeeze(2))
     # exchange the partials (one packed float32 all-gather) and merge them exactly

@@ -26,7 +26,9 @@ from sglang.srt.distributed.parallel_state import GroupCoordinator
 class AllToAllDispatcher:
     def __init__(self, group: GroupCoordinator, num_experts: int):
         if num_experts % group.size:
-            raise ValueError(f"number of experts ({num_experts}) must be divisible by the ep size ({group.size})")
+            raise ValueError(
+                f"number of experts ({num_experts}) must be divisible by the ep size ({group.size})"
+            )
         self.group = group
         self.experts_per_rank = num_experts // group.size
 

@@ -40,7 +40,9 @@ def match_expert_weight(name: str) -> Optional[tuple[str, ExpertShardId]]:
     m = _FUSED_RE.search(name)
     if m:
         fused = m.group(1) == "gate_up_proj"
-        return name[: m.start()] + ".experts." + ("w13_weight" if fused else "w2_weight"), ("w13" if fused else "w2")
+        return name[: m.start()] + ".experts." + ("w13_weight" if fused else "w2_weight"), (
+            "w13" if fused else "w2"
+        )
     return None
 
 
@@ -100,7 +102,9 @@ class FusedMoE(nn.Module):
         ep_size, ep_rank = (ep.size, ep.rank) if ep is not None else (1, 0)
         self.tp_size, self.tp_rank = (moe_tp.size, moe_tp.rank) if moe_tp is not None else (1, 0)
         if num_experts % ep_size:
-            raise ValueError(f"number of experts ({num_experts}) must be divisible by the ep size ({ep_size})")
+            raise ValueError(
+                f"number of experts ({num_experts}) must be divisible by the ep size ({ep_size})"
+            )
         if intermediate_size % self.tp_size:
             raise ValueError(
                 f"moe_intermediate_size ({intermediate_size}) must be divisible by the MoE tp size ({self.tp_size})"
@@ -126,7 +130,9 @@ class FusedMoE(nn.Module):
         (name relative to this module, e.g. "3.gate_proj.weight", FULL shape), every expert."""
         h, i = self.hidden_size, self.intermediate_size
         if param_name == "w13_weight":
-            return [(f"{e}.{p}.weight", (i, h)) for e in range(self.num_experts) for p in ("gate_proj", "up_proj")]
+            return [
+                (f"{e}.{p}.weight", (i, h)) for e in range(self.num_experts) for p in ("gate_proj", "up_proj")
+            ]
         if param_name == "w2_weight":
             return [(f"{e}.down_proj.weight", (h, i)) for e in range(self.num_experts)]
         raise ValueError(f"FusedMoE has no parameter {param_name!r}")
@@ -151,7 +157,9 @@ class FusedMoE(nn.Module):
             raise ValueError(f"expert {kind}: checkpoint shape {tuple(loaded.shape)}, expected {expected}")
         dst.copy_(src)
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: ExpertShardId = None) -> None:
+    def weight_loader(
+        self, param: nn.Parameter, loaded: torch.Tensor, shard_id: ExpertShardId = None
+    ) -> None:
         """Copy this rank's part of one expert's projection (("w1"|"w3"|"w2", expert_id)) or of a fused
         all-experts tensor ("w13" [E, 2I, hidden], "w2" [E, hidden, I]); other ranks' experts are skipped."""
         if isinstance(shard_id, tuple):
@@ -175,7 +183,9 @@ class FusedMoE(nn.Module):
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         """Partial output [n, hidden] of this rank's experts (not reduced across ranks)."""
-        return fused_experts_ref(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids, self.expert_start)
+        return fused_experts_ref(
+            x, self.w13_weight, self.w2_weight, topk_weights, topk_ids, self.expert_start
+        )
 
     def extra_repr(self) -> str:
         return (

@@ -30,7 +30,9 @@ class SharedExpertMLP(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int, tp: GroupCoordinator, dtype: torch.dtype):
         super().__init__()
         self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2, False, tp, dtype)
-        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, False, tp, dtype, reduce_results=False)
+        self.down_proj = RowParallelLinear(
+            intermediate_size, hidden_size, False, tp, dtype, reduce_results=False
+        )
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -57,7 +59,9 @@ class SparseMoeBlock(nn.Module):
     ):
         super().__init__()
         self.gate = MoEGate(hidden_size, num_experts, topk_config, dtype, correction_bias, router_logits_fp32)
-        self.experts = FusedMoE(num_experts, hidden_size, moe_intermediate_size, groups.moe_ep, groups.moe_tp, dtype)
+        self.experts = FusedMoE(
+            num_experts, hidden_size, moe_intermediate_size, groups.moe_ep, groups.moe_tp, dtype
+        )
         self.shared_experts: Optional[SharedExpertMLP] = None
         if shared_intermediate_size:
             shared_group = groups.local if all_to_all else groups.tp
@@ -66,7 +70,9 @@ class SparseMoeBlock(nn.Module):
         self.all_to_all: Optional[AllToAllDispatcher] = None
         if all_to_all:
             if groups.moe_tp.size != 1:
-                raise ValueError("the all-to-all MoE dispatch needs whole experts per rank (--ep-size == --tp-size)")
+                raise ValueError(
+                    "the all-to-all MoE dispatch needs whole experts per rank (--ep-size == --tp-size)"
+                )
             self.all_to_all = AllToAllDispatcher(groups.moe_ep, num_experts)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -82,7 +82,9 @@ class DPBalancer:
 
     def __init__(self, dp_size: int, method: str = "round_robin"):
         if method not in LOAD_BALANCE_METHODS:
-            raise ValueError(f"--load-balance-method must be one of {list(LOAD_BALANCE_METHODS)}, got {method!r}")
+            raise ValueError(
+                f"--load-balance-method must be one of {list(LOAD_BALANCE_METHODS)}, got {method!r}"
+            )
         self.dp_size = dp_size
         self.method = "round_robin" if method == "auto" else method
         self.loads = [_ReplicaLoad() for _ in range(dp_size)]

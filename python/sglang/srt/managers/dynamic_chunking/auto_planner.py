@@ -143,7 +143,9 @@ class AutoChunkPlanner:
             c = self.chunk_size
             for prefix in (0, c, 4 * c, 16 * c):
                 for x in (max(1, c // 4), max(1, c // 2), c):
-                    samples.append(ChunkSample(prefix, x, self._prior.chunk_latency(prefix, x), self.prior_weight))
+                    samples.append(
+                        ChunkSample(prefix, x, self._prior.chunk_latency(prefix, x), self.prior_weight)
+                    )
         try:
             return self._sanitize(robust_fit_chunks(samples, prefix_term=True))
         except FitError:
@@ -259,7 +261,10 @@ class AutoChunkPlanner:
         done = 0
         while done < n:
             rem = n - done
-            x = min(max(int(size(prefix_len + done)) // self.alignment * self.alignment, self.body_floor), self.cap)
+            x = min(
+                max(int(size(prefix_len + done)) // self.alignment * self.alignment, self.body_floor),
+                self.cap,
+            )
             if x >= rem:
                 x = rem
             elif rem - x < self.tail_floor:

@@ -29,7 +29,8 @@ def resolve_dynamic_chunking(
         return None
     if pp_size <= 1:
         logger.warning(
-            "--enable-dynamic-chunking only matters with --pp-size > 1 (pp_size=%d); using fixed chunks", pp_size
+            "--enable-dynamic-chunking only matters with --pp-size > 1 (pp_size=%d); using fixed chunks",
+            pp_size,
         )
         return None
     if chunked_prefill_size is None or chunked_prefill_size <= 0:

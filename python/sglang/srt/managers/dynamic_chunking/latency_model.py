@@ -176,9 +176,7 @@ def _robust_fit(
         rel = [(p - y) / p for p, y in zip(pred, ys)]
         scale = max(1.4826 * _weighted_median([abs(v) for v in rel], sw), 0.01)
         cut = huber_k * scale
-        weights = [
-            w / (p * p) * (1.0 if abs(v) <= cut else cut / abs(v)) for w, p, v in zip(sw, pred, rel)
-        ]
+        weights = [w / (p * p) * (1.0 if abs(v) <= cut else cut / abs(v)) for w, p, v in zip(sw, pred, rel)]
         theta = weighted_least_squares(rows, ys, weights)
     return QuadraticLatencyModel(*theta)
 

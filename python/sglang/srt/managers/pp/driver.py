@@ -135,7 +135,10 @@ class PPDriver:
     # ------------------------------------------------------------------ state
     def ring_state(self) -> dict:
         """The driver's entries of `Scheduler.internal_state()` (and so of the metrics)."""
-        return {"pp_bubble_ratio": list(self.bubble_ratios), **(self.dp.state() if self.dp is not None else {})}
+        return {
+            "pp_bubble_ratio": list(self.bubble_ratios),
+            **(self.dp.state() if self.dp is not None else {}),
+        }
 
     def _chunk_budget(self, fill_len: int, prefix_len: int) -> int:
         """`SchedulePolicy`'s budget function: the policy's chunk size for this ring."""
@@ -168,7 +171,9 @@ class PPDriver:
         room = len(self.inflight) < self.ring_size
         launch_ok = room and self.scheduler.has_work
         if self.dp is not None:  # launch and halt together with the other replicas or not at all
-            launch_ok, packet.halt = self.dp.all_ready(room, self.scheduler.has_work or bool(self.inflight), packet.halt)
+            launch_ok, packet.halt = self.dp.all_ready(
+                room, self.scheduler.has_work or bool(self.inflight), packet.halt
+            )
         if packet.halt:
             return True
         if packet.ping:
@@ -241,7 +246,9 @@ class PPDriver:
             if self._must_wait and not outputs:
                 self.tracer.flush()
                 with self.tracer.span("output wait", in_flight=len(self.inflight)) as wait:
-                    outputs = [inbox.take(MsgType.OUTPUT).obj] + [m.obj for m in inbox.take_all(MsgType.OUTPUT)]
+                    outputs = [inbox.take(MsgType.OUTPUT).obj] + [
+                        m.obj for m in inbox.take_all(MsgType.OUTPUT)
+                    ]
                 self.meter.idle(wait.duration)
                 self.stats.output_waits += 1
             packet = ExchangePacket(
@@ -273,7 +280,9 @@ class PPDriver:
     def _launch_idle(self, dp: DPForwardInfo) -> None:
         """Attention DP: this replica's empty part of a micro-batch another replica has tokens for."""
         runner = self.scheduler.runner
-        self._send_micro_batch(StageBatch.idle(self.next_mb_id, dp), ScheduleBatch(), lambda: runner.forward_idle(dp))
+        self._send_micro_batch(
+            StageBatch.idle(self.next_mb_id, dp), ScheduleBatch(), lambda: runner.forward_idle(dp)
+        )
 
     def _send_micro_batch(self, msg: StageBatch, batch: ScheduleBatch, forward: Callable[[], Any]) -> None:
         mb_id = self.next_mb_id

@@ -94,12 +94,17 @@ def build_pp_rank(
             chunk_policy=policy,
             tokenizer=tokenizer,
         )
-        if groups.is_replica_entry and port_args is not None:  # PD prefill: answers once the decode side has the KV
+        # PD prefill: answers once the decode side has the KV
+        if groups.is_replica_entry and port_args is not None:
             driver.scheduler.disagg.set_output_sink(ThreadOutputSender(port_args))
         logger.info(
             "pipeline stage 0 of %d: layers [%d, %d), ring of %d micro-batches (request cap %s)",
-            groups.pp.size, runner.start_layer, runner.end_layer, driver.ring_size, driver.max_mb_reqs,
-        )  # fmt: skip
+            groups.pp.size,
+            runner.start_layer,
+            runner.end_layer,
+            driver.ring_size,
+            driver.max_mb_reqs,
+        )
         return PPRank(driver, driver.scheduler.ready_info(), comm, tracer, policy)
     ring_size = groups.pp.size + server_args.pp_async_batch_depth
     from sglang.srt.disaggregation.factory import create_stage_transfer
@@ -107,6 +112,10 @@ def build_pp_rank(
     pd = create_stage_transfer(server_args, groups, runner)  # PD prefill: this stage sends its layers' KV
     worker = PPStageWorker(runner, groups, comm, tracer, ring_size, pd=pd)
     logger.info(
-        "pipeline stage %d of %d: layers [%d, %d)", groups.pp.rank, groups.pp.size, runner.start_layer, runner.end_layer
+        "pipeline stage %d of %d: layers [%d, %d)",
+        groups.pp.rank,
+        groups.pp.size,
+        runner.start_layer,
+        runner.end_layer,
     )
     return PPRank(worker, stage_ready_info(runner), comm, tracer, policy)

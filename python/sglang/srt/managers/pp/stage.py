@@ -71,7 +71,13 @@ class PPStageWorker:
     """The loop of a rank on pipeline stage k > 0."""
 
     def __init__(
-        self, runner: ModelRunner, groups: ParallelGroups, comm: PPComm, tracer: PPTracer, ring_size: int, pd=None
+        self,
+        runner: ModelRunner,
+        groups: ParallelGroups,
+        comm: PPComm,
+        tracer: PPTracer,
+        ring_size: int,
+        pd=None,
     ):
         """`pd`: PD disaggregation's sender of this stage's KV (a prefill server), else None."""
         self.pd = pd
@@ -149,7 +155,9 @@ class PPStageWorker:
             else:
                 assert isinstance(out, PPProxyTensors)
                 self.pending.add(batch.mb_id, self.comm.send_next(MsgType.BATCH, batch.mb_id, batch))
-                self.pending.add(batch.mb_id, self.comm.send_next(MsgType.PROXY, batch.mb_id, tensors=out.tensors))
+                self.pending.add(
+                    batch.mb_id, self.comm.send_next(MsgType.PROXY, batch.mb_id, tensors=out.tensors)
+                )
 
     def _pass_on(self, kind: int, mb_id: int) -> None:
         """Control messages go round the ring: to the next stage, or from the last back to stage 0."""

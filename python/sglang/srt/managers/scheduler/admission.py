@@ -22,7 +22,9 @@ class RequestAdmission:
     """`tokenizer`: normalizes the sampling parameters (stop strings); None with
     `--skip-tokenizer-init`. `max_queued_requests`: None for an unbounded waiting queue."""
 
-    def __init__(self, tokenizer, max_req_input_len: int, vocab_size: int, max_queued_requests: Optional[int]):
+    def __init__(
+        self, tokenizer, max_req_input_len: int, vocab_size: int, max_queued_requests: Optional[int]
+    ):
         self.tokenizer = tokenizer
         self.max_req_input_len = max_req_input_len
         self.vocab_size = vocab_size

@@ -21,7 +21,9 @@ logger = logging.getLogger(__name__)
 
 
 class KVCacheManager:
-    def __init__(self, req_to_token_pool: ReqToTokenPool, allocator: TokenToKVPoolAllocator, tree: RadixCache):
+    def __init__(
+        self, req_to_token_pool: ReqToTokenPool, allocator: TokenToKVPoolAllocator, tree: RadixCache
+    ):
         self.req_to_token_pool = req_to_token_pool
         self.allocator = allocator
         self.tree = tree
@@ -76,7 +78,9 @@ class KVCacheManager:
         table = self.req_to_token_pool.req_to_token
         offset = 0
         for it in items:
-            table[it.req.req_pool_idx, it.start : it.start + it.num_tokens] = out[offset : offset + it.num_tokens]
+            table[it.req.req_pool_idx, it.start : it.start + it.num_tokens] = out[
+                offset : offset + it.num_tokens
+            ]
             offset += it.num_tokens
         return out
 

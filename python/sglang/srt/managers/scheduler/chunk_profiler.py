@@ -60,7 +60,13 @@ def build_dynamic_chunking(
     logger.info(
         "dynamic chunking (%s): profiled %d prefills of %d..%d tokens on every stage, fit %s",
         "auto" if server_args.dynamic_chunking_mode == "auto" else "upstream",
-        len(lengths), min(lengths, default=0), max(lengths, default=0),
-        "accepted" if fitted else "rejected (fixed chunks)" if server_args.dynamic_chunking_mode != "auto" else "no prior",
-    )  # fmt: skip
+        len(lengths),
+        min(lengths, default=0),
+        max(lengths, default=0),
+        "accepted"
+        if fitted
+        else "rejected (fixed chunks)"
+        if server_args.dynamic_chunking_mode != "auto"
+        else "no prior",
+    )
     return policy

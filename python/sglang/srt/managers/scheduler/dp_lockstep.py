@@ -60,4 +60,6 @@ class DPLockstep:
             return None
         if num_tokens == 0:
             self.num_idle_forwards += 1
-        return DPForwardInfo(replica=self.dp_rank, num_tokens=tokens, num_logit_rows=tuple(r[1] for r in rows))
+        return DPForwardInfo(
+            replica=self.dp_rank, num_tokens=tokens, num_logit_rows=tuple(r[1] for r in rows)
+        )

@@ -201,5 +201,7 @@ class ScheduleBatch:
             prompt_ids=[item.req.origin_input_ids for item in sampling],
             output_ids=[item.req.output_ids for item in sampling],
             return_logprob=any(item.req.return_logprob for item in sampling),
-            top_logprobs_nums=[item.req.top_logprobs_num if item.req.return_logprob else 0 for item in sampling],
+            top_logprobs_nums=[
+                item.req.top_logprobs_num if item.req.return_logprob else 0 for item in sampling
+            ],
         )

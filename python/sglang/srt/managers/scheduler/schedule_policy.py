@@ -37,7 +37,11 @@ class StepBudget:
 
 class SchedulePolicy:
     def __init__(
-        self, policy: str, budget: StepBudget, cache: KVCacheManager, chunk_budget: Optional[ChunkBudgetFn] = None
+        self,
+        policy: str,
+        budget: StepBudget,
+        cache: KVCacheManager,
+        chunk_budget: Optional[ChunkBudgetFn] = None,
     ):
         if policy not in ("fcfs", "lpm"):
             raise ValueError(f"unknown schedule policy {policy!r}")
@@ -87,8 +91,12 @@ class SchedulePolicy:
             share = prefill_left // 2
             limit = self.budget.short_first_tokens
             # a prompt that short needs no prefix walk; a longer one may be short once its cached prefix is off
-            shorts = [r for r in waiting if r.seqlen <= limit or r.seqlen - self.cache.match_prefix_len(r) <= limit]
-            used = self._admit_waiting(batch, running, shorts, share, cap, decode_tokens, admitted, whole_only=True)
+            shorts = [
+                r for r in waiting if r.seqlen <= limit or r.seqlen - self.cache.match_prefix_len(r) <= limit
+            ]
+            used = self._admit_waiting(
+                batch, running, shorts, share, cap, decode_tokens, admitted, whole_only=True
+            )
             prefill_left -= used
         for req in continuing:  # requests in the middle of a chunked prefill continue first
             if prefill_left > 0 and len(batch.items) < cap:
@@ -101,7 +109,9 @@ class SchedulePolicy:
         rest = [r for r in waiting if r not in admitted] if admitted else waiting
         if prefill_left <= 0 or not rest:
             return batch, admitted
-        self._admit_waiting(batch, running, self.order_waiting(rest), prefill_left, cap, decode_tokens, admitted)
+        self._admit_waiting(
+            batch, running, self.order_waiting(rest), prefill_left, cap, decode_tokens, admitted
+        )
         return batch, admitted
 
     def _admit_waiting(

@@ -45,7 +45,12 @@ from sglang.srt.managers.scheduler.admission import RequestAdmission, refuse
 from sglang.srt.managers.scheduler.cache_manager import KVCacheManager
 from sglang.srt.managers.scheduler.dp_lockstep import DPLockstep
 from sglang.srt.managers.scheduler.schedule_batch import Req, ScheduleBatch
-from sglang.srt.managers.scheduler.schedule_policy import ChunkBudgetFn, SchedulePolicy, StepBudget, pick_retract_victim
+from sglang.srt.managers.scheduler.schedule_policy import (
+    ChunkBudgetFn,
+    SchedulePolicy,
+    StepBudget,
+    pick_retract_victim,
+)
 from sglang.srt.managers.scheduler.scheduler_output import StepStats, build_token_id_out, due_for_output
 from sglang.srt.managers.scheduler.scheduler_watchdog import SchedulerWatchdog
 from sglang.srt.mem_cache.radix_cache import RadixCache
@@ -323,7 +328,9 @@ class Scheduler:
 
     def _shrink_for_memory(self, batch: ScheduleBatch) -> ScheduleBatch:
         """Out of KV: first give back this step's newly admitted prefills, then retract decodes."""
-        prefills = [it for it in batch.items if it.req.is_prefilling and it.req.kv_len == it.req.cached_prefix_len]
+        prefills = [
+            it for it in batch.items if it.req.is_prefilling and it.req.kv_len == it.req.cached_prefix_len
+        ]
         if prefills:
             victim = prefills[-1].req
             self._requeue(victim)
@@ -341,7 +348,11 @@ class Scheduler:
             else:
                 victim.retracted_count += 1
                 self.num_retractions += 1
-                logger.info("KV cache full: retracting request %s (%d output tokens)", victim.rid, len(victim.output_ids))
+                logger.info(
+                    "KV cache full: retracting request %s (%d output tokens)",
+                    victim.rid,
+                    len(victim.output_ids),
+                )
                 self._requeue(victim)
         batch.items = [it for it in batch.items if it.req is not victim]
         return batch
@@ -376,7 +387,9 @@ class Scheduler:
                 self._pending_outputs.append(req)
                 continue
             lp = result.logprobs[row] if req.return_logprob and result.logprobs is not None else None
-            top = result.top_logprobs[row] if req.top_logprobs_num and result.top_logprobs is not None else None
+            top = (
+                result.top_logprobs[row] if req.top_logprobs_num and result.top_logprobs is not None else None
+            )
             req.append_token(result.next_token_ids[row], lp, top)
             if self.disagg.take_over(req, lp, top):  # PD prefill: the decode server continues it
                 self.running.remove(req)

@@ -47,7 +47,11 @@ def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, rank: in
         else:
             lockstep = DPLockstep(groups) if groups.layout.attn_dp > 1 else None
             scheduler = Scheduler(server_args, groups=groups, tokenizer=tokenizer, dp_lockstep=lockstep)
-            io = SchedulerIO(port_args, groups.dp_rank, groups.layout.attn_dp) if groups.is_replica_entry else None
+            io = (
+                SchedulerIO(port_args, groups.dp_rank, groups.layout.attn_dp)
+                if groups.is_replica_entry
+                else None
+            )
             if io is not None:
                 scheduler.disagg.set_output_sink(ThreadOutputSender(port_args))  # PD prefill: early answers
             info = scheduler.ready_info()
@@ -82,5 +86,10 @@ def init_rank_groups(server_args: ServerArgs, rank: int) -> ParallelGroups:
 
     layout = ParallelLayout.from_server_args(server_args)  # `--cp-size N` alone means tp = dp · cp
     return init_rank_distributed(
-        layout, rank, server_args.device, server_args.dist_init_addr, server_args.dist_timeout, server_args.nnodes
+        layout,
+        rank,
+        server_args.device,
+        server_args.dist_init_addr,
+        server_args.dist_timeout,
+        server_args.nnodes,
     )

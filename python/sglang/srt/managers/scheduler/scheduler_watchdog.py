@@ -89,8 +89,11 @@ class SchedulerWatchdog:
             self._snapshot_busy = busy
 
     # ------------------------------------------------------------------ the thread
-    def start(self, heartbeat_sink: Optional[Callable[[], Callable[[Any], None]]] = None,
-              on_timeout: Optional[Callable[[], None]] = None) -> None:  # fmt: skip
+    def start(
+        self,
+        heartbeat_sink: Optional[Callable[[], Callable[[Any], None]]] = None,
+        on_timeout: Optional[Callable[[], None]] = None,
+    ) -> None:
         """Start the thread (call from the scheduler loop's thread). `heartbeat_sink`: a factory,
         called in the thread, of the function that sends heartbeats (entry rank only).
         `on_timeout`: what to do after the timeout was logged (default: exit the process)."""
@@ -155,9 +158,12 @@ class SchedulerWatchdog:
             "watchdog timeout: a forward step has not finished in %.1f s (--watchdog-timeout %g; %d step(s) in "
             "flight, %d finished so far). The scheduler thread is here:\n%sThe server exits instead of hanging; "
             "raise --watchdog-timeout if such steps are expected.",
-            time.monotonic() - (self.busy_since or time.monotonic()), self.timeout_s, self.steps_in_flight,
-            self.steps_finished, where,
-        )  # fmt: skip
+            time.monotonic() - (self.busy_since or time.monotonic()),
+            self.timeout_s,
+            self.steps_in_flight,
+            self.steps_finished,
+            where,
+        )
         for handler in logging.getLogger().handlers:
             try:
                 handler.flush()

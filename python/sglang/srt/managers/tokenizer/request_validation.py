@@ -50,7 +50,9 @@ def check_bootstrap(obj, role: DisaggregationRole, num_prepared: int) -> None:
         host, port, room = bootstrap_of(obj, i)
         if not isinstance(host, str) or not host:
             raise ValueError("'bootstrap_host' must be a host name or address")
-        if port is not None and (not isinstance(port, numbers.Integral) or isinstance(port, bool) or not 0 < port < 65536):
+        if port is not None and (
+            not isinstance(port, numbers.Integral) or isinstance(port, bool) or not 0 < port < 65536
+        ):
             raise ValueError("'bootstrap_port' must be an integer in 1..65535")
         if not isinstance(room, numbers.Integral) or isinstance(room, bool) or not 0 <= room <= MAX_ROOM:
             raise ValueError(f"'bootstrap_room' must be an integer in [0, {MAX_ROOM}]")

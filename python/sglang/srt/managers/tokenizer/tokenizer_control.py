@@ -99,7 +99,9 @@ class SchedulerControl:
     async def flush_cache(self, num_running: int) -> FlushCacheReqOutput:
         """Flush the radix cache; refused at once (never queued behind work) while requests run."""
         if num_running:
-            return FlushCacheReqOutput(False, f"cannot flush the cache while {num_running} request(s) are running")
+            return FlushCacheReqOutput(
+                False, f"cannot flush the cache while {num_running} request(s) are running"
+            )
         # No request known to the tokenizer means an idle scheduler (requests leave its table only
         # when the scheduler reported them finished): it answers in milliseconds, unless frozen.
         age = self.heartbeat_age()

@@ -37,7 +37,11 @@ from sglang.srt.managers.io_struct import (
 from sglang.srt.managers.tokenizer.request_validation import bootstrap_of, check_bootstrap
 from sglang.srt.managers.tokenizer.tokenizer_control import STATE_WAIT_S, SchedulerControl
 from sglang.srt.managers.tokenizer.tokenizer_input import prepare_requests
-from sglang.srt.managers.tokenizer.tokenizer_output import OutputBuilder, RequestMetricsRecorder, apply_batch_str
+from sglang.srt.managers.tokenizer.tokenizer_output import (
+    OutputBuilder,
+    RequestMetricsRecorder,
+    apply_batch_str,
+)
 from sglang.srt.managers.tokenizer.tokenizer_state import (
     HEALTH_RID_PREFIX,
     GenerateCall,
@@ -53,7 +57,14 @@ from sglang.srt.metrics.collector import ServerMetrics
 from sglang.srt.server_args import PortArgs, ServerArgs
 
 # Names importers take from here (the request path's public surface).
-__all__ = ["GenerateCall", "ReqChunk", "ReqState", "RequestRejected", "SchedulerUnavailable", "TokenizerManager"]
+__all__ = [
+    "GenerateCall",
+    "ReqChunk",
+    "ReqState",
+    "RequestRejected",
+    "SchedulerUnavailable",
+    "TokenizerManager",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -251,7 +262,9 @@ class TokenizerManager:
         async for out in self.iter_results(call, request):
             yield out
 
-    async def iter_results(self, call: GenerateCall, request: Any = None) -> AsyncIterator[Union[dict, list[dict]]]:
+    async def iter_results(
+        self, call: GenerateCall, request: Any = None
+    ) -> AsyncIterator[Union[dict, list[dict]]]:
         """Results of an already submitted call (see `generate_request`)."""
         if call.obj.stream:
             async for chunk in self.iter_chunks(call, request):

@@ -77,7 +77,9 @@ def index_topk_positions(
         block = max(1, SCORE_BUDGET // max(1, (q.shape[1] + k_cache.shape[1]) * max_len))
         for b0 in range(0, n1, block):
             b1 = min(n1, b0 + block)
-            keys = k_cache.index_select(0, md.single_slots[b0:b1].reshape(-1)).view(b1 - b0, max_len, -1).float()
+            keys = (
+                k_cache.index_select(0, md.single_slots[b0:b1].reshape(-1)).view(b1 - b0, max_len, -1).float()
+            )
             s = index_scores(qf[rows[b0:b1]], wf[rows[b0:b1]], keys, softmax_scale)
             if md.single_valid is not None:
                 s = s.masked_fill(~md.single_valid[b0:b1], float("-inf"))
@@ -216,8 +218,10 @@ class IndexerInputs:
         if md.max_seq_len <= idx.index_topk:
             return None
         q, weights = self.query()
-        pairs = sum(e * p + e * (e + 1) // 2 for e, p in zip(forward_batch.extend_seq_lens_cpu,
-                                                               forward_batch.extend_prefix_lens_cpu))  # fmt: skip
+        pairs = sum(
+            e * p + e * (e + 1) // 2
+            for e, p in zip(forward_batch.extend_seq_lens_cpu, forward_batch.extend_prefix_lens_cpu)
+        )
         idx.count(n, pairs)
         return index_topk_positions(
             q, weights, pool.get_index_k_buffer(idx.layer_id), md, idx.index_topk, idx.softmax_scale

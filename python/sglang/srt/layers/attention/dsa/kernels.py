@@ -64,7 +64,10 @@ class DSAKernels:
     """sgl_kernel_npu ops with one implementation for prefill (extend / mixed batches) and one for decode."""
 
     def __init__(
-        self, prefill_impl: str = "auto", decode_impl: str = "auto", index_score_dtype: Optional[torch.dtype] = None
+        self,
+        prefill_impl: str = "auto",
+        decode_impl: str = "auto",
+        index_score_dtype: Optional[torch.dtype] = None,
     ):
         self.ops = dsa_ops()
         for impl in (prefill_impl, decode_impl):
@@ -102,9 +105,20 @@ class DSAKernels:
         int8 with index_k_scale [num_blocks, block, 1]: the pool's int8 copy, int8 scoring);
         table [B, max_blocks] block ids. -> [n, topk] int32."""
         idx = self.ops.lightning_indexer(
-            q, index_k, weights.float() * scale, cu_q, kv_lens, table, "TND", "PA_BSND", topk, 3,
-            impl=self.impl(decode), score_dtype=self.index_score_dtype, key_scale=index_k_scale,
-        )  # fmt: skip
+            q,
+            index_k,
+            weights.float() * scale,
+            cu_q,
+            kv_lens,
+            table,
+            "TND",
+            "PA_BSND",
+            topk,
+            3,
+            impl=self.impl(decode),
+            score_dtype=self.index_score_dtype,
+            key_scale=index_k_scale,
+        )
         return idx[:, 0]
 
     def attend_paged(
@@ -123,9 +137,22 @@ class DSAKernels:
         positions [n, K] -> [n, H, L]."""
         rows = kv
         return self.ops.sparse_flash_attention(
-            q[..., :v_dim], rows[..., :v_dim], rows[..., :v_dim], positions.unsqueeze(1), scale, table, cu_q, kv_lens,
-            q[..., v_dim:], rows[..., v_dim:], 1, "TND", "PA_BSND", 3, impl=self.impl(decode),
-        )  # fmt: skip
+            q[..., :v_dim],
+            rows[..., :v_dim],
+            rows[..., :v_dim],
+            positions.unsqueeze(1),
+            scale,
+            table,
+            cu_q,
+            kv_lens,
+            q[..., v_dim:],
+            rows[..., v_dim:],
+            1,
+            "TND",
+            "PA_BSND",
+            3,
+            impl=self.impl(decode),
+        )
 
     # ------------------------------------------------------------------ context parallelism
     def _run_layout(self, q_pos: torch.Tensor, total: int):
@@ -137,7 +164,13 @@ class DSAKernels:
         return cu, kv_lens, table
 
     def own_query_topk(
-        self, q: torch.Tensor, w: torch.Tensor, q_pos: torch.Tensor, keys: torch.Tensor, topk: int, scale: float
+        self,
+        q: torch.Tensor,
+        w: torch.Tensor,
+        q_pos: torch.Tensor,
+        keys: torch.Tensor,
+        topk: int,
+        scale: float,
     ) -> torch.Tensor:
         """Like `cp_indexer.own_query_topk`: queries at ascending positions q_pos against keys [T, D]
         at positions 0..T-1 -> [m, min(topk, T)] int32 (what `attend_rows` takes), -1 padded."""
@@ -151,21 +184,52 @@ class DSAKernels:
         # group, and over 6x the pages it ran 10-13 % slower (TLB); one copy (T x D) costs ~ms.
         keys = keys.contiguous()
         key = keys.view(1, total, 1, keys.shape[1])
-        idx = self.ops.lightning_indexer(q, key, w.float() * scale, cu, kv_lens, table, "TND", "PA_BSND", width, 3,
-                                    impl=self.prefill_impl, score_dtype=self.index_score_dtype)  # fmt: skip
+        idx = self.ops.lightning_indexer(
+            q,
+            key,
+            w.float() * scale,
+            cu,
+            kv_lens,
+            table,
+            "TND",
+            "PA_BSND",
+            width,
+            3,
+            impl=self.prefill_impl,
+            score_dtype=self.index_score_dtype,
+        )
         return idx[:, 0]
 
     def attend_rows(
-        self, q: torch.Tensor, seq: torch.Tensor, q_pos: torch.Tensor, positions: torch.Tensor, scale: float, v_dim: int
+        self,
+        q: torch.Tensor,
+        seq: torch.Tensor,
+        q_pos: torch.Tensor,
+        positions: torch.Tensor,
+        scale: float,
+        v_dim: int,
     ) -> torch.Tensor:
         """q [m, H, L + R] own queries at q_pos, seq [T, L + R] the request's rows, positions [m, K]."""
         total = seq.shape[0]
         cu, kv_lens, table = self._run_layout(q_pos, total)
         rows = seq.view(1, total, 1, seq.shape[1])
         return self.ops.sparse_flash_attention(
-            q[..., :v_dim], rows[..., :v_dim], rows[..., :v_dim], positions.to(torch.int32).unsqueeze(1), scale,
-            table, cu, kv_lens, q[..., v_dim:], rows[..., v_dim:], 1, "TND", "PA_BSND", 3, impl=self.prefill_impl,
-        )  # fmt: skip
+            q[..., :v_dim],
+            rows[..., :v_dim],
+            rows[..., :v_dim],
+            positions.to(torch.int32).unsqueeze(1),
+            scale,
+            table,
+            cu,
+            kv_lens,
+            q[..., v_dim:],
+            rows[..., v_dim:],
+            1,
+            "TND",
+            "PA_BSND",
+            3,
+            impl=self.prefill_impl,
+        )
 
     def shard_topk_candidates(
         self,
@@ -186,9 +250,22 @@ class DSAKernels:
         lens = valid.sum(dim=1).to(torch.int32)
         cu = torch.arange(1, n1 + 1, dtype=torch.int32)
         key = index_k.view(index_k.shape[0], 1, 1, index_k.shape[1])
-        idx, vals = self.ops.lightning_indexer(q, key, w.float() * scale, cu, lens, slots.to(torch.int32), "TND", "PA_BSND",
-                                          width, 0, return_value=True, impl=self.decode_impl,
-                                          score_dtype=self.index_score_dtype, key_scale=index_k_scale)  # fmt: skip
+        idx, vals = self.ops.lightning_indexer(
+            q,
+            key,
+            w.float() * scale,
+            cu,
+            lens,
+            slots.to(torch.int32),
+            "TND",
+            "PA_BSND",
+            width,
+            0,
+            return_value=True,
+            impl=self.decode_impl,
+            score_dtype=self.index_score_dtype,
+            key_scale=index_k_scale,
+        )
         idx, vals = idx[:, 0].long(), vals[:, 0]
         if key_pos.numel() == 0:  # this rank stores no key of these queries (e.g. 1-token prompts)
             return vals, torch.full_like(idx, -1)
@@ -196,7 +273,13 @@ class DSAKernels:
         return vals, pos
 
     def attend_slots(
-        self, q: torch.Tensor, kv: torch.Tensor, slots: torch.Tensor, valid: torch.Tensor, scale: float, v_dim: int
+        self,
+        q: torch.Tensor,
+        kv: torch.Tensor,
+        slots: torch.Tensor,
+        valid: torch.Tensor,
+        scale: float,
+        v_dim: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Decode queries [n1, H, L + R] over the rows at slots [n1, K] where valid -> (out, lse)."""
         n1, k = slots.shape
@@ -205,10 +288,23 @@ class DSAKernels:
         lens = torch.full((n1,), k, dtype=torch.int32)
         idx = torch.where(valid, torch.arange(k, dtype=torch.int32).unsqueeze(0), -1).to(torch.int32)
         return self.ops.sparse_flash_attention(
-            q[..., :v_dim], rows[..., :v_dim], rows[..., :v_dim], idx.unsqueeze(1), scale, slots.to(torch.int32),
-            cu, lens, q[..., v_dim:], rows[..., v_dim:], 1, "TND", "PA_BSND", 0, return_softmax_lse=True,
+            q[..., :v_dim],
+            rows[..., :v_dim],
+            rows[..., :v_dim],
+            idx.unsqueeze(1),
+            scale,
+            slots.to(torch.int32),
+            cu,
+            lens,
+            q[..., v_dim:],
+            rows[..., v_dim:],
+            1,
+            "TND",
+            "PA_BSND",
+            0,
+            return_softmax_lse=True,
             impl=self.decode_impl,
-        )  # fmt: skip
+        )
 
 
 def make_kernels(

@@ -43,7 +43,9 @@ def merge_candidates(values: torch.Tensor, positions: torch.Tensor, k: int) -> t
     if c == 0:
         return positions.new_full((b, k), -1)
     # order by position first, then stable sort by score: ties go to the earlier position
-    pos_order = torch.argsort(positions.masked_fill(positions < 0, torch.iinfo(torch.int64).max), dim=-1, stable=True)
+    pos_order = torch.argsort(
+        positions.masked_fill(positions < 0, torch.iinfo(torch.int64).max), dim=-1, stable=True
+    )
     vals = values.gather(1, pos_order)
     pos = positions.gather(1, pos_order)
     _, top_idx = select_topk(vals, min(k, c))

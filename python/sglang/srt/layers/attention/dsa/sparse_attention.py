@@ -35,7 +35,11 @@ def sparse_latent_attention(
     n, num_heads, dim = q.shape
     k = slots.shape[1]
     out = q.new_zeros((n, num_heads, v_dim))
-    lse = torch.full((n, num_heads), float("-inf"), dtype=torch.float32, device=q.device) if return_lse else None
+    lse = (
+        torch.full((n, num_heads), float("-inf"), dtype=torch.float32, device=q.device)
+        if return_lse
+        else None
+    )
     if n == 0 or k == 0:
         return (out, lse) if return_lse else out
     block = max(1, GATHER_BUDGET // max(1, k * dim))

@@ -24,7 +24,9 @@ MAX_GAP = 64  # a jump in query positions larger than this starts a new block
 MIN_RUN = 32  # a contiguous run of at least this many positions is a block of its own
 
 
-def _blocks(q_pos: list[int], block: int, max_gap: int = MAX_GAP, min_run: int = MIN_RUN) -> list[tuple[int, int]]:
+def _blocks(
+    q_pos: list[int], block: int, max_gap: int = MAX_GAP, min_run: int = MIN_RUN
+) -> list[tuple[int, int]]:
     """[start, end) row ranges of ascending positions: each contiguous run of >= min_run
     positions is one block; the other rows form blocks of <= `block` rows, cut where the
     positions jump by more than `max_gap`."""

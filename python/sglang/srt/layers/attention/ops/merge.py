@@ -24,7 +24,9 @@ def _kernel_merge() -> Optional[Callable]:
     return merge_attn_states
 
 
-def merge_state(outs: Sequence[torch.Tensor], lses: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def merge_state(
+    outs: Sequence[torch.Tensor], lses: Sequence[torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Combine partial attentions of the same queries over disjoint key sets.
 
     outs[r] [..., L, D], lses[r] [..., L] (float32; -inf for a query that saw no key of part r).
@@ -38,7 +40,9 @@ def merge_state(outs: Sequence[torch.Tensor], lses: Sequence[torch.Tensor]) -> t
     return kernel(outs, lses) if kernel is not None else merge_state_torch(outs, lses)
 
 
-def merge_state_torch(outs: Sequence[torch.Tensor], lses: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def merge_state_torch(
+    outs: Sequence[torch.Tensor], lses: Sequence[torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """`merge_state` in torch ops (any device; new tensors only), for installs without sgl-kernel-npu."""
     stacked = torch.stack([x.float() for x in lses])  # [R, ..., L]
     top = stacked.amax(0)
