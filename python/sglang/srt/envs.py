@@ -149,6 +149,15 @@ SGLANG_HEALTH_CHECK_TIMEOUT: EnvVar[float] = EnvVar(
     "before it judges the scheduler (upstream's variable and default).",
 )
 
+# ---------------------------------------------------------------- profiling
+SGLANG_TORCH_PROFILER_DIR: EnvVar[str] = EnvVar(
+    "SGLANG_TORCH_PROFILER_DIR",
+    "/tmp",
+    str,
+    "Folder of the torch.profiler traces /start_profile writes when its body names no output_dir "
+    "(upstream's variable and default).",
+)
+
 # ---------------------------------------------------------------- PD disaggregation (upstream names and defaults)
 SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT: EnvVar[float] = EnvVar(
     "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT",

@@ -20,12 +20,14 @@ from typing import Any, AsyncIterator, Callable, Optional
 
 import uvicorn
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 
 from sglang.srt.entrypoints.engine import _launch_subprocesses
 from sglang.srt.entrypoints.http.admin import AdminRoutes
 from sglang.srt.entrypoints.http.common import ApiKeyMiddleware, add_error_handlers
 from sglang.srt.entrypoints.http.native import NativeRoutes
 from sglang.srt.entrypoints.http.openai_api import OpenAIRoutes
+from sglang.srt.entrypoints.http.tokens import TokenRoutes
 from sglang.srt.managers.tokenizer.tokenizer_manager import TokenizerManager
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.process import configure_logger
@@ -34,6 +36,7 @@ logger = logging.getLogger(__name__)
 
 SHUTDOWN_RACE_S = 0.5
 FAIL_PENDING_S = 0.3  # a dying server's loop gets this long to send its pending requests their error
+READY_LINE = "The server is fired up and ready to roll!"  # upstream's; scripts wait for it
 
 
 def print_banner(server_args: ServerArgs) -> None:
@@ -76,10 +79,16 @@ def create_app(
     app = FastAPI(lifespan=lifespan)
     if args.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=args.api_key)
+    # CORS as upstream: any origin, method and header (added last: outermost, so a preflight is
+    # answered before the API-key check, which browsers never send on OPTIONS)
+    app.add_middleware(
+        CORSMiddleware, allow_origins=["*"], allow_credentials=True, allow_methods=["*"], allow_headers=["*"]
+    )
     add_error_handlers(app)
     app.include_router(NativeRoutes(tm, args).router())
     app.include_router(AdminRoutes(tm).router())
     app.include_router(OpenAIRoutes(tm, args).router())
+    app.include_router(TokenRoutes(tm).router())
     return app
 
 
@@ -124,6 +133,7 @@ def launch_server(server_args: ServerArgs, scheduler_entry: Optional[Callable[..
             while server is not None and not server.started:
                 await asyncio.sleep(0.05)
             print_banner(server_args)
+            logger.info(READY_LINE)
 
         asyncio.get_running_loop().create_task(wait_listening())
 

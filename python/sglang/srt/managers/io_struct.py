@@ -1,9 +1,10 @@
 """Every message that crosses a process boundary, in one module.
 
 Flow:  HTTP / Engine --GenerateReqInput--> TokenizerManager
-       TokenizerManager --TokenizedGenerateReqInput | AbortReq | FlushCacheReqInput | GetInternalStateReqInput--> Scheduler (entry rank)
+       TokenizerManager --TokenizedGenerateReqInput | AbortReq | FlushCacheReqInput | GetInternalStateReqInput
+                        | ProfileReqInput--> Scheduler (entry rank; mirrored to every rank of its replica)
        Scheduler --BatchTokenIDOut--> DetokenizerManager --BatchStrOut--> TokenizerManager
-       Scheduler --FlushCacheReqOutput | GetInternalStateReqOutput--> TokenizerManager (control replies)
+       Scheduler --FlushCacheReqOutput | GetInternalStateReqOutput | ProfileReqOutput--> TokenizerManager (control replies)
        Scheduler watchdog thread --SchedulerHeartbeat--> TokenizerManager (every 0.5 s, even mid-forward)
 
 All messages are plain dataclasses sent with `zmq.Socket.send_pyobj`.
@@ -128,6 +129,26 @@ class GetInternalStateReqOutput:
     state: dict[str, Any] = field(default_factory=dict)
     # With attention DP: each replica's own state (`state` is then their merge, see dp_controller)
     replica_states: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class ProfileReqInput:
+    """/start_profile and /stop_profile: torch.profiler on every scheduler rank. `start` with
+    `num_steps` stops by itself after that many forward steps; traces go to `output_dir`."""
+
+    action: str  # "start" | "stop"
+    output_dir: str = "/tmp"
+    num_steps: Optional[int] = None
+    activities: tuple[str, ...] = ("CPU",)
+    with_stack: bool = False
+    record_shapes: bool = False
+    profile_id: str = ""
+
+
+@dataclass
+class ProfileReqOutput:
+    success: bool
+    message: str = ""
 
 
 @dataclass

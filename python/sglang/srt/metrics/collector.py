@@ -17,6 +17,9 @@ With attention DP (dp_size > 1) these five scheduler gauges carry a `dp_rank` la
 per replica (each replica has its own requests and KV pool).
 | `sglang:pp_bubble_ratio{pp_stage}` | gauge | same, `pp_bubble_ratio` list (0 until PP reports it) |
 
+Decode throughput (`sglang:gen_throughput`), retractions, queue time and the PD queue / KV-transfer
+gauges: `scheduler_metrics.py`.
+
 TTFT and E2E are measured from the moment the TokenizerManager registered the request (after
 tokenization) to the arrival of the detokenized output; ITL is the gap between two output
 messages divided evenly over the tokens the later one brought. All three are observed for every
@@ -31,6 +34,8 @@ from typing import Any, Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from sglang.srt.metrics.scheduler_metrics import SchedulerMetrics
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -192,6 +197,7 @@ class ServerMetrics:
         )
         for stage in range(self.pp_size):
             self.bubble.labels(model_name, str(stage)).set(0.0)
+        self.scheduler = SchedulerMetrics(model_name, reg, self.dp_size)
         self._prompt_total = 0
         self._cached_total = 0
 
@@ -239,6 +245,7 @@ class ServerMetrics:
                 self.max_total_tokens[i].set(total)
                 self.num_used_tokens[i].set(used)
                 self.token_usage[i].set(used / total)
+        self.scheduler.update(state, replica_states)
         ratios = state.get("pp_bubble_ratio") or []
         for stage in range(max(self.pp_size, len(ratios))):
             value = ratios[stage] if stage < len(ratios) and ratios[stage] is not None else 0.0

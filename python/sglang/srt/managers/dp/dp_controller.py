@@ -38,6 +38,7 @@ from sglang.srt.managers.io_struct import (
     FlushCacheReqOutput,
     GetInternalStateReqInput,
     GetInternalStateReqOutput,
+    ProfileReqInput,
     SchedulerHeartbeat,
     TokenizedGenerateReqInput,
 )
@@ -208,7 +209,7 @@ class DataParallelController:
             for other, sock in enumerate(self.to_replicas):
                 if other != d:
                     sock.send_pyobj(DPWakeUp())
-        elif isinstance(msg, (AbortReq, FlushCacheReqInput, GetInternalStateReqInput)):
+        elif isinstance(msg, (AbortReq, FlushCacheReqInput, GetInternalStateReqInput, ProfileReqInput)):
             for sock in self.to_replicas:
                 sock.send_pyobj(msg)
         else:

@@ -52,6 +52,7 @@ class Req:
         self.output_token_logprobs: list[tuple[float, int]] = []
         self.output_top_logprobs: list[list[tuple[float, int]]] = []
         self.retracted_count = 0
+        self.queued_s: Optional[float] = None  # arrival to its first step (queue_time metric)
 
     # ------------------------------------------------------------------ token views
     @property

@@ -7,17 +7,17 @@
 - `SchedulerIO` (ZMQ) carries messages in and out when running as a process;
 - `DPLockstep` (attention DP only) agrees every step's token counts with the other replicas of the
   stage and makes this replica run an IDLE forward when it has no tokens but another has.
-- `SchedulerWatchdog` sees forward progress (`--watchdog-timeout`) and, once the process starts
-  its thread, sends heartbeats with the latest state snapshot to the tokenizer manager.
+- `SchedulerWatchdog` sees forward progress (`--watchdog-timeout`); its thread sends heartbeats
+  with the latest state snapshot; `SchedulerProfiler` runs torch.profiler (/start_profile).
 - `Disaggregation` (PD; disaggregation/component.py) holds a prefill or decode server's transfer
   queues; a normal server's does nothing. The scheduler calls it at fixed points: `admit`,
   `step` (`disagg_step`), `after_forward`, `take_over`, `abort_queued` / `on_abort`, `on_requeue`.
 
 The same object runs in-process (tests, benchmarks) through `add_request` / `step`. Its loop is
 `event_loop`; with pipeline parallelism stage 0's `managers/pp/driver.py` drives it instead (the
-process entry is `scheduler_process.py`). Whatever the loop, everything the scheduler
-takes from outside comes through its constructor: an existing `ModelRunner`, a dynamic-chunking
-budget, extra `internal_state()` entries, an observer of every step's result.
+process entry is `scheduler_process.py`). Whatever the loop, everything the scheduler takes from
+outside comes through its constructor: an existing `ModelRunner`, a dynamic-chunking budget,
+extra `internal_state()` entries, an observer of every step's result.
 """
 
 from __future__ import annotations
@@ -38,12 +38,14 @@ from sglang.srt.managers.io_struct import (
     FlushCacheReqOutput,
     GetInternalStateReqInput,
     GetInternalStateReqOutput,
+    ProfileReqInput,
     SchedulerReadyInfo,
     TokenizedGenerateReqInput,
 )
 from sglang.srt.managers.scheduler.admission import RequestAdmission, refuse
 from sglang.srt.managers.scheduler.cache_manager import KVCacheManager
 from sglang.srt.managers.scheduler.dp_lockstep import DPLockstep
+from sglang.srt.managers.scheduler.profiler import SchedulerProfiler
 from sglang.srt.managers.scheduler.schedule_batch import Req, ScheduleBatch
 from sglang.srt.managers.scheduler.schedule_policy import (
     ChunkBudgetFn,
@@ -127,12 +129,12 @@ class Scheduler:
         self.num_received = 0  # generate requests taken (the DP controller's load accounting)
         self._last_load: Optional[tuple[int, int]] = None
         self.stats = StepStats(time.monotonic())
+        self.profiler = SchedulerProfiler(self.groups.world_rank)  # /start_profile, /stop_profile
         # Reliability (issue 19): progress watchdog + state snapshots; the process entry starts its thread.
         self.watchdog = SchedulerWatchdog(
             server_args.watchdog_timeout, rank=self.groups.world_rank, dp_rank=self.groups.dp_rank
         )
-        # PD disaggregation: the transfer queues of a prefill / decode server; no-ops on a normal
-        # server (disaggregation/README.md).
+        # PD disaggregation: a prefill / decode server's transfer queues (disaggregation/README.md)
         self.disagg: Disaggregation = create_disaggregation(server_args, self.groups, self.runner, self.cache)
 
     # ------------------------------------------------------------------ info
@@ -164,6 +166,7 @@ class Scheduler:
             **(self.dp.state() if self.dp is not None else {}),
             **(self.extra_state() if self.extra_state is not None else {}),
             **self.disagg.internal_state(),
+            **self.stats.state(),  # gen_throughput, queue_time (/metrics)
         }
 
     @property
@@ -202,6 +205,8 @@ class Scheduler:
             return self.flush_cache()
         elif isinstance(msg, GetInternalStateReqInput):
             return GetInternalStateReqOutput(state=self.internal_state())
+        elif isinstance(msg, ProfileReqInput):
+            return self.profiler.handle(msg)
         else:
             logger.error("unknown message type %s ignored", type(msg).__name__)
         return None
@@ -322,6 +327,7 @@ class Scheduler:
             item.req.kv_len = item.start + item.num_tokens
             item.req.in_flight = item.samples
         self.forward_ct += 1
+        self.stats.on_launch(batch, time.monotonic())
         self.watchdog.step_started()
         self.watchdog.publish(self.internal_state, busy=True)  # what the step holds, before it runs
         return batch, worker_batch
@@ -370,6 +376,7 @@ class Scheduler:
             self.on_step_result(batch, result)
         self.disagg.after_forward(batch)  # PD prefill: this chunk's KV starts moving now
         self.stats.add_step(batch)
+        self.profiler.on_step()
         sampled = 0
         for item in batch.items:
             req = item.req

@@ -4,10 +4,12 @@ detokenizer, and its throughput in the log (`StepStats`)."""
 from __future__ import annotations
 
 import logging
+import time
 from typing import Optional
 
 from sglang.srt.managers.io_struct import BatchTokenIDOut
 from sglang.srt.managers.scheduler.schedule_batch import Req, ScheduleBatch
+from sglang.srt.metrics.scheduler_stats import BucketCounts, DecodeThroughput
 
 logger = logging.getLogger(__name__)
 
@@ -74,24 +76,41 @@ def build_token_id_out(reqs: list[Req]) -> Optional[BatchTokenIDOut]:
 
 class StepStats:
     """Tokens prefilled and decoded and steps run since the last log line; a line is due every
-    `interval_s` seconds in which a step ran."""
+    `interval_s` seconds in which a step ran. Also the /metrics figures (`state()`): decode
+    throughput and each request's queue time (arrival to first admission into a step)."""
 
     def __init__(self, now: float, interval_s: float = STATS_LOG_INTERVAL_S):
         self.interval_s = interval_s
+        self.gen_throughput = DecodeThroughput()
+        self.queue_time = BucketCounts()
         self._reset(now)
+
+    def on_launch(self, batch: ScheduleBatch, now: float) -> None:
+        """A step was scheduled: its requests seen for the first time in a step end their queue time."""
+        self.gen_throughput.launch(now)
+        for item in batch.items:
+            if item.req.queued_s is None:
+                item.req.queued_s = now - item.req.arrival_time
+                self.queue_time.observe(item.req.queued_s)
+
+    def state(self) -> dict:
+        return {"gen_throughput": self.gen_throughput.value, "queue_time": self.queue_time.snapshot()}
 
     def _reset(self, now: float) -> None:
         self.since = now
         self.prefill_tokens = self.decode_tokens = self.steps = 0
 
-    def add_step(self, batch: ScheduleBatch) -> None:
+    def add_step(self, batch: ScheduleBatch, now: Optional[float] = None) -> None:
         """Count a finished step (before its sampled tokens are appended)."""
+        decoded = 0
         for item in batch.items:
             if item.num_tokens > 1 or not item.req.output_ids:
                 self.prefill_tokens += item.num_tokens
             else:
-                self.decode_tokens += 1
+                decoded += 1
+        self.decode_tokens += decoded
         self.steps += 1
+        self.gen_throughput.finish(time.monotonic() if now is None else now, decoded)
 
     def due(self, now: float) -> bool:
         return self.steps > 0 and now - self.since >= self.interval_s

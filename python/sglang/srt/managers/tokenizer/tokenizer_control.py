@@ -20,12 +20,15 @@ from sglang.srt.managers.io_struct import (
     FlushCacheReqOutput,
     GetInternalStateReqInput,
     GetInternalStateReqOutput,
+    ProfileReqInput,
+    ProfileReqOutput,
     SchedulerHeartbeat,
 )
 from sglang.srt.managers.tokenizer.tokenizer_state import SchedulerUnavailable
 
 STATE_WAIT_S = 0.5  # then /get_server_info answers from the latest heartbeat's snapshot
 FLUSH_WAIT_S = 1.0  # asked only when no request is running: an idle scheduler answers in ms
+PROFILE_WAIT_S = 120.0  # a stop writes the trace first (seconds for a long profile)
 HEARTBEAT_STALE_S = 5.0  # no heartbeat for this long: the scheduler process is not responding
 CONTROL_STALE_S = 1.5  # a flush is not even asked of a scheduler silent for this long (3 beats)
 
@@ -41,6 +44,7 @@ class SchedulerControl:
         self.lock: Optional[asyncio.Lock] = None
         self.flush_waiters: list[asyncio.Future] = []
         self.state_waiters: list[asyncio.Future] = []
+        self.profile_waiters: list[asyncio.Future] = []
         self.state_inflight: Optional[asyncio.Future] = None  # concurrent state calls share one
         self.last_heartbeat: Optional[SchedulerHeartbeat] = None
         self.last_heartbeat_recv: Optional[float] = None  # monotonic
@@ -58,6 +62,8 @@ class SchedulerControl:
             self._resolve(self.flush_waiters, obj)
         elif isinstance(obj, GetInternalStateReqOutput):
             self._resolve(self.state_waiters, obj)
+        elif isinstance(obj, ProfileReqOutput):
+            self._resolve(self.profile_waiters, obj)
         else:
             return False
         return True
@@ -73,7 +79,7 @@ class SchedulerControl:
 
     def fail(self, message: str) -> None:
         """The engine died: every caller still waiting gets a RuntimeError."""
-        for fut in self.flush_waiters + self.state_waiters:
+        for fut in self.flush_waiters + self.state_waiters + self.profile_waiters:
             if not fut.done():
                 fut.set_exception(RuntimeError(message))
                 fut.exception()  # callers that gave up will never read it: no "never retrieved" noise
@@ -113,6 +119,15 @@ class SchedulerControl:
                 return await asyncio.wait_for(asyncio.shield(fut), timeout=FLUSH_WAIT_S)
             except asyncio.TimeoutError:
                 return FlushCacheReqOutput(False, f"the scheduler did not answer within {FLUSH_WAIT_S:g} s")
+
+    async def profile(self, msg: ProfileReqInput) -> ProfileReqOutput:
+        """Start or stop torch.profiler on every scheduler rank (applied between two steps)."""
+        async with self.lock:
+            fut = self._send_control(self.profile_waiters, msg)
+            try:
+                return await asyncio.wait_for(asyncio.shield(fut), timeout=PROFILE_WAIT_S)
+            except asyncio.TimeoutError:
+                return ProfileReqOutput(False, f"the scheduler did not answer within {PROFILE_WAIT_S:g} s")
 
     async def get_internal_state_reply(self, max_wait_s: float = STATE_WAIT_S) -> GetInternalStateReqOutput:
         """The scheduler's `internal_state()` (`.state`; with attention DP the merged figures, and

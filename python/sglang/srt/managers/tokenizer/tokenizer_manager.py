@@ -31,6 +31,8 @@ from sglang.srt.managers.io_struct import (
     FlushCacheReqOutput,
     GenerateReqInput,
     GetInternalStateReqOutput,
+    ProfileReqInput,
+    ProfileReqOutput,
     SchedulerReadyInfo,
     TokenizedGenerateReqInput,
 )
@@ -302,6 +304,12 @@ class TokenizerManager:
         self._ensure_started()
         self._check_alive()
         return await self.control.flush_cache(len(self.rid_to_state))
+
+    async def profile(self, msg: ProfileReqInput) -> ProfileReqOutput:
+        """/start_profile, /stop_profile: torch.profiler on every scheduler rank."""
+        self._ensure_started()
+        self._check_alive()
+        return await self.control.profile(msg)
 
     async def get_internal_state_reply(self, max_wait_s: float = STATE_WAIT_S) -> GetInternalStateReqOutput:
         """The scheduler's internal state, or its latest heartbeat's snapshot when it is busy
