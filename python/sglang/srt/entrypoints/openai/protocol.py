@@ -1,10 +1,13 @@
 """OpenAI-compatible request/response models (pydantic v2) for /v1/completions and /v1/chat/completions.
 
 Requests accept OpenAI's fields plus SGLang's sampling extensions (top_k, min_p,
-repetition_penalty, stop_token_ids, ...). Unknown fields are ignored, as OpenAI-compatible
-servers do; wrong types are rejected by pydantic (-> HTTP 400). SGLang's constrained-decoding
-fields (regex, json_schema, ebnf, structural_tag, a non-text response_format) are known and
-refused with a 400: there is no grammar backend.
+repetition_penalty, stop_token_ids, stop_regex, ...). Every field of upstream SGLang's protocol is
+declared here: honoured, or refused with a 400 naming it when it asks for something this server
+does not do (`UNSUPPORTED_FIELDS`: LoRA, sessions, hidden states, custom logit processors,
+priorities, reasoning effort; SGLang's constrained-decoding fields regex, json_schema, ebnf,
+structural_tag and a non-text response_format: there is no grammar backend). Fields that are
+not upstream's are ignored, as OpenAI-compatible servers do; wrong types are rejected by pydantic
+(-> HTTP 400).
 """
 
 from __future__ import annotations
@@ -49,6 +52,12 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: str = "list"
     data: list[ModelCard] = Field(default_factory=list)
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: str
 
 
 class StreamOptions(BaseModel):
@@ -115,12 +124,21 @@ class SamplingExtensions(BaseModel):
     spaces_between_special_tokens: bool = True
     no_stop_trim: bool = False
     rid: Optional[str] = None
+    stop_regex: Optional[Union[str, list[str]]] = None
     # SGLang's constrained decoding: declared so that a request using them is refused
     # (`utils.check_constrained_decoding`), never silently answered with unconstrained text.
     regex: Optional[Any] = None
     json_schema: Optional[Any] = None
     ebnf: Optional[Any] = None
     structural_tag: Optional[Any] = None
+    response_format: Optional[ResponseFormat] = None
+    # Upstream's fields for features this server does not have: refused when set (UNSUPPORTED_FIELDS)
+    lora_path: Optional[Any] = None
+    session_params: Optional[Any] = None
+    return_hidden_states: Optional[bool] = None
+    custom_logit_processor: Optional[Any] = None
+    custom_params: Optional[Any] = None
+    priority: Optional[int] = None
     # PD disaggregation: added by sglang-router (passed to the generate call as they are)
     bootstrap_host: Optional[Union[str, list[str]]] = None
     bootstrap_port: Optional[Union[int, list[int]]] = None
@@ -154,8 +172,28 @@ class SamplingExtensions(BaseModel):
             "n": self.n,
             "seed": self.seed,
             "logit_bias": self.logit_bias,
+            # an empty list (upstream's clients send one when unused) means none
+            "stop_regex": self.stop_regex or None,
         }
         return {k: v for k, v in params.items() if v is not None}
+
+    def unsupported(self) -> Optional[tuple[str, str]]:
+        """(field, what it asks for) of the first upstream field set that this server cannot honour."""
+        for name, what in UNSUPPORTED_FIELDS.items():
+            if getattr(self, name, None) not in (None, False, "", [], {}):
+                return name, what
+        return None
+
+
+UNSUPPORTED_FIELDS = {
+    "lora_path": "LoRA adapters",
+    "session_params": "sessions",
+    "return_hidden_states": "returning hidden states",
+    "custom_logit_processor": "custom logit processors",
+    "custom_params": "custom logit processor parameters",
+    "priority": "priority scheduling",
+    "reasoning_effort": "reasoning effort (harmony models)",
+}
 
 
 # ---------------------------------------------------------------------------- completions
@@ -201,12 +239,10 @@ class ChatMessage(BaseModel):
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: Optional[Union[str, list[ChatContentPart]]] = None
     name: Optional[str] = None
-
-
-class ResponseFormat(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    type: str
+    # the history of a tool-using conversation: passed to the chat template as message fields
+    tool_calls: Optional[list[dict[str, Any]]] = None  # assistant
+    tool_call_id: Optional[str] = None  # tool
+    reasoning_content: Optional[str] = None  # assistant
 
 
 class ChatCompletionRequest(SamplingExtensions):
@@ -215,10 +251,17 @@ class ChatCompletionRequest(SamplingExtensions):
     max_completion_tokens: Optional[int] = None
     logprobs: bool = False
     top_logprobs: Optional[int] = None
-    response_format: Optional[ResponseFormat] = None
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Optional[Union[str, dict[str, Any]]] = None
+    parallel_tool_calls: Optional[bool] = None  # only meaningful with tools (refused)
     chat_template_kwargs: Optional[dict[str, Any]] = None
+    # render the last (assistant) message open, without a generation prompt: the model continues it
+    continue_final_message: bool = False
+    # upstream's reasoning-parser switches (default on there too): without --reasoning-parser, which
+    # this server does not have, upstream leaves the text whole; so does this server
+    separate_reasoning: bool = True
+    stream_reasoning: bool = True
+    reasoning_effort: Optional[str] = None
 
 
 class TopLogprob(BaseModel):

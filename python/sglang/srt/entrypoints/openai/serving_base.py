@@ -23,6 +23,8 @@ from sglang.srt.entrypoints.openai.utils import (
     error_body,
     finish_reason_of,
     check_constrained_decoding,
+    check_unsupported,
+    chunk_usage,
     from_error,
     make_usage,
     parse_model,
@@ -77,6 +79,7 @@ class OpenAIServingBase(ABC):
         try:
             req = parse_model(self.request_cls, body)
             check_constrained_decoding(req)
+            check_unsupported(req)
             obj = self._build(req)
             call = await self.tm.submit(obj)
         except OpenAIError as err:
@@ -119,6 +122,7 @@ class OpenAIServingBase(ABC):
         model = self.server_args.served_model_name
         finals: dict[int, dict] = {}
         seen: set[int] = set()
+        continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
 
         def event(choices: list[BaseModel], usage: Optional[UsageInfo] = None) -> str:
             return sse(self.stream_response_cls(id=rid, model=model, choices=choices, usage=usage))
@@ -134,8 +138,9 @@ class OpenAIServingBase(ABC):
                 seen.add(chunk.index)
                 if chunk.finished:
                     finals[chunk.index] = chunk.out
+                usage = chunk_usage(chunk.out) if continuous else None  # usage in every chunk
                 for choice in self._stream_choices(req, chunk, first):
-                    yield event([choice])
+                    yield event([choice], usage)
             if req.stream_options and req.stream_options.include_usage and len(finals) == len(call.states):
                 ordered = [finals[i] for i in range(len(call.states))]
                 yield event([], make_usage(ordered, req.n))

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
-from typing import Optional
+from typing import Any, Optional
 
 from pydantic import BaseModel
 
@@ -48,7 +49,10 @@ def chat_logprobs(token_lps: list, top_lps: list) -> ChoiceLogprobs:
 
 
 def message_dicts(req: ChatCompletionRequest) -> list[dict]:
-    """Messages as plain dicts for the chat template (text content parts are joined)."""
+    """Messages as plain dicts for the chat template (text content parts are joined). A tool-using
+    history reaches the template as HF templates take it: an assistant's `tool_calls` (each call's
+    JSON `arguments` string parsed to a dict), a tool message's `tool_call_id`, `name` and an
+    assistant's `reasoning_content`."""
     out = []
     for m in req.messages:
         content = m.content
@@ -61,11 +65,55 @@ def message_dicts(req: ChatCompletionRequest) -> list[dict]:
                     )
                 texts.append(part.text)
             content = "".join(texts)
-        d = {"role": m.role, "content": content or ""}
+        d: dict[str, Any] = {"role": m.role, "content": content or ""}
         if m.name:
             d["name"] = m.name
+        if m.tool_calls:
+            d["tool_calls"] = [_template_tool_call(call) for call in m.tool_calls]
+        if m.tool_call_id is not None:
+            d["tool_call_id"] = m.tool_call_id
+        if m.reasoning_content is not None:
+            d["reasoning_content"] = m.reasoning_content
         out.append(d)
     return out
+
+
+def _template_tool_call(call: dict) -> dict:
+    """An OpenAI tool call with its `function.arguments` as a dict (what HF templates iterate)."""
+    function = call.get("function")
+    if not isinstance(function, dict) or not isinstance(function.get("arguments"), str):
+        return call
+    try:
+        arguments = json.loads(function["arguments"])
+    except json.JSONDecodeError:
+        raise OpenAIError(
+            f"tool call arguments must be a JSON object, got {function['arguments']!r}", param="messages"
+        ) from None
+    return {**call, "function": {**function, "arguments": arguments}}
+
+
+def check_tool_choice(req: ChatCompletionRequest) -> None:
+    """Tools are refused; without tools `tool_choice` "none" / "auto" mean plain text (accepted),
+    while "required" or a named function cannot be met (400, as OpenAI answers)."""
+    if req.tools:
+        raise OpenAIError("tools are not supported by this server", param="tools")
+    if req.tool_choice is not None and req.tool_choice not in ("none", "auto"):
+        raise OpenAIError(
+            f"tool_choice {req.tool_choice!r} needs `tools`, and none were given", param="tool_choice"
+        )
+
+
+def template_flags(req: ChatCompletionRequest) -> dict[str, bool]:
+    """`continue_final_message`: the last message, an assistant's, stays open (no end of turn, no
+    generation prompt) so that the model continues it; otherwise a generation prompt is added."""
+    if not req.continue_final_message:
+        return {"add_generation_prompt": True}
+    if req.messages[-1].role != "assistant":
+        raise OpenAIError(
+            "continue_final_message needs the last message to be the assistant's",
+            param="continue_final_message",
+        )
+    return {"add_generation_prompt": False, "continue_final_message": True}
 
 
 class OpenAIServingChat(OpenAIServingBase):
@@ -95,8 +143,8 @@ class OpenAIServingChat(OpenAIServingBase):
             prompt = apply_chat_template(
                 self.tm.tokenizer,
                 messages,
-                add_generation_prompt=True,
                 chat_template=self.chat_template,
+                **template_flags(req),
                 **(req.chat_template_kwargs or {}),
             )
         except ValueError:
@@ -115,8 +163,7 @@ class OpenAIServingChat(OpenAIServingBase):
         if req.top_logprobs is not None and not req.logprobs:
             raise OpenAIError("top_logprobs requires logprobs to be true", param="top_logprobs")
         check_logprobs_num(req.top_logprobs, "top_logprobs", MAX_LOGPROBS)
-        if req.tools:
-            raise OpenAIError("tools are not supported by this server", param="tools")
+        check_tool_choice(req)
         max_new = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         return GenerateReqInput(
             input_ids=self._prompt_ids(req),

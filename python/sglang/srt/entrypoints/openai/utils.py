@@ -113,6 +113,22 @@ def check_constrained_decoding(req: Any) -> None:
         )
 
 
+def check_unsupported(req: Any) -> None:
+    """400 naming the first upstream field set for a feature this server does not have
+    (`SamplingExtensions.unsupported`)."""
+    bad = req.unsupported()
+    if bad is not None:
+        name, what = bad
+        raise OpenAIError(f"'{name}' ({what}) is not supported by this server", param=name)
+
+
+def chunk_usage(out: dict) -> UsageInfo:
+    """Usage of one request so far (stream_options.continuous_usage_stats)."""
+    meta = out["meta_info"]
+    prompt, completion = meta["prompt_tokens"], meta["completion_tokens"]
+    return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+
 def sse(data: Any) -> str:
     """One server-sent event (`data: <json>\\n\\n`)."""
     if isinstance(data, BaseModel):
