@@ -2,7 +2,7 @@
 client exactly as the single-rank server does (chat, completion, streaming, token ids); a stream
 closed by the client mid-way is aborted on its replica; afterwards both replicas report their KV
 pools back at their initial free counts and their requests gone (`/get_server_info`, one internal
-state per replica), and `/metrics` has a series per replica."""
+state per replica; `/get_load` one entry per replica), and `/metrics` has a series per replica."""
 
 from __future__ import annotations
 
@@ -67,8 +67,12 @@ def test_dp2_abort_mid_stream_frees_every_replica(dp2_server):
                 if i == 3:
                     break
         assert [s["num_running_reqs"] for s in _states(client)] == [1, 1]
+        load = client.get("/get_load").json()  # what sglang-router's load policies read: one entry per rank
+        assert [(e["dp_rank"], e["num_reqs"]) for e in load] == [(0, 1), (1, 1)]
+        assert all(e["num_tokens"] > 0 for e in load)
         for stream in streams:
             stream.close()
         assert wait_until(lambda: _idle_and_free(client, initial), 30.0, 0.2), _states(client)
         metrics = client.get("/metrics").text
         assert 'sglang:num_running_reqs{dp_rank="1"' in metrics
+        assert 'sglang:gen_throughput{dp_rank="1"' in metrics
