@@ -134,11 +134,24 @@ class SamplingExtensions(BaseModel):
     response_format: Optional[ResponseFormat] = None
     # Upstream's fields for features this server does not have: refused when set (UNSUPPORTED_FIELDS)
     lora_path: Optional[Any] = None
+    session_id: Optional[Any] = None
     session_params: Optional[Any] = None
-    return_hidden_states: Optional[bool] = None
+    return_hidden_states: Optional[Any] = None
+    return_routed_experts: Optional[bool] = None
+    routed_experts_start_len: Optional[int] = None  # only with return_routed_experts (refused)
+    return_cached_tokens_details: Optional[bool] = None
+    return_token_ids: Optional[bool] = None
     custom_logit_processor: Optional[Any] = None
     custom_params: Optional[Any] = None
+    custom_labels: Optional[Any] = None
     priority: Optional[int] = None
+    extra_key: Optional[Any] = None
+    cache_salt: Optional[Any] = None
+    ngram_corpus_id: Optional[Any] = None
+    routed_dp_rank: Optional[int] = None
+    data_parallel_rank: Optional[int] = None
+    disagg_prefill_dp_rank: Optional[int] = None
+    images_config: Optional[Any] = None
     # PD disaggregation: added by sglang-router (passed to the generate call as they are)
     bootstrap_host: Optional[Union[str, list[str]]] = None
     bootstrap_port: Optional[Union[int, list[int]]] = None
@@ -180,19 +193,36 @@ class SamplingExtensions(BaseModel):
     def unsupported(self) -> Optional[tuple[str, str]]:
         """(field, what it asks for) of the first upstream field set that this server cannot honour."""
         for name, what in UNSUPPORTED_FIELDS.items():
-            if getattr(self, name, None) not in (None, False, "", [], {}):
+            value = getattr(self, name, None)
+            if not (value is None or value is False or (isinstance(value, (str, list, dict)) and not value)):
                 return name, what
         return None
 
 
 UNSUPPORTED_FIELDS = {
     "lora_path": "LoRA adapters",
+    "session_id": "sessions",
     "session_params": "sessions",
     "return_hidden_states": "returning hidden states",
+    "return_routed_experts": "returning routed experts",
+    "return_cached_tokens_details": "cache tier details",
+    "return_token_ids": "returning token ids in choices",
+    "return_prompt_token_ids": "returning prompt token ids in choices",
+    "return_meta_info": "returning meta info in choices",
     "custom_logit_processor": "custom logit processors",
     "custom_params": "custom logit processor parameters",
+    "custom_labels": "custom metric labels",
     "priority": "priority scheduling",
-    "reasoning_effort": "reasoning effort (harmony models)",
+    "extra_key": "request classification keys",
+    "cache_salt": "cache salts",
+    "ngram_corpus_id": "n-gram speculative decoding",
+    "routed_dp_rank": "routing to a chosen DP rank (the server picks the replica)",
+    "data_parallel_rank": "routing to a chosen DP rank (the server picks the replica)",
+    "disagg_prefill_dp_rank": "routing to a chosen prefill DP rank",
+    "images_config": "multimodal inputs",
+    "max_dynamic_patch": "multimodal inputs",
+    "min_dynamic_patch": "multimodal inputs",
+    "use_audio_in_video": "multimodal inputs",
 }
 
 
@@ -261,7 +291,27 @@ class ChatCompletionRequest(SamplingExtensions):
     # this server does not have, upstream leaves the text whole; so does this server
     separate_reasoning: bool = True
     stream_reasoning: bool = True
-    reasoning_effort: Optional[str] = None
+    # as upstream: sets the templates' thinking switches (`thinking` / `enable_thinking`, "none" off)
+    reasoning_effort: Optional[Union[str, float]] = None
+    reasoning: Optional[dict[str, Any]] = None  # {"effort": ..., "enabled": ...}
+    task: Optional[str] = None  # upstream: DeepSeek-V4's encoder only, ignored otherwise; so here
+    input_ids: Optional[list[int]] = None  # the prompt's ids: no chat template
+    return_prompt_token_ids: Optional[bool] = None
+    return_meta_info: Optional[bool] = None
+    max_dynamic_patch: Optional[int] = None
+    min_dynamic_patch: Optional[int] = None
+    use_audio_in_video: Optional[bool] = None
+
+    def thinking(self) -> Optional[bool]:
+        """The thinking switch `reasoning_effort` / `reasoning` ask for (None: not asked)."""
+        effort = self.reasoning_effort
+        reasoning = self.reasoning or {}
+        if effort is None:
+            effort = reasoning.get("effort", reasoning.get("reasoning_effort"))
+        if effort is not None:
+            return effort != "none"
+        enabled = reasoning.get("enabled", reasoning.get("enable"))
+        return True if enabled else None
 
 
 class TopLogprob(BaseModel):

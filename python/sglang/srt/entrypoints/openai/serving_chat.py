@@ -97,10 +97,24 @@ def check_tool_choice(req: ChatCompletionRequest) -> None:
     while "required" or a named function cannot be met (400, as OpenAI answers)."""
     if req.tools:
         raise OpenAIError("tools are not supported by this server", param="tools")
+    if any(getattr(m, "tools", None) for m in req.messages):  # upstream's message-level tools
+        raise OpenAIError("tools (in a system / developer message) are not supported", param="messages")
     if req.tool_choice is not None and req.tool_choice not in ("none", "auto"):
         raise OpenAIError(
             f"tool_choice {req.tool_choice!r} needs `tools`, and none were given", param="tool_choice"
         )
+
+
+def template_kwargs(req: ChatCompletionRequest) -> dict[str, Any]:
+    """`chat_template_kwargs`, plus upstream's thinking switches when `reasoning_effort` /
+    `reasoning` ask (`thinking` for DeepSeek / Kimi templates, `enable_thinking` for Qwen3 / GLM);
+    the request's own kwargs win."""
+    kwargs = dict(req.chat_template_kwargs or {})
+    thinking = req.thinking()
+    if thinking is not None:
+        kwargs.setdefault("thinking", thinking)
+        kwargs.setdefault("enable_thinking", thinking)
+    return kwargs
 
 
 def template_flags(req: ChatCompletionRequest) -> dict[str, bool]:
@@ -145,7 +159,7 @@ class OpenAIServingChat(OpenAIServingBase):
                 messages,
                 chat_template=self.chat_template,
                 **template_flags(req),
-                **(req.chat_template_kwargs or {}),
+                **template_kwargs(req),
             )
         except ValueError:
             raise
@@ -166,7 +180,9 @@ class OpenAIServingChat(OpenAIServingBase):
         check_tool_choice(req)
         max_new = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         return GenerateReqInput(
-            input_ids=self._prompt_ids(req),
+            input_ids=req.input_ids
+            if req.input_ids
+            else self._prompt_ids(req),  # upstream: ids skip the template
             sampling_params=req.base_sampling_params(max_new),
             rid=req.rid,
             stream=req.stream,
