@@ -292,6 +292,7 @@ def test_fields_honoured_or_refused_by_name(http: httpx.Client) -> None:
         ("lora_path", "adapter"),
         ("return_hidden_states", True),
         ("session_params", {"id": "s"}),
+        ("cache_salt", "s"),
     ):
         r = http.post("/v1/chat/completions", json={**base, name: value})
         assert r.status_code == 400 and r.json()["error"]["param"] == name, r.text
@@ -314,3 +315,13 @@ def test_fields_honoured_or_refused_by_name(http: httpx.Client) -> None:
         assert "stop_regex" in r.json()["error"]["message"]
     else:
         assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def test_chat_input_ids_skip_the_template(oai: openai.OpenAI, http: httpx.Client) -> None:
+    ids = http.post("/tokenize", json={"prompt": "<|im_start|>user\nhello<|im_end|>\n"}).json()["tokens"]
+    extra = {"ignore_eos": True, "input_ids": ids}
+    chat = oai.chat.completions.create(
+        model="default", messages=[{"role": "user", "content": "ignored"}], **{**GREEDY, "extra_body": extra}
+    )
+    comp = oai.completions.create(model="default", prompt=ids, **GREEDY)
+    assert chat.usage.prompt_tokens == len(ids) and chat.choices[0].message.content == comp.choices[0].text
