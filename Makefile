@@ -5,6 +5,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ARGS ?=
+# pytest-xdist workers for make test / test-fast (each test file runs whole on one worker, so a
+# module's server fixture starts once); 2 on the 2-core CI box
+TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadfile
 
 .PHONY: setup serve demo test test-fast test-unit format lint clean
 
@@ -49,12 +53,12 @@ demo: setup
 	$(PY) -m sglang.demo $(ARGS)
 
 test: setup
-	$(PY) -m pytest -q --durations=15 test
+	$(PY) -m pytest -q $(XDIST) --durations=25 test
 
 # The quick loop while developing (well under 3 minutes on 2 cores): everything not marked slow
 # (unit, model parity, a few gloo-group and HTTP tests; pytest.ini lists the markers).
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow" test
+	$(PY) -m pytest -q $(XDIST) -m "not slow" test
 
 test-unit: setup
 	$(PY) -m pytest -q test/unit
