@@ -10,6 +10,8 @@ from typing import Iterator, Optional
 import torch
 from safetensors import safe_open
 
+from sglang.srt.model_loader.progress import progress
+
 INDEX_NAME = "model.safetensors.index.json"
 
 
@@ -38,7 +40,8 @@ def iter_safetensors_weights(
 
     Floating tensors only are cast; integer tensors (if any) keep their dtype.
     """
-    for path in list_safetensors_files(model_dir):
+    files = list_safetensors_files(model_dir)
+    for path in progress(files, "Loading safetensors checkpoint shards", unit="file"):
         with safe_open(path, framework="pt", device="cpu") as f:
             for name in f.keys():
                 tensor = f.get_tensor(name)

@@ -1,0 +1,55 @@
+"""Stream (name, tensor) pairs from an HF directory of torch `.bin` checkpoints (`--load-format pt`):
+`pytorch_model.bin`, or shards `pytorch_model-0000x-of-0000y.bin` named by `pytorch_model.bin.index.json`.
+
+Each file is read with `torch.load(weights_only=True, mmap=True)`: tensors only (no pickled code
+runs) and memory-mapped, so a shard is not copied into memory before its tensors are used.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from typing import Iterator, Optional
+
+import torch
+
+from sglang.srt.model_loader.progress import progress
+
+INDEX_NAME = "pytorch_model.bin.index.json"
+# torch .bin files of an HF directory that hold no model weights
+_NOT_WEIGHTS = ("training_args.bin", "optimizer.bin", "scheduler.bin", "rng_state.bin")
+
+
+def list_pt_files(model_dir: str) -> list[str]:
+    """The `.bin` weight files of `model_dir`: those the index json names when present, else every *.bin."""
+    index_path = os.path.join(model_dir, INDEX_NAME)
+    if os.path.isfile(index_path):
+        with open(index_path, encoding="utf-8") as f:
+            weight_map = json.load(f).get("weight_map", {})
+        files = sorted({os.path.join(model_dir, v) for v in weight_map.values()})
+        missing = [p for p in files if not os.path.isfile(p)]
+        if missing:
+            raise FileNotFoundError(f"{index_path} names missing shard(s): {missing}")
+        if files:
+            return files
+    files = sorted(
+        p for p in glob.glob(os.path.join(model_dir, "*.bin")) if os.path.basename(p) not in _NOT_WEIGHTS
+    )
+    if not files:
+        raise FileNotFoundError(f"no *.bin weight files in {model_dir!r}")
+    return files
+
+
+def iter_pt_weights(
+    model_dir: str, dtype: Optional[torch.dtype] = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield every tensor of every `.bin` file under its stored (HF) name, floating ones cast to `dtype`."""
+    files = list_pt_files(model_dir)
+    for path in progress(files, "Loading pt checkpoint shards", unit="file"):
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        for name, tensor in state.items():
+            if dtype is not None and tensor.is_floating_point() and tensor.dtype != dtype:
+                tensor = tensor.to(dtype)
+            yield name, tensor
+        del state
