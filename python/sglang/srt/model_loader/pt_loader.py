@@ -7,14 +7,12 @@ runs) and memory-mapped, so a shard is not copied into memory before its tensors
 
 from __future__ import annotations
 
-import glob
-import json
-import os
 from typing import Iterator, Optional
 
 import torch
 
 from sglang.srt.model_loader.progress import progress
+from sglang.srt.model_loader.weight_files import cast_floating, list_weight_files
 
 INDEX_NAME = "pytorch_model.bin.index.json"
 # torch .bin files of an HF directory that hold no model weights
@@ -23,22 +21,7 @@ _NOT_WEIGHTS = ("training_args.bin", "optimizer.bin", "scheduler.bin", "rng_stat
 
 def list_pt_files(model_dir: str) -> list[str]:
     """The `.bin` weight files of `model_dir`: those the index json names when present, else every *.bin."""
-    index_path = os.path.join(model_dir, INDEX_NAME)
-    if os.path.isfile(index_path):
-        with open(index_path, encoding="utf-8") as f:
-            weight_map = json.load(f).get("weight_map", {})
-        files = sorted({os.path.join(model_dir, v) for v in weight_map.values()})
-        missing = [p for p in files if not os.path.isfile(p)]
-        if missing:
-            raise FileNotFoundError(f"{index_path} names missing shard(s): {missing}")
-        if files:
-            return files
-    files = sorted(
-        p for p in glob.glob(os.path.join(model_dir, "*.bin")) if os.path.basename(p) not in _NOT_WEIGHTS
-    )
-    if not files:
-        raise FileNotFoundError(f"no *.bin weight files in {model_dir!r}")
-    return files
+    return list_weight_files(model_dir, INDEX_NAME, "*.bin", skip=_NOT_WEIGHTS)
 
 
 def iter_pt_weights(
@@ -49,7 +32,5 @@ def iter_pt_weights(
     for path in progress(files, "Loading pt checkpoint shards", unit="file"):
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         for name, tensor in state.items():
-            if dtype is not None and tensor.is_floating_point() and tensor.dtype != dtype:
-                tensor = tensor.to(dtype)
-            yield name, tensor
+            yield name, cast_floating(tensor, dtype)
         del state
