@@ -74,22 +74,16 @@ class ServerArgs(ParallelArgs):
         default_text="the embedded SmolLM2-135M-Instruct GGUF",
     )
     tokenizer_path: Optional[str] = arg(
-        None,
-        "Tokenizer directory, .gguf file or Hugging Face model id.",
-        G_MODEL,
-        default_text="--model-path",
+        None, "Tokenizer directory, .gguf file or HF model id.", G_MODEL, default_text="--model-path"
     )
     revision: Optional[str] = arg(
         None,
-        "Revision (branch, tag or commit) of a Hugging Face model id in --model-path / --tokenizer-path.",
+        "Branch, tag or commit of an HF model id (--model-path, --tokenizer-path).",
         G_MODEL,
         default_text="main",
     )
     download_dir: Optional[str] = arg(
-        None,
-        "Hugging Face cache directory where model ids are looked up and downloaded.",
-        G_MODEL,
-        default_text="HF_HUB_CACHE, else $HF_HOME/hub",
+        None, "HF cache directory for model ids.", G_MODEL, default_text="HF_HUB_CACHE, else $HF_HOME/hub"
     )
     load_format: str = arg(
         "auto",
