@@ -77,10 +77,7 @@ class ServerArgs(ParallelArgs):
         None, "Tokenizer directory, .gguf file or HF model id.", G_MODEL, default_text="--model-path"
     )
     revision: Optional[str] = arg(
-        None,
-        "Branch, tag or commit of an HF model id (--model-path, --tokenizer-path).",
-        G_MODEL,
-        default_text="main",
+        None, "Branch, tag or commit of an HF model id.", G_MODEL, default_text="main"
     )
     download_dir: Optional[str] = arg(
         None, "HF cache directory for model ids.", G_MODEL, default_text="HF_HUB_CACHE, else $HF_HOME/hub"
