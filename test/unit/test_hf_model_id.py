@@ -169,3 +169,80 @@ def test_launch_server_prints_offline_error_without_traceback(offline, tmp_path)
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: ") and "TinyOrg/not-downloaded" in proc.stderr
     assert str(tmp_path) in proc.stderr and "Traceback" not in proc.stderr
+
+
+class FakeHub:
+    """huggingface_hub's listing and download, recorded (no network here)."""
+
+    def __init__(self, files, snapshot_dir=None, error=None):
+        self.files, self.snapshot_dir, self.error, self.calls = files, snapshot_dir, error, []
+
+    def install(self, monkeypatch):
+        import huggingface_hub
+
+        hub = self
+
+        class Api:
+            def list_repo_files(self, repo_id, revision=None):
+                hub.calls.append(("list", repo_id, revision))
+                if hub.error is not None:
+                    raise hub.error
+                return hub.files
+
+        def snapshot_download(repo_id, **kw):
+            hub.calls.append(("download", repo_id, kw))
+            return hub.snapshot_dir
+
+        monkeypatch.setattr(huggingface_hub, "HfApi", Api)
+        monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+        return self
+
+
+@pytest.fixture
+def online(monkeypatch, hf_cache):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_HUB_CACHE", hf_cache[0])
+    return hf_cache
+
+
+def test_online_cache_hit_makes_no_network_call(online, monkeypatch):
+    hub = FakeHub([], error=AssertionError("network used")).install(monkeypatch)
+    assert resolve_model_id(MODEL_ID) == online[1]["main"]
+    assert hub.calls == []
+
+
+def test_online_download_only_the_files_the_loader_reads(online, monkeypatch, tmp_path):
+    files = [
+        "config.json",
+        "tokenizer.json",
+        "README.md",
+        "model.safetensors",
+        "pytorch_model.bin",
+        "onnx/x.onnx",
+    ]
+    hub = FakeHub(files, snapshot_dir=str(tmp_path)).install(monkeypatch)
+    assert resolve_model_id("TinyOrg/remote", revision="v1", download_dir=str(tmp_path / "dl")) == str(
+        tmp_path
+    )
+    (_, repo, revision), (_, repo2, kw) = hub.calls
+    assert (repo, revision, repo2) == ("TinyOrg/remote", "v1", "TinyOrg/remote")
+    assert kw["allow_patterns"] == ["config.json", "tokenizer.json", "model.safetensors"]
+    assert kw["cache_dir"] == str(tmp_path / "dl") and kw["revision"] == "v1"
+
+
+def test_online_incomplete_cache_downloads_and_unknown_id_names_it(online, monkeypatch, tmp_path):
+    cache, snaps = online
+    partial = os.path.join(cache, "models--TinyOrg--partial", "snapshots", MAIN_HASH)
+    os.makedirs(partial)
+    shutil.copyfile(os.path.join(snaps["main"], "config.json"), os.path.join(partial, "config.json"))
+    refs = os.path.join(cache, "models--TinyOrg--partial", "refs")
+    os.makedirs(refs)
+    with open(os.path.join(refs, "main"), "w", encoding="utf-8") as f:
+        f.write(MAIN_HASH)
+    hub = FakeHub(["config.json", "model.safetensors"], snapshot_dir=partial).install(monkeypatch)
+    assert resolve_model_id("TinyOrg/partial") == partial  # config only: the weights are fetched
+    assert [c[0] for c in hub.calls] == ["list", "download"]
+    FakeHub([], error=RuntimeError("404 Repository Not Found")).install(monkeypatch)
+    with pytest.raises(ValueError, match="TinyOrg/typo.*404 Repository Not Found"):
+        resolve_model_id("TinyOrg/typo")
