@@ -63,3 +63,14 @@ def test_auto_picks_safetensors_then_bin(checkpoints, tmp_path):
     (tmp_path / "empty" / "training_args.bin").write_bytes(b"x")
     with pytest.raises(ValueError, match="safetensors or torch"):
         resolve_load_format(str(tmp_path / "empty"))
+
+
+def test_progress_bar_quiet_off_a_terminal_and_off_rank0(monkeypatch, capsys):
+    from sglang.srt.model_loader import progress as progress_mod
+
+    items = [1, 2, 3]
+    bar = progress_mod.progress(items, "Loading")
+    assert list(bar) == items and bar.disable  # stderr is not a terminal here: no output
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(progress_mod, "is_rank0", lambda: False)
+    assert progress_mod.progress(items, "Loading") is items  # other ranks: no bar at all
