@@ -67,19 +67,27 @@ class ServerArgs(ParallelArgs):
     # ------------------------------------------------------------------ model and tokenizer
     model_path: Optional[str] = arg(
         None,
-        "Model weights: an HF directory (config.json + safetensors) or a .gguf file.",
+        "Model weights: an HF directory (config.json + safetensors or .bin), a .gguf file, or a Hugging Face "
+        "model id (from the local HF cache, else downloaded; HF_HUB_OFFLINE=1 uses the cache only).",
         G_MODEL,
         aliases=["--model"],
         default_text="the embedded SmolLM2-135M-Instruct GGUF",
     )
     tokenizer_path: Optional[str] = arg(
-        None, "Tokenizer directory or .gguf file.", G_MODEL, default_text="--model-path"
+        None, "Tokenizer directory, .gguf file or HF model id.", G_MODEL, default_text="--model-path"
+    )
+    revision: Optional[str] = arg(
+        None, "Branch, tag or commit of an HF model id.", G_MODEL, default_text="main"
+    )
+    download_dir: Optional[str] = arg(
+        None, "HF cache directory for model ids.", G_MODEL, default_text="HF_HUB_CACHE, else $HF_HOME/hub"
     )
     load_format: str = arg(
         "auto",
-        "Weight format: auto (by file), safetensors, gguf, or dummy (random weights, for tests and profiling).",
+        "Weight format: auto (.gguf, else safetensors, else .bin), safetensors, pt (torch .bin files), gguf, "
+        "or dummy (random weights, for tests and profiling).",
         G_MODEL,
-        choices=["auto", "safetensors", "gguf", "dummy"],
+        choices=["auto", "safetensors", "pt", "gguf", "dummy"],
     )
     context_length: Optional[int] = arg(
         None,

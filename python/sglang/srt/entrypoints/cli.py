@@ -10,12 +10,13 @@ ValueError naming the flag.
 from __future__ import annotations
 
 from sglang.srt.configs.startup_checks import check_server_args_against_model, flag_choices
+from sglang.srt.model_loader.hf_resolve import resolve_model_paths
 from sglang.srt.server_args import ServerArgs, prepare_server_args
 
 
 def server_args_from_argv(argv: list[str]) -> ServerArgs:
     """Parse and check `launch_server` arguments (SystemExit from argparse, ValueError after)."""
-    server_args = prepare_server_args(argv, choices=flag_choices())
+    server_args = resolve_model_paths(prepare_server_args(argv, choices=flag_choices()))
     check_server_args(server_args)
     return server_args
 
