@@ -9,6 +9,7 @@ Knows no ServerArgs: any object with its fields is checked.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import fields
 from typing import Any
@@ -34,6 +35,7 @@ def validate_server_args(args: Any) -> None:
             "--enable-shard-linear shares weights across context-parallel ranks: needs --cp-size > 1"
         )
     _validate_layout(args)
+    _validate_compat(args)
     if args.load_format != "dummy" and not args.model_path.startswith("dummy:"):
         if not os.path.exists(args.model_path):
             raise ValueError(f"--model-path {args.model_path!r} does not exist")
@@ -81,6 +83,36 @@ def _validate_values(args: Any) -> None:
             raise ValueError(f"--{flag(name)} must be >= 1, got {getattr(args, name)}")
     if not (0 <= args.node_rank < args.nnodes):
         raise ValueError(f"--node-rank must be in [0, --nnodes), got {args.node_rank}")
+
+
+def _validate_compat(args: Any) -> None:
+    """Upstream's launch-line flags (server_args_compat.py)."""
+    if args.tokenizer_mode == "slow":
+        raise ValueError(
+            "--tokenizer-mode slow is not supported by this engine: it needs the fast tokenizer "
+            "(tokenizer.json); use --tokenizer-mode auto"
+        )
+    if not 0 <= args.log_requests_level <= 3:
+        raise ValueError(f"--log-requests-level must be in 0..3, got {args.log_requests_level}")
+    if args.decode_log_interval is not None and args.decode_log_interval < 1:
+        raise ValueError(f"--decode-log-interval must be >= 1, got {args.decode_log_interval}")
+    model_override_args(args)
+    if args.enable_dsa_prefill_context_parallel and args.cp_size < 2:
+        raise ValueError(
+            "--enable-dsa-prefill-context-parallel splits prompts over the attention-TP ranks: needs "
+            "--tp-size / --dp-size > 1 (or --cp-size)"
+        )
+
+
+def model_override_args(args: Any) -> dict:
+    """`--json-model-override-args` as a dict (ValueError naming the flag when it is not a JSON object)."""
+    try:
+        value = json.loads(args.json_model_override_args or "{}")
+    except json.JSONDecodeError as err:
+        raise ValueError(f"--json-model-override-args is not valid JSON: {err}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"--json-model-override-args must be a JSON object, got {value!r}")
+    return value
 
 
 def _validate_layout(args: Any) -> None:
