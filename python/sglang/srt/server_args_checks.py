@@ -9,12 +9,12 @@ Knows no ServerArgs: any object with its fields is checked.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import fields
 from typing import Any
 
 from sglang.srt.server_args_cli import field_choices, flag
+from sglang.srt.server_args_compat import model_override_args
 
 POSITIVE = (
     "max_total_tokens",
@@ -102,17 +102,6 @@ def _validate_compat(args: Any) -> None:
             "--enable-dsa-prefill-context-parallel splits prompts over the attention-TP ranks: needs "
             "--tp-size / --dp-size > 1 (or --cp-size)"
         )
-
-
-def model_override_args(args: Any) -> dict:
-    """`--json-model-override-args` as a dict (ValueError naming the flag when it is not a JSON object)."""
-    try:
-        value = json.loads(args.json_model_override_args or "{}")
-    except json.JSONDecodeError as err:
-        raise ValueError(f"--json-model-override-args is not valid JSON: {err}") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"--json-model-override-args must be a JSON object, got {value!r}")
-    return value
 
 
 def _validate_layout(args: Any) -> None:

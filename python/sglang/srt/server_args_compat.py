@@ -9,6 +9,7 @@ refused by name with what to use instead (`server_args_cli.LaunchArgumentParser`
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Mapping, Optional
 
@@ -213,3 +214,14 @@ def apply_upstream_spellings(args: Any, set_: Callable[[str, Any], None]) -> lis
             f"--enable-dsa-prefill-context-parallel: every attention-TP rank a CP rank; using --cp-size {cp}"
         )
     return notes
+
+
+def model_override_args(args: Any) -> dict:
+    """`--json-model-override-args` as a dict (ValueError naming the flag when it is not a JSON object)."""
+    try:
+        value = json.loads(args.json_model_override_args or "{}")
+    except json.JSONDecodeError as err:
+        raise ValueError(f"--json-model-override-args is not valid JSON: {err}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"--json-model-override-args must be a JSON object, got {value!r}")
+    return value

@@ -123,9 +123,11 @@ class OpenAIServingChat(OpenAIServingBase):
         if req.tools:
             raise OpenAIError("tools are not supported by this server", param="tools")
         max_new = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        params = {**self.default_sampling, **req.base_sampling_params(max_new)}
+        params.setdefault("max_new_tokens", None)  # no max_tokens: to EOS or the context limit (upstream)
         return GenerateReqInput(
             input_ids=self._prompt_ids(req),
-            sampling_params=req.base_sampling_params(max_new),
+            sampling_params=params,
             rid=req.rid,
             stream=req.stream,
             return_logprob=req.logprobs,
