@@ -18,6 +18,8 @@ import pytest
 
 from server_helpers import REPO, TINY_LLAMA, launch_server
 
+pytestmark = pytest.mark.slow  # starts its own server and three failing launches
+
 CONTEXT = 256
 CHATML_PROMPT = "<|im_start|>user\nhi there<|im_end|>\n<|im_start|>assistant\n"
 CPU_LAUNCH_LINE = ("--device", "cpu", "--enable-torch-compile", "--torch-compile-max-bs", "4")
@@ -131,17 +133,9 @@ def test_decode_log_interval_logs_throughput(server):
 
 
 def _launch_fails(*args: str) -> str:
+    dummy_model = ("--model-path", TINY_LLAMA, "--load-format", "dummy")
     out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sglang.launch_server",
-            "--model-path",
-            TINY_LLAMA,
-            "--load-format",
-            "dummy",
-            *args,
-        ],
+        [sys.executable, "-m", "sglang.launch_server", *dummy_model, *args],
         capture_output=True,
         text=True,
         timeout=120,
