@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import difflib
 import os
+import sys
 from dataclasses import field, fields
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
@@ -159,8 +160,6 @@ class LaunchArgumentParser(argparse.ArgumentParser):
         )
 
     def parse_args(self, args: Optional[Sequence[str]] = None, namespace: Any = None) -> argparse.Namespace:
-        import sys
-
         argv = self._expand_config(list(sys.argv[1:] if args is None else args))
         parsed, extras = self.parse_known_args(argv, namespace)
         if extras:
