@@ -23,6 +23,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from sglang.srt.port_args import PortArgs  # noqa: F401 - importable from here
 from sglang.srt.server_args_checks import validate_server_args
+from sglang.srt.server_args_compat import CompatArgs, apply_upstream_spellings
 from sglang.srt.server_args_parallel import ParallelArgs
 from sglang.srt.server_args_cli import (  # noqa: F401 - GROUP_ORDER, G_*, field_choices: importable from here
     G_API,
@@ -60,7 +61,7 @@ def default_model_path() -> str:
 
 
 @dataclass(frozen=True)
-class ServerArgs(ParallelArgs):
+class ServerArgs(CompatArgs, ParallelArgs):
     """Every flag: `--` + field name with `-`. Each field carries its help, group and choices
     (`arg(...)`); `test_server_args.py` checks that none is missing."""
 
@@ -268,21 +269,6 @@ class ServerArgs(ParallelArgs):
         G_OPTIMIZATION,
     )
 
-    # ------------------------------------------------------------------ upstream flags without an effect here
-    # Common in copied launch lines; accepted, and `compat_notes()` says at start-up what they do here.
-    disable_cuda_graph: bool = arg(
-        False, "Accepted for compatibility: this engine captures no CUDA graphs.", G_COMPAT
-    )
-    disable_overlap_schedule: bool = arg(
-        False, "Accepted for compatibility: this scheduler has no overlap mode to turn off.", G_COMPAT
-    )
-    enable_mixed_chunk: bool = arg(
-        False, "Accepted for compatibility: prefill chunks and decodes always share a step here.", G_COMPAT
-    )
-    skip_server_warmup: bool = arg(
-        False, "Accepted for compatibility: this server sends no warm-up request at start-up.", G_COMPAT
-    )
-
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
         if self.model_path is None:
@@ -309,6 +295,7 @@ class ServerArgs(ParallelArgs):
                 ours, meaning = aliases[value]
                 set_(name, ours)
                 notes.append(f"--{flag(name)} {value}: {meaning}; using {ours}")
+        notes += apply_upstream_spellings(self, set_)
         object.__setattr__(self, "_alias_notes", tuple(notes))  # not a field: logged by compat_notes()
 
     # ------------------------------------------------------------------ validation

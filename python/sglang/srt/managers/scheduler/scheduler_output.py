@@ -74,26 +74,34 @@ def build_token_id_out(reqs: list[Req]) -> Optional[BatchTokenIDOut]:
 
 class StepStats:
     """Tokens prefilled and decoded and steps run since the last log line; a line is due every
-    `interval_s` seconds in which a step ran."""
+    `interval_s` seconds in which a step ran, or with `decode_log_interval` (`--decode-log-interval`,
+    upstream's) every that many steps that decoded."""
 
-    def __init__(self, now: float, interval_s: float = STATS_LOG_INTERVAL_S):
+    def __init__(
+        self, now: float, interval_s: float = STATS_LOG_INTERVAL_S, decode_log_interval: Optional[int] = None
+    ):
         self.interval_s = interval_s
+        self.decode_log_interval = decode_log_interval
         self._reset(now)
 
     def _reset(self, now: float) -> None:
         self.since = now
-        self.prefill_tokens = self.decode_tokens = self.steps = 0
+        self.prefill_tokens = self.decode_tokens = self.steps = self.decode_steps = 0
 
     def add_step(self, batch: ScheduleBatch) -> None:
         """Count a finished step (before its sampled tokens are appended)."""
+        decodes = self.decode_tokens
         for item in batch.items:
             if item.num_tokens > 1 or not item.req.output_ids:
                 self.prefill_tokens += item.num_tokens
             else:
                 self.decode_tokens += 1
         self.steps += 1
+        self.decode_steps += self.decode_tokens > decodes
 
     def due(self, now: float) -> bool:
+        if self.decode_log_interval is not None:
+            return self.decode_steps >= self.decode_log_interval
         return self.steps > 0 and now - self.since >= self.interval_s
 
     def log(self, now: float, running: int, waiting: int, kv_usage: float) -> None:
