@@ -11,7 +11,8 @@ SGLANG_CPU_KERNEL_VARIANTS=avx2,portable builds only those.
 
 The DSA kernels' package `sgl-kernel-npu/` (not on PyPI) is optional and installed separately
 (`make setup` does): without it SGLang runs, merges partial attentions in torch, and the `dsa`
-attention backend refuses to start, naming it.
+attention backend refuses to start, naming it. So is the `pd` extra (`make setup-pd`): without it
+a PD server refuses to start, naming the command that adds it.
 """
 
 import importlib.util
@@ -31,6 +32,8 @@ INSTALL_REQUIRES = [
     "safetensors",
     "tokenizers",
     "transformers",
+    # model ids in --model-path: the local HF cache, downloads (model_loader/hf_resolve.py)
+    "huggingface_hub",
     "gguf",
     "jinja2",
     "pyzmq",
@@ -128,8 +131,9 @@ setup(
     install_requires=INSTALL_REQUIRES,
     extras_require={
         "test": ["pytest", "pytest-xdist", "ruff", "openai", "httpx", "prometheus_client", "matplotlib"],
-        # PD disaggregation: the KV transfer engine (non-CUDA build; CUDA machines may install
-        # mooncake-transfer-engine instead) and the upstream router in front of prefill + decode
+        # PD disaggregation, optional: the KV transfer engine (non-CUDA build; CUDA machines may install
+        # mooncake-transfer-engine instead; it loads the system library libibverbs.so.1) and the
+        # upstream router in front of prefill + decode. `make setup` adds it where libibverbs is there.
         "pd": ["mooncake-transfer-engine-non-cuda", "sglang-router"],
         "default-model": [],
     },

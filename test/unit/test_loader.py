@@ -75,6 +75,8 @@ def test_resolve_load_format_errors(llama_ckpt, llama_gguf, tmp_path):
     with pytest.raises(ValueError, match="safetensors"):
         resolve_load_format(llama_gguf, "safetensors")
     with pytest.raises(ValueError, match="load format must be one of"):
+        resolve_load_format(llama_ckpt, "npz")
+    with pytest.raises(ValueError, match="torch \\*.bin"):  # pt: a format now, but no .bin files here
         resolve_load_format(llama_ckpt, "pt")
 
 

@@ -119,6 +119,24 @@ SGLANG_CPU_FLAGS_OVERRIDE: EnvVar[str] = EnvVar(
 )
 
 
+def _index_score_dtype(text: str) -> str:
+    choices = ("auto", "float32", "bfloat16", "int8")
+    value = text or "auto"
+    if value not in choices:
+        raise ValueError(f"choices: {choices}")
+    return value
+
+
+SGLANG_DSA_INDEX_SCORE_DTYPE: EnvVar[str] = EnvVar(
+    "SGLANG_DSA_INDEX_SCORE_DTYPE",
+    "auto",
+    _index_score_dtype,
+    "The Lightning Indexer's scoring precision on the `dsa` backend: auto (the index-key cache's dtype), "
+    "float32, bfloat16 (bf16 inputs, float32 sums) or int8 (per-row int8, exact integer dots; the pool "
+    "keeps int8 index keys). layers/attention/dsa/backend_names.py.",
+)
+
+
 # ---------------------------------------------------------------- pipeline parallelism
 def parse_int_list(text: str) -> list[int]:
     """'15,15,15,16' → [15, 15, 15, 16] (spaces allowed); ValueError on anything else."""

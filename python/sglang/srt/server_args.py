@@ -23,6 +23,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from sglang.srt.port_args import PortArgs  # noqa: F401 - importable from here
 from sglang.srt.server_args_checks import validate_server_args
+from sglang.srt.server_args_compat import CompatArgs, apply_upstream_spellings
 from sglang.srt.server_args_parallel import ParallelArgs
 from sglang.srt.server_args_cli import (  # noqa: F401 - GROUP_ORDER, G_*, field_choices: importable from here
     G_API,
@@ -60,26 +61,34 @@ def default_model_path() -> str:
 
 
 @dataclass(frozen=True)
-class ServerArgs(ParallelArgs):
+class ServerArgs(CompatArgs, ParallelArgs):
     """Every flag: `--` + field name with `-`. Each field carries its help, group and choices
     (`arg(...)`); `test_server_args.py` checks that none is missing."""
 
     # ------------------------------------------------------------------ model and tokenizer
     model_path: Optional[str] = arg(
         None,
-        "Model weights: an HF directory (config.json + safetensors) or a .gguf file.",
+        "Model weights: an HF directory (config.json + safetensors or .bin), a .gguf file, or a Hugging Face "
+        "model id (from the local HF cache, else downloaded; HF_HUB_OFFLINE=1 uses the cache only).",
         G_MODEL,
         aliases=["--model"],
         default_text="the embedded SmolLM2-135M-Instruct GGUF",
     )
     tokenizer_path: Optional[str] = arg(
-        None, "Tokenizer directory or .gguf file.", G_MODEL, default_text="--model-path"
+        None, "Tokenizer directory, .gguf file or HF model id.", G_MODEL, default_text="--model-path"
+    )
+    revision: Optional[str] = arg(
+        None, "Branch, tag or commit of an HF model id.", G_MODEL, default_text="main"
+    )
+    download_dir: Optional[str] = arg(
+        None, "HF cache directory for model ids.", G_MODEL, default_text="HF_HUB_CACHE, else $HF_HOME/hub"
     )
     load_format: str = arg(
         "auto",
-        "Weight format: auto (by file), safetensors, gguf, or dummy (random weights, for tests and profiling).",
+        "Weight format: auto (.gguf, else safetensors, else .bin), safetensors, pt (torch .bin files), gguf, "
+        "or dummy (random weights, for tests and profiling).",
         G_MODEL,
-        choices=["auto", "safetensors", "gguf", "dummy"],
+        choices=["auto", "safetensors", "pt", "gguf", "dummy"],
     )
     context_length: Optional[int] = arg(
         None,
@@ -260,21 +269,6 @@ class ServerArgs(ParallelArgs):
         G_OPTIMIZATION,
     )
 
-    # ------------------------------------------------------------------ upstream flags without an effect here
-    # Common in copied launch lines; accepted, and `compat_notes()` says at start-up what they do here.
-    disable_cuda_graph: bool = arg(
-        False, "Accepted for compatibility: this engine captures no CUDA graphs.", G_COMPAT
-    )
-    disable_overlap_schedule: bool = arg(
-        False, "Accepted for compatibility: this scheduler has no overlap mode to turn off.", G_COMPAT
-    )
-    enable_mixed_chunk: bool = arg(
-        False, "Accepted for compatibility: prefill chunks and decodes always share a step here.", G_COMPAT
-    )
-    skip_server_warmup: bool = arg(
-        False, "Accepted for compatibility: this server sends no warm-up request at start-up.", G_COMPAT
-    )
-
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
         if self.model_path is None:
@@ -301,6 +295,7 @@ class ServerArgs(ParallelArgs):
                 ours, meaning = aliases[value]
                 set_(name, ours)
                 notes.append(f"--{flag(name)} {value}: {meaning}; using {ours}")
+        notes += apply_upstream_spellings(self, set_)
         object.__setattr__(self, "_alias_notes", tuple(notes))  # not a field: logged by compat_notes()
 
     # ------------------------------------------------------------------ validation

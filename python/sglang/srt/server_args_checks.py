@@ -14,6 +14,7 @@ from dataclasses import fields
 from typing import Any
 
 from sglang.srt.server_args_cli import field_choices, flag
+from sglang.srt.server_args_compat import model_override_args
 
 POSITIVE = (
     "max_total_tokens",
@@ -34,6 +35,7 @@ def validate_server_args(args: Any) -> None:
             "--enable-shard-linear shares weights across context-parallel ranks: needs --cp-size > 1"
         )
     _validate_layout(args)
+    _validate_compat(args)
     if args.load_format != "dummy" and not args.model_path.startswith("dummy:"):
         if not os.path.exists(args.model_path):
             raise ValueError(f"--model-path {args.model_path!r} does not exist")
@@ -81,6 +83,25 @@ def _validate_values(args: Any) -> None:
             raise ValueError(f"--{flag(name)} must be >= 1, got {getattr(args, name)}")
     if not (0 <= args.node_rank < args.nnodes):
         raise ValueError(f"--node-rank must be in [0, --nnodes), got {args.node_rank}")
+
+
+def _validate_compat(args: Any) -> None:
+    """Upstream's launch-line flags (server_args_compat.py)."""
+    if args.tokenizer_mode == "slow":
+        raise ValueError(
+            "--tokenizer-mode slow is not supported by this engine: it needs the fast tokenizer "
+            "(tokenizer.json); use --tokenizer-mode auto"
+        )
+    if not 0 <= args.log_requests_level <= 3:
+        raise ValueError(f"--log-requests-level must be in 0..3, got {args.log_requests_level}")
+    if args.decode_log_interval is not None and args.decode_log_interval < 1:
+        raise ValueError(f"--decode-log-interval must be >= 1, got {args.decode_log_interval}")
+    model_override_args(args)
+    if args.enable_dsa_prefill_context_parallel and args.cp_size < 2:
+        raise ValueError(
+            "--enable-dsa-prefill-context-parallel splits prompts over the attention-TP ranks: needs "
+            "--tp-size / --dp-size > 1 (or --cp-size)"
+        )
 
 
 def _validate_layout(args: Any) -> None:

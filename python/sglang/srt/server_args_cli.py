@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
+import os
+import sys
 from dataclasses import field, fields
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
@@ -53,6 +56,10 @@ VALUE_ALIASES = {
     "cp_strategy": {
         "interleave": ("round-robin", "upstream's name for round-robin: token i goes to CP rank i mod cp")
     },
+    "dtype": {
+        "half": ("float16", "upstream's name for float16"),
+        "float": ("float32", "upstream's name for float32"),
+    },
 }
 
 
@@ -93,8 +100,12 @@ def flag(name: str) -> str:
     return name.replace("_", "-")
 
 
+def _is_list(type_str: Any) -> bool:
+    return "list[" in str(type_str)
+
+
 def _parse_type(type_str: Any):
-    text = str(type_str)
+    text = str(type_str).replace("Optional[", "")
     if "float" in text:
         return float
     if "int" in text:
@@ -121,16 +132,106 @@ def add_cli_args(
         accepted = field_choices(f)
         if accepted is None and f.name in choices:
             accepted = list(choices[f.name])
+        if accepted is not None:  # upstream's spellings of a value are accepted and normalised
+            accepted += [a for a in VALUE_ALIASES.get(f.name, {}) if a not in accepted]
         group.add_argument(
-            *names, dest=f.name, type=_parse_type(f.type), default=f.default, choices=accepted, help=help_text
+            *names,
+            dest=f.name,
+            type=_parse_type(f.type),
+            nargs="+" if _is_list(f.type) else None,
+            default=f.default,
+            choices=accepted,
+            help=help_text,
         )
 
 
+class LaunchArgumentParser(argparse.ArgumentParser):
+    """argparse with upstream's `--config file.yaml` (its flags first, so the command line
+    overrides them) and, for upstream flags this engine does not take, a refusal naming the flag
+    and what to use instead (`upstream_flags`: flag -> hint); a flag nobody knows gets argparse's
+    error with the closest flag."""
+
+    def __init__(self, *args: Any, upstream_flags: Optional[Mapping[str, str]] = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.upstream_flags = dict(upstream_flags or {})
+        self.add_argument(
+            "--config",
+            help="A YAML file of flags (name: value, `-` or `_` in names); the command line overrides it.",
+        )
+
+    def parse_args(self, args: Optional[Sequence[str]] = None, namespace: Any = None) -> argparse.Namespace:
+        argv = self._expand_config(list(sys.argv[1:] if args is None else args))
+        parsed, extras = self.parse_known_args(argv, namespace)
+        if extras:
+            self.error(self._unrecognized(extras))
+        return parsed
+
+    def _unrecognized(self, extras: list[str]) -> str:
+        for item in extras:
+            name = item.split("=", 1)[0]
+            if name in self.upstream_flags:
+                return f"upstream flag {name} is not supported by this engine ({self.upstream_flags[name]})"
+        message = f"unrecognized arguments: {' '.join(extras)}"
+        unknown = [x.split("=", 1)[0] for x in extras if x.startswith("--")]
+        close = (
+            difflib.get_close_matches(unknown[0], list(self._option_string_actions), n=1) if unknown else []
+        )
+        return message + (f" (did you mean {close[0]}?)" if close else "")
+
+    def _expand_config(self, argv: list[str]) -> list[str]:
+        """`--config PATH` replaced by the flags of its YAML mapping, put first (the rest of the
+        command line overrides them)."""
+        for i, item in enumerate(argv):
+            if item == "--config" or item.startswith("--config="):
+                if "=" in item:
+                    path, rest = item.split("=", 1)[1], argv[i + 1 :]
+                elif i + 1 < len(argv):
+                    path, rest = argv[i + 1], argv[i + 2 :]
+                else:
+                    self.error("argument --config: expected a YAML file")
+                return self._config_args(path) + argv[:i] + rest
+        return argv
+
+    def _config_args(self, path: str) -> list[str]:
+        import yaml
+
+        if not os.path.isfile(path):
+            self.error(f"--config {path}: no such file")
+        with open(path, encoding="utf-8") as f:
+            try:
+                data = yaml.safe_load(f)
+            except yaml.YAMLError as err:
+                self.error(f"--config {path}: not valid YAML ({err})")
+        if data is None:
+            return []
+        if not isinstance(data, dict):
+            self.error(f"--config {path}: expected a mapping of flag names to values")
+        out: list[str] = []
+        for key, value in data.items():
+            name = "--" + str(key).lstrip("-").replace("_", "-")
+            action = self._option_string_actions.get(name)
+            if action is None or name == "--config":
+                hint = self.upstream_flags.get(name)
+                why = f"upstream flag {name} is not supported by this engine ({hint})" if hint else "unknown"
+                self.error(f"--config {path}: key {key!r}: {why}")
+            if isinstance(action, argparse._StoreTrueAction):
+                if not isinstance(value, bool):
+                    self.error(f"--config {path}: key {key!r} is a switch: true or false, got {value!r}")
+                out += [name] if value else []
+            elif isinstance(value, list):
+                out += [name, *(str(v) for v in value)]
+            elif value is not None:
+                out += [name, str(value).lower() if isinstance(value, bool) else str(value)]
+        return out
+
+
 def build_parser(cls: type, choices: Optional[Mapping[str, Sequence[str]]] = None) -> argparse.ArgumentParser:
-    """The `python -m sglang.launch_server` parser of dataclass `cls`."""
-    parser = argparse.ArgumentParser(
+    """The `python -m sglang.launch_server` parser of dataclass `cls` (its `UPSTREAM_FLAGS`:
+    upstream's flags refused by name)."""
+    parser = LaunchArgumentParser(
         prog="python -m sglang.launch_server",
         description="Serve a model over HTTP: SGLang's native /generate and the OpenAI-compatible /v1 API.",
+        upstream_flags=getattr(cls, "UPSTREAM_FLAGS", None),
     )
     add_cli_args(parser, cls, choices)
     return parser

@@ -85,6 +85,7 @@ class ModelConfig:
         context_length: Optional[int] = None,
         device: str = "cpu",
         trust_remote_code: bool = False,
+        override_args: Optional[dict[str, Any]] = None,
     ):
         if model_path.startswith(DUMMY_PREFIX):  # `dummy:<path>`: random weights, config of <path>
             model_path = model_path[len(DUMMY_PREFIX) :]
@@ -92,6 +93,7 @@ class ModelConfig:
         self.load_format = load_format
         self.device = device
         self.hf_config = load_hf_config(model_path, load_format, trust_remote_code)
+        self.hf_config.update(override_args or {})  # --json-model-override-args
         cfg = self.hf_config
         self.model_type: str = getattr(cfg, "model_type", "")
         self.architectures: list[str] = list(getattr(cfg, "architectures", None) or [])

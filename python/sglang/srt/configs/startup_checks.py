@@ -30,6 +30,13 @@ def check_server_args_against_model(server_args: ServerArgs) -> None:
         _check_pipeline_partition(server_args)
     if server_args.cp_size > 1:
         _check_context_parallel_backend(server_args)
+    if (
+        server_args.disaggregation_mode != "null"
+        and server_args.disaggregation_transfer_backend == "mooncake"
+    ):
+        from sglang.srt.disaggregation.mooncake.data_plane import load_transfer_engine
+
+        load_transfer_engine()  # PD is optional in an install: refuse now, naming the fix (RuntimeError)
 
 
 def _check_attention_backend(server_args: ServerArgs) -> None:

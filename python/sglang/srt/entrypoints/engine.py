@@ -23,6 +23,7 @@ from sglang.srt.managers.io_struct import (
     SchedulerReadyInfo,
 )
 from sglang.srt.managers.tokenizer.tokenizer_manager import TokenizerManager
+from sglang.srt.model_loader.hf_resolve import resolve_model_paths
 from sglang.srt.server_args import PortArgs, ServerArgs
 from sglang.srt.utils.process import configure_logger
 from sglang.version import __version__
@@ -75,7 +76,7 @@ class Engine:
     """Offline inference engine; every ServerArgs field is a keyword argument."""
 
     def __init__(self, _scheduler_entry: Optional[Callable[..., None]] = None, **kwargs: Any):
-        self.server_args = ServerArgs.from_kwargs(**kwargs)
+        self.server_args = resolve_model_paths(ServerArgs.from_kwargs(**kwargs))  # HF ids: local dirs
         check_server_args(self.server_args)
         configure_logger(self.server_args.log_level, "Engine")
         self._shutdown_done = False

@@ -40,6 +40,7 @@ from sglang.srt.model_loader.loader import load_model_weights
 from sglang.srt.models.registry import ModelRegistry
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 from sglang.srt.server_args import ServerArgs
+from sglang.srt.server_args_compat import model_override_args
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +74,7 @@ class ModelRunner:
             context_length=server_args.context_length,
             device=server_args.device,
             trust_remote_code=server_args.trust_remote_code,
+            override_args=model_override_args(server_args),
         )
         cfg = self.model_config
         self.dtype = cfg.dtype

@@ -23,6 +23,7 @@ from sglang.srt.model_loader.gguf_config import (
     gguf_arch,
     open_gguf,
 )
+from sglang.srt.model_loader.progress import progress
 
 _GLOBAL_NAMES = {
     "token_embd": "model.embed_tokens",
@@ -106,7 +107,7 @@ def iter_gguf_weights(
     target = _resolve_dtype(dtype)
     n_head = int(field_value(reader, f"{arch}.attention.head_count"))
     n_kv = int(field_value(reader, f"{arch}.attention.head_count_kv", n_head))
-    for t in reader.tensors:
+    for t in progress(reader.tensors, "Dequantizing GGUF tensors", unit="tensor"):
         if t.name == "rope_freqs.weight":
             raise NotImplementedError("GGUF rope_freqs tensors are not supported")
         hf_name = gguf_to_hf_name(t.name)

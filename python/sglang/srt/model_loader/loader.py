@@ -1,7 +1,8 @@
 """Pick a load format for a model path, read its HF config, and fill a model's weights.
 
-Formats: `gguf` (a .gguf file), `safetensors` (an HF directory with *.safetensors), `dummy`
-(deterministic random weights; the config still comes from the path). `auto` picks from the path.
+Formats: `gguf` (a .gguf file), `safetensors` (an HF directory with *.safetensors), `pt` (an HF
+directory with torch `.bin` files), `dummy` (deterministic random weights; the config still comes
+from the path). `auto` picks from the path: a .gguf file, else safetensors, else `.bin`.
 A path written `dummy:<path>` means dummy weights with the config of `<path>`.
 """
 
@@ -15,9 +16,10 @@ from typing import Any, Iterator, Optional, Union
 import torch
 
 from sglang.srt.model_loader.dummy_loader import init_dummy_weights
+from sglang.srt.model_loader.pt_loader import iter_pt_weights, list_pt_files
 from sglang.srt.model_loader.safetensors_loader import iter_safetensors_weights
 
-LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
+LOAD_FORMATS = ("auto", "safetensors", "pt", "gguf", "dummy")
 DUMMY_PREFIX = "dummy:"
 DtypeLike = Union[torch.dtype, str, None]
 
@@ -35,8 +37,17 @@ def _has_safetensors(path: str) -> bool:
     return os.path.isdir(path) and bool(glob.glob(os.path.join(path, "*.safetensors")))
 
 
+def _has_pt(path: str) -> bool:
+    if not os.path.isdir(path):
+        return False
+    try:
+        return bool(list_pt_files(path))
+    except FileNotFoundError:
+        return False
+
+
 def resolve_load_format(model_path: str, load_format: str = "auto") -> str:
-    """The concrete format (`gguf`, `safetensors` or `dummy`) for `model_path`; ValueError naming the path."""
+    """The concrete format (`gguf`, `safetensors`, `pt` or `dummy`) for `model_path`; ValueError naming the path."""
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load format must be one of {list(LOAD_FORMATS)}, got {load_format!r}")
     if load_format == "dummy" or model_path.startswith(DUMMY_PREFIX):
@@ -47,10 +58,13 @@ def resolve_load_format(model_path: str, load_format: str = "auto") -> str:
         return "gguf"
     if load_format in ("auto", "safetensors") and _has_safetensors(model_path):
         return "safetensors"
+    if load_format in ("auto", "pt") and _has_pt(model_path):
+        return "pt"
     expected = {
-        "auto": "a .gguf file or a directory with *.safetensors files",
+        "auto": "a .gguf file or a directory with *.safetensors or torch *.bin files",
         "gguf": "a .gguf file",
         "safetensors": "a directory with *.safetensors files",
+        "pt": "a directory with torch *.bin files (pytorch_model.bin or its shards)",
     }[load_format]
     raise ValueError(f"cannot load {model_path!r} with load format {load_format!r}: expected {expected}")
 
@@ -80,13 +94,14 @@ def iter_weights(
         from sglang.srt.model_loader.gguf_weights import iter_gguf_weights
 
         return iter_gguf_weights(model_path, dtype)
-    if fmt == "safetensors":
+    if fmt in ("safetensors", "pt"):
         torch_dtype = (
             None
             if dtype in (None, "auto")
             else (dtype if isinstance(dtype, torch.dtype) else getattr(torch, dtype))
         )
-        return iter_safetensors_weights(model_path, torch_dtype)
+        reader = iter_safetensors_weights if fmt == "safetensors" else iter_pt_weights
+        return reader(model_path, torch_dtype)
     raise ValueError(f"load format 'dummy' has no weights to iterate for {model_path!r}")
 
 

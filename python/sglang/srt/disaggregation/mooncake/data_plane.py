@@ -25,11 +25,22 @@ MAX_BATCH_ENTRIES = 256  # x SGLANG_DISAGGREGATION_QUEUE_SIZE (4) transfer threa
 MIN_BATCH_ENTRIES = 32
 MAX_RETRY_DELAY_S = 0.5  # back-offs 5 ms .. 0.64 s, about 1.3 s in all, before the transfer fails
 
-INSTALL_HINT = (
-    "the PD transfer backend 'mooncake' needs the PyPI package mooncake-transfer-engine-non-cuda "
-    "(or mooncake-transfer-engine on CUDA machines) and the system library libibverbs.so.1 "
-    "(Debian/Ubuntu: apt-get install -y libibverbs1 ibverbs-providers); `make setup` installs both"
-)
+# PD is an optional part of an install (`make setup` leaves it out where libibverbs cannot be had)
+SYSTEM_FIX = "sudo apt-get install -y libibverbs1 ibverbs-providers"
+PACKAGES_FIX = "pip install mooncake-transfer-engine-non-cuda sglang-router"  # the `pd` extra of setup.py
+
+
+def install_hint(err: BaseException) -> str:
+    """What a PD server refuses to start with when mooncake cannot be imported: the exact command."""
+    missing_package = isinstance(err, ModuleNotFoundError) and (err.name or "").split(".")[0] == "mooncake"
+    if missing_package:
+        fix = f"`{PACKAGES_FIX}` (in a checkout: `make setup-pd`; CUDA machines: mooncake-transfer-engine)"
+    else:
+        fix = f"`{SYSTEM_FIX}` (Debian/Ubuntu, as root), then `make setup-pd` in a checkout"
+    return (
+        f"PD disaggregation (--disaggregation-transfer-backend mooncake) is not set up on this machine: "
+        f"mooncake's transfer engine cannot be loaded ({type(err).__name__}: {err}). Fix: {fix}"
+    )
 
 
 class DataPlane(Protocol):
@@ -41,12 +52,13 @@ class DataPlane(Protocol):
 
 
 def load_transfer_engine():
-    """The mooncake TransferEngine class; RuntimeError with the install command when missing."""
+    """The mooncake TransferEngine class; RuntimeError with the command that fixes it when it cannot
+    be loaded (the package absent, or the system library libibverbs.so.1 it loads even for TCP)."""
     os.environ.setdefault("GLOG_minloglevel", "1")  # mooncake logs every connection at INFO
     try:
         from mooncake.engine import TransferEngine
-    except ImportError as err:
-        raise RuntimeError(f"{INSTALL_HINT} ({err})") from err
+    except (ImportError, OSError) as err:
+        raise RuntimeError(install_hint(err)) from err
     return TransferEngine
 
 

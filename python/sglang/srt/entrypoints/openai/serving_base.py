@@ -16,6 +16,7 @@ from typing import Any, AsyncIterator, ClassVar, Optional
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
 
+from sglang.srt.entrypoints.openai.sampling_defaults import sampling_defaults
 from sglang.srt.entrypoints.openai.protocol import ResponseBase, SamplingExtensions, UsageInfo, random_id
 from sglang.srt.entrypoints.openai.utils import (
     SSE_DONE,
@@ -61,6 +62,8 @@ class OpenAIServingBase(ABC):
     def __init__(self, tokenizer_manager: TokenizerManager):
         self.tm = tokenizer_manager
         self.server_args = tokenizer_manager.server_args
+        # under a request's own sampling parameters: generation_config.json's (--sampling-defaults model)
+        self.default_sampling = sampling_defaults(self.server_args)
 
     @abstractmethod
     def _build(self, req: Any) -> GenerateReqInput:

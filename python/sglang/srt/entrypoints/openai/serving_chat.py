@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 from typing import Any, Optional
 
 from pydantic import BaseModel
 
+from sglang.srt.entrypoints.openai.chat_templates import named_tokenizer_template, resolve_chat_template
 from sglang.srt.entrypoints.openai.protocol import (
     MAX_LOGPROBS,
     ChatCompletionChoice,
@@ -138,14 +138,19 @@ class OpenAIServingChat(OpenAIServingBase):
 
     def __init__(self, tokenizer_manager: TokenizerManager):
         super().__init__(tokenizer_manager)
-        self.chat_template = self._load_chat_template(self.server_args.chat_template)
+        self.chat_template = self._load_chat_template(
+            self.server_args.chat_template, self.server_args.hf_chat_template_name, self.tm.tokenizer
+        )
 
     @staticmethod
-    def _load_chat_template(value: Optional[str]) -> Optional[str]:
-        if value and os.path.isfile(value):
-            with open(value, encoding="utf-8") as f:
-                return f.read()
-        return value
+    def _load_chat_template(value: Optional[str], hf_name: Optional[str], tokenizer: Any) -> Optional[str]:
+        """`--chat-template` (a built-in name, a file or Jinja text), else `--hf-chat-template-name`
+        (one of the tokenizer's named templates), else None: the tokenizer's own."""
+        if value is not None:
+            return resolve_chat_template(value)
+        if hf_name is not None and tokenizer is not None:
+            return named_tokenizer_template(tokenizer, hf_name)
+        return None
 
     def _prompt_ids(self, req: ChatCompletionRequest) -> list[int]:
         if self.tm.tokenizer is None:
@@ -179,11 +184,11 @@ class OpenAIServingChat(OpenAIServingBase):
         check_logprobs_num(req.top_logprobs, "top_logprobs", MAX_LOGPROBS)
         check_tool_choice(req)
         max_new = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        params = {**self.default_sampling, **req.base_sampling_params(max_new)}
+        params.setdefault("max_new_tokens", None)  # no max_tokens: to EOS or the context limit (upstream)
         return GenerateReqInput(
-            input_ids=req.input_ids
-            if req.input_ids
-            else self._prompt_ids(req),  # upstream: ids skip the template
-            sampling_params=req.base_sampling_params(max_new),
+            input_ids=req.input_ids or self._prompt_ids(req),  # upstream: given ids skip the template
+            sampling_params=params,
             rid=req.rid,
             stream=req.stream,
             return_logprob=req.logprobs,

@@ -70,7 +70,7 @@ class OpenAIServingCompletion(OpenAIServingBase):
         return GenerateReqInput(
             text=text,
             input_ids=input_ids,
-            sampling_params=req.base_sampling_params(req.max_tokens),
+            sampling_params={**self.default_sampling, **req.base_sampling_params(req.max_tokens)},
             rid=req.rid,
             stream=req.stream,
             return_logprob=req.logprobs is not None,

@@ -8,7 +8,7 @@ holds (its slice of their intermediate dim), and the partials are summed across 
   tokens): dispatch is the identity and combine is one all-reduce over the group. The shared
   experts' partial (TP-sharded over the same group) is added before it, so an MoE layer costs one
   all-reduce, exactly like a dense TP MLP.
-- `tokens_replicated=False` (ranks hold different tokens, e.g. DP attention later): dispatch
+- `tokens_replicated=False` (ranks hold different tokens: DP attention, CP): dispatch
   all-gathers the tokens (sizes may differ), combine all-reduces and keeps this rank's rows.
 
 Exact: no capacity factor, no token is dropped; every (token, expert) pair is computed once

@@ -128,7 +128,7 @@ class Scheduler:
         self.dp = dp_lockstep
         self.num_received = 0  # generate requests taken (the DP controller's load accounting)
         self._last_load: Optional[tuple[int, int]] = None
-        self.stats = StepStats(time.monotonic())
+        self.stats = StepStats(time.monotonic(), decode_log_interval=server_args.decode_log_interval)
         self.profiler = SchedulerProfiler(self.groups.world_rank)  # /start_profile, /stop_profile
         # Reliability (issue 19): progress watchdog + state snapshots; the process entry starts its thread.
         self.watchdog = SchedulerWatchdog(

@@ -76,11 +76,15 @@ def build_token_id_out(reqs: list[Req]) -> Optional[BatchTokenIDOut]:
 
 class StepStats:
     """Tokens prefilled and decoded and steps run since the last log line; a line is due every
-    `interval_s` seconds in which a step ran. Also the /metrics figures (`state()`): decode
+    `interval_s` seconds in which a step ran, or with `decode_log_interval` (`--decode-log-interval`,
+    upstream's) every that many steps that decoded. Also the /metrics figures (`state()`): decode
     throughput and each request's queue time (arrival to first admission into a step)."""
 
-    def __init__(self, now: float, interval_s: float = STATS_LOG_INTERVAL_S):
+    def __init__(
+        self, now: float, interval_s: float = STATS_LOG_INTERVAL_S, decode_log_interval: Optional[int] = None
+    ):
         self.interval_s = interval_s
+        self.decode_log_interval = decode_log_interval
         self.gen_throughput = DecodeThroughput()
         self.queue_time = BucketCounts()
         self._reset(now)
@@ -98,7 +102,7 @@ class StepStats:
 
     def _reset(self, now: float) -> None:
         self.since = now
-        self.prefill_tokens = self.decode_tokens = self.steps = 0
+        self.prefill_tokens = self.decode_tokens = self.steps = self.decode_steps = 0
 
     def add_step(self, batch: ScheduleBatch, now: Optional[float] = None) -> None:
         """Count a finished step (before its sampled tokens are appended)."""
@@ -110,9 +114,12 @@ class StepStats:
                 decoded += 1
         self.decode_tokens += decoded
         self.steps += 1
+        self.decode_steps += decoded > 0
         self.gen_throughput.finish(time.monotonic() if now is None else now, decoded)
 
     def due(self, now: float) -> bool:
+        if self.decode_log_interval is not None:
+            return self.decode_steps >= self.decode_log_interval
         return self.steps > 0 and now - self.since >= self.interval_s
 
     def log(self, now: float, running: int, waiting: int, kv_usage: float) -> None:

@@ -118,14 +118,19 @@ def check_input_ids(input_ids: list[int], info: SchedulerReadyInfo) -> None:
 
 
 def parse_sampling_params(
-    raw: Optional[dict], input_len: int, info: SchedulerReadyInfo, tokenizer: Any
+    raw: Optional[dict], input_len: int, info: SchedulerReadyInfo, tokenizer: Any, clamp: bool = False
 ) -> SamplingParams:
-    """User dict -> verified, normalized SamplingParams fitted into the context window."""
+    """User dict -> verified, normalized SamplingParams fitted into the context window.
+
+    `max_new_tokens` given: the prompt and it must fit the context and the KV pool. Given as null
+    (what /v1/chat/completions sends without `max_tokens`): to EOS or the context / KV pool limit,
+    as upstream. Absent: SGLang's 128, clamped to that limit. `clamp` (`--allow-auto-truncate`):
+    a given one is clamped to that limit too instead of refused."""
     params = SamplingParams.from_dict(raw)
     params.verify(info.vocab_size)
     params.normalize(tokenizer)
-    explicit = isinstance(raw, dict) and raw.get("max_new_tokens") is not None
-    if explicit:
+    raw = raw if isinstance(raw, dict) else {}
+    if raw.get("max_new_tokens") is not None and not clamp:
         total = input_len + params.max_new_tokens
         if total > info.context_len:
             raise ValueError(
@@ -142,11 +147,20 @@ def parse_sampling_params(
             )
         return params
     # The default budget must also fit the KV pool, or the scheduler would abort the request.
-    room = min(info.context_len, info.max_total_num_tokens) - input_len
-    if params.max_new_tokens > room:
-        params.max_new_tokens = max(room, 0)
+    room = max(min(info.context_len, info.max_total_num_tokens) - input_len, 0)
+    if "max_new_tokens" in raw or params.max_new_tokens > room:
+        params.max_new_tokens = room
         params.min_new_tokens = min(params.min_new_tokens, params.max_new_tokens)
     return params
+
+
+def fit_prompt(input_ids: list[int], info: SchedulerReadyInfo, auto_truncate: bool) -> list[int]:
+    """`--allow-auto-truncate`: a prompt over the model's input limit keeps its last tokens (as
+    upstream, cut from the left); otherwise it is returned as is (and refused by check_input_ids)."""
+    limit = min(info.context_len - 1, info.max_req_input_len)
+    if auto_truncate and len(input_ids) > limit:
+        return input_ids[len(input_ids) - limit :]
+    return input_ids
 
 
 def prepare_requests(
@@ -154,8 +168,10 @@ def prepare_requests(
     tokenizer: Optional[Any],
     info: SchedulerReadyInfo,
     rids_in_use: Optional[set[str]] = None,
+    auto_truncate: bool = False,
 ) -> list[PreparedReq]:
-    """Validate and tokenize every prompt of `obj`; expand n > 1. Raises ValueError on bad input."""
+    """Validate and tokenize every prompt of `obj`; expand n > 1 (`auto_truncate`:
+    `--allow-auto-truncate`). Raises ValueError on bad input."""
     check_generate_req(obj)
     rids_in_use = rids_in_use or set()
     out: list[PreparedReq] = []
@@ -171,9 +187,10 @@ def prepare_requests(
             input_ids = tokenize_prompt(tokenizer, req.text)
         else:
             input_ids = [int(t) for t in req.input_ids]
+        input_ids = fit_prompt(input_ids, info, auto_truncate)
         check_input_ids(input_ids, info)
         raw = req.sampling_params if req.sampling_params is not None else {}
-        params = parse_sampling_params(raw, len(input_ids), info, tokenizer)
+        params = parse_sampling_params(raw, len(input_ids), info, tokenizer, auto_truncate)
         base_rid = req.rid if req.rid is not None else new_rid()
         n = params.n
         for j in range(n):

@@ -38,6 +38,7 @@ from sglang.srt.managers.io_struct import (
 )
 from sglang.srt.managers.tokenizer.request_validation import bootstrap_of, check_bootstrap
 from sglang.srt.managers.tokenizer.tokenizer_control import STATE_WAIT_S, SchedulerControl
+from sglang.srt.managers.tokenizer.request_log import RequestLogger
 from sglang.srt.managers.tokenizer.tokenizer_input import prepare_requests
 from sglang.srt.managers.tokenizer.tokenizer_output import (
     OutputBuilder,
@@ -100,6 +101,7 @@ class TokenizerManager:
         self.outputs = OutputBuilder(tokenizer)
         self.num_outputs_received = 0  # BatchStrOut messages (health: is generation moving?)
         self.dead_message: Optional[str] = None
+        self.request_logger = RequestLogger.of(server_args)  # --log-requests
         # The processes started for this manager (a launch.ChildProcesses), set by the launcher.
         self.child_processes: Optional[Any] = None
         self.metrics: Optional[ServerMetrics] = None
@@ -179,7 +181,13 @@ class TokenizerManager:
         """Validate, register and send every request of `obj` (ValueError on bad input)."""
         self._ensure_started()
         self._check_alive()
-        reqs = prepare_requests(obj, self.tokenizer, self.scheduler_info, set(self.rid_to_state))
+        reqs = prepare_requests(
+            obj,
+            self.tokenizer,
+            self.scheduler_info,
+            set(self.rid_to_state),
+            self.server_args.allow_auto_truncate,
+        )
         check_bootstrap(obj, self.pd, len(reqs))  # PD: bootstrap fields
         call = GenerateCall(obj=obj, reqs=reqs, is_single=obj.is_single and len(reqs) == 1)
         for req in reqs:
@@ -189,6 +197,8 @@ class TokenizerManager:
         if isinstance(obj.rid, str) and len(reqs) > 1:
             self.rid_children[obj.rid] = [r.rid for r in reqs]
         for req in reqs:
+            if self.request_logger is not None:
+                self.request_logger.received(req)
             self.send_to_scheduler.send_pyobj(
                 TokenizedGenerateReqInput(
                     rid=req.rid,
@@ -232,6 +242,8 @@ class TokenizerManager:
                     continue
                 if chunk.finished:
                     pending.discard(index)
+                    if self.request_logger is not None:
+                        self.request_logger.finished(chunk.rid, chunk.out)
                 yield chunk
         finally:
             for state in call.states:

@@ -41,11 +41,11 @@ INDEX_SCORE_DTYPE_ENV = "SGLANG_DSA_INDEX_SCORE_DTYPE"
 
 
 def _index_score_setting(value: Optional[str]) -> str:
-    """`value`, by default $SGLANG_DSA_INDEX_SCORE_DTYPE, checked."""
-    import os
-
+    """`value`, by default $SGLANG_DSA_INDEX_SCORE_DTYPE (srt/envs.py), checked."""
     if value is None:
-        value = os.environ.get(INDEX_SCORE_DTYPE_ENV, "auto") or "auto"
+        from sglang.srt import envs
+
+        value = envs.SGLANG_DSA_INDEX_SCORE_DTYPE.get()
     if value not in INDEX_SCORE_DTYPES:
         raise ValueError(f"{INDEX_SCORE_DTYPE_ENV}={value!r}; choices: {INDEX_SCORE_DTYPES}")
     return value

@@ -1,0 +1,37 @@
+"""What the checkpoint readers of an HF directory share: which weight files to read (those an index
+json names, else every file of the format), and the cast of floating tensors to the load dtype."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from typing import Optional, Sequence
+
+import torch
+
+
+def list_weight_files(model_dir: str, index_name: str, pattern: str, skip: Sequence[str] = ()) -> list[str]:
+    """The weight files of `model_dir`: those named by the index json `index_name` when present,
+    else every file matching `pattern` (except the names in `skip`). FileNotFoundError when none."""
+    index_path = os.path.join(model_dir, index_name)
+    if os.path.isfile(index_path):
+        with open(index_path, encoding="utf-8") as f:
+            weight_map = json.load(f).get("weight_map", {})
+        files = sorted({os.path.join(model_dir, v) for v in weight_map.values()})
+        missing = [p for p in files if not os.path.isfile(p)]
+        if missing:
+            raise FileNotFoundError(f"{index_path} names missing shard(s): {missing}")
+        if files:
+            return files
+    files = sorted(p for p in glob.glob(os.path.join(model_dir, pattern)) if os.path.basename(p) not in skip)
+    if not files:
+        raise FileNotFoundError(f"no {pattern} weight files in {model_dir!r}")
+    return files
+
+
+def cast_floating(tensor: torch.Tensor, dtype: Optional[torch.dtype]) -> torch.Tensor:
+    """`tensor` in `dtype` when it is a floating tensor (integer tensors keep theirs); None: unchanged."""
+    if dtype is not None and tensor.is_floating_point() and tensor.dtype != dtype:
+        return tensor.to(dtype)
+    return tensor
