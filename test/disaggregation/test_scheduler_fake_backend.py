@@ -101,3 +101,36 @@ def test_retraction_resends_from_zero(prefill):
     prefill.run()
     assert sent[-1][-1] == 24 and any(p[0] == 0 for p in sent[1:])  # sent again from 0, up to the end
     assert _free(prefill)
+
+
+def test_pd_queue_metrics_follow_the_components(prefill, decode):
+    """/metrics' PD gauges read the real components' state: a request held in the prefill side's
+    bootstrap queue and in the decode side's queues counts, and is gone once it ran."""
+    from sglang.srt.metrics.collector import ServerMetrics
+
+    def gauges(h: SchedulerHarness) -> dict:
+        m = ServerMetrics("m")
+        m.update_scheduler_state(h.scheduler.internal_state())
+        text = m.render().decode()
+        names = (
+            "num_prefill_prealloc_queue_reqs",
+            "num_decode_prealloc_queue_reqs",
+            "num_decode_transfer_queue_reqs",
+        )
+        return {
+            n: float(line.split()[-1])
+            for line in text.splitlines()
+            for n in names
+            if line.startswith(f"sglang:{n}{{")
+        }
+
+    _submit(prefill, "pm", list(range(400, 420)), room=7)
+    assert gauges(prefill)["num_prefill_prealloc_queue_reqs"] == 1
+    prefill.run()
+    assert gauges(prefill)["num_prefill_prealloc_queue_reqs"] == 0
+    _submit(decode, "dm", list(range(400, 420)), room=8)
+    queued = gauges(decode)
+    assert queued["num_decode_prealloc_queue_reqs"] + queued["num_decode_transfer_queue_reqs"] == 1
+    decode.run()
+    after = gauges(decode)
+    assert after["num_decode_prealloc_queue_reqs"] == after["num_decode_transfer_queue_reqs"] == 0
