@@ -7,7 +7,8 @@ single-rank model, float32, driven on hand-built batches: requests join in three
 running decodes (ragged prompt lengths), so the decode batches have 1 (< cp), 2 (= cp) and 5
 (> cp) requests, and the joining steps mix prefills with decodes. Tokens identical to cp 1 and
 logits within 1e-4, with split decodes and with the old replicated path; V3.2 also under
-cp 2 x ep 2. Per-rank work from `CPStats`: with split decodes each rank ran exactly its
+cp 2 x ep 2, where the MoE routes each rank's own tokens first and moves them by the EP
+all-to-all, overlapped with the shared experts (`communicator.moe_all_to_all`). Per-rank work from `CPStats`: with split decodes each rank ran exactly its
 round-robin share of the decode tokens and of the LM-head rows, and merged each decode partial
 once over all ranks (the old path: every rank every decode). The holder merge
 (`exchange_to_holders` + merge) equals the all-gather merge on random partials with LSEs.
@@ -94,7 +95,11 @@ def generate(path: str, groups: ParallelGroups, split_decodes: bool = True) -> d
         for _ in range(steps):
             run([(r, [t[-1]]) for r, t in zip(reqs, tokens)])
     stats = h.stats
+    a2a = [
+        m.mlp.all_to_all for m in model.model.layers if getattr(getattr(m, "mlp", None), "all_to_all", None)
+    ]
     return {
+        "moe_a2a": (len(a2a), sum(d.overlapped for d in a2a)),
         "tokens": tokens,
         "logits": logits,
         "decodes": decodes,
@@ -204,3 +209,14 @@ def test_each_rank_runs_its_share_of_the_decodes(results, run):
     if split:
         logits = [res[run]["stats"][1] for res in results]
         assert sum(logits) == sum(len(s) for s in steps) and max(logits) < sum(len(s) for s in steps)
+
+
+@pytest.mark.slow
+def test_moe_routes_first_under_cp_with_whole_experts(results):
+    """cp 2 x ep 2 (experts whole per rank): every MoE layer routes its own tokens and moves them by
+    the all-to-all, the shared experts running while the tokens are in flight; cp 2 x ep 1 keeps
+    the gather before the router (its tokens are checked in test_cp_decode_matches_single_rank)."""
+    for res in results:
+        layers, overlapped = res[("v32", "cp2-ep2", True)]["moe_a2a"]
+        assert layers > 0 and overlapped >= layers * (1 + 3 + 1 + 3 + 1 + 4)  # one call per layer and step
+        assert res[("v32", "cp2", True)]["moe_a2a"] == (0, 0)
