@@ -8,7 +8,7 @@ running decodes (ragged prompt lengths), so the decode batches have 1 (< cp), 2 
 (> cp) requests, and the joining steps mix prefills with decodes. Tokens identical to cp 1 and
 logits within 1e-4, with split decodes and with the old replicated path; V3.2 also under
 cp 2 x ep 2, where the MoE routes each rank's own tokens first and moves them by the EP
-all-to-all, overlapped with the shared experts (`communicator.moe_all_to_all`). Per-rank work from `CPStats`: with split decodes each rank ran exactly its
+all-to-all, overlapped with the shared experts (`ep_all_to_all.moe_all_to_all`). Per-rank work from `CPStats`: with split decodes each rank ran exactly its
 round-robin share of the decode tokens and of the LM-head rows, and merged each decode partial
 once over all ranks (the old path: every rank every decode). The holder merge
 (`exchange_to_holders` + merge) equals the all-gather merge on random partials with LSEs.

@@ -37,6 +37,7 @@ import torch
 
 from sglang.srt.layers.context_parallel import get_cp_layout, start_gather
 from sglang.srt.layers.dp_attention import dp_gather, dp_scatter
+from sglang.srt.layers.moe.ep_all_to_all import moe_all_to_all
 
 if TYPE_CHECKING:
     from sglang.srt.distributed.parallel_state import GroupCoordinator, ParallelGroups
@@ -95,22 +96,11 @@ def dense_mlp_tp_group(groups: "ParallelGroups") -> "GroupCoordinator":
     return groups.attn_tp if lay.attn_cp > 1 else groups.tp
 
 
-def moe_all_to_all(groups: "ParallelGroups") -> bool:
-    """Whether MoE blocks route this rank's own tokens first and send each (token, expert) pair to
-    its expert's rank by an all-to-all (`ep_all_to_all.py`): with `--moe-a2a-backend all_to_all`,
-    and under CP without DP attention whenever experts are whole per rank (ep = tp > 1), instead of
-    all-gathering the MoE input of the replica before the router."""
-    lay = groups.layout
-    if lay.moe_a2a:
-        return True
-    return lay.attn_cp > 1 and lay.attn_dp == 1 and lay.moe_ep > 1 and lay.moe_tp == 1
-
-
 def moe_mlp_group(groups: "ParallelGroups") -> "GroupCoordinator":
     """The group whose ranks must see the same tokens around an MoE block: the tp group (experts
     over moe_ep x moe_tp, one combine all-reduce), or this rank alone when an all-to-all dispatch
-    moves each token to its experts (`moe_all_to_all`: the MLP runs SCATTERED)."""
-    return groups.local if moe_all_to_all(groups) else groups.tp
+    moves each token to its experts (`ep_all_to_all.moe_all_to_all`: the MLP runs SCATTERED)."""
+    return groups.local if moe_all_to_all(groups.layout) else groups.tp
 
 
 def mlp_mode(mlp_group: "GroupCoordinator", groups: "ParallelGroups") -> ScatterMode:

@@ -19,12 +19,26 @@ once; the outputs are summed per token in float32.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 import torch.distributed as dist
 
 from sglang.srt.distributed.parallel_state import GroupCoordinator
+
+if TYPE_CHECKING:
+    from sglang.srt.distributed.parallel_layout import ParallelLayout
+
+
+def moe_all_to_all(layout: "ParallelLayout") -> bool:
+    """Whether MoE blocks route this rank's own tokens first and send each (token, expert) pair to
+    its expert's rank by this all-to-all: with `--moe-a2a-backend all_to_all`, and under CP
+    without DP attention whenever experts are whole per rank (ep = tp > 1), instead of
+    all-gathering the MoE input of the replica before the router. `SparseMoeBlock` and the layer
+    communicator (`moe_mlp_group`: the MLP runs on this rank's tokens) both ask this."""
+    if layout.moe_a2a:
+        return True
+    return layout.attn_cp > 1 and layout.attn_dp == 1 and layout.moe_ep > 1 and layout.moe_tp == 1
 
 
 class AllToAllDispatcher:
