@@ -139,11 +139,11 @@ class CPLayout:
             raise ValueError(f"cp_rank {cp_rank} out of range for cp_size {cp_size}")
         n_total = int(sum(ext_lens))
         if n_total == len(ext_lens):  # decodes only
-            build = CPLayout._decodes_split if split_decodes and cp_size > 1 else CPLayout._decodes_only
-            layout = build(prefix_lens, cp_size, cp_rank, strategy, group, slot_mapping)
+            split = split_decodes and cp_size > 1
+            layout = CPLayout._decodes_only(prefix_lens, cp_size, cp_rank, strategy, split)
         else:
             layout = CPLayout._mixed(ext_lens, prefix_lens, cp_size, cp_rank, strategy, split_decodes)
-            layout.group, layout.slot_mapping = group, slot_mapping
+        layout.group, layout.slot_mapping = group, slot_mapping
         layout.split_decodes, layout.stats = split_decodes, stats
         return layout
 
@@ -206,13 +206,18 @@ class CPLayout:
         )
 
     @staticmethod
-    def _decodes_split(prefix_lens, cp_size, cp_rank, strategy, group, slot_mapping) -> "CPLayout":
-        """The layout of a batch of decode tokens dealt round-robin: decode j on rank j mod cp."""
+    def _decodes_only(prefix_lens, cp_size, cp_rank, strategy, split: bool) -> "CPLayout":
+        """The layout of a batch of decode tokens: dealt round-robin when `split` (decode j on rank
+        j mod cp), else each one replicated on every rank."""
         b = len(prefix_lens)
         idx = torch.arange(b, dtype=torch.int64)
-        mine = idx[cp_rank::cp_size]
-        counts = [int(i % cp_size == cp_rank) for i in range(b)]
-        local_starts = [(i - cp_rank + cp_size - 1) // cp_size if i > cp_rank else 0 for i in range(b)]
+        if split:
+            counts = [int(i % cp_size == cp_rank) for i in range(b)]
+            local_starts = [(i - cp_rank + cp_size - 1) // cp_size if i > cp_rank else 0 for i in range(b)]
+            local_idx, holder_rank, holder_row = idx[cp_rank::cp_size], idx % cp_size, idx // cp_size
+        else:
+            counts, local_starts = [1] * b, list(range(b))
+            local_idx, holder_rank, holder_row = idx, torch.full((b,), -1, dtype=torch.int64), idx.clone()
         one, none = torch.zeros(1, dtype=torch.int64), torch.empty(0, dtype=torch.int64)
         return CPLayout(
             cp_size,
@@ -223,38 +228,12 @@ class CPLayout:
             list(range(b)),
             [1] * b,
             [int(x) for x in prefix_lens],
-            mine,
+            local_idx,
             local_starts,
             counts,
             [one if c else none for c in counts],
-            idx % cp_size,
-            idx // cp_size,
-            group,
-            slot_mapping,
-        )
-
-    @staticmethod
-    def _decodes_only(prefix_lens, cp_size, cp_rank, strategy, group, slot_mapping) -> "CPLayout":
-        """The layout of a batch of decode tokens: each one replicated on every rank."""
-        b = len(prefix_lens)
-        rows = torch.arange(b, dtype=torch.int64)
-        return CPLayout(
-            cp_size,
-            cp_rank,
-            strategy,
-            b,
-            [REPLICATED] * b,
-            list(range(b)),
-            [1] * b,
-            [int(x) for x in prefix_lens],
-            rows,
-            list(range(b)),
-            [1] * b,
-            [torch.zeros(1, dtype=torch.int64)] * b,
-            torch.full((b,), -1, dtype=torch.int64),
-            rows.clone(),
-            group,
-            slot_mapping,
+            holder_rank,
+            holder_row,
         )
 
     # ------------------------------------------------------------------ queries
