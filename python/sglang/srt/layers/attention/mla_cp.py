@@ -254,8 +254,9 @@ def _decode_attention(
 
 def _decode_queries(layout: CPLayout, md: MLACPMetadata, q, index_q, index_w):
     """Every decode's (absorbed query, indexer query, indexer weights) in decode order; the
-    indexer parts None when `index_q` is. Split decodes: one packed all-gather (float32, exact
-    for any narrower dtype), each rank sending the queries of the decodes it holds."""
+    indexer parts None when `index_q` is. Split decodes: one packed all-gather (in their dtype, or
+    float32 when they differ: exact for any narrower one), each rank sending the queries of the
+    decodes it holds."""
     split = md.decode_split
     if split is None:
         rows = md.decode_rows.to(q.device)
@@ -263,7 +264,8 @@ def _decode_queries(layout: CPLayout, md: MLACPMetadata, q, index_q, index_w):
         return pick(q), pick(index_q), pick(index_w)
     parts = [t for t in (q, index_q, index_w) if t is not None]
     local = split.spec.local_rows.to(q.device)
-    send = torch.cat([t.index_select(0, local).float().flatten(1) for t in parts], dim=1)
+    dtype = parts[0].dtype if all(t.dtype == parts[0].dtype for t in parts) else torch.float32
+    send = torch.cat([t.index_select(0, local).to(dtype).flatten(1) for t in parts], dim=1)
     gathered = start_gather(layout.group, send, split.spec.sizes).wait()
     full = gathered.new_empty((split.holders.numel(), gathered.shape[1]))
     full.index_copy_(0, split.gathered_idx.to(q.device), gathered)
