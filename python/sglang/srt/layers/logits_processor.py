@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 import torch
 from torch import nn
 
+from sglang.srt.layers.communicator import cp_gather_logits, cp_logits_split
 from sglang.srt.layers.dp_attention import dp_gather, dp_scatter
 from sglang.srt.layers.vocab_embedding import ParallelLMHead
 
@@ -48,6 +49,9 @@ class LogitsProcessor(nn.Module):
     def forward(
         self, hidden_states: torch.Tensor, lm_head: ParallelLMHead, forward_batch: "ForwardBatch"
     ) -> LogitsProcessorOutput:
+        if cp_logits_split(forward_batch):  # CP: this rank's last tokens only, the logits gathered
+            logits = lm_head.compute_logits(hidden_states).float()
+            return LogitsProcessorOutput(next_token_logits=cp_gather_logits(logits, forward_batch))
         dp = forward_batch.dp
         if forward_batch.return_all_logits:
             full = self._logits(hidden_states, lm_head, forward_batch, dp.num_tokens if dp else ())
