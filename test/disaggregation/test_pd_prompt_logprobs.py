@@ -7,16 +7,7 @@ from __future__ import annotations
 import pytest
 
 from pd_helpers import launch, post_pair
-from sglang.test.prompt_logprobs_reference import (
-    TOL,
-    check_entries,
-    check_token_ids,
-    check_top,
-    output_logprob,
-    prompt_ids,
-    reference,
-    smollm2_hf_dir,
-)
+from sglang.test import prompt_logprobs_reference as plr
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -25,7 +16,7 @@ TOKEN_IDS = [11, 504]
 
 @pytest.fixture(scope="module")
 def servers():
-    common = ["--model-path", smollm2_hf_dir(), "--dtype", "float32", "--num-threads", "1"]
+    common = ["--model-path", plr.smollm2_hf_dir(), "--dtype", "float32", "--num-threads", "1"]
     started = []
     try:
         started.append(launch([*common, "--chunked-prefill-size", "8"], "prefill", mode="prefill"))
@@ -38,8 +29,8 @@ def servers():
 
 def test_decode_side_returns_the_prefill_sides_prompt_logprobs(servers):
     prefill, decode = servers
-    prompt = list(prompt_ids())
-    lsm = reference(prompt)
+    prompt = list(plr.prompt_ids())
+    lsm = plr.reference(prompt)
     body = {
         "input_ids": prompt,
         "sampling_params": {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True},
@@ -50,10 +41,10 @@ def test_decode_side_returns_the_prefill_sides_prompt_logprobs(servers):
     }
     _, out = post_pair(prefill, decode, body)
     meta = out["meta_info"]
-    check_entries(meta["input_token_logprobs"], prompt, 0, lsm, "pd decode side")
-    check_top(meta["input_top_logprobs"], 0, lsm, 2, "pd decode side")
-    check_token_ids(meta["input_token_ids_logprobs"], 0, lsm, TOKEN_IDS, "pd decode side")
-    want_lp, want_id = output_logprob(lsm)
+    plr.check_entries(meta["input_token_logprobs"], prompt, 0, lsm, "pd decode side")
+    plr.check_top(meta["input_top_logprobs"], 0, lsm, 2, "pd decode side")
+    plr.check_token_ids(meta["input_token_ids_logprobs"], 0, lsm, TOKEN_IDS, "pd decode side")
+    want_lp, want_id = plr.output_logprob(lsm)
     assert out["output_ids"][0] == want_id
-    assert abs(meta["output_token_logprobs"][0][0] - want_lp) <= TOL
+    assert abs(meta["output_token_logprobs"][0][0] - want_lp) <= plr.TOL
     assert len(meta["output_token_logprobs"]) == 3 and len(meta["output_token_ids_logprobs"]) == 3

@@ -9,16 +9,7 @@ from __future__ import annotations
 import pytest
 
 import sglang as sgl
-from sglang.test.prompt_logprobs_reference import (
-    TOL,
-    check_entries,
-    check_token_ids,
-    check_top,
-    output_logprob,
-    prompt_ids,
-    reference,
-    smollm2_hf_dir,
-)
+from sglang.test import prompt_logprobs_reference as plr
 
 pytestmark = pytest.mark.slow  # spawns gloo ranks and builds engines
 
@@ -28,8 +19,8 @@ TOKEN_IDS = [11, 504]
 
 @pytest.fixture(scope="module")
 def ref():
-    prompt = list(prompt_ids())
-    return prompt, reference(prompt)
+    prompt = list(plr.prompt_ids())
+    return prompt, plr.reference(prompt)
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
@@ -38,7 +29,7 @@ def test_prompt_logprobs_on_parallel_layouts(ref, layout):
     n = len(prompt)
     starts = [0, 1, n - 2]
     with sgl.Engine(
-        model_path=smollm2_hf_dir(),
+        model_path=plr.smollm2_hf_dir(),
         dtype="float32",
         chunked_prefill_size=8,
         max_total_tokens=2048,
@@ -57,11 +48,11 @@ def test_prompt_logprobs_on_parallel_layouts(ref, layout):
         )
     for out, start in zip(outs, starts):
         meta, what = out["meta_info"], f"{layout} start {start}"
-        check_entries(meta["input_token_logprobs"], prompt, start, lsm, what)
-        check_top(meta["input_top_logprobs"], start, lsm, 2, what)
-        check_token_ids(meta["input_token_ids_logprobs"], start, lsm, TOKEN_IDS, what)
+        plr.check_entries(meta["input_token_logprobs"], prompt, start, lsm, what)
+        plr.check_top(meta["input_top_logprobs"], start, lsm, 2, what)
+        plr.check_token_ids(meta["input_token_ids_logprobs"], start, lsm, TOKEN_IDS, what)
         assert meta["cached_tokens"] <= max(start - 1, 0), what
     assert outs[2]["meta_info"]["cached_tokens"] > 0  # the prefix before len-2 came from the cache
-    want_lp, want_id = output_logprob(lsm)
+    want_lp, want_id = plr.output_logprob(lsm)
     assert outs[0]["output_ids"] == [want_id]
-    assert abs(outs[0]["meta_info"]["output_token_logprobs"][0][0] - want_lp) <= TOL
+    assert abs(outs[0]["meta_info"]["output_token_logprobs"][0][0] - want_lp) <= plr.TOL

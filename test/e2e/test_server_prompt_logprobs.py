@@ -9,35 +9,29 @@ import pytest
 from openai import OpenAI
 
 from server_helpers import launch_server
-from sglang.test.prompt_logprobs_reference import (
-    PROMPT_TEXT,
-    TOL,
-    check_entries,
-    check_top,
-    prompt_ids,
-    reference,
-    smollm2_hf_dir,
-)
+from sglang.test import prompt_logprobs_reference as plr
 
 
 @pytest.fixture(scope="module")
 def live():
-    handle = launch_server(("--load-format", "auto", "--chunked-prefill-size", "8"), model=smollm2_hf_dir())
+    handle = launch_server(
+        ("--load-format", "auto", "--chunked-prefill-size", "8"), model=plr.smollm2_hf_dir()
+    )
     yield handle
     handle.stop()
 
 
 @pytest.fixture(scope="module")
 def ref():
-    prompt = list(prompt_ids())
-    return prompt, reference(prompt)
+    prompt = list(plr.prompt_ids())
+    return prompt, plr.reference(prompt)
 
 
 def test_generate_prompt_logprobs_batch(live, ref):
     prompt, lsm = ref
     n = len(prompt)
     body = {
-        "text": [PROMPT_TEXT, PROMPT_TEXT],
+        "text": [plr.PROMPT_TEXT, plr.PROMPT_TEXT],
         "sampling_params": {"max_new_tokens": 0, "temperature": 0, "stop_regex": []},
         "return_logprob": True,
         "return_text_in_logprobs": True,
@@ -50,19 +44,19 @@ def test_generate_prompt_logprobs_batch(live, ref):
     outs = r.json()
     for out, start in zip(outs, [0, n - 2]):
         meta = out["meta_info"]
-        check_entries(meta["input_token_logprobs"], prompt, start, lsm, f"start {start}")
-        check_top(meta["input_top_logprobs"], start, lsm, 2, f"start {start}")
+        plr.check_entries(meta["input_token_logprobs"], prompt, start, lsm, f"start {start}")
+        plr.check_top(meta["input_top_logprobs"], start, lsm, 2, f"start {start}")
         assert all(isinstance(e[2], str) for e in meta["input_token_logprobs"])
         assert meta["output_token_logprobs"] == [] and out["output_ids"] == []
-    assert "".join(e[2] for e in outs[0]["meta_info"]["input_token_logprobs"]) == PROMPT_TEXT
+    assert "".join(e[2] for e in outs[0]["meta_info"]["input_token_logprobs"]) == plr.PROMPT_TEXT
 
 
 def test_generate_stop_regex(live):
     params = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
     with live.client() as c:
-        free = c.post("/generate", json={"text": PROMPT_TEXT, "sampling_params": params}).json()
+        free = c.post("/generate", json={"text": plr.PROMPT_TEXT, "sampling_params": params}).json()
         stopped = c.post(
-            "/generate", json={"text": PROMPT_TEXT, "sampling_params": {**params, "stop_regex": r"\w+\."}}
+            "/generate", json={"text": plr.PROMPT_TEXT, "sampling_params": {**params, "stop_regex": r"\w+\."}}
         ).json()
     assert stopped["meta_info"]["finish_reason"]["type"] == "stop"
     matched = stopped["meta_info"]["finish_reason"]["matched"]
@@ -75,19 +69,19 @@ def test_completions_echo_logprobs(live, ref, max_tokens):
     prompt, lsm = ref
     oai = OpenAI(base_url=f"{live.url}/v1", api_key="none", max_retries=0, timeout=60)
     r = oai.completions.create(
-        model="default", prompt=PROMPT_TEXT, max_tokens=max_tokens, echo=True, logprobs=1, temperature=0
+        model="default", prompt=plr.PROMPT_TEXT, max_tokens=max_tokens, echo=True, logprobs=1, temperature=0
     )
     lp = r.choices[0].logprobs
     n = len(prompt)
     assert len(lp.tokens) == n + max_tokens
     assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
-    check_entries(list(zip(lp.token_logprobs[:n], prompt)), prompt, 0, lsm, "echo")
-    assert "".join(lp.tokens[:n]) == PROMPT_TEXT
+    plr.check_entries(list(zip(lp.token_logprobs[:n], prompt)), prompt, 0, lsm, "echo")
+    assert "".join(lp.tokens[:n]) == plr.PROMPT_TEXT
     assert lp.text_offset[0] == 0 and lp.text_offset[1] == len(lp.tokens[0])
     assert all(a <= b for a, b in zip(lp.text_offset, lp.text_offset[1:]))
     for t in range(1, n):
         ((text, value),) = lp.top_logprobs[t].items()
-        assert abs(value - float(lsm[t - 1].max())) <= TOL
-    assert r.choices[0].text.startswith(PROMPT_TEXT)
+        assert abs(value - float(lsm[t - 1].max())) <= plr.TOL
+    assert r.choices[0].text.startswith(plr.PROMPT_TEXT)
     if max_tokens:
-        assert abs(lp.token_logprobs[n] - float(lsm[-1].max())) <= TOL
+        assert abs(lp.token_logprobs[n] - float(lsm[-1].max())) <= plr.TOL

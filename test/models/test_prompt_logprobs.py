@@ -13,16 +13,7 @@ from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
 from sglang.srt.managers.scheduler.scheduler import Scheduler
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
-from sglang.test.prompt_logprobs_reference import (
-    TOL,
-    check_entries,
-    check_token_ids,
-    check_top,
-    output_logprob,
-    prompt_ids,
-    reference,
-    smollm2_hf_dir,
-)
+from sglang.test import prompt_logprobs_reference as plr
 
 TOKEN_IDS = [11, 504, 3575]
 
@@ -32,7 +23,7 @@ class Driver:
 
     def __init__(self, tokenizer=None, **kw):
         args = ServerArgs(
-            model_path=smollm2_hf_dir(), dtype="float32", num_threads=1, max_total_tokens=2048, **kw
+            model_path=plr.smollm2_hf_dir(), dtype="float32", num_threads=1, max_total_tokens=2048, **kw
         )
         args.validate()
         self.scheduler = Scheduler(args, tokenizer=tokenizer)
@@ -74,9 +65,9 @@ class Driver:
 
 @pytest.fixture(scope="module")
 def ref():
-    prompt = list(prompt_ids())
+    prompt = list(plr.prompt_ids())
     assert len(prompt) > 20
-    return prompt, reference(prompt)
+    return prompt, plr.reference(prompt)
 
 
 @pytest.mark.parametrize("chunk", [-1, 8], ids=["whole", "chunked8"])
@@ -90,13 +81,13 @@ def test_prompt_logprobs_match_transformers(ref, chunk):
     for s, rid in zip(starts, rids):
         got = d.out[rid]
         assert got["finish"]["type"] == "length"
-        check_entries(got["input"].token_logprobs, prompt, s, lsm, f"start {s}")
-        check_top(got["input"].top_logprobs, s, lsm, 3, f"start {s}")
-        check_token_ids(got["input"].token_ids_logprobs, s, lsm, TOKEN_IDS, f"start {s}")
+        plr.check_entries(got["input"].token_logprobs, prompt, s, lsm, f"start {s}")
+        plr.check_top(got["input"].top_logprobs, s, lsm, 3, f"start {s}")
+        plr.check_token_ids(got["input"].token_ids_logprobs, s, lsm, TOKEN_IDS, f"start {s}")
     first = d.out[rids[0]]
-    want_lp, want_id = output_logprob(lsm)
+    want_lp, want_id = plr.output_logprob(lsm)
     assert first["ids"] == [want_id]
-    assert abs(first["output_token_logprobs"][0][0] - want_lp) <= TOL
+    assert abs(first["output_token_logprobs"][0][0] - want_lp) <= plr.TOL
     assert [e[1] for e in first["output_ids_lp"][0]] == TOKEN_IDS
     assert d.out[rids[1]]["ids"] == [] and d.out[rids[1]]["output_token_logprobs"] == []
     if chunk > 0:  # each prompt ran in several chunks: its rows were collected across them
@@ -115,9 +106,9 @@ def test_radix_hit_still_gives_prompt_logprobs(ref, chunk):
     full = d.submit(prompt, 0)
     d.run()
     late = d.out[warm]
-    check_entries(late["input"].token_logprobs, prompt, n - 2, lsm, "radix, start n-2")
+    plr.check_entries(late["input"].token_logprobs, prompt, n - 2, lsm, "radix, start n-2")
     assert late["cached"] == n - 3  # the cache seeds everything before the first needed row
-    check_entries(d.out[full]["input"].token_logprobs, prompt, 0, lsm, "radix, start 0")
+    plr.check_entries(d.out[full]["input"].token_logprobs, prompt, 0, lsm, "radix, start 0")
     assert d.out[full]["cached"] == 0
 
 
@@ -133,7 +124,7 @@ def test_stop_regex_honoured_and_empty_accepted(ref):
     from transformers import AutoTokenizer
 
     prompt, _ = ref
-    tok = AutoTokenizer.from_pretrained(smollm2_hf_dir(), local_files_only=True)
+    tok = AutoTokenizer.from_pretrained(plr.smollm2_hf_dir(), local_files_only=True)
     d = Driver(tokenizer=tok)
     free = d.submit(prompt, -1, max_new_tokens=8)
     d.run()
