@@ -85,3 +85,22 @@ def test_completions_echo_logprobs(live, ref, max_tokens):
     assert r.choices[0].text.startswith(plr.PROMPT_TEXT)
     if max_tokens:
         assert abs(lp.token_logprobs[n] - float(lsm[-1].max())) <= plr.TOL
+
+
+def test_completions_echo_logprobs_stream(live, ref):
+    prompt, lsm = ref
+    n = len(prompt)
+    oai = OpenAI(base_url=f"{live.url}/v1", api_key="none", max_retries=0, timeout=60)
+    kwargs = dict(model="default", prompt=plr.PROMPT_TEXT, max_tokens=2, echo=True, logprobs=1, temperature=0)
+    whole = oai.completions.create(**kwargs).choices[0].logprobs
+    tokens, values, offsets = [], [], []
+    for chunk in oai.completions.create(stream=True, **kwargs):
+        lp = chunk.choices[0].logprobs if chunk.choices else None
+        if lp is not None:
+            tokens += lp.tokens
+            values += lp.token_logprobs
+            offsets += lp.text_offset
+    assert tokens == whole.tokens and offsets == whole.text_offset and len(tokens) == n + 2
+    assert (
+        values[0] is None and max(abs(a - b) for a, b in zip(values[1:], whole.token_logprobs[1:])) <= plr.TOL
+    )
