@@ -10,7 +10,7 @@ ARGS ?=
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadfile
 
-.PHONY: setup setup-pd pd-extra serve demo test test-fast test-unit format lint clean
+.PHONY: setup setup-pd pd-extra upstream-client serve demo test test-fast test-unit format lint clean
 
 # sgl-kernel-npu (the DSA ops) is rebuilt when its build script or C++ sources change
 $(STAMP): setup.py sgl-kernel-npu/setup.py $(wildcard sgl-kernel-npu/csrc/cpu/*)
@@ -41,6 +41,16 @@ $(KERNELS): $(STAMP) $(KERNEL_SOURCES)
 	-$(PY) -m sglang.srt.kernels.cpu.loader
 	touch $(KERNELS)
 
+# Upstream SGLang's own client package (its PyPI name is also `sglang`), kept apart from ours in
+# $(VENV)/upstream-client: test/e2e/test_upstream_frontend.py runs upstream's frontend programs with
+# it against our server (docs/upstream-clients.md). Only `make test` needs it (`make serve` does not).
+UPSTREAM_CLIENT := $(VENV)/.upstream-client
+$(UPSTREAM_CLIENT): $(STAMP) python/sglang/test/upstream_client.py
+	$(PY) -m sglang.test.upstream_client install --target $(VENV)/upstream-client
+	touch $(UPSTREAM_CLIENT)
+
+upstream-client: $(UPSTREAM_CLIENT)
+
 setup: $(STAMP) $(KERNELS)
 
 # PD disaggregation (the `pd` extra: Mooncake's transfer engine, sglang-router). Mooncake's engine
@@ -65,7 +75,7 @@ serve: setup
 demo: setup
 	$(PY) -m sglang.demo $(ARGS)
 
-test: setup
+test: setup $(UPSTREAM_CLIENT)
 	$(PY) -m pytest -q $(XDIST) --durations=25 test
 
 # The quick loop while developing (well under 3 minutes on 2 cores): everything not marked slow

@@ -241,3 +241,12 @@ def test_decode_log_interval_counts_decode_steps():
     stats.add_step(step(1, [5]))
     assert stats.due(0.0)
     assert not StepStats(0.0).due(1.0)  # without it: every 10 s in which a step ran
+
+
+def test_refused_upstream_flags_are_not_our_flags():
+    """A flag in the refusal table that a field also declares would be refused and accepted at once."""
+    from sglang.srt.server_args import ServerArgs
+    from sglang.srt.server_args_cli import build_parser
+
+    ours = {opt for action in build_parser(ServerArgs)._actions for opt in action.option_strings}
+    assert not set(ServerArgs.UPSTREAM_FLAGS) & ours

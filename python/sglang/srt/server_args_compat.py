@@ -39,8 +39,6 @@ UPSTREAM_FLAGS = {
     "--hicache-storage-backend": _next(31),
     "--hicache-storage-prefetch-policy": _next(31),
     "--disaggregation-decode-enable-offload-kvcache": _next(31),
-    "--revision": _next(28),
-    "--download-dir": _next(28),
     "--speculative-algorithm": "no speculative decoding in this engine",
     "--speculative-draft-model-path": "no speculative decoding in this engine",
     "--speculative-num-steps": "no speculative decoding in this engine",

@@ -19,6 +19,7 @@ import numpy as np
 
 from sglang.srt.disaggregation.base.conn import BaseDecodeKVManager, BaseKVReceiver
 from sglang.srt.disaggregation.base.kv_poll import KVPoll
+from sglang.srt.disaggregation.first_token import land_logprobs
 from sglang.srt.disaggregation.common import agree
 from sglang.srt.disaggregation.component import HELD, NO_MOVES, Admission, Disaggregation, Moves, OutputSink
 from sglang.srt.disaggregation.messages import FAKE_BOOTSTRAP_HOST
@@ -172,10 +173,7 @@ class DecodeDisaggregation(Disaggregation):
         first = entry.receiver.first_token
         req.kv_len = len(req.origin_input_ids)
         req.output_ids.append(int(first.token_id))
-        if req.return_logprob and first.logprob is not None:
-            req.output_token_logprobs.append((first.logprob, int(first.token_id)))
-            if req.top_logprobs_num:
-                req.output_top_logprobs.append(list(first.top_logprobs or []))
+        land_logprobs(req, first)
         self._release_receiver(entry)
 
     def _fail(self, entry: _Entry, done: list[Req]) -> None:

@@ -21,6 +21,7 @@ import numpy as np
 from sglang.srt.disaggregation.base.conn import BaseKVSender, BasePrefillKVManager
 from sglang.srt.disaggregation.base.kv_poll import KVPoll
 from sglang.srt.disaggregation.base.messages import FirstToken
+from sglang.srt.disaggregation.first_token import first_token_of
 from sglang.srt.disaggregation.common import agree, rank_place
 from sglang.srt.disaggregation.component import HELD, Admission, Disaggregation, Moves, OutputSink
 from sglang.srt.disaggregation.messages import FAKE_BOOTSTRAP_HOST
@@ -166,7 +167,7 @@ class PrefillDisaggregation(Disaggregation):
         if entry is None:
             return False
         entry.taken_over = True
-        entry.sender.finish(FirstToken(req.output_ids[-1], logprob, top) if self.place.is_entry else None)
+        entry.sender.finish(first_token_of(req, logprob, top) if self.place.is_entry else None)
         self.inflight.append(entry)
         return True
 

@@ -126,7 +126,7 @@ class Engine:
 
     @staticmethod
     def _make_obj(
-        prompt, sampling_params, input_ids, return_logprob, top_logprobs_num, stream, rid
+        prompt, sampling_params, input_ids, return_logprob, top_logprobs_num, stream, rid, **extra
     ) -> GenerateReqInput:
         return GenerateReqInput(
             text=prompt,
@@ -136,6 +136,7 @@ class Engine:
             stream=stream,
             return_logprob=return_logprob,
             top_logprobs_num=top_logprobs_num,
+            **extra,  # upstream's other fields: logprob_start_len, token_ids_logprob, return_text_in_logprobs
         )
 
     async def _collect(self, obj: GenerateReqInput) -> Union[dict, list[dict]]:
@@ -154,10 +155,11 @@ class Engine:
         top_logprobs_num: int = 0,
         stream: bool = False,
         rid: Optional[Union[str, list[str]]] = None,
+        **extra: Any,
     ) -> Union[dict, list[dict], Iterator[dict]]:
         """Generate for one prompt (dict) or a batch (list); `stream=True` returns an iterator of chunks."""
         obj = self._make_obj(
-            prompt, sampling_params, input_ids, return_logprob, top_logprobs_num, stream, rid
+            prompt, sampling_params, input_ids, return_logprob, top_logprobs_num, stream, rid, **extra
         )
         if not stream:
             return self._run(self._collect(obj))
@@ -186,10 +188,11 @@ class Engine:
         top_logprobs_num: int = 0,
         stream: bool = False,
         rid: Optional[Union[str, list[str]]] = None,
+        **extra: Any,
     ) -> Union[dict, list[dict], AsyncIterator[dict]]:
         """Like `generate`, awaitable; with `stream=True` it returns an async iterator of chunks."""
         obj = self._make_obj(
-            prompt, sampling_params, input_ids, return_logprob, top_logprobs_num, stream, rid
+            prompt, sampling_params, input_ids, return_logprob, top_logprobs_num, stream, rid, **extra
         )
         if not stream:
             return await self._await(self._collect(obj))

@@ -21,7 +21,10 @@ residual never leaves the attention layout; the MLP output comes back to it by a
 
 The model entry (`scatter_model_input`) and exit (`gather_for_logits`) change layout between
 TP_ATTN_FULL and SCATTERED; the logits processor moves its rows to FULL and back when the LM head
-spans the replicas (`dp_gather_logit_rows`, `dp_scatter_logit_rows`).
+spans the replicas (`dp_gather_logit_rows`, `dp_scatter_logit_rows`). Under CP with split decodes
+(`CPLayout.split_decodes`, no DP attention) the LM head runs on the last tokens this rank holds
+and their logits are gathered instead (`cp_logits_split`, `cp_gather_logits`): no rank computes
+another rank's logits.
 """
 
 from __future__ import annotations
@@ -32,8 +35,9 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
-from sglang.srt.layers.context_parallel import get_cp_layout
+from sglang.srt.layers.context_parallel import get_cp_layout, start_gather
 from sglang.srt.layers.dp_attention import dp_gather, dp_scatter
+from sglang.srt.layers.moe.ep_all_to_all import moe_all_to_all
 
 if TYPE_CHECKING:
     from sglang.srt.distributed.parallel_state import GroupCoordinator, ParallelGroups
@@ -95,8 +99,8 @@ def dense_mlp_tp_group(groups: "ParallelGroups") -> "GroupCoordinator":
 def moe_mlp_group(groups: "ParallelGroups") -> "GroupCoordinator":
     """The group whose ranks must see the same tokens around an MoE block: the tp group (experts
     over moe_ep x moe_tp, one combine all-reduce), or this rank alone when an all-to-all dispatch
-    moves each token to its experts (`--moe-a2a-backend all_to_all`: the MLP runs SCATTERED)."""
-    return groups.local if groups.layout.moe_a2a else groups.tp
+    moves each token to its experts (`ep_all_to_all.moe_all_to_all`: the MLP runs SCATTERED)."""
+    return groups.local if moe_all_to_all(groups.layout) else groups.tp
 
 
 def mlp_mode(mlp_group: "GroupCoordinator", groups: "ParallelGroups") -> ScatterMode:
@@ -227,6 +231,7 @@ def scatter_model_input(
     cp = get_cp_layout(forward_batch)
     if cp is None:
         return input_ids, positions
+    cp.count("decode_rows", cp.num_local_decodes())
     return cp.scatter(input_ids), cp.scatter(positions)
 
 
@@ -240,4 +245,32 @@ def gather_for_logits(hidden_states: torch.Tensor, forward_batch: "ForwardBatch"
     if forward_batch.return_all_logits:
         return cp.gather_all(hidden_states)
     spec = cp.last_tokens_spec()
+    if cp_logits_split(forward_batch):  # this rank's last tokens only (`cp_gather_logits`)
+        return hidden_states.index_select(0, spec.local_rows.to(hidden_states.device))
     return cp.gather_rows(hidden_states, cp.last_token_idx(), spec)
+
+
+def cp_logits_split(forward_batch: "ForwardBatch") -> bool:
+    """True when the LM head runs only on the last tokens this rank holds (CP with split decodes,
+    last-token logits, no DP attention): `gather_for_logits` returns those rows, in the order of
+    `CPLayout.last_tokens_spec().local_rows`, and `cp_gather_logits` assembles the batch's logits."""
+    cp = get_cp_layout(forward_batch)
+    return (
+        cp is not None
+        and cp.split_decodes
+        and not forward_batch.return_all_logits
+        and forward_batch.dp is None
+    )
+
+
+def cp_gather_logits(logits: torch.Tensor, forward_batch: "ForwardBatch") -> torch.Tensor:
+    """This rank's logit rows (`cp_logits_split`) -> [batch_size, vocab], request order, every rank."""
+    cp = get_cp_layout(forward_batch)
+    spec = cp.last_tokens_spec()
+    cp.count("logit_rows", logits.shape[0])
+    gathered = start_gather(cp.group, logits, spec.sizes).wait()
+    request_of = torch.full((cp.num_tokens,), -1, dtype=torch.int64)
+    request_of[cp.last_token_idx()] = torch.arange(cp.batch_size)
+    out = logits.new_empty((cp.batch_size, logits.shape[1]))
+    out.index_copy_(0, request_of[spec.global_idx].to(logits.device), gathered)
+    return out

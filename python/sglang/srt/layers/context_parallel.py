@@ -5,7 +5,11 @@ prefill or a prefill chunk) are divided among the cp ranks:
 - zigzag: the request's tokens are cut into 2·cp segments (the first n mod 2cp segments one token
   longer); rank r takes segments r and 2cp−1−r, so causal-attention work is balanced;
 - round-robin: token j of the request goes to rank j mod cp.
-Requests with one new token (decodes) are *replicated*: every cp rank holds them. Every rank
+Requests with one new token (decodes) are either *split* (`split_decodes`, what the runtime
+uses): the decodes are dealt round-robin, the j-th decode of the batch to rank j mod cp, so each
+rank runs the dense layers, MoE and LM head of its share only, while the attention of every decode
+still covers every rank's KV shard (queries gathered, partials sent back to the holder and merged
+there); or *replicated* (the old path, kept for comparison): every cp rank holds them. Every rank
 keeps its tokens of each request contiguous, in request order and ascending position, so the
 local token list of a rank is a subsequence of the batch's flat token list (`local_idx`).
 
@@ -28,21 +32,20 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional, Protocol, Sequence
 
 import torch
-import torch.distributed as dist
 
+from sglang.srt.layers.cp_exchange import GatherSpec, PendingGather, start_gather
 from sglang.srt.mem_cache.cp_slots import CPSlotMapping
 
 if TYPE_CHECKING:
     from sglang.srt.distributed.group_coordinator import GroupCoordinator
-
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 CP_STRATEGIES = ("zigzag", "round-robin")
 
 # Request kinds inside a CP batch.
 FRESH = 0  # multi-token extend without cached prefix: split; local queries vs gathered full K/V
 PREFIX = 1  # multi-token extend over a cached prefix: split; partial attention per KV shard + merge
-REPLICATED = 2  # one new token (decode): on every rank; partial attention per KV shard + merge
+REPLICATED = 2  # one new token (decode): partial attention per KV shard + merge (see `split_decodes`)
+DECODE = REPLICATED
 
 
 # ---------------------------------------------------------------------------- pure token split
@@ -78,64 +81,18 @@ def restore_order(shards: Sequence[torch.Tensor], num_tokens: int, strategy: str
     return out
 
 
-# ---------------------------------------------------------------------------- gathers
-@dataclass
-class GatherSpec:
-    """A set of tokens to assemble from the ranks that hold them.
-
-    Rank r contributes `local_rows[r]` (rows of its local tensor); the gathered rows are the
-    contributions of rank 0, 1, ... concatenated, and `global_idx[j]` is the batch-global flat
-    index of gathered row j."""
-
-    sizes: list[int]
-    local_rows: torch.Tensor  # this rank's contributing rows
-    global_idx: torch.Tensor  # [sum(sizes)]
-
-    @property
-    def total(self) -> int:
-        return int(sum(self.sizes))
-
-
-class PendingGather:
-    """An all-gather in flight (padded to the largest contribution); `wait()` trims the padding."""
-
-    def __init__(
-        self, work: Any, buffer: torch.Tensor, sizes: list[int], local: Optional[torch.Tensor] = None
-    ):
-        self.work, self.buffer, self.sizes, self.local = work, buffer, sizes, local
-
-    def wait(self) -> torch.Tensor:
-        """[sum(sizes), ...] rows in rank order."""
-        if self.local is not None:
-            return self.local
-        if self.work is not None:
-            self.work.wait()
-            self.work = None
-        parts = [self.buffer[r, :n] for r, n in enumerate(self.sizes)]
-        return torch.cat(parts) if len(parts) > 1 else parts[0]
-
-
-def start_gather(group: "GroupCoordinator", rows: torch.Tensor, sizes: list[int]) -> PendingGather:
-    """Asynchronously all-gather `rows` (this rank's contribution, `sizes[group.rank]` rows) over
-    `group`: every rank pads to max(sizes), one `all_gather_single(async_op=True)`."""
-    if group.size == 1:
-        return PendingGather(None, rows, sizes, local=rows)
-    if rows.shape[0] != sizes[group.rank]:
-        raise ValueError(f"gather: this rank has {rows.shape[0]} rows, the layout says {sizes[group.rank]}")
-    longest = max(sizes)
-    tail = tuple(rows.shape[1:])
-    if longest == 0:
-        return PendingGather(None, rows.new_empty((group.size, 0) + tail), sizes)
-    send = rows.contiguous()
-    if send.shape[0] < longest:
-        send = torch.cat([send, send.new_zeros((longest - send.shape[0],) + tail)])
-    buffer = send.new_empty((group.size, longest) + tail)
-    flat = buffer.view((group.size * longest,) + tail)
-    work = _all_gather_single(flat, send, group=group.device_group, async_op=True)
-    return PendingGather(work, buffer, sizes)
-
-
 # ---------------------------------------------------------------------------- batch layout
+@dataclass
+class CPStats:
+    """Per-rank counters of the work a CP rank did (kept by `CPRuntime`, added to by the layout's
+    users): decode tokens run through the model, rows given to the LM head, and partial-attention
+    rows merged (summed over layers)."""
+
+    decode_rows: int = 0
+    logit_rows: int = 0
+    merged_rows: int = 0
+
+
 @dataclass
 class CPLayout:
     """Token layout of one batch over the cp ranks, seen from rank `cp_rank`."""
@@ -156,10 +113,11 @@ class CPLayout:
     holder_row: torch.Tensor  # [num_tokens] that rank's local row (for replicated: this rank's row)
     group: Optional["GroupCoordinator"] = None
     slot_mapping: Optional[CPSlotMapping] = None
+    split_decodes: bool = False  # decodes dealt to one rank each (else replicated on every rank)
+    stats: Optional["CPStats"] = field(default=None, repr=False)
     # Derived per batch, built on first use (see the *_spec methods).
     _split_spec: Optional[GatherSpec] = field(default=None, repr=False)
     _last_tokens_spec: Optional[GatherSpec] = field(default=None, repr=False)
-    _prefix_query_spec: Optional[GatherSpec] = field(default=None, repr=False)
     # Exchanges in flight: layer id -> its all-gather (started early, waited on by the layer).
     pending: dict[int, PendingGather] = field(default_factory=dict, repr=False)
 
@@ -173,30 +131,48 @@ class CPLayout:
         strategy: str = "zigzag",
         group: Optional["GroupCoordinator"] = None,
         slot_mapping: Optional[CPSlotMapping] = None,
+        split_decodes: bool = False,
+        stats: Optional["CPStats"] = None,
     ) -> "CPLayout":
+        """`split_decodes`: deal the decodes over the ranks (False: replicate them on every rank)."""
         if not 0 <= cp_rank < cp_size:
             raise ValueError(f"cp_rank {cp_rank} out of range for cp_size {cp_size}")
         n_total = int(sum(ext_lens))
-        if n_total == len(ext_lens):  # decodes only: every rank holds every token
-            return CPLayout._decodes_only(prefix_lens, cp_size, cp_rank, strategy, group, slot_mapping)
+        if n_total == len(ext_lens):  # decodes only
+            split = split_decodes and cp_size > 1
+            layout = CPLayout._decodes_only(prefix_lens, cp_size, cp_rank, strategy, split)
+        else:
+            layout = CPLayout._mixed(ext_lens, prefix_lens, cp_size, cp_rank, strategy, split_decodes)
+        layout.group, layout.slot_mapping = group, slot_mapping
+        layout.split_decodes, layout.stats = split_decodes, stats
+        return layout
+
+    @staticmethod
+    def _mixed(ext_lens, prefix_lens, cp_size, cp_rank, strategy, split_decodes) -> "CPLayout":
+        """The layout of a batch with at least one multi-token request."""
+        n_total = int(sum(ext_lens))
         holder_rank = torch.full((n_total,), -1, dtype=torch.int64)
         holder_row = torch.zeros(n_total, dtype=torch.int64)
         kinds, starts, offsets_mine = [], [], []
         local_counts = [[0] * len(ext_lens) for _ in range(cp_size)]
         next_row = [0] * cp_size
-        start = 0
+        start = decodes = 0
         for i, (n, pre) in enumerate(zip(ext_lens, prefix_lens)):
             n, pre = int(n), int(pre)
             kind = REPLICATED if n == 1 else (FRESH if pre == 0 else PREFIX)
             kinds.append(kind)
             starts.append(start)
-            if kind == REPLICATED or cp_size == 1:
+            split = cp_size > 1 and (kind != REPLICATED or split_decodes)
+            if not split:
                 offs = [torch.arange(n, dtype=torch.int64)] * cp_size
+            elif kind == REPLICATED:  # a split decode: the j-th decode on rank j mod cp
+                offs = [torch.arange(int(r == decodes % cp_size), dtype=torch.int64) for r in range(cp_size)]
+                decodes += 1
             else:
                 offs = split_offsets(n, cp_size, strategy)
             for r in range(cp_size):
                 k = int(offs[r].numel())
-                if kind != REPLICATED and cp_size > 1:
+                if split:
                     holder_rank[start + offs[r]] = r
                     holder_row[start + offs[r]] = torch.arange(next_row[r], next_row[r] + k)
                 elif r == cp_rank:
@@ -227,15 +203,22 @@ class CPLayout:
             offsets_mine,
             holder_rank,
             holder_row,
-            group,
-            slot_mapping,
         )
 
     @staticmethod
-    def _decodes_only(prefix_lens, cp_size, cp_rank, strategy, group, slot_mapping) -> "CPLayout":
-        """The layout of a batch of decode tokens: each one replicated on every rank."""
+    def _decodes_only(prefix_lens, cp_size, cp_rank, strategy, split: bool) -> "CPLayout":
+        """The layout of a batch of decode tokens: dealt round-robin when `split` (decode j on rank
+        j mod cp), else each one replicated on every rank."""
         b = len(prefix_lens)
-        rows = torch.arange(b, dtype=torch.int64)
+        idx = torch.arange(b, dtype=torch.int64)
+        if split:
+            counts = [int(i % cp_size == cp_rank) for i in range(b)]
+            local_starts = [(i - cp_rank + cp_size - 1) // cp_size if i > cp_rank else 0 for i in range(b)]
+            local_idx, holder_rank, holder_row = idx[cp_rank::cp_size], idx % cp_size, idx // cp_size
+        else:
+            counts, local_starts = [1] * b, list(range(b))
+            local_idx, holder_rank, holder_row = idx, torch.full((b,), -1, dtype=torch.int64), idx.clone()
+        one, none = torch.zeros(1, dtype=torch.int64), torch.empty(0, dtype=torch.int64)
         return CPLayout(
             cp_size,
             cp_rank,
@@ -245,14 +228,12 @@ class CPLayout:
             list(range(b)),
             [1] * b,
             [int(x) for x in prefix_lens],
-            rows,
-            list(range(b)),
-            [1] * b,
-            [torch.zeros(1, dtype=torch.int64)] * b,
-            torch.full((b,), -1, dtype=torch.int64),
-            rows.clone(),
-            group,
-            slot_mapping,
+            local_idx,
+            local_starts,
+            counts,
+            [one if c else none for c in counts],
+            holder_rank,
+            holder_row,
         )
 
     # ------------------------------------------------------------------ queries
@@ -266,8 +247,19 @@ class CPLayout:
 
     @property
     def is_trivial(self) -> bool:
-        """Every rank holds every token (cp 1, or a batch of decodes only)."""
-        return self.cp_size == 1 or all(k == REPLICATED for k in self.kinds)
+        """Every rank holds every token (cp 1, or a batch of replicated decodes only)."""
+        if self.cp_size == 1:
+            return True
+        return not self.split_decodes and all(k == REPLICATED for k in self.kinds)
+
+    def count(self, name: str, rows: int) -> None:
+        """Add `rows` to this rank's counter `name` (`CPStats`), when the runtime keeps them."""
+        if self.stats is not None:
+            setattr(self.stats, name, getattr(self.stats, name) + int(rows))
+
+    def num_local_decodes(self) -> int:
+        """Decode tokens this rank runs through the model (all of them when replicated)."""
+        return sum(c for k, c in zip(self.kinds, self.local_counts) if k == REPLICATED)
 
     def token_kinds(self) -> torch.Tensor:
         """[num_tokens] the kind of each token's request."""
@@ -301,12 +293,6 @@ class CPLayout:
         if self._last_tokens_spec is None:
             self._last_tokens_spec = self.gather_spec(self.last_token_idx())
         return self._last_tokens_spec
-
-    def prefix_query_spec(self) -> GatherSpec:
-        """The new tokens of the PREFIX requests (queries that attend over every rank's KV shard)."""
-        if self._prefix_query_spec is None:
-            self._prefix_query_spec = self.gather_spec(torch.nonzero(self.token_kinds() == PREFIX).flatten())
-        return self._prefix_query_spec
 
     # ------------------------------------------------------------------ data movement
     def scatter(self, x: torch.Tensor) -> torch.Tensor:
@@ -382,8 +368,11 @@ def build_cp_layout_for_batch(
     group: "GroupCoordinator",
     strategy: str,
     slot_mapping: CPSlotMapping,
+    split_decodes: bool = True,
+    stats: Optional[CPStats] = None,
 ) -> Optional[CPLayout]:
-    """Compute and attach the CP layout of `forward_batch` for this rank of `group` (cp > 1)."""
+    """Compute and attach the CP layout of `forward_batch` for this rank of `group` (cp > 1);
+    `split_decodes=False` replicates the decodes on every rank (the old path)."""
     if group.size == 1:
         return None
     layout = CPLayout.build(
@@ -394,6 +383,8 @@ def build_cp_layout_for_batch(
         strategy,
         group=group,
         slot_mapping=slot_mapping,
+        split_decodes=split_decodes,
+        stats=stats,
     )
     set_cp_layout(forward_batch, layout)
     return layout
@@ -401,11 +392,15 @@ def build_cp_layout_for_batch(
 
 @dataclass(frozen=True)
 class CPRuntime:
-    """What a model runner needs for CP: the cp group, the split strategy and the slot mapping."""
+    """What a model runner needs for CP: the cp group, the split strategy and the slot mapping;
+    whether decodes are dealt over the ranks (`split_decodes`, else replicated: the old path) and
+    this rank's work counters."""
 
     group: "GroupCoordinator"
     strategy: str
     mapping: CPSlotMapping
+    split_decodes: bool = True
+    stats: CPStats = field(default_factory=CPStats)
 
     @staticmethod
     def from_server_args(server_args: Any, group: "GroupCoordinator") -> Optional["CPRuntime"]:
@@ -420,6 +415,8 @@ class CPRuntime:
 
     def attach(self, forward_batch: CPBatch) -> CPLayout:
         """Compute this rank's layout of the batch and attach it (before the backend's metadata)."""
-        layout = build_cp_layout_for_batch(forward_batch, self.group, self.strategy, self.mapping)
+        layout = build_cp_layout_for_batch(
+            forward_batch, self.group, self.strategy, self.mapping, self.split_decodes, self.stats
+        )
         assert layout is not None
         return layout

@@ -35,6 +35,8 @@ class SampleOutput:
     next_token_ids: torch.Tensor  # [bs] int64
     next_token_logprobs: Optional[torch.Tensor] = None  # [bs] float32
     top_logprobs: Optional[list[list[tuple[float, int]]]] = None  # per row, descending
+    # per row, (logprob, id) of each id its request asked for (token_ids_logprob; None: not asked)
+    token_ids_logprobs: Optional[list[Optional[list[tuple[float, int]]]]] = None
 
 
 class Sampler(torch.nn.Module):
@@ -62,13 +64,15 @@ class Sampler(torch.nn.Module):
         info: SamplingBatchInfo,
         return_logprob: bool = False,
         top_logprobs_nums: Optional[list[int]] = None,
+        token_ids_logprob: Optional[list[Optional[list[int]]]] = None,
     ) -> SampleOutput:
         bs = logits.shape[0]
         if bs != info.batch_size:
             raise ValueError(f"logits have {bs} rows but the batch info has {info.batch_size}")
         max_top = max(top_logprobs_nums) if top_logprobs_nums else 0
         logprobs_all = None
-        if bs > 0 and (return_logprob or max_top > 0):
+        wants_ids = bool(token_ids_logprob) and any(ids is not None for ids in token_ids_logprob)
+        if bs > 0 and (return_logprob or max_top > 0 or wants_ids):
             logprobs_all = torch.log_softmax(logits.float(), dim=-1)
 
         if info.all_greedy and not info.needs_logit_processing:
@@ -90,6 +94,11 @@ class Sampler(torch.nn.Module):
                 out.next_token_logprobs = logprobs_all.gather(1, next_ids.view(-1, 1)).view(-1)
         if top_logprobs_nums is not None:
             out.top_logprobs = _top_logprobs(logprobs_all, top_logprobs_nums, max_top)
+        if wants_ids:
+            out.token_ids_logprobs = [
+                None if ids is None else list(zip(logprobs_all[row, ids].tolist(), ids))
+                for row, ids in enumerate(token_ids_logprob)
+            ]
         return out
 
     # ------------------------------------------------------------------ internals

@@ -36,6 +36,9 @@ class GenerateReqInput:
     top_logprobs_num: Union[int, list[int]] = 0
     logprob_start_len: Union[int, list[int]] = -1
     return_text_in_logprobs: bool = False
+    # logprobs of these token ids at every prompt (from logprob_start_len) and output position:
+    # one list for every prompt, or a list of lists for a batch
+    token_ids_logprob: Optional[Union[list[int], list[list[int]]]] = None
     # PD disaggregation (set by sglang-router): where the prefill server's bootstrap server is and
     # the room pairing the prefill and decode halves of this request; lists for a batch.
     bootstrap_host: Optional[Union[str, list[str]]] = None
@@ -75,10 +78,17 @@ class GenerateReqInput:
             top_logprobs_num=pick(self.top_logprobs_num),
             logprob_start_len=pick(self.logprob_start_len),
             return_text_in_logprobs=self.return_text_in_logprobs,
+            token_ids_logprob=self._token_ids_logprob_of(i),
             bootstrap_host=pick(self.bootstrap_host),
             bootstrap_port=pick(self.bootstrap_port),
             bootstrap_room=pick(self.bootstrap_room),
         )
+
+    def _token_ids_logprob_of(self, i: int) -> Optional[list[int]]:
+        ids = self.token_ids_logprob
+        if ids and isinstance(ids[0], list):
+            return ids[i]
+        return ids
 
 
 def new_rid() -> str:
@@ -95,6 +105,8 @@ class TokenizedGenerateReqInput:
     stream: bool = False
     return_logprob: bool = False
     top_logprobs_num: int = 0
+    logprob_start_len: int = -1  # first prompt position with a logprob entry (-1: none)
+    token_ids_logprob: Optional[list[int]] = None
     # PD disaggregation (None on a normal server)
     bootstrap_host: Optional[str] = None
     bootstrap_port: Optional[int] = None
@@ -193,6 +205,21 @@ class BatchTokenIDOut:
     # position, a list of (logprob, token_id) of the top alternatives.
     output_token_logprobs: list[Optional[list[tuple[float, int]]]]
     output_top_logprobs: list[Optional[list[list[tuple[float, int]]]]]
+    # A request's prompt logprobs, once, in the message where they are complete (else None), and
+    # its token_ids_logprob entries of the new output tokens (None: not asked).
+    input_logprobs: list[Optional["InputLogprobsOut"]] = field(default_factory=list)
+    output_token_ids_logprobs: list[Optional[list]] = field(default_factory=list)
+
+
+@dataclass
+class InputLogprobsOut:
+    """Prompt logprobs of one request from `logprob_start_len` on (managers/scheduler/prompt_logprobs.py):
+    (logprob, token id) per prompt token, the first prompt token's logprob None; per position its
+    top alternatives and its token_ids_logprob entries (None where not asked)."""
+
+    token_logprobs: list[tuple[Optional[float], int]]
+    top_logprobs: list[Optional[list[tuple[float, int]]]]
+    token_ids_logprobs: list[Optional[list[tuple[float, int]]]]
 
 
 # ---------------------------------------------------------------------------- detokenizer -> tokenizer
@@ -209,6 +236,8 @@ class BatchStrOut:
     cached_tokens: list[int]
     output_token_logprobs: list[Optional[list[tuple[float, int]]]]
     output_top_logprobs: list[Optional[list[list[tuple[float, int]]]]]
+    input_logprobs: list[Optional[InputLogprobsOut]] = field(default_factory=list)
+    output_token_ids_logprobs: list[Optional[list]] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------------------- process start-up

@@ -108,6 +108,8 @@ class ForwardBatch:
     attn_backend: Any = None
     # Which tokens need logits: by default the last new token of each request.
     return_all_logits: bool = False
+    # Flat token indices whose logits prompt logprobs need (set with return_all_logits; None: none).
+    logprob_rows: Optional[torch.Tensor] = None
     pp_proxy_tensors: Optional[PPProxyTensors] = None
     # The attention backend's per-batch object (typed by the backend; the layers never read it).
     attn_metadata: Any = None

@@ -27,6 +27,7 @@ from sglang.srt.distributed.parallel_state import ParallelGroups
 from sglang.srt.layers.attention.registry import check_attention_backend, create_attention_backend
 from sglang.srt.layers.context_parallel import CPRuntime
 from sglang.srt.layers.sampler import SampleOutput, Sampler
+from sglang.srt.model_executor.logprobs import InputLogprobs, input_logprobs
 from sglang.srt.model_executor.worker_batch import ModelWorkerBatch
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.cp_slots import physical_kv_state, plan_virtual_pool
@@ -54,6 +55,10 @@ class ForwardResult:
     # sampler never writes its input). None when no row sampled or the result crossed the pipeline
     # ring (stage 0 gets ids only).
     logits: Optional[torch.Tensor] = None
+    # prompt logprobs of the step's `logprob_rows` (model_executor/logprobs.py); None: no rows
+    input_logprobs: Optional[InputLogprobs] = None
+    # per sampled row, the logprobs of its request's token_ids_logprob (None where not asked)
+    token_ids_logprobs: Optional[list] = None
 
 
 class ModelRunner:
@@ -205,6 +210,9 @@ class ModelRunner:
             attn_backend=self.attn_backend,
             dp=dp,
         )
+        if wb.logprob_rows:  # prompt logprobs: the model finishes every row (model_executor/logprobs.py)
+            fb.return_all_logits = True
+            fb.logprob_rows = as_long(wb.logprob_rows)
         if self.cp is not None and fb.batch_size:
             self.cp.attach(fb)  # this rank's token layout; the backend builds its metadata from it
         self.attn_backend.init_forward_metadata(fb)
@@ -254,11 +262,15 @@ class ModelRunner:
         if isinstance(out, PPProxyTensors):
             return out
         if not wb.sample_rows:
-            return ForwardResult([], None, None)
-        logits = out.next_token_logits
-        if len(wb.sample_rows) != wb.batch_size:
-            logits = logits[torch.tensor(wb.sample_rows, dtype=torch.int64, device=logits.device)]
-        return self.sample(logits, wb)
+            result = ForwardResult([], None, None)
+        else:
+            logits = out.next_token_logits
+            if len(wb.sample_rows) != wb.batch_size:
+                logits = logits[torch.tensor(wb.sample_rows, dtype=torch.int64, device=logits.device)]
+            result = self.sample(logits, wb)
+        if out.input_logits is not None:
+            result.input_logprobs = input_logprobs(out.input_logits, wb)
+        return result
 
     def sample(self, logits: torch.Tensor, wb: ModelWorkerBatch) -> ForwardResult:
         info = SamplingBatchInfo.from_params(
@@ -275,6 +287,7 @@ class ModelRunner:
             info,
             return_logprob=wb.return_logprob,
             top_logprobs_nums=wb.top_logprobs_nums,
+            token_ids_logprob=wb.token_ids_logprob,
         )
         next_ids = result.next_token_ids
         if self.groups.replica.size > 1:
@@ -285,4 +298,5 @@ class ModelRunner:
             logprobs=None if result.next_token_logprobs is None else result.next_token_logprobs.tolist(),
             top_logprobs=result.top_logprobs,
             logits=raw_logits,
+            token_ids_logprobs=result.token_ids_logprobs,
         )

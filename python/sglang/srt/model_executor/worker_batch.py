@@ -10,8 +10,8 @@ into a `ForwardBatch`.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Optional
 
 from sglang.srt.sampling.sampling_params import SamplingParams
 
@@ -34,6 +34,14 @@ class ModelWorkerBatch:
     output_ids: list[list[int]]
     return_logprob: bool
     top_logprobs_nums: list[int]
+    # token_ids_logprob of each sampling row (None: not asked)
+    token_ids_logprob: list[Optional[list[int]]] = field(default_factory=list)
+    # Prompt logprobs (managers/scheduler/prompt_logprobs.py): flat token indices whose logits are
+    # needed, the token each predicts, and per row its request's top-k size and token ids.
+    logprob_rows: list[int] = field(default_factory=list)
+    logprob_targets: list[int] = field(default_factory=list)
+    logprob_top_nums: list[int] = field(default_factory=list)
+    logprob_token_ids: list[Optional[list[int]]] = field(default_factory=list)
 
     @classmethod
     def empty(cls) -> "ModelWorkerBatch":
@@ -45,3 +53,8 @@ class ModelWorkerBatch:
     @property
     def batch_size(self) -> int:
         return len(self.req_pool_indices)
+
+    @property
+    def num_logit_rows(self) -> int:
+        """Rows that go through the LM head: each request's last token and the prompt-logprob rows."""
+        return self.batch_size + len(self.logprob_rows)

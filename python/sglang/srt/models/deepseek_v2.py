@@ -11,8 +11,11 @@ Parallelism: attention heads over `attn_tp` (latent path and indexer replicated)
 own [start_layer, end_layer). The KV pool holds compressed latent rows (`create_kv_pool`); V3.2's
 also holds the indexer keys. Context parallelism: the model runs on this rank's tokens
 (`scatter_model_input`), each rank stores its share of the latent rows / index keys (the attention
-backend's sharded CP). With CP or DP attention the layer's communicator gathers, around an MLP
-sharded over the tp group, every token that group holds, and keeps this rank's rows after it.
+backend's sharded CP; decodes are dealt over the cp ranks too). With CP or DP attention the
+layer's communicator gathers, around an MLP sharded over the tp group, every token that group
+holds, and keeps this rank's rows after it; under CP with whole experts per rank (ep = tp) the MoE
+instead routes this rank's own tokens and moves them by the EP all-to-all
+(`ep_all_to_all.moe_all_to_all`).
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import re
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
@@ -51,7 +52,6 @@ _UNSUPPORTED_FIELDS = (
     "regex",
     "ebnf",
     "structural_tag",
-    "stop_regex",
     "custom_params",
     "stream_interval",
 )
@@ -66,6 +66,9 @@ class SamplingParams:
     min_new_tokens: int = 0
     stop: Optional[Union[str, list[str]]] = None
     stop_token_ids: Optional[list[int]] = None
+    # Regular expressions (upstream's `stop_regex`): generation stops when the decoded output
+    # matches one; the matched text is trimmed like a stop string. Empty / null: unset.
+    stop_regex: Optional[Union[str, list[str]]] = None
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
@@ -153,6 +156,11 @@ class SamplingParams:
         for s in _as_list(self.stop):
             if s == "":
                 raise ValueError("stop strings must not be empty")
+        for pattern in _as_list(self.stop_regex):
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise ValueError(f"stop_regex {pattern!r} is not a valid regular expression: {e}") from None
         for tid in self.stop_token_ids or []:
             if tid < 0 or (vocab_size is not None and tid >= vocab_size):
                 raise ValueError(f"stop_token_ids entry {tid} is outside the vocabulary [0, {vocab_size})")
@@ -168,6 +176,7 @@ class SamplingParams:
     def normalize(self, tokenizer: Any = None) -> "SamplingParams":
         """Rewrite into the scheduler's form (idempotent); returns self for chaining."""
         self.stop = _as_list(self.stop)
+        self.stop_regex = [p for p in _as_list(self.stop_regex) if p]
         self.stop_token_ids = list(dict.fromkeys(self.stop_token_ids or []))
         if 0.0 <= self.temperature < SAMPLING_EPS:
             self.temperature = 1.0
@@ -240,12 +249,12 @@ def _coerce(key: str, value: Any) -> Any:
         if not isinstance(value, bool):
             raise ValueError(f"{key} must be a boolean, got {value!r}")
         return value
-    if key == "stop":
+    if key in ("stop", "stop_regex"):
         if isinstance(value, str):
             return value
         if isinstance(value, (list, tuple)) and all(isinstance(s, str) for s in value):
             return list(value)
-        raise ValueError(f"stop must be a string or a list of strings, got {value!r}")
+        raise ValueError(f"{key} must be a string or a list of strings, got {value!r}")
     if key == "stop_token_ids":
         if isinstance(value, (list, tuple, set)) and all(_is_int(t) for t in value):
             return [int(t) for t in value]

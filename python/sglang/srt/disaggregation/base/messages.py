@@ -71,3 +71,10 @@ class FirstToken:
     token_id: int
     logprob: Optional[float] = None
     top_logprobs: Optional[list[tuple[float, int]]] = None
+    # the first token's token_ids_logprob entries, and the prompt logprobs the prefill side
+    # computed (managers/scheduler/prompt_logprobs.py: per prompt position from logprob_start_len
+    # its (logprob, id), top alternatives and token_ids_logprob entries); None: not asked
+    token_ids_logprobs: Optional[list[tuple[float, int]]] = None
+    input_token_logprobs: Optional[list[tuple[Optional[float], int]]] = None
+    input_top_logprobs: Optional[list] = None
+    input_token_ids_logprobs: Optional[list] = None

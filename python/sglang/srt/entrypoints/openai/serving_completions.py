@@ -43,6 +43,19 @@ def _top_dict(top: list) -> dict[str, float]:
     return out
 
 
+def _with_prompt(out: dict, token_lps: list, top_lps: list, echo: bool) -> tuple[list, list]:
+    """With echo, the prompt's entries (input_token_logprobs, first logprob null) before the
+    generated ones; top lists padded so that they stay aligned with the tokens."""
+    if not echo:
+        return token_lps, top_lps
+    meta = out["meta_info"]
+    prompt = meta.get("input_token_logprobs") or []
+    prompt_top = list(meta.get("input_top_logprobs") or [])
+    prompt_top += [None] * (len(prompt) - len(prompt_top))
+    top = list(top_lps) + [None] * (len(token_lps) - len(top_lps))
+    return prompt + token_lps, prompt_top + top
+
+
 class OpenAIServingCompletion(OpenAIServingBase):
     request_cls = CompletionRequest
     response_cls = CompletionResponse
@@ -56,8 +69,6 @@ class OpenAIServingCompletion(OpenAIServingBase):
             raise OpenAIError("suffix is not supported", param="suffix")
         if req.best_of is not None and req.best_of != req.n:
             raise OpenAIError("best_of is not supported (use n)", param="best_of")
-        if req.echo and req.logprobs is not None:
-            raise OpenAIError("echo together with logprobs is not supported", param="echo")
         prompt = req.prompt
         if isinstance(prompt, list) and not prompt:
             raise OpenAIError("prompt must not be empty", param="prompt")
@@ -76,6 +87,8 @@ class OpenAIServingCompletion(OpenAIServingBase):
             return_logprob=req.logprobs is not None,
             top_logprobs_num=req.logprobs or 0,
             return_text_in_logprobs=True,
+            # echo + logprobs (lm-eval's loglikelihood): the prompt's logprobs too, the first one null
+            logprob_start_len=0 if req.echo and req.logprobs is not None else -1,
             **req.bootstrap_fields(),  # PD disaggregation
         )
 
@@ -96,7 +109,8 @@ class OpenAIServingCompletion(OpenAIServingBase):
         echo = self._echo_text(req, index)
         logprobs = None
         if req.logprobs is not None:
-            logprobs = completion_logprobs(*logprob_entries(out), text_offset=len(echo))
+            token_lps, top_lps = _with_prompt(out, *logprob_entries(out), req.echo)
+            logprobs = completion_logprobs(token_lps, top_lps, text_offset=0 if req.echo else len(echo))
         return CompletionChoice(index=index, text=echo + out["text"], logprobs=logprobs, **finish_fields(out))
 
     def _stream_choices(self, req: CompletionRequest, chunk: ReqChunk, first: bool) -> list[BaseModel]:
@@ -104,11 +118,14 @@ class OpenAIServingCompletion(OpenAIServingBase):
         text = (self._echo_text(req, chunk.index) if first else "") + chunk.delta_text
         logprobs = None
         if req.logprobs is not None:
-            # echo is refused with logprobs, so the offset is the generated text before this chunk
+            # the offset of the generated text before this chunk (after the echoed prompt)
             offset = len(chunk.out["text"]) - len(chunk.delta_text)
-            logprobs = completion_logprobs(
-                *logprob_entries(chunk.out, chunk.logprob_start), text_offset=offset
-            )
+            offset += len(self._echo_text(req, chunk.index)) if req.echo else 0
+            token_lps, top_lps = logprob_entries(chunk.out, chunk.logprob_start)
+            if req.echo and first:  # the echoed prompt's tokens come first, from offset 0
+                token_lps, top_lps = _with_prompt(chunk.out, token_lps, top_lps, True)
+                offset = 0
+            logprobs = completion_logprobs(token_lps, top_lps, text_offset=offset)
         finish = finish_fields(chunk.out)
         if not text and finish["finish_reason"] is None and logprobs is None:
             return []

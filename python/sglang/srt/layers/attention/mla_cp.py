@@ -15,12 +15,16 @@ Per layer, on each cp rank (the model runs on this rank's tokens, `layers/contex
    rows, causal by global position. Dense MLA: `causal_attention_lse`. DSA: the indexer scores only
    these queries (`own_query_topk`: per-rank indexer work 1/cp of the total), then selected-token
    attention over the gathered rows; no [queries x keys] mask is built.
-4. Decodes (REPLICATED tokens, on every rank): each rank attends over the rows it stores. DSA:
+4. Decodes (one new token; split over the ranks, or replicated on every rank in the old path):
+   split decodes first all-gather their queries (absorbed q, and the indexer's q / weights for
+   DSA: one packed gather), so every rank has every decode query; each rank attends over the
+   rows it stores. DSA:
    each rank scores the decode queries against the index keys it stores (1/cp of the pairs), keeps
    its local top-k candidates (score, position), the candidates are all-gathered and merged into
    the global top-k (`exchange_and_merge`: identical on every rank, equal to single-rank top-k),
-   and each rank attends to the selected tokens it stores. The partials (out, lse) are
-   all-gathered and merged exactly (`ops.merge_state`).
+   and each rank attends to the selected tokens it stores. The partials (out, lse) go to each
+   decode's holder by one all-to-all and are merged there (`cp_merge.merge_partials`; replicated
+   decodes: all-gathered and merged on every rank).
 
 DSA: the indexer's keys are appended to the rows (`IndexerInputs.rows_with_key`) and its queries
 projected only when the batch selects (some sequence longer than index_topk).
@@ -34,6 +38,7 @@ than moving the sequence's rows.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Optional
 
 import torch
@@ -44,8 +49,9 @@ from sglang.srt.layers.attention.dsa.cp_indexer import (
     shard_topk_candidates,
 )
 from sglang.srt.layers.attention.dsa.sparse_attention import sparse_latent_attention
+from sglang.srt.layers.attention.cp_merge import merge_partials
 from sglang.srt.layers.attention.mla_cp_metadata import MLACPMetadata
-from sglang.srt.layers.attention.ops import causal_attention_lse, merge_state, sdpa_lse
+from sglang.srt.layers.attention.ops import causal_attention_lse, sdpa_lse
 from sglang.srt.layers.context_parallel import CPLayout, start_gather
 
 if TYPE_CHECKING:
@@ -168,7 +174,7 @@ def mla_cp_forward(
             k3 = kv.unsqueeze(1)  # one shared key head; value = the same row (its first L values)
             o, _ = causal_attention_lse(q[loc], it.q_pos, k3, k3, torch.arange(kv.shape[0]), core.scaling)
             out[loc] = o[..., :v_dim]
-    if md.decode_rows is not None:
+    if md.decode_slots is not None:
         _decode_attention(
             core, q, index_q, index_w, indexer if sparse else None, fb, layout, md, out, kernels
         )
@@ -214,16 +220,13 @@ def _decode_attention(
 ) -> None:
     """Partial attention of the decode queries over this rank's rows, exchanged and merged."""
     dev = q.device
-    rows = md.decode_rows.to(dev)
-    qd = q.index_select(0, rows)
+    qd, iq, iw = _decode_queries(layout, md, q, index_q if indexer is not None else None, index_w)
     n1, heads, dim = qd.shape
     v_dim = core.kv_lora_rank
     kv_cache = fb.token_to_kv_pool.get_key_buffer(core.layer_id)
     kv_cache = kv_cache.view(kv_cache.shape[0], dim)
     if indexer is not None:
-        sel = _decode_topk(
-            indexer, index_q.index_select(0, rows), index_w.index_select(0, rows), fb, layout, md, kernels
-        )
+        sel = _decode_topk(indexer, iq, iw, fb, layout, md, kernels)
         safe = sel.clamp(min=0)
         mapping = layout.slot_mapping
         mine = (sel >= 0) & (mapping.position_owner(safe) == layout.cp_rank)
@@ -242,10 +245,33 @@ def _decode_attention(
         mask = md.decode_valid[:, None, None, :]
         o, lse = sdpa_lse(qd.unsqueeze(2), keys, keys, core.scaling, attn_mask=mask)
         part_o, part_l = o.squeeze(2)[..., :v_dim], lse.squeeze(2)
-    # exchange the partials (one packed float32 all-gather) and merge them exactly
-    packed = torch.cat([part_o.float().reshape(n1, heads * v_dim), part_l], dim=1)
-    allp = layout.group.all_gather(packed, dim=0).view(layout.cp_size, n1, heads * v_dim + heads)
-    outs = [allp[r, :, : heads * v_dim].view(n1, heads, v_dim) for r in range(layout.cp_size)]
-    lses = [allp[r, :, heads * v_dim :] for r in range(layout.cp_size)]
-    merged, _ = merge_state(outs, lses)
-    out.index_copy_(0, rows, merged.to(out.dtype))
+    split = md.decode_split
+    mine, merged = merge_partials(layout, part_o, part_l, split.holders if split else None)
+    rows = md.decode_rows if mine is None else split.local_rows[mine]
+    if rows.numel():
+        out.index_copy_(0, rows.to(dev), merged.to(out.dtype))
+
+
+def _decode_queries(layout: CPLayout, md: MLACPMetadata, q, index_q, index_w):
+    """Every decode's (absorbed query, indexer query, indexer weights) in decode order; the
+    indexer parts None when `index_q` is. Split decodes: one packed all-gather (in their dtype, or
+    float32 when they differ: exact for any narrower one), each rank sending the queries of the
+    decodes it holds."""
+    split = md.decode_split
+    if split is None:
+        rows = md.decode_rows.to(q.device)
+        pick = lambda t: None if t is None else t.index_select(0, rows)  # noqa: E731
+        return pick(q), pick(index_q), pick(index_w)
+    parts = [t for t in (q, index_q, index_w) if t is not None]
+    local = split.spec.local_rows.to(q.device)
+    dtype = parts[0].dtype if all(t.dtype == parts[0].dtype for t in parts) else torch.float32
+    send = torch.cat([t.index_select(0, local).to(dtype).flatten(1) for t in parts], dim=1)
+    gathered = start_gather(layout.group, send, split.spec.sizes).wait()
+    full = gathered.new_empty((split.holders.numel(), gathered.shape[1]))
+    full.index_copy_(0, split.gathered_idx.to(q.device), gathered)
+    out, col = [], 0
+    for t in parts:
+        width = math.prod(t.shape[1:])
+        out.append(full[:, col : col + width].reshape((-1,) + tuple(t.shape[1:])).to(t.dtype))
+        col += width
+    return out[0], (out[1] if index_q is not None else None), (out[2] if index_q is not None else None)

@@ -3,8 +3,10 @@
 Request kinds come from the batch's `CPLayout`: FRESH and PREFIX requests (several new tokens)
 are split over the cp ranks and handled as *extends* (each rank: its own queries against the
 request's whole sequence, whose rows are gathered); REPLICATED requests (one new token, decodes)
-are on every rank and handled as *decodes* (each rank: all of them against the rows it stores,
-partial results merged by LSE).
+are handled as *decodes* (each rank: all of them against the rows it stores, partial results
+merged by LSE); replicated decodes are on every rank, split decodes (`CPLayout.split_decodes`) on
+one rank each, their queries gathered first and their partials merged on the holder
+(`DecodeSplit`).
 
 One all-gather per layer moves, from every rank, (a) the new rows of the split tokens it holds
 and (b) the cached prefix rows of the PREFIX requests that it stores; `GatherPlan` says where each
@@ -19,7 +21,7 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
-from sglang.srt.layers.context_parallel import PREFIX, REPLICATED, CPLayout
+from sglang.srt.layers.context_parallel import PREFIX, REPLICATED, CPLayout, GatherSpec
 
 if TYPE_CHECKING:
     from sglang.srt.model_executor.forward_batch import ForwardBatch
@@ -54,6 +56,16 @@ class GatherPlan:
 
 
 @dataclass
+class DecodeSplit:
+    """Split decodes: where their queries come from and where their merged outputs go."""
+
+    spec: GatherSpec  # the decode queries each rank holds (gathered before the attention)
+    gathered_idx: torch.Tensor  # decode index of each gathered row
+    holders: torch.Tensor  # [n1] rank holding each decode
+    local_rows: torch.Tensor  # [n1] the holder's local row of each decode
+
+
+@dataclass
 class MLACPMetadata:
     own_global_idx: torch.Tensor  # new tokens this rank stores ...
     own_slots: torch.Tensor  # ... at these physical slots
@@ -61,12 +73,13 @@ class MLACPMetadata:
     plan: GatherPlan
     repl_local_rows: torch.Tensor  # local rows of replicated tokens ...
     repl_global_idx: torch.Tensor  # ... and their global index
-    decode_rows: Optional[torch.Tensor]  # [n1] local rows of the decode (REPLICATED) tokens
+    decode_rows: Optional[torch.Tensor]  # [n1] local rows of the decodes (replicated; None if split)
     decode_req_rows: Optional[torch.Tensor]  # [n1] their req_to_token rows
     decode_slots: Optional[torch.Tensor]  # [n1, max_len] physical slots of the rows stored here (0 = pad)
     decode_valid: Optional[torch.Tensor]  # [n1, max_len] bool
     decode_pos: Optional[torch.Tensor]  # [max_len] positions of those columns
     max_seq_len: int  # longest sequence of the batch (the same on every rank)
+    decode_split: Optional[DecodeSplit] = None  # split decodes (`decode_rows` is None)
 
 
 def _owned_positions(layout: CPLayout, length: int, rank: int) -> torch.Tensor:
@@ -170,9 +183,21 @@ def build_mla_cp_metadata(fb: "ForwardBatch", layout: CPLayout) -> MLACPMetadata
         req_rows = torch.tensor([rows[i] for i in decodes], dtype=torch.int64, device=dev)
         valid = torch.arange(max_len, device=dev).unsqueeze(0) < torch.tensor(lens, device=dev).unsqueeze(1)
         virtual = table.index_select(0, req_rows).index_select(1, pos).to(torch.int64)
-        md.decode_rows = torch.tensor([layout.local_starts[i] for i in decodes], dtype=torch.int64)
+        md.decode_rows, md.decode_split = _decode_rows(layout, decodes)
         md.decode_req_rows = req_rows
         md.decode_slots = mapping.local_slot(virtual).masked_fill(~valid, 0)
         md.decode_valid = valid
         md.decode_pos = pos
     return md
+
+
+def _decode_rows(layout: CPLayout, decodes: list[int]):
+    """(local rows of replicated decodes, None) or (None, how split decodes move)."""
+    global_idx = torch.tensor([layout.starts[i] for i in decodes], dtype=torch.int64)
+    holders = layout.holder_rank[global_idx]
+    if not bool((holders >= 0).all()):
+        return torch.tensor([layout.local_starts[i] for i in decodes], dtype=torch.int64), None
+    spec = layout.gather_spec(global_idx)
+    pos = torch.full((layout.num_tokens,), -1, dtype=torch.int64)
+    pos[global_idx] = torch.arange(global_idx.numel())
+    return None, DecodeSplit(spec, pos[spec.global_idx], holders, layout.holder_row[global_idx])

@@ -8,10 +8,12 @@ Per layer, on each cp rank (q/k/v are this rank's local tokens, see `layers/cont
    slot by `CPSlotMapping`).
 3. FRESH requests (prefill, no cached prefix): local queries attend causally to the request's
    full new K/V (`causal_attention_lse`) — no further communication.
-4. PREFIX requests (chunked prefill / radix hit: queries all-gathered) and REPLICATED requests
-   (decodes): every rank computes the partial attention (out, lse) of ALL their queries over its
-   own KV shard (prefix shard + owned new tokens, causal by absolute position); the partials are
-   all-gathered and merged exactly (`ops.merge_state`), each rank keeping its tokens' rows.
+4. PREFIX requests (chunked prefill / radix hit) and decodes: the queries held by one rank (the
+   split ones: PREFIX tokens, and decodes under `split_decodes`) are all-gathered; every rank
+   computes the partial attention (out, lse) of ALL these queries over its own KV shard (prefix
+   shard + owned new tokens, causal by absolute position); the partials go to each query's
+   holder by one all-to-all and are merged exactly there (`cp_merge.merge_partials`). Replicated
+   decodes (the old path) all-gather the partials and merge them on every rank.
 
 The per-batch metadata (`CPAttnMetadata`) is built by `build_cp_attn_metadata` and kept by the
 backend in its per-batch object; the functions here take it explicitly.
@@ -24,8 +26,9 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
+from sglang.srt.layers.attention.cp_merge import merge_partials
 from sglang.srt.layers.attention.kv_source import KVGather, fetch, head_major_kv
-from sglang.srt.layers.attention.ops import causal_attention_lse, merge_state, sdpa_lse
+from sglang.srt.layers.attention.ops import causal_attention_lse, sdpa_lse
 from sglang.srt.layers.context_parallel import FRESH, PREFIX, CPLayout, GatherSpec, start_gather
 
 if TYPE_CHECKING:
@@ -66,8 +69,9 @@ class CPAttnMetadata:
     repl_local_rows: torch.Tensor  # local rows of replicated tokens ...
     repl_global_idx: torch.Tensor  # ... and their global index
     repl_b_idx: torch.Tensor  # index into the B list of each replicated local row
-    q_spec: Optional[GatherSpec]  # gather spec of the PREFIX queries (None: no PREFIX request)
-    prefix_b_idx: Optional[torch.Tensor]  # index into the B list of each gathered PREFIX query
+    q_spec: Optional[GatherSpec]  # gather spec of the split B queries (None: none)
+    gathered_b_idx: Optional[torch.Tensor]  # index into the B list of each gathered query
+    b_holders: Optional[torch.Tensor]  # [NB] rank holding each B query (None: some are replicated)
 
 
 def _shard_of(layout: CPLayout, virtual_row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,10 +131,13 @@ def build_cp_attn_metadata(fb: "ForwardBatch", layout: CPLayout) -> CPAttnMetada
     b_local_rows = torch.nonzero(local_b >= 0).flatten()
     repl_local_rows = torch.nonzero(layout.holder_rank[layout.local_idx] < 0).flatten()
     repl_global_idx = layout.local_idx[repl_local_rows]
-    q_spec = prefix_b_idx = None
-    if prefix:
-        q_spec = layout.prefix_query_spec()
-        prefix_b_idx = b_pos[q_spec.global_idx]
+    q_spec = gathered_b_idx = b_holders = None
+    held_by = layout.holder_rank[b_global_idx]
+    if bool((held_by >= 0).any()):
+        q_spec = layout.gather_spec(b_global_idx)
+        gathered_b_idx = b_pos[q_spec.global_idx]
+    if b_global_idx.numel() and bool((held_by >= 0).all()):
+        b_holders = held_by
     return CPAttnMetadata(
         own_global_idx,
         own_slots,
@@ -146,7 +153,8 @@ def build_cp_attn_metadata(fb: "ForwardBatch", layout: CPLayout) -> CPAttnMetada
         repl_global_idx,
         b_pos[repl_global_idx],
         q_spec,
-        prefix_b_idx,
+        gathered_b_idx,
+        b_holders,
     )
 
 
@@ -215,7 +223,7 @@ def cp_attention_forward(
         )
 
     q_pending = None
-    if md.q_spec is not None:  # PREFIX queries: gather them while the FRESH work runs
+    if md.q_spec is not None:  # split B queries: gather them while the FRESH work runs
         spec = md.q_spec
         q_pending = start_gather(layout.group, q3.index_select(0, spec.local_rows.to(q.device)), spec.sizes)
 
@@ -246,7 +254,7 @@ def _b_queries(q3, q_pending, layout: CPLayout, md: CPAttnMetadata) -> torch.Ten
     if q_pending is not None:
         gathered = q_pending.wait()
         if gathered.shape[0]:
-            qb.index_copy_(0, md.prefix_b_idx.to(dev), gathered)
+            qb.index_copy_(0, md.gathered_b_idx.to(dev), gathered)
     return qb
 
 
@@ -279,12 +287,12 @@ def _shard_attention(
         )
         part_o.index_copy_(0, rows, o.squeeze(2))
         part_l.index_copy_(0, rows, l.squeeze(2))
-    # exchange the partials (one packed float32 all-gather) and merge them exactly
-    packed = torch.cat([part_o.float().reshape(nb, h * dv), part_l], dim=1)
-    allp = layout.group.all_gather(packed, dim=0).view(layout.cp_size, nb, h * dv + h)
-    outs = [allp[r, :, : h * dv].view(nb, h, dv) for r in range(layout.cp_size)]
-    lses = [allp[r, :, h * dv :] for r in range(layout.cp_size)]
-    merged, _ = merge_state(outs, lses)
+    mine, merged = merge_partials(layout, part_o, part_l, md.b_holders)
+    if mine is not None:  # split queries: this rank merged its own
+        if mine.numel():
+            rows = layout.holder_row[md.b_global_idx[mine]].to(out.device)
+            out.index_copy_(0, rows, merged.to(out.dtype))
+        return
     if md.b_local_rows.numel():
         mine = merged.index_select(0, md.b_sel.to(out.device)).to(out.dtype)
         out.index_copy_(0, md.b_local_rows.to(out.device), mine)

@@ -11,16 +11,34 @@ works on the tokens a rank holds in the attention layout (the SCATTERED MLP mode
 its copy (correct, duplicated work when attn_tp > 1).
 
 Two `all_to_all_single` calls over the group (gloo, nccl and hccl implement it) after one exchange
-of the per-destination pair counts. Exact: no capacity factor, every pair is computed once; the
-outputs are summed per token in float32.
+of the per-destination pair counts. The outbound exchange (tokens and their routing) is
+asynchronous: `overlap` (the shared experts on this rank's tokens) runs while it is in flight
+(`overlapped` counts the calls whose `overlap` ran before the wait). Exact: no capacity factor, every pair is computed
+once; the outputs are summed per token in float32.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 import torch.distributed as dist
 
 from sglang.srt.distributed.parallel_state import GroupCoordinator
+
+if TYPE_CHECKING:
+    from sglang.srt.distributed.parallel_layout import ParallelLayout
+
+
+def moe_all_to_all(layout: "ParallelLayout") -> bool:
+    """Whether MoE blocks route this rank's own tokens first and send each (token, expert) pair to
+    its expert's rank by this all-to-all: with `--moe-a2a-backend all_to_all`, and under CP
+    without DP attention whenever experts are whole per rank (ep = tp > 1), instead of
+    all-gathering the MoE input of the replica before the router. `SparseMoeBlock` and the layer
+    communicator (`moe_mlp_group`: the MLP runs on this rank's tokens) both ask this."""
+    if layout.moe_a2a:
+        return True
+    return layout.attn_cp > 1 and layout.attn_dp == 1 and layout.moe_ep > 1 and layout.moe_tp == 1
 
 
 class AllToAllDispatcher:
@@ -31,19 +49,33 @@ class AllToAllDispatcher:
             )
         self.group = group
         self.experts_per_rank = num_experts // group.size
+        self.overlapped = 0  # calls whose `overlap` ran while the outbound exchange was pending
 
-    def _exchange(self, x: torch.Tensor, send_counts: list[int], recv_counts: list[int]) -> torch.Tensor:
+    def _exchange(
+        self, x: torch.Tensor, send_counts: list[int], recv_counts: list[int], async_op: bool = False
+    ):
+        """(received rows, the pending work when `async_op`)."""
         out = x.new_empty((sum(recv_counts),) + tuple(x.shape[1:]))
-        dist.all_to_all_single(out, x.contiguous(), recv_counts, send_counts, group=self.group.device_group)
-        return out
+        work = dist.all_to_all_single(
+            out, x.contiguous(), recv_counts, send_counts, group=self.group.device_group, async_op=async_op
+        )
+        return (out, work) if async_op else out
 
-    def run(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts) -> torch.Tensor:
-        """x [n, H] this rank's tokens, weights / ids [n, k] their routing -> [n, H] the weighted sum
-        of their experts' outputs (`experts(x, w, ids)` computes the pairs of this rank's experts)."""
+    def run(
+        self,
+        x: torch.Tensor,
+        weights: torch.Tensor,
+        ids: torch.Tensor,
+        experts,
+        overlap: Optional[Callable[[], torch.Tensor]] = None,
+    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """x [n, H] this rank's tokens, weights / ids [n, k] their routing -> ([n, H] the weighted
+        sum of their experts' outputs, `overlap()`'s result or None): `experts(x, w, ids)` computes
+        the pairs of this rank's experts; `overlap` runs while the tokens are in flight."""
         n, k = ids.shape
         size = self.group.size
         if size == 1:
-            return experts(x, weights, ids)
+            return experts(x, weights, ids), (overlap() if overlap is not None else None)
         flat_ids = ids.reshape(-1)
         dest = torch.div(flat_ids, self.experts_per_rank, rounding_mode="floor")
         order = torch.argsort(dest, stable=True)
@@ -52,12 +84,18 @@ class AllToAllDispatcher:
         dist.all_to_all_single(recv_counts_t, send_counts, group=self.group.cpu_group)
         send, recv = send_counts.tolist(), recv_counts_t.tolist()
         token_of_pair = torch.div(order, k, rounding_mode="floor")
-        recv_x = self._exchange(x[token_of_pair], send, recv)
         # ids and weights travel as one float32 tensor [pairs, 2] (expert ids are far below 2^24)
         meta = torch.stack((flat_ids[order].float(), weights.reshape(-1)[order].float()), dim=1)
-        recv_meta = self._exchange(meta, send, recv)
+        recv_x, work_x = self._exchange(x[token_of_pair], send, recv, async_op=True)
+        recv_meta, work_meta = self._exchange(meta, send, recv, async_op=True)
+        shared = None
+        if overlap is not None:
+            shared = overlap()
+            self.overlapped += 1  # ran between the exchange's start and its wait
+        work_x.wait()
+        work_meta.wait()
         out_pairs = experts(recv_x, recv_meta[:, 1:2].to(weights.dtype), recv_meta[:, 0:1].long())
         back = self._exchange(out_pairs, recv, send)
         out = torch.zeros((n, x.shape[1]), dtype=torch.float32, device=x.device)
         out.index_add_(0, token_of_pair, back.float())
-        return out.to(x.dtype)
+        return out.to(x.dtype), shared

@@ -2,9 +2,10 @@
 
 Shared experts are a SwiGLU MLP TP-sharded over the whole MoE group; their partial output is added
 to the routed partial before the single combine (see `ep_dispatch.py`). With an all-to-all dispatch
-(`all_to_all=True`, `ep_all_to_all.py`) the block runs on this rank's own tokens: routed pairs
-travel to their experts' ranks and back, and the shared experts are replicated (whole on every
-rank), so the output needs no combine.
+(`all_to_all=True`, or `ep_all_to_all.moe_all_to_all`: under CP with whole experts per rank) the block runs on this rank's own tokens: it routes them first, the routed
+pairs travel to their experts' ranks and back, and the shared experts are replicated (whole on
+every rank) and run on this rank's tokens while the pairs are in flight, so the output needs no
+combine.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from torch import nn
 from sglang.srt.distributed.parallel_state import GroupCoordinator, ParallelGroups
 from sglang.srt.layers.activation import SiluAndMul
 from sglang.srt.layers.linear import MergedColumnParallelLinear, RowParallelLinear
-from sglang.srt.layers.moe.ep_all_to_all import AllToAllDispatcher
+from sglang.srt.layers.moe.ep_all_to_all import AllToAllDispatcher, moe_all_to_all
 from sglang.srt.layers.moe.ep_dispatch import MoEDispatcher
 from sglang.srt.layers.moe.experts import FusedMoE
 from sglang.srt.layers.moe.router import MoEGate
@@ -58,6 +59,7 @@ class SparseMoeBlock(nn.Module):
         all_to_all: bool = False,
     ):
         super().__init__()
+        all_to_all = all_to_all or moe_all_to_all(groups.layout)  # as the communicator lays it out
         self.gate = MoEGate(hidden_size, num_experts, topk_config, dtype, correction_bias, router_logits_fp32)
         self.experts = FusedMoE(
             num_experts, hidden_size, moe_intermediate_size, groups.moe_ep, groups.moe_tp, dtype
@@ -78,8 +80,9 @@ class SparseMoeBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.all_to_all is not None:
             weights, ids = self.gate(x)
-            out = self.all_to_all.run(x, weights, ids, self.experts)
-            return out if self.shared_experts is None else out + self.shared_experts(x)
+            shared = None if self.shared_experts is None else (lambda: self.shared_experts(x))
+            out, shared_out = self.all_to_all.run(x, weights, ids, self.experts, shared)
+            return out if shared_out is None else out + shared_out
         tokens = self.dispatcher.dispatch(x)
         weights, ids = self.gate(tokens)
         out = self.experts(tokens, weights, ids)

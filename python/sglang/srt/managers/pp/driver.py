@@ -216,7 +216,7 @@ class PPDriver:
         has_work = self.scheduler.has_work or bool(self.inflight)
         batch, wb = self._schedule() if self.scheduler.has_work else (None, None)
         tokens = len(wb.input_ids) if wb is not None else 0
-        info = self.dp.agree(tokens, wb.batch_size if wb is not None else 0, has_work)
+        info = self.dp.agree(tokens, wb.num_logit_rows if wb is not None else 0, has_work)
         if info is None:
             return False
         if wb is None:

@@ -31,6 +31,7 @@ import torch
 from sglang.srt.managers.scheduler.schedule_batch import ScheduleBatch
 from sglang.srt.model_executor.forward_batch import DPForwardInfo
 from sglang.srt.model_executor.model_runner import ForwardResult
+from sglang.srt.model_executor.logprobs import InputLogprobs
 from sglang.srt.model_executor.worker_batch import ModelWorkerBatch
 
 
@@ -155,6 +156,9 @@ class StageOutput:
     logprobs: Optional[list[float]]
     top_logprobs: Optional[list]
     stage_forward_s: list[float] = field(default_factory=list)
+    # the last stage's prompt logprobs of the batch's logprob_rows and token_ids_logprob entries
+    input_logprobs: Optional[InputLogprobs] = None
+    token_ids_logprobs: Optional[list] = None
     stage_bubble: list[Optional[float]] = field(default_factory=list)
 
     @classmethod
@@ -166,7 +170,15 @@ class StageOutput:
             top_logprobs=result.top_logprobs,
             stage_forward_s=list(batch.stage_forward_s),
             stage_bubble=list(batch.stage_bubble),
+            input_logprobs=result.input_logprobs,
+            token_ids_logprobs=result.token_ids_logprobs,
         )
 
     def to_forward_result(self) -> ForwardResult:
-        return ForwardResult(self.next_token_ids, self.logprobs, self.top_logprobs)
+        return ForwardResult(
+            self.next_token_ids,
+            self.logprobs,
+            self.top_logprobs,
+            input_logprobs=self.input_logprobs,
+            token_ids_logprobs=self.token_ids_logprobs,
+        )

@@ -41,6 +41,8 @@ class RequestAdmission:
             return_logprob=recv.return_logprob,
             top_logprobs_num=recv.top_logprobs_num,
             input_text=recv.input_text,
+            logprob_start_len=recv.logprob_start_len,
+            token_ids_logprob=recv.token_ids_logprob,
         )
 
     def refusal(self, req: Req, num_waiting: int) -> Optional[Refusal]:

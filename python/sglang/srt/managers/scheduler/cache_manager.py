@@ -60,8 +60,10 @@ class KVCacheManager:
         return True
 
     def _match_key(self, req: Req) -> list[int]:
-        # Leave at least one token to compute so the request gets logits.
-        return req.fill_ids[:-1]
+        # Leave at least one token to compute so the request gets logits; while prompt logprobs
+        # are missing, recompute the positions they come from (prompt_logprobs.py).
+        limit = req.prompt_logprobs.max_prefix() if req.prompt_logprobs is not None else None
+        return req.fill_ids[: -1 if limit is None else min(limit, req.seqlen - 1)]
 
     # ------------------------------------------------------------------ allocation
     def alloc_for_step(self, items: list[ScheduledReq]) -> Optional[torch.Tensor]:

@@ -9,12 +9,16 @@ step that brings it level with `fill_ids` ("caught up").
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from sglang.srt.managers.scheduler.prompt_logprobs import PromptLogprobs
 from sglang.srt.model_executor.worker_batch import ModelWorkerBatch
 from sglang.srt.sampling.sampling_params import SamplingParams
+
+STOP_REGEX_WINDOW = 64  # output tokens a stop_regex match is looked for in (each step)
 
 
 class Req:
@@ -27,6 +31,8 @@ class Req:
         return_logprob: bool = False,
         top_logprobs_num: int = 0,
         input_text: Optional[str] = None,
+        logprob_start_len: int = -1,
+        token_ids_logprob: Optional[list[int]] = None,
     ):
         self.rid = rid
         self.input_text = input_text
@@ -36,6 +42,13 @@ class Req:
         self.stream = stream
         self.return_logprob = return_logprob
         self.top_logprobs_num = top_logprobs_num
+        self.token_ids_logprob = list(token_ids_logprob) if return_logprob and token_ids_logprob else None
+        # prompt logprobs (managers/scheduler/prompt_logprobs.py); None: not asked
+        self.prompt_logprobs: Optional[PromptLogprobs] = None
+        if return_logprob and logprob_start_len >= 0:
+            self.prompt_logprobs = PromptLogprobs.create(
+                self.origin_input_ids, logprob_start_len, top_logprobs_num, self.token_ids_logprob
+            )
         self.arrival_time = time.monotonic()
 
         # Memory state.
@@ -51,6 +64,7 @@ class Req:
         self.sent_len = 0  # output tokens already sent to the detokenizer
         self.output_token_logprobs: list[tuple[float, int]] = []
         self.output_top_logprobs: list[list[tuple[float, int]]] = []
+        self.output_token_ids_logprobs: list[list[tuple[float, int]]] = []
         self.retracted_count = 0
         self.queued_s: Optional[float] = None  # arrival to its first step (queue_time metric)
 
@@ -91,13 +105,22 @@ class Req:
         return self.finished_reason is not None
 
     # ------------------------------------------------------------------ sampling
-    def append_token(self, token: int, logprob: Optional[float] = None, top: Optional[list] = None) -> None:
-        """A sampled token, with its logprob and top logprobs when the request returns them."""
+    def append_token(
+        self,
+        token: int,
+        logprob: Optional[float] = None,
+        top: Optional[list] = None,
+        ids: Optional[list] = None,
+    ) -> None:
+        """A sampled token, with its logprob, top logprobs and token-ids logprobs when the request
+        returns them."""
         self.output_ids.append(token)
         if logprob is not None:
             self.output_token_logprobs.append((logprob, token))
             if top is not None:
                 self.output_top_logprobs.append(top)
+            if ids is not None:
+                self.output_token_ids_logprobs.append(ids)
 
     # ------------------------------------------------------------------ finishing
     def check_finished(self, eos_token_ids: set[int], tokenizer=None, context_len: int = 0) -> None:
@@ -118,6 +141,11 @@ class Req:
                 if matched is not None:
                     self.finished_reason = {"type": "stop", "matched": matched}
                     return
+            if params.stop_regex and tokenizer is not None:
+                matched = self._match_stop_regex(tokenizer)
+                if matched is not None:
+                    self.finished_reason = {"type": "stop", "matched": matched}
+                    return
         if len(self.output_ids) >= params.max_new_tokens:
             self.finished_reason = {"type": "length", "length": params.max_new_tokens}
         elif context_len and self.seqlen >= context_len:
@@ -131,6 +159,19 @@ class Req:
         for stop in params.stop:
             if stop and stop in tail:
                 return stop
+        return None
+
+    def _match_stop_regex(self, tokenizer) -> Optional[str]:
+        """The text a `stop_regex` pattern matches in the decoded output's last STOP_REGEX_WINDOW
+        tokens (the detokenizer trims the output there, as for a stop string)."""
+        params = self.sampling_params
+        tail = tokenizer.decode(
+            self.output_ids[-STOP_REGEX_WINDOW:], skip_special_tokens=params.skip_special_tokens
+        )
+        for pattern in params.stop_regex:
+            m = re.search(pattern, tail)
+            if m is not None and m.group(0):
+                return m.group(0)
         return None
 
     def reset_memory_state(self) -> None:
@@ -151,6 +192,9 @@ class ScheduledReq:
     req: Req
     start: int
     num_tokens: int
+    # this step's prompt-logprob rows of the request: positions [lp_first, lp_first + lp_count)
+    lp_first: int = 0
+    lp_count: int = 0
 
     @property
     def samples(self) -> bool:
@@ -205,4 +249,28 @@ class ScheduleBatch:
             top_logprobs_nums=[
                 item.req.top_logprobs_num if item.req.return_logprob else 0 for item in sampling
             ],
+            token_ids_logprob=[item.req.token_ids_logprob for item in sampling],
+            **self._logprob_rows(),
+        )
+
+    def _logprob_rows(self) -> dict:
+        """The step's prompt-logprob rows (flat token indices), the token each predicts, and per row the
+        request's top-k size and token ids; records each item's share (`lp_first`, `lp_count`)."""
+        rows: list[int] = []
+        targets: list[int] = []
+        top_nums: list[int] = []
+        token_ids: list[Optional[list[int]]] = []
+        offset = 0
+        for item in self.items:
+            lp = item.req.prompt_logprobs
+            if lp is not None:
+                first, count = lp.rows(item.start, item.num_tokens)
+                item.lp_first, item.lp_count = first, count
+                rows.extend(range(offset + first - item.start, offset + first - item.start + count))
+                targets.extend(lp.prompt[first + 1 : first + 1 + count])
+                top_nums.extend([lp.top_num] * count)
+                token_ids.extend([lp.token_ids] * count)
+            offset += item.num_tokens
+        return dict(
+            logprob_rows=rows, logprob_targets=targets, logprob_top_nums=top_nums, logprob_token_ids=token_ids
         )

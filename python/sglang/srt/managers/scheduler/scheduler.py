@@ -45,6 +45,7 @@ from sglang.srt.managers.io_struct import (
 from sglang.srt.managers.scheduler.admission import RequestAdmission, refuse
 from sglang.srt.managers.scheduler.cache_manager import KVCacheManager
 from sglang.srt.managers.scheduler.dp_lockstep import DPLockstep
+from sglang.srt.managers.scheduler.logprob_step import apply_step, sampled_logprobs
 from sglang.srt.managers.scheduler.profiler import SchedulerProfiler
 from sglang.srt.managers.scheduler.schedule_batch import Req, ScheduleBatch
 from sglang.srt.managers.scheduler.schedule_policy import (
@@ -265,7 +266,7 @@ class Scheduler:
         forward when any replica has tokens (IDLE when this one has none)."""
         batch, worker_batch = self.schedule() if self.has_work else (None, None)
         tokens = len(worker_batch.input_ids) if worker_batch is not None else 0
-        rows = worker_batch.batch_size if worker_batch is not None else 0
+        rows = worker_batch.num_logit_rows if worker_batch is not None else 0
         info = self.dp.agree(tokens, rows, self.has_work)
         if info is None:
             return
@@ -376,6 +377,7 @@ class Scheduler:
             self.on_step_result(batch, result)
         self.disagg.after_forward(batch)  # PD prefill: this chunk's KV starts moving now
         self.stats.add_step(batch)
+        apply_step(batch, result)  # prompt logprobs of this step's rows
         self.profiler.on_step()
         sampled = 0
         for item in batch.items:
@@ -393,11 +395,8 @@ class Scheduler:
                 self.cache.release(req)
                 self._pending_outputs.append(req)
                 continue
-            lp = result.logprobs[row] if req.return_logprob and result.logprobs is not None else None
-            top = (
-                result.top_logprobs[row] if req.top_logprobs_num and result.top_logprobs is not None else None
-            )
-            req.append_token(result.next_token_ids[row], lp, top)
+            lp, top, ids = sampled_logprobs(req, result, row)
+            req.append_token(result.next_token_ids[row], lp, top, ids)
             if self.disagg.take_over(req, lp, top):  # PD prefill: the decode server continues it
                 self.running.remove(req)
                 continue

@@ -7,7 +7,7 @@ import logging
 import time
 from typing import Optional
 
-from sglang.srt.managers.io_struct import BatchTokenIDOut
+from sglang.srt.managers.io_struct import BatchTokenIDOut, InputLogprobsOut
 from sglang.srt.managers.scheduler.schedule_batch import Req, ScheduleBatch
 from sglang.srt.metrics.scheduler_stats import BucketCounts, DecodeThroughput
 
@@ -70,8 +70,20 @@ def build_token_id_out(reqs: list[Req]) -> Optional[BatchTokenIDOut]:
         else:
             out.output_token_logprobs.append(None)
             out.output_top_logprobs.append(None)
+        ids = req.output_token_ids_logprobs[start:] if req.token_ids_logprob is not None else None
+        out.output_token_ids_logprobs.append(ids)
+        out.input_logprobs.append(_input_logprobs_due(req))
         req.sent_len = len(req.output_ids)
     return out
+
+
+def _input_logprobs_due(req: Req) -> Optional[InputLogprobsOut]:
+    """The request's prompt logprobs when complete (or the request finished) and not sent yet."""
+    lp = req.prompt_logprobs
+    if lp is None or lp.sent or not (lp.done or req.finished):
+        return None
+    lp.sent = True
+    return InputLogprobsOut(list(lp.token_logprobs), list(lp.top_logprobs), list(lp.token_ids_logprobs))
 
 
 class StepStats:

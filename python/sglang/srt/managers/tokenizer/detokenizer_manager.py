@@ -80,6 +80,8 @@ class DetokenizerManager:
             cached_tokens=out.cached_tokens,
             output_token_logprobs=out.output_token_logprobs,
             output_top_logprobs=out.output_top_logprobs,
+            input_logprobs=out.input_logprobs,
+            output_token_ids_logprobs=out.output_token_ids_logprobs,
         )
 
 

@@ -31,6 +31,8 @@ class PreparedReq:
     return_logprob: bool
     top_logprobs_num: int
     return_text_in_logprobs: bool
+    logprob_start_len: int = -1
+    token_ids_logprob: Optional[list[int]] = None
 
 
 def _is_int(value: Any) -> bool:
@@ -74,7 +76,7 @@ def check_generate_req(obj: GenerateReqInput) -> None:
     if not isinstance(obj.stream, bool):
         raise ValueError("'stream' must be a boolean")
     n = obj.batch_size
-    for name in ("sampling_params", "rid", "return_logprob", "top_logprobs_num"):
+    for name in ("sampling_params", "rid", "return_logprob", "top_logprobs_num", "logprob_start_len"):
         value = getattr(obj, name)
         if isinstance(value, list) and not obj.is_single and len(value) != n:
             raise ValueError(f"'{name}' has {len(value)} entries but the batch has {n} prompts")
@@ -89,6 +91,25 @@ def _check_one(req: GenerateReqInput) -> None:
         raise ValueError("'return_logprob' must be a boolean")
     if not _is_int(req.top_logprobs_num) or not 0 <= req.top_logprobs_num <= MAX_TOP_LOGPROBS:
         raise ValueError(f"'top_logprobs_num' must be an integer in [0, {MAX_TOP_LOGPROBS}]")
+    if not _is_int(req.logprob_start_len) or req.logprob_start_len < -1:
+        raise ValueError("'logprob_start_len' must be an integer >= -1")
+    ids = req.token_ids_logprob
+    if ids is not None and not (isinstance(ids, list) and all(_is_int(t) for t in ids)):
+        raise ValueError("'token_ids_logprob' must be a list of token ids (or one such list per prompt)")
+
+
+def _check_logprob_fields(req: GenerateReqInput, input_ids: list[int], info: SchedulerReadyInfo) -> None:
+    """logprob_start_len within the prompt, token_ids_logprob within the vocabulary (as upstream)."""
+    if req.return_logprob and req.logprob_start_len >= len(input_ids):
+        raise ValueError(
+            f"logprob_start_len ({req.logprob_start_len}) must be smaller than the prompt's "
+            f"{len(input_ids)} tokens"
+        )
+    for tid in req.token_ids_logprob or []:
+        if not 0 <= tid < info.vocab_size:
+            raise ValueError(
+                f"token_ids_logprob entry {tid} is outside the vocabulary [0, {info.vocab_size})"
+            )
 
 
 def tokenize_prompt(tokenizer: Any, text: str) -> list[int]:
@@ -189,6 +210,7 @@ def prepare_requests(
             input_ids = [int(t) for t in req.input_ids]
         input_ids = fit_prompt(input_ids, info, auto_truncate)
         check_input_ids(input_ids, info)
+        _check_logprob_fields(req, input_ids, info)
         raw = req.sampling_params if req.sampling_params is not None else {}
         params = parse_sampling_params(raw, len(input_ids), info, tokenizer, auto_truncate)
         base_rid = req.rid if req.rid is not None else new_rid()
@@ -212,6 +234,8 @@ def prepare_requests(
                     return_logprob=req.return_logprob,
                     top_logprobs_num=req.top_logprobs_num,
                     return_text_in_logprobs=obj.return_text_in_logprobs,
+                    logprob_start_len=req.logprob_start_len if req.return_logprob else -1,
+                    token_ids_logprob=list(req.token_ids_logprob) if req.token_ids_logprob else None,
                 )
             )
     return out

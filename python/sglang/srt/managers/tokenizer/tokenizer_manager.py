@@ -208,6 +208,8 @@ class TokenizerManager:
                     stream=req.stream,
                     return_logprob=req.return_logprob,
                     top_logprobs_num=req.top_logprobs_num,
+                    logprob_start_len=req.logprob_start_len,
+                    token_ids_logprob=req.token_ids_logprob,
                     **self._bootstrap_fields(obj, req.index),
                 )
             )

@@ -36,6 +36,28 @@ class OutputBuilder:
     def _logprob_entries(self, pairs: list, with_text: bool) -> list:
         return [(lp, tid, self.token_text(tid) if with_text else None) for lp, tid in pairs]
 
+    def _per_position(self, lists: list, with_text: bool) -> list:
+        """Per position, its (logprob, id) alternatives as entries (None stays None: position 0)."""
+        return [None if pairs is None else self._logprob_entries(pairs, with_text) for pairs in lists]
+
+    def _logprob_meta(self, state: ReqState) -> dict[str, Any]:
+        """upstream's logprob fields of meta_info: input_* from logprob_start_len on (empty when it
+        is -1), output_* for the generated tokens; *_token_ids_logprobs only with token_ids_logprob."""
+        with_text = state.req.return_text_in_logprobs
+        inp = state.input_logprobs
+        meta: dict[str, Any] = {
+            "input_token_logprobs": self._logprob_entries(inp.token_logprobs if inp else [], with_text),
+            "input_top_logprobs": self._per_position(inp.top_logprobs if inp else [], with_text),
+            "output_token_logprobs": self._logprob_entries(state.output_token_logprobs, with_text),
+            "output_top_logprobs": self._per_position(state.output_top_logprobs, with_text),
+        }
+        if state.req.token_ids_logprob is not None:
+            meta["input_token_ids_logprobs"] = self._per_position(
+                inp.token_ids_logprobs if inp else [], with_text
+            )
+            meta["output_token_ids_logprobs"] = self._per_position(state.output_token_ids_logprobs, with_text)
+        return meta
+
     def build_output(self, state: ReqState) -> dict:
         """The SGLang-shaped dict of a request so far (cumulative text and output ids)."""
         end = state.finished_time if state.finished_time is not None else time.time()
@@ -48,11 +70,7 @@ class OutputBuilder:
             "e2e_latency": end - state.created_time,
         }
         if state.req.return_logprob:
-            with_text = state.req.return_text_in_logprobs
-            meta["output_token_logprobs"] = self._logprob_entries(state.output_token_logprobs, with_text)
-            meta["output_top_logprobs"] = [
-                self._logprob_entries(top or [], with_text) for top in state.output_top_logprobs
-            ]
+            meta.update(self._logprob_meta(state))
         return {"text": state.text, "output_ids": list(state.output_ids), "meta_info": meta}
 
     def take_chunk(self, state: ReqState) -> Optional[ReqChunk]:
@@ -134,6 +152,10 @@ def apply_batch_str(
         if state.req.return_logprob:
             state.output_token_logprobs.extend(out.output_token_logprobs[i] or [])
             state.output_top_logprobs.extend(out.output_top_logprobs[i] or [])
+            if i < len(out.output_token_ids_logprobs):
+                state.output_token_ids_logprobs.extend(out.output_token_ids_logprobs[i] or [])
+            if i < len(out.input_logprobs) and out.input_logprobs[i] is not None:
+                state.input_logprobs = out.input_logprobs[i]
         if out.finished_reasons[i] is None:
             notify(state)
             continue

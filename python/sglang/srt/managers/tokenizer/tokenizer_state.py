@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-from sglang.srt.managers.io_struct import GenerateReqInput
+from sglang.srt.managers.io_struct import GenerateReqInput, InputLogprobsOut
 from sglang.srt.managers.tokenizer.tokenizer_input import PreparedReq
 
 DISCONNECT_POLL_S = 1.0  # a waiting consumer checks this often whether its client left
@@ -52,6 +52,8 @@ class ReqState:
     finished_time: Optional[float] = None
     output_token_logprobs: list = field(default_factory=list)
     output_top_logprobs: list = field(default_factory=list)
+    output_token_ids_logprobs: list = field(default_factory=list)
+    input_logprobs: Optional[InputLogprobsOut] = None  # prompt logprobs, once complete
     error: Optional[str] = None  # set when the engine died under this request
     # Arrival times of the first and the latest output tokens (metrics).
     first_token_time: Optional[float] = None

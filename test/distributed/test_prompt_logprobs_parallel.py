@@ -1,0 +1,58 @@
+"""Prompt logprobs on the parallel layouts (SmolLM2 weights, float32, chunks of 8 tokens): tp 3
+(9 heads over 3 ranks, the LM head's vocab shards gathered), pp 2 (the last stage computes them and
+they travel back in the ring's StageOutput) and cp 2 (each rank holds part of the tokens; the rows
+are gathered before the LM head); `logprob_start_len` 0, 1 and len-2 against transformers within
+2e-3, after a radix hit (the cached prefix is recomputed where logprobs are asked for)."""
+
+from __future__ import annotations
+
+import pytest
+
+import sglang as sgl
+from sglang.test import prompt_logprobs_reference as plr
+
+pytestmark = pytest.mark.slow  # spawns gloo ranks and builds engines
+
+LAYOUTS = {"tp3": dict(tp_size=3), "pp2": dict(pp_size=2), "cp2": dict(cp_size=2)}
+TOKEN_IDS = [11, 504]
+
+
+@pytest.fixture(scope="module")
+def ref():
+    prompt = list(plr.prompt_ids())
+    return prompt, plr.reference(prompt)
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_prompt_logprobs_on_parallel_layouts(ref, layout):
+    prompt, lsm = ref
+    n = len(prompt)
+    starts = [0, 1, n - 2]
+    with sgl.Engine(
+        model_path=plr.smollm2_hf_dir(),
+        dtype="float32",
+        chunked_prefill_size=8,
+        max_total_tokens=2048,
+        num_threads=1,
+        log_level="warning",
+        **LAYOUTS[layout],
+    ) as llm:
+        llm.generate(input_ids=prompt, sampling_params={"max_new_tokens": 1, "temperature": 0})  # cached
+        outs = llm.generate(
+            input_ids=[prompt] * 3,
+            sampling_params=[{"max_new_tokens": 1 if s == 0 else 0, "temperature": 0} for s in starts],
+            return_logprob=True,
+            top_logprobs_num=2,
+            logprob_start_len=starts,
+            token_ids_logprob=TOKEN_IDS,
+        )
+    for out, start in zip(outs, starts):
+        meta, what = out["meta_info"], f"{layout} start {start}"
+        plr.check_entries(meta["input_token_logprobs"], prompt, start, lsm, what)
+        plr.check_top(meta["input_top_logprobs"], start, lsm, 2, what)
+        plr.check_token_ids(meta["input_token_ids_logprobs"], start, lsm, TOKEN_IDS, what)
+        assert meta["cached_tokens"] <= max(start - 1, 0), what
+    assert outs[2]["meta_info"]["cached_tokens"] > 0  # the prefix before len-2 came from the cache
+    want_lp, want_id = plr.output_logprob(lsm)
+    assert outs[0]["output_ids"] == [want_id]
+    assert abs(outs[0]["meta_info"]["output_token_logprobs"][0][0] - want_lp) <= plr.TOL
