@@ -103,9 +103,12 @@ class PendingGather:
         self, work: Any, buffer: torch.Tensor, sizes: list[int], local: Optional[torch.Tensor] = None
     ):
         self.work, self.buffer, self.sizes, self.local = work, buffer, sizes, local
+        self.on_wait: Optional[Any] = None  # a probe's hook, called on wait (tests: overlap traces)
 
     def wait(self) -> torch.Tensor:
         """[sum(sizes), ...] rows in rank order."""
+        if self.on_wait is not None:
+            self.on_wait()
         if self.local is not None:
             return self.local
         if self.work is not None:
@@ -162,6 +165,8 @@ class CPLayout:
     _prefix_query_spec: Optional[GatherSpec] = field(default=None, repr=False)
     # Exchanges in flight: layer id -> its all-gather (started early, waited on by the layer).
     pending: dict[int, PendingGather] = field(default_factory=dict, repr=False)
+    kv_gather_segment: int = 0  # cap on cached-prefix rows gathered per round (0: no cap)
+    probe: Optional[Any] = None  # counters / trace of the gathers (`attention/cp_probe.py`; None: off)
 
     # ------------------------------------------------------------------ construction
     @staticmethod
@@ -406,6 +411,8 @@ class CPRuntime:
     group: "GroupCoordinator"
     strategy: str
     mapping: CPSlotMapping
+    kv_gather_segment: int = 0  # --cp-kv-gather-segment
+    probe: Optional[Any] = None  # a CPProbe attached to every layout (tests, benchmarks)
 
     @staticmethod
     def from_server_args(server_args: Any, group: "GroupCoordinator") -> Optional["CPRuntime"]:
@@ -416,10 +423,16 @@ class CPRuntime:
         if strategy not in CP_STRATEGIES:
             raise ValueError(f"--cp-strategy must be one of {list(CP_STRATEGIES)}, got {strategy!r}")
         interleave = int(getattr(server_args, "cp_kv_cache_interleave_size", 1) or 1)
-        return CPRuntime(group, strategy, CPSlotMapping(server_args.page_size, group.size, interleave))
+        segment = int(getattr(server_args, "cp_kv_gather_segment", 0) or 0)
+        if segment < 0:
+            raise ValueError(f"--cp-kv-gather-segment must be >= 0 (0: no cap), got {segment}")
+        return CPRuntime(
+            group, strategy, CPSlotMapping(server_args.page_size, group.size, interleave), segment
+        )
 
     def attach(self, forward_batch: CPBatch) -> CPLayout:
         """Compute this rank's layout of the batch and attach it (before the backend's metadata)."""
         layout = build_cp_layout_for_batch(forward_batch, self.group, self.strategy, self.mapping)
         assert layout is not None
+        layout.kv_gather_segment, layout.probe = self.kv_gather_segment, self.probe
         return layout
