@@ -83,7 +83,8 @@ def _merge_candidates(acc: Optional[Partial], part: Partial, k: int) -> Partial:
 
 
 def _select(indexer: "Indexer", iq, iw, full, dim: int, fb, layout: CPLayout, md: MLACPMetadata) -> dict:
-    """Exact top-k positions [m, <= topk] of each extend's own queries (extend index -> positions)."""
+    """Exact top-k positions [m, <= topk] of each extend's own queries (extend index -> positions,
+    sorted ascending, padding past every position)."""
     topk, scale = indexer.index_topk, indexer.softmax_scale
     cand: dict[int, Partial] = {}
     for rnd in md.rounds:
@@ -110,22 +111,38 @@ def _select(indexer: "Indexer", iq, iw, full, dim: int, fb, layout: CPLayout, md
         kpos = torch.arange(it.prefix_len, it.prefix_len + it.num_tokens, device=keys.device).unsqueeze(0)
         vis = kpos <= it.q_pos.to(keys.device).unsqueeze(1)
         part = shard_topk_candidates(iq[loc], iw[loc], keys.unsqueeze(0), kpos, vis, topk, scale)
-        out[j] = _merge_candidates(cand.get(j), part, topk)[1]
+        pos = _merge_candidates(cand.get(j), part, topk)[1]
+        out[j] = pos.masked_fill(pos < 0, _NO_POS).sort(dim=1).values  # ascending, padding last
         indexer.count(it.local_count, int((it.q_pos + 1).sum()))
     return out
 
 
+def _in_range(sel: torch.Tensor, p0: int, p1: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The selected positions in [p0, p1) of each query: (columns [m, w] - p0, valid [m, w]), w the
+    most any query has there. `sel` [m, K] is sorted ascending (-1 padding mapped past every position)."""
+    lo = torch.searchsorted(sel, torch.full((sel.shape[0], 1), p0, device=sel.device))
+    hi = torch.searchsorted(sel, torch.full((sel.shape[0], 1), p1, device=sel.device))
+    count = (hi - lo).squeeze(1)
+    width = int(count.max()) if count.numel() else 0
+    cols = torch.arange(width, device=sel.device).unsqueeze(0)
+    valid = cols < count.unsqueeze(1)
+    idx = (lo + cols).clamp(max=max(sel.shape[1] - 1, 0))
+    return (sel.gather(1, idx) - p0).masked_fill(~valid, 0), valid
+
+
 def _attend(core: "MLACore", q, q_pos, kv, p0: int, sel, kernels: Optional["DSAKernels"]) -> Partial:
     """(out [m, H, L], lse [m, H]) of queries q over rows kv [n, L + R] at positions p0..p0+n-1:
-    causal (dense MLA), or only the selected positions `sel` [m, K] among them (DSA)."""
+    causal (dense MLA), or only the selected positions `sel` [m, K] (sorted) among them (DSA)."""
     v_dim = core.kv_lora_rank
     if sel is None:
         k3 = kv.unsqueeze(1)
         kpos = torch.arange(p0, p0 + kv.shape[0])
         o, lse = causal_attention_lse(q, q_pos, k3, k3, kpos, core.scaling)
         return o[..., :v_dim].contiguous(), lse
-    valid = (sel >= p0) & (sel < p0 + kv.shape[0])
-    idx = (sel - p0).masked_fill(~valid, 0)
+    idx, valid = _in_range(sel, p0, p0 + kv.shape[0])
+    if idx.shape[1] == 0:  # no query selected a row of this range
+        heads = q.shape[1]
+        return q.new_zeros((q.shape[0], heads, v_dim)), q.new_full((q.shape[0], heads), float("-inf")).float()
     if kernels is not None:
         return kernels.attend_slots(q, kv.contiguous(), idx, valid, core.scaling, v_dim)
     return sparse_latent_attention(q, kv, idx, valid, core.scaling, v_dim, return_lse=True)
