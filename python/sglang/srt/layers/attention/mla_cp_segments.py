@@ -72,12 +72,12 @@ def _merge(acc: Optional[Partial], part: Partial) -> Partial:
 
 
 def _merge_candidates(acc: Optional[Partial], part: Partial, k: int) -> Partial:
-    """Running top-k (values, positions) of a union, in the selection's total order."""
+    """Running top-k (values, positions) of a union, in the selection's total order. `part` holds
+    later positions than `acc` (rounds go in position order) and each is in that order already,
+    so one stable sort by value of acc + part keeps ties at the earlier position."""
     if acc is None:
         return part
     vals, pos = torch.cat((acc[0], part[0]), dim=1), torch.cat((acc[1], part[1]), dim=1)
-    order = torch.argsort(pos.masked_fill(pos < 0, _NO_POS), dim=-1, stable=True)
-    vals, pos = vals.gather(1, order), pos.gather(1, order)
     v, idx = select_topk(vals, min(k, vals.shape[1]))
     return v, pos.gather(1, idx.clamp(min=0)).masked_fill(idx < 0, -1)
 
