@@ -18,7 +18,7 @@ the DSA backend's `attend_slots`), merged by LSE.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Iterator, Optional
 
 import torch
 
@@ -59,12 +59,14 @@ def gather_round(
     return out
 
 
-def _overlap(rnd: PrefixRound, it: CPExtend) -> Optional[tuple[int, int, int]]:
-    """(first row in the round, first prefix position, rows) of the request's rows in the round."""
-    lo, hi = max(rnd.start, it.prefix_offset), min(rnd.end, it.prefix_offset + it.prefix_len)
-    if it.local_count == 0 or lo >= hi:
-        return None
-    return lo - rnd.start, lo - it.prefix_offset, hi - lo
+def _in_round(rnd: PrefixRound, md: MLACPMetadata) -> Iterator[tuple[int, CPExtend, slice, int, int, int]]:
+    """(extend index, extend, its local query rows, first row in the round, first prefix position,
+    rows) of every extend with local queries and prefix rows in the round."""
+    for j, it in enumerate(md.extends):
+        lo, hi = max(rnd.start, it.prefix_offset), min(rnd.end, it.prefix_offset + it.prefix_len)
+        if it.local_count and lo < hi:
+            loc = slice(it.local_start, it.local_start + it.local_count)
+            yield j, it, loc, lo - rnd.start, lo - it.prefix_offset, hi - lo
 
 
 def _merge(acc: Optional[Partial], part: Partial) -> Partial:
@@ -89,12 +91,7 @@ def _select(indexer: "Indexer", iq, iw, full, dim: int, fb, layout: CPLayout, md
     cand: dict[int, Partial] = {}
     for rnd in md.rounds:
         keys = gather_round(fb, layout, indexer.layer_id, rnd, True, full.dtype)
-        for j, it in enumerate(md.extends):
-            span = _overlap(rnd, it)
-            if span is None:
-                continue
-            row, p0, n = span
-            loc = slice(it.local_start, it.local_start + it.local_count)
+        for j, it, loc, row, p0, n in _in_round(rnd, md):
             kpos = torch.arange(p0, p0 + n, device=keys.device).unsqueeze(0)
             vis = torch.ones((it.local_count, n), dtype=torch.bool, device=keys.device)
             part = shard_topk_candidates(
@@ -167,12 +164,7 @@ def segmented_extends(
     acc: dict[int, Partial] = {}
     for rnd in md.rounds:
         rows = gather_round(fb, layout, core.layer_id, rnd, False, full.dtype)[:, :dim]
-        for j, it in enumerate(md.extends):
-            span = _overlap(rnd, it)
-            if span is None:
-                continue
-            row, p0, n = span
-            loc = slice(it.local_start, it.local_start + it.local_count)
+        for j, it, loc, row, p0, n in _in_round(rnd, md):
             part = _attend(core, q[loc], it.q_pos, rows[row : row + n], p0, sel.get(j), kernels)
             acc[j] = _merge(acc.get(j), part)
         del rows
