@@ -98,3 +98,28 @@ def test_running_topk_merge_equals_topk_over_all_keys():
         v, i = select_topk(scores[:, a : a + 7], 8)
         acc = _merge_candidates(acc, (v, (i + a).masked_fill(i < 0, -1)), 8)
     assert torch.equal(acc[1], want_idx) and torch.equal(acc[0], want_vals)
+
+
+class _Group:
+    size, rank = 2, 0
+
+
+def test_gather_segment_flag_reaches_the_layout():
+    import dataclasses
+    from types import SimpleNamespace
+
+    import pytest
+
+    from sglang.srt.layers.context_parallel import CPRuntime
+    from sglang.srt.server_args import prepare_server_args
+
+    args = prepare_server_args(["--model-path", "m", "--cp-kv-gather-segment", "777"])
+    assert args.cp_kv_gather_segment == 777
+    assert prepare_server_args(["--model-path", "m"]).cp_kv_gather_segment == 16384
+    rt = CPRuntime.from_server_args(SimpleNamespace(page_size=1, cp_kv_gather_segment=777), _Group())
+    probe = CPProbe()
+    batch = SimpleNamespace(cp_layout=None, extend_seq_lens_cpu=[9, 1], extend_prefix_lens_cpu=[20, 5])
+    layout = dataclasses.replace(rt, probe=probe).attach(batch)
+    assert batch.cp_layout is layout and layout.kv_gather_segment == 777 and layout.probe is probe
+    with pytest.raises(ValueError):
+        CPRuntime.from_server_args(SimpleNamespace(page_size=1, cp_kv_gather_segment=-1), _Group())
