@@ -8,7 +8,7 @@ heads); float32, cp 2 (spawned gloo ranks, one torch thread each, CPForwardHarne
 the numbers measured do not depend on them), then one chunk of `--chunk` tokens (default 2048)
 runs over it, once per segment size (`--segments`, 0 = whole prefix at once), each in fresh
 processes. Per rank it reports the probe's peak prefix rows gathered in one round, the peak
-receive-buffer rows, the rounds, the chunk's wall time and the growth of the process's peak RSS
+receive-buffer rows and bytes (per layer, the buffer the all-gather fills), the rounds, the chunk's wall time and the growth of the process's peak RSS
 during the chunk (ru_maxrss after minus the RSS before: what the chunk's forward needed on top).
 
     python benchmark/context_parallel/bench_cp_segmented_gather.py [--prefix 32768] [--chunk 2048]
@@ -128,6 +128,7 @@ def _rank(rank: int, port: int, path: str, prefix: int, chunk: int, segment: int
             peak_round_rows=probe.peak_round_rows,
             peak_buffer_rows=probe.peak_buffer_rows,
             rounds=len(probe.rounds),
+            peak_gather_buffer_mb=round(probe.peak_buffer_bytes / 2**20, 1),
             peak_rss_growth_mb=round(max(peak - rss0, 0) / 2**20, 1),
         )
     )

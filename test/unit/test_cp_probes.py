@@ -86,6 +86,8 @@ def test_cp_probe_trace_and_rounds():
     for rows in (7, 7, 3):
         probe.prefix_round(rows, rows + 1)
     assert (probe.peak_round_rows, probe.peak_buffer_rows, probe.prefix_rows) == (7, 8, 17)
+    probe.prefix_round(4, 6, row_bytes=100)
+    assert probe.peak_buffer_bytes == 600 and probe.peak_buffer_rows == 8
 
 
 def test_running_topk_merge_equals_topk_over_all_keys():

@@ -25,6 +25,7 @@ class CPProbe:
         self.lazy_starts = 0
         self.async_starts = 0  # exchanges started with an async handle in flight
         self.rounds: list[tuple[int, int]] = []  # per prefix-gather round: (rows, buffer rows)
+        self.peak_buffer_bytes = 0  # the largest receive buffer of a prefix round
 
     def mark(self, name: str, layer_id: int) -> None:
         self.events.append((name, int(layer_id), time.perf_counter()))
@@ -38,8 +39,9 @@ class CPProbe:
             self.async_starts += 1
         pending.on_wait = lambda: self.mark("gather_wait", layer_id)
 
-    def prefix_round(self, rows: int, buffer_rows: int) -> None:
+    def prefix_round(self, rows: int, buffer_rows: int, row_bytes: int = 0) -> None:
         self.rounds.append((int(rows), int(buffer_rows)))
+        self.peak_buffer_bytes = max(self.peak_buffer_bytes, int(buffer_rows) * int(row_bytes))
 
     # ------------------------------------------------------------------ read-outs
     @property
@@ -61,4 +63,4 @@ class CPProbe:
     def reset(self) -> None:
         self.events.clear()
         self.rounds.clear()
-        self.lazy_starts = self.async_starts = 0
+        self.lazy_starts = self.async_starts = self.peak_buffer_bytes = 0

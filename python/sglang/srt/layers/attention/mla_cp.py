@@ -86,7 +86,8 @@ def _start(
     if layout.probe is not None:
         layout.probe.started(layer_id, pending, early)
         if md.rounds is None and plan.prefix_total:
-            layout.probe.prefix_round(plan.prefix_total, layout.cp_size * max(sizes))
+            row_bytes = send.shape[1] * send.element_size()
+            layout.probe.prefix_round(plan.prefix_total, layout.cp_size * max(sizes), row_bytes)
 
 
 def start_row_exchange(

@@ -53,7 +53,8 @@ def gather_round(
     send = buf.index_select(0, rnd.my_slots.to(buf.device)).to(dtype)
     gathered = start_gather(layout.group, send, rnd.sizes).wait()
     if layout.probe is not None:
-        layout.probe.prefix_round(sum(rnd.sizes), layout.cp_size * max(rnd.sizes))
+        row_bytes = gathered.shape[1] * gathered.element_size()
+        layout.probe.prefix_round(sum(rnd.sizes), layout.cp_size * max(rnd.sizes), row_bytes)
     out = gathered.new_empty((rnd.end - rnd.start, gathered.shape[1]))
     out.index_copy_(0, rnd.dst.to(out.device), gathered)
     return out

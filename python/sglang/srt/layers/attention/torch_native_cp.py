@@ -269,7 +269,8 @@ def _prefix_shard_attention(q, it: _ShardItem, k_cache, v_cache, layer, layout: 
         ks = fetch(k_cache, src, None, "k").transpose(0, 1).to(q.dtype)  # [rows, Hk, D]
         vs = fetch(v_cache, src, None, "v").transpose(0, 1).to(q.dtype)
         if layout.probe is not None:
-            layout.probe.prefix_round(b - a, b - a)
+            row_bytes = (ks.shape[1] * ks.shape[2] + vs.shape[1] * vs.shape[2]) * ks.element_size()
+            layout.probe.prefix_round(b - a, b - a, row_bytes)
         part = causal_attention_lse(q, it.q_pos, ks, vs, it.k_pos[a:b], layer.scaling)
         acc = part if acc is None else merge_state([acc[0], part[0]], [acc[1], part[1]])
     return acc
