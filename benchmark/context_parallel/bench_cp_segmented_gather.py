@@ -25,36 +25,30 @@ import resource
 import tempfile
 import time
 
-SHAPE = dict(
-    architectures=["DeepseekV32ForCausalLM"],
-    model_type="deepseek_v32",
-    vocab_size=1024,
-    hidden_size=256,
-    intermediate_size=512,
-    moe_intermediate_size=64,
-    num_hidden_layers=2,
-    first_k_dense_replace=1,
-    num_attention_heads=4,
-    num_key_value_heads=4,
-    q_lora_rank=128,
-    kv_lora_rank=512,
-    qk_nope_head_dim=64,
-    qk_rope_head_dim=64,
-    v_head_dim=64,
-    n_routed_experts=8,
-    num_experts_per_tok=2,
-    n_group=2,
-    topk_group=1,
-    n_shared_experts=1,
-    routed_scaling_factor=2.5,
-    index_n_heads=4,
-    index_head_dim=128,
-    index_topk=2048,
-    max_position_embeddings=65536,
-    bos_token_id=1,
-    eos_token_id=2,
-    torch_dtype="float32",
-)
+from sglang.test.tiny_moe_models import DEEPSEEK_SIZES
+
+# The tiny test model's MoE / routing sizes (`tiny_moe_models.DEEPSEEK_SIZES`) at DeepSeek-V3.2's row
+# widths: latent 512 + rope 64, index keys 128.
+SHAPE = {
+    **DEEPSEEK_SIZES,
+    "architectures": ["DeepseekV32ForCausalLM"],
+    "model_type": "deepseek_v32",
+    "vocab_size": 1024,
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "moe_intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "q_lora_rank": 128,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 64,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 64,
+    "index_n_heads": 4,
+    "index_head_dim": 128,
+    "index_topk": 2048,
+    "max_position_embeddings": 65536,
+    "torch_dtype": "float32",
+}
 
 
 def _rss_bytes() -> int:

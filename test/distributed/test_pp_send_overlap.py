@@ -1,10 +1,11 @@
 """Pipeline parallelism: a micro-batch's sends stay in flight while the next micro-batch computes.
 
-pp 2 on spawned gloo ranks (the real PPDriver / PPStageWorker / PPComm), tiny Llama, float32: four
-prompts longer than the chunk (16), so stage 0 launches chunk after chunk. A `SendProbe` on each
-rank's `PendingRing` records the order of forward starts and send issues / waits. The test fails
-if a send is waited on before the next micro-batch's forward on that rank began (a synchronous
-send), or was handed to the ring already waited on; and it needs overlapped sends on both stages.
+pp 2 (async depth 1: a ring of 3) on spawned gloo ranks (the real PPDriver / PPStageWorker /
+PPComm), tiny Llama, float32: four prompts longer than the chunk (12), so stage 0 launches chunk
+after chunk. A `SendProbe` on each rank's `PendingRing` records the order of forward starts and
+send issues / waits. The test fails if a send is waited on before the next micro-batch's forward
+on that rank began (a synchronous send), or was handed to the ring already waited on; and it needs
+overlapped sends on both stages.
 """
 
 from __future__ import annotations
@@ -45,15 +46,8 @@ def test_pp_send_in_flight_during_next_forward(tmp_path):
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(3, 100, (n,), generator=g).tolist() for n in (45, 38, 52, 29)]
     waves = [[req(f"r{i}", p, 6) for i, p in enumerate(prompts)]]
-    kwargs = dict(
-        model_path=path,
-        dtype="float32",
-        num_threads=1,
-        chunked_prefill_size=16,
-        max_total_tokens=2048,
-        log_level="warning",
-        pp_size=2,
-    )
+    kwargs = {"model_path": path, "pp_size": 2, "pp_async_batch_depth": 1, "chunked_prefill_size": 12}
+    kwargs.update(dtype="float32", num_threads=1, max_total_tokens=2048, log_level="warning")
     results = run_ranks(_rank, 2, args=(kwargs, waves), timeout=180)
     assert all(len(t) == 6 for t in results[0]["outputs"].values())
     for rank, res in enumerate(results):
