@@ -29,6 +29,14 @@ class ParallelArgs:
     cp_kv_cache_interleave_size: int = arg(
         1, "Consecutive tokens stored on one CP rank's KV cache before the next rank's.", G_CP
     )
+    cp_kv_gather_segment: int = arg(
+        16384,
+        "Most cached-prefix KV rows a CP rank gathers per round when a prefill chunk attends over a "
+        "long prefix: the prefix is attended segment by segment, partial results merged by LSE "
+        "(0 = the whole prefix in one round). 16K: prefixes up to 16K take one round as before; a 128K "
+        "prefix takes 8, with 1/8 of the per-layer gather buffer.",
+        G_CP,
+    )
 
     # ------------------------------------------------------------------ data parallelism
     dp_size: int = arg(

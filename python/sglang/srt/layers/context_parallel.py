@@ -120,6 +120,8 @@ class CPLayout:
     _last_tokens_spec: Optional[GatherSpec] = field(default=None, repr=False)
     # Exchanges in flight: layer id -> its all-gather (started early, waited on by the layer).
     pending: dict[int, PendingGather] = field(default_factory=dict, repr=False)
+    kv_gather_segment: int = 0  # cap on cached-prefix rows gathered per round (0: no cap)
+    probe: Optional[Any] = None  # counters / trace of the gathers (`attention/cp_probe.py`; None: off)
 
     # ------------------------------------------------------------------ construction
     @staticmethod
@@ -393,14 +395,17 @@ def build_cp_layout_for_batch(
 @dataclass(frozen=True)
 class CPRuntime:
     """What a model runner needs for CP: the cp group, the split strategy and the slot mapping;
-    whether decodes are dealt over the ranks (`split_decodes`, else replicated: the old path) and
-    this rank's work counters."""
+    whether decodes are dealt over the ranks (`split_decodes`, else replicated: the old path),
+    this rank's work counters, the cap on cached-prefix rows gathered per round
+    (`kv_gather_segment`) and an optional `CPProbe`; the last two are copied onto every layout."""
 
     group: "GroupCoordinator"
     strategy: str
     mapping: CPSlotMapping
     split_decodes: bool = True
     stats: CPStats = field(default_factory=CPStats)
+    kv_gather_segment: int = 0  # --cp-kv-gather-segment
+    probe: Optional[Any] = None  # a CPProbe attached to every layout (tests, benchmarks)
 
     @staticmethod
     def from_server_args(server_args: Any, group: "GroupCoordinator") -> Optional["CPRuntime"]:
@@ -411,7 +416,11 @@ class CPRuntime:
         if strategy not in CP_STRATEGIES:
             raise ValueError(f"--cp-strategy must be one of {list(CP_STRATEGIES)}, got {strategy!r}")
         interleave = int(getattr(server_args, "cp_kv_cache_interleave_size", 1) or 1)
-        return CPRuntime(group, strategy, CPSlotMapping(server_args.page_size, group.size, interleave))
+        segment = int(getattr(server_args, "cp_kv_gather_segment", 0) or 0)
+        if segment < 0:
+            raise ValueError(f"--cp-kv-gather-segment must be >= 0 (0: no cap), got {segment}")
+        mapping = CPSlotMapping(server_args.page_size, group.size, interleave)
+        return CPRuntime(group, strategy, mapping, kv_gather_segment=segment)
 
     def attach(self, forward_batch: CPBatch) -> CPLayout:
         """Compute this rank's layout of the batch and attach it (before the backend's metadata)."""
@@ -419,4 +428,5 @@ class CPRuntime:
             forward_batch, self.group, self.strategy, self.mapping, self.split_decodes, self.stats
         )
         assert layout is not None
+        layout.kv_gather_segment, layout.probe = self.kv_gather_segment, self.probe
         return layout

@@ -45,9 +45,12 @@ class PendingGather:
         self, work: Any, buffer: torch.Tensor, sizes: list[int], local: Optional[torch.Tensor] = None
     ):
         self.work, self.buffer, self.sizes, self.local = work, buffer, sizes, local
+        self.on_wait: Optional[Any] = None  # a probe's hook, called on wait (tests: overlap traces)
 
     def wait(self) -> torch.Tensor:
         """[sum(sizes), ...] rows in rank order."""
+        if self.on_wait is not None:
+            self.on_wait()
         if self.local is not None:
             return self.local
         if self.work is not None:

@@ -15,7 +15,11 @@ name one (for extend / mixed batches and for decode batches).
   (every token would select all its keys) dense MLA, as the reference does.
 - Context parallelism: the reference's sharded-CP path (`mla_cp.py`: one async all-gather of the
   new rows + index keys overlapping the q up-projection, own-query (zero-redundant) indexer, decode
-  candidates merged into the exact global top-k, partials merged by LSE), with these ops.
+  candidates merged into the exact global top-k, partials merged by LSE), with these ops. Over a
+  prefix longer than `--cp-kv-gather-segment` (`mla_cp_segments.py`) the rows come in rounds: the
+  selection scores each round's index keys with the reference scorer (float32, exact top-k over
+  the rounds; the int8 / bf16 scoring options do not apply there) and `attend_slots` attends each
+  round's selected rows.
 
 The indexer scores in the index-key cache's dtype (float32 model: float32, the reference's scores;
 bf16 model: bf16 inputs, float32 sums); `SGLANG_DSA_INDEX_SCORE_DTYPE=bfloat16` rounds a float32

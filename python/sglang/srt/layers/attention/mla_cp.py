@@ -8,7 +8,10 @@ Per layer, on each cp rank (the model runs on this rank's tokens, `layers/contex
    the layer id): every rank sends the new rows `[latent ; k_rope (; index key)]` of
    the split tokens it holds, plus the cached prefix rows it stores of the batch's PREFIX requests
    (chunked-prefill continuations, radix hits). With the replicated tokens' local rows this gives
-   every multi-token request's whole sequence of rows.
+   every multi-token request's whole sequence of rows. With `--cp-kv-gather-segment S` and more
+   than S cached prefix rows in the batch, the exchange carries the new rows only and the prefix
+   is gathered and attended in rounds of at most S rows, merged by LSE (`mla_cp_segments.py`).
+   Counters / trace of the exchange: `CPLayout.probe` (`cp_probe.py`).
 2. Sharded store: each rank writes only the new tokens it owns (virtual slot -> owner / physical
    slot, `CPSlotMapping`), latent rows and index keys alike.
 3. Extends (FRESH and PREFIX requests): only this rank's queries, against the request's gathered
@@ -51,6 +54,7 @@ from sglang.srt.layers.attention.dsa.cp_indexer import (
 from sglang.srt.layers.attention.dsa.sparse_attention import sparse_latent_attention
 from sglang.srt.layers.attention.cp_merge import merge_partials
 from sglang.srt.layers.attention.mla_cp_metadata import MLACPMetadata
+from sglang.srt.layers.attention.mla_cp_segments import segmented_extends
 from sglang.srt.layers.attention.ops import causal_attention_lse, sdpa_lse
 from sglang.srt.layers.context_parallel import CPLayout, start_gather
 
@@ -74,14 +78,22 @@ def _pool_rows(fb: "ForwardBatch", layer_id: int, slots: torch.Tensor, with_inde
 
 
 def _start(
-    fb, layout: CPLayout, md: MLACPMetadata, layer_id: int, rows: torch.Tensor, with_index: bool
+    fb, layout: CPLayout, md: MLACPMetadata, layer_id: int, rows: torch.Tensor, with_index: bool, early: bool
 ) -> None:
     plan = md.plan
     send = rows.index_select(0, plan.new_local_rows.to(rows.device))
-    if plan.prefix_slots.numel():
+    sizes = plan.sizes
+    if md.rounds is not None:  # segmented: the prefix rows come later, round by round
+        sizes = layout.split_spec().sizes
+    elif plan.prefix_slots.numel():
         cached = _pool_rows(fb, layer_id, plan.prefix_slots, with_index).to(rows.dtype)
         send = torch.cat((send, cached), dim=0)
-    layout.pending[layer_id] = start_gather(layout.group, send, plan.sizes)
+    pending = layout.pending[layer_id] = start_gather(layout.group, send, sizes)
+    if layout.probe is not None:
+        layout.probe.started(layer_id, pending, early)
+        if md.rounds is None and plan.prefix_total:
+            row_bytes = send.shape[1] * send.element_size()
+            layout.probe.prefix_round(plan.prefix_total, layout.cp_size * max(sizes), row_bytes)
 
 
 def start_row_exchange(
@@ -97,18 +109,26 @@ def start_row_exchange(
     appended when `with_index` (DSA)."""
     if layout.is_trivial or layer_id in layout.pending:
         return
-    _start(fb, layout, md, layer_id, rows, with_index)
+    _start(fb, layout, md, layer_id, rows, with_index, True)
 
 
 def _exchange(fb, layout: CPLayout, md: MLACPMetadata, layer_id: int, rows: torch.Tensor, with_index: bool):
-    """(new rows of the whole batch in original order [N, W], prefix buffer [P, W])."""
+    """(new rows of the whole batch in original order [N, W], prefix buffer [P, W]; segmented:
+    no prefix buffer, None)."""
     if layout.is_trivial:
         return rows, rows.new_empty((0, rows.shape[1]))  # every token is local and in global order
     if layer_id not in layout.pending:
-        _start(fb, layout, md, layer_id, rows, with_index)
+        _start(fb, layout, md, layer_id, rows, with_index, False)
     gathered = layout.pending.pop(layer_id).wait()
     plan, dev = md.plan, rows.device
     full = rows.new_empty((layout.num_tokens, rows.shape[1]))
+    if md.rounds is not None:
+        spec = layout.split_spec()
+        if spec.total:
+            full.index_copy_(0, spec.global_idx.to(dev), gathered)
+        if md.repl_local_rows.numel():
+            full.index_copy_(0, md.repl_global_idx.to(dev), rows.index_select(0, md.repl_local_rows.to(dev)))
+        return full, None
     if plan.new_src.numel():
         full.index_copy_(0, plan.new_dst.to(dev), gathered.index_select(0, plan.new_src.to(dev)))
     if md.repl_local_rows.numel():
@@ -150,7 +170,11 @@ def mla_cp_forward(
     index_q, index_w = dsa.query() if sparse else (None, None)
 
     out = q.new_zeros((q.shape[0], q.shape[1], v_dim))
-    for it in md.extends:
+    if prefix is None:  # segmented prefix gather
+        segmented_extends(
+            core, q, full, fb, layout, md, out, indexer if sparse else None, (index_q, index_w), kernels
+        )
+    for it in md.extends if prefix is not None else ():
         if it.local_count == 0:
             continue
         loc = slice(it.local_start, it.local_start + it.local_count)

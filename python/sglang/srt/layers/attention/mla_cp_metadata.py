@@ -12,6 +12,12 @@ One all-gather per layer moves, from every rank, (a) the new rows of the split t
 and (b) the cached prefix rows of the PREFIX requests that it stores; `GatherPlan` says where each
 gathered row goes. Everything here is computed from data identical on every rank (the batch's CPU
 lists, the slot mapping), so all ranks agree on sizes without exchanging them.
+
+Segmented prefix gather (`CPLayout.kv_gather_segment` = S > 0, and the batch's PREFIX requests
+have more than S cached rows in all): the early exchange carries the new split rows only, and the
+prefix rows are gathered afterwards in rounds (`PrefixRound`) of at most S rows of the batch's flat
+prefix buffer (the PREFIX requests' prefixes one after the other), each attended and merged by LSE
+before the next one is gathered (`mla_cp_segments.py`).
 """
 
 from __future__ import annotations
@@ -66,6 +72,17 @@ class DecodeSplit:
 
 
 @dataclass
+class PrefixRound:
+    """One round of the segmented prefix gather: rows [start, end) of the flat prefix buffer."""
+
+    start: int
+    end: int
+    sizes: list[int]  # rows each rank sends (the ones it stores)
+    my_slots: torch.Tensor  # physical slots of the rows this rank sends
+    dst: torch.Tensor  # [sum(sizes)] row within the round of each gathered row (rank order)
+
+
+@dataclass
 class MLACPMetadata:
     own_global_idx: torch.Tensor  # new tokens this rank stores ...
     own_slots: torch.Tensor  # ... at these physical slots
@@ -80,6 +97,7 @@ class MLACPMetadata:
     decode_pos: Optional[torch.Tensor]  # [max_len] positions of those columns
     max_seq_len: int  # longest sequence of the batch (the same on every rank)
     decode_split: Optional[DecodeSplit] = None  # split decodes (`decode_rows` is None)
+    rounds: Optional[list[PrefixRound]] = None  # segmented prefix gather (None: one gather)
 
 
 def _owned_positions(layout: CPLayout, length: int, rank: int) -> torch.Tensor:
@@ -130,6 +148,37 @@ def _gather_plan(layout: CPLayout, fb: "ForwardBatch", rows: list[int]) -> tuple
     return plan, [offset_of.get(i, 0) for i in range(layout.batch_size)]
 
 
+def _prefix_rounds(layout: CPLayout, fb: "ForwardBatch", rows: list[int], segment: int) -> list[PrefixRound]:
+    """The rounds of at most `segment` rows covering the flat prefix buffer of the PREFIX requests."""
+    table = fb.req_to_token_pool.req_to_token
+    owned, my_slots, total = [], [], 0  # owned[r]: flat prefix rows stored on rank r (ascending)
+    prefix_reqs = [i for i, k in enumerate(layout.kinds) if k == PREFIX]
+    for r in range(layout.cp_size):
+        parts, off = [], 0
+        for i in prefix_reqs:
+            pos = _owned_positions(layout, layout.prefix_lens[i], r)
+            parts.append(off + pos)
+            if r == layout.cp_rank and pos.numel():
+                virtual = table[rows[i]].index_select(0, pos.to(table.device)).to(torch.int64)
+                my_slots.append(layout.slot_mapping.local_slot(virtual))
+            off += layout.prefix_lens[i]
+        owned.append(torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64))
+        total = off
+    mine = torch.cat(my_slots) if my_slots else torch.empty(0, dtype=torch.int64)
+    out = []
+    for a in range(0, total, segment):
+        b = min(total, a + segment)
+        sizes, dst = [], []
+        for r in range(layout.cp_size):
+            lo, hi = (int(torch.searchsorted(owned[r], x)) for x in (a, b))
+            sizes.append(hi - lo)
+            dst.append(owned[r][lo:hi] - a)
+            if r == layout.cp_rank:
+                slots = mine[lo:hi]
+        out.append(PrefixRound(a, b, sizes, slots, torch.cat(dst)))
+    return out
+
+
 def build_mla_cp_metadata(fb: "ForwardBatch", layout: CPLayout) -> MLACPMetadata:
     """This rank's view of the batch for CP latent attention (kept by the backend per batch)."""
     if layout.slot_mapping is None or layout.group is None:
@@ -175,6 +224,9 @@ def build_mla_cp_metadata(fb: "ForwardBatch", layout: CPLayout) -> MLACPMetadata
         None,
         max(fb.seq_lens_cpu) if fb.seq_lens_cpu else 0,
     )
+    segment = layout.kv_gather_segment
+    if segment > 0 and plan.prefix_total > segment:
+        md.rounds = _prefix_rounds(layout, fb, rows, segment)
     if decodes:
         seqs = [layout.prefix_lens[i] + 1 for i in decodes]
         lens = [mapping.local_token_count(s, layout.cp_rank) for s in seqs]

@@ -14,6 +14,11 @@ Per layer, on each cp rank (q/k/v are this rank's local tokens, see `layers/cont
    shard + owned new tokens, causal by absolute position); the partials go to each query's
    holder by one all-to-all and are merged exactly there (`cp_merge.merge_partials`). Replicated
    decodes (the old path) all-gather the partials and merge them on every rank.
+   With `--cp-kv-gather-segment S` (`CPLayout.kv_gather_segment`), a PREFIX request's shard is
+   read from the pool in rounds of at most S rows, each attended and merged by LSE, so the rows a
+   rank materializes per layer stay bounded by S however long the prefix.
+Counters / trace (tests): `CPLayout.probe` (`cp_probe.py`) sees the exchange start and wait and
+the rows of each prefix round.
 
 The per-batch metadata (`CPAttnMetadata`) is built by `build_cp_attn_metadata` and kept by the
 backend in its per-batch object; the functions here take it explicitly.
@@ -28,7 +33,7 @@ import torch
 
 from sglang.srt.layers.attention.cp_merge import merge_partials
 from sglang.srt.layers.attention.kv_source import KVGather, fetch, head_major_kv
-from sglang.srt.layers.attention.ops import causal_attention_lse, sdpa_lse
+from sglang.srt.layers.attention.ops import causal_attention_lse, merge_state, sdpa_lse
 from sglang.srt.layers.context_parallel import FRESH, PREFIX, CPLayout, GatherSpec, start_gather
 
 if TYPE_CHECKING:
@@ -163,7 +168,7 @@ def start_kv_exchange(layout: CPLayout, layer_id: int, k: torch.Tensor, v: torch
     """Start the async all-gather of this layer's split-token k/v (call as soon as k is rotated)."""
     if layout.is_trivial or layer_id in layout.pending:
         return
-    _start_kv_gather(layout, layer_id, k, v)
+    _start_kv_gather(layout, layer_id, k, v, True)
 
 
 def _full_kv(k3, v3, layer_id, layout, md) -> tuple[torch.Tensor, torch.Tensor]:
@@ -171,7 +176,7 @@ def _full_kv(k3, v3, layer_id, layout, md) -> tuple[torch.Tensor, torch.Tensor]:
     if layout.is_trivial:
         return k3, v3  # every token is local and the local order is the global one
     if layer_id not in layout.pending:
-        _start_kv_gather(layout, layer_id, k3, v3)
+        _start_kv_gather(layout, layer_id, k3, v3, False)
     gathered = layout.pending.pop(layer_id).wait()
     kd = k3.shape[1] * k3.shape[2]
     spec = layout.split_spec()
@@ -189,12 +194,14 @@ def _full_kv(k3, v3, layer_id, layout, md) -> tuple[torch.Tensor, torch.Tensor]:
     return k_full, v_full
 
 
-def _start_kv_gather(layout: CPLayout, layer_id: int, k: torch.Tensor, v: torch.Tensor) -> None:
+def _start_kv_gather(layout: CPLayout, layer_id: int, k: torch.Tensor, v: torch.Tensor, early: bool) -> None:
     spec = layout.split_spec()
     rows = spec.local_rows.to(k.device)
     # flatten(1), not reshape(n, -1): a rank may hold no tokens (n == 0)
     packed = torch.cat([k.flatten(1).index_select(0, rows), v.flatten(1).index_select(0, rows)], dim=1)
-    layout.pending[layer_id] = start_gather(layout.group, packed, spec.sizes)
+    pending = layout.pending[layer_id] = start_gather(layout.group, packed, spec.sizes)
+    if layout.probe is not None:
+        layout.probe.started(layer_id, pending, early)
 
 
 # ---------------------------------------------------------------------------- forward
@@ -258,6 +265,25 @@ def _b_queries(q3, q_pending, layout: CPLayout, md: CPAttnMetadata) -> torch.Ten
     return qb
 
 
+def _prefix_shard_attention(q, it: _ShardItem, k_cache, v_cache, layer, layout: CPLayout):
+    """(out, lse) of a PREFIX request's queries over this rank's KV shard of it, read from the pool
+    in rounds of at most `layout.kv_gather_segment` rows (0: one round), merged by LSE."""
+    total = int(it.k_slots.numel())
+    segment = layout.kv_gather_segment if layout.kv_gather_segment > 0 else max(total, 1)
+    acc = None
+    for a in range(0, max(total, 1), segment):
+        b = min(total, a + segment)
+        src = KVGather(it.k_slots[a:b].to(k_cache.device))
+        ks = fetch(k_cache, src, None, "k").transpose(0, 1).to(q.dtype)  # [rows, Hk, D]
+        vs = fetch(v_cache, src, None, "v").transpose(0, 1).to(q.dtype)
+        if layout.probe is not None:
+            row_bytes = (ks.shape[1] * ks.shape[2] + vs.shape[1] * vs.shape[2]) * ks.element_size()
+            layout.probe.prefix_round(b - a, b - a, row_bytes)
+        part = causal_attention_lse(q, it.q_pos, ks, vs, it.k_pos[a:b], layer.scaling)
+        acc = part if acc is None else merge_state([acc[0], part[0]], [acc[1], part[1]])
+    return acc
+
+
 def _shard_attention(
     q3, q_pending, layer, fb, layout: CPLayout, md: CPAttnMetadata, out: torch.Tensor
 ) -> None:
@@ -270,11 +296,7 @@ def _shard_attention(
     part_l = torch.full((nb, h), float("-inf"), dtype=torch.float32, device=qb.device)
     for it in md.prefix:
         rows = slice(it.b_start, it.b_start + it.num_tokens)
-        slots = it.k_slots.to(k_cache.device)
-        src = KVGather(slots)
-        ks = fetch(k_cache, src, None, "k").transpose(0, 1).to(qb.dtype)  # [L, Hk, D]
-        vs = fetch(v_cache, src, None, "v").transpose(0, 1).to(qb.dtype)
-        part_o[rows], part_l[rows] = causal_attention_lse(qb[rows], it.q_pos, ks, vs, it.k_pos, layer.scaling)
+        part_o[rows], part_l[rows] = _prefix_shard_attention(qb[rows], it, k_cache, v_cache, layer, layout)
     if md.single_rows is not None:
         n1, max_len = md.single_slots.shape
         src = KVGather(md.single_slots.reshape(-1).to(k_cache.device))

@@ -294,6 +294,7 @@ class PPDriver:
         msg.ring_was_empty = not self.inflight
         disagg = self.scheduler.disagg
         msg.pd_rooms = disagg.rooms_of(batch)  # PD prefill: later stages send their layers' KV of these rooms
+        self.pending.forward_started(mb_id)
         with self.tracer.span("forward", **msg.trace_args(0)) as fwd:
             msg.launched_at = fwd.start
             proxies = forward()

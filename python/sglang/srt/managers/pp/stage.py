@@ -21,7 +21,7 @@ from sglang.srt.distributed.parallel_state import ParallelGroups
 from sglang.srt.distributed.pp_comm import PPComm
 from sglang.srt.managers.io_struct import SchedulerReadyInfo
 from sglang.srt.managers.pp.messages import MsgType, StageBatch, StageOutput
-from sglang.srt.managers.pp.trace import PPTracer
+from sglang.srt.managers.pp.trace import PPTracer, SendProbe
 from sglang.srt.metrics.bubble import BubbleMeter
 from sglang.srt.model_executor.forward_batch import PPProxyTensors
 from sglang.srt.model_executor.model_runner import ForwardResult, ModelRunner
@@ -47,23 +47,36 @@ class PendingRing:
     def __init__(self, size: int, tracer: PPTracer):
         self.slots: list[list[PendingSend]] = [[] for _ in range(size)]
         self.tracer = tracer
+        self.probe: Optional[SendProbe] = None  # tests: the order of forwards and send waits
+
+    def forward_started(self, mb_id: int) -> None:
+        """The loop starts micro-batch `mb_id`'s forward (for the probe)."""
+        if self.probe is not None:
+            self.probe.forward(mb_id)
+
+    def _wait(self, p: PendingSend) -> None:
+        if self.probe is not None:
+            self.probe.waited(p)
+        p.wait()
 
     def commit(self, mb_id: int) -> None:
         slot = self.slots[mb_id % len(self.slots)]
         if slot:
             with self.tracer.span("send commit", mb=mb_id):
                 for p in slot:
-                    p.wait()
+                    self._wait(p)
                 slot.clear()
 
     def add(self, mb_id: int, pending: Optional[PendingSend]) -> None:
         if pending is not None:
+            if self.probe is not None:
+                self.probe.issued(mb_id, pending)
             self.slots[mb_id % len(self.slots)].append(pending)
 
     def commit_all(self) -> None:
         for slot in self.slots:
             for p in slot:
-                p.wait()
+                self._wait(p)
             slot.clear()
 
 
@@ -132,6 +145,7 @@ class PPStageWorker:
 
     def _run_batch(self, batch: StageBatch, tensors: dict) -> None:
         runner = self.runner
+        self.pending.forward_started(batch.mb_id)
         with self.tracer.span("forward", **batch.trace_args(self.pp_rank)) as fwd:
             if batch.is_idle:  # attention DP: another replica's micro-batch has tokens
                 out = runner.forward_idle(batch.dp, PPProxyTensors(tensors))

@@ -22,6 +22,11 @@ The loops time their work with spans:
 
 A span always measures its wall time (two clock reads; the bubble meter needs them with tracing
 off); it records an event only when tracing is on and it was not `drop()`ped.
+
+`SendProbe` (tests): attached to a loop's `PendingRing` (`ring.probe`; None, the default, costs
+one attribute test per send), it records in order each micro-batch's forward start and each
+send's issue and wait, so a test can assert that sends stay in flight while the next micro-batch
+computes (`send_overlap`).
 """
 
 from __future__ import annotations
@@ -166,3 +171,43 @@ def merge_trace(path: str) -> dict:
         json.dump(trace, f)
     os.replace(tmp, path)
     return trace
+
+
+class SendProbe:
+    """Order of one rank's forwards and pipeline sends (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, int]] = []  # ("forward" | "issue" | "wait", micro-batch id)
+        self.waited_at_issue = 0  # sends handed to the ring already waited on (synchronous)
+        self._mb_of: dict[int, int] = {}
+
+    def forward(self, mb_id: int) -> None:
+        self.events.append(("forward", mb_id))
+
+    def issued(self, mb_id: int, pending: Any) -> None:
+        if not getattr(pending, "works", None):
+            self.waited_at_issue += 1
+        self._mb_of[id(pending)] = mb_id
+        self.events.append(("issue", mb_id))
+
+    def waited(self, pending: Any) -> None:
+        self.events.append(("wait", self._mb_of.pop(id(pending), -1)))
+
+    def send_overlap(self) -> dict:
+        """Per send of micro-batch j: `overlapped` if it was waited on (or never) only after a later
+        micro-batch's forward began on this rank, `synchronous` if waited before one began (while
+        one began later); sends with no later forward on this rank (the last ones) are `tail`."""
+        counts = {"overlapped": 0, "synchronous": 0, "tail": 0, "waited_at_issue": self.waited_at_issue}
+        for i, (kind, mb) in enumerate(self.events):
+            if kind != "issue":
+                continue
+            later = self.events[i + 1 :]
+            fwd = next((k for k, (n, m) in enumerate(later) if n == "forward" and m > mb), None)
+            wait = next((k for k, (n, m) in enumerate(later) if n == "wait" and m == mb), None)
+            if fwd is None:
+                counts["tail"] += 1
+            elif wait is None or wait > fwd:
+                counts["overlapped"] += 1
+            else:
+                counts["synchronous"] += 1
+        return counts
