@@ -61,9 +61,13 @@ class Proc:
                 self.kill()
 
     def state(self) -> dict:
+        return self.states()[0]
+
+    def states(self) -> list[dict]:
+        """One internal state per attention-DP replica (one in all without DP)."""
         r = httpx.get(self.url + "/get_server_info", timeout=30)
         assert r.status_code == 200, r.text
-        return r.json()["internal_states"][0]
+        return r.json()["internal_states"]
 
 
 def _spawn(cmd: list[str], name: str, env: Optional[dict] = None) -> tuple[subprocess.Popen, str]:
@@ -171,32 +175,40 @@ def kv_counts(server: Proc) -> tuple[int, int]:
     return s["available_kv_tokens"], s["max_total_num_tokens"]
 
 
+def _idle(state: dict) -> bool:
+    queued = sum(v for k, v in state.items() if k.startswith("pd_") and k.endswith(("queue", "draining")))
+    return (
+        state["available_kv_tokens"] == state["max_total_num_tokens"]
+        and queued == 0
+        and state["num_running_reqs"] == 0
+        and state["num_waiting_reqs"] == 0
+    )
+
+
 def wait_kv_restored(server: Proc, timeout: float) -> dict:
-    """Wait until every KV slot is free or evictable again and nothing is queued; returns the state."""
-    state: dict = {}
+    """Wait until every KV slot of every attention-DP replica is free or evictable again and nothing
+    is queued; returns the (first replica's) state."""
+    states: list[dict] = []
 
     def restored() -> bool:
-        nonlocal state
-        state = server.state()
-        queued = sum(v for k, v in state.items() if k.startswith("pd_") and k.endswith(("queue", "draining")))
-        return (
-            state["available_kv_tokens"] == state["max_total_num_tokens"]
-            and queued == 0
-            and state["num_running_reqs"] == 0
-            and state["num_waiting_reqs"] == 0
-        )
+        nonlocal states
+        states = server.states()
+        return all(_idle(s) for s in states)
 
-    assert wait_until(restored, timeout), f"KV not restored within {timeout}s: {state}"
-    return state
+    assert wait_until(restored, timeout), f"KV not restored within {timeout}s: {states}"
+    return states[0]
 
 
-def post_pair(prefill: Proc, decode: Proc, body: dict, timeout: float = 120) -> tuple[dict, dict]:
-    """What the router does: the same request, with one room, to both servers at once."""
+def post_pair(
+    prefill: Proc, decode: Proc, body: dict, timeout: float = 120, room: Optional[int] = None
+) -> tuple[dict, dict]:
+    """What the router does: the same request, with one room (random unless given), to both
+    servers at once."""
     body = {
         **body,
         "bootstrap_host": "127.0.0.1",
         "bootstrap_port": prefill.bootstrap_port,
-        "bootstrap_room": random.getrandbits(63),
+        "bootstrap_room": random.getrandbits(63) if room is None else room,
     }
     out: dict = {}
 

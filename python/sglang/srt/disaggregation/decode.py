@@ -59,6 +59,7 @@ class DecodeDisaggregation(Disaggregation):
         self.transfer: list[_Entry] = []
         self.draining: list[_Entry] = []
         self.num_failed = 0
+        self.num_landed = 0  # requests whose KV and first token arrived (per attention-DP replica)
         self._steps = 0
 
     # ------------------------------------------------------------------ admission
@@ -92,7 +93,7 @@ class DecodeDisaggregation(Disaggregation):
         if self.prealloc:
             self._step_prealloc(running, done)
         if self.transfer:
-            polls = agree(self.groups.tp, [int(e.receiver.poll()) for e in self.transfer])
+            polls = agree(self.groups.replica, [int(e.receiver.poll()) for e in self.transfer])
             keep = []
             for entry, poll in zip(self.transfer, polls):
                 if poll == KVPoll.Success:
@@ -104,7 +105,7 @@ class DecodeDisaggregation(Disaggregation):
                     keep.append(entry)
             self.transfer = keep
         if self.draining:
-            flags = agree(self.groups.tp, [int(e.receiver.drained) for e in self.draining])
+            flags = agree(self.groups.replica, [int(e.receiver.drained) for e in self.draining])
             keep = []
             for entry, drained in zip(self.draining, flags):
                 if drained:
@@ -115,7 +116,7 @@ class DecodeDisaggregation(Disaggregation):
         return Moves(to_running=ready, finished=done)
 
     def _step_prealloc(self, running: list[Req], done: list[Req]) -> None:
-        polls = agree(self.groups.tp, [int(e.receiver.poll()) for e in self.prealloc])
+        polls = agree(self.groups.replica, [int(e.receiver.poll()) for e in self.prealloc])
         keep = []
         blocked = False  # first come, first served: a request that does not fit blocks the rest
         for entry, poll in zip(self.prealloc, polls):
@@ -172,6 +173,7 @@ class DecodeDisaggregation(Disaggregation):
         first = entry.receiver.first_token
         req.kv_len = len(req.origin_input_ids)
         req.output_ids.append(int(first.token_id))
+        self.num_landed += 1
         if req.return_logprob and first.logprob is not None:
             req.output_token_logprobs.append((first.logprob, int(first.token_id)))
             if req.top_logprobs_num:
@@ -254,4 +256,5 @@ class DecodeDisaggregation(Disaggregation):
             "pd_transfer_queue": len(self.transfer),
             "pd_draining": len(self.draining),
             "pd_failed_transfers": self.num_failed,
+            "pd_landed": self.num_landed,
         }

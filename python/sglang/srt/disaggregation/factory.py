@@ -43,7 +43,8 @@ def create_stage_transfer(server_args, groups, runner) -> Optional[StagePrefillT
         or not BACKENDS[server_args.disaggregation_transfer_backend]().moves_kv
     ):
         return None
-    return StagePrefillTransfer(runner, create_kv_manager("prefill", server_args, groups, runner))
+    manager = create_kv_manager("prefill", server_args, groups, runner)
+    return StagePrefillTransfer(runner, manager, cp_rank=groups.attn_cp.rank)
 
 
 def create_kv_manager(side: str, server_args, groups, runner) -> BaseKVManager:
