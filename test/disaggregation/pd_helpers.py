@@ -128,7 +128,7 @@ def _launch_once(args: list[str], name: str, mode: str, env: Optional[dict], las
     pytest.fail(f"{name} server not healthy in {STARTUP_TIMEOUT_S}s; log {log}:\n{handle.log()}")
 
 
-def launch_router(prefill: Proc, decode: Proc) -> Proc:
+def launch_router(prefill: Proc, decode: Proc, extra: Optional[list[str]] = None) -> Proc:
     port = free_port()
     cmd = [
         sys.executable,
@@ -146,6 +146,7 @@ def launch_router(prefill: Proc, decode: Proc) -> Proc:
         str(port),
         "--log-level",
         "warn",
+        *(extra or []),
     ]
     proc, log = _spawn(cmd, "router")
     handle = Proc(proc, f"http://127.0.0.1:{port}", log)
