@@ -3,7 +3,8 @@ KV is re-laid out to the decode side's heads / slots, and greedy ids equal the i
 single-rank scheduler's. Tiny Llama (2 KV heads): prefill tp 1 -> decode tp 2 (each decode rank
 gets its head), prefill tp 2 -> decode tp 1 (both prefill ranks send their head), prefill cp 2 ->
 decode tp 1 (each cp rank sends the positions it stores), prefill pp 2 -> decode tp 1 (each stage
-sends its own layers, chunk by chunk, as the chunk leaves the stage); tiny DeepSeek-V3.2 with prefill cp 2 ->
+sends its own layers, chunk by chunk, as the chunk leaves the stage), prefill cp 2 x pp 2 -> decode tp 1
+(each stage's cp ranks send the positions they store of their layers); tiny DeepSeek-V3.2 with prefill cp 2 ->
 decode tp 1 (MLA latent rows and DSA index keys, prompt longer than index_topk). Prompts are
 ragged, one longer than the prefill chunk, sent at once."""
 
@@ -27,6 +28,7 @@ CONFIGS = {
     "llama-prefill_tp2-decode_tp1": (TINY_LLAMA, ["--tp-size", "2"], []),
     "llama-prefill_cp2-decode_tp1": (TINY_LLAMA, ["--cp-size", "2"], []),
     "llama-prefill_pp2-decode_tp1": (TINY_LLAMA, ["--pp-size", "2"], []),
+    "llama-prefill_cp2_pp2-decode_tp1": (TINY_LLAMA, ["--cp-size", "2", "--pp-size", "2"], []),
     "dsv32-prefill_cp2-decode_tp1": (TINY_DSV32, ["--cp-size", "2"], []),
 }
 

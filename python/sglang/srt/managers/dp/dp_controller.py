@@ -30,6 +30,7 @@ from typing import Any, Optional
 
 import zmq
 
+from sglang.srt.disaggregation.role import DisaggregationRole
 from sglang.srt.managers.io_struct import (
     AbortReq,
     DPLoadReport,
@@ -190,7 +191,7 @@ def merge_replies(replies: list[Any]) -> Any:
 class DataParallelController:
     def __init__(self, server_args: ServerArgs, port_args: PortArgs):
         self.dp_size = server_args.dp_size
-        pd = server_args.disaggregation_mode != "null"
+        pd = DisaggregationRole.of(server_args).enabled  # PD: rooms pick the replica
         self.balancer = DPBalancer(self.dp_size, server_args.load_balance_method, pd=pd)
         self.replies = ReplyCollector(self.dp_size)
         self.beats: list[Optional[SchedulerHeartbeat]] = [None] * self.dp_size
