@@ -70,6 +70,30 @@ class Proc:
         return r.json()["internal_states"]
 
 
+def dummy_args(model: str, max_total_tokens: int) -> list[str]:
+    """Server flags of a tiny model with dummy float32 weights, one thread per rank."""
+    return [
+        *("--model-path", model, "--load-format", "dummy", "--dtype", "float32"),
+        *("--num-threads", "1", "--max-total-tokens", str(max_total_tokens)),
+    ]
+
+
+def post_async(url: str, body: dict, out: dict, key: str) -> threading.Thread:
+    """POST /generate on a thread; `out[key]` = (status or None, json or the error, seconds)."""
+
+    def run() -> None:
+        t0 = time.monotonic()
+        try:
+            r = httpx.post(url + "/generate", json=body, timeout=120)
+            out[key] = (r.status_code, r.json(), time.monotonic() - t0)
+        except httpx.HTTPError as err:
+            out[key] = (None, repr(err), time.monotonic() - t0)
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t
+
+
 def _spawn(cmd: list[str], name: str, env: Optional[dict] = None) -> tuple[subprocess.Popen, str]:
     log = tempfile.NamedTemporaryFile(prefix=f"sglang-pd-{name}-", suffix=".log", delete=False)
     full_env = {**os.environ, **PD_ENV, **(env or {})}

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from pd_helpers import TINY_DSV32, launch, launch_router, post_pair, wait_kv_restored
+from pd_helpers import TINY_DSV32, dummy_args, launch, launch_router, post_pair, wait_kv_restored
 from sglang.test.scheduler_harness import SchedulerHarness
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
@@ -23,18 +23,7 @@ NEW_TOKENS = 6
 CHUNK = 64
 # ragged, one longer than index_topk (8) and one longer than a page of the default size
 PROMPTS = [list(range(5, 5 + 40)), [40, 41, 42], list(range(100, 121)), list(range(200, 213))]
-COMMON = [
-    "--model-path",
-    TINY_DSV32,
-    "--load-format",
-    "dummy",
-    "--dtype",
-    "float32",
-    "--num-threads",
-    "1",
-    "--max-total-tokens",
-    "1024",
-]
+COMMON = dummy_args(TINY_DSV32, 1024)
 DECODE_DP = ["--tp-size", "2", "--dp-size", "2", "--enable-dp-attention", "--ep-size", "2"]
 PARAMS = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
 

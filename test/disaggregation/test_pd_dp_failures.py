@@ -15,28 +15,25 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 import time
 
 import httpx
 import pytest
 
-from pd_helpers import TINY_DSV32, launch, launch_router, post_pair, wait_kv_restored, wait_until
+from pd_helpers import (
+    TINY_DSV32,
+    dummy_args,
+    launch,
+    launch_router,
+    post_async,
+    post_pair,
+    wait_kv_restored,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
-COMMON = [
-    "--model-path",
-    TINY_DSV32,
-    "--load-format",
-    "dummy",
-    "--dtype",
-    "float32",
-    "--num-threads",
-    "1",
-    "--max-total-tokens",
-    "1024",
-]
+COMMON = dummy_args(TINY_DSV32, 1024)
 DECODE_DP = ["--tp-size", "2", "--dp-size", "2", "--enable-dp-attention", "--ep-size", "2"]
 PROMPT = list(range(5, 5 + 200))
 PARAMS = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
@@ -57,20 +54,6 @@ def _room_body(prefill, room: int) -> dict:
         "bootstrap_port": prefill.bootstrap_port,
         "bootstrap_room": room,
     }
-
-
-def _post_async(url: str, body: dict, out: dict, key: str) -> threading.Thread:
-    def run() -> None:
-        t0 = time.monotonic()
-        try:
-            r = httpx.post(url + "/generate", json=body, timeout=120)
-            out[key] = (r.status_code, r.json(), time.monotonic() - t0)
-        except httpx.HTTPError as err:
-            out[key] = (None, repr(err), time.monotonic() - t0)
-
-    t = threading.Thread(target=run)
-    t.start()
-    return t
 
 
 def _replica_queue(decode, d: int) -> int:
@@ -102,12 +85,12 @@ def test_client_leaves_mid_transfer_on_replica_1(prefill):
             assert wait_until(lambda: _replica_queue(decode, 1) == 1, 30)
             assert _replica_queue(decode, 0) == 0
             if prefill_first:  # the prefill computes its 13 chunks while the client leaves
-                t_pre = _post_async(prefill.url, body, out, "prefill")
+                t_pre = post_async(prefill.url, body, out, "prefill")
                 wait_until(lambda: prefill.state()["num_running_reqs"] >= 1, 10, 0.05)
             client.close()  # the client leaves: the decode aborts the room
             if t_pre is None:
                 assert wait_until(lambda: _replica_queue(decode, 1) == 0, 30)
-                t_pre = _post_async(prefill.url, body, out, "prefill")
+                t_pre = post_async(prefill.url, body, out, "prefill")
             t_pre.join(60)
             status, result, elapsed = out["prefill"]
             assert status == 200 and elapsed < 30, out
@@ -137,10 +120,10 @@ def test_decode_killed_mid_transfer_router_answers(prefill):
         wait_kv_restored(prefill, 30)
         body = _room_body(prefill, 7)  # replica 1
         out: dict = {}
-        _post_async(decode.url, body, out, "decode")
+        post_async(decode.url, body, out, "decode")
         assert wait_until(lambda: _replica_queue(decode, 1) == 1, 30)
         decode.kill()
-        t_pre = _post_async(prefill.url, body, out, "prefill")
+        t_pre = post_async(prefill.url, body, out, "prefill")
         t_pre.join(60)
         status, result, elapsed = out["prefill"]
         reason = result["meta_info"]["finish_reason"]

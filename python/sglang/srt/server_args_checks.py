@@ -114,10 +114,10 @@ def _validate_disaggregation(args: Any) -> None:
             "--disaggregation-mode prefill with --dp-size > 1 / --enable-dp-attention is not supported yet "
             "(attention DP works on the decode side; split a prefill prompt with --cp-size instead)"
         )
-    if args.disaggregation_mode == "decode" and args.pp_size > 1:
+    if args.disaggregation_mode == "decode" and args.pp_size > 1 and args.dp_size > 1:
         raise ValueError(
-            "--disaggregation-mode decode with --pp-size > 1 is not supported yet (use --tp-size or "
-            "--dp-size with --enable-dp-attention on the decode side)"
+            "--disaggregation-mode decode with --pp-size > 1 and --dp-size > 1 together is not supported "
+            "yet (each works alone)"
         )
 
 

@@ -123,7 +123,7 @@ class DecodeDisaggregation(Disaggregation):
             if poll == KVPoll.Failed:
                 self._fail(entry, done)
             elif poll >= KVPoll.WaitingForInput and not blocked and self._allocate(entry, running):
-                entry.receiver.send_metadata(self._slots(entry.req))
+                entry.receiver.send_metadata(self._slots(entry.req), row=entry.req.req_pool_idx)
                 self.transfer.append(entry)
             else:
                 blocked = blocked or poll >= KVPoll.WaitingForInput
