@@ -4,6 +4,7 @@ their KV counts, send a request the way the router does (to both servers, same r
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -192,6 +193,26 @@ def launch_router(prefill: Proc, decode: Proc, extra: Optional[list[str]] = None
         handle.kill()
         pytest.fail(f"router never served a request; log {log}:\n{handle.log()}")
     return handle
+
+
+@contextlib.contextmanager
+def router_stack(common: list[str], chunk: int, decode_args: tuple = (), prefix: str = ""):
+    """A colocated reference server, a prefill server (chunked prefill), a decode server
+    (`decode_args` added) and sglang-router in front of the pair; all stopped afterwards."""
+    started = []
+    try:
+        ref = launch(common, f"{prefix}colocated")
+        started.append(ref)
+        prefill = launch([*common, "--chunked-prefill-size", str(chunk)], f"{prefix}prefill", mode="prefill")
+        started.append(prefill)
+        decode = launch([*common, *decode_args], f"{prefix}decode", mode="decode")
+        started.append(decode)
+        router = launch_router(prefill, decode)
+        started.append(router)
+        yield {"ref": ref, "prefill": prefill, "decode": decode, "router": router}
+    finally:
+        for p in reversed(started):
+            p.stop()
 
 
 def kv_counts(server: Proc) -> tuple[int, int]:
