@@ -4,6 +4,7 @@ their KV counts, send a request the way the router does (to both servers, same r
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -61,9 +62,37 @@ class Proc:
                 self.kill()
 
     def state(self) -> dict:
+        return self.states()[0]
+
+    def states(self) -> list[dict]:
+        """One internal state per attention-DP replica (one in all without DP)."""
         r = httpx.get(self.url + "/get_server_info", timeout=30)
         assert r.status_code == 200, r.text
-        return r.json()["internal_states"][0]
+        return r.json()["internal_states"]
+
+
+def dummy_args(model: str, max_total_tokens: int) -> list[str]:
+    """Server flags of a tiny model with dummy float32 weights, one thread per rank."""
+    return [
+        *("--model-path", model, "--load-format", "dummy", "--dtype", "float32"),
+        *("--num-threads", "1", "--max-total-tokens", str(max_total_tokens)),
+    ]
+
+
+def post_async(url: str, body: dict, out: dict, key: str) -> threading.Thread:
+    """POST /generate on a thread; `out[key]` = (status or None, json or the error, seconds)."""
+
+    def run() -> None:
+        t0 = time.monotonic()
+        try:
+            r = httpx.post(url + "/generate", json=body, timeout=120)
+            out[key] = (r.status_code, r.json(), time.monotonic() - t0)
+        except httpx.HTTPError as err:
+            out[key] = (None, repr(err), time.monotonic() - t0)
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t
 
 
 def _spawn(cmd: list[str], name: str, env: Optional[dict] = None) -> tuple[subprocess.Popen, str]:
@@ -124,7 +153,7 @@ def _launch_once(args: list[str], name: str, mode: str, env: Optional[dict], las
     pytest.fail(f"{name} server not healthy in {STARTUP_TIMEOUT_S}s; log {log}:\n{handle.log()}")
 
 
-def launch_router(prefill: Proc, decode: Proc) -> Proc:
+def launch_router(prefill: Proc, decode: Proc, extra: Optional[list[str]] = None) -> Proc:
     port = free_port()
     cmd = [
         sys.executable,
@@ -142,6 +171,7 @@ def launch_router(prefill: Proc, decode: Proc) -> Proc:
         str(port),
         "--log-level",
         "warn",
+        *(extra or []),
     ]
     proc, log = _spawn(cmd, "router")
     handle = Proc(proc, f"http://127.0.0.1:{port}", log)
@@ -165,38 +195,66 @@ def launch_router(prefill: Proc, decode: Proc) -> Proc:
     return handle
 
 
+@contextlib.contextmanager
+def router_stack(common: list[str], chunk: int, decode_args: tuple = (), prefix: str = ""):
+    """A colocated reference server, a prefill server (chunked prefill), a decode server
+    (`decode_args` added) and sglang-router in front of the pair; all stopped afterwards."""
+    started = []
+    try:
+        ref = launch(common, f"{prefix}colocated")
+        started.append(ref)
+        prefill = launch([*common, "--chunked-prefill-size", str(chunk)], f"{prefix}prefill", mode="prefill")
+        started.append(prefill)
+        decode = launch([*common, *decode_args], f"{prefix}decode", mode="decode")
+        started.append(decode)
+        router = launch_router(prefill, decode)
+        started.append(router)
+        yield {"ref": ref, "prefill": prefill, "decode": decode, "router": router}
+    finally:
+        for p in reversed(started):
+            p.stop()
+
+
 def kv_counts(server: Proc) -> tuple[int, int]:
     """(free + evictable KV tokens, pool size) once the server is idle (nothing queued anywhere)."""
     s = server.state()
     return s["available_kv_tokens"], s["max_total_num_tokens"]
 
 
+def _idle(state: dict) -> bool:
+    queued = sum(v for k, v in state.items() if k.startswith("pd_") and k.endswith(("queue", "draining")))
+    return (
+        state["available_kv_tokens"] == state["max_total_num_tokens"]
+        and queued == 0
+        and state["num_running_reqs"] == 0
+        and state["num_waiting_reqs"] == 0
+    )
+
+
 def wait_kv_restored(server: Proc, timeout: float) -> dict:
-    """Wait until every KV slot is free or evictable again and nothing is queued; returns the state."""
-    state: dict = {}
+    """Wait until every KV slot of every attention-DP replica is free or evictable again and nothing
+    is queued; returns the (first replica's) state."""
+    states: list[dict] = []
 
     def restored() -> bool:
-        nonlocal state
-        state = server.state()
-        queued = sum(v for k, v in state.items() if k.startswith("pd_") and k.endswith(("queue", "draining")))
-        return (
-            state["available_kv_tokens"] == state["max_total_num_tokens"]
-            and queued == 0
-            and state["num_running_reqs"] == 0
-            and state["num_waiting_reqs"] == 0
-        )
+        nonlocal states
+        states = server.states()
+        return all(_idle(s) for s in states)
 
-    assert wait_until(restored, timeout), f"KV not restored within {timeout}s: {state}"
-    return state
+    assert wait_until(restored, timeout), f"KV not restored within {timeout}s: {states}"
+    return states[0]
 
 
-def post_pair(prefill: Proc, decode: Proc, body: dict, timeout: float = 120) -> tuple[dict, dict]:
-    """What the router does: the same request, with one room, to both servers at once."""
+def post_pair(
+    prefill: Proc, decode: Proc, body: dict, timeout: float = 120, room: Optional[int] = None
+) -> tuple[dict, dict]:
+    """What the router does: the same request, with one room (random unless given), to both
+    servers at once."""
     body = {
         **body,
         "bootstrap_host": "127.0.0.1",
         "bootstrap_port": prefill.bootstrap_port,
-        "bootstrap_room": random.getrandbits(63),
+        "bootstrap_room": random.getrandbits(63) if room is None else room,
     }
     out: dict = {}
 

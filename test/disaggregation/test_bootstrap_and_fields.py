@@ -92,8 +92,15 @@ def test_bootstrap_fields_checked():
             "--disaggregation-bootstrap-port",
         ),
         (dict(disaggregation_mode="prefill", disaggregation_bootstrap_port=30000), "must differ from --port"),
-        (dict(disaggregation_mode="decode", pp_size=2), "decode with --pp-size"),
-        (dict(disaggregation_mode="prefill", enable_dp_attention=True), "--enable-dp-attention"),
+        (
+            dict(disaggregation_mode="decode", tp_size=2, pp_size=2, dp_size=2, enable_dp_attention=True),
+            "decode with --pp-size > 1 and --dp-size > 1",
+        ),
+        (dict(disaggregation_mode="prefill", enable_dp_attention=True), "prefill with --dp-size"),
+        (
+            dict(disaggregation_mode="prefill", tp_size=2, dp_size=2, enable_dp_attention=True),
+            "prefill with --dp-size",
+        ),
     ],
 )
 def test_bad_disaggregation_flags_are_clear_errors(kwargs, match):
@@ -101,6 +108,17 @@ def test_bad_disaggregation_flags_are_clear_errors(kwargs, match):
 
     with pytest.raises(ValueError, match=match):
         ServerArgs(**kwargs).validate()
+
+
+def test_decode_with_attention_dp_is_accepted():
+    """The seeds' decode layout (dp attention + ep), decode pp, prefill cp x pp validate; prefill dp
+    and decode pp x dp are refused by name (above)."""
+    from sglang.srt.server_args import ServerArgs
+
+    args = ServerArgs(disaggregation_mode="decode", tp_size=2, dp_size=2, enable_dp_attention=True, ep_size=2)
+    args.validate()
+    ServerArgs(disaggregation_mode="prefill", cp_size=2, pp_size=2).validate()
+    ServerArgs(disaggregation_mode="decode", pp_size=2).validate()
 
 
 def test_upstream_flag_names_and_defaults():

@@ -47,9 +47,11 @@ def test_null_mode_builds_the_null_component_without_touching_the_rank():
 
 
 @pytest.mark.parametrize(
-    "args", [_args("null", "mooncake"), _args("decode", "mooncake"), _args("prefill", "fake")]
+    "args", [_args("null", "mooncake"), _args("decode", "fake"), _args("prefill", "fake")]
 )
-def test_no_stage_transfer_unless_a_prefill_server_moves_kv(args):
+def test_no_stage_transfer_unless_a_pd_server_moves_kv(args):
+    """Later pipeline stages send (prefill) or receive (decode, test_pd_heterogeneous.py's decode
+    pp 2) their layers' KV only with a backend that moves KV."""
     assert create_stage_transfer(args, groups=None, runner=None) is None
 
 

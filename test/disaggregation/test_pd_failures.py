@@ -12,33 +12,18 @@ Afterwards the surviving server reports its initial KV free count."""
 from __future__ import annotations
 
 import random
-import threading
 import time
 
 import httpx
 import pytest
 
-from pd_helpers import TINY_LLAMA, launch, post_pair, wait_kv_restored, wait_until
+from pd_helpers import TINY_LLAMA, launch, post_async, post_pair, wait_kv_restored, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 ARGS = ["--model-path", TINY_LLAMA, "--load-format", "dummy", "--dtype", "float32", "--num-threads", "1"]
 PROMPT = list(range(5, 5 + 300))
 BODY = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}}
-
-
-def _post_async(url: str, body: dict, out: dict, key: str) -> threading.Thread:
-    def run() -> None:
-        t0 = time.monotonic()
-        try:
-            r = httpx.post(url + "/generate", json=body, timeout=120)
-            out[key] = (r.status_code, r.json(), time.monotonic() - t0)
-        except httpx.HTTPError as err:
-            out[key] = (None, repr(err), time.monotonic() - t0)
-
-    t = threading.Thread(target=run)
-    t.start()
-    return t
 
 
 def _room_body(prefill) -> dict:
@@ -61,12 +46,12 @@ def test_pair_works_then_decode_killed_mid_transfer():
 
         body = _room_body(prefill)
         out: dict = {}
-        t_dec = _post_async(decode.url, body, out, "decode")
+        t_dec = post_async(decode.url, body, out, "decode")
         # the decode side has allocated and sent its KV addresses: kill it before the prefill runs
         assert wait_until(lambda: decode.state()["pd_transfer_queue"] == 1, 30)
         decode.kill()
         t0 = time.monotonic()
-        t_pre = _post_async(prefill.url, body, out, "prefill")
+        t_pre = post_async(prefill.url, body, out, "prefill")
         t_pre.join(60)
         t_dec.join(5)
         status, result, _ = out["prefill"]
@@ -87,7 +72,7 @@ def test_prefill_killed_while_decode_waits():
         initial = decode.state()["available_kv_tokens"]
         body = _room_body(prefill)
         out: dict = {}
-        t_dec = _post_async(decode.url, body, out, "decode")  # its prefill half is never sent
+        t_dec = post_async(decode.url, body, out, "decode")  # its prefill half is never sent
         assert wait_until(lambda: decode.state()["pd_transfer_queue"] == 1, 30)
         assert decode.state()["available_kv_tokens"] < initial  # pre-allocated
         prefill.kill()
@@ -99,7 +84,7 @@ def test_prefill_killed_while_decode_waits():
         assert elapsed < 20  # heartbeat 1 s x 2, not the 20 s waiting timeout
         wait_kv_restored(decode, 20)
         # a new request for the dead prefill server fails fast too, and leaks nothing
-        t_dec = _post_async(decode.url, _room_body(prefill), out, "again")
+        t_dec = post_async(decode.url, _room_body(prefill), out, "again")
         t_dec.join(60)
         assert out["again"][1]["meta_info"]["finish_reason"]["type"] == "abort"
         wait_kv_restored(decode, 20)
@@ -114,9 +99,9 @@ def test_missing_half_times_out_on_both_sides():
     try:
         out: dict = {}
         # prefill half only: no decode ever sends KV addresses -> bootstrap timeout on the prefill
-        t1 = _post_async(prefill.url, _room_body(prefill), out, "prefill")
+        t1 = post_async(prefill.url, _room_body(prefill), out, "prefill")
         # decode half only: the prefill never computes it -> waiting timeout on the decode
-        t2 = _post_async(decode.url, _room_body(prefill), out, "decode")
+        t2 = post_async(decode.url, _room_body(prefill), out, "decode")
         t1.join(60)
         t2.join(60)
         for key, word in (("prefill", "BOOTSTRAP_TIMEOUT"), ("decode", "WAITING_TIMEOUT")):

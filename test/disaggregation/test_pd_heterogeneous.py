@@ -3,7 +3,10 @@ KV is re-laid out to the decode side's heads / slots, and greedy ids equal the i
 single-rank scheduler's. Tiny Llama (2 KV heads): prefill tp 1 -> decode tp 2 (each decode rank
 gets its head), prefill tp 2 -> decode tp 1 (both prefill ranks send their head), prefill cp 2 ->
 decode tp 1 (each cp rank sends the positions it stores), prefill pp 2 -> decode tp 1 (each stage
-sends its own layers, chunk by chunk, as the chunk leaves the stage); tiny DeepSeek-V3.2 with prefill cp 2 ->
+sends its own layers, chunk by chunk, as the chunk leaves the stage), prefill cp 2 x pp 2 -> decode tp 1
+(each stage's cp ranks send the positions they store of their layers), prefill tp 1 / cp 2 -> decode
+pp 2 (each decode stage receives its own layers, into the slots stage 0 allocated, its row mirrored
+before any KV comes); tiny DeepSeek-V3.2 with prefill cp 2 ->
 decode tp 1 (MLA latent rows and DSA index keys, prompt longer than index_topk). Prompts are
 ragged, one longer than the prefill chunk, sent at once."""
 
@@ -13,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from pd_helpers import TINY_DSV32, TINY_LLAMA, launch, post_pair, wait_kv_restored
+from pd_helpers import TINY_DSV32, TINY_LLAMA, dummy_args, launch, post_pair, wait_kv_restored
 from sglang.test.scheduler_harness import SchedulerHarness
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
@@ -27,6 +30,9 @@ CONFIGS = {
     "llama-prefill_tp2-decode_tp1": (TINY_LLAMA, ["--tp-size", "2"], []),
     "llama-prefill_cp2-decode_tp1": (TINY_LLAMA, ["--cp-size", "2"], []),
     "llama-prefill_pp2-decode_tp1": (TINY_LLAMA, ["--pp-size", "2"], []),
+    "llama-prefill_cp2_pp2-decode_tp1": (TINY_LLAMA, ["--cp-size", "2", "--pp-size", "2"], []),
+    "llama-prefill_tp1-decode_pp2": (TINY_LLAMA, [], ["--pp-size", "2"]),
+    "llama-prefill_cp2-decode_pp2": (TINY_LLAMA, ["--cp-size", "2"], ["--pp-size", "2"]),
     "dsv32-prefill_cp2-decode_tp1": (TINY_DSV32, ["--cp-size", "2"], []),
 }
 
@@ -47,18 +53,7 @@ def _reference(model: str) -> list[list[int]]:
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_heterogeneous_layout_matches_single_rank(name):
     model, prefill_args, decode_args = CONFIGS[name]
-    common = [
-        "--model-path",
-        model,
-        "--load-format",
-        "dummy",
-        "--dtype",
-        "float32",
-        "--num-threads",
-        "1",
-        "--max-total-tokens",
-        "2048",
-    ]
+    common = dummy_args(model, 2048)
     prefill = launch(
         [*common, "--chunked-prefill-size", CHUNK, *prefill_args], f"{name}-prefill", mode="prefill"
     )

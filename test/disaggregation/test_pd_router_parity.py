@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from pd_helpers import launch, launch_router, wait_kv_restored
+from pd_helpers import router_stack, wait_kv_restored
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -31,20 +31,8 @@ GREEDY = {"max_new_tokens": 10, "temperature": 0, "ignore_eos": True}
 
 @pytest.fixture(scope="module")
 def servers():
-    started = []
-    try:
-        ref = launch(COMMON, "colocated")
-        started.append(ref)
-        prefill = launch([*COMMON, "--chunked-prefill-size", str(CHUNK)], "prefill", mode="prefill")
-        started.append(prefill)
-        decode = launch(COMMON, "decode", mode="decode")
-        started.append(decode)
-        router = launch_router(prefill, decode)
-        started.append(router)
-        yield {"ref": ref, "prefill": prefill, "decode": decode, "router": router}
-    finally:
-        for p in reversed(started):
-            p.stop()
+    with router_stack(COMMON, CHUNK) as stack:
+        yield stack
 
 
 def _generate(url: str, text: str, stream: bool = False) -> list[int]:

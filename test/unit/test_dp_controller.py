@@ -30,6 +30,16 @@ def test_round_robin_and_auto():
         assert [b.pick(10) for _ in range(7)] == [0, 1, 2, 0, 1, 2, 0]
 
 
+def test_follow_bootstrap_room_and_auto_on_pd_servers():
+    """PD (upstream's follow_bootstrap_room): replica = room % dp_size, so both sides of the
+    transfer know the replica from the room; `auto` picks it on a PD server only."""
+    for b in (DPBalancer(3, "follow_bootstrap_room"), DPBalancer(3, "auto", pd=True)):
+        assert [b.pick(10, room) for room in (7, 8, 9, 2**62 + 1, 3)] == [1, 2, 0, (2**62 + 1) % 3, 0]
+        assert [b.pick(10) for _ in range(4)] == [0, 1, 2, 0]  # no room (not a PD request): in turn
+    b = DPBalancer(2, "auto")
+    assert [b.pick(1, room) for room in (1, 1)] == [0, 1]  # a normal server: round robin
+
+
 def test_total_requests_counts_requests_in_transit():
     b = DPBalancer(2, "total_requests")
     assert b.pick(5) == 0  # tie: lowest rank

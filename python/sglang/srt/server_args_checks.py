@@ -129,13 +129,16 @@ def _validate_disaggregation(args: Any) -> None:
         raise ValueError(
             "--num-reserved-decode-tokens must be >= 0 and --disaggregation-decode-polling-interval >= 1"
         )
-    if args.dp_size > 1 or args.enable_dp_attention:
+    # decode: attention DP (each replica a decode endpoint, rooms routed by bootstrap_room % dp)
+    if args.disaggregation_mode == "prefill" and (args.dp_size > 1 or args.enable_dp_attention):
         raise ValueError(
-            "--disaggregation-mode with --dp-size > 1 / --enable-dp-attention is not supported yet"
+            "--disaggregation-mode prefill with --dp-size > 1 / --enable-dp-attention is not supported yet "
+            "(attention DP works on the decode side; split a prefill prompt with --cp-size instead)"
         )
-    if args.disaggregation_mode == "decode" and args.pp_size > 1:
+    if args.disaggregation_mode == "decode" and args.pp_size > 1 and args.dp_size > 1:
         raise ValueError(
-            "--disaggregation-mode decode with --pp-size > 1 is not supported (use tp on the decode side)"
+            "--disaggregation-mode decode with --pp-size > 1 and --dp-size > 1 together is not supported "
+            "yet (each works alone)"
         )
 
 

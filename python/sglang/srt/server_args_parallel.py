@@ -47,10 +47,11 @@ class ParallelArgs:
     )
     load_balance_method: str = arg(
         "auto",
-        "How the data-parallel controller picks a replica for a request: round_robin, total_requests (fewest "
-        "running + waiting), total_tokens (fewest KV + waiting prompt tokens); auto = round_robin.",
+        "How the data-parallel controller picks a replica for a request: round_robin, follow_bootstrap_room "
+        "(PD: bootstrap_room % dp_size), total_requests (fewest running + waiting), total_tokens (fewest KV + "
+        "waiting prompt tokens); auto = follow_bootstrap_room on a PD server, else round_robin.",
         G_DP,
-        choices=["auto", "round_robin", "total_requests", "total_tokens"],
+        choices=["auto", "round_robin", "follow_bootstrap_room", "total_requests", "total_tokens"],
     )
 
     # ------------------------------------------------------------------ multi-node

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import socket
 
+import numpy as np
 import torch
 
 from sglang.srt.disaggregation.base.conn import RankPlace
@@ -38,7 +39,19 @@ def rank_place(groups) -> RankPlace:
         cp_size=groups.attn_cp.size,
         pp_rank=groups.pp.rank,
         pp_size=groups.pp.size,
+        dp_rank=groups.dp_rank,
+        dp_size=groups.layout.attn_dp,
     )
+
+
+def own_shard(cp_mapping, cp_rank: int, positions: np.ndarray, slots: np.ndarray):
+    """The prompt positions this CP rank stores and their physical slots, from the request's
+    virtual slots (`cp_mapping`: the runner's CPSlotMapping; None without CP: everything)."""
+    if cp_mapping is None:
+        return positions, slots
+    virt = torch.from_numpy(slots)
+    own = cp_mapping.owner(virt) == cp_rank
+    return positions[own.numpy()], cp_mapping.local_slot(virt[own]).numpy().astype(np.int64)
 
 
 def kv_kind(pool) -> str:

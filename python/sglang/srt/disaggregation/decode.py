@@ -60,6 +60,7 @@ class DecodeDisaggregation(Disaggregation):
         self.transfer: list[_Entry] = []
         self.draining: list[_Entry] = []
         self.num_failed = 0
+        self.num_landed = 0  # requests whose KV and first token arrived (per attention-DP replica)
         self._steps = 0
 
     # ------------------------------------------------------------------ admission
@@ -93,7 +94,7 @@ class DecodeDisaggregation(Disaggregation):
         if self.prealloc:
             self._step_prealloc(running, done)
         if self.transfer:
-            polls = agree(self.groups.tp, [int(e.receiver.poll()) for e in self.transfer])
+            polls = agree(self.groups.replica, [int(e.receiver.poll()) for e in self.transfer])
             keep = []
             for entry, poll in zip(self.transfer, polls):
                 if poll == KVPoll.Success:
@@ -105,7 +106,7 @@ class DecodeDisaggregation(Disaggregation):
                     keep.append(entry)
             self.transfer = keep
         if self.draining:
-            flags = agree(self.groups.tp, [int(e.receiver.drained) for e in self.draining])
+            flags = agree(self.groups.replica, [int(e.receiver.drained) for e in self.draining])
             keep = []
             for entry, drained in zip(self.draining, flags):
                 if drained:
@@ -116,14 +117,14 @@ class DecodeDisaggregation(Disaggregation):
         return Moves(to_running=ready, finished=done)
 
     def _step_prealloc(self, running: list[Req], done: list[Req]) -> None:
-        polls = agree(self.groups.tp, [int(e.receiver.poll()) for e in self.prealloc])
+        polls = agree(self.groups.replica, [int(e.receiver.poll()) for e in self.prealloc])
         keep = []
         blocked = False  # first come, first served: a request that does not fit blocks the rest
         for entry, poll in zip(self.prealloc, polls):
             if poll == KVPoll.Failed:
                 self._fail(entry, done)
             elif poll >= KVPoll.WaitingForInput and not blocked and self._allocate(entry, running):
-                entry.receiver.send_metadata(self._slots(entry.req))
+                entry.receiver.send_metadata(self._slots(entry.req), row=entry.req.req_pool_idx)
                 self.transfer.append(entry)
             else:
                 blocked = blocked or poll >= KVPoll.WaitingForInput
@@ -174,6 +175,7 @@ class DecodeDisaggregation(Disaggregation):
         req.kv_len = len(req.origin_input_ids)
         req.output_ids.append(int(first.token_id))
         land_logprobs(req, first)
+        self.num_landed += 1
         self._release_receiver(entry)
 
     def _fail(self, entry: _Entry, done: list[Req]) -> None:
@@ -252,4 +254,5 @@ class DecodeDisaggregation(Disaggregation):
             "pd_transfer_queue": len(self.transfer),
             "pd_draining": len(self.draining),
             "pd_failed_transfers": self.num_failed,
+            "pd_landed": self.num_landed,
         }

@@ -22,7 +22,7 @@ from sglang.srt.disaggregation.base.conn import BaseKVSender, BasePrefillKVManag
 from sglang.srt.disaggregation.base.kv_poll import KVPoll
 from sglang.srt.disaggregation.base.messages import FirstToken
 from sglang.srt.disaggregation.first_token import first_token_of
-from sglang.srt.disaggregation.common import agree, rank_place
+from sglang.srt.disaggregation.common import agree, own_shard, rank_place
 from sglang.srt.disaggregation.component import HELD, Admission, Disaggregation, Moves, OutputSink
 from sglang.srt.disaggregation.messages import FAKE_BOOTSTRAP_HOST
 from sglang.srt.managers.scheduler.schedule_batch import Req, ScheduleBatch
@@ -95,7 +95,7 @@ class PrefillDisaggregation(Disaggregation):
         ready: list[Req] = []
         done: list[Req] = []
         if self.bootstrap_queue:
-            polls = agree(self.groups.tp, [int(e.sender.poll()) for e in self.bootstrap_queue])
+            polls = agree(self.groups.replica, [int(e.sender.poll()) for e in self.bootstrap_queue])
             keep = []
             for entry, poll in zip(self.bootstrap_queue, polls):
                 if poll == KVPoll.Failed:
@@ -106,7 +106,7 @@ class PrefillDisaggregation(Disaggregation):
                     keep.append(entry)
             self.bootstrap_queue = keep
         if self.inflight:
-            polls = agree(self.groups.tp, [int(e.sender.poll()) for e in self.inflight])
+            polls = agree(self.groups.replica, [int(e.sender.poll()) for e in self.inflight])
             keep = []
             for entry, poll in zip(self.inflight, polls):
                 if poll == KVPoll.Success:
@@ -148,16 +148,8 @@ class PrefillDisaggregation(Disaggregation):
                 continue
             positions = np.arange(entry.sent, upto, dtype=np.int64)
             slots = self.req_to_token[entry.req.req_pool_idx, entry.sent : upto].numpy().astype(np.int64)
-            if self.cp_mapping is not None:  # this cp rank's shard: the positions it owns
-                import torch
-
-                virt = torch.from_numpy(slots)
-                own = (self.cp_mapping.owner(virt) == self.place.cp_rank).numpy()
-                positions, slots = (
-                    positions[own],
-                    self.cp_mapping.local_slot(virt[torch.from_numpy(own)]).numpy(),
-                )
-            entry.sender.send(positions, slots)
+            # under CP: this cp rank's shard, the positions it stores
+            entry.sender.send(*own_shard(self.cp_mapping, self.place.cp_rank, positions, slots))
             entry.sent = upto
 
     def take_over(self, req: Req, logprob: Optional[float], top: Optional[list]) -> bool:

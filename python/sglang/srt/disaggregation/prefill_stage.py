@@ -18,6 +18,7 @@ import numpy as np
 
 from sglang.srt.disaggregation.base.conn import BaseKVSender, BasePrefillKVManager
 from sglang.srt.disaggregation.base.kv_poll import KVPoll
+from sglang.srt.disaggregation.common import own_shard
 
 logger = logging.getLogger(__name__)
 
@@ -25,8 +26,10 @@ logger = logging.getLogger(__name__)
 class StagePrefillTransfer:
     """`manager`: this rank's transfer manager (factory.create_stage_transfer builds it)."""
 
-    def __init__(self, runner, manager: BasePrefillKVManager):
+    def __init__(self, runner, manager: BasePrefillKVManager, cp_rank: int = 0):
         self.req_to_token = runner.req_to_token_pool.req_to_token
+        self.cp_mapping = runner.cp.mapping if runner.cp is not None else None
+        self.cp_rank = cp_rank
         self.page = runner.kv_page_size
         self.manager = manager
         self.senders: dict[int, tuple[BaseKVSender, list]] = {}  # room -> (sender, [positions sent])
@@ -51,7 +54,9 @@ class StagePrefillTransfer:
             if upto > sent[0]:
                 row = wb.req_pool_indices[i]
                 slots = self.req_to_token[row, sent[0] : upto].numpy().astype(np.int64)
-                sender.send(np.arange(sent[0], upto, dtype=np.int64), slots)
+                positions = np.arange(sent[0], upto, dtype=np.int64)
+                # under CP: this cp rank's shard, the positions it stores (as stage 0 does)
+                sender.send(*own_shard(self.cp_mapping, self.cp_rank, positions, slots))
                 sent[0] = upto
             if last:
                 sender.finish(None)

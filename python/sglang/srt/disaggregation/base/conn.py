@@ -142,8 +142,10 @@ class BaseKVReceiver(ABC):
         """The transfer's state (applies the bootstrap / waiting timeouts)."""
 
     @abstractmethod
-    def send_metadata(self, dst_slots: np.ndarray) -> None:
-        """Tell every prefill rank where this rank's KV of the prompt goes."""
+    def send_metadata(self, dst_slots: np.ndarray, row: int = -1) -> None:
+        """Tell every prefill rank where this rank's KV of the prompt goes (and, with decode
+        pipeline stages, where the later stages' ranks keep it: the same slots of their pools, the
+        request's `row` of their req_to_token mirrors)."""
 
     @abstractmethod
     def abort(self, reason: str) -> None:
@@ -188,6 +190,19 @@ class BaseDecodeKVManager(BaseKVManager):
     @abstractmethod
     def create_receiver(self, room: int, bootstrap_url: str) -> BaseKVReceiver:
         """ValueError when `room` is already in use on this rank."""
+
+    # Decode pipeline stages (--pp-size > 1): stage 0's rank asks the same tp rank of every later
+    # stage to receive that stage's layers; a backend without peers ignores all three.
+    def stage_address(self) -> Optional[str]:
+        """How stage 0's rank reaches this rank (None: nothing to reach)."""
+        return None
+
+    def set_later_stages(self, addresses: list[Optional[str]]) -> None:
+        """(stage 0) The `stage_address` of this tp rank on stages 1, 2, ..."""
+
+    def set_row_writer(self, writer: Callable[[int, np.ndarray], None]) -> None:
+        """(stage k > 0) `writer(row, slots)` mirrors a received prompt's slots into this stage's
+        req_to_token row before any KV can arrive."""
 
 
 class KVBackend(ABC):

@@ -77,7 +77,7 @@ class FakeKVReceiver(BaseKVReceiver):
     def poll(self) -> KVPoll:
         return self.state.poll()
 
-    def send_metadata(self, dst_slots: np.ndarray) -> None:
+    def send_metadata(self, dst_slots: np.ndarray, row: int = -1) -> None:
         if self.state.poll() == KVPoll.Bootstrapping:
             raise RuntimeError("send_metadata before init")
         self.first_token = FirstToken(0)

@@ -16,6 +16,10 @@ Protocol (one request, "room"):
     the first token, report `TransferDone` (the entry rank adds the first token);
  3. decode rank: Success once every prefill rank reported; it answers `TransferComplete(ok)` and
     the prefill ranks may free their KV (Success there).
+With decode pipeline stages, step 1 is stage 0's: it first sends `StageKVRequest` to the same tp
+rank of each later stage, which mirrors the row and sends its own `DecodeKVRequest` (reports to
+stage 0); a prefill rank waits for tp × pp decode requests, and stage 0 needs every (prefill rank,
+decode stage) `TransferDone` before Success.
 Failures: any side fails the room and tells the other (`TransferDone(ok=False)` /
 `TransferComplete(ok=False)`). A prefill rank acknowledges a decode-side failure only after its
 last write of that room, so the decode side frees its slots only when nothing can still land in

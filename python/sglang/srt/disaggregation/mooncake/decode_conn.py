@@ -15,7 +15,12 @@ from sglang.srt.disaggregation.base.conn import BaseDecodeKVManager, BaseKVRecei
 from sglang.srt.disaggregation.base.kv_poll import KVPoll, TransferState
 from sglang.srt.disaggregation.base.messages import FirstToken, PrefillTopology
 from sglang.srt.disaggregation.mooncake.data_plane import DataPlane
-from sglang.srt.disaggregation.mooncake.messages import DecodeKVRequest, TransferComplete, TransferDone
+from sglang.srt.disaggregation.mooncake.messages import (
+    DecodeKVRequest,
+    StageKVRequest,
+    TransferComplete,
+    TransferDone,
+)
 from sglang.srt.disaggregation.mooncake.transport import MooncakeKVManager
 
 logger = logging.getLogger(__name__)
@@ -30,8 +35,8 @@ class MooncakeKVReceiver(BaseKVReceiver):
         self.bootstrap_url = bootstrap_url
         self.state = TransferState(room)
         self.topology: Optional[PrefillTopology] = None
-        self.dones: dict[tuple, TransferDone] = {}
-        self.acked: set[tuple] = set()  # prefill ranks that will not write any more
+        self.dones: dict[tuple, TransferDone] = {}  # by (prefill rank key, decode stage key)
+        self.acked: set[tuple] = set()  # (prefill rank, decode stage) pairs that will not write any more
         self.meta_sent = False
         self.first_token: Optional[FirstToken] = None
         self.failed_at: Optional[float] = None
@@ -59,19 +64,41 @@ class MooncakeKVReceiver(BaseKVReceiver):
                 )
         return self.state.poll()
 
-    def send_metadata(self, dst_slots: np.ndarray) -> None:
+    @property
+    def expected_parts(self) -> int:
+        """TransferDones that make the room whole: one per prefill rank and decode stage."""
+        return len(self.topology.ranks) * (1 + len(self.mgr.later_stages))
+
+    def send_metadata(self, dst_slots: np.ndarray, row: int = -1) -> None:
         assert self.topology is not None, "send_metadata before the prefill ranks are known"
         mgr = self.mgr
+        pp_size = 1 + len(mgr.later_stages)
+        dst_slots = np.asarray(dst_slots, dtype=np.int64)
+        stage = StageKVRequest(
+            self.room,
+            row,
+            dst_slots,
+            [r.endpoint for r in self.topology.ranks],
+            mgr.endpoint,
+            mgr.place.tp_size,
+            pp_size,
+            time.time(),
+        )
+        for address in mgr.later_stages:  # before any prefill rank can answer this stage's request
+            if not mgr.outbox.send(address, stage):
+                self.fail(f"cannot reach decode pipeline stage rank at {address}", notify=False)
+                return
         req = DecodeKVRequest(
             room=self.room,
             decode_rank=mgr.place.tp_rank,
             decode_tp_size=mgr.place.tp_size,
             status_endpoint=mgr.endpoint,
             session_id=mgr.data_plane.session_id,
-            dst_slots=np.asarray(dst_slots, dtype=np.int64),
+            dst_slots=dst_slots,
             regions=mgr.regions,
             kv_dtype=mgr.kv_dtype,
             wall_time=time.time(),
+            decode_pp_size=pp_size,
         )
         self.meta_sent = True
         for rank in self.topology.ranks:
@@ -101,7 +128,7 @@ class MooncakeKVReceiver(BaseKVReceiver):
             return True
         if self.state.poll() == KVPoll.Success:
             return True
-        if len(self.acked) >= len(self.topology.ranks) or self.mgr.is_dead(self.bootstrap_url):
+        if len(self.acked) >= self.expected_parts or self.mgr.is_dead(self.bootstrap_url):
             return True
         return self.failed_at is not None and time.monotonic() - self.failed_at > self.mgr.timeouts.waiting_s
 
@@ -110,16 +137,17 @@ class MooncakeKVReceiver(BaseKVReceiver):
 
     # -------------------------------------------------------------- recv thread
     def on_done(self, msg: TransferDone) -> None:
-        self.acked.add(msg.prefill_key)
+        part = (msg.prefill_key, msg.decode_key)
+        self.acked.add(part)
         if not msg.ok:
             self.fail(f"the prefill server failed the transfer: {msg.error}", notify=False)
             return
-        self.dones[msg.prefill_key] = msg
+        self.dones[part] = msg
         if msg.first_token is not None:
             self.first_token = msg.first_token
         if self.state.poll() == KVPoll.WaitingForInput:
             self.state.advance(KVPoll.Transferring)
-        if self.topology is not None and len(self.dones) == len(self.topology.ranks):
+        if self.topology is not None and len(self.dones) == self.expected_parts:
             if self.first_token is None:
                 self.fail("the prefill server sent no first token")
                 return
@@ -137,6 +165,8 @@ class MooncakeDecodeKVManager(MooncakeKVManager, BaseDecodeKVManager):
         self.failures: dict[str, int] = {}  # bootstrap url -> failed heartbeats in a row
         self.dead: set[str] = set()
         self.lookups: queue.Queue = queue.Queue()
+        self.later_stages: list[str] = []  # stage 0: this tp rank on stages 1, 2, ... (decode pp)
+        self.row_writer = None  # stage k > 0: mirrors a received prompt's req_to_token row
         self._lookup_thread = threading.Thread(target=self._lookup_loop, name="pd-bootstrap", daemon=True)
         self._heartbeat_thread = threading.Thread(
             target=self._heartbeat_loop, name="pd-heartbeat", daemon=True
@@ -154,6 +184,15 @@ class MooncakeDecodeKVManager(MooncakeKVManager, BaseDecodeKVManager):
                 raise ValueError(f"bootstrap_room {room} is already in use on this decode server")
             self.receivers[room] = recv
         return recv
+
+    def stage_address(self) -> Optional[str]:
+        return self.endpoint
+
+    def set_later_stages(self, addresses: list[Optional[str]]) -> None:
+        self.later_stages = [a for a in addresses if a is not None]
+
+    def set_row_writer(self, writer) -> None:
+        self.row_writer = writer
 
     def release(self, recv: MooncakeKVReceiver) -> None:
         with self.lock:
@@ -225,8 +264,30 @@ class MooncakeDecodeKVManager(MooncakeKVManager, BaseDecodeKVManager):
                     notify=False,
                 )
 
+    def _on_stage_request(self, msg: StageKVRequest) -> None:
+        """(stage k > 0) Mirror the row, then ask every prefill rank for this stage's layers."""
+        if self.row_writer is not None and msg.row >= 0:
+            self.row_writer(msg.row, msg.dst_slots)
+        req = DecodeKVRequest(
+            room=msg.room,
+            decode_rank=self.place.tp_rank,
+            decode_tp_size=msg.decode_tp_size,
+            status_endpoint=msg.status_endpoint,
+            session_id=self.data_plane.session_id,
+            dst_slots=msg.dst_slots,
+            regions=self.regions,
+            kv_dtype=self.kv_dtype,
+            wall_time=msg.wall_time,
+            decode_pp_rank=self.place.pp_rank,
+            decode_pp_size=msg.decode_pp_size,
+        )
+        for endpoint in msg.prefill_endpoints:
+            self.outbox.send(endpoint, req)
+
     def handle(self, msg: Any) -> None:
-        if isinstance(msg, TransferDone):
+        if isinstance(msg, StageKVRequest):
+            self._on_stage_request(msg)
+        elif isinstance(msg, TransferDone):
             with self.lock:
                 recv = self.receivers.get(msg.room)
             if recv is not None:

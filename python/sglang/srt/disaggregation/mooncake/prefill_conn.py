@@ -62,9 +62,9 @@ class MooncakeKVSender(BaseKVSender):
         self.mgr = mgr
         self.room = room
         self.state = TransferState(room)
-        self.metas: dict[int, DecodeKVRequest] = {}
+        self.metas: dict[tuple[int, int], DecodeKVRequest] = {}  # by (decode tp rank, decode stage)
         self.expected_metas: Optional[int] = None
-        self.completed: set[int] = set()
+        self.completed: set[int] = set()  # decode tp ranks (stage 0's confirm for every stage)
         self.pending: list[Any] = []  # chunks handed over before every decode rank's request arrived
         self.records: list[ChunkRecord] = []
         self.nbytes = 0
@@ -127,8 +127,8 @@ class MooncakeKVSender(BaseKVSender):
 
     def add_meta(self, meta: DecodeKVRequest) -> None:
         """(recv thread, under the manager lock)"""
-        self.metas[meta.decode_rank] = meta
-        self.expected_metas = meta.decode_tp_size
+        self.metas[meta.key] = meta
+        self.expected_metas = meta.decode_tp_size * meta.decode_pp_size
         if len(self.metas) == self.expected_metas:
             if self.state.poll() == KVPoll.Bootstrapping:
                 self.state.advance(KVPoll.WaitingForInput)
@@ -234,18 +234,17 @@ class MooncakePrefillKVManager(MooncakeKVManager, BasePrefillKVManager):
             if sender is None and not msg.ok:
                 known = msg.room in self.early_metas
                 self.early_failures[msg.room] = (msg.error or "aborted on the decode server", time.time())
-                meta = next(
-                    (m for m in self.early_metas.get(msg.room, []) if m.decode_rank == msg.decode_rank), None
-                )
+                metas = [m for m in self.early_metas.get(msg.room, []) if m.decode_rank == msg.decode_rank]
         if sender is None:
-            if not msg.ok and known and meta is not None:  # nothing was written: acknowledge now
-                self.outbox.send(
-                    meta.status_endpoint, TransferDone(msg.room, self.key, False, "acknowledged")
-                )
+            if not msg.ok and known:  # nothing was written: acknowledge now (each decode stage's part)
+                for meta in metas:
+                    done = TransferDone(msg.room, self.key, False, "acknowledged", decode_key=meta.key)
+                    self.outbox.send(meta.status_endpoint, done)
             return
         if msg.ok:
             sender.completed.add(msg.decode_rank)
-            if sender.expected_metas is not None and len(sender.completed) >= sender.expected_metas:
+            tp_size = next(iter(sender.metas.values())).decode_tp_size if sender.metas else None
+            if tp_size is not None and len(sender.completed) >= tp_size:
                 sender.state.advance_to_at_least(KVPoll.Success)
                 if self.on_success is not None and sender.state.poll() == KVPoll.Success:
                     self.on_success(sender.room)
@@ -306,7 +305,12 @@ class MooncakePrefillKVManager(MooncakeKVManager, BasePrefillKVManager):
     def _report_done(self, sender: MooncakeKVSender, first_token: Optional[FirstToken]) -> None:
         for meta in sender.metas.values():
             done = TransferDone(
-                sender.room, self.key, True, first_token=first_token, chunks=list(sender.records)
+                sender.room,
+                self.key,
+                True,
+                first_token=first_token,
+                chunks=list(sender.records),
+                decode_key=meta.key,
             )
             if not self.outbox.send(meta.status_endpoint, done):
                 sender.fail(f"cannot reach decode rank {meta.decode_rank}")
@@ -326,4 +330,5 @@ class MooncakePrefillKVManager(MooncakeKVManager, BasePrefillKVManager):
         with self.lock:
             metas = list(sender.metas.values())
         for meta in metas:
-            self.outbox.send(meta.status_endpoint, TransferDone(sender.room, self.key, False, reason))
+            done = TransferDone(sender.room, self.key, False, reason, decode_key=meta.key)
+            self.outbox.send(meta.status_endpoint, done)

@@ -2,7 +2,8 @@
 between the tokenizer manager and the D attention-DP replicas (docs/dp_attention.md, "Controller").
 
 It binds the address the tokenizer sends to and forwards:
-- a generate request to ONE replica, chosen by `--load-balance-method` (`DPBalancer`), and a
+- a generate request to ONE replica, chosen by `--load-balance-method` (`DPBalancer`; on a PD
+  server by its bootstrap room, `room % dp_size`), and a
   `DPWakeUp` to every other replica (so that one blocked in its idle receive joins the next lockstep
   exchange at once instead of after its poll timeout);
 - an abort to every replica (a replica without the rid ignores it);
@@ -29,6 +30,7 @@ from typing import Any, Optional
 
 import zmq
 
+from sglang.srt.disaggregation.role import DisaggregationRole
 from sglang.srt.managers.io_struct import (
     AbortReq,
     DPLoadReport,
@@ -47,7 +49,7 @@ from sglang.srt.utils.process import configure_logger, watch_parent
 
 logger = logging.getLogger(__name__)
 
-LOAD_BALANCE_METHODS = ("auto", "round_robin", "total_requests", "total_tokens")
+LOAD_BALANCE_METHODS = ("auto", "round_robin", "follow_bootstrap_room", "total_requests", "total_tokens")
 
 # internal-state figures that add up over the replicas (the others are replica 0's)
 SUMMED_STATE_KEYS = (
@@ -75,25 +77,32 @@ class _ReplicaLoad:
 class DPBalancer:
     """Which replica takes the next request.
 
-    - `round_robin` (and `auto`): in turn;
+    - `round_robin` (and `auto` on a normal server): in turn;
+    - `follow_bootstrap_room` (and `auto` on a PD server, `pd=True`): replica `bootstrap_room %
+      dp_size`, upstream's rule, so the other side of the transfer can tell which replica holds a
+      room from the room alone; a request without a room goes round robin;
     - `total_requests`: the fewest running + waiting requests;
     - `total_tokens`: the fewest tokens held (KV in use + waiting prompts).
     Loads are the replicas' last reports plus the requests sent to them that their report did not
     count yet (`DPLoadReport.received`); ties go to the lowest dp rank."""
 
-    def __init__(self, dp_size: int, method: str = "round_robin"):
+    def __init__(self, dp_size: int, method: str = "round_robin", pd: bool = False):
         if method not in LOAD_BALANCE_METHODS:
             raise ValueError(
                 f"--load-balance-method must be one of {list(LOAD_BALANCE_METHODS)}, got {method!r}"
             )
         self.dp_size = dp_size
-        self.method = "round_robin" if method == "auto" else method
+        if method == "auto":
+            method = "follow_bootstrap_room" if pd else "round_robin"
+        self.method = method
         self.loads = [_ReplicaLoad() for _ in range(dp_size)]
         self.sent = [0] * dp_size
         self._next = 0
 
-    def pick(self, num_tokens: int) -> int:
-        if self.method == "round_robin":
+    def pick(self, num_tokens: int, room: Optional[int] = None) -> int:
+        if self.method == "follow_bootstrap_room" and room is not None:
+            d = room % self.dp_size
+        elif self.method in ("round_robin", "follow_bootstrap_room"):
             d = self._next
             self._next = (self._next + 1) % self.dp_size
         elif self.method == "total_requests":
@@ -183,7 +192,8 @@ def merge_replies(replies: list[Any]) -> Any:
 class DataParallelController:
     def __init__(self, server_args: ServerArgs, port_args: PortArgs):
         self.dp_size = server_args.dp_size
-        self.balancer = DPBalancer(self.dp_size, server_args.load_balance_method)
+        pd = DisaggregationRole.of(server_args).enabled  # PD: rooms pick the replica
+        self.balancer = DPBalancer(self.dp_size, server_args.load_balance_method, pd=pd)
         self.replies = ReplyCollector(self.dp_size)
         self.beats: list[Optional[SchedulerHeartbeat]] = [None] * self.dp_size
         self.context = zmq.Context(2)
@@ -204,7 +214,7 @@ class DataParallelController:
 
     def handle_request(self, msg: Any) -> None:
         if isinstance(msg, TokenizedGenerateReqInput):
-            d = self.balancer.pick(len(msg.input_ids))
+            d = self.balancer.pick(len(msg.input_ids), msg.bootstrap_room)
             self.to_replicas[d].send_pyobj(msg)
             for other, sock in enumerate(self.to_replicas):
                 if other != d:
