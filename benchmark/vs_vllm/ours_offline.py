@@ -9,6 +9,7 @@ whole batch (prefix cache flushed before each); writes the output tokens/s of ea
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shlex
 import statistics
@@ -46,7 +47,7 @@ def main() -> None:
         ]
     )
     runs = []
-    with Engine(**{name: getattr(server_args, name) for name in server_args.__dataclass_fields__}) as engine:
+    with Engine(**{f.name: getattr(server_args, f.name) for f in dataclasses.fields(server_args)}) as engine:
         throughput_run(engine, rows[:1], ignore_eos=True)
         for _ in range(args.repeats):
             engine.flush_cache()

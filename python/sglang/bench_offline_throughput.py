@@ -12,6 +12,7 @@ first (unless `--skip-warmup`) and the prefix cache is flushed before the timed 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -92,7 +93,7 @@ def run(args: argparse.Namespace, server_args: ServerArgs) -> dict:
 
     tokenizer = get_tokenizer(server_args.tokenizer_path, server_args.trust_remote_code)
     rows = get_dataset(args, tokenizer)
-    with Engine(**{f: getattr(server_args, f) for f in server_args.__dataclass_fields__}) as engine:
+    with Engine(**{f.name: getattr(server_args, f.name) for f in dataclasses.fields(server_args)}) as engine:
         if not args.skip_warmup:
             engine.generate(input_ids=rows[0].prompt_ids or [1, 2, 3], sampling_params={"max_new_tokens": 4})
         engine.flush_cache()

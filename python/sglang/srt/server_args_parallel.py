@@ -31,10 +31,8 @@ class ParallelArgs:
     )
     cp_kv_gather_segment: int = arg(
         16384,
-        "Most cached-prefix KV rows a CP rank gathers per round when a prefill chunk attends over a "
-        "long prefix: the prefix is attended segment by segment, partial results merged by LSE "
-        "(0 = the whole prefix in one round). 16K: prefixes up to 16K take one round as before; a 128K "
-        "prefix takes 8, with 1/8 of the per-layer gather buffer.",
+        "Most cached-prefix KV rows a CP rank gathers per round over a long prefix (rounds merged by LSE; "
+        "0 = the whole prefix at once). 16K: a 128K prefix takes 8 rounds, 1/8 of the gather buffer.",
         G_CP,
     )
 
@@ -47,9 +45,8 @@ class ParallelArgs:
     )
     load_balance_method: str = arg(
         "auto",
-        "How the data-parallel controller picks a replica for a request: round_robin, follow_bootstrap_room "
-        "(PD: bootstrap_room % dp_size), total_requests (fewest running + waiting), total_tokens (fewest KV + "
-        "waiting prompt tokens); auto = follow_bootstrap_room on a PD server, else round_robin.",
+        "How the DP controller picks a replica: round_robin, follow_bootstrap_room (bootstrap_room % dp), "
+        "total_requests, total_tokens (fewest KV + waiting tokens); auto: PD follow_bootstrap_room, else round_robin.",
         G_DP,
         choices=["auto", "round_robin", "follow_bootstrap_room", "total_requests", "total_tokens"],
     )
