@@ -169,6 +169,9 @@ def launch_router(prefill: Proc, decode: Proc, extra: Optional[list[str]] = None
         "127.0.0.1",
         "--port",
         str(port),
+        # its own metrics port: the default (29000) is taken when two routers run at once (xdist)
+        "--prometheus-port",
+        str(free_port()),
         "--log-level",
         "warn",
         *(extra or []),
