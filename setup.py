@@ -130,7 +130,15 @@ setup(
     python_requires=">=3.10",
     install_requires=INSTALL_REQUIRES,
     extras_require={
-        "test": ["pytest", "pytest-xdist", "ruff", "openai", "httpx", "prometheus_client", "matplotlib"],
+        "test": [
+            "pytest",
+            "pytest-xdist",
+            "ruff==0.17.6",
+            "openai",
+            "httpx",
+            "prometheus_client",
+            "matplotlib",
+        ],
         # PD disaggregation, optional: the KV transfer engine (non-CUDA build; CUDA machines may install
         # mooncake-transfer-engine instead; it loads the system library libibverbs.so.1) and the
         # upstream router in front of prefill + decode. `make setup` adds it where libibverbs is there.

@@ -93,8 +93,8 @@ def workloads(ops, dtype: torch.dtype, batches, contexts) -> dict:
             v_buf = torch.randn(HK, pool, HD, generator=g).to(dtype)
             slots = torch.randperm(pool, generator=g)[: b * ctx].view(b, ctx).contiguous()
             lens = torch.full((b,), ctx, dtype=torch.int64)
-            rows[f"decode_attention {b} x {ctx}"] = (
-                lambda q=q, k=k_buf, v=v_buf, s=slots, n=lens: ops.decode_attention(q, k, v, s, n, HD**-0.5)
+            rows[f"decode_attention {b} x {ctx}"] = lambda q=q, k=k_buf, v=v_buf, s=slots, n=lens: (
+                ops.decode_attention(q, k, v, s, n, HD**-0.5)
             )
     return rows
 

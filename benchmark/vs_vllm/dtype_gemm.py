@@ -65,7 +65,7 @@ def main() -> None:
         t_mix = bench(lambda: [F.linear(x.float(), w).bfloat16() for x, w in zip(xs16, w32)])
         t_up = bench(lambda: [F.linear(x.float(), w.float()).bfloat16() for x, w in zip(xs16, w16)])
         print(
-            f"{m:>6} {t_bf16*1e3:9.3f} {t_pack*1e3:10.3f} {t_fp32*1e3:9.3f} {t_mix*1e3:9.3f} {t_up*1e3:10.3f}"
+            f"{m:>6} {t_bf16 * 1e3:9.3f} {t_pack * 1e3:10.3f} {t_fp32 * 1e3:9.3f} {t_mix * 1e3:9.3f} {t_up * 1e3:10.3f}"
         )
 
 

@@ -43,9 +43,9 @@ def test_batches_stay_under_the_transport_queue():
 
     a, b, src, dst = _pair()
     s, d, lens, _ = _plan(src, dst, 3000)
-    assert (
-        a.engine.batch_transfer_sync_write(b.session_id, s, d, lens) != 0
-    ), "the transport took 3000 at once"
+    assert a.engine.batch_transfer_sync_write(b.session_id, s, d, lens) != 0, (
+        "the transport took 3000 at once"
+    )
     assert MAX_BATCH_ENTRIES * envs.SGLANG_DISAGGREGATION_QUEUE_SIZE.get() <= 1024
 
 

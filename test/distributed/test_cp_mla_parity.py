@@ -144,9 +144,9 @@ def test_cp2_indexer_scores_only_own_work(cp2_results, reference):
     got = [r["counts"] for r in cp2_results]
     assert all(g["tokens"] == ref["tokens"] for g in got)
     rows = [g["prefill"]["rows"] for g in got]
-    assert (
-        sum(rows) == ref["prefill"]["rows"] and max(rows) <= ref["prefill"]["rows"] // 2 + ref["layers"]
-    ), rows
+    assert sum(rows) == ref["prefill"]["rows"] and max(rows) <= ref["prefill"]["rows"] // 2 + ref["layers"], (
+        rows
+    )
     assert sum(g["prefill"]["pairs"] for g in got) == ref["prefill"]["pairs"]
     pairs = [g["decode"]["pairs"] for g in got]
     assert (

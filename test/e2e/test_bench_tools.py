@@ -30,9 +30,9 @@ def run_tool(*args: str) -> str:
     proc = subprocess.run(
         [sys.executable, "-m", *args], cwd=str(REPO), capture_output=True, text=True, timeout=TOOL_TIMEOUT_S
     )
-    assert (
-        proc.returncode == 0
-    ), f"{args[0]} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, (
+        f"{args[0]} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    )
     return proc.stdout
 
 

@@ -119,9 +119,9 @@ def test_killing_a_rank_ends_the_server():
         everyone = [handle.proc.pid, *child_pids(handle.proc.pid)]
         start = time.monotonic()
         os.kill(ranks[1], signal.SIGKILL)
-        assert wait_until(
-            lambda: handle.proc.poll() is not None, 30.0
-        ), "server still running 30 s after a rank died"
+        assert wait_until(lambda: handle.proc.poll() is not None, 30.0), (
+            "server still running 30 s after a rank died"
+        )
         assert handle.proc.returncode != 0
         assert wait_until(lambda: not any(pid_alive(p) for p in everyone), 10.0), "processes left behind"
         assert time.monotonic() - start < 30.0

@@ -89,9 +89,9 @@ def test_endpoints_answer_during_a_long_prefill(mid_llama):
                 else:
                     assert r.status_code == 200, (path, r.text)
             info = client.get("/get_server_info").json()["internal_states"][0]
-            assert (
-                worker.is_alive()
-            ), f"the prefill ended before the checks were done ({timings}): lengthen it"
+            assert worker.is_alive(), (
+                f"the prefill ended before the checks were done ({timings}): lengthen it"
+            )
             assert all(t < FAST_S for t in timings.values()), timings
             assert info["num_running_reqs"] == 1 and info["step_running_s"] > 0
             assert client.get("/health_generate").status_code == 200  # busy, not stuck

@@ -69,9 +69,9 @@ def test_killed_rank_ends_the_server(name, args, victim):
         time.sleep(1.5)  # the streams are running
         start = time.monotonic()
         os.kill(ranks[victim], signal.SIGKILL)
-        assert wait_until(
-            lambda: handle.proc.poll() is not None, 30.0, 0.02
-        ), "server still running 30 s after a rank died"
+        assert wait_until(lambda: handle.proc.poll() is not None, 30.0, 0.02), (
+            "server still running 30 s after a rank died"
+        )
         exited_after = time.monotonic() - start
         assert exited_after < 30.0
         assert handle.proc.returncode != 0

@@ -32,9 +32,9 @@ def test_every_field_has_one_line_of_help_and_a_group(f):
     help_text = f.metadata.get("help")
     assert help_text and help_text.strip() == help_text, f"{f.name}: no help"
     assert "\n" not in help_text and len(help_text) < 240, f"{f.name}: help must be one line"
-    assert (
-        "default" not in help_text.lower()
-    ), f"{f.name}: the default is appended by --help, not written in help"
+    assert "default" not in help_text.lower(), (
+        f"{f.name}: the default is appended by --help, not written in help"
+    )
     assert f.metadata.get("group") in GROUP_ORDER, f"{f.name}: unknown group {f.metadata.get('group')!r}"
     if f.default is None and f.type not in ("bool", bool):
         # a None default that is resolved later says to what

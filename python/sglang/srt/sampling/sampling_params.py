@@ -148,8 +148,7 @@ class SamplingParams:
             raise ValueError(f"min_new_tokens must be >= 0, got {self.min_new_tokens}")
         if self.min_new_tokens > self.max_new_tokens:
             raise ValueError(
-                f"min_new_tokens must be <= max_new_tokens ({self.max_new_tokens}), "
-                f"got {self.min_new_tokens}"
+                f"min_new_tokens must be <= max_new_tokens ({self.max_new_tokens}), got {self.min_new_tokens}"
             )
         if not 1 <= self.n <= MAX_N:
             raise ValueError(f"n must be in [1, {MAX_N}], got {self.n}")
