@@ -129,6 +129,25 @@ def test_norm_silu_rope_odd_widths(ops, dtype, width):
         _close(ops.rope(x3, cos, sin, rot), ref.rope(x3, cos, sin, rot), dtype)
 
 
+@pytest.mark.parametrize("rows,width", [(1, 576), (5, 19), (33, 64)])
+def test_add_rms_norm_float32_residual_under_bf16(ops, rows, width):
+    """A bf16 model's float32 residual stream: bf16 x + float32 residual -> a float32 residual
+    (unrounded: exactly torch's promoted add) and bf16 normed rows of that float32 sum; widths with
+    vector tails and strided rows."""
+    g = torch.Generator().manual_seed(rows * width)
+    x = torch.randn(rows, width + 5, generator=g).bfloat16()[:, :width]
+    r = torch.randn(rows, width, generator=g) * 7
+    w = (1 + 0.1 * torch.randn(width, generator=g)).bfloat16()
+    out, res = ops.add_rms_norm(x, r, w, 1e-5)
+    ref_out, ref_res = ref.add_rms_norm(x, r, w, 1e-5)
+    assert res.dtype == torch.float32 and out.dtype == torch.bfloat16
+    assert torch.equal(res, x.float() + r)  # kept unrounded
+    assert not torch.equal(res, res.bfloat16().float())  # (a bf16-rounded stream would be caught)
+    _close(out, ref_out, torch.bfloat16)
+    with pytest.raises(RuntimeError, match="residual must match"):
+        ops.add_rms_norm(x.float(), r.bfloat16(), w.float(), 1e-5)  # a bf16 residual under float32 x
+
+
 def test_decode_attention_rejects_bad_input(ops):
     q = torch.randn(2, 4, 8)
     kb = torch.randn(2, 10, 8)

@@ -73,6 +73,32 @@ def test_rmsnorm_bfloat16_keeps_dtype_and_is_close():
     torch.testing.assert_close(out.float(), ref, atol=3e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("kernels", ["fused", "torch"])
+def test_rmsnorm_float32_residual_stream(kernels, monkeypatch):
+    """--enable-fp32-residual (the CPU default): a bf16 norm starts the stream in float32, keeps each
+    sum unrounded and norms it into bf16; the same through the fused kernel and the torch path, and
+    a no-op for float32 weights."""
+    if kernels == "torch":
+        monkeypatch.setattr("sglang.srt.layers.layernorm.fused_ops", lambda x: None)
+    torch.manual_seed(1)
+    norm = RMSNorm(64, eps=1e-5, params_dtype=torch.bfloat16)
+    norm.weight.data.normal_(1.0, 0.2)
+    x = torch.randn(6, 64).bfloat16()
+    assert norm.residual_from(x) is x  # off: the stream stays in the model dtype
+    norm.set_float32_residual()
+    res0 = norm.residual_from(x)
+    assert res0.dtype == torch.float32 and torch.equal(res0, x.float())
+    h = (torch.randn(6, 64) * 3).bfloat16()
+    out, res = norm(h, res0)
+    assert res.dtype == torch.float32 and torch.equal(res, h.float() + res0)
+    ref = res / torch.sqrt(res.pow(2).mean(-1, keepdim=True) + 1e-5) * norm.weight.float()
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), ref, atol=3e-2, rtol=1e-2)
+    norm32 = RMSNorm(64)
+    norm32.set_float32_residual()
+    assert not norm32.float32_residual and norm32.residual_from(x) is x
+
+
 def test_silu_and_mul():
     x = torch.randn(3, 10)
     torch.testing.assert_close(SiluAndMul()(x), torch.nn.functional.silu(x[:, :5]) * x[:, 5:])

@@ -133,6 +133,18 @@ class ServerArgs(CompatArgs, ParallelArgs):
         "near ties into exact ties).",
         G_DTYPE,
     )
+    enable_fp32_residual: bool = arg(
+        False,
+        "Carry the residual stream of a bfloat16 model in float32 (each layer's sum kept unrounded, "
+        "normed into bfloat16); always on for CPU unless --disable-fp32-residual.",
+        G_DTYPE,
+    )
+    disable_fp32_residual: bool = arg(
+        False,
+        "Residual stream in the model dtype on CPU too, where it is otherwise float32 (bf16 sums over "
+        "30 layers flipped the embedded model's first answer on a near tie).",
+        G_DTYPE,
+    )
 
     # ------------------------------------------------------------------ memory and scheduling
     mem_fraction_static: Optional[float] = arg(

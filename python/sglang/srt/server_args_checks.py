@@ -56,6 +56,8 @@ def _validate_values(args: Any) -> None:
             raise ValueError(f"--{flag(f.name)} must be one of {choices}, got {value!r}")
     if args.enable_fp32_lm_head and args.disable_fp32_lm_head:
         raise ValueError("--enable-fp32-lm-head and --disable-fp32-lm-head contradict each other; pass one")
+    if args.enable_fp32_residual and args.disable_fp32_residual:
+        raise ValueError("--enable-fp32-residual and --disable-fp32-residual contradict each other; pass one")
     if args.device == "cpu" and args.dtype == "float16":
         raise ValueError("--dtype float16 is not supported on CPU (use bfloat16 or float32)")
     if not (0 < args.port < 65536):

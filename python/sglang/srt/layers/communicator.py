@@ -180,8 +180,8 @@ class LayerCommunicator:
     def prepare_attn(
         self, hidden_states: torch.Tensor, residual: Optional[torch.Tensor], forward_batch: "ForwardBatch"
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            return self.input_layernorm(hidden_states), hidden_states
+        if residual is None:  # the model's (or stage's) first layer starts the residual stream
+            return self.input_layernorm(hidden_states), self.input_layernorm.residual_from(hidden_states)
         return self.input_layernorm(hidden_states, residual)
 
     def prepare_mlp(
@@ -195,11 +195,14 @@ class LayerCommunicator:
             # one all-reduce; the residual is added once (by attn_tp rank 0) before it. Chosen by
             # the layout, never by the batch: every replica must bring the same kind of rows to the
             # all-reduce (an IDLE replica under CP has no CP layout but must still gather normed rows)
+            # (a float32 residual stream is summed and gathered in the attention output's dtype here:
+            # every replica, idle ones too, must bring one dtype to the all-reduce)
             dp = forward_batch.dp
             if self.groups.attn_tp.is_first:
-                hidden_states = hidden_states + residual
+                hidden_states = (hidden_states + residual).to(hidden_states.dtype)
             full = dp_gather(hidden_states, dp.num_tokens, dp.replica, self.groups, partial=True)
-            return self.post_attention_layernorm(full), dp_scatter(full, dp.num_tokens, dp.replica)
+            residual_out = dp_scatter(full, dp.num_tokens, dp.replica).to(residual.dtype)
+            return self.post_attention_layernorm(full), residual_out
         hidden_states = self.groups.attn_tp.all_reduce(hidden_states)
         hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
         return change_layout(hidden_states, self.modes.attn, mlp, forward_batch, self.groups), residual

@@ -34,6 +34,7 @@ from sglang.srt.mem_cache.cp_slots import physical_kv_state, plan_virtual_pool
 from sglang.srt.mem_cache.req_to_token import ReqToTokenPool
 from sglang.srt.model_executor.forward_batch import DPForwardInfo, ForwardBatch, ForwardMode, PPProxyTensors
 from sglang.srt.model_executor.memory_budget import KVPoolPlan, MemoryReading, plan_kv_pool
+from sglang.srt.layers.layernorm import use_float32_residual
 from sglang.srt.layers.linear_float32_out import use_float32_logits
 from sglang.srt.layers.linear_prepack import prepack_linear_weights
 from sglang.srt.platforms import get_platform
@@ -121,11 +122,12 @@ class ModelRunner:
         self.attn_backend = create_attention_backend(self.attention_backend_name, self)
         self.sampler = Sampler(seed=server_args.random_seed)
         logger.info(
-            "model %s loaded: %.1f MB weights (%s%s); KV pool %d tokens (%.1f MB%s), max running requests %d",
+            "model %s loaded: %.1f MB weights (%s%s%s); KV pool %d tokens (%.1f MB%s), max running requests %d",
             cfg.architectures[0],
             weight_bytes / 2**20,
             str(self.dtype).replace("torch.", ""),
             ", float32 logits" if self.float32_logits and self.dtype != torch.float32 else "",
+            ", float32 residual stream" if self.float32_residual else "",
             self.max_total_num_tokens,
             self.token_to_kv_pool.mem_bytes() / 2**20,
             ""
@@ -150,6 +152,7 @@ class ModelRunner:
         weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         # before prepacking: an LM head with a float32-logits packed copy opts out of the other one
         float32_logits = use_float32_logits(model, server_args, platform)
+        self.float32_residual = use_float32_residual(model, server_args, platform)
         weight_bytes += sum(
             m.float32_packed.numel() * m.float32_packed.element_size()
             for m in model.modules()

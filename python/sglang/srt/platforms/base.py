@@ -70,6 +70,8 @@ class Platform:
     dsa_ops_impl: str = "reference"
     # LM head logits in float32 unless --disable-fp32-lm-head (upstream: only with --enable-fp32-lm-head)
     float32_logits_by_default: bool = False
+    # a bf16 model's residual stream in float32 unless --disable-fp32-residual (layers/layernorm.py)
+    float32_residual_by_default: bool = False
 
     def __init__(self) -> None:
         # the fused kernel build and prefill dtypes, looked up once (kernel_dispatch.py asks them)

@@ -208,6 +208,9 @@ class CpuPlatform(Platform):
     # float32 logits from bf16 weights cost the bytes of a bf16 GEMM here (kernels/cpu linear_f32out;
     # layers/linear_float32_out.py); bf16 logits turned the default model's demo answer on a near tie
     float32_logits_by_default = True
+    # and bf16 sums of the residual over 30 layers flipped that same tie on the amx kind (all-bf16
+    # prefill); float32 residuals cost 2 extra bytes per hidden value per layer, added by the fused norm
+    float32_residual_by_default = True
 
     @classmethod
     def is_available(cls) -> bool:

@@ -34,8 +34,10 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, eps: float) -> list[torch.Tensor]:
+    """A float32 residual under a bf16 x (a float32 residual stream) stays float32; the normed
+    output is in x's dtype."""
     res = x + residual
-    return [rms_norm(res, w, eps), res]
+    return [rms_norm(res, w, eps).to(x.dtype), res]
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

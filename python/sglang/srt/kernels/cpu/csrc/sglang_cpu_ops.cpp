@@ -15,7 +15,7 @@
 //                     read in place (no gather); GQA; long sequences split across threads and
 //                     merged by log-sum-exp.
 //   rms_norm          y = x * rsqrt(mean(x^2) + eps) * w
-//   add_rms_norm      r = x + residual (rounded like torch's add), y = rms_norm(r)
+//   add_rms_norm      r = x + residual (rounded like torch's add; float32 residual: kept float32), y = rms_norm(r)
 //   silu_and_mul      [T, 2d] -> silu(x[:, :d]) * x[:, d:]
 //   rope              neox-layout rotary embedding of [T, H, D] rows (first `rot` dims)
 //   prefill_attention causal attention of a sequence's new tokens (after an optional cached prefix
@@ -524,24 +524,26 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_buf, const 
 // rows per parallel chunk: keep small batches (decode) on one thread
 inline int64_t row_grain(int64_t width) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, width)); }
 
-template <typename T>
+// T: x, w and the output; R: the residual stream (T, or float32 under a bf16 model's float32
+// residual stream: the sum is then kept unrounded and normed as is)
+template <typename T, typename R = T>
 void rms_norm_impl(const at::Tensor& x, const at::Tensor* residual, const at::Tensor& w, double eps,
                    at::Tensor& out, at::Tensor* res_out) {
   const int64_t rows = x.size(0), N = x.size(1);
   const int64_t sx = x.stride(0);
   const auto* xp = cptr<T>(x);
-  const storage_t<T>* rp = residual ? cptr<T>(*residual) : nullptr;
+  const storage_t<R>* rp = residual ? cptr<R>(*residual) : nullptr;
   const int64_t sr = residual ? residual->stride(0) : 0;
   const auto* wp = cptr<T>(w);
   auto* op = mptr<T>(out);
-  storage_t<T>* rop = res_out ? mptr<T>(*res_out) : nullptr;
+  storage_t<R>* rop = res_out ? mptr<R>(*res_out) : nullptr;
   const float feps = static_cast<float>(eps);
   at::parallel_for(0, rows, row_grain(N), [&](int64_t b, int64_t e) {
     std::vector<float> buf(N);
     for (int64_t r = b; r < e; ++r) {
       const storage_t<T>* xr = xp + r * sx;
-      const storage_t<T>* rr = rp ? rp + r * sr : nullptr;
-      storage_t<T>* ro = rop ? rop + r * N : nullptr;
+      const storage_t<R>* rr = rp ? rp + r * sr : nullptr;
+      storage_t<R>* ro = rop ? rop + r * N : nullptr;
       int64_t c0 = 0;  // columns before c0 done by the vector path
       float ss = 0.f;
 #if defined(SGL_AVX2)
@@ -551,7 +553,7 @@ void rms_norm_impl(const at::Tensor& x, const at::Tensor* residual, const at::Te
           __m256 v = load8(xr + c0);
           if (rr) {
             v = _mm256_add_ps(v, load8(rr + c0));
-            if constexpr (std::is_same_v<storage_t<T>, uint16_t>) {  // the add is rounded, as torch's is
+            if constexpr (std::is_same_v<storage_t<R>, uint16_t>) {  // the add is rounded, as torch's is
               const __m128i bits = f_to_bf16_bits(v);
               _mm_storeu_si128(reinterpret_cast<__m128i*>(ro + c0), bits);
               v = bf16_bits_to_f(bits);
@@ -567,7 +569,7 @@ void rms_norm_impl(const at::Tensor& x, const at::Tensor* residual, const at::Te
 #endif
       if (rr) {
         for (int64_t c = c0; c < N; ++c) {
-          const storage_t<T> sum = from_f<storage_t<T>>(to_f(xr[c]) + to_f(rr[c]));  // the add is rounded, as torch's is
+          const storage_t<R> sum = from_f<storage_t<R>>(to_f(xr[c]) + to_f(rr[c]));  // the add is rounded, as torch's is
           ro[c] = sum;
           buf[c] = to_f(sum);
         }
@@ -609,12 +611,17 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
 std::vector<at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& w,
                                      double eps) {
   check_norm_args(x, w);
-  TORCH_CHECK(residual.sizes() == x.sizes() && residual.stride(1) == 1 && residual.scalar_type() == x.scalar_type(),
-              "residual must match x");
+  // a bf16 x may come with a float32 residual (a float32 residual stream): the new residual is float32
+  const bool f32_stream = x.scalar_type() == at::kBFloat16 && residual.scalar_type() == at::kFloat;
+  TORCH_CHECK(residual.sizes() == x.sizes() && residual.stride(1) == 1 &&
+                  (residual.scalar_type() == x.scalar_type() || f32_stream),
+              "residual must match x (or be float32 under a bfloat16 x)");
   auto out = at::empty({x.size(0), x.size(1)}, x.options());
-  auto res = at::empty({x.size(0), x.size(1)}, x.options());
+  auto res = at::empty({x.size(0), x.size(1)}, residual.options());
   if (x.scalar_type() == at::kFloat) {
     rms_norm_impl<float>(x, &residual, w, eps, out, &res);
+  } else if (f32_stream) {
+    rms_norm_impl<at::BFloat16, float>(x, &residual, w, eps, out, &res);
   } else {
     rms_norm_impl<at::BFloat16>(x, &residual, w, eps, out, &res);
   }
