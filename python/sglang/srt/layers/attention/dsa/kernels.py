@@ -200,6 +200,58 @@ class DSAKernels:
         )
         return idx[:, 0]
 
+    def range_topk_candidates(
+        self,
+        q: torch.Tensor,
+        w: torch.Tensor,
+        keys: torch.Tensor,
+        key_start: int,
+        width: int,
+        scale: float,
+        q_pos: Optional[torch.Tensor] = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Top-`width` candidates of queries [m, H, D] over keys [T, D] at positions key_start ..
+        key_start + T - 1, scored at `index_score_dtype` (the segmented prefix gather's rounds):
+        every key visible (`q_pos` None), or causal for queries at ascending positions `q_pos` >=
+        key_start. -> (values [m, w] float32, -inf padding; positions [m, w] int64, -1 padding),
+        w = min(width, T), in the selection's order (higher score, then the earlier position)."""
+        m, total = q.shape[0], keys.shape[0]
+        width = min(width, total)
+        if m == 0 or width == 0:
+            return q.new_full((m, width), float("-inf")).float(), torch.full(
+                (m, width), -1, dtype=torch.int64
+            )
+        if q_pos is None:
+            cu, kv_lens = torch.tensor([m], dtype=torch.int32), torch.tensor([total], dtype=torch.int32)
+            table, mode = torch.zeros((1, 1), dtype=torch.int32), 0
+        else:
+            (cu, kv_lens, table), mode = self._run_layout(q_pos - key_start, total), 3
+        keys = keys.contiguous()
+        idx, vals = self.ops.lightning_indexer(
+            q,
+            keys.view(1, total, 1, keys.shape[1]),
+            w.float() * scale,
+            cu,
+            kv_lens,
+            table,
+            "TND",
+            "PA_BSND",
+            width,
+            mode,
+            return_value=True,
+            impl=self.prefill_impl,
+            score_dtype=self.index_score_dtype,
+        )
+        idx, vals = idx[:, 0].long(), vals[:, 0].float()
+        pos = (idx + key_start).masked_fill(idx < 0, -1)
+        # the selection's total order whatever order the op returns: earlier position first, then
+        # a stable sort by score
+        pos, by_pos = pos.masked_fill(pos < 0, torch.iinfo(torch.int64).max).sort(dim=1)
+        vals = vals.gather(1, by_pos)
+        vals, by_val = vals.sort(dim=1, descending=True, stable=True)
+        pos = pos.gather(1, by_val)
+        return vals, pos.masked_fill(torch.isinf(vals) & (vals < 0), -1)
+
     def attend_rows(
         self,
         q: torch.Tensor,
