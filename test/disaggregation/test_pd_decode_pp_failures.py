@@ -8,10 +8,12 @@ decode server stays up and answers with an error.
   layers, then stage 1 dies before the prefill runs: the decode server fails its pending request
   and exits, the prefill's write fails and it answers with an abort;
 * mid-decode: the request has landed and is decoding (a long generation through the router) when
-  stage 1 dies: the router's client gets an error within seconds."""
+  stage 1 dies: the router's client gets an error within seconds.
+Both errors are a 500 naming the dead rank."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -20,27 +22,18 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pd_helpers import (
-    TINY_LLAMA,
-    dummy_args,
-    launch,
-    launch_router,
-    post_async,
-    post_pair,
-    wait_kv_restored,
-    wait_until,
-)
+import pd_helpers as pd
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
-COMMON = dummy_args(TINY_LLAMA, 4096)
+COMMON = pd.dummy_args(pd.TINY_LLAMA, 4096)
 PROMPT = list(range(5, 5 + 120))
 PARAMS = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
 def prefill():
-    server = launch([*COMMON, "--chunked-prefill-size", "32"], "dppf-prefill", "prefill")
+    server = pd.launch([*COMMON, "--chunked-prefill-size", "32"], "dppf-prefill", "prefill")
     yield server
     server.stop()
 
@@ -48,7 +41,7 @@ def prefill():
 @pytest.fixture(scope="module")
 def spare(prefill):
     """A tp 1 decode server: the prefill goes on serving after a decode server died."""
-    server = launch(COMMON, "dppf-spare", "decode")
+    server = pd.launch(COMMON, "dppf-spare", "decode")
     yield server
     server.stop()
 
@@ -83,24 +76,18 @@ def _room_body(prefill, room: int, params: dict = PARAMS) -> dict:
     }
 
 
-def _is_error(status, result) -> bool:
-    """An error answer: an HTTP error status, or a 200 whose request ended in an abort."""
-    if status is None:
-        return False  # no answer at all (connection lost or timed out)
-    if status >= 400:
-        return True
-    return (
-        isinstance(result, dict)
-        and result.get("meta_info", {}).get("finish_reason", {}).get("type") == "abort"
-    )
+def _dead_rank_error(status, result) -> bool:
+    """A 500 that names the dead pipeline rank (the decode server fails its pending requests with
+    the watchdog's message before it exits), not a dropped connection or a timeout."""
+    return status == 500 and "Scheduler rank 1" in str(result) and "SIGKILL" in str(result)
 
 
 def _prefill_still_serves(prefill, spare) -> None:
-    wait_kv_restored(prefill, 30)
-    _, d_out = post_pair(prefill, spare, {"input_ids": PROMPT[:40], "sampling_params": PARAMS})
+    pd.wait_kv_restored(prefill, 30)
+    _, d_out = pd.post_pair(prefill, spare, {"input_ids": PROMPT[:40], "sampling_params": PARAMS})
     assert len(d_out.get("output_ids", [])) == PARAMS["max_new_tokens"], d_out
-    wait_kv_restored(prefill, 30)
-    wait_kv_restored(spare, 30)
+    pd.wait_kv_restored(prefill, 30)
+    pd.wait_kv_restored(spare, 30)
 
 
 def _router_answers_error(router) -> None:
@@ -115,70 +102,70 @@ def _router_answers_error(router) -> None:
     assert time.monotonic() - t0 < 45
 
 
-def test_decode_stage1_killed_mid_transfer(prefill, spare):
-    decode = launch([*COMMON, "--pp-size", "2"], "dppf-decode-a", mode="decode")
+@contextlib.contextmanager
+def _decode_pp2(prefill, name: str, pair_first: bool = False):
+    """A decode server of --pp-size 2 (checked to serve a pair first when `pair_first`) and a
+    router (no retries) in front of the pair; both stopped afterwards."""
+    decode = pd.launch([*COMMON, "--pp-size", "2"], name, mode="decode")
     router = None
     try:
-        _, d_out = post_pair(prefill, decode, {"input_ids": PROMPT, "sampling_params": PARAMS})
-        assert len(d_out["output_ids"]) == PARAMS["max_new_tokens"], d_out  # the pair works
-        router = launch_router(prefill, decode, ["--disable-retries"])
-        wait_kv_restored(prefill, 30)
-        wait_kv_restored(decode, 30)
-        body = _room_body(prefill, 1001)
-        out: dict = {}
-        t_dec = post_async(decode.url, body, out, "decode")
-        # stage 0 allocated the room's slots and sent its addresses; stage 1 asked for its layers
-        assert wait_until(lambda: decode.state()["pd_transfer_queue"] == 1, 30)
-        _kill_stage1(decode)
-        t_pre = post_async(prefill.url, body, out, "prefill")
-        t_dec.join(60)
-        t_pre.join(60)
-        assert not t_dec.is_alive() and not t_pre.is_alive()
-        status, result, elapsed = out["decode"]
-        assert status is None or _is_error(status, result), out  # an error or a dropped connection
-        assert elapsed < 40, out
-        status, result, elapsed = out["prefill"]
-        reason = result["meta_info"]["finish_reason"]
-        assert status == 200 and reason["type"] == "abort" and "PD transfer failed" in reason["message"], out
-        assert elapsed < 40
-        assert wait_until(lambda: decode.proc.poll() is not None, 30), "the decode server did not exit"
-        state = wait_kv_restored(prefill, 30)
-        assert state["pd_failed_transfers"] >= 1
-        _router_answers_error(router)
-        _prefill_still_serves(prefill, spare)
+        if pair_first:
+            _, d_out = pd.post_pair(prefill, decode, {"input_ids": PROMPT, "sampling_params": PARAMS})
+            assert len(d_out["output_ids"]) == PARAMS["max_new_tokens"], d_out
+        router = pd.launch_router(prefill, decode, ["--disable-retries"])
+        pd.wait_kv_restored(prefill, 30)
+        pd.wait_kv_restored(decode, 30)
+        yield decode, router
     finally:
         if router is not None:
             router.stop()
         decode.stop()
 
 
+def test_decode_stage1_killed_mid_transfer(prefill, spare):
+    with _decode_pp2(prefill, "dppf-decode-a", pair_first=True) as (decode, router):
+        body = _room_body(prefill, 1001)
+        out: dict = {}
+        t_dec = pd.post_async(decode.url, body, out, "decode")
+        # stage 0 allocated the room's slots and sent its addresses; stage 1 asked for its layers
+        assert pd.wait_until(lambda: decode.state()["pd_transfer_queue"] == 1, 30)
+        _kill_stage1(decode)
+        t_pre = pd.post_async(prefill.url, body, out, "prefill")
+        t_dec.join(60)
+        t_pre.join(60)
+        assert not t_dec.is_alive() and not t_pre.is_alive()
+        status, result, elapsed = out["decode"]
+        assert _dead_rank_error(status, result) and elapsed < 40, out
+        status, result, elapsed = out["prefill"]
+        reason = result["meta_info"]["finish_reason"]
+        assert status == 200 and reason["type"] == "abort" and "PD transfer failed" in reason["message"], out
+        assert elapsed < 40
+        assert pd.wait_until(lambda: decode.proc.poll() is not None, 30), "the decode server did not exit"
+        state = pd.wait_kv_restored(prefill, 30)
+        assert state["pd_failed_transfers"] >= 1
+        _router_answers_error(router)
+        _prefill_still_serves(prefill, spare)
+
+
 def test_decode_stage1_killed_mid_decode(prefill, spare):
-    decode = launch([*COMMON, "--pp-size", "2"], "dppf-decode-b", mode="decode")
-    router = None
-    try:
-        router = launch_router(prefill, decode, ["--disable-retries"])
-        wait_kv_restored(prefill, 30)
+    with _decode_pp2(prefill, "dppf-decode-b") as (decode, router):
         landed = decode.state()["pd_landed"]
         out: dict = {}
         long = {"max_new_tokens": 3000, "temperature": 0, "ignore_eos": True}
-        t_cli = post_async(router.url, {"input_ids": PROMPT, "sampling_params": long}, out, "client")
+        t_cli = pd.post_async(router.url, {"input_ids": PROMPT, "sampling_params": long}, out, "client")
 
         def decoding() -> bool:
             s = decode.state()
             return s["pd_landed"] > landed and s["num_running_reqs"] >= 1
 
-        assert wait_until(decoding, 60, 0.1), decode.state()
+        assert pd.wait_until(decoding, 60, 0.1), decode.state()
         _kill_stage1(decode)
         t0 = time.monotonic()
         t_cli.join(60)
         assert not t_cli.is_alive(), "the client's request hangs"
         status, result, _ = out["client"]
-        assert _is_error(status, result), out
+        assert _dead_rank_error(status, result), out  # the router passes the decode's error on
         assert time.monotonic() - t0 < 30, out
-        assert wait_until(lambda: decode.proc.poll() is not None, 30), "the decode server did not exit"
+        assert pd.wait_until(lambda: decode.proc.poll() is not None, 30), "the decode server did not exit"
         _router_answers_error(router)
         _prefill_still_serves(prefill, spare)
-    finally:
-        if router is not None:
-            router.stop()
-        decode.stop()
