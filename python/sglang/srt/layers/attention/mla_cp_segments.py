@@ -11,7 +11,10 @@ S (plus the chunk), whatever the prefix length.
 DSA keeps the indexer's top-k exact: a first pass gathers the index keys round by round and keeps
 each query's running top-k candidates (score, position), merged in the selection's total order
 (higher score, then the earlier position: the top-k of a union is the top-k of the parts' top-ks);
-the new rows' keys are scored last, causally. A second pass gathers the latent rows round by round
+the new rows' keys are scored last, causally. On the `dsa` backend the scores come from its op at
+the chosen precision (`SGLANG_DSA_INDEX_SCORE_DTYPE`: float32, bfloat16 or int8; per-row
+quantization, so a key's score does not depend on the round it is in), as in the unsegmented
+path; otherwise from the float32 reference. A second pass gathers the latent rows round by round
 and attends each query to its selected positions inside the round (`sparse_latent_attention`, or
 the DSA backend's `attend_slots`), merged by LSE.
 """
@@ -85,7 +88,23 @@ def _merge_candidates(acc: Optional[Partial], part: Partial, k: int) -> Partial:
     return v, pos.gather(1, idx.clamp(min=0)).masked_fill(idx < 0, -1)
 
 
-def _select(indexer: "Indexer", iq, iw, full, dim: int, fb, layout: CPLayout, md: MLACPMetadata) -> dict:
+def _candidates(kernels: Optional["DSAKernels"], q, w, keys, p0: int, topk: int, scale: float, q_pos=None):
+    """Top-k (values, positions) of queries over keys [n, D] at positions p0.. (all visible, or
+    causal by `q_pos`): the DSA backend's op at its scoring precision (`index_score_dtype`, as
+    the unsegmented path), or the float32 reference."""
+    if kernels is not None:
+        return kernels.range_topk_candidates(q, w, keys, p0, topk, scale, q_pos)
+    kpos = torch.arange(p0, p0 + keys.shape[0], device=keys.device).unsqueeze(0)
+    if q_pos is None:
+        vis = torch.ones((q.shape[0], keys.shape[0]), dtype=torch.bool, device=keys.device)
+    else:
+        vis = kpos <= q_pos.to(keys.device).unsqueeze(1)
+    return shard_topk_candidates(q, w, keys.unsqueeze(0), kpos, vis, topk, scale)
+
+
+def _select(
+    indexer: "Indexer", iq, iw, full, dim: int, fb, layout: CPLayout, md: MLACPMetadata, kernels=None
+) -> dict:
     """Exact top-k positions [m, <= topk] of each extend's own queries (extend index -> positions,
     sorted ascending, padding past every position)."""
     topk, scale = indexer.index_topk, indexer.softmax_scale
@@ -93,11 +112,7 @@ def _select(indexer: "Indexer", iq, iw, full, dim: int, fb, layout: CPLayout, md
     for rnd in md.rounds:
         keys = gather_round(fb, layout, indexer.layer_id, rnd, True, full.dtype)
         for j, it, loc, row, p0, n in _in_round(rnd, md):
-            kpos = torch.arange(p0, p0 + n, device=keys.device).unsqueeze(0)
-            vis = torch.ones((it.local_count, n), dtype=torch.bool, device=keys.device)
-            part = shard_topk_candidates(
-                iq[loc], iw[loc], keys[row : row + n].unsqueeze(0), kpos, vis, topk, scale
-            )
+            part = _candidates(kernels, iq[loc], iw[loc], keys[row : row + n], p0, topk, scale)
             cand[j] = _merge_candidates(cand.get(j), part, topk)
         del keys
     out = {}
@@ -106,9 +121,7 @@ def _select(indexer: "Indexer", iq, iw, full, dim: int, fb, layout: CPLayout, md
             continue
         loc = slice(it.local_start, it.local_start + it.local_count)
         keys = full[it.global_start : it.global_start + it.num_tokens, dim:]
-        kpos = torch.arange(it.prefix_len, it.prefix_len + it.num_tokens, device=keys.device).unsqueeze(0)
-        vis = kpos <= it.q_pos.to(keys.device).unsqueeze(1)
-        part = shard_topk_candidates(iq[loc], iw[loc], keys.unsqueeze(0), kpos, vis, topk, scale)
+        part = _candidates(kernels, iq[loc], iw[loc], keys, it.prefix_len, topk, scale, it.q_pos)
         pos = _merge_candidates(cand.get(j), part, topk)[1]
         out[j] = pos.masked_fill(pos < 0, _NO_POS).sort(dim=1).values  # ascending, padding last
         indexer.count(it.local_count, int((it.q_pos + 1).sum()))
@@ -161,7 +174,7 @@ def segmented_extends(
     """Every extend's own queries over its prefix (gathered round by round) and its new rows
     `full` [N, W]; writes out [n, H, L]. `indexer` (with its queries `index_qw`): DSA."""
     dim = core.head_dim
-    sel = _select(indexer, *index_qw, full, dim, fb, layout, md) if indexer is not None else {}
+    sel = _select(indexer, *index_qw, full, dim, fb, layout, md, kernels) if indexer is not None else {}
     acc: dict[int, Partial] = {}
     for rnd in md.rounds:
         rows = gather_round(fb, layout, core.layer_id, rnd, False, full.dtype)[:, :dim]

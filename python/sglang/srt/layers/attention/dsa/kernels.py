@@ -163,6 +163,36 @@ class DSAKernels:
         table = torch.zeros((len(runs), 1), dtype=torch.int32)  # one block holding the whole sequence
         return cu, kv_lens, table
 
+    def _one_sequence(self, q, w, keys, scale: float, width: int, q_pos, return_value: bool):
+        """lightning_indexer of queries [m, H, D] over one sequence's keys [T, D] (one block):
+        causal by positions `q_pos` (ascending, relative to the first key; sparse_mode 3), or every
+        key visible (`q_pos` None; sparse_mode 0)."""
+        m, total = q.shape[0], keys.shape[0]
+        if q_pos is None:
+            cu, kv_lens = torch.tensor([m], dtype=torch.int32), torch.tensor([total], dtype=torch.int32)
+            table, mode = torch.zeros((1, 1), dtype=torch.int32), 0
+        else:
+            (cu, kv_lens, table), mode = self._run_layout(q_pos, total), 3
+        # CP passes the index-key columns of the gathered [T, L + R + D] rows: a strided view whose
+        # 64-value keys lie one per 1.5 KB. The indexer re-reads every visible key once per query
+        # group, and over 6x the pages it ran 10-13 % slower (TLB); one copy (T x D) costs ~ms.
+        keys = keys.contiguous()
+        return self.ops.lightning_indexer(
+            q,
+            keys.view(1, total, 1, keys.shape[1]),
+            w.float() * scale,
+            cu,
+            kv_lens,
+            table,
+            "TND",
+            "PA_BSND",
+            width,
+            mode,
+            return_value=return_value,
+            impl=self.prefill_impl,
+            score_dtype=self.index_score_dtype,
+        )
+
     def own_query_topk(
         self,
         q: torch.Tensor,
@@ -178,27 +208,37 @@ class DSAKernels:
         width = min(topk, total)
         if m == 0 or total == 0:
             return torch.full((m, width), -1, dtype=torch.int32, device=q.device)
-        cu, kv_lens, table = self._run_layout(q_pos, total)
-        # CP passes the index-key columns of the gathered [T, L + R + D] rows: a strided view whose
-        # 64-value keys lie one per 1.5 KB. The indexer re-reads every visible key once per query
-        # group, and over 6x the pages it ran 10-13 % slower (TLB); one copy (T x D) costs ~ms.
-        keys = keys.contiguous()
-        key = keys.view(1, total, 1, keys.shape[1])
-        idx = self.ops.lightning_indexer(
-            q,
-            key,
-            w.float() * scale,
-            cu,
-            kv_lens,
-            table,
-            "TND",
-            "PA_BSND",
-            width,
-            3,
-            impl=self.prefill_impl,
-            score_dtype=self.index_score_dtype,
-        )
-        return idx[:, 0]
+        return self._one_sequence(q, w, keys, scale, width, q_pos, False)[:, 0]
+
+    def range_topk_candidates(
+        self,
+        q: torch.Tensor,
+        w: torch.Tensor,
+        keys: torch.Tensor,
+        key_start: int,
+        width: int,
+        scale: float,
+        q_pos: Optional[torch.Tensor] = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Top-`width` candidates of queries [m, H, D] over keys [T, D] at positions key_start ..
+        key_start + T - 1, scored at `index_score_dtype` (the segmented prefix gather's rounds):
+        every key visible (`q_pos` None), or causal for queries at ascending positions `q_pos` >=
+        key_start. -> (values [m, w] float32, -inf padding; positions [m, w] int64, -1 padding),
+        w = min(width, T), in the selection's order (higher score, then the earlier position)."""
+        m, width = q.shape[0], min(width, keys.shape[0])
+        if m == 0 or width == 0:
+            empty = torch.full((m, width), -1, dtype=torch.int64)
+            return empty.float().fill_(float("-inf")), empty
+        rel = None if q_pos is None else q_pos - key_start
+        idx, vals = self._one_sequence(q, w, keys, scale, width, rel, True)
+        idx, vals = idx[:, 0].long(), vals[:, 0].float()
+        pos = (idx + key_start).masked_fill(idx < 0, -1)
+        # the selection's total order whatever order the op returns: earlier position first, then
+        # a stable sort by score
+        pos, by_pos = pos.masked_fill(pos < 0, torch.iinfo(torch.int64).max).sort(dim=1)
+        vals, by_val = vals.gather(1, by_pos).sort(dim=1, descending=True, stable=True)
+        pos = pos.gather(1, by_val)
+        return vals, pos.masked_fill(torch.isinf(vals) & (vals < 0), -1)
 
     def attend_rows(
         self,
