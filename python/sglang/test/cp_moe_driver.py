@@ -25,7 +25,7 @@ import torch
 
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.distributed.parallel_state import ParallelGroups
-from sglang.srt.model_loader.loader import load_model_weights
+from sglang.srt.model_loader.safetensors_loader import iter_safetensors_weights
 from sglang.srt.models.causal_lm import CausalLM
 from sglang.srt.models.registry import ModelRegistry
 from sglang.test.cp_forward_helpers import CPForwardHarness, pp_stepper
@@ -40,7 +40,7 @@ FRESH_LEN = 13
 def load_model(path: str, groups: ParallelGroups) -> tuple[Any, CausalLM]:
     hf_config = ModelConfig(path).hf_config
     model = ModelRegistry.resolve(hf_config.architectures)(hf_config, groups, torch.float32).eval()
-    load_model_weights(model, path, "safetensors")  # FP8 block-quantized checkpoints too
+    model.load_weights(iter_safetensors_weights(path))
     return hf_config, model
 
 

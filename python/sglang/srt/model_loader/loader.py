@@ -15,11 +15,9 @@ from typing import Any, Iterator, Optional, Union
 
 import torch
 
-from sglang.srt.layers.quantization.config import quant_spec_from_config
-from sglang.srt.layers.quantization.fp8_load import SCALE_SUFFIX, Fp8CheckpointStream, prepare_fp8_model
 from sglang.srt.model_loader.dummy_loader import init_dummy_weights
 from sglang.srt.model_loader.pt_loader import iter_pt_weights, list_pt_files
-from sglang.srt.model_loader.safetensors_loader import iter_safetensors_weights, list_safetensors_names
+from sglang.srt.model_loader.safetensors_loader import iter_safetensors_weights
 
 LOAD_FORMATS = ("auto", "safetensors", "pt", "gguf", "dummy")
 DUMMY_PREFIX = "dummy:"
@@ -97,7 +95,11 @@ def iter_weights(
 
         return iter_gguf_weights(model_path, dtype)
     if fmt in ("safetensors", "pt"):
-        torch_dtype = _torch_dtype(dtype)
+        torch_dtype = (
+            None
+            if dtype in (None, "auto")
+            else (dtype if isinstance(dtype, torch.dtype) else getattr(torch, dtype))
+        )
         reader = iter_safetensors_weights if fmt == "safetensors" else iter_pt_weights
         return reader(model_path, torch_dtype)
     raise ValueError(f"load format 'dummy' has no weights to iterate for {model_path!r}")
@@ -113,35 +115,7 @@ def load_model_weights(
     """Fill `model` via `model.load_weights(...)` or dummy init; returns the format used."""
     fmt = resolve_load_format(model_path, load_format)
     if fmt == "dummy":
-        init_dummy_weights(model, seed=0 if seed is None else seed)  # a quantized config loads unquantized
-        return fmt
-    spec = quant_spec_from_config(getattr(model, "config", None))
-    if spec is None:
-        model.load_weights(_refuse_scales(iter_weights(model_path, fmt, dtype)))
-        return fmt
-    if fmt != "safetensors":
-        raise ValueError(
-            f"FP8 block-quantized checkpoints load from safetensors only, got load format {fmt!r}"
-        )
-    stacked = getattr(model, "stacked_params", ())
-    scales = [n for n in list_safetensors_names(model_path) if n.endswith(".weight" + SCALE_SUFFIX)]
-    held = prepare_fp8_model(model, spec, scales, stacked)
-    stream = Fp8CheckpointStream(held, spec, _torch_dtype(dtype), stacked)
-    model.load_weights(stream(iter_weights(model_path, fmt, None)))
+        init_dummy_weights(model, seed=0 if seed is None else seed)
+    else:
+        model.load_weights(iter_weights(model_path, fmt, dtype))
     return fmt
-
-
-def _torch_dtype(dtype: DtypeLike) -> Optional[torch.dtype]:
-    if dtype in (None, "auto"):
-        return None
-    return dtype if isinstance(dtype, torch.dtype) else getattr(torch, dtype)
-
-
-def _refuse_scales(weights: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
-    """A checkpoint without quantization_config must not carry FP8 block scales."""
-    for name, tensor in weights:
-        if name.endswith(".weight" + SCALE_SUFFIX):
-            raise ValueError(
-                f"{name}: an FP8 block scale in a checkpoint whose config.json has no quantization_config"
-            )
-        yield name, tensor

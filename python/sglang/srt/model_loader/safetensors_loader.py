@@ -29,13 +29,4 @@ def iter_safetensors_weights(
     for path in progress(files, "Loading safetensors checkpoint shards", unit="file"):
         with safe_open(path, framework="pt", device="cpu") as f:
             for name in f.keys():
-                yield name, cast_floating(f.get_tensor(name), dtype)
-
-
-def list_safetensors_names(model_dir: str) -> list[str]:
-    """Every tensor name of the checkpoint (headers only: no tensor is read)."""
-    names: list[str] = []
-    for path in list_safetensors_files(model_dir):
-        with safe_open(path, framework="pt", device="cpu") as f:
-            names.extend(f.keys())
-    return names
+                yield name, cast_floating(f.get_tensor(name), dtype, name)
