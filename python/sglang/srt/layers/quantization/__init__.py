@@ -5,6 +5,7 @@
 - `fp8_block.py`: FP8 (e4m3) weights with 2-D block scales (`weight_scale_inv`, DeepSeek's format):
   block quantize / dequantize, and `Fp8BlockLinearMethod`, which a linear layer calls instead of its
   plain matmul (the weight stays in 1 byte; each call widens one tile of rows at a time).
-- `fp8_load.py`: prepares a model for such a checkpoint (the linears it holds in FP8) and routes the
-  checkpoint stream (layers kept unquantized get their weight dequantized once, at load).
+- `fp8_load.py`: the checkpoint stream of such a checkpoint (`models/weight_loading.py` wraps it):
+  a linear turns FP8 when its first FP8 tensor arrives; layers not built for FP8 get their weight
+  dequantized once, at load.
 """
