@@ -1,8 +1,8 @@
 """The tiny FP8 block-quantized DeepSeek-V3.2 (16 x 16 blocks, `sglang.test.tiny_fp8_models`) on
 gloo ranks: at tp 2 (weights and their block scales sharded together), ep 2 (routed experts split,
-widened at load) and pp 2, greedy tokens identical to, and every step's logits within 1e-3 of, the
-same weights dequantized to float32 run at tp 1 (the CP test driver: chunked prefills beside
-decodes, then a radix-cache hit)."""
+widened at load), pp 2 and cp 2 (attention tp 1): greedy tokens identical to, and every step's
+logits within 1e-3 of, the same weights dequantized to float32 run at tp 1 (the CP test driver:
+chunked prefills beside decodes, then a radix-cache hit)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow  # spawns gloo ranks
 
 TOL = 1e-3
 NEW_TOKENS = 8
-LAYOUTS = ({"tp": 2}, {"tp": 2, "moe_ep": 2}, {"pp": 2})
+LAYOUTS = ({"tp": 2}, {"tp": 2, "moe_ep": 2}, {"pp": 2}, {"tp": 2, "attn_cp": 2})
 
 
 @pytest.fixture(scope="module")
