@@ -141,3 +141,33 @@ def test_quantization_flag_checked_against_checkpoint_at_startup():
     args = ServerArgs(model_path=TINY_LLAMA_DIR, quantization="w8a8_int8")
     with pytest.raises(ValueError, match="w8a8_int8: not built yet"):
         check_server_args_against_model(args)
+
+
+def test_checkpoint_stream_makes_linears_fp8_and_pairs_the_rest():
+    from torch import nn
+
+    from sglang.srt.layers.linear import ReplicatedLinear
+    from sglang.srt.layers.quantization.fp8_load import Fp8CheckpointStream, refuse_scales
+
+    with pytest.raises(
+        ValueError, match="block scale in a checkpoint whose config.json has no quantization_config"
+    ):
+        list(refuse_scales([("model.layers.0.mlp.down_proj.weight_scale_inv", torch.ones(1, 1))]))
+    model = nn.Module()
+    model.proj = ReplicatedLinear(32, 32)
+    model.kv_b_proj = ReplicatedLinear(32, 32)
+    model.fp8_unquantized_modules = ("kv_b_proj",)
+    q, s = block_quantize(torch.randn(32, 32), (16, 16))
+    params = dict(model.named_parameters())
+    stream = Fp8CheckpointStream(model, QuantSpec("fp8", (16, 16)), (), lambda i: True, params)
+    out = list(stream([("proj.weight", q), ("kv_b_proj.weight", q), ("kv_b_proj.weight_scale_inv", s)]))
+    assert [n for n, _ in out] == ["proj.weight", "kv_b_proj.weight"]
+    assert out[0][1].dtype == FP8_DTYPE and torch.equal(out[1][1], block_dequant(q, s, (16, 16)))
+    assert (
+        model.proj.weight.dtype == FP8_DTYPE
+        and params["proj.weight_scale_inv"] is model.proj.weight_scale_inv
+    )
+    assert model.kv_b_proj.weight.dtype == torch.float32  # read as a tensor by its model: widened at load
+    stream = Fp8CheckpointStream(model, QuantSpec("fp8", (16, 16)), (), lambda i: True, params)
+    with pytest.raises(ValueError, match="FP8 weights without their scale"):
+        list(stream([("kv_b_proj.weight", q)]))
