@@ -41,10 +41,10 @@ def test_config_file_with_command_line_override(tmp_path, capsys):
     with pytest.raises(SystemExit):
         parse("--config", str(cfg))
     assert "key 'max_runing_requests': unknown" in capsys.readouterr().err
-    cfg.write_text("quantization: fp8\n")
+    cfg.write_text("kv_cache_dtype: fp8_e4m3\n")
     with pytest.raises(SystemExit):
         parse("--config", str(cfg))
-    assert "upstream flag --quantization is not supported by this engine" in capsys.readouterr().err
+    assert "upstream flag --kv-cache-dtype is not supported by this engine" in capsys.readouterr().err
     cfg.write_text("enable_metrics: 3\n")
     with pytest.raises(SystemExit):
         parse("--config", str(cfg))
@@ -54,7 +54,7 @@ def test_config_file_with_command_line_override(tmp_path, capsys):
 @pytest.mark.parametrize(
     "flag, hint",
     [
-        ("--quantization", "not yet: issue 30"),
+        ("--kv-cache-dtype", "not yet: issue 30"),
         ("--grammar-backend", "not yet: issue 29"),
         ("--tool-call-parser", "not yet: issue 29"),
         ("--reasoning-parser", "not yet: issue 29"),

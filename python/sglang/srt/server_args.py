@@ -121,6 +121,14 @@ class ServerArgs(CompatArgs, ParallelArgs):
         G_DTYPE,
         choices=["auto", "float32", "bfloat16", "float16"],
     )
+    quantization: Optional[str] = arg(
+        None,
+        "Weight quantization, checked against the checkpoint's quantization_config: fp8 (FP8 block-scaled "
+        "checkpoints such as DeepSeek-V3's; also used without the flag). w8a8_int8: not built yet (issue 30).",
+        G_DTYPE,
+        choices=["fp8", "w8a8_int8"],
+        default_text="the checkpoint's",
+    )
     enable_fp32_lm_head: bool = arg(
         False,
         "Compute the LM head's logits in float32 whatever --dtype (float32 hidden states and sums, bf16 "

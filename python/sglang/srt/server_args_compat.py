@@ -25,7 +25,6 @@ def _next(issue: int) -> str:
 
 # Upstream flags this engine does not take: flag -> what to use instead, or which issue builds it.
 UPSTREAM_FLAGS = {
-    "--quantization": _next(30),
     "--kv-cache-dtype": _next(30),
     "--grammar-backend": _next(29),
     "--tool-call-parser": _next(29),

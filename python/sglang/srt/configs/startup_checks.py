@@ -26,6 +26,7 @@ def check_server_args_against_model(server_args: ServerArgs) -> None:
     """Every start-up check of the flags that needs the model layer or the checkpoint (ValueError)."""
     _check_attention_backend(server_args)
     _check_nsa_backends(server_args)
+    _check_quantization(server_args)
     if server_args.pp_size > 1:
         _check_pipeline_partition(server_args)
     if server_args.cp_size > 1:
@@ -92,3 +93,16 @@ def _check_pipeline_partition(server_args: ServerArgs) -> None:
     config = config.get("text_config", config) if "num_hidden_layers" not in config else config
     if "num_hidden_layers" in config:
         pp_partition(int(config["num_hidden_layers"]), server_args.pp_size)
+
+
+def _check_quantization(server_args: ServerArgs) -> None:
+    """--quantization and the checkpoint's quantization_config (config.json only): an unsupported
+    method, a value not built yet, or a flag that does not match the checkpoint's format."""
+    from sglang.srt.layers.quantization.config import check_quantization_flag, quant_spec_from_config
+    from sglang.srt.model_loader.loader import load_hf_config_dict
+
+    check_quantization_flag(server_args.quantization)
+    if server_args.load_format == "dummy" or server_args.model_path.startswith("dummy:"):
+        return
+    config = load_hf_config_dict(server_args.model_path, server_args.load_format)
+    quant_spec_from_config(config, server_args.quantization)

@@ -82,6 +82,12 @@ class LinearBase(nn.Module):
         else:
             self.register_parameter("bias", None)
         self.packed_weight = None  # set once after loading where the platform packs weights
+        self.quant_method = None  # e.g. layers/quantization Fp8BlockLinearMethod: it then multiplies
+
+    def _matmul(self, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        if self.quant_method is not None:
+            return self.quant_method.apply(self, x, bias)
+        return linear(x, self.weight, bias, self.packed_weight)
 
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: ShardId = None
@@ -89,7 +95,7 @@ class LinearBase(nn.Module):
         raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias, self.packed_weight)
+        return self._matmul(x, self.bias)
 
     def extra_repr(self) -> str:
         return f"in={self.weight.shape[1]}, out={self.weight.shape[0]}, bias={self.bias is not None}, tp={self.tp_size}"
@@ -141,7 +147,7 @@ class ColumnParallelLinear(LinearBase):
         _copy_checked(param.data, loaded_weight.narrow(0, self.tp_rank * n, n), "column-parallel")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = linear(x, self.weight, self.bias, self.packed_weight)
+        out = self._matmul(x, self.bias)
         if self.gather_output and self.tp_size > 1:
             out = self.tp.all_gather(out, dim=-1)
         return out
@@ -292,8 +298,8 @@ class RowParallelLinear(LinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return linear(x, self.weight, self.bias, self.packed_weight)
-        out = linear(x, self.weight, None, self.packed_weight)
+            return self._matmul(x, self.bias)
+        out = self._matmul(x, None)
         if self.reduce_results:
             out = self.tp.all_reduce(out)
         if self.bias is not None and (self.reduce_results or self.tp_rank == 0):

@@ -32,5 +32,5 @@ def iter_pt_weights(
     for path in progress(files, "Loading pt checkpoint shards", unit="file"):
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         for name, tensor in state.items():
-            yield name, cast_floating(tensor, dtype)
+            yield name, cast_floating(tensor, dtype, name)
         del state

@@ -29,4 +29,4 @@ def iter_safetensors_weights(
     for path in progress(files, "Loading safetensors checkpoint shards", unit="file"):
         with safe_open(path, framework="pt", device="cpu") as f:
             for name in f.keys():
-                yield name, cast_floating(f.get_tensor(name), dtype)
+                yield name, cast_floating(f.get_tensor(name), dtype, name)

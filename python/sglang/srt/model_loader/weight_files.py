@@ -30,8 +30,14 @@ def list_weight_files(model_dir: str, index_name: str, pattern: str, skip: Seque
     return files
 
 
-def cast_floating(tensor: torch.Tensor, dtype: Optional[torch.dtype]) -> torch.Tensor:
-    """`tensor` in `dtype` when it is a floating tensor (integer tensors keep theirs); None: unchanged."""
-    if dtype is not None and tensor.is_floating_point() and tensor.dtype != dtype:
-        return tensor.to(dtype)
-    return tensor
+_FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def cast_floating(tensor: torch.Tensor, dtype: Optional[torch.dtype], name: str = "") -> torch.Tensor:
+    """`tensor` in `dtype` when it is a floating tensor (integer tensors keep theirs); None: unchanged.
+    Quantized checkpoints keep their FP8 weights (1 byte) and block scales (`*_scale_inv`) as stored."""
+    if dtype is None or not tensor.is_floating_point() or tensor.dtype == dtype:
+        return tensor
+    if tensor.dtype in _FP8_DTYPES or name.endswith("_scale_inv"):
+        return tensor
+    return tensor.to(dtype)

@@ -30,6 +30,7 @@ from sglang.srt.layers.attention.dsa.backend_names import int8_index_keys
 from sglang.srt.layers.attention.mla import MLAAttention
 from sglang.srt.layers.communicator import dense_mlp_tp_group, make_layer_communicator, moe_mlp_group
 from sglang.srt.layers.layernorm import RMSNorm
+from sglang.srt.layers.quantization.config import quant_spec_from_config
 from sglang.srt.layers.moe.moe_block import SparseMoeBlock
 from sglang.srt.layers.moe.topk import TopKConfig
 from sglang.srt.layers.rotary_yarn import DeepseekRotaryEmbedding
@@ -151,13 +152,13 @@ class DeepseekV3ForCausalLM(CausalLM):
     supports_context_parallel = True  # sharded latent KV + zero-redundant indexer (mla_cp.py)
     attention_kind = "mla"
 
+    # FP8 checkpoints (layers/quantization): kv_b_proj is read as a tensor (absorbed), so widened at load
+    fp8_unquantized_modules = ("kv_b_proj",)
+
     def __init__(
         self, config: Any, groups: Optional[ParallelGroups] = None, dtype: torch.dtype = torch.float32
     ):
-        if getattr(config, "quantization_config", None):
-            raise ValueError(
-                "quantized DeepSeek checkpoints (FP8 block scales) are not supported; use BF16 weights"
-            )
+        quant_spec_from_config(config)  # an unsupported quantization_config refused before any weight
         super().__init__(config, groups, dtype)
 
     def build_model(self, config: Any, groups: ParallelGroups, dtype: torch.dtype) -> DeepseekV2Model:
@@ -222,13 +223,6 @@ class DeepseekV3ForCausalLM(CausalLM):
             layer.self_attn.shard_linear = series
         self.shard_linear_series = series
         return series
-
-    # ------------------------------------------------------------------ weights
-    def check_checkpoint_tensor(self, name: str) -> None:
-        """FP8 block-quantized checkpoints (weight_scale_inv tensors) are refused. Layers past
-        num_hidden_layers (the MTP / next-n layers of DeepSeek checkpoints) are skipped by the loader."""
-        if name.endswith("weight_scale_inv"):
-            raise ValueError(f"{name}: FP8 block-quantized checkpoints are not supported; use BF16 weights")
 
 
 class DeepseekV32ForCausalLM(DeepseekV3ForCausalLM):

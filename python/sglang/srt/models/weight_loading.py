@@ -5,7 +5,8 @@ Each tensor goes to one parameter: routed-expert weights through the experts' lo
 fused piece, shard id; the model's stacked-params table), everything else by its own name. Tied
 embeddings and the layers of other pipeline stages (or past num_hidden_layers, e.g. DeepSeek's MTP
 layers) are handled once here. Each parameter's `weight_loader` takes the FULL tensor and copies
-this rank's slice.
+this rank's slice. An FP8 block-quantized checkpoint (`quantization_config`) goes through
+`layers/quantization/fp8_load.Fp8CheckpointStream` first; block scales elsewhere are refused.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import torch
 from torch import nn
 
 from sglang.srt.layers.moe.experts import match_expert_weight
+from sglang.srt.layers.quantization.config import quant_spec_from_config
+from sglang.srt.layers.quantization.fp8_load import Fp8CheckpointStream, refuse_scales
 from sglang.srt.models.checkpoint_specs import StackedParam
 
 LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.")
@@ -37,6 +40,11 @@ def load_checkpoint_weights(
     separate_head = "lm_head.weight" in params
     start, end = layers
     loaded: set[str] = set()
+    spec = quant_spec_from_config(getattr(model, "config", None))
+    if spec is None:
+        weights = refuse_scales(weights)
+    else:  # FP8 block-quantized (layers/quantization): linears made FP8 as their tensors come
+        weights = Fp8CheckpointStream(model, spec, stacked, lambda i: start <= i < end, params)(weights)
     for name, tensor in weights:
         if "rotary_emb.inv_freq" in name:
             continue
