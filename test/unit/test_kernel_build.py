@@ -16,6 +16,7 @@ import pytest
 
 from sglang.srt.kernels.cpu import isa, loader
 from sglang.test.polling import wait_until
+from sglang.test.procs import SESSION, live_pids
 
 ROOT = Path(__file__).resolve().parents[2]
 LOAD_SNIPPET = (
@@ -50,34 +51,18 @@ def test_start_up_loads_the_kernels_without_a_compiler():
     assert seconds < 20  # an import (torch included), never a build
 
 
-def _session_pids(sid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                data = f.read()
-        except OSError:
-            continue
-        fields = data[data.rfind(")") + 2 :].split()
-        if int(fields[3]) == sid and fields[0] not in ("Z", "X"):  # (zombies hold no CPU)
-            out.append(int(entry))
-    return out
-
-
 def _kill_tree(proc: subprocess.Popen) -> None:
     """SIGKILL every process of the build's session: setup.py, ninja and the compilers (ninja runs
     each compiler in a process group of its own, so killing setup.py's group alone would leave them
     compiling on, orphaned, for as long as a whole build)."""
     for _ in range(3):
-        for pid in _session_pids(proc.pid):
+        for pid in live_pids(SESSION, proc.pid):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
     proc.wait(timeout=30)
-    assert wait_until(lambda: not _session_pids(proc.pid), 30), _session_pids(proc.pid)
+    assert wait_until(lambda: not live_pids(SESSION, proc.pid), 30), live_pids(SESSION, proc.pid)
 
 
 @pytest.mark.slow
