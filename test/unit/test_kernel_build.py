@@ -70,7 +70,7 @@ def test_a_killed_build_blocks_neither_the_next_start_nor_the_next_build(tmp_pat
     """`setup.py build_ext` killed while the compiler runs (Ctrl-C during `make setup`): a start
     right after loads the kernels at once, and the next build completes and gives a working module
     (only the portable build is made here, and at -O0 through a compiler wrapper: the test is about
-    the build's life cycle, not the kernels' speed, and -O0 compiles in a fraction of -O3's CPU)."""
+    the build's life cycle, not the kernels' speed; -O0 takes about 3/4 of -O3's compile CPU)."""
     if not _built():
         pytest.skip("the CPU kernels are not built here (no compiler at install time)")
     lib, temp = tmp_path / "lib", tmp_path / "temp"
