@@ -3,9 +3,19 @@ test/reliability `e2e` (pytest.ini declares them; `slow` is set per test or modu
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+# OpenMP threads that finished their share of an op sleep instead of spinning for the next one.
+# The suite runs two xdist workers, each with servers and ranks of up to 2 torch threads, on 2
+# cores: spinning threads burn the cores the others wait for. Measured on one SmolLM2 parity test
+# (transformers + the scheduler, 2 threads) on the shared VM: 113.7 CPU-s spinning (libgomp's
+# default), 44.2 CPU-s passive, and less wall time too (docs/notes/2026-11-test-time.md). Set here,
+# before any test imports torch; servers and ranks the tests start inherit it. Not set by the
+# engine itself: a server alone on its cores gains from the spin.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 _FOLDER_MARKERS = {
     "distributed": pytest.mark.distributed,

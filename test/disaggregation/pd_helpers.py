@@ -153,6 +153,37 @@ def _launch_once(args: list[str], name: str, mode: str, env: Optional[dict], las
     pytest.fail(f"{name} server not healthy in {STARTUP_TIMEOUT_S}s; log {log}:\n{handle.log()}")
 
 
+class ServerPool:
+    """Servers shared by a module's tests: each started on its first use and stopped after its last
+    planned one (`uses`: key -> number of tests that take it; a key run fewer times, e.g. under
+    `-k`, is stopped by `close`). A decode server serves any prefill server (the room names the
+    prefill's bootstrap address), so a layout matrix starts each distinct server once. `get`
+    flushes the server's radix cache, so a test's prompts take the path they take on a fresh one."""
+
+    def __init__(self, uses: dict) -> None:
+        self.left = dict(uses)
+        self.live: dict = {}
+
+    def get(self, key, args: list[str], name: str, mode: str, env: Optional[dict] = None) -> Proc:
+        server = self.live.get(key)
+        if server is None:
+            server = self.live[key] = launch(args, name, mode=mode, env=env)
+        r = httpx.post(server.url + "/flush_cache", timeout=30)
+        assert r.status_code == 200, r.text
+        return server
+
+    def release(self, key, broken: bool = False) -> None:
+        """`broken`: the test using it failed, so the next user gets a fresh server."""
+        self.left[key] -= 1
+        if (broken or self.left[key] <= 0) and key in self.live:
+            self.live.pop(key).stop()
+
+    def close(self) -> None:
+        for server in self.live.values():
+            server.stop()
+        self.live.clear()
+
+
 def launch_router(prefill: Proc, decode: Proc, extra: Optional[list[str]] = None) -> Proc:
     port = free_port()
     cmd = [

@@ -7,7 +7,12 @@ requests sent the way sglang-router sends them: the same room to both servers):
   heartbeat (interval 1 s x 2 here) with a clear error and frees the pre-allocated KV;
 * a request whose prefill half never arrives fails on both servers after the bootstrap / waiting
   timeouts (20 s here), and the KV is freed.
-Afterwards the surviving server reports its initial KV free count."""
+Afterwards the surviving server reports its initial KV free count.
+
+A server that survives one test serves the next (`ServerPool`; a test that fails hands the next a
+fresh one): the prefill server of the first test is the one killed in the second, and the decode
+server of the timeout test is the one that rejects requests without bootstrap fields (5 server
+starts instead of 7)."""
 
 from __future__ import annotations
 
@@ -17,13 +22,21 @@ import time
 import httpx
 import pytest
 
-from pd_helpers import TINY_LLAMA, launch, post_async, post_pair, wait_kv_restored, wait_until
+from pd_helpers import TINY_LLAMA, ServerPool, launch, post_async, post_pair, wait_kv_restored, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 ARGS = ["--model-path", TINY_LLAMA, "--load-format", "dummy", "--dtype", "float32", "--num-threads", "1"]
 PROMPT = list(range(5, 5 + 300))
 BODY = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}}
+SHORT_WAIT = {"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "4"}
+
+
+@pytest.fixture(scope="module")
+def pool():
+    servers = ServerPool({"prefill": 2, "short-wait-decode": 2})
+    yield servers
+    servers.close()
 
 
 def _room_body(prefill) -> dict:
@@ -35,10 +48,12 @@ def _room_body(prefill) -> dict:
     }
 
 
-def test_pair_works_then_decode_killed_mid_transfer():
-    prefill = launch(ARGS, "f-prefill", mode="prefill")
-    decode = launch(ARGS, "f-decode", mode="decode")
+def test_pair_works_then_decode_killed_mid_transfer(pool):
+    prefill = pool.get("prefill", ARGS, "f-prefill", "prefill")
+    decode = None
+    ok = False
     try:
+        decode = launch(ARGS, "f-decode", mode="decode")
         p_out, d_out = post_pair(prefill, decode, BODY)  # the pair works
         assert len(d_out["output_ids"]) == 8, d_out
         wait_kv_restored(prefill, 20)
@@ -60,15 +75,18 @@ def test_pair_works_then_decode_killed_mid_transfer():
         assert time.monotonic() - t0 < 30  # bounded (the failed write is detected at once)
         state = wait_kv_restored(prefill, 20)
         assert state["pd_failed_transfers"] >= 1
+        ok = True
     finally:
-        prefill.stop()
-        decode.stop()
+        pool.release("prefill", broken=not ok)  # the next test kills it
+        if decode is not None:
+            decode.stop()
 
 
-def test_prefill_killed_while_decode_waits():
-    prefill = launch(ARGS, "g-prefill", mode="prefill")
-    decode = launch(ARGS, "g-decode", mode="decode")
+def test_prefill_killed_while_decode_waits(pool):
+    prefill = pool.get("prefill", ARGS, "g-prefill", "prefill")
+    decode = None
     try:
+        decode = launch(ARGS, "g-decode", mode="decode")
         initial = decode.state()["available_kv_tokens"]
         body = _room_body(prefill)
         out: dict = {}
@@ -89,14 +107,16 @@ def test_prefill_killed_while_decode_waits():
         assert out["again"][1]["meta_info"]["finish_reason"]["type"] == "abort"
         wait_kv_restored(decode, 20)
     finally:
-        prefill.stop()
-        decode.stop()
+        pool.release("prefill", broken=True)  # killed above
+        if decode is not None:
+            decode.stop()
 
 
-def test_missing_half_times_out_on_both_sides():
+def test_missing_half_times_out_on_both_sides(pool):
     prefill = launch(ARGS, "h-prefill", mode="prefill", env={"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "4"})
-    decode = launch(ARGS, "h-decode", mode="decode", env={"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "4"})
+    ok = False
     try:
+        decode = pool.get("short-wait-decode", ARGS, "h-decode", "decode", env=SHORT_WAIT)
         out: dict = {}
         # prefill half only: no decode ever sends KV addresses -> bootstrap timeout on the prefill
         t1 = post_async(prefill.url, _room_body(prefill), out, "prefill")
@@ -111,13 +131,14 @@ def test_missing_half_times_out_on_both_sides():
             assert elapsed < 20
         wait_kv_restored(prefill, 20)
         wait_kv_restored(decode, 20)
+        ok = True
     finally:
         prefill.stop()
-        decode.stop()
+        pool.release("short-wait-decode", broken=not ok)  # the next test's
 
 
-def test_requests_without_bootstrap_fields_are_rejected():
-    decode = launch(ARGS, "i-decode", mode="decode", env={})
+def test_requests_without_bootstrap_fields_are_rejected(pool):
+    decode = pool.get("short-wait-decode", ARGS, "i-decode", "decode", env=SHORT_WAIT)
     try:
         r = httpx.post(decode.url + "/generate", json=BODY, timeout=30)
         assert r.status_code == 400 and "bootstrap_room" in r.text
@@ -126,4 +147,4 @@ def test_requests_without_bootstrap_fields_are_rejected():
         )
         assert r.status_code == 400
     finally:
-        decode.stop()
+        pool.release("short-wait-decode")

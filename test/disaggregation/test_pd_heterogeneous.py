@@ -8,7 +8,13 @@ sends its own layers, chunk by chunk, as the chunk leaves the stage), prefill cp
 pp 2 (each decode stage receives its own layers, into the slots stage 0 allocated, its row mirrored
 before any KV comes); tiny DeepSeek-V3.2 with prefill cp 2 ->
 decode tp 1 (MLA latent rows and DSA index keys, prompt longer than index_topk). Prompts are
-ragged, one longer than the prefill chunk, sent at once."""
+ragged, one longer than the prefill chunk, sent at once.
+
+Every layout of the matrix is still run; what is shared is the servers: each distinct prefill or
+decode server is started once for the module (`ServerPool`, stopped after its last layout, its
+radix cache flushed before each), since a decode server takes requests from any prefill server.
+The 8 layouts start 10 servers instead of 16 (prefill tp 1 and cp 2 serve two layouts each,
+decode tp 1 four and decode pp 2 two), and the single-rank reference runs once per model."""
 
 from __future__ import annotations
 
@@ -16,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from pd_helpers import TINY_DSV32, TINY_LLAMA, dummy_args, launch, post_pair, wait_kv_restored
+from pd_helpers import TINY_DSV32, TINY_LLAMA, ServerPool, dummy_args, post_pair, wait_kv_restored
 from sglang.test.scheduler_harness import SchedulerHarness
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
@@ -25,16 +31,39 @@ NEW_TOKENS = 8
 PROMPTS = [list(range(5, 5 + 77)), [40, 41, 42], list(range(100, 131))]
 CHUNK = "16"
 
+# ordered so that a shared server's users come one after another (fewer servers alive at once)
 CONFIGS = {
     "llama-prefill_tp1-decode_tp2": (TINY_LLAMA, [], ["--tp-size", "2"]),
-    "llama-prefill_tp2-decode_tp1": (TINY_LLAMA, ["--tp-size", "2"], []),
-    "llama-prefill_cp2-decode_tp1": (TINY_LLAMA, ["--cp-size", "2"], []),
-    "llama-prefill_pp2-decode_tp1": (TINY_LLAMA, ["--pp-size", "2"], []),
-    "llama-prefill_cp2_pp2-decode_tp1": (TINY_LLAMA, ["--cp-size", "2", "--pp-size", "2"], []),
     "llama-prefill_tp1-decode_pp2": (TINY_LLAMA, [], ["--pp-size", "2"]),
     "llama-prefill_cp2-decode_pp2": (TINY_LLAMA, ["--cp-size", "2"], ["--pp-size", "2"]),
+    "llama-prefill_cp2-decode_tp1": (TINY_LLAMA, ["--cp-size", "2"], []),
+    "llama-prefill_tp2-decode_tp1": (TINY_LLAMA, ["--tp-size", "2"], []),
+    "llama-prefill_pp2-decode_tp1": (TINY_LLAMA, ["--pp-size", "2"], []),
+    "llama-prefill_cp2_pp2-decode_tp1": (TINY_LLAMA, ["--cp-size", "2", "--pp-size", "2"], []),
     "dsv32-prefill_cp2-decode_tp1": (TINY_DSV32, ["--cp-size", "2"], []),
 }
+
+
+def _keys(name: str) -> tuple[tuple, tuple]:
+    model, prefill_args, decode_args = CONFIGS[name]
+    return ("prefill", model, *prefill_args), ("decode", model, *decode_args)
+
+
+@pytest.fixture(scope="module")
+def pool():
+    uses: dict = {}
+    for name in CONFIGS:
+        for key in _keys(name):
+            uses[key] = uses.get(key, 0) + 1
+    servers = ServerPool(uses)
+    yield servers
+    servers.close()
+
+
+@pytest.fixture(scope="module")
+def references() -> dict:
+    """model -> the single-rank greedy ids of PROMPTS (computed on first use)."""
+    return {}
 
 
 def _reference(model: str) -> list[list[int]]:
@@ -51,30 +80,33 @@ def _reference(model: str) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_heterogeneous_layout_matches_single_rank(name):
+def test_heterogeneous_layout_matches_single_rank(name, pool, references):
     model, prefill_args, decode_args = CONFIGS[name]
     common = dummy_args(model, 2048)
-    prefill = launch(
-        [*common, "--chunked-prefill-size", CHUNK, *prefill_args], f"{name}-prefill", mode="prefill"
-    )
-    decode = None
+    p_key, d_key = _keys(name)
+    ok = False
     try:
-        decode = launch([*common, *decode_args], f"{name}-decode", mode="decode")
+        prefill = pool.get(
+            p_key, [*common, "--chunked-prefill-size", CHUNK, *prefill_args], f"{name}-prefill", "prefill"
+        )
+        decode = pool.get(d_key, [*common, *decode_args], f"{name}-decode", "decode")
         params = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
         # DSA under CP: prompts one at a time. Sent together, some chunk splits crash the prefill's
         # CP attention (layers/attention/mla_cp.py `_decode_topk`: a rank with no rows of a
         # prefix-extend row, `view` of 0 elements); that is a DSA-CP bug, not a PD one (reported).
-        with ThreadPoolExecutor(1 if model == TINY_DSV32 else len(PROMPTS)) as pool:
+        with ThreadPoolExecutor(1 if model == TINY_DSV32 else len(PROMPTS)) as ex:
             outs = list(
-                pool.map(
+                ex.map(
                     lambda p: post_pair(prefill, decode, {"input_ids": p, "sampling_params": params}), PROMPTS
                 )
             )
         got = [d.get("output_ids") for _, d in outs]
-        assert got == _reference(model), outs
+        if model not in references:
+            references[model] = _reference(model)
+        assert got == references[model], outs
         wait_kv_restored(prefill, 20)
         wait_kv_restored(decode, 20)
+        ok = True
     finally:
-        prefill.stop()
-        if decode is not None:
-            decode.stop()
+        pool.release(p_key, broken=not ok)
+        pool.release(d_key, broken=not ok)

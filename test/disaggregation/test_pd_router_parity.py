@@ -2,7 +2,13 @@
 GGUF in float32: greedy outputs equal a colocated server's on ragged prompts (several at once,
 one longer than the prefill chunk), streaming and not, /generate and both OpenAI routes; the
 first chunk's KV of a multi-chunk prompt reaches the decode side before the last chunk's forward
-ends; a client that leaves aborts on both sides; afterwards both servers hold no KV."""
+ends; a client that leaves aborts on both sides; afterwards both servers hold no KV.
+
+A second decode server with `--pp-size 2` behind a second router, paired with the same prefill
+server (it was test_pd_decode_pp_router.py, which started its own colocated and prefill servers):
+each decode stage receives its own layers' KV, and greedy outputs equal the colocated server's on
+the same ragged prompts, streaming and not; afterwards it holds no KV and every request came
+through the transfer."""
 
 from __future__ import annotations
 
@@ -13,7 +19,7 @@ import httpx
 import openai
 import pytest
 
-from pd_helpers import router_stack, wait_kv_restored
+from pd_helpers import launch, launch_router, router_stack, wait_kv_restored
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -50,13 +56,31 @@ def _generate(url: str, text: str, stream: bool = False) -> list[int]:
     return ids
 
 
-@pytest.mark.parametrize("stream", [False, True])
-def test_generate_parity_ragged_concurrent(servers, stream):
+@pytest.fixture(scope="module")
+def pp_servers(servers):
+    """The colocated and prefill servers above, a decode server with `--pp-size 2` and a router."""
+    started = []
+    try:
+        decode = launch([*COMMON, "--pp-size", "2"], "pp-decode", mode="decode")
+        started.append(decode)
+        started.append(launch_router(servers["prefill"], decode))
+        yield {"ref": servers["ref"], "prefill": servers["prefill"], "decode": decode, "router": started[1]}
+    finally:
+        for p in reversed(started):
+            p.stop()
+
+
+def _parity_ragged_concurrent(servers: dict, stream: bool) -> None:
     with ThreadPoolExecutor(len(PROMPTS)) as pool:
         ref = list(pool.map(lambda t: _generate(servers["ref"].url, t, stream), PROMPTS))
         got = list(pool.map(lambda t: _generate(servers["router"].url, t, stream), PROMPTS))
     assert all(len(r) == GREEDY["max_new_tokens"] for r in ref)
     assert got == ref
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_generate_parity_ragged_concurrent(servers, stream):
+    _parity_ragged_concurrent(servers, stream)
 
 
 def _openai_answers(url: str) -> dict:
@@ -146,3 +170,15 @@ def test_prefill_answers_from_the_transfer_thread(servers):
     not an abort went that way, and the parity tests above checked their contents."""
     state = servers["prefill"].state()
     assert state["pd_early_answers"] >= 10, state
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_decode_pp2_parity(pp_servers, stream):
+    _parity_ragged_concurrent(pp_servers, stream)
+
+
+def test_decode_pp2_transfers_landed_and_kv_free(pp_servers):
+    state = pp_servers["decode"].state()
+    assert state["pd_landed"] >= 2 * len(PROMPTS) and state["pd_failed_transfers"] == 0, state
+    for name in ("prefill", "decode"):
+        wait_kv_restored(pp_servers[name], timeout=30)

@@ -18,6 +18,7 @@ import pytest
 
 from sglang.srt.distributed.init import get_free_port as free_port
 from sglang.test.polling import wait_until
+from sglang.test.procs import PPID, live_pids
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_LLAMA = str(REPO / "python" / "sglang" / "test" / "assets" / "tiny-llama")
@@ -27,19 +28,7 @@ STARTUP_TIMEOUT_S = 180.0
 
 def child_pids(pid: int) -> list[int]:
     """Direct children of `pid`, read from /proc."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                data = f.read()
-        except OSError:
-            continue
-        fields = data[data.rfind(")") + 2 :].split()
-        if len(fields) > 1 and int(fields[1]) == pid and fields[0] not in ("Z", "X"):
-            out.append(int(entry))
-    return out
+    return live_pids(PPID, pid)
 
 
 def pid_alive(pid: int) -> bool:

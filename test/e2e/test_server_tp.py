@@ -1,7 +1,8 @@
 """Servers with tensor parallelism: `--tp-size 2` answers the openai client exactly as the
 single-rank server does; the same TP2 world
 launched as two "nodes" on loopback answers identically; killing one rank ends the whole server
-(every node) cleanly, with the failing rank's error in the log."""
+(every node) cleanly, with the failing rank's error in the log (the last test kills a rank of the
+module's tp 2 server, which no test uses after it, instead of starting one more)."""
 
 from __future__ import annotations
 
@@ -111,8 +112,8 @@ def test_two_node_loopback_matches_single_node(tp2_server):
             node1.kill()
 
 
-def test_killing_a_rank_ends_the_server():
-    handle = launch_server(("--tp-size", "2"))
+def test_killing_a_rank_ends_the_server(tp2_server):
+    handle = tp2_server  # the module's last test: nothing uses this server after it
     try:
         ranks = _scheduler_pids(handle.proc.pid)
         assert len(ranks) == 2
