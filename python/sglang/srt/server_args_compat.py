@@ -27,7 +27,6 @@ def _next(issue: int) -> str:
 UPSTREAM_FLAGS = {
     "--quantization": _next(30),
     "--kv-cache-dtype": _next(30),
-    "--grammar-backend": _next(29),
     "--tool-call-parser": _next(29),
     "--reasoning-parser": _next(29),
     "--enable-hierarchical-cache": _next(31),
