@@ -6,19 +6,17 @@ resort abort a request."""
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import Any
 
 from sglang.srt.managers.scheduler.schedule_batch import ScheduleBatch
 from sglang.srt.managers.scheduler.schedule_policy import pick_retract_victim
 
-if TYPE_CHECKING:
-    from sglang.srt.managers.scheduler.scheduler import Scheduler
-
 logger = logging.getLogger(__name__)
 
 
-def shrink_for_memory(sched: "Scheduler", batch: ScheduleBatch) -> ScheduleBatch:
-    """Out of KV: first give back this step's newly admitted prefills, then retract decodes."""
+def shrink_for_memory(sched: Any, batch: ScheduleBatch) -> ScheduleBatch:
+    """Out of KV: first give back this step's newly admitted prefills, then retract decodes.
+    `sched`: the Scheduler (its running list, cache, requeue and pending outputs)."""
     prefills = [
         it for it in batch.items if it.req.is_prefilling and it.req.kv_len == it.req.cached_prefix_len
     ]
