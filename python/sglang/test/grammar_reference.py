@@ -40,15 +40,26 @@ class GrammarReference:
 
         matcher = xgr.GrammarMatcher(self.compiler.compile_grammar(to_grammar(spec)))
         bitmask = xgr.allocate_token_bitmask(1, self.vocab_size)
-        ids, out = list(input_ids), []
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # one thread: the server under test runs beside it on few cores
+        try:
+            return self._loop(matcher, bitmask, list(input_ids), max_new_tokens)
+        finally:
+            torch.set_num_threads(threads)
+
+    def _loop(self, matcher: Any, bitmask: torch.Tensor, step: list[int], max_new_tokens: int) -> list[int]:
+        import xgrammar as xgr
+
+        past, out = None, []
         with torch.no_grad():
             for _ in range(max_new_tokens):
-                logits = self.model(torch.tensor([ids])).logits[0, -1:].float().clone()
+                res = self.model(torch.tensor([step]), past_key_values=past, use_cache=True)  # KV cached
+                past, logits = res.past_key_values, res.logits[0, -1:].float().clone()
                 matcher.fill_next_token_bitmask(bitmask, 0)
                 xgr.apply_token_bitmask_inplace(logits, bitmask)
                 token = int(torch.argmax(logits[0]))
                 assert matcher.accept_token(token)
-                ids.append(token)
+                step = [token]
                 out.append(token)
                 if matcher.is_terminated():
                     break
