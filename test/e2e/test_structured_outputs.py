@@ -98,6 +98,13 @@ def test_generate_every_kind(server, tokenizer):
     assert out["meta_info"]["finish_reason"] is not None
 
 
+def ask(content: str, max_tokens: int) -> dict:
+    """The common fields of a greedy chat request."""
+    return dict(
+        model="default", messages=[{"role": "user", "content": content}], max_tokens=max_tokens, temperature=0
+    )
+
+
 def test_v1_response_formats(server):
     import openai
 
@@ -131,13 +138,7 @@ def test_v1_response_formats(server):
         extra_body={"regex": REGEX},
     )
     assert re.fullmatch(REGEX, r.choices[0].text), r.choices[0].text
-    r = oai.chat.completions.create(
-        model="default",
-        messages=[{"role": "user", "content": "Pick A, B or C."}],
-        max_tokens=16,
-        temperature=0,
-        extra_body={"ebnf": EBNF},
-    )
+    r = oai.chat.completions.create(**ask("Pick A, B or C.", 16), extra_body={"ebnf": EBNF})
     assert re.fullmatch(r"The answer is [ABC]\.", r.choices[0].message.content)
     stream = oai.chat.completions.create(
         model="default",
