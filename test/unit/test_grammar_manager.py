@@ -188,3 +188,17 @@ def test_bitmask_applied_after_bias_for_greedy_and_sampled_rows():
     assert set(torch.nonzero(torch.isfinite(logits[1])).view(-1).tolist()) == {5, 32}
     bits = unpack_bitmask(torch.tensor([[-1]], dtype=torch.int32), 40)
     assert bits[0, :32].all() and not bits[0, 32:].any()
+
+
+def test_xgrammar_kernel_and_torch_unpacking_agree():
+    g = torch.Generator().manual_seed(0)
+    mask = torch.randint(-(2**31), 2**31 - 1, (3, (VOCAB + 31) // 32), dtype=torch.int32, generator=g)
+    params = [SamplingParams(temperature=0.0).normalize() for _ in range(3)]
+    info = SamplingBatchInfo.from_params(params, [[]] * 3, [[1]] * 3, VOCAB, vocab_mask=mask)
+    logits = torch.randn(3, VOCAB, generator=g)
+    fast = logits.clone()
+    info.apply_vocab_mask(fast)  # xgrammar's kernel (contiguous float32)
+    slow = logits.clone().T.contiguous().T  # not contiguous: the torch unpacking
+    info.apply_vocab_mask(slow)
+    assert torch.equal(torch.isinf(fast), ~unpack_bitmask(mask, VOCAB))
+    assert torch.equal(fast, slow)
