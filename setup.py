@@ -44,6 +44,8 @@ INSTALL_REQUIRES = [
     "requests",
     "tqdm",
     "prometheus_client",
+    # structured outputs: json_schema / regex / ebnf / structural_tag (constrained/, CPU wheels)
+    "xgrammar==0.2.8",
     # compiles the CPU kernels' objects in parallel at install time (torch's BuildExtension)
     "ninja",
 ]

@@ -56,6 +56,23 @@ def _generate(url: str, text: str, stream: bool = False) -> list[int]:
     return ids
 
 
+def test_constrained_generate_parity(servers):
+    """Structured outputs through PD: the prefill side samples the first token under the grammar,
+    the decode side advances its matcher over it and continues; the tokens equal the colocated
+    server's (a JSON schema and a regex, greedy, to the grammar's end)."""
+    schema = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"]}
+    cases = [{"json_schema": json.dumps(schema)}, {"regex": r"(yes|no), [0-9]{2}"}]
+    for extra in cases:
+        body = {"text": PROMPTS[0], "sampling_params": {"max_new_tokens": 16, "temperature": 0, **extra}}
+        ref, got = (
+            httpx.post(s.url + "/generate", json=body, timeout=120)
+            for s in (servers["ref"], servers["router"])
+        )
+        assert ref.status_code == 200 and got.status_code == 200, (ref.text, got.text)
+        assert got.json()["output_ids"] == ref.json()["output_ids"], extra
+        assert ref.json()["meta_info"]["finish_reason"]["type"] == "stop", ref.json()
+
+
 @pytest.fixture(scope="module")
 def pp_servers(servers):
     """The colocated and prefill servers above, a decode server with `--pp-size 2` and a router."""

@@ -12,12 +12,20 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import httpx
 import pytest
 from server_helpers import launch_server
-from upstream_inputs import QUESTIONS, SELECT_CHOICES, SELECT_PROMPT
+from upstream_inputs import (
+    CONSTRAINED_PROMPT,
+    CONSTRAINED_REGEX,
+    CONSTRAINED_SCHEMA,
+    QUESTIONS,
+    SELECT_CHOICES,
+    SELECT_PROMPT,
+)
 
 from sglang.srt.model_loader.default_model import find_default_model
 from sglang.test import upstream_client
@@ -148,6 +156,15 @@ def test_select_matches_transformers(runs) -> None:
         assert run["text"] == SELECT_PROMPT + run["decision"]
     # the second list tells the normalisation apart: the mean picks the long choice
     assert rec["runs"][1]["decision"] == " Berlin, the capital of Germany"
+
+
+def test_gen_regex_and_json_schema(server, runs) -> None:
+    rec = _case(runs, "constrained")
+    assert re.fullmatch(CONSTRAINED_REGEX, rec["regex"]), rec["regex"]
+    assert json.loads(rec["json_schema"])["answer"] in ("yes", "no")
+    for kind, value in (("regex", CONSTRAINED_REGEX), ("json_schema", CONSTRAINED_SCHEMA)):
+        ours = _generate(server, CONSTRAINED_PROMPT, max_new_tokens=24, **{kind: value})
+        assert rec[kind] == ours["text"], kind
 
 
 def test_admin_calls(runs) -> None:

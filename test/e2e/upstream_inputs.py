@@ -10,3 +10,10 @@ SELECT_CHOICES = (
     [" London", " Berlin, the capital of Germany"],
 )
 FORK_PROMPT = "Here are two tips for staying healthy: 1. Balanced Diet. 2. Regular Exercise.\n\n"
+
+# constrained decoding through the frontend language (`sgl.gen(regex=...)`, `json_schema=...`)
+CONSTRAINED_PROMPT = "Q: Is the sky blue, and how old is the sun in billions of years?\nA:"
+CONSTRAINED_REGEX = r" (yes|no), [0-9]{1,2}"
+CONSTRAINED_SCHEMA = (
+    '{"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}}, "required": ["answer"]}'
+)

@@ -13,7 +13,15 @@ import traceback
 import warnings
 
 import sglang as sgl
-from upstream_inputs import FORK_PROMPT, QUESTIONS, SELECT_CHOICES, SELECT_PROMPT
+from upstream_inputs import (
+    CONSTRAINED_PROMPT,
+    CONSTRAINED_REGEX,
+    CONSTRAINED_SCHEMA,
+    FORK_PROMPT,
+    QUESTIONS,
+    SELECT_CHOICES,
+    SELECT_PROMPT,
+)
 
 
 GREEDY = {"temperature": 0}
@@ -104,6 +112,18 @@ def case_select(url):
     return {"runs": out}
 
 
+@sgl.function
+def constrained(s, prompt, **gen):
+    s += prompt + sgl.gen("answer", max_tokens=24, **gen, **GREEDY)
+
+
+def case_constrained(url):
+    """`sgl.gen(regex=...)` and `sgl.gen(json_schema=...)`: sent as /generate sampling params."""
+    regex = constrained.run(prompt=CONSTRAINED_PROMPT, regex=CONSTRAINED_REGEX)
+    schema = constrained.run(prompt=CONSTRAINED_PROMPT, json_schema=CONSTRAINED_SCHEMA)
+    return {"regex": regex["answer"], "json_schema": schema["answer"]}
+
+
 def case_admin(url):
     sgl.flush_cache()
     info = sgl.get_server_info()
@@ -117,6 +137,7 @@ CASES = {
     "chat": case_chat,
     "fork": case_fork,
     "select": case_select,
+    "constrained": case_constrained,
     "admin": case_admin,
 }
 

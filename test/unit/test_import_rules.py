@@ -21,6 +21,8 @@ FORBIDDEN: dict[str, set[str]] = {
     "layers": {"managers", "entrypoints"},
     "models": {"managers", "entrypoints"},
     "mem_cache": {"models", "layers", "managers", "entrypoints", "model_executor"},
+    # constrained decoding sees requests only through their sampling parameters and output ids
+    "constrained": {"models", "layers", "managers", "entrypoints", "model_executor", "mem_cache"},
     "distributed": {"models", "layers", "managers", "entrypoints", "model_executor", "mem_cache"},
     # config flows one way: the flags know no layer or model (their checks against the model run
     # at start-up, configs/startup_checks.py)

@@ -120,37 +120,82 @@ def test_model_name_check():
     assert info.value.message == "The model `gpt-4` does not exist. The served model name is `served`."
 
 
+_MSG = [{"role": "user", "content": "x"}]
+
+
 @pytest.mark.parametrize(
-    "cls, extra",
+    "cls, extra, param, error",
     [
-        (CompletionRequest, {"prompt": "x", "regex": "a+"}),
-        (CompletionRequest, {"prompt": "x", "json_schema": '{"type": "object"}'}),
-        (CompletionRequest, {"prompt": "x", "ebnf": "root ::= 'a'"}),
-        (ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}], "regex": "a+"}),
-        (
-            ChatCompletionRequest,
-            {"messages": [{"role": "user", "content": "x"}], "json_schema": {"type": "object"}},
-        ),
-        (ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}], "ebnf": "root ::= 'a'"}),
+        (CompletionRequest, {"prompt": "x", "regex": "a("}, "regex", "invalid regex"),
+        (CompletionRequest, {"prompt": "x", "json_schema": '{"type": "nope"}'}, "json_schema", "nope"),
+        (CompletionRequest, {"prompt": "x", "ebnf": "root ::= foo"}, "ebnf", 'Rule "foo" is not defined'),
+        (ChatCompletionRequest, {"messages": _MSG, "regex": "[a-"}, "regex", "invalid regex"),
+        (ChatCompletionRequest, {"messages": _MSG, "json_schema": {"type": "nope"}}, "json_schema", "nope"),
+        (ChatCompletionRequest, {"messages": _MSG, "ebnf": "root ::= foo"}, "ebnf", "invalid ebnf"),
         (
             ChatCompletionRequest,
             {
-                "messages": [{"role": "user", "content": "x"}],
-                "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}},
+                "messages": _MSG,
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "nope"}},
+                },
             },
+            "response_format",
+            "invalid json_schema",
         ),
         (
             ChatCompletionRequest,
-            {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}},
+            {"messages": _MSG, "response_format": {"type": "xml"}},
+            "response_format",
+            "xml",
+        ),
+        (
+            ChatCompletionRequest,
+            {"messages": _MSG, "regex": "a+", "response_format": {"type": "json_object"}},
+            "response_format",
+            "only one constraint",
         ),
     ],
 )
-def test_constrained_decoding_is_refused(cls, extra):
+def test_invalid_constraints_are_400_naming_the_error(cls, extra, param, error):
     req = parse_model(cls, extra)
     with pytest.raises(OpenAIError) as info:
         check_constrained_decoding(req)
-    assert info.value.status == 400 and "constrained decoding" in info.value.message
-    assert info.value.param in ("regex", "json_schema", "ebnf", "response_format")
+    assert info.value.status == 400 and error in info.value.message
+    assert info.value.param == param
+
+
+@pytest.mark.parametrize(
+    "cls, extra, params",
+    [
+        (CompletionRequest, {"prompt": "x", "regex": "a+"}, {"regex": "a+"}),
+        (CompletionRequest, {"prompt": "x", "ebnf": 'root ::= "a"'}, {"ebnf": 'root ::= "a"'}),
+        (
+            ChatCompletionRequest,
+            {"messages": _MSG, "json_schema": {"type": "object"}},
+            {"json_schema": '{"type": "object"}'},
+        ),
+        (
+            ChatCompletionRequest,
+            {
+                "messages": _MSG,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}},
+            },
+            {"json_schema": "{}"},
+        ),
+        (
+            ChatCompletionRequest,
+            {"messages": _MSG, "response_format": {"type": "json_object"}},
+            {"json_schema": '{"type": "object"}'},
+        ),
+    ],
+)
+def test_valid_constraints_become_native_sampling_params(cls, extra, params):
+    req = parse_model(cls, extra)
+    check_constrained_decoding(req)
+    sampling = req.base_sampling_params(4)
+    assert {k: sampling[k] for k in params} == params
 
 
 def test_plain_requests_pass_the_constrained_decoding_check():

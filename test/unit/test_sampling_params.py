@@ -29,8 +29,16 @@ def test_from_dict_converts_and_defaults():
 def test_from_dict_unknown_key():
     with pytest.raises(ValueError, match="unknown sampling parameter 'foo'"):
         SamplingParams.from_dict({"foo": 1})
-    with pytest.raises(ValueError, match="'regex' is not supported"):
-        SamplingParams.from_dict({"regex": "a+"})
+    with pytest.raises(ValueError, match="'custom_params' is not supported"):
+        SamplingParams.from_dict({"custom_params": {"a": 1}})
+
+
+def test_grammar_fields():
+    assert SamplingParams.from_dict({"regex": "a+"}).regex == "a+"
+    assert SamplingParams.from_dict({"json_schema": {"type": "object"}}).json_schema == '{"type": "object"}'
+    assert SamplingParams.from_dict({"ebnf": 'root ::= "a"'}).ebnf == 'root ::= "a"'
+    with pytest.raises(ValueError, match="regex must be a string"):
+        SamplingParams.from_dict({"regex": 5})
 
 
 @pytest.mark.parametrize(

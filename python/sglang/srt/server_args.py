@@ -268,6 +268,13 @@ class ServerArgs(CompatArgs, ParallelArgs):
         "Chat template (Jinja text or a file) instead of the tokenizer's, for /v1/chat/completions.",
         G_API,
     )
+    grammar_backend: str = arg(
+        "xgrammar",
+        "Constrained decoding (json_schema, regex, ebnf, structural_tag, response_format) backend; none: "
+        "such requests get a 400 (docs/structured_outputs.md).",
+        G_API,
+        choices=["xgrammar", "llguidance", "none"],
+    )
 
     # ------------------------------------------------------------------ optimization / debug
     disable_radix_cache: bool = arg(False, "Disable the radix (prefix) cache.", G_OPTIMIZATION)

@@ -60,6 +60,10 @@ def _validate_values(args: Any) -> None:
         raise ValueError("--enable-fp32-residual and --disable-fp32-residual contradict each other; pass one")
     if args.device == "cpu" and args.dtype == "float16":
         raise ValueError("--dtype float16 is not supported on CPU (use bfloat16 or float32)")
+    if args.grammar_backend == "llguidance":
+        raise ValueError(
+            "--grammar-backend llguidance is not built into this engine: use xgrammar (the default) or none"
+        )
     if not (0 < args.port < 65536):
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
     if args.page_size < 1:

@@ -26,7 +26,6 @@ def _next(issue: int) -> str:
 # Upstream flags this engine does not take: flag -> what to use instead, or which issue builds it.
 UPSTREAM_FLAGS = {
     "--kv-cache-dtype": _next(30),
-    "--grammar-backend": _next(29),
     "--tool-call-parser": _next(29),
     "--reasoning-parser": _next(29),
     "--enable-hierarchical-cache": _next(31),

@@ -1,7 +1,7 @@
 """Sampler: last-token logits [bs, vocab] -> next token ids (+ optional logprobs).
 
 Pipeline per batch (float32 throughout):
-  raw logits -> penalties / logit_bias / min-token masks -> greedy rows: argmax
+  raw logits -> penalties / logit_bias / min-token masks / grammar bitmask -> greedy rows: argmax
   sampled rows: / temperature -> softmax -> top_k -> top_p -> min_p -> draw.
 
 - An all-greedy batch without logit processing does a single argmax and nothing else.

@@ -283,6 +283,7 @@ class ModelRunner:
             vocab_size=logits.shape[-1],
             device=logits.device,
             eos_token_ids=self.model_config.eos_token_ids,
+            vocab_mask=wb.vocab_mask,  # the same on every rank that samples (mirrored schedulers)
         )
         raw_logits = logits.float()
         result: SampleOutput = self.sampler(

@@ -42,12 +42,15 @@ class ModelWorkerBatch:
     logprob_targets: list[int] = field(default_factory=list)
     logprob_top_nums: list[int] = field(default_factory=list)
     logprob_token_ids: list[Optional[list[int]]] = field(default_factory=list)
+    # constrained decoding: int32 [len(sample_rows), ceil(vocab / 32)] bitmask of allowed tokens
+    # (the scheduler's GrammarManager); None when no sampling row is constrained
+    vocab_mask: Optional[Any] = None
 
     @classmethod
     def empty(cls) -> "ModelWorkerBatch":
         """A batch of no requests (an attention-DP replica's IDLE part of a step): the two flags
-        False, every other field an empty list."""
-        flags = {"is_decode": False, "return_logprob": False}
+        False, no vocab mask, every other field an empty list."""
+        flags = {"is_decode": False, "return_logprob": False, "vocab_mask": None}
         return cls(**{f.name: flags.get(f.name, []) for f in dataclasses.fields(cls)})
 
     @property

@@ -20,6 +20,7 @@ Choices that differ between engines, documented here:
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import numbers
 import re
@@ -46,12 +47,11 @@ _BOOL_FIELDS = (
     "spaces_between_special_tokens",
     "no_stop_trim",
 )
+# Constrained decoding (constrained/): the output must match one of these; a JSON schema or a
+# structural tag may be given as an object (kept as its JSON text).
+_GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
 # SGLang parameters this engine does not implement: accepted only when None.
 _UNSUPPORTED_FIELDS = (
-    "json_schema",
-    "regex",
-    "ebnf",
-    "structural_tag",
     "custom_params",
     "stream_interval",
 )
@@ -84,6 +84,11 @@ class SamplingParams:
     seed: Optional[int] = None
     # OpenAI style: token id (as a string or int key) -> additive bias in [-100, 100].
     logit_bias: Optional[dict[str, float]] = None
+    # Constrained decoding (at most one; constrained/grammar_spec.py checks and compiles them).
+    json_schema: Optional[str] = None
+    regex: Optional[str] = None
+    ebnf: Optional[str] = None
+    structural_tag: Optional[str] = None
     # Filled in by `normalize`: longest stop string, in tokens (or characters without a tokenizer).
     stop_str_max_len: int = field(default=0, compare=False)
 
@@ -260,6 +265,12 @@ def _coerce(key: str, value: Any) -> Any:
         raise ValueError(f"stop_token_ids must be a list of integers, got {value!r}")
     if key == "logit_bias":
         return _coerce_logit_bias(value)
+    if key in _GRAMMAR_FIELDS:
+        if isinstance(value, str):
+            return value
+        if key in ("json_schema", "structural_tag") and isinstance(value, (dict, bool)):
+            return json.dumps(value)
+        raise ValueError(f"{key} must be a string, got {value!r}")
     raise AssertionError(f"no coercion rule for {key}")  # pragma: no cover
 
 

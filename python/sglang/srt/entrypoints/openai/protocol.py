@@ -4,8 +4,9 @@ Requests accept OpenAI's fields plus SGLang's sampling extensions (top_k, min_p,
 repetition_penalty, stop_token_ids, stop_regex, ...). Every field of upstream SGLang's protocol is
 declared here: honoured, or refused with a 400 naming it when it asks for something this server
 does not do (`UNSUPPORTED_FIELDS`: LoRA, sessions, hidden states, custom logit processors,
-priorities, reasoning effort; SGLang's constrained-decoding fields regex, json_schema, ebnf,
-structural_tag and a non-text response_format: there is no grammar backend). Fields that are
+priorities, reasoning effort). Constrained decoding (SGLang's regex, json_schema, ebnf,
+structural_tag and OpenAI's response_format) becomes the native sampling parameters
+(`grammar_params`, constrained/grammar_spec.py). Fields that are
 not upstream's are ignored, as OpenAI-compatible servers do; wrong types are rejected by pydantic
 (-> HTTP 400).
 """
@@ -17,6 +18,8 @@ import uuid
 from typing import Any, Generic, Literal, Optional, TypeVar, Union
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from sglang.srt.constrained.grammar_spec import KINDS, as_text, response_format_params
 
 MAX_LOGPROBS = 20
 
@@ -125,8 +128,7 @@ class SamplingExtensions(BaseModel):
     no_stop_trim: bool = False
     rid: Optional[str] = None
     stop_regex: Optional[Union[str, list[str]]] = None
-    # SGLang's constrained decoding: declared so that a request using them is refused
-    # (`utils.check_constrained_decoding`), never silently answered with unconstrained text.
+    # SGLang's constrained decoding (`grammar_params`; invalid ones: 400, `utils.check_constrained_decoding`)
     regex: Optional[Any] = None
     json_schema: Optional[Any] = None
     ebnf: Optional[Any] = None
@@ -187,8 +189,15 @@ class SamplingExtensions(BaseModel):
             "logit_bias": self.logit_bias,
             # an empty list (upstream's clients send one when unused) means none
             "stop_regex": self.stop_regex or None,
+            **self.grammar_params(),
         }
         return {k: v for k, v in params.items() if v is not None}
+
+    def grammar_params(self) -> dict[str, str]:
+        """The native constraint of this request: the top-level regex / json_schema / ebnf /
+        structural_tag, or the response_format's (GrammarError, a ValueError, when malformed)."""
+        params = {k: as_text(k, getattr(self, k)) for k in KINDS if getattr(self, k) is not None}
+        return {**params, **response_format_params(self.response_format)}
 
     def unsupported(self) -> Optional[tuple[str, str]]:
         """(field, what it asks for) of the first upstream field set that this server cannot honour."""

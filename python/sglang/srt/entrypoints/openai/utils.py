@@ -8,6 +8,7 @@ from typing import Any, Optional
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
+from sglang.srt.constrained.grammar_spec import GrammarError, GrammarSpec, validate_spec
 from sglang.srt.entrypoints.openai.protocol import ErrorBody, ErrorResponse, PromptTokensDetails, UsageInfo
 
 SSE_DONE = "data: [DONE]\n\n"
@@ -90,27 +91,20 @@ def check_model_name(requested: Optional[str], served_model_name: str, model_pat
         )
 
 
-# SGLang's constrained-decoding extras of the OpenAI routes (extra body fields). This server has no
-# grammar backend: a request that asks for one is refused instead of getting unconstrained text.
-CONSTRAINED_DECODING_FIELDS = ("regex", "json_schema", "ebnf", "structural_tag")
-
-
 def check_constrained_decoding(req: Any) -> None:
-    """400 naming the field when a request asks for constrained decoding (regex / JSON schema /
-    EBNF grammar / structural tag, or a `response_format` other than text)."""
-    for name in CONSTRAINED_DECODING_FIELDS:
-        if getattr(req, name, None) is not None:
-            raise OpenAIError(
-                f"'{name}' (constrained decoding) is not supported: this server has no grammar backend",
-                param=name,
-            )
+    """400 naming the field when a request's constraint (regex / JSON schema / EBNF grammar /
+    structural tag, or a non-text `response_format`) does not parse, or more than one is given."""
     fmt = getattr(req, "response_format", None)
-    if fmt is not None and fmt.type != "text":
-        raise OpenAIError(
-            f"response_format {fmt.type!r} needs constrained decoding, which this server does not support "
-            "(no grammar backend); use response_format 'text' or leave it out",
-            param="response_format",
-        )
+    param = "response_format" if fmt is not None and fmt.type != "text" else None
+    try:
+        params = req.grammar_params()
+        if len(params) > 1:
+            raise GrammarError(f"only one constraint may be given, got {', '.join(sorted(params))}")
+        for kind, text in params.items():
+            param = param or kind
+            validate_spec(GrammarSpec(kind, text))
+    except GrammarError as e:
+        raise OpenAIError(str(e), param=param) from None
 
 
 def check_unsupported(req: Any) -> None:

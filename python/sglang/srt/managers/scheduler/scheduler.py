@@ -26,6 +26,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Callable, Optional
 
+from sglang.srt.constrained.factory import create_grammar_manager
 from sglang.srt.disaggregation.component import Disaggregation
 from sglang.srt.disaggregation.factory import create_disaggregation
 from sglang.srt.distributed.parallel_state import ParallelGroups
@@ -47,13 +48,9 @@ from sglang.srt.managers.scheduler.cache_manager import KVCacheManager
 from sglang.srt.managers.scheduler.dp_lockstep import DPLockstep
 from sglang.srt.managers.scheduler.logprob_step import apply_step, sampled_logprobs
 from sglang.srt.managers.scheduler.profiler import SchedulerProfiler
+from sglang.srt.managers.scheduler.retraction import shrink_for_memory
 from sglang.srt.managers.scheduler.schedule_batch import Req, ScheduleBatch
-from sglang.srt.managers.scheduler.schedule_policy import (
-    ChunkBudgetFn,
-    SchedulePolicy,
-    StepBudget,
-    pick_retract_victim,
-)
+from sglang.srt.managers.scheduler.schedule_policy import ChunkBudgetFn, SchedulePolicy, StepBudget
 from sglang.srt.managers.scheduler.scheduler_output import StepStats, build_token_id_out, due_for_output
 from sglang.srt.managers.scheduler.scheduler_watchdog import SchedulerWatchdog
 from sglang.srt.mem_cache.radix_cache import RadixCache
@@ -137,6 +134,14 @@ class Scheduler:
         )
         # PD disaggregation: a prefill / decode server's transfer queues (disaggregation/README.md)
         self.disagg: Disaggregation = create_disaggregation(server_args, self.groups, self.runner, self.cache)
+        # Constrained decoding (constrained/README.md): grammar queue, matchers, each step's token bitmask
+        self.grammar = create_grammar_manager(
+            server_args.grammar_backend,
+            tokenizer,
+            self.model_config.vocab_size,
+            self.eos_token_ids,
+            self.groups.replica,
+        )
 
     # ------------------------------------------------------------------ info
     def ready_info(self) -> SchedulerReadyInfo:
@@ -167,12 +172,13 @@ class Scheduler:
             **(self.dp.state() if self.dp is not None else {}),
             **(self.extra_state() if self.extra_state is not None else {}),
             **self.disagg.internal_state(),
+            **self.grammar.internal_state(),
             **self.stats.state(),  # gen_throughput, queue_time (/metrics)
         }
 
     @property
     def has_work(self) -> bool:
-        return bool(self.running or self.waiting) or self.disagg.busy
+        return bool(self.running or self.waiting) or self.disagg.busy or self.grammar.busy
 
     def load_report(self) -> Optional[DPLoadReport]:
         """This replica's load for the DP controller, when it changed since the last report."""
@@ -215,27 +221,31 @@ class Scheduler:
     def add_request(self, recv: TokenizedGenerateReqInput) -> Req:
         req = self.admission.new_req(recv)
         refusal = self.admission.refusal(req, len(self.waiting))
+        no_grammar = self.grammar.refusal(req)
+        if refusal is None and no_grammar is not None:
+            refusal = (no_grammar, 400)
         if refusal is None:
             admission = self.disagg.admit(req, recv)  # PD: the request waits in the transfer queues first
             if admission.held:
+                self.grammar.prepare(req)  # its grammar compiles meanwhile
                 return req
             refusal = (admission.error, 400) if admission.error else None
         if refusal is not None:
             refuse(req, refusal)
             self._pending_outputs.append(req)
         else:
-            self.waiting.append(req)
+            self.waiting.extend(self.grammar.route([req]))  # a grammar still compiling: the grammar queue
         return req
 
     def abort(self, msg: AbortReq):
         self._pending_outputs += self.disagg.abort_queued(msg.rid, msg.abort_all, msg.message)  # PD queues
         targets = [r for r in self.waiting + self.running if msg.abort_all or r.rid == msg.rid]
-        for req in targets:
+        for req in targets + self.grammar.abort(msg.rid, msg.abort_all):
             self.disagg.on_abort(req, msg.message)
             req.finished_reason = {"type": "abort", "message": msg.message}
             if req in self.waiting:
                 self.waiting.remove(req)
-            else:
+            elif req in self.running:
                 self.running.remove(req)
                 self.cache.release(req)
             self._pending_outputs.append(req)
@@ -279,9 +289,10 @@ class Scheduler:
         """PD: move requests between the transfer queues and the scheduler's lists (every loop
         calls it once per iteration on every rank of the stage: it agrees on poll results)."""
         moves = self.disagg.step(self.running)
-        self.waiting.extend(moves.to_waiting)
+        self.waiting.extend(self.grammar.route(moves.to_waiting))
         done = list(moves.finished)
         for req in moves.to_running:  # the KV and the first token arrived: decode from here
+            self.grammar.catch_up(req)  # its matcher, advanced over the first token
             req.check_finished(self.eos_token_ids, self.tokenizer, self.context_len)
             if req.finished:
                 self.cache.release(req)
@@ -295,6 +306,9 @@ class Scheduler:
     def collect_outputs(self) -> Optional[BatchTokenIDOut]:
         due, self._pending_outputs = self._pending_outputs, []
         due += [r for r in self.running if due_for_output(r, self.server_args.stream_interval)]
+        for req in due:
+            if req.finished:
+                self.grammar.release(req)
         self._maybe_log_stats()
         self.watchdog.publish(self.internal_state, busy=self.has_work)
         return build_token_id_out(due)
@@ -309,6 +323,9 @@ class Scheduler:
         pipelined caller may schedule further steps before this one's result is back.
         `max_reqs` / `max_decodes` cap the requests / decodes of the step (pipeline micro-batches).
         """
+        ready, failed = self.grammar.poll(block=not (self.running or self.waiting))  # compiled grammars
+        self.waiting += ready
+        self._pending_outputs += failed
         batch, admitted = self.policy.build_step(
             self.running, self.waiting, max_items=max_reqs, max_decodes=max_decodes
         )
@@ -319,11 +336,12 @@ class Scheduler:
             return batch, None
         out_cache_loc = self.cache.alloc_for_step(batch.items)
         while out_cache_loc is None:
-            batch = self._shrink_for_memory(batch)
+            batch = shrink_for_memory(self, batch)
             if batch.is_empty:
                 return batch, None
             out_cache_loc = self.cache.alloc_for_step(batch.items)
         worker_batch = batch.to_worker_batch(out_cache_loc)
+        worker_batch.vocab_mask = self.grammar.fill_mask([it.req for it in batch.items if it.samples])
         for item in batch.items:
             item.req.kv_len = item.start + item.num_tokens
             item.req.in_flight = item.samples
@@ -332,37 +350,6 @@ class Scheduler:
         self.watchdog.step_started()
         self.watchdog.publish(self.internal_state, busy=True)  # what the step holds, before it runs
         return batch, worker_batch
-
-    def _shrink_for_memory(self, batch: ScheduleBatch) -> ScheduleBatch:
-        """Out of KV: first give back this step's newly admitted prefills, then retract decodes."""
-        prefills = [
-            it for it in batch.items if it.req.is_prefilling and it.req.kv_len == it.req.cached_prefix_len
-        ]
-        if prefills:
-            victim = prefills[-1].req
-            self._requeue(victim)
-        else:
-            victim = pick_retract_victim(self.running)
-            if victim is None and any(r.in_flight for r in self.running):
-                batch.items = []  # wait for in-flight steps to finish and free memory
-                return batch
-            if victim is None:
-                victim = self.running[0]
-                victim.finished_reason = {"type": "abort", "message": "out of KV cache memory"}
-                self.running.remove(victim)
-                self.cache.release(victim)
-                self._pending_outputs.append(victim)
-            else:
-                victim.retracted_count += 1
-                self.num_retractions += 1
-                logger.info(
-                    "KV cache full: retracting request %s (%d output tokens)",
-                    victim.rid,
-                    len(victim.output_ids),
-                )
-                self._requeue(victim)
-        batch.items = [it for it in batch.items if it.req is not victim]
-        return batch
 
     def _requeue(self, req: Req) -> None:
         self.running.remove(req)
@@ -397,8 +384,10 @@ class Scheduler:
                 continue
             lp, top, ids = sampled_logprobs(req, result, row)
             req.append_token(result.next_token_ids[row], lp, top, ids)
+            self.grammar.on_token(req, result.next_token_ids[row])  # finishes it when the grammar ends
             if self.disagg.take_over(req, lp, top):  # PD prefill: the decode server continues it
                 self.running.remove(req)
+                self.grammar.release(req)
                 continue
             req.check_finished(self.eos_token_ids, self.tokenizer, self.context_len)
             if req.finished:

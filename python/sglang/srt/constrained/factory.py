@@ -1,0 +1,30 @@
+"""The scheduler's `GrammarManager` for `--grammar-backend` (xgrammar or none)."""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from sglang.srt.constrained.grammar_manager import GrammarManager
+
+BACKENDS = ("xgrammar", "llguidance", "none")
+
+
+def create_grammar_manager(
+    backend: str, tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int], group: Optional[Any] = None
+) -> GrammarManager:
+    """`tokenizer` None (`--skip-tokenizer-init`): no vocabulary to compile against, so none."""
+    if backend == "none":
+        return GrammarManager(None, group)
+    if tokenizer is None:
+        return GrammarManager(
+            None, group, no_backend="this server runs --skip-tokenizer-init (no vocabulary)"
+        )
+    if backend != "xgrammar":
+        raise ValueError(f"--grammar-backend {backend!r} is not available (choose xgrammar or none)")
+
+    def build():
+        from sglang.srt.constrained.xgrammar_backend import XGrammarBackend
+
+        return XGrammarBackend(tokenizer, vocab_size, stop_token_ids)
+
+    return GrammarManager(build, group)

@@ -1,0 +1,149 @@
+"""What a request constrains its output to: one `GrammarSpec` (kind, text), taken from its sampling
+parameters, and the cheap checks the request path runs before a request reaches the scheduler.
+
+Kinds (upstream SGLang's sampling parameters): `json_schema` (a JSON schema as text; upstream's
+`"$$ANY$$"` means any JSON value), `regex`, `ebnf` (an xgrammar / GBNF grammar with a `root` rule)
+and `structural_tag` (upstream's shape: `{"type": "structural_tag", "structures": [{"begin",
+"schema", "end"}], "triggers": [...]}`, or xgrammar's own `{"type": "structural_tag", "format":
+...}`). OpenAI's `response_format` maps onto them (`response_format_params`); `json_object` is
+`json_schema` `{"type": "object"}`, as upstream does.
+
+`validate_spec` builds the grammar without a tokenizer (xgrammar's parsers: fast, no vocabulary),
+so an invalid schema / regex / grammar is an HTTP 400 naming the error in the tokenizer manager.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Optional
+
+KINDS = ("json_schema", "regex", "ebnf", "structural_tag")
+ANY_JSON = "$$ANY$$"  # upstream's json_schema for "any JSON value"
+JSON_OBJECT_SCHEMA = '{"type": "object"}'
+
+
+class GrammarError(ValueError):
+    """A grammar that does not parse or compile (HTTP 400 with this message)."""
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    """One constraint: `kind` in KINDS and its text. Hashable: the compile cache's key."""
+
+    kind: str
+    text: str
+
+
+def spec_of(params: Any) -> Optional[GrammarSpec]:
+    """The constraint a SamplingParams asks for (None: unconstrained). More than one is an error."""
+    given = [(k, getattr(params, k, None)) for k in KINDS]
+    given = [(k, v) for k, v in given if v is not None]
+    if not given:
+        return None
+    if len(given) > 1:
+        names = ", ".join(k for k, _ in given)
+        raise GrammarError(
+            f"only one of json_schema, regex, ebnf and structural_tag may be set (got {names})"
+        )
+    kind, value = given[0]
+    return GrammarSpec(kind, value)
+
+
+def as_text(kind: str, value: Any) -> str:
+    """A sampling parameter's value as grammar text: JSON schemas and structural tags may be given as
+    objects (dumped to JSON), the others must be strings."""
+    if isinstance(value, str):
+        return value
+    if kind in ("json_schema", "structural_tag") and isinstance(value, (dict, list, bool)):
+        return json.dumps(value)
+    raise GrammarError(f"{kind} must be a string, got {type(value).__name__}")
+
+
+def _structural_tag(text: str) -> Any:
+    """xgrammar's structural tag for upstream's shape (structures + triggers), or its own shape."""
+    import xgrammar as xgr
+
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise GrammarError(f"structural_tag is not valid JSON: {e}") from None
+    if isinstance(obj, dict) and "structures" in obj:
+        try:
+            tags = [
+                xgr.StructuralTagItem(begin=s["begin"], schema=json.dumps(s.get("schema", {})), end=s["end"])
+                for s in obj["structures"]
+            ]
+            triggers = list(obj["triggers"])
+        except (KeyError, TypeError) as e:
+            raise GrammarError(
+                f"structural_tag needs 'structures' with begin / schema / end and 'triggers': {e}"
+            )
+        return tags, triggers
+    return obj
+
+
+def to_grammar(spec: GrammarSpec):
+    """The xgrammar `Grammar` of a spec (no tokenizer). GrammarError naming the problem."""
+    import xgrammar as xgr
+
+    try:
+        if spec.kind == "json_schema":
+            if spec.text == ANY_JSON:
+                return xgr.Grammar.builtin_json_grammar()
+            return xgr.Grammar.from_json_schema(spec.text)
+        if spec.kind == "regex":
+            return xgr.Grammar.from_regex(spec.text)
+        if spec.kind == "ebnf":
+            return xgr.Grammar.from_ebnf(spec.text)
+        tag = _structural_tag(spec.text)
+        if isinstance(tag, tuple):
+            return xgr.Grammar.from_structural_tag(*tag)
+        return xgr.Grammar.from_structural_tag(tag)
+    except GrammarError:
+        raise
+    except Exception as e:  # xgrammar raises RuntimeError / ValueError / its own errors
+        raise GrammarError(f"invalid {spec.kind}: {_short(e)}") from None
+
+
+def validate_spec(spec: Optional[GrammarSpec]) -> None:
+    """GrammarError when the spec's grammar does not build (the request path's 400)."""
+    if spec is not None:
+        to_grammar(spec)
+
+
+def _short(e: Exception) -> str:
+    """xgrammar's message without its C++ source prefix (`[time] file.cc:83: ...`)."""
+    text = str(e).strip()
+    if text.startswith("[") and "] " in text:
+        text = text.split("] ", 1)[1]
+        head, sep, rest = text.partition(": ")
+        if sep and (".cc:" in head or ".h:" in head):
+            text = rest
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def response_format_params(fmt: Any) -> dict[str, str]:
+    """Sampling parameters of an OpenAI `response_format` (a pydantic model or dict): `text` none,
+    `json_object` / `json_schema` a json_schema, `structural_tag` a structural_tag."""
+    if fmt is None:
+        return {}
+    d = fmt.model_dump(by_alias=True) if hasattr(fmt, "model_dump") else dict(fmt)
+    kind = d.get("type")
+    if kind in (None, "text"):
+        return {}
+    if kind == "json_object":
+        return {"json_schema": JSON_OBJECT_SCHEMA}
+    if kind == "json_schema":
+        body = d.get("json_schema")
+        if not isinstance(body, dict):
+            raise GrammarError("response_format json_schema needs a 'json_schema' object with a 'schema'")
+        schema = body.get("schema", body.get("schema_"))
+        if schema is None:
+            return {"json_schema": ANY_JSON}
+        return {"json_schema": as_text("json_schema", schema)}
+    if kind == "structural_tag":
+        return {"structural_tag": json.dumps(d)}
+    raise GrammarError(
+        f"response_format type {kind!r} is not supported (text, json_object, json_schema, structural_tag)"
+    )

@@ -1,0 +1,96 @@
+"""The xgrammar backend: a spec compiled against the model's vocabulary, cached by (kind, text), and
+one matcher per request.
+
+`XGrammarBackend.compile(spec)` is what the compile threads run (it never touches the cache, so a
+thread's timing can never change a scheduling decision); the scheduler thread stores the result
+(`store`) and looks it up (`cached`). A `GrammarState` is one request's matcher: `fill(bitmask,
+row)` writes the next token's allowed set, `accept(token)` advances it, `terminated` is True once
+the grammar accepted its stop token.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from typing import Any, Optional, Sequence
+
+import torch
+
+from sglang.srt.constrained.grammar_spec import GrammarError, GrammarSpec, to_grammar
+
+logger = logging.getLogger(__name__)
+
+CACHE_ENTRIES = 512  # compiled grammars kept (least recently used dropped first)
+
+
+class GrammarState:
+    """One request's matcher over a compiled grammar."""
+
+    def __init__(self, compiled: Any):
+        import xgrammar as xgr
+
+        self._matcher = xgr.GrammarMatcher(compiled)
+
+    def fill(self, bitmask: torch.Tensor, row: int) -> None:
+        self._matcher.fill_next_token_bitmask(bitmask, row)
+
+    def accept(self, token: int) -> bool:
+        """Advance by one token; False when the grammar does not allow it (the matcher is unchanged)."""
+        return bool(self._matcher.accept_token(int(token)))
+
+    @property
+    def terminated(self) -> bool:
+        return bool(self._matcher.is_terminated())
+
+
+class XGrammarBackend:
+    """Compiles specs for one tokenizer / vocabulary (`vocab_size`: the logits' width)."""
+
+    name = "xgrammar"
+
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int], max_threads: int = 2):
+        import xgrammar as xgr
+
+        self.vocab_size = vocab_size
+        info = xgr.TokenizerInfo.from_huggingface(
+            tokenizer, vocab_size=vocab_size, stop_token_ids=sorted(set(stop_token_ids)) or None
+        )
+        # our own cache below: xgrammar's would be filled from the compile threads
+        self._compiler = xgr.GrammarCompiler(info, max_threads=max_threads, cache_enabled=False)
+        self._cache: OrderedDict[GrammarSpec, Any] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def compile(self, spec: GrammarSpec) -> Any:
+        """The compiled grammar of `spec` (GrammarError naming the problem). Thread-safe."""
+        grammar = to_grammar(spec)
+        try:
+            return self._compiler.compile_grammar(grammar)
+        except Exception as e:
+            raise GrammarError(f"invalid {spec.kind}: {e}") from None
+
+    def cached(self, spec: GrammarSpec) -> Optional[Any]:
+        with self._lock:
+            compiled = self._cache.get(spec)
+            if compiled is None:
+                self.misses += 1
+                return None
+            self._cache.move_to_end(spec)
+            self.hits += 1
+            return compiled
+
+    def store(self, spec: GrammarSpec, compiled: Any) -> None:
+        with self._lock:
+            self._cache[spec] = compiled
+            self._cache.move_to_end(spec)
+            while len(self._cache) > CACHE_ENTRIES:
+                self._cache.popitem(last=False)
+
+    def new_state(self, compiled: Any) -> GrammarState:
+        return GrammarState(compiled)
+
+    def allocate_bitmask(self, rows: int) -> torch.Tensor:
+        """[rows, ceil(vocab / 32)] int32, every token allowed (-1: all bits set)."""
+        return torch.full((rows, (self.vocab_size + 31) // 32), -1, dtype=torch.int32)
