@@ -93,12 +93,16 @@ class ChoiceOutput:
         if self.reasoning is not None:
             split = self.reasoning.detect_and_parse(text)
             reasoning, text = split.reasoning_text or None, split.normal_text
+        # all reasoning (the section never ended): no content (null, as OpenAI's)
+        plain = ChatResponseMessage(
+            content=text or (None if reasoning else text), reasoning_content=reasoning
+        )
         if self.tools is None:
-            return ChatResponseMessage(content=text, reasoning_content=reasoning)
+            return plain
         parsed = self.tools.detect_and_parse(text, self.parsing.tools)
         calls = parsed.calls[:1] if self.parsing.single_call else parsed.calls
         if not calls:
-            return ChatResponseMessage(content=text, reasoning_content=reasoning)
+            return plain
         for call in calls:
             self._ids[call.tool_index] = tool_call_id()
         tool_calls = [
