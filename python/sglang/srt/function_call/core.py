@@ -17,7 +17,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Optional
 
-from sglang.srt.function_call.json_scan import object_members
+from sglang.srt.function_call.json_scan import object_members, skip_ws
 
 logger = logging.getLogger(__name__)
 
@@ -200,3 +200,31 @@ def object_call(text: str, i: int, arg_keys: tuple[str, ...] = ("arguments", "pa
     if complete and arg_member is None:
         arguments = "{}"
     return PartialCall(name, arguments, complete), scan.end
+
+
+def object_sequence(
+    text: str, i: int, separators: str, arg_keys: tuple[str, ...] = ("arguments", "parameters")
+) -> list[PartialCall]:
+    """The calls of JSON call objects from `text[i]` on, separated by one of `separators`."""
+    calls: list[PartialCall] = []
+    while True:
+        found = object_call(text, skip_ws(text, i), arg_keys)
+        if found is None:
+            return calls
+        call, end = found
+        calls.append(call)
+        if end is None:
+            return calls
+        i = skip_ws(text, end)
+        if text[i : i + 1] == "" or text[i] not in separators:
+            return calls
+        i += 1
+
+
+def text_after_calls(section: str, spans) -> str:
+    """The text after the last complete call of `spans` ((call, end or None) pairs); "" if blank."""
+    last = 0
+    for _call, end in spans:
+        last = end if end is not None else last
+    rest = section[last:]
+    return rest if rest.strip() else ""

@@ -7,7 +7,7 @@ optionally after `<|python_tag|>`:
 
 from __future__ import annotations
 
-from sglang.srt.function_call.core import PartialCall, ToolCallDetector, held_back, object_call
+from sglang.srt.function_call.core import PartialCall, ToolCallDetector, held_back, object_sequence
 from sglang.srt.function_call.json_scan import skip_ws
 
 
@@ -34,16 +34,4 @@ class Llama3Detector(ToolCallDetector):
 
     def partial_calls(self, section: str) -> list[PartialCall]:
         i = len(self.start_marker) if section.startswith(self.start_marker) else 0
-        calls = []
-        while True:
-            i = skip_ws(section, i)
-            found = object_call(section, i, ("parameters", "arguments"))
-            if found is None:
-                return calls
-            call, end = found
-            calls.append(call)
-            if end is None:
-                return calls
-            i = skip_ws(section, end)
-            if section[i : i + 1] in (";", ","):
-                i += 1
+        return object_sequence(section, i, ";,", ("parameters", "arguments"))

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from sglang.srt.function_call.core import PartialCall, ToolCallDetector, object_call
+from sglang.srt.function_call.core import PartialCall, ToolCallDetector, object_sequence
 from sglang.srt.function_call.json_scan import skip_ws
 
 
@@ -13,24 +13,10 @@ def array_calls(
     text: str, i: int, arg_keys: tuple[str, ...] = ("arguments", "parameters")
 ) -> list[PartialCall]:
     """The calls of a JSON array of call objects starting at `text[i]` (`[`), as far as it goes."""
-    calls: list[PartialCall] = []
     i = skip_ws(text, i)
     if text[i : i + 1] != "[":
-        return calls
-    i += 1
-    while True:
-        i = skip_ws(text, i)
-        found = object_call(text, i, arg_keys)
-        if found is None:
-            return calls
-        call, end = found
-        calls.append(call)
-        if end is None:
-            return calls
-        i = skip_ws(text, end)
-        if text[i : i + 1] != ",":
-            return calls
-        i += 1
+        return []
+    return object_sequence(text, i + 1, ",", arg_keys)
 
 
 class MistralDetector(ToolCallDetector):

@@ -14,7 +14,7 @@ import json
 import re
 from typing import Optional
 
-from sglang.srt.function_call.core import PartialCall, ToolCallDetector, held_back
+from sglang.srt.function_call.core import PartialCall, ToolCallDetector, held_back, text_after_calls
 
 _LIST_START = re.compile(r"\[\s*[A-Za-z_][\w.]*\s*\(")
 _MAYBE_START = re.compile(r"\[\s*([A-Za-z_][\w.]*\s*)?$")
@@ -104,10 +104,7 @@ class PythonicDetector(ToolCallDetector):
         return [call for call, _ in self._calls(section)]
 
     def trailing_text(self, section: str) -> str:
-        last = 0
-        for _call, end in self._calls(section):
-            last = end if end is not None else last
-        rest = section[last:]
+        rest = text_after_calls(section, self._calls(section))
         bracket = rest.find("]")
         rest = rest[bracket + 1 :] if bracket >= 0 and not rest[:bracket].strip() else rest
         rest = rest.replace("<|python_end|>", "")

@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from sglang.srt.function_call.core import PartialCall, ToolCallDetector, object_call
+from sglang.srt.function_call.core import PartialCall, ToolCallDetector, object_call, text_after_calls
 from sglang.srt.function_call.json_scan import skip_ws
 
 
@@ -39,8 +39,4 @@ class Qwen25Detector(ToolCallDetector):
         return [call for call, _ in self._blocks(section)]
 
     def trailing_text(self, section: str) -> str:
-        last = 0
-        for _call, end in self._blocks(section):
-            last = end if end is not None else last
-        rest = section[last:]
-        return rest if rest.strip() else ""
+        return text_after_calls(section, self._blocks(section))

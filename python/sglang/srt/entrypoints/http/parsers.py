@@ -9,7 +9,7 @@ A parser left out is the server's (`--tool-call-parser` / `--reasoning-parser`);
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel
@@ -34,11 +34,17 @@ class SeparateReasoningRequest(BaseModel):
     reasoning_parser: Optional[str] = None
 
 
-def _chosen(value: Optional[str], default: Optional[str], flag: str, param: str) -> str:
+def _parser(
+    factory: Callable[[str], Any], value: Optional[str], default: Optional[str], flag: str, param: str
+):
+    """The parser the request names, else the server's; 400 naming `param` when neither or unknown."""
     name = value or default
     if name is None:
         raise OpenAIError(f"give `{param}`: this server was started without {flag}", param=param)
-    return name
+    try:
+        return factory(name)
+    except ValueError as err:
+        raise OpenAIError(str(err), param=param) from None
 
 
 class ParserRoutes:
@@ -57,24 +63,24 @@ class ParserRoutes:
         req = parse_model(ParseFunctionCallRequest, await read_json(request))
         # the tools are checked as /v1/chat/completions checks them (400 naming "tools")
         check_tools(ChatCompletionRequest(messages=[], tools=req.tools))
-        name = _chosen(
-            req.tool_call_parser, self.args.tool_call_parser, "--tool-call-parser", "tool_call_parser"
+        detector = _parser(
+            make_detector,
+            req.tool_call_parser,
+            self.args.tool_call_parser,
+            "--tool-call-parser",
+            "tool_call_parser",
         )
-        try:
-            detector = make_detector(name)
-        except ValueError as err:
-            raise OpenAIError(str(err), param="tool_call_parser") from None
         result = detector.detect_and_parse(req.text, req.tools)
         return {"normal_text": result.normal_text, "calls": [call.model_dump() for call in result.calls]}
 
     async def separate_reasoning(self, request: Request) -> dict:
         req = parse_model(SeparateReasoningRequest, await read_json(request))
-        name = _chosen(
-            req.reasoning_parser, self.args.reasoning_parser, "--reasoning-parser", "reasoning_parser"
+        cls = _parser(
+            reasoning_detector_class,
+            req.reasoning_parser,
+            self.args.reasoning_parser,
+            "--reasoning-parser",
+            "reasoning_parser",
         )
-        try:
-            cls = reasoning_detector_class(name)
-        except ValueError as err:
-            raise OpenAIError(str(err), param="reasoning_parser") from None
         result = cls().detect_and_parse(req.text)
         return {"text": result.normal_text, "reasoning_text": result.reasoning_text}
