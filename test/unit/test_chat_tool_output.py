@@ -189,3 +189,31 @@ def test_parse_routes_in_process() -> None:
     assert r.status_code == 400 and r.json()["error"]["param"] == "reasoning_parser"
     r = client.post("/separate_reasoning", json={"text": "a</think>b", "reasoning_parser": "deepseek-r1"})
     assert r.json() == {"text": "b", "reasoning_text": "a"}
+
+
+@pytest.mark.parametrize(
+    "flag, names",
+    [("--tool-call-parser", "'llama3', 'mistral'"), ("--reasoning-parser", "'qwen3', 'qwen3-thinking'")],
+)
+def test_unknown_parser_is_refused_at_start_up(flag: str, names: str, capsys) -> None:
+    from sglang.srt.server_args import ServerArgs, prepare_server_args
+    from sglang.test.tiny_models import TINY_LLAMA_DIR
+
+    with pytest.raises(SystemExit):
+        prepare_server_args(["--model-path", TINY_LLAMA_DIR, "--device", "cpu", flag, "nope"])
+    err = capsys.readouterr().err
+    assert f"argument {flag}: invalid choice: 'nope'" in err and names in err
+    field = flag[2:].replace("-", "_")
+    with pytest.raises(ValueError, match=f"{flag} must be one of .*got 'nope'"):
+        ServerArgs(model_path=TINY_LLAMA_DIR, device="cpu", **{field: "nope"}).validate()
+    ok = prepare_server_args(
+        [
+            "--model-path",
+            TINY_LLAMA_DIR,
+            "--device",
+            "cpu",
+            flag,
+            "deepseek-r1" if "reasoning" in flag else "qwen25",
+        ]
+    )
+    assert getattr(ok, field) in ("deepseek-r1", "qwen25")
