@@ -223,7 +223,7 @@ class OpenAIServingChat(OpenAIServingBase):
             logprobs = None
         output = req._parsers[i] if req._parsers is not None and req._parsers.parsing.active else None
         if output is None:
-            text, calls = DeltaMessage(content=chunk.delta_text or None), []
+            text, calls = DeltaMessage(content=chunk.delta_text), []
         else:
             text, calls = output.deltas(chunk.delta_text)
             if chunk.finished:
@@ -232,7 +232,7 @@ class OpenAIServingChat(OpenAIServingBase):
                 text.reasoning_content = (
                     (text.reasoning_content or "") + (rest.reasoning_content or "")
                 ) or None
-        if text.content is not None or text.reasoning_content is not None or logprobs is not None:
+        if text.content or text.reasoning_content or logprobs is not None:
             choices.append(ChatCompletionStreamChoice(index=i, delta=text, logprobs=logprobs))
         choices += [ChatCompletionStreamChoice(index=i, delta=call) for call in calls]
         if chunk.finished:
