@@ -10,8 +10,8 @@ from sglang.srt.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
 )
+from sglang.srt.entrypoints.openai.chat_tools import check_tools
 from sglang.srt.entrypoints.openai.serving_chat import (
-    check_tool_choice,
     message_dicts,
     template_flags,
     template_kwargs,
@@ -68,16 +68,17 @@ def test_reasoning_effort_sets_the_thinking_switches() -> None:
 
 def test_tool_choice_without_tools() -> None:
     for choice in (None, "none", "auto"):
-        check_tool_choice(chat(tool_choice=choice))
+        check_tools(chat(tool_choice=choice))
     for choice in ("required", {"type": "function", "function": {"name": "f"}}):
         with pytest.raises(OpenAIError) as err:
-            check_tool_choice(chat(tool_choice=choice))
+            check_tools(chat(tool_choice=choice))
         assert err.value.param == "tool_choice"
+    check_tools(chat(tools=[{"type": "function", "function": {"name": "f"}}]))  # tools are served
     with pytest.raises(OpenAIError) as err:
-        check_tool_choice(chat(tools=[{"type": "function", "function": {"name": "f"}}]))
+        check_tools(chat(tools=[{"type": "function", "function": {"nam": "f"}}]))
     assert err.value.param == "tools"
     with pytest.raises(OpenAIError):
-        check_tool_choice(chat(messages=[{"role": "system", "content": "s", "tools": [{"x": 1}]}, USER]))
+        check_tools(chat(messages=[{"role": "system", "content": "s", "tools": [{"x": 1}]}, USER]))
 
 
 def test_stop_regex_goes_to_the_sampling_params() -> None:
@@ -115,4 +116,4 @@ def test_upstream_defaults_are_accepted() -> None:
         task="title",
     )
     check_unsupported(req)
-    check_tool_choice(req)
+    check_tools(req)

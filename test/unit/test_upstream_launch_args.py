@@ -55,8 +55,6 @@ def test_config_file_with_command_line_override(tmp_path, capsys):
     "flag, hint",
     [
         ("--kv-cache-dtype", "not yet: issue 30"),
-        ("--tool-call-parser", "not yet: issue 29"),
-        ("--reasoning-parser", "not yet: issue 29"),
         ("--enable-hierarchical-cache", "not yet: issue 31"),
         ("--speculative-algorithm", "no speculative decoding in this engine"),
     ],

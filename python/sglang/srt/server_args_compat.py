@@ -13,6 +13,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Mapping, Optional
 
+from sglang.srt.function_call import tool_call_parser_names
+from sglang.srt.reasoning_parser import reasoning_parser_names
 from sglang.srt.server_args_cli import G_API, G_COMPAT, G_CP, G_LOGGING, G_MODEL, arg
 
 # upstream's --dsa-prefill-cp-mode values (and the older --nsa-prefill-cp-mode's) -> our --cp-strategy
@@ -26,8 +28,6 @@ def _next(issue: int) -> str:
 # Upstream flags this engine does not take: flag -> what to use instead, or which issue builds it.
 UPSTREAM_FLAGS = {
     "--kv-cache-dtype": _next(30),
-    "--tool-call-parser": _next(29),
-    "--reasoning-parser": _next(29),
     "--enable-hierarchical-cache": _next(31),
     "--hicache-ratio": _next(31),
     "--hicache-size": _next(31),
@@ -117,6 +117,22 @@ class CompatArgs:
         "Which of the tokenizer's named chat templates (a tokenizer_config.json chat_template list) to use.",
         G_API,
         default_text="the one named 'default'",
+    )
+    tool_call_parser: Optional[str] = arg(
+        None,
+        "How /v1/chat/completions finds tool calls in the output (the model family's format): "
+        "message.tool_calls instead of content.",
+        G_API,
+        choices=tool_call_parser_names,
+        default_text="none: the output stays content",
+    )
+    reasoning_parser: Optional[str] = arg(
+        None,
+        "How /v1/chat/completions splits the model's reasoning section (<think>...</think>) into "
+        "reasoning_content.",
+        G_API,
+        choices=reasoning_parser_names,
+        default_text="none: the reasoning stays in content",
     )
     sampling_defaults: str = arg(
         "model",

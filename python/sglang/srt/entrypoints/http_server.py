@@ -27,6 +27,7 @@ from sglang.srt.entrypoints.http.admin import AdminRoutes
 from sglang.srt.entrypoints.http.common import ApiKeyMiddleware, add_error_handlers
 from sglang.srt.entrypoints.http.native import NativeRoutes
 from sglang.srt.entrypoints.http.openai_api import OpenAIRoutes
+from sglang.srt.entrypoints.http.parsers import ParserRoutes
 from sglang.srt.entrypoints.http.tokens import TokenRoutes
 from sglang.srt.managers.tokenizer.tokenizer_manager import TokenizerManager
 from sglang.srt.server_args import ServerArgs
@@ -89,6 +90,7 @@ def create_app(
     app.include_router(AdminRoutes(tm).router())
     app.include_router(OpenAIRoutes(tm, args).router())
     app.include_router(TokenRoutes(tm).router())
+    app.include_router(ParserRoutes(args).router())
     return app
 
 

@@ -17,7 +17,7 @@ import time
 import uuid
 from typing import Any, Generic, Literal, Optional, TypeVar, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from sglang.srt.constrained.grammar_spec import KINDS, as_text, response_format_params
 
@@ -290,14 +290,15 @@ class ChatCompletionRequest(SamplingExtensions):
     max_completion_tokens: Optional[int] = None
     logprobs: bool = False
     top_logprobs: Optional[int] = None
+    # tool calling (checked by `chat_tools.check_tools`, 400 naming the field when malformed)
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Optional[Union[str, dict[str, Any]]] = None
-    parallel_tool_calls: Optional[bool] = None  # only meaningful with tools (refused)
+    parallel_tool_calls: Optional[bool] = None  # false: at most one call
     chat_template_kwargs: Optional[dict[str, Any]] = None
     # render the last (assistant) message open, without a generation prompt: the model continues it
     continue_final_message: bool = False
-    # upstream's reasoning-parser switches (default on there too): without --reasoning-parser, which
-    # this server does not have, upstream leaves the text whole; so does this server
+    # with --reasoning-parser (upstream's switches, default on): reasoning_content split from the
+    # content; streamed as it is written, or in one delta once the reasoning ends
     separate_reasoning: bool = True
     stream_reasoning: bool = True
     # as upstream: sets the templates' thinking switches (`thinking` / `enable_thinking`, "none" off)
@@ -310,6 +311,8 @@ class ChatCompletionRequest(SamplingExtensions):
     max_dynamic_patch: Optional[int] = None
     min_dynamic_patch: Optional[int] = None
     use_audio_in_video: Optional[bool] = None
+    # a streamed request's output parsers, one per choice index (chat_output.ChatOutputParsers)
+    _parsers: Any = PrivateAttr(default=None)
 
     def thinking(self) -> Optional[bool]:
         """The thinking switch `reasoning_effort` / `reasoning` ask for (None: not asked)."""
@@ -337,9 +340,31 @@ class ChoiceLogprobs(BaseModel):
     content: list[TokenLogprob] = Field(default_factory=list)
 
 
+class FunctionCall(BaseModel):
+    name: Optional[str] = None
+    arguments: Optional[str] = None  # JSON text (a stream's fragments concatenate to it)
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class DeltaToolCall(BaseModel):
+    """A streamed piece of a call: the first with id, type and name, then argument fragments."""
+
+    index: int
+    id: Optional[str] = None
+    type: Optional[Literal["function"]] = None
+    function: FunctionCall
+
+
 class ChatResponseMessage(BaseModel):
     role: str = "assistant"
     content: Optional[str] = None
+    reasoning_content: Optional[str] = None
+    tool_calls: Optional[list[ToolCall]] = None
 
 
 class ChatCompletionChoice(ChoiceBase[ChoiceLogprobs]):
@@ -353,6 +378,8 @@ class ChatCompletionResponse(ResponseBase[ChatCompletionChoice]):
 class DeltaMessage(BaseModel):
     role: Optional[str] = None
     content: Optional[str] = None
+    reasoning_content: Optional[str] = None
+    tool_calls: Optional[list[DeltaToolCall]] = None
 
 
 class ChatCompletionStreamChoice(ChoiceBase[ChoiceLogprobs]):

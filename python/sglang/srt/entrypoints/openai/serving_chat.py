@@ -1,4 +1,5 @@
-"""POST /v1/chat/completions: chat template -> prompt ids -> TokenizerManager."""
+"""POST /v1/chat/completions: chat template (with the request's tools) -> prompt ids ->
+TokenizerManager; the output's reasoning and tool calls split off by `chat_output`."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from typing import Any, Optional
 
 from pydantic import BaseModel
 
+from sglang.srt.entrypoints.openai.chat_output import ChatOutputParsers, ChoiceOutput, OutputParsing
 from sglang.srt.entrypoints.openai.chat_templates import named_tokenizer_template, resolve_chat_template
+from sglang.srt.entrypoints.openai.chat_tools import check_tools, template_tools, tool_sampling_params
 from sglang.srt.entrypoints.openai.protocol import (
     MAX_LOGPROBS,
     ChatCompletionChoice,
@@ -92,19 +95,6 @@ def _template_tool_call(call: dict) -> dict:
     return {**call, "function": {**function, "arguments": arguments}}
 
 
-def check_tool_choice(req: ChatCompletionRequest) -> None:
-    """Tools are refused; without tools `tool_choice` "none" / "auto" mean plain text (accepted),
-    while "required" or a named function cannot be met (400, as OpenAI answers)."""
-    if req.tools:
-        raise OpenAIError("tools are not supported by this server", param="tools")
-    if any(getattr(m, "tools", None) for m in req.messages):  # upstream's message-level tools
-        raise OpenAIError("tools (in a system / developer message) are not supported", param="messages")
-    if req.tool_choice is not None and req.tool_choice not in ("none", "auto"):
-        raise OpenAIError(
-            f"tool_choice {req.tool_choice!r} needs `tools`, and none were given", param="tool_choice"
-        )
-
-
 def template_kwargs(req: ChatCompletionRequest) -> dict[str, Any]:
     """`chat_template_kwargs`, plus upstream's thinking switches when `reasoning_effort` /
     `reasoning` ask (`thinking` for DeepSeek / Kimi templates, `enable_thinking` for Qwen3 / GLM);
@@ -158,11 +148,13 @@ class OpenAIServingChat(OpenAIServingBase):
         from sglang.srt.utils.hf_transformers_utils import apply_chat_template
 
         messages = message_dicts(req)
+        tools = template_tools(req)
         try:
             prompt = apply_chat_template(
                 self.tm.tokenizer,
                 messages,
                 chat_template=self.chat_template,
+                **({"tools": tools} if tools is not None else {}),
                 **template_flags(req),
                 **template_kwargs(req),
             )
@@ -182,9 +174,10 @@ class OpenAIServingChat(OpenAIServingBase):
         if req.top_logprobs is not None and not req.logprobs:
             raise OpenAIError("top_logprobs requires logprobs to be true", param="top_logprobs")
         check_logprobs_num(req.top_logprobs, "top_logprobs", MAX_LOGPROBS)
-        check_tool_choice(req)
+        check_tools(req)
         max_new = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        params = {**self.default_sampling, **req.base_sampling_params(max_new)}
+        params = {**self.default_sampling, **req.base_sampling_params(max_new), **tool_sampling_params(req)}
+        req._parsers = ChatOutputParsers(self._output_parsing(req))
         params.setdefault("max_new_tokens", None)  # no max_tokens: to EOS or the context limit (upstream)
         return GenerateReqInput(
             input_ids=req.input_ids or self._prompt_ids(req),  # upstream: given ids skip the template
@@ -197,17 +190,28 @@ class OpenAIServingChat(OpenAIServingBase):
             **req.bootstrap_fields(),  # PD disaggregation
         )
 
-    def _choice(self, req: ChatCompletionRequest, index: int, out: dict) -> BaseModel:
-        logprobs = chat_logprobs(*logprob_entries(out)) if req.logprobs else None
-        return ChatCompletionChoice(
-            index=index,
-            message=ChatResponseMessage(content=out["text"]),
-            logprobs=logprobs,
-            **finish_fields(out),
+    def _output_parsing(self, req: ChatCompletionRequest) -> OutputParsing:
+        return OutputParsing.of(
+            req,
+            getattr(self.server_args, "reasoning_parser", None),
+            getattr(self.server_args, "tool_call_parser", None),
+            template_kwargs(req),
         )
 
+    def _choice(self, req: ChatCompletionRequest, index: int, out: dict) -> BaseModel:
+        logprobs = chat_logprobs(*logprob_entries(out)) if req.logprobs else None
+        parsing = req._parsers.parsing if req._parsers is not None else self._output_parsing(req)
+        if parsing.active:
+            output = ChoiceOutput(parsing)
+            message = output.message(out["text"])
+            finish = _call_finish(finish_fields(out), output.made_calls)
+        else:
+            message, finish = ChatResponseMessage(content=out["text"]), finish_fields(out)
+        return ChatCompletionChoice(index=index, message=message, logprobs=logprobs, **finish)
+
     def _stream_choices(self, req: ChatCompletionRequest, chunk: ReqChunk, first: bool) -> list[BaseModel]:
-        """Role first, then content (and logprobs) when there is any, then a separate finish choice."""
+        """Role first, then the text (reasoning / content, with logprobs) when there is any, each
+        tool-call piece, what the parsers held back, then a separate finish choice."""
         i = chunk.index
         choices: list[BaseModel] = []
         if first:
@@ -217,11 +221,28 @@ class OpenAIServingChat(OpenAIServingBase):
         logprobs = chat_logprobs(*logprob_entries(chunk.out, chunk.logprob_start)) if req.logprobs else None
         if logprobs is not None and not logprobs.content:
             logprobs = None
-        if chunk.delta_text or logprobs is not None:
-            delta = DeltaMessage(content=chunk.delta_text)
-            choices.append(ChatCompletionStreamChoice(index=i, delta=delta, logprobs=logprobs))
+        output = req._parsers[i] if req._parsers is not None and req._parsers.parsing.active else None
+        if output is None:
+            text, calls = DeltaMessage(content=chunk.delta_text), []
+        else:
+            text, calls = output.deltas(chunk.delta_text)
+            if chunk.finished:
+                rest = output.finish()
+                text.content = ((text.content or "") + (rest.content or "")) or None
+                text.reasoning_content = (
+                    (text.reasoning_content or "") + (rest.reasoning_content or "")
+                ) or None
+        if text.content or text.reasoning_content or logprobs is not None:
+            choices.append(ChatCompletionStreamChoice(index=i, delta=text, logprobs=logprobs))
+        choices += [ChatCompletionStreamChoice(index=i, delta=call) for call in calls]
         if chunk.finished:
-            choices.append(
-                ChatCompletionStreamChoice(index=i, delta=DeltaMessage(), **finish_fields(chunk.out))
-            )
+            finish = _call_finish(finish_fields(chunk.out), output is not None and output.made_calls)
+            choices.append(ChatCompletionStreamChoice(index=i, delta=DeltaMessage(), **finish))
         return choices
+
+
+def _call_finish(fields: dict[str, Any], made_calls: bool) -> dict[str, Any]:
+    """`finish_reason` "tool_calls" when the output ended (stopped) with calls, as OpenAI's."""
+    if made_calls and fields["finish_reason"] == "stop":
+        return {"finish_reason": "tool_calls", "matched_stop": None}
+    return fields
