@@ -1,7 +1,8 @@
 """Prompt logprobs on the parallel layouts (SmolLM2 weights, float32, chunks of 8 tokens): tp 3
 (9 heads over 3 ranks, the LM head's vocab shards gathered), pp 2 (the last stage computes them and
 they travel back in the ring's StageOutput) and cp 2 (each rank holds part of the tokens; the rows
-are gathered before the LM head); `logprob_start_len` 0, 1 and len-2 against transformers within
+are gathered before the LM head), dp-attention 2 (tp 2 split into two attention replicas: each
+replica's rows in the lockstep `num_logit_rows` path); `logprob_start_len` 0, 1 and len-2 against transformers within
 2e-3, after a radix hit (the cached prefix is recomputed where logprobs are asked for)."""
 
 from __future__ import annotations
@@ -13,7 +14,12 @@ from sglang.test import prompt_logprobs_reference as plr
 
 pytestmark = pytest.mark.slow  # spawns gloo ranks and builds engines
 
-LAYOUTS = {"tp3": dict(tp_size=3), "pp2": dict(pp_size=2), "cp2": dict(cp_size=2)}
+LAYOUTS = {
+    "tp3": dict(tp_size=3),
+    "pp2": dict(pp_size=2),
+    "cp2": dict(cp_size=2),
+    "dp2-attention": dict(tp_size=2, dp_size=2, enable_dp_attention=True),
+}
 TOKEN_IDS = [11, 504]
 
 
@@ -37,7 +43,8 @@ def test_prompt_logprobs_on_parallel_layouts(ref, layout):
         log_level="warning",
         **LAYOUTS[layout],
     ) as llm:
-        llm.generate(input_ids=prompt, sampling_params={"max_new_tokens": 1, "temperature": 0})  # cached
+        # cached (twice: under DP attention each replica, served round robin, caches it once)
+        llm.generate(input_ids=[prompt] * 2, sampling_params={"max_new_tokens": 1, "temperature": 0})
         outs = llm.generate(
             input_ids=[prompt] * 3,
             sampling_params=[{"max_new_tokens": 1 if s == 0 else 0, "temperature": 0} for s in starts],
