@@ -104,3 +104,18 @@ def test_completions_echo_logprobs_stream(live, ref):
     assert (
         values[0] is None and max(abs(a - b) for a, b in zip(values[1:], whole.token_logprobs[1:])) <= plr.TOL
     )
+
+
+def test_chat_without_max_tokens_runs_to_eos(live):
+    """No max_tokens on /v1/chat/completions (upstream: to EOS or the context limit): the real
+    SmolLM2 weights answer and stop on their own end-of-turn token, not on a length limit."""
+    client = OpenAI(base_url=live.url + "/v1", api_key="none", max_retries=0, timeout=300)
+    out = client.chat.completions.create(
+        model="default",
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        temperature=0,
+    )
+    choice = out.choices[0]
+    assert choice.finish_reason == "stop", (choice.finish_reason, choice.message.content)
+    assert "Paris" in choice.message.content
+    assert 0 < out.usage.completion_tokens < 128  # stopped by EOS, under /generate's default 128
