@@ -10,8 +10,11 @@ render: equal prompt token counts and equal greedy answers (same server, same we
 from __future__ import annotations
 
 import json
+import socket
+import time
 from pathlib import Path
 from typing import Iterator
+from urllib.parse import urlparse
 
 import httpx
 import openai
@@ -72,6 +75,22 @@ def oai(srv: ServerHandle) -> openai.OpenAI:
 def test_ready_line_in_log(srv: ServerHandle) -> None:
     log = Path(srv.log_path)
     assert wait_until(lambda: READY_LINE in log.read_text(errors="replace"), 10, 0.1), srv.log()
+
+
+def _get_health(sock: socket.socket, host: str) -> bytes:
+    sock.sendall(f"GET /health HTTP/1.1\r\nHost: {host}\r\nConnection: keep-alive\r\n\r\n".encode())
+    return sock.recv(4096)
+
+
+def test_idle_keep_alive_connection_outlives_client_pool_expiry(srv: ServerHandle) -> None:
+    """A connection idle for longer than httpx's 5 s pool expiry is still open: with uvicorn's 5 s
+    default the server closed it just as a pooled client could send on it (a lost request under
+    load, "Connection error" in the openai SDK)."""
+    parsed = urlparse(srv.url)
+    with socket.create_connection((parsed.hostname, parsed.port), timeout=10) as sock:
+        assert _get_health(sock, parsed.netloc).startswith(b"HTTP/1.1 200")
+        time.sleep(6.0)
+        assert _get_health(sock, parsed.netloc).startswith(b"HTTP/1.1 200"), "idle connection closed"
 
 
 def test_cors_preflight_and_simple_request(srv: ServerHandle) -> None:

@@ -111,6 +111,18 @@ def make_specs(
     return specs
 
 
+def _describe(err: BaseException) -> str:
+    """The error and its causes (the openai SDK hides httpx's reason behind "Connection error.")."""
+    parts: list[str] = []
+    seen: set[int] = set()
+    cur: Optional[BaseException] = err
+    while cur is not None and id(cur) not in seen and len(parts) < 4:
+        seen.add(id(cur))
+        parts.append(repr(cur)[:200])
+        cur = cur.__cause__ or cur.__context__
+    return " <- ".join(parts)
+
+
 class Runner:
     def __init__(self, url: str, api_key: Optional[str], report: LoadReport):
         self.url = url
@@ -140,7 +152,7 @@ class Runner:
             else:
                 await self._openai(spec)
         except Exception as err:  # noqa: BLE001 - every failure is counted, none stops the load
-            self._error(spec, repr(err)[:300])
+            self._error(spec, _describe(err))
 
     def _check_all(self, spec: RequestSpec, finals: list[tuple[Optional[str], int]]) -> None:
         """Every sample of a request finished with a reason, within max_new_tokens each."""

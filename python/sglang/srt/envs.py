@@ -167,6 +167,25 @@ SGLANG_HEALTH_CHECK_TIMEOUT: EnvVar[float] = EnvVar(
     "before it judges the scheduler (upstream's variable and default).",
 )
 
+
+# ---------------------------------------------------------------- HTTP
+def _non_negative(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise ValueError(f"expected seconds >= 0, got {text!r}")
+    return value
+
+
+SGLANG_TIMEOUT_KEEP_ALIVE: EnvVar[float] = EnvVar(
+    "SGLANG_TIMEOUT_KEEP_ALIVE",
+    120.0,
+    _non_negative,
+    "Seconds the HTTP server keeps an idle keep-alive connection open. Longer than the idle expiry "
+    "of common clients' pools (httpx / openai 5 s, aiohttp 15 s, reqwest and so sglang-router 90 s), "
+    "so a client never sends on a connection the server is closing at that moment (uvicorn's 5 s "
+    "default equals httpx's and races it under load).",
+)
+
 # ---------------------------------------------------------------- profiling
 SGLANG_TORCH_PROFILER_DIR: EnvVar[str] = EnvVar(
     "SGLANG_TORCH_PROFILER_DIR",

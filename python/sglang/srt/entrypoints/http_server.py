@@ -22,6 +22,7 @@ import uvicorn
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
+from sglang.srt import envs
 from sglang.srt.entrypoints.engine import _launch_subprocesses
 from sglang.srt.entrypoints.http.admin import AdminRoutes
 from sglang.srt.entrypoints.http.common import ApiKeyMiddleware, add_error_handlers
@@ -147,7 +148,7 @@ def launch_server(server_args: ServerArgs, scheduler_entry: Optional[Callable[..
             port=server_args.port,
             log_level=server_args.log_level,
             log_config=None,  # uvicorn's loggers propagate to ours (role-stamped lines)
-            timeout_keep_alive=5,
+            timeout_keep_alive=envs.SGLANG_TIMEOUT_KEEP_ALIVE.get(),
             timeout_graceful_shutdown=5,
         )
         server = uvicorn.Server(config)
