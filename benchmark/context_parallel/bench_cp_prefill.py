@@ -86,8 +86,9 @@ def rank_cpu_seconds() -> dict[int, float]:
 
 
 def run_engine(
-    path: str, cp: int, pp: int, tokens: int, repeats: int, dtype: str
+    path: str, cp: int, pp: int, tokens: int, repeats: int, dtype: str, **extra
 ) -> tuple[list[float], list[float]]:
+    """TTFT of each run and the busiest rank's CPU seconds; `extra`: more Engine arguments."""
     import sglang as sgl
 
     ids = prompt_ids(tokens)
@@ -106,6 +107,7 @@ def run_engine(
         disable_radix_cache=True,
         skip_tokenizer_init=True,
         log_level="warning",
+        **extra,
     ) as llm:
         params = {"max_new_tokens": 1, "temperature": 0, "ignore_eos": True}
         llm.generate(input_ids=ids[:64], sampling_params=params)  # warm up

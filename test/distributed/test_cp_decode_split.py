@@ -33,34 +33,42 @@ TOL = 1e-4
 PROMPT_LENS = (5, 11, 17, 8, 23)
 WAVES = ((1, 3), (1, 3), (3, 4))  # (requests joining, decode steps after the joining step)
 LAYOUTS = {"cp2": dict(tp=2, attn_cp=2), "cp2-ep2": dict(tp=2, attn_cp=2, moe_ep=2)}
-# (model, layout, split decodes)
+MIN_SPLIT = 12  # adaptive CP runs: prompts 5, 11 and 8 run whole on every rank, 17 and 23 split
+# (model, layout, split decodes, min_split_tokens)
 RUNS = [
-    ("llama", "cp2", True),
-    ("llama", "cp2", False),
-    ("v32", "cp2", True),
-    ("v32", "cp2", False),
-    ("v32", "cp2-ep2", True),
+    ("llama", "cp2", True, 0),
+    ("llama", "cp2", False, 0),
+    ("llama", "cp2", True, MIN_SPLIT),
+    ("v32", "cp2", True, 0),
+    ("v32", "cp2", False, 0),
+    ("v32", "cp2", True, MIN_SPLIT),
+    ("v32", "cp2-ep2", True, 0),
+    ("v32", "cp2-ep2", True, MIN_SPLIT),
 ]
+
+
+def _run_id(run) -> str:
+    return f"{run[0]}-{run[1]}-{'split' if run[2] else 'replicated'}" + (f"-min{run[3]}" if run[3] else "")
 
 
 class SplitHarness(CPForwardHarness):
     """A CP harness whose batches carry the layout of the chosen decode path, with counters."""
 
-    def __init__(self, *args, split_decodes: bool = True, **kwargs):
+    def __init__(self, *args, split_decodes: bool = True, min_split: int = 0, **kwargs):
         super().__init__(*args, **kwargs)
-        self.split_decodes = split_decodes
+        self.split_decodes, self.min_split = split_decodes, min_split
         self.stats = CPStats()
 
     def build_batch(self, items, return_all_logits: bool = False):
         fb = super().build_batch(items, return_all_logits)
         if fb.cp_layout is not None:
             build_cp_layout_for_batch(
-                fb, self.group, self.strategy, self.mapping, self.split_decodes, self.stats
+                fb, self.group, self.strategy, self.mapping, self.split_decodes, self.stats, self.min_split
             )
         return fb
 
 
-def generate(path: str, groups: ParallelGroups, split_decodes: bool = True) -> dict:
+def generate(path: str, groups: ParallelGroups, split_decodes: bool = True, min_split: int = 0) -> dict:
     hf_config, model = load_model(path, groups)
     h = SplitHarness(
         hf_config,
@@ -69,6 +77,7 @@ def generate(path: str, groups: ParallelGroups, split_decodes: bool = True) -> d
         max_total_tokens=1024,
         attn_tp_size=groups.attn_tp.size,
         split_decodes=split_decodes,
+        min_split=min_split,
     )
     h.token_to_kv_pool = model.create_kv_pool(
         h.mapping.physical_pool_size(h.allocator.size), 1, torch.float32
@@ -104,6 +113,7 @@ def generate(path: str, groups: ParallelGroups, split_decodes: bool = True) -> d
         "logits": logits,
         "decodes": decodes,
         "stats": (stats.decode_rows, stats.logit_rows, stats.merged_rows),
+        "unsplit": stats.unsplit_prefill_tokens,
         "layers": model.end_layer - model.start_layer,
     }
 
@@ -128,9 +138,9 @@ def _merge_check(group) -> bool:
 
 def _body(rank: int, world_size: int, paths: dict[str, str]) -> dict:
     out: dict = {}
-    for model, layout, split in RUNS:
+    for model, layout, split, min_split in RUNS:
         groups = ParallelGroups.build(ParallelLayout(**LAYOUTS[layout]), rank)
-        out[(model, layout, split)] = generate(paths[model], groups, split)
+        out[(model, layout, split, min_split)] = generate(paths[model], groups, split, min_split)
         if "merge" not in out:
             out["merge"] = _merge_check(groups.attn_cp)
     return out
@@ -177,7 +187,7 @@ def test_holder_merge_equals_all_gather_merge(results):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("run", RUNS, ids=lambda r: f"{r[0]}-{r[1]}-{'split' if r[2] else 'replicated'}")
+@pytest.mark.parametrize("run", RUNS, ids=_run_id)
 def test_cp_decode_matches_single_rank(results, reference, run):
     ref = reference[run[0]]
     assert len({tuple(t) for t in ref["tokens"]}) == len(PROMPT_LENS)  # not degenerate
@@ -191,7 +201,7 @@ def test_cp_decode_matches_single_rank(results, reference, run):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("run", RUNS, ids=lambda r: f"{r[0]}-{r[1]}-{'split' if r[2] else 'replicated'}")
+@pytest.mark.parametrize("run", RUNS, ids=_run_id)
 def test_each_rank_runs_its_share_of_the_decodes(results, run):
     split, cp = run[2], 2
     steps = results[0][run]["decodes"]
@@ -206,9 +216,21 @@ def test_each_rank_runs_its_share_of_the_decodes(results, run):
         share = sum(len([d for d in s if d][rank::cp]) for s in steps)
         assert decode_rows == share, (rank, decode_rows, share)
         assert merged_rows == share * layers
-    if split:
+    if split:  # an unsplit prompt's last token: its logits on every rank (no gather)
         logits = [res[run]["stats"][1] for res in results]
-        assert sum(logits) == sum(len(s) for s in steps) and max(logits) < sum(len(s) for s in steps)
+        unsplit = len([n for n in PROMPT_LENS if n < run[3]])
+        assert sum(logits) == sum(len(s) for s in steps) + (cp - 1) * unsplit
+        assert max(logits) < sum(len(s) for s in steps)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("run", RUNS, ids=_run_id)
+def test_short_prompts_run_whole_on_every_rank(results, run):
+    """Adaptive CP (`min_split_tokens`): each prompt shorter than it ran whole on every rank (its
+    tokens counted by every rank's `unsplit_prefill_tokens`); the others were split."""
+    want = sum(n for n in PROMPT_LENS if n < run[3])
+    assert run[3] == 0 or 0 < want < sum(PROMPT_LENS)  # both kinds joined the batches
+    assert [res[run]["unsplit"] for res in results] == [want] * len(results)
 
 
 @pytest.mark.slow
@@ -217,6 +239,6 @@ def test_moe_routes_first_under_cp_with_whole_experts(results):
     the all-to-all, the shared experts running while the tokens are in flight; cp 2 x ep 1 keeps
     the gather before the router (its tokens are checked in test_cp_decode_matches_single_rank)."""
     for res in results:
-        layers, overlapped = res[("v32", "cp2-ep2", True)]["moe_a2a"]
+        layers, overlapped = res[("v32", "cp2-ep2", True, 0)]["moe_a2a"]
         assert layers > 0 and overlapped >= layers * (1 + 3 + 1 + 3 + 1 + 4)  # one call per layer and step
-        assert res[("v32", "cp2", True)]["moe_a2a"] == (0, 0)
+        assert res[("v32", "cp2", True, 0)]["moe_a2a"] == (0, 0)

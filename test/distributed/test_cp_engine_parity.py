@@ -4,7 +4,9 @@ broadcast, gloo groups, sharded KV in the virtual slot space) vs cp = 1, float32
 Workload: a batch of 3 prompts of odd lengths where the 45-token one is prefilled over 3 chunks
 (chunk 16) while the others decode, 32 greedy tokens each; then the long prompt again (a radix
 hit). Greedy ids identical; logprob of every sampled token within 1e-4 of cp = 1. cp = 2 with
-both strategies, cp = 4 (zigzag, interleave 2 with page 2), pp = 2 × cp = 2. The engine reports
+both strategies, cp = 4 (zigzag, interleave 2 with page 2), pp = 2 × cp = 2, and cp = 2 with
+`--cp-min-split-tokens 12` (adaptive CP: the short prompt runs whole on every rank, counted by
+`cp_unsplit_prefill_tokens`; the suite's default is 0, always split). The engine reports
 each rank's physical KV pool and usage: a request's share is ≤ ceil(tokens / cp) + one page.
 """
 
@@ -29,6 +31,9 @@ CONFIGS = {
     "cp2-round-robin": dict(cp_size=2, cp_strategy="round-robin"),
     "cp4-zigzag-i2": dict(cp_size=4, cp_strategy="zigzag", page_size=2, cp_kv_cache_interleave_size=2),
     "pp2-cp2": dict(cp_size=2, pp_size=2, cp_strategy="zigzag"),
+    # adaptive CP: the 7-token prompt runs whole on both ranks; the 19-token one and the 45-token
+    # one's 16-token chunks are split
+    "cp2-min-split-12": dict(cp_size=2, cp_min_split_tokens=12),
 }
 
 
@@ -85,3 +90,10 @@ def test_cp_engine_matches_single_rank(model_and_reference, name):
     # one finished 46-token request left in the radix cache: its share per rank
     tokens = len(prompts[2]) + 1
     assert 0 < state["kv_physical_used_per_rank"] <= -(-tokens // cp) + page
+    min_split = cfg.get("cp_min_split_tokens", 0)
+    unsplit = state["cp_unsplit_prefill_tokens"]
+    if min_split == 0:
+        assert unsplit == 0
+    else:  # the 7-token prompt whole, plus first chunks under 12 tokens where the 16-token budget
+        # cut a prompt after the one before it; the 45-token prompt's chunk over its prefix never
+        assert sum(len(p) for p in prompts if len(p) < min_split) <= unsplit < sum(map(len, prompts)), unsplit

@@ -1,7 +1,7 @@
 """The float32 residual stream of a bf16 model (`--enable-fp32-residual`, the CPU default;
 layers/layernorm.py) through the parallel layouts that move or reduce the residual: TP (the
 attention and MLP all-reduces into a float32 stream), PP (the stream crosses the stage boundary as a
-float32 proxy tensor) and DP attention (the partial-gather path sums in the attention dtype, with
+float32 proxy tensor), CP (each rank's token shard keeps its own float32 stream) and DP attention (the partial-gather path sums in the attention dtype, with
 IDLE replicas in the same all-reduce).
 
 A random tiny llama in bf16 whose embedding is scaled up (a residual stream much larger than each
@@ -80,8 +80,13 @@ def test_float32_stream_is_closer_to_float32_than_bf16_stream(model):
 
 @pytest.mark.parametrize(
     "layout",
-    [dict(pp_size=2), dict(tp_size=2), dict(tp_size=2, dp_size=2, enable_dp_attention=True)],
-    ids=["pp2", "tp2", "tp2-dp2-attention"],
+    [
+        dict(pp_size=2),
+        dict(tp_size=2),
+        dict(cp_size=2),
+        dict(tp_size=2, dp_size=2, enable_dp_attention=True),
+    ],
+    ids=["pp2", "tp2", "cp2", "tp2-dp2-attention"],
 )
 def test_layouts_carry_the_float32_stream(model, layout):
     path, prompts, f32, one, bf16_stream = model

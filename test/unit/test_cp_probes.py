@@ -112,7 +112,7 @@ def test_gather_segment_flag_reaches_the_layout():
 
     import pytest
 
-    from sglang.srt.layers.context_parallel import CPRuntime
+    from sglang.srt.layers.cp_runtime import CPRuntime
     from sglang.srt.server_args import prepare_server_args
 
     args = prepare_server_args(["--model-path", "m", "--cp-kv-gather-segment", "777"])

@@ -137,6 +137,25 @@ SGLANG_DSA_INDEX_SCORE_DTYPE: EnvVar[str] = EnvVar(
 )
 
 
+# ---------------------------------------------------------------- context parallelism
+def _optional_count(text: str) -> Optional[int]:
+    if text == "":
+        return None
+    value = int(text)
+    if value < 0:
+        raise ValueError(f"expected a count >= 0, got {text!r}")
+    return value
+
+
+SGLANG_CP_MIN_SPLIT_TOKENS: EnvVar[Optional[int]] = EnvVar(
+    "SGLANG_CP_MIN_SPLIT_TOKENS",
+    None,
+    _optional_count,
+    "The default of --cp-min-split-tokens when the flag is not given (unset: the platform's). The "
+    "test suite sets 0 so that its short prompts take the split path they are written to test.",
+)
+
+
 # ---------------------------------------------------------------- pipeline parallelism
 def parse_int_list(text: str) -> list[int]:
     """'15,15,15,16' → [15, 15, 15, 16] (spaces allowed); ValueError on anything else."""

@@ -35,6 +35,13 @@ class ParallelArgs:
         "0 = the whole prefix at once). 16K: a 128K prefix takes 8 rounds, 1/8 of the gather buffer.",
         G_CP,
     )
+    cp_min_split_tokens: Optional[int] = arg(
+        None,
+        "Prompts (or chunks) with no cached prefix and fewer new tokens run whole on every CP rank, "
+        "without exchanges; 0 = always split (docs/context_parallel.md).",
+        G_CP,
+        default_text="$SGLANG_CP_MIN_SPLIT_TOKENS, else the platform's measured crossover",
+    )
 
     # ------------------------------------------------------------------ data parallelism
     dp_size: int = arg(

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
-from sglang.srt.layers.context_parallel import get_cp_layout, start_gather
+from sglang.srt.layers.context_parallel import CPLayout, get_cp_layout, start_gather
 from sglang.srt.layers.dp_attention import dp_gather, dp_scatter
 from sglang.srt.layers.moe.ep_all_to_all import moe_all_to_all
 
@@ -249,8 +249,19 @@ def gather_for_logits(hidden_states: torch.Tensor, forward_batch: "ForwardBatch"
         return cp.gather_all(hidden_states)
     spec = cp.last_tokens_spec()
     if cp_logits_split(forward_batch):  # this rank's last tokens only (`cp_gather_logits`)
-        return hidden_states.index_select(0, spec.local_rows.to(hidden_states.device))
+        rows = spec.local_rows
+        _, repl_rows = _replicated_last_tokens(cp)
+        if repl_rows.numel():  # unsplit prefills: every rank holds (and computes) their last token
+            rows = torch.cat([rows, repl_rows])
+        return hidden_states.index_select(0, rows.to(hidden_states.device))
     return cp.gather_rows(hidden_states, cp.last_token_idx(), spec)
+
+
+def _replicated_last_tokens(cp: CPLayout) -> tuple[torch.Tensor, torch.Tensor]:
+    """(request index, local row) of each request whose last token every rank holds."""
+    last = cp.last_token_idx()
+    reqs = torch.nonzero(cp.holder_rank[last] < 0).flatten()
+    return reqs, cp.holder_row[last[reqs]]
 
 
 def cp_logits_split(forward_batch: "ForwardBatch") -> bool:
@@ -267,13 +278,19 @@ def cp_logits_split(forward_batch: "ForwardBatch") -> bool:
 
 
 def cp_gather_logits(logits: torch.Tensor, forward_batch: "ForwardBatch") -> torch.Tensor:
-    """This rank's logit rows (`cp_logits_split`) -> [batch_size, vocab], request order, every rank."""
+    """This rank's logit rows (`cp_logits_split`: its split last tokens, then the replicated ones)
+    -> [batch_size, vocab], request order, every rank."""
     cp = get_cp_layout(forward_batch)
     spec = cp.last_tokens_spec()
     cp.count("logit_rows", logits.shape[0])
-    gathered = start_gather(cp.group, logits, spec.sizes).wait()
-    request_of = torch.full((cp.num_tokens,), -1, dtype=torch.int64)
-    request_of[cp.last_token_idx()] = torch.arange(cp.batch_size)
+    n_split = int(spec.local_rows.numel())
     out = logits.new_empty((cp.batch_size, logits.shape[1]))
-    out.index_copy_(0, request_of[spec.global_idx].to(logits.device), gathered)
+    if spec.total:
+        gathered = start_gather(cp.group, logits[:n_split], spec.sizes).wait()
+        request_of = torch.full((cp.num_tokens,), -1, dtype=torch.int64)
+        request_of[cp.last_token_idx()] = torch.arange(cp.batch_size)
+        out.index_copy_(0, request_of[spec.global_idx].to(logits.device), gathered)
+    reqs, _ = _replicated_last_tokens(cp)
+    if reqs.numel():
+        out.index_copy_(0, reqs.to(logits.device), logits[n_split:])
     return out

@@ -86,11 +86,13 @@ def restore_order(shards: Sequence[torch.Tensor], num_tokens: int, strategy: str
 class CPStats:
     """Per-rank counters of the work a CP rank did (kept by `CPRuntime`, added to by the layout's
     users): decode tokens run through the model, rows given to the LM head, and partial-attention
-    rows merged (summed over layers)."""
+    rows merged (summed over layers), and prefill tokens run whole on every rank (a FRESH request
+    shorter than `min_split_tokens`, not split)."""
 
     decode_rows: int = 0
     logit_rows: int = 0
     merged_rows: int = 0
+    unsplit_prefill_tokens: int = 0
 
 
 @dataclass
@@ -114,10 +116,12 @@ class CPLayout:
     group: Optional["GroupCoordinator"] = None
     slot_mapping: Optional[CPSlotMapping] = None
     split_decodes: bool = False  # decodes dealt to one rank each (else replicated on every rank)
+    min_split_tokens: int = 0  # FRESH requests with fewer new tokens run whole on every rank
     stats: Optional["CPStats"] = field(default=None, repr=False)
     # Derived per batch, built on first use (see the *_spec methods).
     _split_spec: Optional[GatherSpec] = field(default=None, repr=False)
     _last_tokens_spec: Optional[GatherSpec] = field(default=None, repr=False)
+    _trivial: Optional[bool] = field(default=None, repr=False)
     # Exchanges in flight: layer id -> its all-gather (started early, waited on by the layer).
     pending: dict[int, PendingGather] = field(default_factory=dict, repr=False)
     kv_gather_segment: int = 0  # cap on cached-prefix rows gathered per round (0: no cap)
@@ -135,8 +139,12 @@ class CPLayout:
         slot_mapping: Optional[CPSlotMapping] = None,
         split_decodes: bool = False,
         stats: Optional["CPStats"] = None,
+        min_split_tokens: int = 0,
     ) -> "CPLayout":
-        """`split_decodes`: deal the decodes over the ranks (False: replicate them on every rank)."""
+        """`split_decodes`: deal the decodes over the ranks (False: replicate them on every rank).
+        `min_split_tokens`: a FRESH request (no cached prefix) with fewer new tokens is not split:
+        every rank runs all of it, its attention is local and it adds nothing to the exchanges
+        (CP only where it pays; a PREFIX request is always split, its prefix being sharded)."""
         if not 0 <= cp_rank < cp_size:
             raise ValueError(f"cp_rank {cp_rank} out of range for cp_size {cp_size}")
         n_total = int(sum(ext_lens))
@@ -144,13 +152,20 @@ class CPLayout:
             split = split_decodes and cp_size > 1
             layout = CPLayout._decodes_only(prefix_lens, cp_size, cp_rank, strategy, split)
         else:
-            layout = CPLayout._mixed(ext_lens, prefix_lens, cp_size, cp_rank, strategy, split_decodes)
+            layout = CPLayout._mixed(
+                ext_lens, prefix_lens, cp_size, cp_rank, strategy, split_decodes, min_split_tokens
+            )
         layout.group, layout.slot_mapping = group, slot_mapping
         layout.split_decodes, layout.stats = split_decodes, stats
+        layout.min_split_tokens = min_split_tokens
+        unsplit = sum(n for k, n in zip(layout.kinds, layout.ext_lens) if k == FRESH and n < min_split_tokens)
+        layout.count("unsplit_prefill_tokens", unsplit if cp_size > 1 else 0)
         return layout
 
     @staticmethod
-    def _mixed(ext_lens, prefix_lens, cp_size, cp_rank, strategy, split_decodes) -> "CPLayout":
+    def _mixed(
+        ext_lens, prefix_lens, cp_size, cp_rank, strategy, split_decodes, min_split_tokens=0
+    ) -> "CPLayout":
         """The layout of a batch with at least one multi-token request."""
         n_total = int(sum(ext_lens))
         holder_rank = torch.full((n_total,), -1, dtype=torch.int64)
@@ -164,7 +179,9 @@ class CPLayout:
             kind = REPLICATED if n == 1 else (FRESH if pre == 0 else PREFIX)
             kinds.append(kind)
             starts.append(start)
-            split = cp_size > 1 and (kind != REPLICATED or split_decodes)
+            split = cp_size > 1 and (
+                split_decodes if kind == REPLICATED else kind == PREFIX or n >= min_split_tokens
+            )
             if not split:
                 offs = [torch.arange(n, dtype=torch.int64)] * cp_size
             elif kind == REPLICATED:  # a split decode: the j-th decode on rank j mod cp
@@ -249,10 +266,13 @@ class CPLayout:
 
     @property
     def is_trivial(self) -> bool:
-        """Every rank holds every token (cp 1, or a batch of replicated decodes only)."""
+        """Every rank holds every token (cp 1, or a batch without a split token: replicated decodes
+        and prefills below `min_split_tokens`): no K/V or row exchange is needed."""
         if self.cp_size == 1:
             return True
-        return not self.split_decodes and all(k == REPLICATED for k in self.kinds)
+        if self._trivial is None:
+            self._trivial = not bool((self.holder_rank >= 0).any())
+        return self._trivial
 
     def count(self, name: str, rows: int) -> None:
         """Add `rows` to this rank's counter `name` (`CPStats`), when the runtime keeps them."""
@@ -372,9 +392,11 @@ def build_cp_layout_for_batch(
     slot_mapping: CPSlotMapping,
     split_decodes: bool = True,
     stats: Optional[CPStats] = None,
+    min_split_tokens: int = 0,
 ) -> Optional[CPLayout]:
     """Compute and attach the CP layout of `forward_batch` for this rank of `group` (cp > 1);
-    `split_decodes=False` replicates the decodes on every rank (the old path)."""
+    `split_decodes=False` replicates the decodes on every rank (the old path); FRESH requests
+    below `min_split_tokens` new tokens run whole on every rank."""
     if group.size == 1:
         return None
     layout = CPLayout.build(
@@ -387,46 +409,7 @@ def build_cp_layout_for_batch(
         slot_mapping=slot_mapping,
         split_decodes=split_decodes,
         stats=stats,
+        min_split_tokens=min_split_tokens,
     )
     set_cp_layout(forward_batch, layout)
     return layout
-
-
-@dataclass(frozen=True)
-class CPRuntime:
-    """What a model runner needs for CP: the cp group, the split strategy and the slot mapping;
-    whether decodes are dealt over the ranks (`split_decodes`, else replicated: the old path),
-    this rank's work counters, the cap on cached-prefix rows gathered per round
-    (`kv_gather_segment`) and an optional `CPProbe`; the last two are copied onto every layout."""
-
-    group: "GroupCoordinator"
-    strategy: str
-    mapping: CPSlotMapping
-    split_decodes: bool = True
-    stats: CPStats = field(default_factory=CPStats)
-    kv_gather_segment: int = 0  # --cp-kv-gather-segment
-    probe: Optional[Any] = None  # a CPProbe attached to every layout (tests, benchmarks)
-
-    @staticmethod
-    def from_server_args(server_args: Any, group: "GroupCoordinator") -> Optional["CPRuntime"]:
-        """None when the cp group has one rank."""
-        if group.size == 1:
-            return None
-        strategy = getattr(server_args, "cp_strategy", "zigzag")
-        if strategy not in CP_STRATEGIES:
-            raise ValueError(f"--cp-strategy must be one of {list(CP_STRATEGIES)}, got {strategy!r}")
-        interleave = int(getattr(server_args, "cp_kv_cache_interleave_size", 1) or 1)
-        segment = int(getattr(server_args, "cp_kv_gather_segment", 0) or 0)
-        if segment < 0:
-            raise ValueError(f"--cp-kv-gather-segment must be >= 0 (0: no cap), got {segment}")
-        mapping = CPSlotMapping(server_args.page_size, group.size, interleave)
-        return CPRuntime(group, strategy, mapping, kv_gather_segment=segment)
-
-    def attach(self, forward_batch: CPBatch) -> CPLayout:
-        """Compute this rank's layout of the batch and attach it (before the backend's metadata)."""
-        layout = build_cp_layout_for_batch(
-            forward_batch, self.group, self.strategy, self.mapping, self.split_decodes, self.stats
-        )
-        assert layout is not None
-        layout.kv_gather_segment, layout.probe = self.kv_gather_segment, self.probe
-        return layout

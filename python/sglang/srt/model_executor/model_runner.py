@@ -25,7 +25,7 @@ import torch
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.distributed.parallel_state import ParallelGroups
 from sglang.srt.layers.attention.registry import check_attention_backend, create_attention_backend
-from sglang.srt.layers.context_parallel import CPRuntime
+from sglang.srt.layers.cp_runtime import CPRuntime
 from sglang.srt.layers.sampler import SampleOutput, Sampler
 from sglang.srt.model_executor.logprobs import InputLogprobs, input_logprobs
 from sglang.srt.model_executor.worker_batch import ModelWorkerBatch
@@ -88,10 +88,11 @@ class ModelRunner:
         # the attention the model's layers need, served by the chosen backend (before any weights load)
         self.attention_backend_name = server_args.resolved_attention_backend
         check_attention_backend(self.attention_backend_name, model_cls.attention_kind, cfg.architectures[0])
-        self.cp: Optional[CPRuntime] = CPRuntime.from_server_args(server_args, groups.attn_cp)
+        self.cp: Optional[CPRuntime] = CPRuntime.from_server_args(server_args, groups.attn_cp, platform)
         if self.cp is not None and not model_cls.supports_context_parallel:
             raise ValueError(f"--cp-size > 1 is not supported for {cfg.architectures[0]} yet")
-        self.model, weight_bytes, self.float32_logits = self._load_model(model_cls, platform)
+        loaded = self._load_model(model_cls, platform)
+        self.model, weight_bytes, self.float32_logits, self.float32_residual = loaded
         # Pipeline stage: this rank's layers [start_layer, end_layer); KV is stored for those only.
         self.is_first_stage, self.is_last_stage = groups.pp.is_first, groups.pp.is_last
         self.start_layer, self.end_layer = self.model.start_layer, self.model.end_layer
@@ -136,9 +137,10 @@ class ModelRunner:
             plan.max_running_requests,
         )
 
-    def _load_model(self, model_cls, platform) -> tuple[torch.nn.Module, int, bool]:
+    def _load_model(self, model_cls, platform) -> tuple[torch.nn.Module, int, bool, bool]:
         """Build the model on this rank's device and load its weights; returns it, the bytes its
-        weights and packed copies take, and whether its logits are float32."""
+        weights and packed copies take, whether its logits are float32 and whether its residual
+        stream is."""
         server_args = self.server_args
         with torch.device(self.device):
             model = model_cls(self.model_config.hf_config, self.groups, self.dtype)
@@ -152,7 +154,7 @@ class ModelRunner:
         weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         # before prepacking: an LM head with a float32-logits packed copy opts out of the other one
         float32_logits = use_float32_logits(model, server_args, platform)
-        self.float32_residual = use_float32_residual(model, server_args, platform)
+        float32_residual = use_float32_residual(model, server_args, platform)
         weight_bytes += sum(
             m.float32_packed.numel() * m.float32_packed.element_size()
             for m in model.modules()
@@ -160,17 +162,20 @@ class ModelRunner:
         )
         # packed copies only while they take at most a quarter of the memory still free
         weight_bytes += prepack_linear_weights(model, platform, max_bytes=platform.memory_info()[0] // 4)
-        return model, weight_bytes, float32_logits
+        return model, weight_bytes, float32_logits, float32_residual
 
     def kv_state(self, free_slots: int) -> dict:
-        """Physical KV numbers of one rank (under CP every rank reserves the same share)."""
+        """Physical KV numbers of one rank (under CP every rank reserves the same share, and the
+        count of prefill tokens it ran unsplit)."""
         if self.cp is None:
             return {
                 "cp_size": 1,
                 "kv_physical_tokens_per_rank": self.max_total_num_tokens,
                 "kv_physical_used_per_rank": self.max_total_num_tokens - free_slots,
             }
-        return physical_kv_state(self.cp.mapping, self.max_total_num_tokens, free_slots)
+        state = physical_kv_state(self.cp.mapping, self.max_total_num_tokens, free_slots)
+        # adaptive CP: prefill tokens this rank ran whole (prompts below --cp-min-split-tokens)
+        return {**state, "cp_unsplit_prefill_tokens": self.cp.stats.unsplit_prefill_tokens}
 
     def _agree_on_plan(self, plan: KVPoolPlan) -> KVPoolPlan:
         """Every rank takes the smallest plan of the world (MIN all-reduce), so KV slot numbers

@@ -25,8 +25,9 @@ that wants every row reproducible (e.g. so that all TP ranks agree without a bro
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -212,14 +213,11 @@ class SamplingBatchInfo:
 
     def apply_vocab_mask(self, logits: torch.Tensor) -> None:
         """Set the tokens each row's grammar does not allow to -inf, in place: xgrammar's kernel
-        (about 4x faster than the torch unpacking on CPU) where it is installed and the logits are
-        contiguous float32, else `unpack_bitmask` (the same result)."""
+        where it is installed and the logits are contiguous float32, else `unpack_bitmask` (the
+        same result)."""
         if self.vocab_mask is None:
             return
-        try:
-            from xgrammar import apply_token_bitmask_inplace
-        except ImportError:
-            apply_token_bitmask_inplace = None
+        apply_token_bitmask_inplace = _xgrammar_apply_bitmask()
         if (
             apply_token_bitmask_inplace is not None
             and logits.dtype == torch.float32
@@ -237,6 +235,16 @@ class SamplingBatchInfo:
         self.apply_penalties(logits)
         self.apply_biases(logits)
         self.apply_vocab_mask(logits)
+
+
+@functools.lru_cache(maxsize=1)
+def _xgrammar_apply_bitmask() -> Optional[Callable[..., None]]:
+    """xgrammar's in-place bitmask kernel, looked up once per process (None without xgrammar)."""
+    try:
+        from xgrammar import apply_token_bitmask_inplace
+    except ImportError:
+        return None
+    return apply_token_bitmask_inplace
 
 
 def unpack_bitmask(bitmask: torch.Tensor, width: int) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """Counters and a light trace of context-parallel gathers (tests and benchmarks; off by default).
 
-A `CPProbe` is attached to a batch's layout (`CPLayout.probe`, from `CPRuntime.probe`); with none
+A `CPProbe` is attached to a batch's layout (`CPLayout.probe`, from `CPRuntime.probe`, layers/cp_runtime.py); with none
 attached (the default) the attention paths skip every call here. It records:
 
 - the order of events per layer (`events`: (name, layer id)): `gather_start` when a layer's

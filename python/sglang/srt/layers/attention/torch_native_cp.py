@@ -73,7 +73,8 @@ class CPAttnMetadata:
     b_sel: torch.Tensor  # ... and their index into the B list
     repl_local_rows: torch.Tensor  # local rows of replicated tokens ...
     repl_global_idx: torch.Tensor  # ... and their global index
-    repl_b_idx: torch.Tensor  # index into the B list of each replicated local row
+    repl_b_rows: torch.Tensor  # local rows of replicated B queries (not unsplit FRESH tokens) ...
+    repl_b_idx: torch.Tensor  # ... and their index into the B list
     q_spec: Optional[GatherSpec]  # gather spec of the split B queries (None: none)
     gathered_b_idx: Optional[torch.Tensor]  # index into the B list of each gathered query
     b_holders: Optional[torch.Tensor]  # [NB] rank holding each B query (None: some are replicated)
@@ -136,6 +137,8 @@ def build_cp_attn_metadata(fb: "ForwardBatch", layout: CPLayout) -> CPAttnMetada
     b_local_rows = torch.nonzero(local_b >= 0).flatten()
     repl_local_rows = torch.nonzero(layout.holder_rank[layout.local_idx] < 0).flatten()
     repl_global_idx = layout.local_idx[repl_local_rows]
+    repl_b = b_pos[repl_global_idx]  # -1: a token of an unsplit FRESH request, not a B query
+    repl_is_b = repl_b >= 0
     q_spec = gathered_b_idx = b_holders = None
     held_by = layout.holder_rank[b_global_idx]
     if bool((held_by >= 0).any()):
@@ -156,7 +159,8 @@ def build_cp_attn_metadata(fb: "ForwardBatch", layout: CPLayout) -> CPAttnMetada
         local_b[b_local_rows],
         repl_local_rows,
         repl_global_idx,
-        b_pos[repl_global_idx],
+        repl_local_rows[repl_is_b],
+        repl_b[repl_is_b],
         q_spec,
         gathered_b_idx,
         b_holders,
@@ -255,7 +259,7 @@ def _b_queries(q3, q_pending, layout: CPLayout, md: CPAttnMetadata) -> torch.Ten
     nb = int(md.b_global_idx.numel())
     qb = q3.new_empty((nb,) + tuple(q3.shape[1:]))
     dev = q3.device
-    repl = md.repl_local_rows
+    repl = md.repl_b_rows
     if repl.numel():
         qb.index_copy_(0, md.repl_b_idx.to(dev), q3.index_select(0, repl.to(dev)))
     if q_pending is not None:
