@@ -14,7 +14,7 @@ import shutil
 import pytest
 import torch
 
-from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
+from sglang.srt.managers.io_struct import AbortReq, TokenizedGenerateReqInput
 from sglang.srt.managers.scheduler.scheduler import Scheduler
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
@@ -143,3 +143,31 @@ def test_restart_loads_prefix_from_files_and_faults_recompute(tmp_path, workload
     shutil.rmtree(d)
     assert run(gone, prompts, "a") == expected and gone.internal_state()["hicache_l3_hit_tokens"] == 0
     assert_pools_free(gone)
+
+
+def test_retractions_and_aborts_release_every_tier(workload):
+    """All turns at once in a pool too small for them: requests are retracted (their KV goes back
+    into the tree, its L2-only nodes adopt it) and re-admitted with loads; one is aborted."""
+    prompts, _ = workload
+
+    def burst(sched: Scheduler) -> dict:
+        for i, prompt in enumerate(prompts[:6]):
+            params = SamplingParams(max_new_tokens=24, temperature=0.0, ignore_eos=True)
+            sched.handle_message(TokenizedGenerateReqInput(f"q{i}", None, prompt, params))
+        outs: dict = {}
+        for out in sched.run_until_idle():
+            for j, rid in enumerate(out.rids):
+                outs.setdefault(rid, []).extend(out.new_output_ids[j])
+        return outs
+
+    plain, hi = make(False), make(True)
+    run(hi, prompts[:4], "warm")  # the first turns' KV now sits in L1 and L2
+    assert burst(hi) == burst(plain)
+    assert hi.num_retractions > 0 and hi.internal_state()["hicache_l2_hit_tokens"] > 0
+    assert_pools_free(hi)
+    params = SamplingParams(max_new_tokens=50, temperature=0.0, ignore_eos=True)
+    hi.handle_message(TokenizedGenerateReqInput("x", None, prompts[-1], params))
+    hi.step()
+    hi.handle_message(AbortReq("x"))
+    hi.run_until_idle()
+    assert_pools_free(hi)
