@@ -226,3 +226,21 @@ def test_unsupported_flag_combinations_refused_by_name(extra, message):
         args.validate()
     with pytest.raises(ValueError, match="needs --enable-hierarchical-cache"):
         ServerArgs(model_path="m", load_format="dummy", hicache_storage_backend="file").validate()
+
+
+def test_storage_namespace_names_the_checkpoint():
+    from types import SimpleNamespace
+
+    from sglang.srt.mem_cache.hicache.factory import model_identity
+
+    base = dict(model_path="m", revision=None, load_format="dummy", quantization=None, random_seed=1)
+    assert model_identity(SimpleNamespace(**base)) != model_identity(
+        SimpleNamespace(**{**base, "random_seed": 2})
+    )
+    real = {**base, "load_format": "auto"}
+    assert model_identity(SimpleNamespace(**real)) == model_identity(
+        SimpleNamespace(**{**real, "random_seed": 2})
+    )
+    assert model_identity(SimpleNamespace(**real)) != model_identity(
+        SimpleNamespace(**{**real, "revision": "v2"})
+    )

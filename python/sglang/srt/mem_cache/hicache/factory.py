@@ -4,7 +4,7 @@ Sizes: the host tier holds `--hicache-size` GB (per rank), else `--hicache-ratio
 tokens. The file backend's directory: the extra config's `file_path`, else
 `SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR`, else `/tmp/hicache`. `layout_id` names this rank's
 place in the model (tp rank/size, pp stage, cp rank, dtype, layers): it goes into the storage
-namespace with the model path, the page size and the KV buffers' shapes.
+namespace with `model_identity`, the page size and the KV buffers' shapes.
 """
 
 from __future__ import annotations
@@ -40,6 +40,14 @@ def storage_dir(args: Any) -> str:
     )
 
 
+def model_identity(args: Any) -> str:
+    """What makes two servers' KV for the same tokens equal, besides the rank's layout: the
+    checkpoint (path, revision, quantization; dummy weights: their seed). A checkpoint rewritten
+    in place at the same path is not noticed: clear the directory then."""
+    ident = f"{args.model_path}@{args.revision}|{args.load_format}|{args.quantization}"
+    return ident + (f"|seed{args.random_seed}" if args.load_format == "dummy" else "")
+
+
 def create_prefix_cache(
     args: Any,
     allocator: TokenToKVPoolAllocator,
@@ -59,6 +67,6 @@ def create_prefix_cache(
     )
     storage = None
     if args.hicache_storage_backend == "file":
-        namespace = f"{args.model_path}|{layout_id}|page{page_size}|{layout.describe()}"
+        namespace = f"{model_identity(args)}|{layout_id}|page{page_size}|{layout.describe()}"
         storage = FileStorage(storage_dir(args), namespace, page_size)
     return HiRadixCache(allocator, page_size, host, args.hicache_write_policy, storage, agree)
