@@ -44,7 +44,7 @@ class TokenLayout:
 
     def pack(self, buffers: list[torch.Tensor], slots: torch.Tensor) -> bytes:
         parts = [b[slots].contiguous().reshape(-1).view(torch.uint8) for b in buffers]
-        return torch.cat(parts).numpy().tobytes()
+        return torch.cat(parts).cpu().numpy().tobytes()
 
     def unpack_into(self, buffers: list[torch.Tensor], slots: torch.Tensor, data: bytes) -> None:
         n = slots.numel()
