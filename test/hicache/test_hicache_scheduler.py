@@ -28,7 +28,7 @@ TINY = dict(model_path=str(TINY_LLAMA_DIR), load_format="dummy", dtype="float32"
 
 
 def make(hicache: bool, directory=None, policy="write_through", page_size=1, ratio=2.0) -> Scheduler:
-    storage = {"file_path": directory} if directory else None
+    storage = {"file_path": directory, "page_tokens": 8} if directory else None
     args = ServerArgs(
         **TINY,
         max_total_tokens=POOL,
@@ -113,7 +113,7 @@ def test_restart_loads_prefix_from_files_and_faults_recompute(tmp_path, workload
     restarted = make(True, d, page_size=4)
     assert run(restarted, prompts, "a") == expected
     state = restarted.internal_state()
-    suffix = sum(len(p) - len(p) // 4 * 4 + (4 if len(p) % 4 == 0 else 0) for p in prompts)
+    suffix = sum(len(p) - (len(p) - 1) // 8 * 8 for p in prompts)  # after the whole 8-token files
     assert state["hicache_l3_hit_tokens"] == sum(len(p) for p in prompts) - suffix
     assert state["prefill_tokens_computed"] == suffix  # only what follows the stored pages
     assert_pools_free(restarted)

@@ -183,27 +183,37 @@ def test_file_storage_checksum_missing_dir_and_namespace(tmp_path):
 
 
 def test_storage_tier_serves_a_new_tree_and_skips_bad_pages(tmp_path):
-    st = FileStorage(str(tmp_path), "ns", PAGE)
+    sp = 2 * PAGE  # a storage page spans two KV pages
+    st = FileStorage(str(tmp_path), "ns", sp)
     tree, pool, alloc = make_tree(storage=st)
     a = list(range(30, 40))
     rows = put(tree, alloc, pool, a, 7)
-    assert st.stats.pages_written == 5
-    st2 = FileStorage(str(tmp_path), "ns", PAGE)
+    assert st.stats.pages_written == 2  # 10 tokens: two whole storage pages; the tail waits
+    st2 = FileStorage(str(tmp_path), "ns", sp)
     fresh, pool2, alloc2 = make_tree(storage=st2)  # a restarted server: empty L1 and L2
     m = fresh.match_and_load(a + [1])
-    assert m.prefix_len == 10 and fresh.hstats.l3_hit_tokens == 10
-    assert all(torch.equal(x, y) for x, y in zip(read(pool2, m.indices), rows))
+    assert m.prefix_len == 8 and fresh.hstats.l3_hit_tokens == 8
+    assert all(torch.equal(x, y[:8]) for x, y in zip(read(pool2, m.indices), rows))
     assert accounting_ok(fresh, alloc2)
-    # page 3 corrupted: a third tree loads pages 0..2 only and counts the failure
-    bad = st.page_hashes(a, 5)[3]
+    # a prefix already in L1 ending inside a storage page: only the rest of that page is loaded
+    part, pool3, alloc3 = make_tree(storage=FileStorage(str(tmp_path), "ns", sp))
+    put(part, alloc3, pool3, a[:2], 8)
+    m = part.match_and_load(a)
+    assert m.prefix_len == 8 and part.hstats.l3_hit_tokens == 6
+    assert all(torch.equal(x[2:], y[2:8]) for x, y in zip(read(pool3, m.indices), rows))
+    assert accounting_ok(part, alloc3)
+    # page 1 corrupted: a new tree loads page 0 only and counts the failure
+    bad = st.page_hashes(a, 2)[1]
     with open(st._path(bad), "r+b") as f:
         f.seek(-1, 2)
-        f.write(b"\x00")
-    st3 = FileStorage(str(tmp_path), "ns", PAGE)
-    third, _, alloc3 = make_tree(storage=st3)
-    assert third.match_and_load(a).prefix_len == 6 and st3.stats.read_failures == 1
-    assert accounting_ok(third, alloc3)
-    other = make_tree(storage=FileStorage(str(tmp_path), "other-model", PAGE))[0]
+        last = f.read(1)[0]
+        f.seek(-1, 2)
+        f.write(bytes([last ^ 0x5A]))
+    st4 = FileStorage(str(tmp_path), "ns", sp)
+    third, _, alloc4 = make_tree(storage=st4)
+    assert third.match_and_load(a).prefix_len == 4 and st4.stats.read_failures == 1
+    assert accounting_ok(third, alloc4)
+    other = make_tree(storage=FileStorage(str(tmp_path), "other-model", sp))[0]
     assert other.match_and_load(a).prefix_len == 0
 
 
@@ -215,6 +225,7 @@ def test_storage_tier_serves_a_new_tree_and_skips_bad_pages(tmp_path):
         (dict(disable_radix_cache=True), "with --disable-radix-cache is not supported yet"),
         (dict(hicache_ratio=0.5), "--hicache-ratio must be > 1"),
         (dict(hicache_storage_backend_extra_config="[1]"), "must be a JSON object"),
+        (dict(hicache_storage_backend_extra_config='{"page_tokens": 0}'), "page_tokens must be an int >= 1"),
         (dict(hicache_write_policy="write_around"), "--hicache-write-policy must be one of"),
     ],
 )

@@ -36,7 +36,7 @@ def run(tp: int, hicache_dir=None) -> tuple[list[list[int]], dict]:
         hicache = dict(
             enable_hierarchical_cache=True,
             hicache_storage_backend="file",
-            hicache_storage_backend_extra_config=json.dumps({"file_path": hicache_dir}),
+            hicache_storage_backend_extra_config=json.dumps({"file_path": hicache_dir, "page_tokens": 8}),
         )
     params = {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}
     with sgl.Engine(

@@ -68,6 +68,11 @@ def validate_hicache(args: Any) -> None:
             raise ValueError(f"--hicache-storage-backend-extra-config is not valid JSON: {e}") from None
         if not isinstance(extra, dict):
             raise ValueError("--hicache-storage-backend-extra-config must be a JSON object")
+        page_tokens = extra.get("page_tokens", 64)
+        if not isinstance(page_tokens, int) or page_tokens < 1:
+            raise ValueError(
+                f"--hicache-storage-backend-extra-config page_tokens must be an int >= 1, got {page_tokens!r}"
+            )
     if not args.enable_hierarchical_cache:
         if args.hicache_storage_backend != "none":
             raise ValueError("--hicache-storage-backend needs --enable-hierarchical-cache")

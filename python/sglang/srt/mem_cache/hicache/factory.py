@@ -2,9 +2,10 @@
 
 Sizes: the host tier holds `--hicache-size` GB (per rank), else `--hicache-ratio` × the KV pool's
 tokens. The file backend's directory: the extra config's `file_path`, else
-`SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR`, else `/tmp/hicache`. `layout_id` names this rank's
-place in the model (tp rank/size, pp stage, cp rank, dtype, layers): it goes into the storage
-namespace with `model_identity`, the page size and the KV buffers' shapes.
+`SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR`, else `/tmp/hicache`; one file holds `page_tokens`
+tokens (extra config, default 64). `layout_id` names this rank's place in the model (tp
+rank/size, pp stage, cp rank, dtype, layers): it goes into the storage namespace with
+`model_identity`, the page size and the KV buffers' shapes.
 """
 
 from __future__ import annotations
@@ -29,6 +30,13 @@ def host_pool_tokens(args: Any, device_tokens: int, token_bytes: int, page_size:
         else int(device_tokens * args.hicache_ratio)
     )
     return max(page_size, size // page_size * page_size)
+
+
+def storage_page_tokens(args: Any, page_size: int) -> int:
+    """Tokens per storage page (one file): the extra config's `page_tokens` (default 64), rounded
+    up to a multiple of the KV page."""
+    want = int(json.loads(args.hicache_storage_backend_extra_config or "{}").get("page_tokens", 64))
+    return -(-max(1, want) // page_size) * page_size
 
 
 def storage_dir(args: Any) -> str:
@@ -68,5 +76,5 @@ def create_prefix_cache(
     storage = None
     if args.hicache_storage_backend == "file":
         namespace = f"{model_identity(args)}|{layout_id}|page{page_size}|{layout.describe()}"
-        storage = FileStorage(storage_dir(args), namespace, page_size)
+        storage = FileStorage(storage_dir(args), namespace, storage_page_tokens(args, page_size))
     return HiRadixCache(allocator, page_size, host, args.hicache_write_policy, storage, agree)

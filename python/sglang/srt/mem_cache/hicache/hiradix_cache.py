@@ -132,13 +132,15 @@ class HiRadixCache(RadixCache):
         return True
 
     def _load_from_storage(self, key: Sequence[int], start: int) -> None:
-        ps = self.page_size
-        total_pages = self._aligned(len(key)) // ps
-        if total_pages <= start // ps:
+        """Load the storage pages (`storage.page_size` tokens each) that continue the L1 prefix
+        `key[:start]`; the first may overlap it (its overlapping rows are skipped)."""
+        sp = self.storage.page_size
+        total, p0 = len(key) // sp, start // sp
+        if total <= p0:
             return
-        names = self.storage.page_hashes(key, total_pages)
+        names = self.storage.page_hashes(key, total)
         pages: list[bytes] = []
-        for name in names[start // ps :]:
+        for name in names[p0:]:
             data = self.storage.get(name)
             if data is None:
                 break
@@ -146,22 +148,24 @@ class HiRadixCache(RadixCache):
         n = len(pages) if self.agree is None else self.agree(len(pages))
         if n == 0:
             return
-        slots = self._alloc_device(n * ps)
+        skip = start - p0 * sp
+        slots = self._alloc_device(n * sp - skip)
         if slots is None:
             self.hstats.load_failures += 1
             return
         try:
             for i in range(n):
-                self.host.layout.unpack_into(self.host.device_buffers, slots[i * ps : (i + 1) * ps], pages[i])
+                dst = slots[max(0, i * sp - skip) : (i + 1) * sp - skip]
+                self.host.layout.unpack_into(self.host.device_buffers, dst, pages[i], skip if i == 0 else 0)
         except ValueError as e:  # a page of another size under the same name: recompute
             logger.warning("HiCache: storage page rejected (%s); recomputing", e)
             self.storage.stats.read_failures += 1
             self.allocator.free(slots)
             return
         prefix = self.match_prefix(key[:start]).indices
-        already = self.insert(key[: start + n * ps], torch.cat([prefix, slots]))
+        already = self.insert(key[: (p0 + n) * sp], torch.cat([prefix, slots]))
         assert already == start, (already, start)
-        self.hstats.l3_hit_tokens += n * ps
+        self.hstats.l3_hit_tokens += slots.numel()
 
     # ------------------------------------------------------------------ insert
     def _on_path(self, path: list[TreeNode], value: torch.Tensor) -> int:
@@ -207,22 +211,32 @@ class HiRadixCache(RadixCache):
             self._write_storage(node)
         return True
 
-    def _path_tokens(self, node: TreeNode) -> list[int]:
-        keys = []
+    def _path(self, node: TreeNode) -> list[TreeNode]:
+        """Root-first nodes from the root down to `node`."""
+        out = []
         while node is not self.root_node:
-            keys.append(node.key)
+            out.append(node)
             node = node.parent  # type: ignore[assignment]
-        return [t for k in reversed(keys) for t in k]
+        return out[::-1]
 
     def _write_storage(self, node: TreeNode) -> None:
-        tokens = self._path_tokens(node)
-        ps = self.page_size
-        names = self.storage.page_hashes(tokens, len(tokens) // ps)
-        first = (len(tokens) - len(node.key)) // ps
-        for i, name in enumerate(names[first:]):
-            if not self.storage.exists(name):
-                rows = node.host_value[i * ps : (i + 1) * ps]
-                self.storage.put(name, self.host.layout.pack(self.host.buffers, rows))
+        """Write the storage pages completed by an L1 node (its ancestors are in L1 too) that the
+        backend lacks; a page starting in an ancestor is written once this node completes it."""
+        path = self._path(node)
+        tokens = [t for n in path for t in n.key]
+        sp = self.storage.page_size
+        end, first = len(tokens) // sp, (len(tokens) - len(node.key)) // sp
+        if first >= end:
+            return
+        names = self.storage.page_hashes(tokens, end)
+        slots = None
+        for i in range(first, end):
+            if self.storage.exists(names[i]):
+                continue
+            if slots is None:
+                slots = torch.cat([n.value for n in path])
+            rows = slots[i * sp : (i + 1) * sp]
+            self.storage.put(names[i], self.host.layout.pack(self.host.device_buffers, rows))
 
     def evict(self, num_tokens: int) -> int:
         """Free L1 slots from LRU unlocked L1 leaves: demote to L2, or drop when there is no copy."""

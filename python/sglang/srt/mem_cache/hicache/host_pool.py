@@ -46,8 +46,11 @@ class TokenLayout:
         parts = [b[slots].contiguous().reshape(-1).view(torch.uint8) for b in buffers]
         return torch.cat(parts).cpu().numpy().tobytes()
 
-    def unpack_into(self, buffers: list[torch.Tensor], slots: torch.Tensor, data: bytes) -> None:
-        n = slots.numel()
+    def unpack_into(
+        self, buffers: list[torch.Tensor], slots: torch.Tensor, data: bytes, skip: int = 0
+    ) -> None:
+        """Write the rows packed in `data`, but the first `skip`, to `slots`."""
+        n = slots.numel() + skip
         if len(data) != n * self.token_bytes():
             raise ValueError(f"page holds {len(data)} bytes, expected {n * self.token_bytes()}")
         flat = torch.frombuffer(bytearray(data), dtype=torch.uint8)
@@ -55,7 +58,7 @@ class TokenLayout:
         for buf, (shape, dtype), rb in zip(buffers, self.specs, self.row_bytes):
             chunk = flat[offset : offset + n * rb]
             offset += n * rb
-            buf[slots.to(buf.device)] = chunk.view(dtype).reshape(n, *shape).to(buf.device)
+            buf[slots.to(buf.device)] = chunk.view(dtype).reshape(n, *shape)[skip:].to(buf.device)
 
 
 class KVCopier(ABC):
