@@ -255,3 +255,36 @@ def test_storage_namespace_names_the_checkpoint():
     assert model_identity(SimpleNamespace(**real)) != model_identity(
         SimpleNamespace(**{**real, "revision": "v2"})
     )
+
+
+def test_upstream_launch_line_parses():
+    from sglang.srt.server_args import prepare_server_args
+
+    args = prepare_server_args(
+        [
+            *("--model-path", "m", "--load-format", "dummy", "--enable-hierarchical-cache"),
+            *("--hicache-ratio", "3", "--hicache-write-policy", "write_back"),
+            *("--hicache-storage-backend", "file", "--hicache-storage-prefetch-policy", "wait_complete"),
+            *("--hicache-storage-backend-extra-config", '{"file_path": "/tmp/x", "page_tokens": 16}'),
+        ]
+    )
+    args.validate()
+    assert args.enable_hierarchical_cache and args.hicache_ratio == 3.0
+    assert args.hicache_write_policy == "write_back" and args.hicache_storage_backend == "file"
+    from sglang.srt.mem_cache.hicache.factory import storage_dir, storage_page_tokens
+
+    assert storage_dir(args) == "/tmp/x" and storage_page_tokens(args, 5) == 20
+
+
+def test_file_directory_from_upstream_env_var(monkeypatch):
+    from types import SimpleNamespace
+
+    from sglang.srt.mem_cache.hicache.factory import DEFAULT_FILE_DIR, storage_dir
+
+    args = SimpleNamespace(hicache_storage_backend_extra_config="")
+    monkeypatch.delenv("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR", raising=False)
+    assert storage_dir(args) == DEFAULT_FILE_DIR
+    monkeypatch.setenv("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR", "/data/kv")
+    assert storage_dir(args) == "/data/kv"
+    args.hicache_storage_backend_extra_config = '{"file_path": "/other"}'
+    assert storage_dir(args) == "/other"  # the extra config wins
