@@ -89,6 +89,11 @@ def test_eviction_demotes_to_host_and_load_restores_kv():
     fill(pool, torch.arange(1, 17), 99)  # the freed slots get overwritten
     m = tree.match_and_load(a + [7])
     assert m.prefix_len == 10 and tree.hstats.l2_hit_tokens == 10
+    stats = tree.stats()
+    assert (
+        stats["hicache_loaded_bytes"] == 10 * 2 * 2 * 2 * 4 * 4
+    )  # tokens x (K, V) x layers x heads x dim x 4 B
+    assert stats["hicache_load_seconds"] > 0 and stats["hicache_host_tokens"] == 10
     assert all(torch.equal(x, y) for x, y in zip(read(pool, m.indices), rows))
     assert accounting_ok(tree, alloc)
 

@@ -20,6 +20,7 @@ readable L3 pages into the count every rank uses (the minimum), so ranks stay id
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Optional, Sequence
 
@@ -44,6 +45,7 @@ class HiCacheStats:
     l2_evicted_tokens: int = 0  # tokens dropped from L2
     l1_dropped_tokens: int = 0  # tokens evicted from L1 with no L2 copy (forgotten)
     load_failures: int = 0  # loads cut short (no L1 room)
+    load_seconds: float = 0.0  # time spent loading L2 / L3 into L1 (admission)
 
 
 class HiRadixCache(RadixCache):
@@ -88,6 +90,9 @@ class HiRadixCache(RadixCache):
 
     def stats(self) -> dict:
         out = {f"hicache_{k}": v for k, v in asdict(self.hstats).items()}
+        token_bytes = self.host.layout.token_bytes()
+        out["hicache_loaded_bytes"] = (self.hstats.l2_hit_tokens + self.hstats.l3_hit_tokens) * token_bytes
+        out["hicache_backup_bytes"] = self.hstats.l2_backup_tokens * token_bytes
         out["hicache_host_tokens"] = self.host.size - self.host.available_size()
         out["hicache_host_capacity"] = self.host.size
         if self.storage is not None:
@@ -108,6 +113,7 @@ class HiRadixCache(RadixCache):
         self.hstats.l1_hit_tokens += sum(len(n.key) for n in in_l1)
         last = path[-1] if path else self.root_node
         self.inc_lock_ref(last)  # nothing on the path is evicted (from L1 or L2) while loading
+        t0 = time.perf_counter()
         try:
             loaded_all = self._load_from_host(path[len(in_l1) :])
             if loaded_all and self.storage is not None:
@@ -118,6 +124,7 @@ class HiRadixCache(RadixCache):
                         self._backup(node)
         finally:
             self.dec_lock_ref(last)
+            self.hstats.load_seconds += time.perf_counter() - t0
         return self.match_prefix(key)
 
     def _load_from_host(self, nodes: list[TreeNode]) -> bool:
