@@ -93,9 +93,7 @@ class Scheduler:
 
         # kv_page_size: the allocator's page (page_size · cp under context parallelism: virtual slots)
         kv_page = self.runner.kv_page_size
-        tree = build_prefix_cache(
-            server_args, self.runner, self.groups
-        )  # radix or HiCache (mem_cache/hicache/)
+        tree = build_prefix_cache(server_args, self.runner, self.groups)  # radix, or HiCache's tiers
         self.cache = KVCacheManager(self.runner.req_to_token_pool, self.runner.allocator, tree)
         prefill_budget = server_args.max_prefill_tokens
         if server_args.chunked_prefill_enabled:
