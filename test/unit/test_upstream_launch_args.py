@@ -55,7 +55,7 @@ def test_config_file_with_command_line_override(tmp_path, capsys):
     "flag, hint",
     [
         ("--kv-cache-dtype", "not yet: issue 30"),
-        ("--enable-hierarchical-cache", "not yet: issue 31"),
+        ("--hicache-io-backend", "not yet: issue 31"),
         ("--speculative-algorithm", "no speculative decoding in this engine"),
     ],
 )

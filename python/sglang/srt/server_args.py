@@ -24,6 +24,7 @@ from typing import Any, Mapping, Optional, Sequence
 from sglang.srt.port_args import PortArgs  # noqa: F401 - importable from here
 from sglang.srt.server_args_checks import validate_server_args
 from sglang.srt.server_args_compat import CompatArgs, apply_upstream_spellings
+from sglang.srt.server_args_hicache import HiCacheArgs
 from sglang.srt.server_args_parallel import ParallelArgs
 from sglang.srt.server_args_cli import (  # noqa: F401 - GROUP_ORDER, G_*, field_choices: importable from here
     G_API,
@@ -61,7 +62,7 @@ def default_model_path() -> str:
 
 
 @dataclass(frozen=True)
-class ServerArgs(CompatArgs, ParallelArgs):
+class ServerArgs(CompatArgs, ParallelArgs, HiCacheArgs):
     """Every flag: `--` + field name with `-`. Each field carries its help, group and choices
     (`arg(...)`); `test_server_args.py` checks that none is missing."""
 

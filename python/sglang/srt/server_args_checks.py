@@ -15,6 +15,7 @@ from typing import Any
 
 from sglang.srt.server_args_cli import field_choices, flag
 from sglang.srt.server_args_compat import model_override_args
+from sglang.srt.server_args_hicache import validate_hicache
 
 POSITIVE = (
     "max_total_tokens",
@@ -36,6 +37,7 @@ def validate_server_args(args: Any) -> None:
         )
     _validate_layout(args)
     _validate_compat(args)
+    validate_hicache(args)
     if args.load_format != "dummy" and not args.model_path.startswith("dummy:"):
         if not os.path.exists(args.model_path):
             raise ValueError(f"--model-path {args.model_path!r} does not exist")

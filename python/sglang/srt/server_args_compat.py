@@ -28,14 +28,8 @@ def _next(issue: int) -> str:
 # Upstream flags this engine does not take: flag -> what to use instead, or which issue builds it.
 UPSTREAM_FLAGS = {
     "--kv-cache-dtype": _next(30),
-    "--enable-hierarchical-cache": _next(31),
-    "--hicache-ratio": _next(31),
-    "--hicache-size": _next(31),
-    "--hicache-write-policy": _next(31),
     "--hicache-io-backend": _next(31),
     "--hicache-mem-layout": _next(31),
-    "--hicache-storage-backend": _next(31),
-    "--hicache-storage-prefetch-policy": _next(31),
     "--disaggregation-decode-enable-offload-kvcache": _next(31),
     "--speculative-algorithm": "no speculative decoding in this engine",
     "--speculative-draft-model-path": "no speculative decoding in this engine",

@@ -6,6 +6,8 @@ Token-level only: it knows nothing about requests. Callers (the scheduler's cach
   * `insert(tokens, slots)` when a request's KV should be shared; it returns how many leading
     tokens were already cached, and the caller frees its own duplicate slots for that range;
   * `evict(n)` when the allocator runs low.
+`match_and_load(tokens)` is the match a request is admitted with (here the same as
+`match_prefix`; `hicache.HiRadixCache` loads lower-tier pages back first).
 
 Paging: with page_size > 1 keys are handled in whole pages. `match_prefix` and `insert` both
 truncate the key (and value) to floor(len / page_size) * page_size themselves; the caller keeps
@@ -45,6 +47,8 @@ class TreeNode:
         self.children: dict[tuple[int, ...], TreeNode] = {}
         self.lock_ref = 0
         self.last_access = 0
+        self.host_value: Optional[torch.Tensor] = None  # HiCache: L2 host slots (hicache/)
+        self.hit_count = 0  # HiCache: prefix hits (write_through_selective)
 
     def is_leaf(self) -> bool:
         return not self.children
@@ -99,30 +103,29 @@ class RadixCache:
         return self._aligned(i)
 
     def _split(self, child: TreeNode, split_len: int) -> TreeNode:
-        """Split `child` so that its first `split_len` tokens become a new parent node."""
+        """Split `child` so that its first `split_len` tokens become a new parent node (each tier's
+        slots, `value` and HiCache's `host_value`, split with it)."""
         parent = child.parent
         assert parent is not None and 0 < split_len < len(child.key)
-        head = TreeNode(next(self._node_ids), child.key[:split_len], child.value[:split_len].clone(), parent)
-        head.lock_ref = child.lock_ref
-        head.last_access = child.last_access
+        head = TreeNode(next(self._node_ids), child.key[:split_len], None, parent)
+        for attr in ("value", "host_value"):
+            v = getattr(child, attr)
+            setattr(head, attr, None if v is None else v[:split_len].clone())
+            setattr(child, attr, None if v is None else v[split_len:].clone())
+        head.lock_ref, head.last_access, head.hit_count = child.lock_ref, child.last_access, child.hit_count
         child.key = child.key[split_len:]
-        child.value = child.value[split_len:].clone()
         child.parent = head
         head.children[self._child_key(child.key)] = child
         parent.children[self._child_key(head.key)] = head
         return head
 
-    # ------------------------------------------------------------------ API
-    def match_prefix(self, key: Sequence[int]) -> MatchResult:
-        """Longest cached page-aligned prefix of `key`; splits a node the match ends inside."""
-        empty = torch.empty(0, dtype=torch.int64)
-        if self.disable:
-            return MatchResult(empty, self.root_node)
+    def _walk(self, key: Sequence[int]) -> list[TreeNode]:
+        """The nodes matching the page-aligned part of `key`, root first (LRU-touched), splitting
+        the last one where the match ends inside it."""
         rest = tuple(key[: self._aligned(len(key))])
-        node = self.root_node
-        now = next(self._clock)
+        node, path = self.root_node, []
+        self._now = now = next(self._clock)
         node.last_access = now
-        values: list[torch.Tensor] = []
         while rest:
             child = node.children.get(self._child_key(rest))
             if child is None:
@@ -130,14 +133,50 @@ class RadixCache:
             child.last_access = now
             n = self._match_len(child.key, rest)
             if n < len(child.key):
-                node = self._split(child, n)
-                values.append(node.value)
+                path.append(self._split(child, n))
                 break
-            values.append(child.value)
-            node = child
-            rest = rest[n:]
-        indices = torch.cat(values) if values else empty
-        return MatchResult(indices, node)
+            path.append(child)
+            node, rest = child, rest[n:]
+        return path
+
+    def _node_len(self, node: TreeNode) -> int:
+        """Tokens a node holds in the KV pool (HiCache: 0 for a node held in a lower tier only)."""
+        return len(node.key)
+
+    def _evict_lru(self, is_candidate, take, num_tokens: int) -> int:
+        """Apply `take(node)` (tokens freed) to LRU `is_candidate` nodes until `num_tokens` are
+        freed; a parent becomes a candidate once its children are gone."""
+        heap = [(n.last_access, n.id, n) for n in self._all_nodes() if is_candidate(n)]
+        heapq.heapify(heap)
+        freed = 0
+        while freed < num_tokens and heap:
+            _, _, node = heapq.heappop(heap)
+            parent = node.parent
+            freed += take(node)
+            if parent is not self.root_node and is_candidate(parent):
+                heapq.heappush(heap, (parent.last_access, parent.id, parent))
+        return freed
+
+    # ------------------------------------------------------------------ API
+    def match_prefix(self, key: Sequence[int]) -> MatchResult:
+        """Longest cached page-aligned prefix of `key`; splits a node the match ends inside."""
+        if self.disable:
+            return MatchResult(torch.empty(0, dtype=torch.int64), self.root_node)
+        return self._result(self._walk(key))
+
+    def _result(self, path: list[TreeNode]) -> MatchResult:
+        if not path:
+            return MatchResult(torch.empty(0, dtype=torch.int64), self.root_node)
+        return MatchResult(torch.cat([n.value for n in path]), path[-1])
+
+    def match_and_load(self, key: Sequence[int]) -> MatchResult:
+        """The match a request is admitted with. Here `match_prefix`; HiCache first loads the
+        prefix's lower-tier pages back into the KV pool (hicache/hiradix_cache.py)."""
+        return self.match_prefix(key)
+
+    def stats(self) -> dict:
+        """Counters for the scheduler's internal state (HiCache's per tier; none here)."""
+        return {}
 
     def insert(self, key: Sequence[int], value: torch.Tensor) -> int:
         """Insert key -> slots (page-aligned part only); return the already-cached prefix length."""
@@ -146,34 +185,32 @@ class RadixCache:
         if len(key) != value.numel():
             raise ValueError(f"key has {len(key)} tokens but value has {value.numel()} slots")
         n_aligned = self._aligned(len(key))
-        rest = tuple(key[:n_aligned])
         value = value.reshape(-1)[:n_aligned].to(torch.int64)
-        node = self.root_node
-        now = next(self._clock)
-        node.last_access = now
-        matched = 0
-        while rest:
-            child = node.children.get(self._child_key(rest))
-            if child is None:
-                break
-            child.last_access = now
-            n = self._match_len(child.key, rest)
-            matched += n
-            rest, value = rest[n:], value[n:]
-            node = self._split(child, n) if n < len(child.key) else child
-        if rest:
-            leaf = TreeNode(next(self._node_ids), rest, value.clone(), node)
-            leaf.last_access = now
-            node.children[self._child_key(rest)] = leaf
-            self._evictable += len(rest)
+        path = self._walk(key[:n_aligned])
+        matched = self._on_path(path, value)
+        covered = sum(len(n.key) for n in path)
+        if covered < n_aligned:
+            parent = path[-1] if path else self.root_node
+            leaf = TreeNode(next(self._node_ids), tuple(key[covered:n_aligned]), None, parent)
+            leaf.last_access = self._now
+            parent.children[self._child_key(leaf.key)] = leaf
+            self._on_new_leaf(leaf, value[covered:].clone())
         return matched
+
+    def _on_path(self, path: list[TreeNode], value: torch.Tensor) -> int:
+        """`insert`'s already-cached part: its length (the caller frees its own slots there)."""
+        return sum(len(n.key) for n in path)
+
+    def _on_new_leaf(self, leaf: TreeNode, value: torch.Tensor) -> None:
+        leaf.value = value
+        self._evictable += len(leaf.key)
 
     def inc_lock_ref(self, node: TreeNode) -> None:
         """Protect the path node..root from eviction."""
         while node is not self.root_node:
             if node.lock_ref == 0:
-                self._evictable -= len(node.key)
-                self._protected += len(node.key)
+                self._evictable -= self._node_len(node)
+                self._protected += self._node_len(node)
             node.lock_ref += 1
             node = node.parent  # type: ignore[assignment]
 
@@ -183,8 +220,8 @@ class RadixCache:
             if node.lock_ref <= 0:
                 raise RuntimeError(f"dec_lock_ref on unlocked node {node}")
             if node.lock_ref == 1:
-                self._evictable += len(node.key)
-                self._protected -= len(node.key)
+                self._evictable += self._node_len(node)
+                self._protected -= self._node_len(node)
             node.lock_ref -= 1
             node = node.parent  # type: ignore[assignment]
 
@@ -192,20 +229,13 @@ class RadixCache:
         """Free LRU unlocked leaves until >= num_tokens freed or nothing is evictable."""
         if self.disable or num_tokens <= 0:
             return 0
-        heap = [(n.last_access, n.id, n) for n in self._all_nodes() if n.is_leaf() and n.lock_ref == 0]
-        heapq.heapify(heap)
-        freed = 0
-        while freed < num_tokens and heap:
-            _, _, node = heapq.heappop(heap)
-            self.allocator.free(node.value)
-            parent = node.parent
-            assert parent is not None
-            del parent.children[self._child_key(node.key)]
-            freed += len(node.key)
-            self._evictable -= len(node.key)
-            if parent is not self.root_node and parent.is_leaf() and parent.lock_ref == 0:
-                heapq.heappush(heap, (parent.last_access, parent.id, parent))
-        return freed
+        return self._evict_lru(lambda n: n.is_leaf() and n.lock_ref == 0, self._remove_leaf, num_tokens)
+
+    def _remove_leaf(self, node: TreeNode) -> int:
+        self.allocator.free(node.value)
+        del node.parent.children[self._child_key(node.key)]
+        self._evictable -= len(node.key)
+        return len(node.key)
 
     def evictable_size(self) -> int:
         return self._evictable

@@ -8,16 +8,36 @@ req_to_token row, seeds it from the radix cache, allocates KV slots for the toke
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
 from sglang.srt.managers.scheduler.schedule_batch import Req, ScheduledReq
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+from sglang.srt.mem_cache.hicache.factory import create_prefix_cache
 from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.mem_cache.req_to_token import ReqToTokenPool
 
 logger = logging.getLogger(__name__)
+
+
+def build_prefix_cache(server_args: Any, runner: Any, groups: Any) -> RadixCache:
+    """The rank's prefix cache: a radix cache, or HiCache's (mem_cache/hicache/) with its tiers.
+    `runner`: the rank's ModelRunner (allocator, KV pool, page); `groups`: its ParallelGroups."""
+    coords = groups.coords
+    layout_id = (
+        f"tp{coords.attn_tp}/{groups.tp.size}|pp{coords.pp}|cp{coords.attn_cp}|{runner.dtype}"
+        f"|layers{runner.start_layer}-{runner.end_layer}"
+    )
+    mirrors = groups.replica
+
+    def agree(n: int) -> int:  # the same L3 pages on every rank of the replica
+        return min(v[0] for v in mirrors.all_gather_ints([n]))
+
+    agree_fn = agree if mirrors.size > 1 else None
+    return create_prefix_cache(
+        server_args, runner.allocator, runner.token_to_kv_pool, runner.kv_page_size, layout_id, agree_fn
+    )
 
 
 class KVCacheManager:
@@ -28,6 +48,7 @@ class KVCacheManager:
         self.allocator = allocator
         self.tree = tree
         self.page_size = allocator.page_size
+        self.prefill_tokens_computed = 0  # prompt tokens run through the model (not from a cache)
 
     # ------------------------------------------------------------------ capacity
     def available_tokens(self) -> int:
@@ -48,7 +69,7 @@ class KVCacheManager:
         if rows is None:
             return False
         req.req_pool_idx = rows[0]
-        match = self.tree.match_prefix(self._match_key(req))
+        match = self.tree.match_and_load(self._match_key(req))  # HiCache: loads lower tiers first
         n = int(match.indices.numel())
         if n:
             self.req_to_token_pool.req_to_token[req.req_pool_idx, :n] = match.indices
@@ -84,6 +105,7 @@ class KVCacheManager:
                 offset : offset + it.num_tokens
             ]
             offset += it.num_tokens
+        self.prefill_tokens_computed += sum(it.num_tokens for it in items if it.req.is_prefilling)
         return out
 
     def _last_loc(self, req: Req) -> int:
@@ -116,6 +138,10 @@ class KVCacheManager:
         self.tree.dec_lock_ref(req.last_node)
         self.req_to_token_pool.free(req.req_pool_idx)
         req.reset_memory_state()
+
+    def internal_state(self) -> dict:
+        """Counters for /get_server_info: prefill tokens computed, the prefix cache's tier hits."""
+        return {"prefill_tokens_computed": self.prefill_tokens_computed, **self.tree.stats()}
 
     def flush(self) -> None:
         """Drop the whole cache (only valid when no request holds KV)."""

@@ -44,7 +44,7 @@ from sglang.srt.managers.io_struct import (
     TokenizedGenerateReqInput,
 )
 from sglang.srt.managers.scheduler.admission import RequestAdmission, refuse
-from sglang.srt.managers.scheduler.cache_manager import KVCacheManager
+from sglang.srt.managers.scheduler.cache_manager import KVCacheManager, build_prefix_cache
 from sglang.srt.managers.scheduler.dp_lockstep import DPLockstep
 from sglang.srt.managers.scheduler.logprob_step import apply_step, sampled_logprobs
 from sglang.srt.managers.scheduler.profiler import SchedulerProfiler
@@ -53,7 +53,6 @@ from sglang.srt.managers.scheduler.schedule_batch import Req, ScheduleBatch
 from sglang.srt.managers.scheduler.schedule_policy import ChunkBudgetFn, SchedulePolicy, StepBudget
 from sglang.srt.managers.scheduler.scheduler_output import StepStats, build_token_id_out, due_for_output
 from sglang.srt.managers.scheduler.scheduler_watchdog import SchedulerWatchdog
-from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.model_executor.model_runner import ForwardResult, ModelRunner
 from sglang.srt.model_executor.worker_batch import ModelWorkerBatch
 from sglang.srt.server_args import ServerArgs
@@ -94,7 +93,7 @@ class Scheduler:
 
         # kv_page_size: the allocator's page (page_size · cp under context parallelism: virtual slots)
         kv_page = self.runner.kv_page_size
-        tree = RadixCache(self.runner.allocator, kv_page, disable=server_args.disable_radix_cache)
+        tree = build_prefix_cache(server_args, self.runner, self.groups)  # radix, or HiCache's tiers
         self.cache = KVCacheManager(self.runner.req_to_token_pool, self.runner.allocator, tree)
         prefill_budget = server_args.max_prefill_tokens
         if server_args.chunked_prefill_enabled:
@@ -173,6 +172,7 @@ class Scheduler:
             **(self.extra_state() if self.extra_state is not None else {}),
             **self.disagg.internal_state(),
             **self.grammar.internal_state(),
+            **self.cache.internal_state(),  # prefill tokens computed, HiCache hits per tier
             **self.stats.state(),  # gen_throughput, queue_time (/metrics)
         }
 

@@ -1,0 +1,3 @@
+"""HiCache: the hierarchical KV cache (docs/hicache.md). L1 is the KV pool the model reads, L2 a
+host page pool (`host_pool.HostKVPool`), L3 a storage backend (`file_storage.FileStorage`);
+`hiradix_cache.HiRadixCache` is the radix tree that knows where each node's KV lives."""

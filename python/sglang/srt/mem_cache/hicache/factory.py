@@ -1,0 +1,80 @@
+"""The prefix cache a scheduler holds: `RadixCache`, or `HiRadixCache` with --enable-hierarchical-cache.
+
+Sizes: the host tier holds `--hicache-size` GB (per rank), else `--hicache-ratio` × the KV pool's
+tokens. The file backend's directory: the extra config's `file_path`, else
+`SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR`, else `/tmp/hicache`; one file holds `page_tokens`
+tokens (extra config, default 64). `layout_id` names this rank's place in the model (tp
+rank/size, pp stage, cp rank, dtype, layers): it goes into the storage namespace with
+`model_identity`, the page size and the KV buffers' shapes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Callable, Optional
+
+from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+from sglang.srt.mem_cache.hicache.file_storage import FileStorage
+from sglang.srt.mem_cache.hicache.hiradix_cache import HiRadixCache
+from sglang.srt.mem_cache.hicache.host_pool import HostKVPool, TokenLayout, kv_token_buffers
+from sglang.srt.mem_cache.radix_cache import RadixCache
+
+DEFAULT_FILE_DIR = "/tmp/hicache"
+
+
+def host_pool_tokens(args: Any, device_tokens: int, token_bytes: int, page_size: int) -> int:
+    size = (
+        int(args.hicache_size * 1e9) // token_bytes
+        if args.hicache_size > 0
+        else int(device_tokens * args.hicache_ratio)
+    )
+    return max(page_size, size // page_size * page_size)
+
+
+def storage_page_tokens(args: Any, page_size: int) -> int:
+    """Tokens per storage page (one file): the extra config's `page_tokens` (default 64), rounded
+    up to a multiple of the KV page."""
+    want = int(json.loads(args.hicache_storage_backend_extra_config or "{}").get("page_tokens", 64))
+    return -(-max(1, want) // page_size) * page_size
+
+
+def storage_dir(args: Any) -> str:
+    extra = json.loads(args.hicache_storage_backend_extra_config or "{}")
+    return (
+        extra.get("file_path")
+        or os.environ.get("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR")
+        or DEFAULT_FILE_DIR
+    )
+
+
+def model_identity(args: Any) -> str:
+    """What makes two servers' KV for the same tokens equal, besides the rank's layout: the
+    checkpoint (path, revision, quantization; dummy weights: their seed). A checkpoint rewritten
+    in place at the same path is not noticed: clear the directory then."""
+    ident = f"{args.model_path}@{args.revision}|{args.load_format}|{args.quantization}"
+    return ident + (f"|seed{args.random_seed}" if args.load_format == "dummy" else "")
+
+
+def create_prefix_cache(
+    args: Any,
+    allocator: TokenToKVPoolAllocator,
+    kv_pool: Any,
+    page_size: int,
+    layout_id: str,
+    agree: Optional[Callable[[int], int]] = None,
+) -> RadixCache:
+    """`args`: the ServerArgs; `kv_pool`: the device KV pool; `agree`: the cross-rank minimum of a
+    count (tp > 1), so every rank loads the same L3 pages."""
+    if not args.enable_hierarchical_cache:
+        return RadixCache(allocator, page_size, disable=args.disable_radix_cache)
+    buffers = kv_token_buffers(kv_pool)
+    layout = TokenLayout(buffers)
+    host = HostKVPool(
+        buffers, host_pool_tokens(args, allocator.size, layout.token_bytes(), page_size), page_size
+    )
+    storage = None
+    if args.hicache_storage_backend == "file":
+        namespace = f"{model_identity(args)}|{layout_id}|page{page_size}|{layout.describe()}"
+        storage = FileStorage(storage_dir(args), namespace, storage_page_tokens(args, page_size))
+    return HiRadixCache(allocator, page_size, host, args.hicache_write_policy, storage, agree)

@@ -1,0 +1,117 @@
+"""The L3 `file` backend: one file per KV page in a directory (local or shared).
+
+A page's name is the hash chain of the tokens up to and including it, seeded with a namespace
+(model identity and layout: tp rank/size, pp stage, cp rank, dtype, page size, buffer shapes), so
+servers of another model or layout never read it. Each file is `MAGIC + sha256(payload) +
+payload`, written to a temporary name and renamed. A file that is missing, short or fails its
+checksum, or a directory that is gone, reads as a miss (a bad page is logged, counted and
+removed): the caller recomputes, and writes the page again. Nothing here raises on I/O errors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+logger = logging.getLogger(__name__)
+
+MAGIC = b"SGLKV1\n"
+_DIGEST = 32
+
+
+@dataclass
+class StorageStats:
+    pages_written: int = 0
+    pages_read: int = 0
+    read_failures: int = 0  # checksum, short file, unreadable: recomputed
+    write_failures: int = 0
+
+
+class FileStorage:
+    def __init__(self, directory: str, namespace: str, page_size: int):
+        self.directory = directory
+        self.page_size = page_size
+        self.namespace = namespace
+        self._seed = hashlib.sha256(namespace.encode()).digest()
+        self.stats = StorageStats()
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except OSError as e:
+            logger.warning(
+                "HiCache file storage: cannot create %s (%s); writes will be retried", directory, e
+            )
+
+    def page_hashes(self, tokens: Sequence[int], num_pages: int) -> list[str]:
+        """Names of the first `num_pages` pages of `tokens` (each chained on the previous)."""
+        out, prev, ps = [], self._seed, self.page_size
+        for i in range(num_pages):
+            page = ",".join(str(int(t)) for t in tokens[i * ps : (i + 1) * ps]).encode()
+            prev = hashlib.sha256(prev + page).digest()
+            out.append(prev.hex())
+        return out
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self.directory, name[:2], name + ".kv")
+
+    def exists(self, name: str) -> bool:
+        return os.path.exists(self._path(name))
+
+    def put(self, name: str, payload: bytes) -> bool:
+        path = self._path(name)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(MAGIC + hashlib.sha256(payload).digest() + payload)
+            os.replace(tmp, path)
+        except OSError as e:
+            self.stats.write_failures += 1
+            logger.warning("HiCache file storage: writing page %s failed (%s)", name[:16], e)
+            return False
+        self.stats.pages_written += 1
+        return True
+
+    def get(self, name: str) -> Optional[bytes]:
+        """The page's payload, or None (missing, or failed its check: counted and logged)."""
+        path = self._path(name)
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            return self._failed(name, f"unreadable ({e})")
+        head = len(MAGIC) + _DIGEST
+        if len(data) < head or not data.startswith(MAGIC):
+            return self._failed(name, "bad header")
+        payload = data[head:]
+        if hashlib.sha256(payload).digest() != data[len(MAGIC) : head]:
+            return self._failed(name, "checksum mismatch")
+        self.stats.pages_read += 1
+        return payload
+
+    def _failed(self, name: str, why: str) -> None:
+        """Count and log a bad page and remove it (the recomputed KV is written again)."""
+        self.stats.read_failures += 1
+        logger.warning("HiCache file storage: page %s %s; recomputing", name[:16], why)
+        try:
+            os.remove(self._path(name))
+        except OSError:
+            pass
+        return None
+
+    def clear(self) -> int:
+        """Delete every page file of the directory (all namespaces); returns how many."""
+        removed = 0
+        for root, _, files in os.walk(self.directory):
+            for name in files:
+                if name.endswith(".kv"):
+                    try:
+                        os.remove(os.path.join(root, name))
+                        removed += 1
+                    except OSError:
+                        pass
+        return removed

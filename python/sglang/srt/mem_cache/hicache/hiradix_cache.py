@@ -1,0 +1,303 @@
+"""HiRadixCache: the radix cache with an L2 host tier and an optional L3 storage backend.
+
+Where a node's KV lives: `node.value` (L1 device slots, or None), `node.host_value` (L2 host
+slots, or None); L3 pages are found by the hash chain of their tokens (`FileStorage`), not kept
+in the tree. Invariants:
+  * every node is in L1 or L2 (a node losing its last tier is removed with its subtree);
+  * L1 is prefix-closed: a node in L1 has its parent in L1 (eviction takes L1 leaves first,
+    loads fill a path from the root), so a match is an L1 run followed by an L2-only run.
+Write policies: `write_through` copies a node to L2 when it is inserted, `write_back` when it is
+evicted from L1, `write_through_selective` on its second hit (a node never copied is dropped on
+eviction). A page reaches L3 when its node reaches L2.
+
+`match_prefix` (the scheduler's estimates) sees L1 only. `match_and_load` (admission) also loads
+the L2 part of the match and then the L3 pages that continue it into freshly allocated L1 slots;
+what does not fit, or fails its checksum, is left out and recomputed. The load is synchronous:
+when it returns, the request holds nothing in flight. `agree` (tp > 1) turns a rank's count of
+readable L3 pages into the count every rank uses (the minimum), so ranks stay identical.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+from sglang.srt.mem_cache.hicache.file_storage import FileStorage
+from sglang.srt.mem_cache.hicache.host_pool import HostKVPool
+from sglang.srt.mem_cache.radix_cache import MatchResult, RadixCache, TreeNode
+
+logger = logging.getLogger(__name__)
+
+SELECTIVE_HITS = 2  # write_through_selective: copy to L2 at this many hits
+
+
+@dataclass
+class HiCacheStats:
+    l1_hit_tokens: int = 0  # admitted prefix tokens already in the KV pool
+    l2_hit_tokens: int = 0  # ... loaded from the host tier
+    l3_hit_tokens: int = 0  # ... loaded from storage
+    l2_backup_tokens: int = 0  # tokens copied L1 -> L2
+    l2_evicted_tokens: int = 0  # tokens dropped from L2
+    l1_dropped_tokens: int = 0  # tokens evicted from L1 with no L2 copy (forgotten)
+    load_failures: int = 0  # loads cut short (no L1 room)
+    load_seconds: float = 0.0  # time spent loading L2 / L3 into L1 (admission)
+
+
+class HiRadixCache(RadixCache):
+    def __init__(
+        self,
+        allocator: TokenToKVPoolAllocator,
+        page_size: int,
+        host: HostKVPool,
+        write_policy: str = "write_through",
+        storage: Optional[FileStorage] = None,
+        agree: Optional[Callable[[int], int]] = None,
+    ):
+        self.host = host
+        self.write_policy = write_policy
+        self.storage = storage
+        self.agree = agree
+        self.hstats = HiCacheStats()
+        super().__init__(allocator, page_size)
+
+    def reset(self) -> None:
+        super().reset()
+        self.host.clear()
+
+    # ------------------------------------------------------------------ residence bookkeeping
+    def _node_len(self, node: TreeNode) -> int:
+        return len(node.key) if node.value is not None else 0
+
+    def _set_device(self, node: TreeNode, slots: torch.Tensor) -> None:
+        node.value = slots
+        if node.lock_ref:
+            self._protected += len(node.key)
+        else:
+            self._evictable += len(node.key)
+
+    def total_size(self) -> int:
+        """Tokens in L1 (equals evictable + protected)."""
+        return sum(self._node_len(n) for n in self._all_nodes())
+
+    def host_size(self) -> int:
+        """Tokens held in L2."""
+        return sum(len(n.key) for n in self._all_nodes() if n.host_value is not None)
+
+    def stats(self) -> dict:
+        out = {f"hicache_{k}": v for k, v in asdict(self.hstats).items()}
+        token_bytes = self.host.layout.token_bytes()
+        out["hicache_loaded_bytes"] = (self.hstats.l2_hit_tokens + self.hstats.l3_hit_tokens) * token_bytes
+        out["hicache_backup_bytes"] = self.hstats.l2_backup_tokens * token_bytes
+        out["hicache_host_tokens"] = self.host.size - self.host.available_size()
+        out["hicache_host_capacity"] = self.host.size
+        if self.storage is not None:
+            out.update({f"hicache_storage_{k}": v for k, v in asdict(self.storage.stats).items()})
+        return out
+
+    # ------------------------------------------------------------------ matching
+    def match_prefix(self, key: Sequence[int]) -> MatchResult:
+        """The L1 part of the longest cached prefix (no load)."""
+        return self._result([n for n in self._walk(key) if n.value is not None])
+
+    def match_and_load(self, key: Sequence[int]) -> MatchResult:
+        """Load the match's L2 nodes, then the L3 pages that continue it, into L1; the L1 match."""
+        path = self._walk(key)
+        for node in path:
+            node.hit_count += 1
+        in_l1 = [n for n in path if n.value is not None]
+        self.hstats.l1_hit_tokens += sum(len(n.key) for n in in_l1)
+        last = path[-1] if path else self.root_node
+        self.inc_lock_ref(last)  # nothing on the path is evicted (from L1 or L2) while loading
+        t0 = time.perf_counter()
+        try:
+            loaded_all = self._load_from_host(path[len(in_l1) :])
+            if loaded_all and self.storage is not None:
+                self._load_from_storage(key, sum(len(n.key) for n in path))
+            if self.write_policy == "write_through_selective":
+                for node in path:
+                    if node.hit_count >= SELECTIVE_HITS and node.value is not None:
+                        self._backup(node)
+        finally:
+            self.dec_lock_ref(last)
+            self.hstats.load_seconds += time.perf_counter() - t0
+        return self.match_prefix(key)
+
+    def _load_from_host(self, nodes: list[TreeNode]) -> bool:
+        for node in nodes:
+            slots = self._alloc_device(len(node.key))
+            if slots is None:
+                self.hstats.load_failures += 1
+                return False
+            self.host.restore(node.host_value, slots)
+            self._set_device(node, slots)
+            self.hstats.l2_hit_tokens += len(node.key)
+        return True
+
+    def _load_from_storage(self, key: Sequence[int], start: int) -> None:
+        """Load the storage pages (`storage.page_size` tokens each) that continue the L1 prefix
+        `key[:start]`; the first may overlap it (its overlapping rows are skipped)."""
+        sp = self.storage.page_size
+        total, p0 = len(key) // sp, start // sp
+        if total <= p0:
+            return
+        names = self.storage.page_hashes(key, total)
+        pages: list[bytes] = []
+        for name in names[p0:]:
+            data = self.storage.get(name)
+            if data is None:
+                break
+            pages.append(data)
+        n = len(pages) if self.agree is None else self.agree(len(pages))
+        if n == 0:
+            return
+        skip = start - p0 * sp
+        slots = self._alloc_device(n * sp - skip)
+        if slots is None:
+            self.hstats.load_failures += 1
+            return
+        try:
+            for i in range(n):
+                dst = slots[max(0, i * sp - skip) : (i + 1) * sp - skip]
+                self.host.layout.unpack_into(self.host.device_buffers, dst, pages[i], skip if i == 0 else 0)
+        except ValueError as e:  # a page of another size under the same name: recompute
+            logger.warning("HiCache: storage page rejected (%s); recomputing", e)
+            self.storage.stats.read_failures += 1
+            self.allocator.free(slots)
+            return
+        prefix = self.match_prefix(key[:start]).indices
+        already = self.insert(key[: (p0 + n) * sp], torch.cat([prefix, slots]))
+        assert already == start, (already, start)
+        self.hstats.l3_hit_tokens += slots.numel()
+
+    # ------------------------------------------------------------------ insert
+    def _on_path(self, path: list[TreeNode], value: torch.Tensor) -> int:
+        """An L2-only node on an inserted path takes the caller's slots (it is in L1 again); the
+        length already in L1 is returned (the caller frees its duplicates there)."""
+        matched = offset = 0
+        for node in path:
+            n = len(node.key)
+            if node.value is None:
+                self._set_device(node, value[offset : offset + n].clone())  # its L2 copy stays
+            else:
+                assert matched == offset, "L1 is prefix-closed"
+                matched += n
+            offset += n
+        return matched
+
+    def _on_new_leaf(self, leaf: TreeNode, value: torch.Tensor) -> None:
+        leaf.value = None
+        self._set_device(leaf, value)
+        if self.write_policy == "write_through":
+            self._backup(leaf)
+
+    # ------------------------------------------------------------------ tiers
+    def _alloc_device(self, n: int) -> Optional[torch.Tensor]:
+        if n > self.allocator.available_size():
+            self.evict(n - self.allocator.available_size())
+        return self.allocator.alloc(n)
+
+    def _backup(self, node: TreeNode) -> bool:
+        """Copy an L1 node to L2 (and its pages to L3); False when L2 has no room."""
+        if node.host_value is not None:
+            return True
+        n = len(node.key)
+        if n > self.host.available_size():
+            self._evict_host(n - self.host.available_size())
+        slots = self.host.alloc(n)
+        if slots is None:
+            return False
+        self.host.backup(node.value, slots)
+        node.host_value = slots
+        self.hstats.l2_backup_tokens += n
+        if self.storage is not None:
+            self._write_storage(node)
+        return True
+
+    def _path(self, node: TreeNode) -> list[TreeNode]:
+        """Root-first nodes from the root down to `node`."""
+        out = []
+        while node is not self.root_node:
+            out.append(node)
+            node = node.parent  # type: ignore[assignment]
+        return out[::-1]
+
+    def _write_storage(self, node: TreeNode) -> None:
+        """Write the storage pages completed by an L1 node (its ancestors are in L1 too) that the
+        backend lacks; a page starting in an ancestor is written once this node completes it."""
+        path = self._path(node)
+        tokens = [t for n in path for t in n.key]
+        sp = self.storage.page_size
+        end, first = len(tokens) // sp, (len(tokens) - len(node.key)) // sp
+        if first >= end:
+            return
+        names = self.storage.page_hashes(tokens, end)
+        slots = None
+        for i in range(first, end):
+            if self.storage.exists(names[i]):
+                continue
+            if slots is None:
+                slots = torch.cat([n.value for n in path])
+            rows = slots[i * sp : (i + 1) * sp]
+            self.storage.put(names[i], self.host.layout.pack(self.host.device_buffers, rows))
+
+    def evict(self, num_tokens: int) -> int:
+        """Free L1 slots from LRU unlocked L1 leaves: demote to L2, or drop when there is no copy."""
+        if num_tokens <= 0:
+            return 0
+        return self._evict_lru(self._l1_leaf, self._demote, num_tokens)
+
+    def _demote(self, node: TreeNode) -> int:
+        if node.host_value is None and self.write_policy != "write_through_selective":
+            self._backup(node)
+        n = len(node.key)
+        self.allocator.free(node.value)
+        node.value = None
+        self._evictable -= n
+        if node.host_value is None:
+            self.hstats.l1_dropped_tokens += n
+            self._drop(node)
+        return n
+
+    def _l1_leaf(self, node: TreeNode) -> bool:
+        return self._tier_leaf(node, "value")
+
+    @staticmethod
+    def _tier_leaf(node: TreeNode, tier: str) -> bool:
+        """Unlocked, held in `tier` ("value": L1, "host_value": L2), no child held there."""
+        held = lambda n: getattr(n, tier) is not None  # noqa: E731
+        return held(node) and node.lock_ref == 0 and not any(held(c) for c in node.children.values())
+
+    def _evict_host(self, num_tokens: int) -> int:
+        """Free L2 slots from LRU unlocked nodes with no L2 child: an L1 node keeps its L1 copy, an
+        L2-only node (then a leaf) leaves the tree."""
+        return self._evict_lru(self._l2_leaf, self._forget_host, num_tokens)
+
+    def _forget_host(self, node: TreeNode) -> int:
+        self.host.free(node.host_value)
+        node.host_value = None
+        self.hstats.l2_evicted_tokens += len(node.key)
+        if node.value is None:
+            self._drop(node)
+        return len(node.key)
+
+    def _l2_leaf(self, node: TreeNode) -> bool:
+        return self._tier_leaf(node, "host_value")
+
+    def _drop(self, node: TreeNode) -> None:
+        """Remove a node that is in no tier, and its subtree (then L2-only: L1 is prefix-closed)."""
+        parent = node.parent
+        assert parent is not None and node.value is None
+        del parent.children[self._child_key(node.key)]
+        stack = list(node.children.values())
+        while stack:
+            sub = stack.pop()
+            assert sub.value is None and sub.lock_ref == 0
+            if sub.host_value is not None:
+                self.host.free(sub.host_value)
+                self.hstats.l2_evicted_tokens += len(sub.key)
+            stack.extend(sub.children.values())

@@ -1,0 +1,129 @@
+"""The L2 host tier: a page pool holding every layer's KV rows of the tokens it keeps.
+
+`kv_token_buffers(pool)` lists a device KV pool's per-token buffers (each `[rows, ...]`, indexed
+by slot): K and V of every layer for MHA, the `[latent ; k_rope]` rows (and DSA's indexer keys)
+for MLA. `TokenLayout` packs / unpacks those rows of some slots to bytes (storage pages). The
+host pool mirrors the buffers with its own rows and its own `TokenToKVPoolAllocator` (own
+budget, page 0 padding as on the device). Copies between the tiers go through a `KVCopier`: on
+CPU both tiers are RAM and `SyncCopier` copies at once; a GPU/NPU copier (pinned host memory,
+a copy stream) plugs in here, chosen by the platform.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Optional
+
+import torch
+
+from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+
+
+def kv_token_buffers(pool) -> list[torch.Tensor]:
+    """The per-token buffers of a KV pool ([rows, ...] each, slot-indexed), in a fixed order."""
+    if hasattr(pool, "k_buffer"):
+        return [*pool.k_buffer, *pool.v_buffer]
+    buffers = list(pool.kv_buffer)
+    return buffers + list(getattr(pool, "index_k_buffer", []))
+
+
+class TokenLayout:
+    """Shapes and dtypes of one token's rows across a list of buffers."""
+
+    def __init__(self, buffers: list[torch.Tensor]):
+        self.specs = [(tuple(b.shape[1:]), b.dtype) for b in buffers]
+        self.row_bytes = [
+            int(torch.Size(s).numel()) * torch.empty((), dtype=d).element_size() for s, d in self.specs
+        ]
+
+    def token_bytes(self) -> int:
+        return sum(self.row_bytes)
+
+    def describe(self) -> str:
+        return ";".join(f"{list(s)}:{str(d).replace('torch.', '')}" for s, d in self.specs)
+
+    def pack(self, buffers: list[torch.Tensor], slots: torch.Tensor) -> bytes:
+        parts = [b[slots].contiguous().reshape(-1).view(torch.uint8) for b in buffers]
+        return torch.cat(parts).cpu().numpy().tobytes()
+
+    def unpack_into(
+        self, buffers: list[torch.Tensor], slots: torch.Tensor, data: bytes, skip: int = 0
+    ) -> None:
+        """Write the rows packed in `data`, but the first `skip`, to `slots`."""
+        n = slots.numel() + skip
+        if len(data) != n * self.token_bytes():
+            raise ValueError(f"page holds {len(data)} bytes, expected {n * self.token_bytes()}")
+        flat = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        offset = 0
+        for buf, (shape, dtype), rb in zip(buffers, self.specs, self.row_bytes):
+            chunk = flat[offset : offset + n * rb]
+            offset += n * rb
+            buf[slots.to(buf.device)] = chunk.view(dtype).reshape(n, *shape)[skip:].to(buf.device)
+
+
+class KVCopier(ABC):
+    """Moves token rows between two lists of buffers (device <-> host)."""
+
+    @abstractmethod
+    def copy(
+        self,
+        src: list[torch.Tensor],
+        src_slots: torch.Tensor,
+        dst: list[torch.Tensor],
+        dst_slots: torch.Tensor,
+    ) -> None: ...
+
+    def synchronize(self) -> None:
+        """Wait for copies issued so far (asynchronous copiers)."""
+
+
+class SyncCopier(KVCopier):
+    """Index copies on the calling thread (CPU: both tiers are RAM)."""
+
+    def copy(self, src, src_slots, dst, dst_slots) -> None:
+        for s, d in zip(src, dst):
+            d[dst_slots.to(d.device)] = s[src_slots.to(s.device)].to(d.device)
+
+
+class HostKVPool:
+    """L2: rows for `size` tokens mirroring `device_buffers`, in pages of `page_size`."""
+
+    def __init__(
+        self,
+        device_buffers: list[torch.Tensor],
+        size: int,
+        page_size: int,
+        copier: Optional[KVCopier] = None,
+    ):
+        self.device_buffers = device_buffers
+        self.allocator = TokenToKVPoolAllocator(size, page_size)
+        self.size = self.allocator.size
+        self.page_size = page_size
+        rows = self.size + page_size
+        self.buffers = [torch.zeros((rows, *b.shape[1:]), dtype=b.dtype) for b in device_buffers]
+        self.copier = copier or SyncCopier()
+        self.layout = TokenLayout(device_buffers)
+
+    def available_size(self) -> int:
+        return self.allocator.available_size()
+
+    def alloc(self, n: int) -> Optional[torch.Tensor]:
+        return self.allocator.alloc(n)
+
+    def free(self, host_slots: torch.Tensor) -> None:
+        self.allocator.free(host_slots)
+
+    def clear(self) -> None:
+        self.allocator.clear()
+
+    def backup(self, device_slots: torch.Tensor, host_slots: torch.Tensor) -> None:
+        """Copy device rows -> host rows (L1 -> L2)."""
+        self.copier.copy(self.device_buffers, device_slots, self.buffers, host_slots)
+
+    def restore(self, host_slots: torch.Tensor, device_slots: torch.Tensor) -> None:
+        """Copy host rows -> device rows (L2 -> L1)."""
+        self.copier.copy(self.buffers, host_slots, self.device_buffers, device_slots)
+        self.copier.synchronize()
+
+    def mem_bytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self.buffers)

@@ -1,0 +1,93 @@
+"""The ServerArgs fields of HiCache, the hierarchical KV cache (docs/hicache.md): an L2 host tier
+and an L3 storage tier behind the radix cache. Upstream's flag names.
+
+`ServerArgs` (server_args.py) derives from `HiCacheArgs`, as from `ParallelArgs`; the fields are
+ordinary flags. `validate_hicache` refuses the combinations not built yet, each by name.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from sglang.srt.server_args_cli import G_MEMORY, arg
+
+WRITE_POLICIES = ["write_through", "write_through_selective", "write_back"]
+STORAGE_BACKENDS = ["none", "file", "mooncake"]
+PREFETCH_POLICIES = ["best_effort", "wait_complete", "timeout"]
+
+
+@dataclass(frozen=True)
+class HiCacheArgs:
+    """HiCache flags (see the module docstring)."""
+
+    enable_hierarchical_cache: bool = arg(
+        False,
+        "HiCache: what the radix cache evicts from the KV pool moves to a host tier (and a storage backend) "
+        "and is loaded back on a prefix hit instead of recomputed (docs/hicache.md).",
+        G_MEMORY,
+    )
+    hicache_ratio: float = arg(2.0, "Host tier size as a multiple of the KV pool (tokens).", G_MEMORY)
+    hicache_size: float = arg(0.0, "Host tier size in GB per rank (0: use --hicache-ratio).", G_MEMORY)
+    hicache_write_policy: str = arg(
+        "write_through",
+        "When KV is copied to the host tier: on insert (write_through), on its second hit "
+        "(write_through_selective) or when evicted from the KV pool (write_back).",
+        G_MEMORY,
+        choices=WRITE_POLICIES,
+    )
+    hicache_storage_backend: str = arg(
+        "none",
+        "L3 storage tier: none, file (a directory: SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR or the extra "
+        "config's file_path); mooncake is not built yet.",
+        G_MEMORY,
+        choices=STORAGE_BACKENDS,
+    )
+    hicache_storage_prefetch_policy: str = arg(
+        "best_effort",
+        "How long a request waits for its storage prefix (loads are synchronous here: every policy waits).",
+        G_MEMORY,
+        choices=PREFETCH_POLICIES,
+    )
+    hicache_storage_backend_extra_config: str = arg(
+        "", 'JSON object for the storage backend, e.g. {"file_path": "/data/hicache"}.', G_MEMORY
+    )
+
+
+def validate_hicache(args: Any) -> None:
+    """HiCache flag values and the combinations not built yet (ValueError, by name)."""
+    if args.hicache_ratio <= 1.0 and args.hicache_size == 0:
+        raise ValueError(f"--hicache-ratio must be > 1 (the host tier is larger), got {args.hicache_ratio}")
+    if args.hicache_size < 0:
+        raise ValueError(f"--hicache-size must be >= 0 GB, got {args.hicache_size}")
+    if args.hicache_storage_backend_extra_config:
+        try:
+            extra = json.loads(args.hicache_storage_backend_extra_config)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--hicache-storage-backend-extra-config is not valid JSON: {e}") from None
+        if not isinstance(extra, dict):
+            raise ValueError("--hicache-storage-backend-extra-config must be a JSON object")
+        page_tokens = extra.get("page_tokens", 64)
+        if not isinstance(page_tokens, int) or page_tokens < 1:
+            raise ValueError(
+                f"--hicache-storage-backend-extra-config page_tokens must be an int >= 1, got {page_tokens!r}"
+            )
+    if not args.enable_hierarchical_cache:
+        if args.hicache_storage_backend != "none":
+            raise ValueError("--hicache-storage-backend needs --enable-hierarchical-cache")
+        return
+    if args.hicache_storage_backend == "mooncake":
+        raise ValueError("--hicache-storage-backend mooncake is not built yet (issue 31); use file")
+    unsupported = {
+        "--disable-radix-cache": args.disable_radix_cache,
+        "--pp-size > 1": args.pp_size > 1,
+        "--cp-size > 1": args.cp_size > 1,
+        "--dp-size > 1 / --enable-dp-attention": args.dp_size > 1 or args.enable_dp_attention,
+        "--disaggregation-mode": args.disaggregation_mode != "null",
+    }
+    for name, on in unsupported.items():
+        if on:
+            raise ValueError(
+                f"--enable-hierarchical-cache with {name} is not supported yet (docs/hicache.md)"
+            )
