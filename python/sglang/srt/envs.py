@@ -156,6 +156,16 @@ SGLANG_CP_MIN_SPLIT_TOKENS: EnvVar[Optional[int]] = EnvVar(
 )
 
 
+# ---------------------------------------------------------------- HiCache (upstream's names)
+SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR: EnvVar[str] = EnvVar(
+    "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR",
+    "",
+    str,
+    "Directory of the HiCache `file` storage backend when --hicache-storage-backend-extra-config names "
+    "no file_path (empty: /tmp/hicache).",
+)
+
+
 # ---------------------------------------------------------------- pipeline parallelism
 def parse_int_list(text: str) -> list[int]:
     """'15,15,15,16' → [15, 15, 15, 16] (spaces allowed); ValueError on anything else."""

@@ -11,9 +11,9 @@ rank/size, pp stage, cp rank, dtype, layers): it goes into the storage namespace
 from __future__ import annotations
 
 import json
-import os
 from typing import Any, Callable, Optional
 
+from sglang.srt import envs
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.hicache.file_storage import FileStorage
 from sglang.srt.mem_cache.hicache.hiradix_cache import HiRadixCache
@@ -41,11 +41,7 @@ def storage_page_tokens(args: Any, page_size: int) -> int:
 
 def storage_dir(args: Any) -> str:
     extra = json.loads(args.hicache_storage_backend_extra_config or "{}")
-    return (
-        extra.get("file_path")
-        or os.environ.get("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR")
-        or DEFAULT_FILE_DIR
-    )
+    return extra.get("file_path") or envs.SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR.get() or DEFAULT_FILE_DIR
 
 
 def model_identity(args: Any) -> str:
