@@ -28,7 +28,7 @@ from collections import defaultdict
 from tqdm import tqdm
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "dsa"))
-from run import QUICK, SHAPE, _harness, _instrument, spawn  # noqa: E402
+from run import QUICK, SHAPE, _harness, _instrument, _setup, spawn  # noqa: E402
 
 COMM = [
     ("sglang.srt.distributed.group_coordinator", "GroupCoordinator", "all_reduce"),
@@ -53,31 +53,6 @@ def _instrument_comm(totals: dict[str, float]) -> None:
                 totals["comm"] += time.perf_counter() - start
 
         setattr(owner, attr, timed)
-
-
-def _setup(rank: int, world: int, port: int, shape: dict, topk: int, mode: str):
-    import torch
-
-    torch.set_num_threads(1)
-    from transformers import DeepseekV32Config
-
-    from sglang.srt.distributed.init import init_distributed
-    from sglang.srt.distributed.parallel_layout import ParallelLayout
-    from sglang.srt.distributed.parallel_state import ParallelGroups
-    from sglang.srt.model_loader.dummy_loader import init_dummy_weights
-    from sglang.srt.models.deepseek_v2 import DeepseekV32ForCausalLM
-
-    if world > 1:
-        init_distributed(world, rank, f"127.0.0.1:{port}", "gloo")
-        layout = ParallelLayout(tp=world, attn_cp=world) if mode == "cp" else ParallelLayout(tp=world)
-        groups = ParallelGroups.build(layout, rank)
-    else:
-        groups = ParallelGroups.single()
-    cfg = DeepseekV32Config(index_topk=topk, **shape)
-    cfg.architectures = ["DeepseekV32ForCausalLM"]
-    model = DeepseekV32ForCausalLM(cfg, groups, torch.float32).eval()
-    init_dummy_weights(model, seed=0)
-    return cfg, groups, model
 
 
 def _prefill_rank(rank, world, port, shape, topk, tokens, repeats, mode, out) -> None:

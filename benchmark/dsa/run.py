@@ -116,7 +116,9 @@ def _backend_env(backend: str) -> str:
     return backend
 
 
-def _setup(rank: int, cp: int, port: int, shape: dict, topk: int):
+def _setup(rank: int, cp: int, port: int, shape: dict, topk: int, mode: str = "cp"):
+    """This rank's groups and dummy model; `cp` ranks in all, split by context (`mode` "cp") or by
+    tensor parallelism only ("tp", benchmark/context_parallel/bench_cp_vs_tp.py)."""
     import torch
 
     torch.set_num_threads(1)
@@ -130,7 +132,8 @@ def _setup(rank: int, cp: int, port: int, shape: dict, topk: int):
 
     if cp > 1:
         init_distributed(cp, rank, f"127.0.0.1:{port}", "gloo")
-        groups = ParallelGroups.build(ParallelLayout(tp=cp, attn_cp=cp), rank)
+        layout = ParallelLayout(tp=cp, attn_cp=cp) if mode == "cp" else ParallelLayout(tp=cp)
+        groups = ParallelGroups.build(layout, rank)
     else:
         groups = ParallelGroups.single()
     cfg = DeepseekV32Config(index_topk=topk, **shape)
