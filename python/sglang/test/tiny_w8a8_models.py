@@ -76,14 +76,21 @@ class FakeQuantReference:
 
 
 def fake_quant_linears(model, row_shards: int = 1) -> int:
-    """Install `FakeQuantReference` on every decoder-layer `*_proj` linear of `model`; returns how
-    many."""
+    """Install `FakeQuantReference` on every linear of `model` that the int8 checkpoint holds in
+    int8 (the weights `save_w8a8_pair` quantizes, less those its model reads as plain tensors);
+    returns how many."""
     from sglang.srt.layers.linear import LinearBase
 
     n = 0
     method = FakeQuantReference(row_shards)
+    skip = set(getattr(model, "fp8_unquantized_modules", ()))
     for name, m in model.named_modules():
-        if isinstance(m, LinearBase) and ".layers." in name and name.endswith("_proj"):
+        local = name.removeprefix("model.").split(".", 2)[-1] if ".layers." in name else name
+        if (
+            isinstance(m, LinearBase)
+            and name.rsplit(".", 1)[-1] not in skip
+            and is_quantized("model.layers.0." + local + ".weight", 2)
+        ):
             m.quant_method = method
             n += 1
     return n
