@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from sglang.srt.layers.linear import LinearBase
+from sglang.srt.layers.moe.experts import FusedMoE, match_expert_weight
 
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.")
 
@@ -42,6 +43,7 @@ class QuantCheckpointStream:
     quant_dtype: torch.dtype
     scale_suffix: str  # "<module>.weight<scale_suffix>" beside "<module>.weight"
     method: Any
+    moe_method: Any = None  # keeps routed experts quantized where it `fits` them (else widened)
 
     def __init__(
         self,
@@ -56,6 +58,11 @@ class QuantCheckpointStream:
             name: m
             for name, m in model.named_modules()
             if isinstance(m, LinearBase) and self.serves(m) and name.rsplit(".", 1)[-1] not in skip
+        }
+        self.moes = {
+            name: m
+            for name, m in model.named_modules()
+            if isinstance(m, FusedMoE) and self.moe_method is not None and self.moe_method.fits(m)
         }
         self.stacked = stacked
         self.in_stage = in_stage
@@ -81,6 +88,16 @@ class QuantCheckpointStream:
                 yield name, tensor
                 continue
             weight_name = name[: -len(self.scale_suffix)] if is_scale else name
+            expert = match_expert_weight(weight_name)
+            if (
+                expert is not None
+                and isinstance(expert[1], tuple)
+                and expert[0].rsplit(".", 1)[0] in self.moes
+            ):
+                self._expert_tensor(expert[0].rsplit(".", 1)[0], expert[1], tensor, is_scale)
+                if not is_scale:
+                    yield name, tensor  # the experts' loader copies this rank's part
+                continue
             module = module_of(weight_name, self.stacked)
             if module in self.linears:
                 if module not in self.held:
@@ -96,6 +113,16 @@ class QuantCheckpointStream:
             raise ValueError(
                 f"{self.label} weights without their scale (or scales without a weight): {sorted(self._pending)[:4]}"
             )
+
+    def _expert_tensor(self, moe_name: str, shard: tuple, tensor: torch.Tensor, is_scale: bool) -> None:
+        moe = self.moes[moe_name]
+        if moe_name not in self.held:
+            self.moe_method.create_weights(moe)
+            for p in ("w13_weight", "w2_weight"):
+                self.params[f"{moe_name}.{p}"] = getattr(moe, p)
+            self.held.add(moe_name)
+        if is_scale:  # loaded here: the scale has no checkpoint name of its own in the model
+            self.moe_method.load_scale(moe, shard[0], int(shard[1]), tensor)
 
     def _make_quantized(self, module: str) -> None:
         layer = self.linears[module]

@@ -1,6 +1,6 @@
 """Load an FP8 block-quantized checkpoint: which linears stay FP8 (`Fp8CheckpointStream`, the
-shared `checkpoint_stream.QuantCheckpointStream` with DeepSeek's `weight_scale_inv`; fused QKV
-projections are widened at load), and the refusal of block scales in an unquantized checkpoint.
+shared `checkpoint_stream.QuantCheckpointStream` with DeepSeek's `weight_scale_inv`; routed experts
+FP8 too where their blocks fit, `fp8_moe.py`; fused QKV projections are widened at load), and the refusal of block scales in an unquantized checkpoint.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from sglang.srt.layers.linear import LinearBase, QKVParallelLinear
 from sglang.srt.layers.quantization.checkpoint_stream import QuantCheckpointStream
 from sglang.srt.layers.quantization.config import QuantSpec
 from sglang.srt.layers.quantization.fp8_block import FP8_DTYPE, Fp8BlockLinearMethod, block_dequant
+from sglang.srt.layers.quantization.fp8_moe import Fp8BlockMoEMethod
 
 SCALE_SUFFIX = "_scale_inv"  # "<module>.weight_scale_inv" beside "<module>.weight"
 
@@ -34,6 +35,7 @@ class Fp8CheckpointStream(QuantCheckpointStream):
         params: dict[str, nn.Parameter],
     ):
         self.method = Fp8BlockLinearMethod(spec.weight_block_size)
+        self.moe_method = Fp8BlockMoEMethod(spec.weight_block_size)
         super().__init__(model, stacked, in_stage, params)
 
     def serves(self, layer: LinearBase) -> bool:
