@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
-
 import torch
 from torch import nn
+from torch.utils import benchmark
 
 from sglang.srt.layers.linear import ReplicatedLinear
 from sglang.srt.layers.linear_prepack import prepack_linear_weights
@@ -27,12 +26,9 @@ from sglang.srt.layers.quantization.w8a8_int8 import W8A8Int8LinearMethod, chann
 from sglang.srt.platforms import get_platform
 
 
-def _time(fn, reps: int) -> float:
-    fn()
-    start = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    return (time.perf_counter() - start) / reps * 1e3
+def _ms(fn, reps: int) -> float:
+    """Mean ms per call over `reps` calls (after one warm-up call)."""
+    return benchmark.Timer(stmt="fn()", globals={"fn": fn}).timeit(reps).mean * 1e3
 
 
 def _layers(n: int, k: int) -> dict[str, tuple[nn.Module, torch.dtype, int]]:
@@ -56,9 +52,9 @@ def _layers(n: int, k: int) -> dict[str, tuple[nn.Module, torch.dtype, int]]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", nargs="+", default=["2048x2048", "16384x2048"], help="out x in")
-    p.add_argument("--rows", type=int, nargs="+", default=[1, 8, 512])
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 8, 512], help="activation rows (tokens)")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (median taken)")
     p.add_argument("--reps", type=int, default=10)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -76,7 +72,7 @@ def main() -> None:
                 for _ in range(args.rounds):
                     for name, (lin, dtype, _) in layers.items():
                         xd = x.to(dtype)
-                        times[name].append(_time(lambda: lin(xd), args.reps))
+                        times[name].append(_ms(lambda: lin(xd), args.reps))
             med = {name: statistics.median(t) for name, t in times.items()}
             ratio = med["w8a8"] / min(med["float32"], med["bf16"])
             mib = "/".join(f"{layers[nm][2] / 2**20:.0f}" for nm in ("float32", "bf16", "w8a8"))

@@ -168,3 +168,35 @@ def test_checkpoint_stream_makes_linears_int8_and_widens_the_rest():
         list(refuse_scales([("proj.weight_scale", s)]))
     with pytest.raises(ValueError, match="int8 tensor in a checkpoint whose config.json has no"):
         list(refuse_scales([("proj.weight", q)]))
+
+
+def test_online_quantization_scope_and_refusals():
+    from types import SimpleNamespace
+
+    from torch import nn
+
+    from sglang.srt.layers.quantization.online import quantize_online
+
+    model = nn.Module()
+    model.config = SimpleNamespace()
+    model.layers = nn.ModuleList([nn.Module()])
+    model.layers[0].o_proj = ReplicatedLinear(32, 16)
+    model.layers[0].kv_b_proj = ReplicatedLinear(32, 16)
+    model.lm_head = ReplicatedLinear(32, 16)
+    model.fp8_unquantized_modules = ("kv_b_proj",)
+    w = model.layers[0].o_proj.weight.detach().clone()
+    with pytest.raises(
+        ValueError, match="--quantization fp8: online quantization is built for w8a8_int8 only"
+    ):
+        quantize_online(model, "fp8")
+    assert quantize_online(model, None) == 0
+    assert quantize_online(model, "w8a8_int8") == 1  # decoder linears only; kv_b_proj kept float
+    o = model.layers[0].o_proj
+    q, s = channel_quantize_int8(w)
+    assert o.weight.dtype == torch.int8 and torch.equal(o.weight, q) and torch.equal(o.weight_scale, s)
+    assert (
+        model.layers[0].kv_b_proj.weight.dtype == torch.float32
+        and model.lm_head.weight.dtype == torch.float32
+    )
+    model.config = SimpleNamespace(quantization_config=W8A8_INT8)  # a quantized checkpoint: its own format
+    assert quantize_online(model, "w8a8_int8") == 0

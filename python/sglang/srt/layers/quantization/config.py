@@ -63,12 +63,12 @@ def quant_spec_from_config(hf_config: Any, flag: Optional[str] = None) -> Option
     check_quantization_flag(flag)
     qc = _as_dict(hf_config)
     if not qc:
-        if flag is not None:
+        if flag is not None and flag != W8A8_INT8:
             raise ValueError(
                 f"--quantization {flag} does not match the checkpoint, which is not quantized "
-                f"(no quantization_config): online quantization is not built yet (issue 30)"
+                f"(no quantization_config): online quantization is built for {W8A8_INT8} only (issue 30)"
             )
-        return None
+        return None  # unquantized (with --quantization w8a8_int8: quantized after loading, online.py)
     method = str(qc.get("quant_method", "")).lower()
     if method not in SUPPORTED_METHODS:
         raise ValueError(

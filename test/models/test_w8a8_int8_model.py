@@ -6,10 +6,14 @@ run through the scheduler:
   quantized per token and widened back, `fake_quant_linears`): greedy tokens identical, every
   step's logits within 1e-4 (the int32 GEMM is exact; only float32 sum order differs);
 - against the plain float32 dequantized model (no activation quantization): the first step's
-  logits within 0.3 (the error of int8 activations through 4 random layers; the logits span ~6).
+  logits within 0.3 (the error of int8 activations through 4 random layers; the logits span ~6);
+- `--quantization w8a8_int8` on the float checkpoint the int8 one was made from (online
+  quantization after loading): the same int8 weights and scales, so the same tokens and logits.
 """
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
@@ -23,8 +27,8 @@ FLOAT_TOL = 0.3
 PROMPTS = [[5, 17, 33, 9, 101, 64, 7], [200, 3, 44, 12, 90, 91, 92, 93, 15, 8, 77, 31, 2]]
 
 
-def _run(path: str, fake_quant: bool = False) -> SchedulerHarness:
-    h = SchedulerHarness(model_path=path, max_total_tokens=512)
+def _run(path: str, fake_quant: bool = False, **kwargs) -> SchedulerHarness:
+    h = SchedulerHarness(model_path=path, max_total_tokens=512, **kwargs)
     if fake_quant:
         assert fake_quant_linears(h.scheduler.runner.model) == 16  # 4 layers x qkv, o, gate_up, down
     for p in PROMPTS:
@@ -51,3 +55,18 @@ def test_w8a8_int8_matches_quantized_math_and_stays_near_float(tmp_path, fmt):
         assert diff <= SAME_MATH_TOL, f"{rid}: logits max abs diff {diff} against the same quantized math"
         first = float((ours.logits[rid][0] - plain.logits[rid][0]).abs().max())
         assert 0 < first <= FLOAT_TOL, f"{rid}: first-step logits {first} from the float32 model"
+
+
+def test_online_w8a8_int8_equals_the_int8_checkpoint(tmp_path):
+    q_dir, _ = save_w8a8_pair(tmp_path)
+    offline, online = _run(q_dir), _run(os.path.join(tmp_path, "src"), quantization="w8a8_int8")
+    model = online.scheduler.runner.model
+    layer = model.model._stage_layers[3]
+    assert (
+        layer.mlp.down_proj.weight.dtype == torch.int8 and layer.self_attn.qkv_proj.weight.dtype == torch.int8
+    )
+    assert model.lm_head.weight.dtype == torch.float32
+    for rid in offline.outputs:
+        assert online.outputs[rid] == offline.outputs[rid]
+        for a, b in zip(online.logits[rid], offline.logits[rid]):
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
