@@ -74,7 +74,9 @@ def test_w8a8_int8_parallel_matches_quantized_math_at_tp1(pairs, monkeypatch):
         assert len({tuple(t) for t in refs[model][1]["tokens"]}) == 3  # not degenerate
         tp1 = cp_moe_driver.generate(q_dir, ParallelGroups.single(), "zigzag", NEW_TOKENS)
         _same(tp1, refs[model][1], f"{model} tp1")
-        assert tp1["param_bytes"] < 0.75 * refs[model][1]["param_bytes"]  # 1-byte linear weights
+        # 1-byte linear weights (the tiny llama's float32 embeddings and head are a third of it);
+        # the V3.2's routed experts in int8 too
+        assert tp1["param_bytes"] < (0.75 if model == "llama" else 0.5) * refs[model][1]["param_bytes"]
     results = run_ranks(_ranks, 2, args=([pairs[m][0] for m in MODELS],), timeout=500)
     for rank, runs in enumerate(results):
         for i, got in enumerate(runs):

@@ -1,4 +1,4 @@
-"""FP8 block-quantized routed experts (issue 30): loaded through the checkpoint stream they stay in
+"""FP8 block-quantized (and W8A8-INT8) routed experts (issue 30): loaded through the checkpoint stream they stay in
 1 byte with per-expert block scales, and compute what the torch expert loop computes on the
 dequantized weights; experts whose gate / up boundary falls inside a block are widened at load."""
 
@@ -63,3 +63,38 @@ def test_fp8_experts_across_a_block_are_widened_at_load():
     moe, w13, w2 = _load(24, (16, 16))  # gate / up boundary at row 24: inside a 16-row block
     assert moe.quant_method is None and moe.w13_weight.dtype == torch.float32
     assert torch.equal(moe.w13_weight, w13) and torch.equal(moe.w2_weight, w2)
+
+
+def test_int8_experts_stay_one_byte_and_match_the_quantized_loop():
+    from sglang.srt.layers.quantization.w8a8_int8 import channel_quantize_int8
+    from sglang.srt.layers.quantization.w8a8_load import Int8CheckpointStream
+    from sglang.test.tiny_w8a8_models import FakeQuantReference
+
+    model = nn.Module()
+    model.mlp = nn.Module()
+    model.mlp.experts = FusedMoE(E, H, 32, None, None, torch.float32)
+    gen = torch.Generator().manual_seed(7)
+    tensors, dense = [], {}
+    for e in range(E):
+        for p, shape in (("gate_proj", (32, H)), ("up_proj", (32, H)), ("down_proj", (H, 32))):
+            q, s = channel_quantize_int8(torch.randn(shape, generator=gen) * 0.2)
+            tensors += [(f"mlp.experts.{e}.{p}.weight", q), (f"mlp.experts.{e}.{p}.weight_scale", s)]
+            dense[(e, p)] = q.float() * s
+    params = dict(model.named_parameters())
+    loaded: set[str] = set()
+    for name, t in Int8CheckpointStream(model, (), lambda i: True, params)(tensors):
+        pname, shard = match_expert_weight(name)
+        load_param(params, pname, t, shard, loaded)
+    moe = model.mlp.experts
+    assert moe.w13_weight.dtype == torch.int8 and moe.w2_weight_scale.shape == (E, H, 1)
+    x = torch.randn(9, H, generator=gen)
+    ids = torch.randint(0, E, (9, 2), generator=gen)
+    weights = torch.rand(9, 2, generator=gen)
+    got = moe(x, weights, ids)
+    ref = FusedMoE(E, H, 32, None, None, torch.float32)
+    ref.w13_weight.data.copy_(
+        torch.stack([torch.cat([dense[(e, "gate_proj")], dense[(e, "up_proj")]]) for e in range(E)])
+    )
+    ref.w2_weight.data.copy_(torch.stack([dense[(e, "down_proj")] for e in range(E)]))
+    ref.quant_method = FakeQuantReference()
+    torch.testing.assert_close(got, ref(x, weights, ids), atol=1e-5, rtol=1e-5)

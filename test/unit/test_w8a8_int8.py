@@ -17,15 +17,16 @@ from sglang.srt.layers.linear import (
     ReplicatedLinear,
     RowParallelLinear,
 )
+from sglang.srt.layers.moe.experts import FusedMoE
 from sglang.srt.layers.quantization.config import QuantSpec, quant_spec_from_config
 from sglang.srt.layers.quantization.w8a8_int8 import (
-    Int8CheckpointStream,
     W8A8Int8LinearMethod,
     channel_quantize_int8,
     int8_mm_blockwise,
     per_token_quant_int8,
     w8a8_int8_linear,
 )
+from sglang.srt.layers.quantization.w8a8_load import Int8CheckpointStream
 from sglang.srt.platforms.kernel_dispatch import int8_mm_op
 from sglang.test.tiny_w8a8_models import COMPRESSED_TENSORS_W8A8, W8A8_INT8
 
@@ -184,13 +185,21 @@ def test_online_quantization_scope_and_refusals():
     model.layers[0].kv_b_proj = ReplicatedLinear(32, 16)
     model.lm_head = ReplicatedLinear(32, 16)
     model.fp8_unquantized_modules = ("kv_b_proj",)
+    moe = model.layers[0].experts = FusedMoE(4, 32, 16, None, None, torch.float32)
+    torch.manual_seed(2)
+    moe.w13_weight.data.normal_(0, 0.2)
+    moe.w2_weight.data.normal_(0, 0.2)
+    x, ids, gates = torch.randn(6, 32), torch.randint(0, 4, (6, 2)), torch.rand(6, 2)
+    float_out = moe(x, gates, ids)
     w = model.layers[0].o_proj.weight.detach().clone()
     with pytest.raises(
         ValueError, match="--quantization fp8: online quantization is built for w8a8_int8 only"
     ):
         quantize_online(model, "fp8")
     assert quantize_online(model, None) == 0
-    assert quantize_online(model, "w8a8_int8") == 1  # decoder linears only; kv_b_proj kept float
+    assert quantize_online(model, "w8a8_int8") == 2  # decoder linears and experts; kv_b_proj kept float
+    assert moe.w13_weight.dtype == torch.int8 and moe.w2_weight_scale.shape == (4, 32, 1)
+    torch.testing.assert_close(moe(x, gates, ids), float_out, atol=0.05, rtol=0.05)
     o = model.layers[0].o_proj
     q, s = channel_quantize_int8(w)
     assert o.weight.dtype == torch.int8 and torch.equal(o.weight, q) and torch.equal(o.weight_scale, s)

@@ -62,24 +62,37 @@ class FakeQuantReference:
     def __init__(self, row_shards: int = 1):
         self.row_shards = row_shards
 
-    def apply(self, layer, x, bias):
+    def _fake(self, x, shards: int):
+        from sglang.srt.layers.quantization.w8a8_int8 import per_token_quant_int8
+
+        rows = x.reshape(-1, x.shape[-1] // shards)
+        q, s = per_token_quant_int8(rows)
+        return (q.float() * s).reshape(x.shape).to(x.dtype)
+
+    def apply(self, layer, x, *args):
+        """A linear's (x, bias) or a FusedMoE's (x, topk_weights, topk_ids), whose down projection
+        is row-parallel over the MoE-tp ranks."""
         import torch.nn.functional as F
 
         from sglang.srt.layers.linear import RowParallelLinear
-        from sglang.srt.layers.quantization.w8a8_int8 import per_token_quant_int8
+        from sglang.srt.layers.moe.experts import FusedMoE, fused_experts_ref
 
+        if isinstance(layer, FusedMoE):
+
+            def linear(rows, w, e):
+                return F.linear(self._fake(rows, self.row_shards if w is layer.w2_weight else 1), w[e])
+
+            return fused_experts_ref(x, layer.w13_weight, layer.w2_weight, *args, layer.expert_start, linear)
         shards = self.row_shards if isinstance(layer, RowParallelLinear) else 1
-        rows = x.reshape(-1, shards, x.shape[-1] // shards)
-        q, s = per_token_quant_int8(rows.reshape(-1, rows.shape[-1]))
-        xq = (q.float() * s).reshape(x.shape).to(x.dtype)
-        return F.linear(xq, layer.weight, bias)
+        return F.linear(self._fake(x, shards), layer.weight, args[0])
 
 
 def fake_quant_linears(model, row_shards: int = 1) -> int:
-    """Install `FakeQuantReference` on every linear of `model` that the int8 checkpoint holds in
-    int8 (the weights `save_w8a8_pair` quantizes, less those its model reads as plain tensors);
-    returns how many."""
+    """Install `FakeQuantReference` on every linear and routed-expert block of `model` that the
+    int8 checkpoint holds in int8 (the weights `save_w8a8_pair` quantizes, less those its model
+    reads as plain tensors); returns how many."""
     from sglang.srt.layers.linear import LinearBase
+    from sglang.srt.layers.moe.experts import FusedMoE
 
     n = 0
     method = FakeQuantReference(row_shards)
@@ -91,6 +104,9 @@ def fake_quant_linears(model, row_shards: int = 1) -> int:
             and name.rsplit(".", 1)[-1] not in skip
             and is_quantized("model.layers.0." + local + ".weight", 2)
         ):
+            m.quant_method = method
+            n += 1
+        elif isinstance(m, FusedMoE):  # routed experts: all quantized
             m.quant_method = method
             n += 1
     return n

@@ -16,14 +16,17 @@ do not fit are widened once at load instead (`fits`).
 from __future__ import annotations
 
 import torch
-from torch import nn
 
-from sglang.srt.layers.moe.experts import FusedMoE, fused_experts_ref
+from sglang.srt.layers.moe.experts import FusedMoE
 from sglang.srt.layers.quantization.fp8_block import FP8_DTYPE, _ceil_div, fp8_block_linear
+from sglang.srt.layers.quantization.moe_quant import QuantMoEMethod
 
 
-class Fp8BlockMoEMethod:
+class Fp8BlockMoEMethod(QuantMoEMethod):
     """Holds a FusedMoE's expert weights as FP8 with block scales; FusedMoE calls `apply`."""
+
+    weight_dtype = FP8_DTYPE
+    scale_suffix = "_scale_inv"
 
     def __init__(self, block: tuple[int, int]):
         self.block = (int(block[0]), int(block[1]))
@@ -35,19 +38,13 @@ class Fp8BlockMoEMethod:
         i_loc = moe.intermediate_per_partition
         return i_loc % bn == 0 and (moe.tp_size == 1 or i_loc % bk == 0)
 
-    def create_weights(self, moe: FusedMoE) -> None:
+    def scale_shapes(self, moe: FusedMoE) -> tuple[tuple[int, ...], tuple[int, ...]]:
         bn, bk = self.block
         e, h, i_loc = moe.num_local_experts, moe.hidden_size, moe.intermediate_per_partition
-        for name, shape, scale_shape in (
-            ("w13_weight", (e, 2 * i_loc, h), (e, 2 * i_loc // bn, _ceil_div(h, bk))),
-            ("w2_weight", (e, h, i_loc), (e, _ceil_div(h, bn), _ceil_div(i_loc, bk))),
-        ):
-            weight = nn.Parameter(torch.empty(shape, dtype=FP8_DTYPE), requires_grad=False)
-            weight.weight_loader = moe.weight_loader  # type: ignore[attr-defined]
-            setattr(moe, name, weight)
-            scale = nn.Parameter(torch.ones(scale_shape, dtype=torch.float32), requires_grad=False)
-            setattr(moe, name + "_scale_inv", scale)
-        moe.quant_method = self
+        return (e, 2 * i_loc // bn, _ceil_div(h, bk)), (e, _ceil_div(h, bn), _ceil_div(i_loc, bk))
+
+    def expert_linear(self, rows: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        return fp8_block_linear(rows, weight, scale, self.block)
 
     def load_scale(self, moe: FusedMoE, kind: str, expert: int, scale: torch.Tensor) -> None:
         """Copy this rank's part of expert `expert`'s gate ("w1") / up ("w3") / down ("w2") scale
@@ -73,15 +70,3 @@ class Fp8BlockMoEMethod:
             src = scale.narrow(0, r * n, n)
             dst = moe.w13_weight_scale_inv.data[local].narrow(0, 0 if kind == "w1" else n, n)
         dst.copy_(src)
-
-    def apply(
-        self, moe: FusedMoE, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
-    ) -> torch.Tensor:
-        scales = {id(moe.w13_weight): moe.w13_weight_scale_inv, id(moe.w2_weight): moe.w2_weight_scale_inv}
-
-        def linear(rows: torch.Tensor, w: torch.Tensor, e: int) -> torch.Tensor:
-            return fp8_block_linear(rows, w[e], scales[id(w)][e], self.block)
-
-        return fused_experts_ref(
-            x, moe.w13_weight, moe.w2_weight, topk_weights, topk_ids, moe.expert_start, linear
-        )

@@ -10,7 +10,7 @@ from torch import nn
 
 from sglang.srt.layers.quantization.config import W8A8_INT8, QuantSpec
 from sglang.srt.layers.quantization.fp8_load import Fp8CheckpointStream, refuse_scales
-from sglang.srt.layers.quantization.w8a8_int8 import Int8CheckpointStream
+from sglang.srt.layers.quantization.w8a8_load import Int8CheckpointStream
 
 
 def quantized_weights(

@@ -24,7 +24,6 @@ import torch
 from torch import nn
 
 from sglang.srt.layers.linear import LinearBase, ReplicatedLinear, RowParallelLinear
-from sglang.srt.layers.quantization.checkpoint_stream import QuantCheckpointStream
 from sglang.srt.platforms.kernel_dispatch import int8_mm_op
 
 INT8_MAX = 127.0
@@ -121,17 +120,3 @@ def _scale_loader(layer: LinearBase, name: str):
             layer.weight_loader(param, loaded, shard_id)
 
     return load
-
-
-class Int8CheckpointStream(QuantCheckpointStream):
-    """A W8A8-INT8 checkpoint's stream: every linear (fused QKV and gate/up included) whose weight
-    is int8 keeps it in 1 byte; int8 weights of other modules (routed experts, DeepSeek's kv_b_proj)
-    are widened once at load (weight x its row's scale)."""
-
-    label = "int8"
-    quant_dtype = torch.int8
-    scale_suffix = "_scale"
-    method = W8A8Int8LinearMethod()
-
-    def dequant(self, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-        return weight.float() * scale.float().reshape(-1, 1)
