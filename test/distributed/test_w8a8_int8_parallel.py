@@ -1,7 +1,7 @@
 """The tiny llama and the tiny DeepSeek-V3.2, quantized to W8A8-INT8 (`sglang.test.tiny_w8a8_models`,
 SGLang's `w8a8_int8` format), on gloo ranks at tp 2 (int8 weights and their per-row scales sharded
-together; each row-parallel rank quantizes its own slice of the activation, as upstream does) and
-pp 2: greedy tokens identical to the same quantized math run in float32 torch at tp 1 on the
+together; each row-parallel rank quantizes its own slice of the activation, as upstream does), the
+V3.2 at tp 2 + ep 2 (whole int8 experts per rank), and pp 2: greedy tokens identical to the same quantized math run in float32 torch at tp 1 on the
 dequantized twin (`fake_quant_linears`, its row-parallel activations quantized per slice of K / tp),
 and each step's logits: at least 90 % of the rows within 1e-4, every row within 0.05. (The int32
 GEMM is exact and the rest differs by float32 sum order, ~1e-6; but an activation that sits on an
@@ -26,7 +26,7 @@ TOL = 1e-4  # most rows
 ROW_SHARE = 0.9  # share of each step's rows within TOL
 FLIP_TOL = 0.05  # every row (one activation rounded the other way)
 NEW_TOKENS = 8
-LAYOUTS = ({"tp": 2}, {"pp": 2})
+LAYOUTS = ({"tp": 2}, {"tp": 2, "moe_ep": 2}, {"pp": 2})
 MODELS = ("llama", "v32")
 
 
@@ -48,18 +48,25 @@ def _same(got: dict, ref: dict, tag: str) -> None:
 def _ranks(rank: int, world_size: int, paths: list) -> list:
     return [
         cp_moe_driver.generate(path, ParallelGroups.build(ParallelLayout(**lay), rank), "zigzag", NEW_TOKENS)
-        for path in paths
+        for path, model in zip(paths, MODELS)
         for lay in LAYOUTS
+        if model == "v32" or "moe_ep" not in lay
     ]
 
 
-def _reference(monkeypatch, path: str, row_shards: int) -> dict:
+def _shards(lay: dict) -> tuple[int, int]:
+    """(row-parallel slices, MoE-tp slices) of a layout's activations (ep: whole experts)."""
+    tp = lay.get("tp", 1)
+    return tp, tp // lay.get("moe_ep", 1)
+
+
+def _reference(monkeypatch, path: str, shards: tuple[int, int]) -> dict:
     """The quantized math in float32 torch at tp 1, on the dequantized twin."""
     load = cp_moe_driver.load_model
 
     def load_fake_quant(p, groups):
         hf_config, model = load(p, groups)
-        assert fake_quant_linears(model, row_shards) > 0
+        assert fake_quant_linears(model, *shards) > 0
         return hf_config, model
 
     with monkeypatch.context() as m:
@@ -70,17 +77,18 @@ def _reference(monkeypatch, path: str, row_shards: int) -> dict:
 def test_w8a8_int8_parallel_matches_quantized_math_at_tp1(pairs, monkeypatch):
     refs = {}
     for model, (q_dir, deq_dir) in pairs.items():
-        refs[model] = {shards: _reference(monkeypatch, deq_dir, shards) for shards in (1, 2)}
-        assert len({tuple(t) for t in refs[model][1]["tokens"]}) == 3  # not degenerate
+        refs[model] = {sh: _reference(monkeypatch, deq_dir, sh) for sh in {(1, 1), *map(_shards, LAYOUTS)}}
+        assert len({tuple(t) for t in refs[model][(1, 1)]["tokens"]}) == 3  # not degenerate
         tp1 = cp_moe_driver.generate(q_dir, ParallelGroups.single(), "zigzag", NEW_TOKENS)
-        _same(tp1, refs[model][1], f"{model} tp1")
+        _same(tp1, refs[model][(1, 1)], f"{model} tp1")
         # 1-byte linear weights (the tiny llama's float32 embeddings and head are a third of it);
         # the V3.2's routed experts in int8 too
-        assert tp1["param_bytes"] < (0.75 if model == "llama" else 0.5) * refs[model][1]["param_bytes"]
+        assert tp1["param_bytes"] < (0.75 if model == "llama" else 0.5) * refs[model][(1, 1)]["param_bytes"]
     results = run_ranks(_ranks, 2, args=([pairs[m][0] for m in MODELS],), timeout=500)
+    runs_of = [(m, lay) for m in MODELS for lay in LAYOUTS if m == "v32" or "moe_ep" not in lay]
     for rank, runs in enumerate(results):
-        for i, got in enumerate(runs):
-            model, lay = MODELS[i // len(LAYOUTS)], LAYOUTS[i % len(LAYOUTS)]
+        assert len(runs) == len(runs_of)
+        for (model, lay), got in zip(runs_of, runs):
             if "pp" in lay and rank == 0:
                 continue  # the first pipeline stage computes no logits
-            _same(got, refs[model][lay.get("tp", 1)], f"w8a8 {model} {lay} rank {rank}")
+            _same(got, refs[model][_shards(lay)], f"w8a8 {model} {lay} rank {rank}")

@@ -59,8 +59,10 @@ class FakeQuantReference:
     for row-parallel layers, as each of that many tp ranks quantizes its own slice), then
     multiplied by the float32 (already dequantized) weight."""
 
-    def __init__(self, row_shards: int = 1):
+    def __init__(self, row_shards: int = 1, moe_row_shards: int = -1):
+        """`moe_row_shards`: the MoE-tp size (the routed experts' down projection); -1: row_shards."""
         self.row_shards = row_shards
+        self.moe_row_shards = row_shards if moe_row_shards < 0 else moe_row_shards
 
     def _fake(self, x, shards: int):
         from sglang.srt.layers.quantization.w8a8_int8 import per_token_quant_int8
@@ -80,14 +82,14 @@ class FakeQuantReference:
         if isinstance(layer, FusedMoE):
 
             def linear(rows, w, e):
-                return F.linear(self._fake(rows, self.row_shards if w is layer.w2_weight else 1), w[e])
+                return F.linear(self._fake(rows, self.moe_row_shards if w is layer.w2_weight else 1), w[e])
 
             return fused_experts_ref(x, layer.w13_weight, layer.w2_weight, *args, layer.expert_start, linear)
         shards = self.row_shards if isinstance(layer, RowParallelLinear) else 1
         return F.linear(self._fake(x, shards), layer.weight, args[0])
 
 
-def fake_quant_linears(model, row_shards: int = 1) -> int:
+def fake_quant_linears(model, row_shards: int = 1, moe_row_shards: int = -1) -> int:
     """Install `FakeQuantReference` on every linear and routed-expert block of `model` that the
     int8 checkpoint holds in int8 (the weights `save_w8a8_pair` quantizes, less those its model
     reads as plain tensors); returns how many."""
@@ -95,7 +97,7 @@ def fake_quant_linears(model, row_shards: int = 1) -> int:
     from sglang.srt.layers.moe.experts import FusedMoE
 
     n = 0
-    method = FakeQuantReference(row_shards)
+    method = FakeQuantReference(row_shards, moe_row_shards)
     skip = set(getattr(model, "fp8_unquantized_modules", ()))
     for name, m in model.named_modules():
         local = name.removeprefix("model.").split(".", 2)[-1] if ".layers." in name else name
