@@ -72,6 +72,7 @@ def test_int8_gemm_against_float_math(m, n, k):
     b = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=gen)
     ref = a.long() @ b.long().t()
     assert torch.equal(int8_mm_blockwise(a, b.t(), tile_rows=512).long(), ref)  # exact past 2**24
+    assert int8_mm_op(torch.device("meta")) is None  # no int8 GEMM there: the fallback
     op = int8_mm_op(torch.device("cpu"))
     if op is not None:
         assert torch.equal(op(a, b.t()).long(), ref)
