@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 from safetensors import safe_open
@@ -30,10 +30,11 @@ def write_quantized_pair(
     select: Callable[[str, torch.Tensor], bool],
     quantize: Quantize,
     quant_config: dict,
-) -> tuple[str, str]:
-    """(quantized checkpoint dir, dequantized float checkpoint dir)."""
+    dequant: bool = True,
+) -> tuple[str, Optional[str]]:
+    """(quantized checkpoint dir, dequantized float checkpoint dir or None without `dequant`)."""
     q_dir, deq_dir = os.path.join(str(out_dir), tag), os.path.join(str(out_dir), "dequant")
-    for d in (q_dir, deq_dir):
+    for d in (q_dir, deq_dir) if dequant else (q_dir,):
         shutil.copytree(src, d, ignore=shutil.ignore_patterns("*.safetensors*"))
     quantized, deq = {}, {}
     with safe_open(os.path.join(src, "model.safetensors"), framework="pt") as f:
@@ -46,11 +47,12 @@ def write_quantized_pair(
             else:
                 quantized[name] = deq[name] = t
     save_file(quantized, os.path.join(q_dir, "model.safetensors"), metadata={"format": "pt"})
-    save_file(deq, os.path.join(deq_dir, "model.safetensors"), metadata={"format": "pt"})
+    if dequant:
+        save_file(deq, os.path.join(deq_dir, "model.safetensors"), metadata={"format": "pt"})
     cfg_path = os.path.join(q_dir, "config.json")
     with open(cfg_path) as f:
         cfg = json.load(f)
     cfg["quantization_config"] = quant_config
     with open(cfg_path, "w") as f:
         json.dump(cfg, f, indent=2)
-    return q_dir, deq_dir
+    return q_dir, deq_dir if dequant else None
