@@ -37,8 +37,8 @@ from sglang.srt.model_executor.memory_budget import KVPoolPlan, MemoryReading, p
 from sglang.srt.layers.layernorm import use_float32_residual
 from sglang.srt.layers.linear_float32_out import use_float32_logits
 from sglang.srt.layers.linear_prepack import prepack_linear_weights
-from sglang.srt.platforms import get_platform
 from sglang.srt.layers.quantization.online import quantize_online
+from sglang.srt.platforms import get_platform
 from sglang.srt.model_loader.loader import load_model_weights
 from sglang.srt.models.registry import ModelRegistry
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo

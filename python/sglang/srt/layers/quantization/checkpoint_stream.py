@@ -3,10 +3,13 @@
 `QuantCheckpointStream` wraps the (name, tensor) stream of a checkpoint. The first quantized weight
 (the format's 1-byte dtype) or scale (`<module>.weight<scale_suffix>`) of a linear layer the method
 serves turns that layer quantized (`method.create_weights`, before any of its tensors loads), and
-its weights and scales pass through unchanged. Layers the method does not serve get their weight
-dequantized once, at load (weight and scale paired as they arrive), and hold a widened copy: the
-modules the model reads as plain tensors (`model.fp8_unquantized_modules`, e.g. DeepSeek's
-kv_b_proj, absorbed into the attention), routed experts, and whatever the format excludes.
+its weights and scales pass through unchanged. Routed experts (`FusedMoE`) likewise through
+`moe_method` where it fits them: their weights go on to the experts' loader, their per-expert
+scales are loaded here (`moe_method.load_scale`). Modules the methods do not serve get their
+weight dequantized once, at load (weight and scale paired as they arrive), and hold a widened copy:
+the modules the model reads as plain tensors (`model.fp8_unquantized_modules`, e.g. DeepSeek's
+kv_b_proj, absorbed into the attention), experts whose scale blocks do not fit, and whatever the
+format excludes.
 Tensors of layers outside this pipeline stage pass through untouched (the loader skips them).
 """
 

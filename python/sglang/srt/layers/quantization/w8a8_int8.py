@@ -75,7 +75,11 @@ def w8a8_int8_linear(
     x_q, x_scale = per_token_quant_int8(x2)
     if mm is None:
         mm = int8_mm_op(x.device) or int8_mm_blockwise
-    acc = mm(x_q, weight.t()) if x2.shape[0] else torch.zeros(0, weight.shape[0], dtype=torch.int32)
+    acc = (
+        mm(x_q, weight.t())
+        if x2.shape[0]
+        else torch.zeros(0, weight.shape[0], dtype=torch.int32, device=x.device)
+    )
     out = (acc.float() * x_scale * weight_scale.reshape(1, -1).float()).to(x.dtype)
     if bias is not None:
         out = out + bias
