@@ -80,7 +80,7 @@ def w8a8_int8_linear(
         if x2.shape[0]
         else torch.zeros(0, weight.shape[0], dtype=torch.int32, device=x.device)
     )
-    out = (acc.float() * x_scale * weight_scale.reshape(1, -1).float()).to(x.dtype)
+    out = acc.float().mul_(x_scale).mul_(weight_scale.reshape(1, -1)).to(x.dtype)
     if bias is not None:
         out = out + bias
     return out.reshape(*shape[:-1], weight.shape[0])
