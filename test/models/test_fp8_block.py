@@ -45,6 +45,10 @@ def test_fp8_checkpoint_matches_dequantized_float32(pair):
     ):
         assert lin.weight.dtype == FP8_DTYPE and lin.weight_scale_inv.dtype == torch.float32
     assert attn.kv_b_proj.weight.dtype == torch.float32  # absorbed: widened once at load
+    experts = layer.mlp.experts  # routed experts: 1 byte with a block scale per expert and piece
+    assert experts.w13_weight.dtype == FP8_DTYPE and experts.w2_weight.dtype == FP8_DTYPE
+    assert experts.w13_weight_scale_inv.shape == (8, 2 * 32 // 16, 64 // 16)
+    assert experts.w2_weight_scale_inv.shape == (8, 64 // 16, 32 // 16)
     dense = model.model._stage_layers[0].mlp
     assert dense.gate_up_proj.weight.dtype == FP8_DTYPE
     assert dense.gate_up_proj.weight_scale_inv.shape == (2 * 128 // 16, 64 // 16)

@@ -31,9 +31,15 @@ def test_quant_config_accepts_fp8_and_refuses_others():
     assert quant_spec_from_config({"quantization_config": FP8_CFG}, "fp8").method == "fp8"
     assert quant_spec_from_config({}) is None
     for method in ("awq", "gptq", "bitsandbytes"):
-        with pytest.raises(ValueError, match=rf"quant_method '{method}' is not supported; supported: fp8"):
+        with pytest.raises(
+            ValueError, match=rf"quant_method '{method}' is not supported; supported: fp8 .*, w8a8_int8"
+        ):
             quant_spec_from_config({"quantization_config": {"quant_method": method}})
-    with pytest.raises(ValueError, match="w8a8_int8: not built yet \\(issue 30\\)"):
+    with pytest.raises(ValueError, match="w8a8_fp8: not built yet \\(issue 30\\)"):
+        quant_spec_from_config({"quantization_config": FP8_CFG}, "w8a8_fp8")
+    with pytest.raises(
+        ValueError, match="--quantization w8a8_int8 does not match the checkpoint's quant_method 'fp8'"
+    ):
         quant_spec_from_config({"quantization_config": FP8_CFG}, "w8a8_int8")
     with pytest.raises(ValueError, match="--quantization fp8 does not match .* not quantized"):
         quant_spec_from_config({}, "fp8")
@@ -138,9 +144,9 @@ def test_quantization_flag_checked_against_checkpoint_at_startup():
         ValueError, match="--quantization fp8 does not match the checkpoint, which is not quantized"
     ):
         check_server_args_against_model(args)
-    args = ServerArgs(model_path=TINY_LLAMA_DIR, quantization="w8a8_int8")
-    with pytest.raises(ValueError, match="w8a8_int8: not built yet"):
-        check_server_args_against_model(args)
+    with pytest.raises(ValueError, match="online quantization is built for w8a8_int8 only"):
+        check_server_args_against_model(ServerArgs(model_path=TINY_LLAMA_DIR, quantization="fp8"))
+    check_server_args_against_model(ServerArgs(model_path=TINY_LLAMA_DIR, quantization="w8a8_int8"))  # online
 
 
 def test_checkpoint_stream_makes_linears_fp8_and_pairs_the_rest():

@@ -37,6 +37,7 @@ from sglang.srt.model_executor.memory_budget import KVPoolPlan, MemoryReading, p
 from sglang.srt.layers.layernorm import use_float32_residual
 from sglang.srt.layers.linear_float32_out import use_float32_logits
 from sglang.srt.layers.linear_prepack import prepack_linear_weights
+from sglang.srt.layers.quantization.online import quantize_online
 from sglang.srt.platforms import get_platform
 from sglang.srt.model_loader.loader import load_model_weights
 from sglang.srt.models.registry import ModelRegistry
@@ -147,6 +148,7 @@ class ModelRunner:
         load_model_weights(
             model, server_args.model_path, server_args.load_format, self.dtype, server_args.random_seed
         )
+        quantize_online(model, server_args.quantization)  # --quantization on an unquantized checkpoint
         model.eval()
         # Shard Linear (issue 18): drop the q_b / o_proj other cp ranks own
         if server_args.enable_shard_linear:

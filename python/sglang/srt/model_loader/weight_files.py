@@ -35,9 +35,10 @@ _FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 def cast_floating(tensor: torch.Tensor, dtype: Optional[torch.dtype], name: str = "") -> torch.Tensor:
     """`tensor` in `dtype` when it is a floating tensor (integer tensors keep theirs); None: unchanged.
-    Quantized checkpoints keep their FP8 weights (1 byte) and block scales (`*_scale_inv`) as stored."""
+    Quantized checkpoints keep their FP8 weights (1 byte) and scales (FP8 `*_scale_inv`, int8
+    `*.weight_scale`) as stored."""
     if dtype is None or not tensor.is_floating_point() or tensor.dtype == dtype:
         return tensor
-    if tensor.dtype in _FP8_DTYPES or name.endswith("_scale_inv"):
+    if tensor.dtype in _FP8_DTYPES or name.endswith(("_scale_inv", ".weight_scale")):
         return tensor
     return tensor.to(dtype)

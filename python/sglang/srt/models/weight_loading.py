@@ -5,8 +5,8 @@ Each tensor goes to one parameter: routed-expert weights through the experts' lo
 fused piece, shard id; the model's stacked-params table), everything else by its own name. Tied
 embeddings and the layers of other pipeline stages (or past num_hidden_layers, e.g. DeepSeek's MTP
 layers) are handled once here. Each parameter's `weight_loader` takes the FULL tensor and copies
-this rank's slice. An FP8 block-quantized checkpoint (`quantization_config`) goes through
-`layers/quantization/fp8_load.Fp8CheckpointStream` first; block scales elsewhere are refused.
+this rank's slice. A quantized checkpoint (`quantization_config`: FP8 block, W8A8-INT8) goes through
+`layers/quantization/loading.quantized_weights` first; quantization scales elsewhere are refused.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from torch import nn
 
 from sglang.srt.layers.moe.experts import match_expert_weight
 from sglang.srt.layers.quantization.config import quant_spec_from_config
-from sglang.srt.layers.quantization.fp8_load import Fp8CheckpointStream, refuse_scales
+from sglang.srt.layers.quantization.loading import quantized_weights
 from sglang.srt.models.checkpoint_specs import StackedParam
 
 LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.")
@@ -41,10 +41,8 @@ def load_checkpoint_weights(
     start, end = layers
     loaded: set[str] = set()
     spec = quant_spec_from_config(getattr(model, "config", None))
-    if spec is None:
-        weights = refuse_scales(weights)
-    else:  # FP8 block-quantized (layers/quantization): linears made FP8 as their tensors come
-        weights = Fp8CheckpointStream(model, spec, stacked, lambda i: start <= i < end, params)(weights)
+    # quantized (layers/quantization): linears made FP8 / int8 as their tensors come
+    weights = quantized_weights(model, spec, weights, stacked, lambda i: start <= i < end, params)
     for name, tensor in weights:
         if "rotary_emb.inv_freq" in name:
             continue

@@ -80,3 +80,16 @@ def host_argmax(x: torch.Tensor) -> bool:
         and x.shape[0] > 0
         and x.shape[1] > 0
     )
+
+
+_INT_MM = getattr(torch, "_int_mm", None)
+
+
+def int8_mm_op(device: torch.device) -> Optional[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
+    """torch's int8 x int8 -> int32 GEMM (`torch._int_mm(a [M, K], b [K, N])`, oneDNN on CPU, with
+    VNNI / AMX-INT8 where the CPU has them) where it serves `device`: CPU only for now (CUDA's has
+    shape limits, M > 16 and K, N multiples of 8, and is untested here); None elsewhere (callers
+    use their exact blockwise float32 fallback)."""
+    if _INT_MM is None or device.type != "cpu":
+        return None
+    return _INT_MM

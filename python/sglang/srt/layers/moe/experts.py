@@ -16,7 +16,7 @@ hidden, I_local]. Checkpoint names: `experts.{e}.gate_proj/up_proj/down_proj.wei
 from __future__ import annotations
 
 import re
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -53,12 +53,16 @@ def fused_experts_ref(
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     expert_start: int = 0,
+    expert_linear: Optional[Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]] = None,
 ) -> torch.Tensor:
     """sum_j topk_weights[t, j] * expert_{ids[t, j]}(x[t]) over the experts held here.
 
     x [n, hidden]; w13 [E_local, 2I, hidden]; w2 [E_local, hidden, I]; ids are global expert ids, the
     local ones are [expert_start, expert_start + E_local). SwiGLU experts; accumulates in float32.
+    `expert_linear(x, w, e)` multiplies by local expert e's weight w (w13 or w2; default F.linear
+    by w[e]; a quantized method widens its 1-byte weight there).
     """
+    linear = expert_linear or (lambda rows, w, e: F.linear(rows, w[e]))
     n, k = topk_ids.shape
     num_local = w13.shape[0]
     out = torch.zeros((n, x.shape[1]), dtype=torch.float32, device=x.device)
@@ -78,9 +82,9 @@ def fused_experts_ref(
         if c == 0:
             continue
         rows = tokens[start : start + c]
-        gate_up = F.linear(x[rows], w13[e])
+        gate_up = linear(x[rows], w13, e)
         h = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
-        y = F.linear(h, w2[e]).float() * weights[start : start + c, None]
+        y = linear(h, w2, e).float() * weights[start : start + c, None]
         out.index_add_(0, rows, y)
         start += c
     return out.to(x.dtype)
@@ -124,6 +128,7 @@ class FusedMoE(nn.Module):
         )
         self.w13_weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]
         self.w2_weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]
+        self.quant_method = None  # e.g. layers/quantization Fp8BlockMoEMethod: it then computes
 
     def checkpoint_tensors(self, param_name: str) -> list[tuple[str, tuple[int, ...]]]:
         """The per-expert checkpoint tensors `param_name` ("w13_weight" or "w2_weight") is made of:
@@ -183,6 +188,8 @@ class FusedMoE(nn.Module):
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         """Partial output [n, hidden] of this rank's experts (not reduced across ranks)."""
+        if self.quant_method is not None:
+            return self.quant_method.apply(self, x, topk_weights, topk_ids)
         return fused_experts_ref(
             x, self.w13_weight, self.w2_weight, topk_weights, topk_ids, self.expert_start
         )

@@ -1,0 +1,126 @@
+"""W8A8-INT8: int8 weights with per-output-channel scales, activations quantized per token at run
+time (both symmetric), multiplied int8 x int8 -> int32 and scaled back.
+
+A weight [N, K] is stored as int8 with `weight_scale` [N, 1] float (real value = weight x scale of
+its row; SGLang's `w8a8_int8` and compressed-tensors' `int-quantized` channel format). Each call
+quantizes the activation rows x [M, K]: scale_x = amax(|row|) / 127, x_q = round(x / scale_x)
+(a zero row gets scale 1); then out[m, n] = int32(x_q[m] . w_q[n]) x scale_x[m] x scale_w[n], in
+float32, cast to x's dtype (+ bias).
+
+The int32 GEMM is the device's (`platforms.kernel_dispatch.int8_mm_op`: `torch._int_mm`, oneDNN on
+CPU with VNNI / AMX-INT8 where present); where there is none, `int8_mm_blockwise` is an exact
+fallback (float32 products of at most 1024 int8 pairs are exact integers, summed in int32).
+
+Tensor parallelism: the per-row scale shards with the weight's output rows (column-parallel, fused
+gate/up and QKV shards) and is whole on every rank of a row-parallel layer. Each rank quantizes
+the activation it holds (a row-parallel rank its slice of K), as upstream does.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+
+from sglang.srt.layers.linear import LinearBase, ReplicatedLinear, RowParallelLinear
+from sglang.srt.platforms.kernel_dispatch import int8_mm_op
+
+INT8_MAX = 127.0
+EXACT_K = 1024  # 1024 x 127 x 127 < 2**24: a float32 sum of this many int8 products is exact
+TILE_ROWS = 1024  # weight rows widened per step of the fallback
+
+Int8MM = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def per_token_quant_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-row int8 of x [M, K]: (x_q int8 [M, K], scale float32 [M, 1])."""
+    xf = x.float()
+    amax = xf.abs().amax(dim=-1, keepdim=True)
+    scale = torch.where(amax > 0, amax / INT8_MAX, torch.ones_like(amax))
+    return torch.round(xf / scale).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8), scale
+
+
+def channel_quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-output-channel int8 of a weight [N, K]: (int8 [N, K], float32 scale [N, 1]),
+    the format of the checkpoints (and of online quantization)."""
+    return per_token_quant_int8(w)
+
+
+def int8_mm_blockwise(a: torch.Tensor, b: torch.Tensor, tile_rows: int = TILE_ROWS) -> torch.Tensor:
+    """Exact int32 a [M, K] @ b [K, N] of int8 tensors without an int8 GEMM: float32 products over K
+    chunks of EXACT_K (exact integers) summed in int32; b widened `tile_rows` columns at a time."""
+    m, k = a.shape
+    n = b.shape[1]
+    out = torch.zeros(m, n, dtype=torch.int32, device=a.device)
+    for c0 in range(0, n, tile_rows):
+        c1 = min(n, c0 + tile_rows)
+        for k0 in range(0, k, EXACT_K):
+            k1 = min(k, k0 + EXACT_K)
+            part = a[:, k0:k1].float() @ b[k0:k1, c0:c1].float()
+            out[:, c0:c1] += part.to(torch.int32)
+    return out
+
+
+def w8a8_int8_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    mm: Optional[Int8MM] = None,
+) -> torch.Tensor:
+    """x [..., K] @ dequant(weight [N, K] int8, weight_scale [N, 1])^T with x quantized per token."""
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    x_q, x_scale = per_token_quant_int8(x2)
+    if mm is None:
+        mm = int8_mm_op(x.device) or int8_mm_blockwise
+    acc = (
+        mm(x_q, weight.t())
+        if x2.shape[0]
+        else torch.zeros(0, weight.shape[0], dtype=torch.int32, device=x.device)
+    )
+    out = acc.float().mul_(x_scale).mul_(weight_scale.reshape(1, -1)).to(x.dtype)
+    if bias is not None:
+        out = out + bias
+    return out.reshape(*shape[:-1], weight.shape[0])
+
+
+class W8A8Int8LinearMethod:
+    """Holds a linear layer's weight as int8 with per-row scales; the layer calls `apply`."""
+
+    def create_weights(self, layer: LinearBase, name: str) -> None:
+        """Replace `layer.weight` by an int8 parameter and add `weight_scale` [out_local, 1]."""
+        out_local, in_local = layer.weight.shape
+        weight = nn.Parameter(torch.empty(out_local, in_local, dtype=torch.int8), requires_grad=False)
+        weight.weight_loader = layer.weight_loader  # type: ignore[attr-defined]
+        scale = nn.Parameter(torch.ones(out_local, 1, dtype=torch.float32), requires_grad=False)
+        scale.weight_loader = _scale_loader(layer, name)  # type: ignore[attr-defined]
+        layer.weight = weight
+        layer.weight_scale = scale
+        layer.skip_prepack = True  # the platform's packed copies are for float weights
+        layer.quant_method = self
+
+    def apply(self, layer: LinearBase, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        return w8a8_int8_linear(x, layer.weight, layer.weight_scale, bias)
+
+
+def _scale_loader(layer: LinearBase, name: str):
+    """The scale [N, 1] shards like the weight's output rows: column-parallel kinds (plain, merged,
+    QKV) reuse the layer's own loader; row-parallel and replicated layers hold it whole."""
+
+    def load(param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        loaded = loaded.float().reshape(-1, 1)
+        if isinstance(layer, (RowParallelLinear, ReplicatedLinear)):
+            if tuple(loaded.shape) != tuple(param.shape):
+                raise ValueError(
+                    f"{name}.weight_scale: shape mismatch, parameter {tuple(param.shape)} vs "
+                    f"checkpoint {tuple(loaded.shape)}"
+                )
+            param.data.copy_(loaded)
+        elif shard_id is None:
+            layer.weight_loader(param, loaded)
+        else:
+            layer.weight_loader(param, loaded, shard_id)
+
+    return load
