@@ -216,6 +216,11 @@ class DeepseekV3ForCausalLM(CausalLM):
                 raise ValueError(
                     "--enable-shard-linear shards q_b_proj, which this model (no q-LoRA) does not have"
                 )
+            if any(m.weight.element_size() == 1 for m in (attn.q_b_proj, attn.o_proj)):
+                raise ValueError(
+                    "--enable-shard-linear is not supported with quantized (fp8 / w8a8_int8) "
+                    "q_b_proj / o_proj weights yet"
+                )
             layers.append((layer.layer_id, {"q_b_proj": attn.q_b_proj, "o_proj": attn.o_proj}))
         series = ShardLinearSeries(cp, layers)
         series.activate()
