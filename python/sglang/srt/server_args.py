@@ -124,9 +124,8 @@ class ServerArgs(CompatArgs, ParallelArgs, HiCacheArgs):
     )
     quantization: Optional[str] = arg(
         None,
-        "Weight quantization, checked against the checkpoint's quantization_config: fp8 (FP8 block-scaled "
-        "checkpoints such as DeepSeek-V3's), w8a8_int8 (int8 per-channel weights, per-token int8 activations: "
-        "SGLang's w8a8_int8 and compressed-tensors W8A8-INT8 checkpoints); both also used without the flag.",
+        "Weight quantization, checked against the checkpoint's quantization_config: fp8 (block-scaled, as "
+        "DeepSeek-V3's) or w8a8_int8 (also compressed-tensors W8A8-INT8; online on a float checkpoint).",
         G_DTYPE,
         choices=["fp8", "w8a8_int8"],
         default_text="the checkpoint's",
