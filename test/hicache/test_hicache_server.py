@@ -1,8 +1,8 @@
 """HiCache through the real HTTP server (tiny Llama, dummy float32 weights): `/metrics` shows the
 hits per tier, bytes loaded and load time after a workload that evicts a prefix from the KV pool
 and reuses it (L2), and after a restart on the same file directory (L3);
-`/clear_hicache_storage_backend` deletes this server's pages (another namespace's stay) so the
-next request finds nothing in storage, and is a 400 when HiCache is off."""
+`/clear_hicache_storage_backend` deletes this server's pages (another namespace's stay; at tp 2
+both ranks' pages) so the next request finds nothing in storage, and is a 400 when HiCache is off."""
 
 from __future__ import annotations
 
@@ -26,9 +26,10 @@ PREFIX = [10 + (i * 7) % 400 for i in range(160)]
 GREEDY = {"max_new_tokens": 2, "temperature": 0.0, "ignore_eos": True}
 
 
-def hicache_server(directory: str):
+def hicache_server(directory: str, *extra: str):
     return launch_server(
         (
+            *extra,
             "--enable-metrics",
             *("--max-total-tokens", str(POOL), "--chunked-prefill-size", "64"),
             "--enable-hierarchical-cache",
@@ -103,6 +104,27 @@ def test_metrics_and_clear_storage_through_http(tmp_path):
             assert hicache_metrics(c)["hicache_hit_tokens_total[l3]"] == len(PREFIX)  # unchanged
     finally:
         restarted.stop()
+
+
+def test_clear_storage_on_every_tp_rank(tmp_path):
+    """tp 2: each rank writes its heads' pages under its own namespace folder; the route clears
+    both (another server's folder stays)."""
+    d = str(tmp_path / "kv")
+    other = FileStorage(d, "another-model", 16)
+    assert other.put("cd" * 32, b"keep")
+    server = hicache_server(d, "--tp-size", "2")
+    try:
+        with server.client() as c:
+            generate(c, PREFIX + [1])
+            wait_idle(c)
+            folders = sorted(os.listdir(d))
+            assert len(folders) == 3 and os.path.basename(other.root) in folders
+            assert len(page_files(d)) == 1 + 2 * (len(PREFIX) // 16)  # both ranks wrote their pages
+            r = c.post("/clear_hicache_storage_backend")
+            assert r.status_code == 200, r.text
+            assert page_files(d) == ["cd" * 32 + ".kv"]
+    finally:
+        server.stop()
 
 
 def test_clear_storage_refused_without_hicache():
