@@ -11,8 +11,8 @@ refreshed from `Scheduler.internal_state()` at scrape time (upstream's names):
 | `sglang:num_decode_prealloc_queue_reqs`, `sglang:num_decode_transfer_queue_reqs` | gauge | PD decode: `pd_prealloc_queue`, `pd_transfer_queue` |
 | `sglang:kv_transfer_latency_ms`, `sglang:kv_transfer_speed_gb_s`, `sglang:kv_transfer_total_mb` | gauge | PD prefill: the latest KV transfer of `pd_recent_transfers` |
 
-HiCache's counters: `hicache_metrics.py`. The PD figures come from the `Disaggregation` component's own `internal_state()` (0 on a normal
-server).
+HiCache's counters: `hicache_metrics.py`. The PD figures come from the `Disaggregation`
+component's own `internal_state()` (0 on a normal server).
 """
 
 from __future__ import annotations
