@@ -14,7 +14,7 @@ import shutil
 import pytest
 import torch
 
-from sglang.srt.managers.io_struct import AbortReq, TokenizedGenerateReqInput
+from sglang.srt.managers.io_struct import AbortReq, ClearHiCacheReqInput, TokenizedGenerateReqInput
 from sglang.srt.managers.scheduler.scheduler import Scheduler
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
@@ -171,3 +171,19 @@ def test_retractions_and_aborts_release_every_tier(workload):
     hi.handle_message(AbortReq("x"))
     hi.run_until_idle()
     assert_pools_free(hi)
+
+
+def test_clear_storage_message(tmp_path):
+    """ClearHiCacheReqInput (what /clear_hicache_storage_backend sends every rank): this rank's pages
+    are deleted; refused where storage (or HiCache) is off."""
+    d = str(tmp_path / "kv")
+    sched = make(True, d, page_size=4)
+    run(sched, multi_turn(convs=1, turns=1, first=40), "a")
+    written = sched.internal_state()["hicache_storage_pages_written"]
+    assert written > 0
+    out = sched.handle_message(ClearHiCacheReqInput())
+    assert out.success and f"{written} page(s)" in out.message
+    assert not [f for _, _, fs in os.walk(d) for f in fs]
+    for off in (make(True), make(False)):
+        out = off.handle_message(ClearHiCacheReqInput())
+        assert not out.success and "storage is off" in out.message

@@ -4,6 +4,7 @@ each node's KV lives (L1 / L2 / L3) under each write policy, and the file backen
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 import torch
@@ -180,9 +181,11 @@ def test_file_storage_checksum_missing_dir_and_namespace(tmp_path):
     open(path, "wb").write(b"xx")
     assert st.get(names[0]) is None and st.stats.read_failures == 2
     assert not os.path.exists(path)  # a bad page is removed, so the recomputed one is written again
-    assert st.put(names[0], b"abc") and st.clear() == 1
-    os.rmdir(os.path.dirname(path))
-    os.rmdir(d)
+    other = FileStorage(d, "model-b|tp0/1", 2)
+    assert other.put(names[0], b"keep") and st.put(names[0], b"abc") and st.clear() == 1
+    assert not os.path.exists(os.path.dirname(path)) and other.get(names[0]) == b"keep"
+    assert other.clear() == 1
+    shutil.rmtree(d)  # the whole directory gone (a namespace made by the tp1 storage above too)
     assert st.get(names[0]) is None  # the directory is gone: a miss
     assert st.put(names[1], b"z") and st.get(names[1]) == b"z"  # recreated on write
 

@@ -132,6 +132,16 @@ class FlushCacheReqOutput:
 
 
 @dataclass
+class ClearHiCacheReqInput:
+    """/clear_hicache_storage_backend: every rank deletes its L3 pages (its storage namespace)."""
+
+
+@dataclass
+class ClearHiCacheReqOutput(FlushCacheReqOutput):
+    """A FlushCacheReqOutput, so the tokenizer side hands it to the oldest waiting flush-type call."""
+
+
+@dataclass
 class GetInternalStateReqInput:
     pass
 

@@ -11,8 +11,8 @@ refreshed from `Scheduler.internal_state()` at scrape time (upstream's names):
 | `sglang:num_decode_prealloc_queue_reqs`, `sglang:num_decode_transfer_queue_reqs` | gauge | PD decode: `pd_prealloc_queue`, `pd_transfer_queue` |
 | `sglang:kv_transfer_latency_ms`, `sglang:kv_transfer_speed_gb_s`, `sglang:kv_transfer_total_mb` | gauge | PD prefill: the latest KV transfer of `pd_recent_transfers` |
 
-The PD figures come from the `Disaggregation` component's own `internal_state()` (0 on a normal
-server).
+HiCache's counters: `hicache_metrics.py`. The PD figures come from the `Disaggregation`
+component's own `internal_state()` (0 on a normal server).
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from typing import Any, Iterator, Optional
 
 from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.core import HistogramMetricFamily
+
+from sglang.srt.metrics.hicache_metrics import HiCacheMetrics
 
 PD_QUEUES = (
     (
@@ -114,6 +116,8 @@ class SchedulerMetrics:
             self.retracted.labels(*self._labels(d)).set(0.0)
         self.queue_time = QueueTimeHistogram(model_name)
         registry.register(self.queue_time)
+        self.hicache = HiCacheMetrics(model_name)
+        registry.register(self.hicache)
         self.pd_queues = [
             (Gauge(name, doc, ["model_name"], registry=registry).labels(model_name), key)
             for name, key, doc in PD_QUEUES
@@ -140,6 +144,7 @@ class SchedulerMetrics:
             _set(self.gen_throughput.labels(*self._labels(d)), s.get("gen_throughput"))
             _set(self.retracted.labels(*self._labels(d)), s.get("num_retractions"))
         self.queue_time.update([s.get("queue_time") for s in replicas])
+        self.hicache.update(state)
         for gauge, key in self.pd_queues:
             _set(gauge, sum(s.get(key) or 0 for s in replicas))
         transfer = latest_transfer(state)

@@ -1,5 +1,5 @@
 """Operator routes: /get_server_info (alias /server_info), /metrics (with --enable-metrics),
-/flush_cache, /abort_request, /get_load (what sglang-router's load policies read) and
+/flush_cache, /clear_hicache_storage_backend, /abort_request, /get_load (what sglang-router's load policies read) and
 /start_profile, /stop_profile (torch.profiler on every scheduler rank). None but the profile
 calls waits behind a busy scheduler (`tokenizer_control.py`)."""
 
@@ -16,7 +16,7 @@ from sglang.srt import envs
 from sglang.srt.entrypoints.engine import server_info
 from sglang.srt.entrypoints.http.common import read_json
 from sglang.srt.entrypoints.openai.utils import OpenAIError, error_response
-from sglang.srt.managers.io_struct import ProfileReqInput
+from sglang.srt.managers.io_struct import ClearHiCacheReqInput, FlushCacheReqOutput, ProfileReqInput
 from sglang.srt.managers.tokenizer.tokenizer_manager import TokenizerManager
 from sglang.srt.managers.tokenizer.tokenizer_state import SchedulerUnavailable
 from sglang.srt.metrics.collector import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -24,6 +24,7 @@ from sglang.srt.metrics.collector import CONTENT_TYPE as METRICS_CONTENT_TYPE
 logger = logging.getLogger(__name__)
 
 METRICS_STATE_TIMEOUT_S = 5.0  # a scrape waits at most this long for the scheduler's gauges
+CLEAR_HICACHE_WAIT_S = 30.0  # deleting the L3 files waits for the scheduler's step in flight
 
 
 class AdminRoutes:
@@ -39,6 +40,9 @@ class AdminRoutes:
         if self.tm.metrics is not None:
             router.add_api_route("/metrics", self.metrics, methods=["GET"])
         router.add_api_route("/flush_cache", self.flush_cache, methods=["GET", "POST"])
+        router.add_api_route(
+            "/clear_hicache_storage_backend", self.clear_hicache_storage_backend, methods=["GET", "POST"]
+        )
         router.add_api_route("/abort_request", self.abort_request, methods=["POST"])
         router.add_api_route("/get_load", self.get_load, methods=["GET"])
         router.add_api_route("/start_profile", self.start_profile, methods=["GET", "POST"])
@@ -68,6 +72,19 @@ class AdminRoutes:
         if out.success:
             return PlainTextResponse("Cache flushed.\n", status_code=200)
         return error_response(f"cache flush failed: {out.message}", 400)
+
+    async def clear_hicache_storage_backend(self) -> Response:
+        """Every rank deletes the L3 pages of its storage namespace (upstream's route); 400 when
+        HiCache or its storage backend is off."""
+        args = self.tm.server_args
+        if not args.enable_hierarchical_cache or args.hicache_storage_backend == "none":
+            return error_response(
+                "HiCache storage is off (--enable-hierarchical-cache with --hicache-storage-backend)", 400
+            )
+        out = await ask_schedulers(self.tm, ClearHiCacheReqInput(), CLEAR_HICACHE_WAIT_S)
+        if out.success:
+            return PlainTextResponse(f"Hierarchical cache storage backend cleared: {out.message}.\n")
+        return error_response(f"clear_hicache_storage_backend failed: {out.message}", 400)
 
     async def abort_request(self, request: Request) -> Response:
         body = await read_json(request)
@@ -99,6 +116,20 @@ class AdminRoutes:
         if not out.success:
             return error_response(f"stop_profile failed: {out.message}", 400)
         return PlainTextResponse(f"Stop profiling. The trace was written to {out.message}\n")
+
+
+async def ask_schedulers(tm: TokenizerManager, msg, timeout_s: float) -> FlushCacheReqOutput:
+    """Send a control message whose reply is a FlushCacheReqOutput (the tokenizer side resolves
+    those in order) and wait for it. The TokenizerManager has no generic control call yet, so this
+    uses its `SchedulerControl` directly."""
+    tm._ensure_started()
+    tm._check_alive()
+    async with tm.control.lock:
+        fut = tm.control._send_control(tm.control.flush_waiters, msg)
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), timeout=timeout_s)
+        except asyncio.TimeoutError:
+            return FlushCacheReqOutput(False, f"the scheduler did not answer within {timeout_s:g} s")
 
 
 def load_entry(state: dict, dp_rank: int) -> dict:

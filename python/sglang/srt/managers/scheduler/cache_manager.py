@@ -12,9 +12,11 @@ from typing import Any, Optional
 
 import torch
 
+from sglang.srt.managers.io_struct import ClearHiCacheReqOutput
 from sglang.srt.managers.scheduler.schedule_batch import Req, ScheduledReq
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.hicache.factory import create_prefix_cache
+from sglang.srt.mem_cache.hicache.hiradix_cache import HiRadixCache
 from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.mem_cache.req_to_token import ReqToTokenPool
 
@@ -142,6 +144,13 @@ class KVCacheManager:
     def internal_state(self) -> dict:
         """Counters for /get_server_info: prefill tokens computed, the prefix cache's tier hits."""
         return {"prefill_tokens_computed": self.prefill_tokens_computed, **self.tree.stats()}
+
+    def clear_storage(self) -> ClearHiCacheReqOutput:
+        """Delete this rank's L3 pages (any time: L3 pages are looked up by hash, never held by the
+        tree, so a page gone is a miss and recomputed). Refused when HiCache storage is off."""
+        if not isinstance(self.tree, HiRadixCache) or self.tree.storage is None:
+            return ClearHiCacheReqOutput(False, "HiCache storage is off (--hicache-storage-backend)")
+        return ClearHiCacheReqOutput(True, f"{self.tree.storage.clear()} page(s) removed (entry rank)")
 
     def flush(self) -> None:
         """Drop the whole cache (only valid when no request holds KV)."""

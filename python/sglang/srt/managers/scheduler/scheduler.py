@@ -33,6 +33,7 @@ from sglang.srt.distributed.parallel_state import ParallelGroups
 from sglang.srt.managers.io_struct import (
     AbortReq,
     BatchTokenIDOut,
+    ClearHiCacheReqInput,
     DPLoadReport,
     DPWakeUp,
     FlushCacheReqInput,
@@ -210,6 +211,8 @@ class Scheduler:
             return self.abort(msg)
         elif isinstance(msg, FlushCacheReqInput):
             return self.flush_cache()
+        elif isinstance(msg, ClearHiCacheReqInput):
+            return self.cache.clear_storage()
         elif isinstance(msg, GetInternalStateReqInput):
             return GetInternalStateReqOutput(state=self.internal_state())
         elif isinstance(msg, ProfileReqInput):

@@ -2,7 +2,9 @@
 
 A page's name is the hash chain of the tokens up to and including it, seeded with a namespace
 (model identity and layout: tp rank/size, pp stage, cp rank, dtype, page size, buffer shapes), so
-servers of another model or layout never read it. Each file is `MAGIC + sha256(payload) +
+servers of another model or layout never read it. A namespace's pages live under a folder of its
+own (`<directory>/<namespace hash[:16]>/<name[:2]>/<name>.kv`), so `clear()` removes one rank's
+pages and nobody else's. Each file is `MAGIC + sha256(payload) +
 payload`, written to a temporary name and renamed. A file that is missing, short or fails its
 checksum, or a directory that is gone, reads as a miss (a bad page is logged, counted and
 removed): the caller recomputes, and writes the page again. Nothing here raises on I/O errors.
@@ -13,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import shutil
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -36,9 +39,10 @@ class FileStorage:
         self.page_size = page_size
         self.namespace = namespace
         self._seed = hashlib.sha256(namespace.encode()).digest()
+        self.root = os.path.join(directory, self._seed.hex()[:16])  # this namespace's pages
         self.stats = StorageStats()
         try:
-            os.makedirs(directory, exist_ok=True)
+            os.makedirs(self.root, exist_ok=True)
         except OSError as e:
             logger.warning(
                 "HiCache file storage: cannot create %s (%s); writes will be retried", directory, e
@@ -54,7 +58,7 @@ class FileStorage:
         return out
 
     def _path(self, name: str) -> str:
-        return os.path.join(self.directory, name[:2], name + ".kv")
+        return os.path.join(self.root, name[:2], name + ".kv")
 
     def exists(self, name: str) -> bool:
         return os.path.exists(self._path(name))
@@ -104,14 +108,7 @@ class FileStorage:
         return None
 
     def clear(self) -> int:
-        """Delete every page file of the directory (all namespaces); returns how many."""
-        removed = 0
-        for root, _, files in os.walk(self.directory):
-            for name in files:
-                if name.endswith(".kv"):
-                    try:
-                        os.remove(os.path.join(root, name))
-                        removed += 1
-                    except OSError:
-                        pass
+        """Delete this namespace's pages (other models' and ranks' stay); returns how many."""
+        removed = sum(1 for _, _, files in os.walk(self.root) for f in files if f.endswith(".kv"))
+        shutil.rmtree(self.root, ignore_errors=True)
         return removed
