@@ -27,8 +27,14 @@ STARTUP_TIMEOUT_S = 180.0
 
 
 def child_pids(pid: int) -> list[int]:
-    """Direct children of `pid`, read from /proc."""
-    return live_pids(PPID, pid)
+    """Every live descendant of `pid`, read from /proc: on CPU the ranks and the detokenizer are
+    children of the server's fork server (platforms/process_start.py), so grandchildren."""
+    out, todo = [], [pid]
+    while todo:
+        kids = live_pids(PPID, todo.pop())
+        out += kids
+        todo += kids
+    return out
 
 
 def pid_alive(pid: int) -> bool:
@@ -69,6 +75,10 @@ class ServerHandle:
                 self.proc.wait(timeout=10)
 
 
+PORT_TAKEN = "address already in use"
+PORT_ATTEMPTS = 3
+
+
 def launch_server(
     extra_args: tuple[str, ...] = (),
     api_key: Optional[str] = None,
@@ -78,7 +88,21 @@ def launch_server(
 ) -> ServerHandle:
     """Start a server subprocess and wait for /health (fails the test with its log otherwise).
     `entry`: what python runs (a script that wraps `launch_server`, for fault injection);
-    `env`: extra environment variables."""
+    `env`: extra environment variables. A free port can be taken before the server binds it (by
+    another test's gloo connection, which binds ephemeral ports): then it starts again on another."""
+    for attempt in range(PORT_ATTEMPTS):
+        handle = _start_server(extra_args, api_key, entry, model, env)
+        if handle.proc.poll() is None or PORT_TAKEN not in handle.log() or attempt == PORT_ATTEMPTS - 1:
+            break
+    if handle.proc.poll() is not None:
+        pytest.fail(
+            f"server exited with {handle.proc.returncode} during start-up; log {handle.log_path}:\n{handle.log()}"
+        )
+    return handle
+
+
+def _start_server(extra_args, api_key, entry, model, env) -> ServerHandle:
+    """One start: the handle once /health answers, or of a server that exited during start-up."""
     port = free_port()
     log = tempfile.NamedTemporaryFile(prefix="sglang-e2e-", suffix=".log", delete=False)
     cmd = [
@@ -104,9 +128,7 @@ def launch_server(
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            pytest.fail(
-                f"server exited with {proc.returncode} during start-up; log {log.name}:\n{handle.log()}"
-            )
+            return handle
         try:
             if httpx.get(f"{handle.url}/health", timeout=1.0).status_code == 200:
                 return handle

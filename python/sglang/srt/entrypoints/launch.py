@@ -19,6 +19,7 @@ from typing import Any, Callable, Optional
 
 from sglang.srt.managers.io_struct import SchedulerReadyInfo
 from sglang.srt.managers.scheduler.scheduler_watchdog import WATCHDOG_EXIT_CODE
+from sglang.srt.platforms.process_start import child_context
 from sglang.srt.server_args import PortArgs, ServerArgs
 from sglang.srt.utils.process import kill_itself_when_parent_died, kill_process_tree, set_process_name
 
@@ -34,20 +35,32 @@ def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+def _child_start(name: str, env: Optional[dict], launcher: Optional[int]) -> None:
+    """First thing in every child: the launcher's environment (a fork-server child has the fork
+    server's, from its start), the process name, Ctrl+C to the parent only, and exit when the
+    launcher dies (a fork-server child's own parent is the fork server)."""
+    if env is not None:
+        os.environ.clear()
+        os.environ.update(env)
+    set_process_name(name)
+    _ignore_sigint()
+    kill_itself_when_parent_died(parent_pid=launcher)
+
+
 def _scheduler_entry(
     server_args: ServerArgs,
     port_args: PortArgs,
     rank: int,
     pipe_writer: Any,
     entry: Optional[Callable[..., None]] = None,
+    env: Optional[dict] = None,
+    launcher: Optional[int] = None,
 ) -> None:
     """Scheduler process: die with the parent, then run the scheduler (or a test double)."""
     from sglang.srt.utils.process import configure_logger
 
+    _child_start(f"sglang-rank{rank}", env, launcher)
     configure_logger(server_args.log_level, f"Scheduler rank {rank}")
-    set_process_name(f"sglang-rank{rank}")
-    _ignore_sigint()
-    kill_itself_when_parent_died()
     try:
         if entry is None:
             from sglang.srt.managers.scheduler.scheduler_process import run_scheduler_process as entry
@@ -61,19 +74,19 @@ def _scheduler_entry(
         raise
 
 
-def _dp_controller_entry(server_args: ServerArgs, port_args: PortArgs) -> None:
-    set_process_name("sglang-dp-ctrl")
-    _ignore_sigint()
-    kill_itself_when_parent_died()
+def _dp_controller_entry(
+    server_args: ServerArgs, port_args: PortArgs, env: Optional[dict] = None, launcher: Optional[int] = None
+) -> None:
+    _child_start("sglang-dp-ctrl", env, launcher)
     from sglang.srt.managers.dp.dp_controller import run_data_parallel_controller_process
 
     run_data_parallel_controller_process(server_args, port_args)
 
 
-def _detokenizer_entry(server_args: ServerArgs, port_args: PortArgs) -> None:
-    set_process_name("sglang-detok")
-    _ignore_sigint()
-    kill_itself_when_parent_died()
+def _detokenizer_entry(
+    server_args: ServerArgs, port_args: PortArgs, env: Optional[dict] = None, launcher: Optional[int] = None
+) -> None:
+    _child_start("sglang-detok", env, launcher)
     from sglang.srt.managers.tokenizer.detokenizer_manager import run_detokenizer_process
 
     run_detokenizer_process(server_args, port_args)
@@ -268,7 +281,8 @@ def launch_processes(
     port_args = port_args or PortArgs.init_new(server_args)
     server_args = prepare_rank_args(server_args)
     is_head_node = server_args.node_rank == 0
-    ctx = mp.get_context("spawn")
+    ctx = child_context(server_args.device)
+    env, launcher = dict(os.environ), os.getpid()
     children = ChildProcesses(port_args)
     readers = []
     try:
@@ -276,7 +290,7 @@ def launch_processes(
             reader, writer = ctx.Pipe(duplex=False)
             proc = ctx.Process(
                 target=_scheduler_entry,
-                args=(server_args, port_args, rank, writer, scheduler_entry),
+                args=(server_args, port_args, rank, writer, scheduler_entry, env, launcher),
                 name=f"sglang-scheduler-{rank}",
                 daemon=False,
             )
@@ -287,7 +301,7 @@ def launch_processes(
         if is_head_node:  # other nodes run only their scheduler ranks
             detok = ctx.Process(
                 target=_detokenizer_entry,
-                args=(server_args, port_args),
+                args=(server_args, port_args, env, launcher),
                 name="sglang-detokenizer",
                 daemon=False,
             )
@@ -296,7 +310,7 @@ def launch_processes(
             if server_args.enable_dp_attention and server_args.dp_size > 1:
                 ctrl = ctx.Process(
                     target=_dp_controller_entry,
-                    args=(server_args, port_args),
+                    args=(server_args, port_args, env, launcher),
                     name="sglang-dp-controller",
                     daemon=False,
                 )

@@ -127,16 +127,18 @@ def watch_parent(
 ) -> threading.Thread:
     """Start a daemon thread that kills this process (and its children) when the parent dies.
 
-    Polls os.getppid(): on Linux a process whose parent died is re-parented. Polling (instead of
+    Polls os.getppid() (and `parent_pid` when given: the launcher of a fork server's child): on Linux a
+    process whose parent died is re-parented. Polling (instead of
     PR_SET_PDEATHSIG) is used because the death signal fires when the parent *thread* that
     spawned us exits, which would kill the children of an Engine made on a short-lived thread.
     """
-    parent = os.getppid() if parent_pid is None else parent_pid
+    own_parent = os.getppid()  # a fork server's child: the fork server, which outlives no launcher
+    parent = own_parent if parent_pid is None else parent_pid
 
     def loop() -> None:
         while True:
             time.sleep(interval)
-            if os.getppid() != parent or not pid_alive(parent):
+            if os.getppid() != own_parent or not pid_alive(parent):
                 if on_death is not None:
                     on_death()
                 kill_process_tree(os.getpid(), include_self=False)
@@ -147,14 +149,15 @@ def watch_parent(
     return thread
 
 
-def kill_itself_when_parent_died(interval: float = 0.5) -> None:
-    """Make this process (and its children) exit when its parent process dies.
+def kill_itself_when_parent_died(interval: float = 0.5, parent_pid: Optional[int] = None) -> None:
+    """Make this process (and its children) exit when its parent process (or `parent_pid`, the
+    launcher of a process forked by a fork server) dies.
 
     Safe to call more than once: only the first call starts the watcher thread.
     """
     if any(t.name == "parent-watch" for t in threading.enumerate()):
         return
-    watch_parent(interval=interval)
+    watch_parent(parent_pid=parent_pid, interval=interval)
 
 
 def set_process_name(name: str) -> None:
