@@ -19,7 +19,8 @@ from typing import Any, Callable, Optional
 
 from sglang.srt.managers.io_struct import SchedulerReadyInfo
 from sglang.srt.managers.scheduler.scheduler_watchdog import WATCHDOG_EXIT_CODE
-from sglang.srt.platforms.process_start import child_context
+from sglang.srt.managers.tokenizer.detok_tokenizer import DetokTokenizerSpec, detok_tokenizer_spec
+from sglang.srt.platforms.process_start import child_context, detokenizer_context
 from sglang.srt.server_args import PortArgs, ServerArgs
 from sglang.srt.utils.process import kill_itself_when_parent_died, kill_process_tree, set_process_name
 
@@ -84,12 +85,16 @@ def _dp_controller_entry(
 
 
 def _detokenizer_entry(
-    server_args: ServerArgs, port_args: PortArgs, env: Optional[dict] = None, launcher: Optional[int] = None
+    server_args: ServerArgs,
+    port_args: PortArgs,
+    tokenizer_spec: Optional[DetokTokenizerSpec],
+    env: Optional[dict] = None,
+    launcher: Optional[int] = None,
 ) -> None:
     _child_start("sglang-detok", env, launcher)
     from sglang.srt.managers.tokenizer.detokenizer_manager import run_detokenizer_process
 
-    run_detokenizer_process(server_args, port_args)
+    run_detokenizer_process(server_args, port_args, tokenizer_spec)
 
 
 # ---------------------------------------------------------------------------- process set
@@ -298,10 +303,15 @@ def launch_processes(
             writer.close()  # so that recv() sees EOF if the child dies
             children.add(f"Scheduler rank {rank}", proc)
             readers.append((reader, proc, f"Scheduler rank {rank}"))
+        tokenizer = None
+        if is_head_node and not server_args.skip_tokenizer_init:
+            from sglang.srt.utils.hf_transformers_utils import get_tokenizer
+
+            tokenizer = get_tokenizer(server_args.tokenizer_path, server_args.trust_remote_code)
         if is_head_node:  # other nodes run only their scheduler ranks
-            detok = ctx.Process(
+            detok = detokenizer_context().Process(  # decodes with the launcher's tokenizer, shipped
                 target=_detokenizer_entry,
-                args=(server_args, port_args, env, launcher),
+                args=(server_args, port_args, detok_tokenizer_spec(tokenizer), env, launcher),
                 name="sglang-detokenizer",
                 daemon=False,
             )
@@ -317,11 +327,6 @@ def launch_processes(
                 ctrl.start()
                 children.add("DP controller", ctrl)
 
-        tokenizer = None
-        if is_head_node and not server_args.skip_tokenizer_init:
-            from sglang.srt.utils.hf_transformers_utils import get_tokenizer
-
-            tokenizer = get_tokenizer(server_args.tokenizer_path, server_args.trust_remote_code)
         by_name = {name: reader for reader, _, name in readers}
         infos = [_wait_ready(reader, proc, name, children, by_name) for reader, proc, name in readers]
         if children.dead():

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any, Optional
 
-from transformers import AutoTokenizer, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast
+
+PLAIN_FAST_CLASSES = frozenset({"PreTrainedTokenizerFast", "TokenizersBackend"})
 
 
 def get_tokenizer(tokenizer_path: str, trust_remote_code: bool = False) -> PreTrainedTokenizerFast:
@@ -23,14 +26,60 @@ def get_tokenizer(tokenizer_path: str, trust_remote_code: bool = False) -> PreTr
         raise ValueError(f"tokenizer path {tokenizer_path!r} is neither a directory nor a .gguf file")
     if not os.path.isfile(os.path.join(tokenizer_path, "tokenizer.json")):
         raise ValueError(f"tokenizer directory {tokenizer_path!r} has no tokenizer.json")
-    tokenizer = AutoTokenizer.from_pretrained(
-        tokenizer_path, local_files_only=True, trust_remote_code=trust_remote_code
-    )
+    if plain_fast_tokenizer_dir(tokenizer_path):
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(tokenizer_path, local_files_only=True)
+    else:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(
+            tokenizer_path, local_files_only=True, trust_remote_code=trust_remote_code
+        )
     if not isinstance(tokenizer, PreTrainedTokenizerFast):
         raise ValueError(
             f"tokenizer at {tokenizer_path!r} is not a fast tokenizer ({type(tokenizer).__name__})"
         )
     return tokenizer
+
+
+def _read_json(path: str) -> Optional[dict]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def plain_fast_tokenizer_dir(tokenizer_path: str) -> bool:
+    """True when `AutoTokenizer` would load this directory as a plain `PreTrainedTokenizerFast`, so
+    that `PreTrainedTokenizerFast.from_pretrained` gives the same tokenizer without AutoTokenizer's
+    imports and its model config (about 2 CPU-s per process that loads a tokenizer).
+
+    transformers 5's rules: tokenizer_config.json names the plain class and no own code
+    (`auto_map`, in either file), and the model type is not one whose declared class AutoTokenizer
+    replaces by its registered one (or by a Mistral backend). Anything else: AutoTokenizer."""
+    tok_config = _read_json(os.path.join(tokenizer_path, "tokenizer_config.json"))
+    config = _read_json(os.path.join(tokenizer_path, "config.json"))
+    if tok_config is None or config is None or "auto_map" in tok_config or "auto_map" in config:
+        return False
+    if tok_config.get("tokenizer_class") not in PLAIN_FAST_CLASSES:
+        return False
+    try:
+        from transformers.models.auto.tokenization_auto import (
+            MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS,
+            TOKENIZER_MAPPING_NAMES,
+        )
+    except ImportError:  # another transformers: its own rules
+        return False
+    model_type, model_name = config.get("model_type"), config.get("model_name")
+    if not isinstance(model_type, str) or not isinstance(model_name, (str, type(None))):
+        return False
+    if (
+        model_type in MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS
+        or model_name in MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS
+    ):
+        return False
+    return TOKENIZER_MAPPING_NAMES.get(model_type) != "MistralCommonBackend"
 
 
 def apply_chat_template(

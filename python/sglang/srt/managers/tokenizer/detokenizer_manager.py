@@ -11,11 +11,12 @@ import logging
 import os
 import sys
 import traceback
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import zmq
 
 from sglang.srt.managers.io_struct import BatchStrOut, BatchTokenIDOut
+from sglang.srt.managers.tokenizer.detok_tokenizer import BackendDecoder, DetokTokenizerSpec
 from sglang.srt.managers.tokenizer.incremental_detok import RequestDetokState, find_anchor_ids
 from sglang.srt.server_args import PortArgs, ServerArgs
 from sglang.srt.utils.process import configure_logger, watch_parent
@@ -23,10 +24,13 @@ from sglang.srt.utils.process import configure_logger, watch_parent
 logger = logging.getLogger(__name__)
 
 
-def load_tokenizer(server_args: ServerArgs) -> Optional[Any]:
-    """The server's tokenizer, or None with --skip-tokenizer-init."""
+def load_tokenizer(server_args: ServerArgs, spec: Optional[DetokTokenizerSpec] = None) -> Optional[Any]:
+    """The server's tokenizer, or None with --skip-tokenizer-init: rebuilt from the launcher's `spec`
+    with `tokenizers` alone (no transformers, no torch), else loaded with transformers."""
     if server_args.skip_tokenizer_init:
         return None
+    if spec is not None:
+        return BackendDecoder(spec)
     from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 
     return get_tokenizer(server_args.tokenizer_path, server_args.trust_remote_code)
@@ -35,9 +39,12 @@ def load_tokenizer(server_args: ServerArgs) -> Optional[Any]:
 class DetokenizerManager:
     """Turns token ids into incremental text, one state per running request."""
 
-    def __init__(self, tokenizer: Optional[Any]):
+    def __init__(self, tokenizer: Optional[Any], anchor_ids: Optional[Sequence[int]] = None):
+        """`anchor_ids`: `find_anchor_ids` of the tokenizer, when the launcher computed them."""
         self.tokenizer = tokenizer
-        self.anchor_ids = find_anchor_ids(tokenizer) if tokenizer is not None else []
+        if anchor_ids is None:
+            anchor_ids = find_anchor_ids(tokenizer) if tokenizer is not None else []
+        self.anchor_ids = list(anchor_ids)
         self.states: dict[str, RequestDetokState] = {}
 
     def _state(self, out: BatchTokenIDOut, i: int) -> RequestDetokState:
@@ -106,12 +113,17 @@ class DetokenizerProcess:
                 self.send_to_tokenizer.send_pyobj(obj)
 
 
-def run_detokenizer_process(server_args: ServerArgs, port_args: PortArgs) -> None:
-    """Process entry: load the tokenizer and serve forever; exit non-zero on failure."""
+def run_detokenizer_process(
+    server_args: ServerArgs, port_args: PortArgs, tokenizer_spec: Optional[DetokTokenizerSpec] = None
+) -> None:
+    """Process entry: load the tokenizer and serve forever; exit non-zero on failure.
+
+    `tokenizer_spec` (from `detok_tokenizer_spec` in the launcher): decode with `tokenizers` alone."""
     configure_logger(server_args.log_level, "Detokenizer")
     watch_parent()
     try:
-        manager = DetokenizerManager(load_tokenizer(server_args))
+        anchor_ids = tokenizer_spec.anchor_ids if tokenizer_spec is not None else None
+        manager = DetokenizerManager(load_tokenizer(server_args, tokenizer_spec), anchor_ids)
         process = DetokenizerProcess(manager, port_args)
         logger.info("detokenizer ready (pid %d)", os.getpid())
         process.event_loop()
