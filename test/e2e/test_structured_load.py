@@ -6,7 +6,7 @@ stream runs beside them.
 Every request completes (200, a finish reason; a `stop` output matches its regex / grammar) or is
 aborted by its client; afterwards nothing is left behind (no request in the tokenizer manager or
 the scheduler, no grammar matcher and no request in the grammar queue, the KV pool and the request
-table back to their initial free counts, before and after `/flush_cache`); and the scheduler loop
+table back to their initial free counts, before and after `/flush_cache`: `leaks_after_load`); and the scheduler loop
 never stalls: the unconstrained stream keeps receiving tokens, its largest gap between two chunks
 below `MAX_GAP_S` (generous: the box is shared; compiles run off the loop)."""
 
@@ -23,7 +23,7 @@ from typing import Optional
 import httpx
 import openai
 import pytest
-from server_helpers import internal_state, launch_server, wait_idle
+from server_helpers import internal_state, launch_server, leaks_after_load
 
 from sglang.srt.model_loader.default_model import find_default_model
 
@@ -224,18 +224,7 @@ def test_constrained_load_with_aborts_leaks_nothing_and_never_stalls():
         assert during > 10, (during, chunks)
         assert max(gaps) < MAX_GAP_S, f"loop stalled {max(gaps):.2f} s; log {handle.log_path}"
         with handle.client() as client:
-            state = wait_idle(client, timeout=120)
-            info = client.get("/get_server_info").json()
-            leaks = {
-                "unfinished in the tokenizer manager": info["num_unfinished_requests"],
-                "grammar matchers": state["grammar_matchers"],
-                "grammar queue": state["grammar_queue"],
-                "KV tokens not available": initial["available_kv_tokens"] - state["available_kv_tokens"],
-                "request rows not free": initial["free_req_slots"] - state["free_req_slots"],
-            }
-            assert client.post("/flush_cache").status_code == 200
-            flushed = internal_state(client)
-            leaks["KV tokens not free after a flush"] = initial["free_kv_tokens"] - flushed["free_kv_tokens"]
+            leaks = leaks_after_load(client, initial, timeout=120)
         print(
             f"\nstructured load: {REQUESTS} requests, {aborted} aborted by the client, "
             f"{during} stream chunks during the load, max gap {max(gaps):.2f} s, largest {sorted(gaps)[-5:]}"

@@ -22,9 +22,9 @@ FORMAT = {
     "type": "structural_tag",
     "format": {
         "type": "tag",
-        "begin": "<city>",
-        "content": {"type": "json_schema", "json_schema": CITY},
-        "end": "</city>",
+        "begin": "<n>",
+        "content": {"type": "json_schema", "json_schema": {"type": "integer"}},
+        "end": "</n>",
     },
 }
 
