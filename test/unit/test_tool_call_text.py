@@ -41,6 +41,11 @@ AROUND = {
     ),
 }
 CALLS = [("get_weather", W), ("get_time", T)]
+PYTHONIC = (
+    '[get_weather(city="Paris", unit="celsius", days=[1, 2], note=\'say "hi" {ok}\'), get_time(zone="CET")]'
+)
+AROUND["pythonic"] = (f"Let me see. {PYTHONIC} Then [one] more.", "Let me see.  Then [one] more.")
+AROUND["pythonic-tagged"] = (f"Sure <|python_start|>{PYTHONIC}<|python_end|> done", "Sure  done")
 
 
 def detector(case: str):
