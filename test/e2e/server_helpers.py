@@ -158,6 +158,25 @@ def wait_idle(client: httpx.Client, timeout: float = 20.0) -> dict:
     return state
 
 
+def leaks_after_load(client: httpx.Client, initial: dict, timeout: float = 60.0) -> dict:
+    """What a server still holds once idle after a load, against `initial` (its `internal_state`
+    before the load); every value 0 when nothing leaked. Flushes the prefix cache."""
+    state = wait_idle(client, timeout=timeout)
+    info = client.get("/get_server_info").json()
+    leaks = {
+        "unfinished in the tokenizer manager": info["num_unfinished_requests"],
+        "KV tokens not available": initial["available_kv_tokens"] - state["available_kv_tokens"],
+        "request rows not free": initial["free_req_slots"] - state["free_req_slots"],
+        "grammar matchers": state.get("grammar_matchers", 0),
+        "grammar queue": state.get("grammar_queue", 0),
+    }
+    assert client.post("/flush_cache").status_code == 200
+    flushed = internal_state(client)
+    leaks["KV tokens not free after a flush"] = initial["free_kv_tokens"] - flushed["free_kv_tokens"]
+    leaks["evictable KV after a flush"] = flushed["evictable_kv_tokens"]
+    return leaks
+
+
 def flush(client: httpx.Client) -> None:
     wait_idle(client)
     r = client.post("/flush_cache")

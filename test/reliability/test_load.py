@@ -15,7 +15,7 @@ import re
 import pytest
 
 from load_driver import run_load
-from server_helpers import internal_state, launch_server, wait_idle
+from server_helpers import internal_state, launch_server, leaks_after_load
 
 pytestmark = pytest.mark.slow  # starts its own servers; the figures go to docs/benchmarks.md
 
@@ -56,20 +56,10 @@ def test_load_with_dropped_streams_leaks_nothing(config):
             and report.max_info_latency_s < HTTP_BUSY_LATENCY_S
         ), summary
         with handle.client() as client:
-            state = wait_idle(client, timeout=60)
-            info = client.get("/get_server_info").json()
+            leaks = leaks_after_load(client, initial)
             metrics = client.get("/metrics").text
             finished = _metric(metrics, "sglang:num_requests_total")
             aborted = _metric(metrics, "sglang:num_aborted_requests_total")
-            leaks = {
-                "unfinished in the tokenizer manager": info["num_unfinished_requests"],
-                "KV tokens not available": initial["available_kv_tokens"] - state["available_kv_tokens"],
-                "request rows not free": initial["free_req_slots"] - state["free_req_slots"],
-            }
-            assert client.post("/flush_cache").status_code == 200
-            flushed = internal_state(client)
-            leaks["KV tokens not free after a flush"] = initial["free_kv_tokens"] - flushed["free_kv_tokens"]
-            leaks["evictable KV after a flush"] = flushed["evictable_kv_tokens"]
         print(
             f"\nreliability[{config}]: "
             + json.dumps(

@@ -62,25 +62,38 @@ def as_text(kind: str, value: Any) -> str:
 
 def _structural_tag(text: str) -> Any:
     """xgrammar's structural tag for upstream's shape (structures + triggers), or its own shape."""
-    import xgrammar as xgr
-
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as e:
         raise GrammarError(f"structural_tag is not valid JSON: {e}") from None
     if isinstance(obj, dict) and "structures" in obj:
-        try:
-            tags = [
-                xgr.StructuralTagItem(begin=s["begin"], schema=json.dumps(s.get("schema", {})), end=s["end"])
-                for s in obj["structures"]
-            ]
-            triggers = list(obj["triggers"])
-        except (KeyError, TypeError) as e:
-            raise GrammarError(
-                f"structural_tag needs 'structures' with begin / schema / end and 'triggers': {e}"
-            )
-        return tags, triggers
+        return _structures(obj)
     return obj
+
+
+def _structures(obj: dict) -> tuple[list, list[str]]:
+    """Upstream's form: (xgrammar tag items, triggers); GrammarError naming the malformed field."""
+    import xgrammar as xgr
+
+    structures, triggers = obj["structures"], obj.get("triggers")
+    if not isinstance(structures, list) or not structures:
+        raise GrammarError("structural_tag 'structures' must be a non-empty list of {begin, schema, end}")
+    if not isinstance(triggers, list) or not triggers or not all(isinstance(t, str) for t in triggers):
+        raise GrammarError("structural_tag 'triggers' must be a non-empty list of strings")
+    tags = []
+    for i, s in enumerate(structures):
+        if not isinstance(s, dict):
+            raise GrammarError(f"structural_tag structures[{i}] must be an object with begin / schema / end")
+        for key in ("begin", "end"):
+            if not isinstance(s.get(key), str):
+                raise GrammarError(f"structural_tag structures[{i}] needs a string '{key}'")
+        schema = s.get("schema", s.get("schema_", {}))
+        if not isinstance(schema, (dict, bool)):
+            raise GrammarError(f"structural_tag structures[{i}] 'schema' must be a JSON schema object")
+        if not any(s["begin"].startswith(t) for t in triggers):
+            raise GrammarError(f"structural_tag structures[{i}] begin {s['begin']!r} starts with no trigger")
+        tags.append(xgr.StructuralTagItem(begin=s["begin"], schema=json.dumps(schema), end=s["end"]))
+    return tags, triggers
 
 
 def to_grammar(spec: GrammarSpec):

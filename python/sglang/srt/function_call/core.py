@@ -3,7 +3,8 @@
 
 A detector says where its tool-call section starts (`section_start`) and which calls a section
 holds so far (`partial_calls`: each call's name once complete and its arguments' JSON text as far
-as it goes). The base class turns that into results: text before the section is normal text
+as it goes), and where a section closes (`section_end`; text after it is normal text again, so
+text between and after calls reaches the content, streamed or not). The base class turns that into results: text before the section is normal text
 (content), complete calls whose name is one of the request's tools become `ToolCallItem`s. While
 streaming, normal text goes out at once (a suffix that may begin the section marker is held back),
 a call's name goes out once complete and its arguments as fragments that extend each other.
@@ -92,6 +93,8 @@ class ToolCallDetector(ABC):
     def __init__(self) -> None:
         self._buffer = ""
         self._in_section = False
+        self._closed = False  # a section closed and no normal text followed yet
+        self._base = 0  # calls streamed by the sections before the current one
         self._sent: list[tuple[str, int]] = []  # per streamed call: (name, argument characters sent)
 
     # ------------------------------------------------------------------ what a format defines
@@ -102,6 +105,12 @@ class ToolCallDetector(ABC):
     def hold_back(self, text: str) -> int:
         """How many trailing characters of `text` (no section yet) may still begin one."""
         return held_back(text, self.start_marker)
+
+    def section_end(self, section: str) -> Optional[int]:
+        """Where the section (`section` starts at its start) closes once it has, after which the
+        output is normal text again (or another section); None while open, or for a format whose
+        calls run to the end of the output."""
+        return None
 
     @abstractmethod
     def partial_calls(self, section: str) -> list[PartialCall]:
@@ -118,44 +127,68 @@ class ToolCallDetector(ABC):
     def detect_and_parse(self, text: str, tools: Optional[list[dict[str, Any]]]) -> ParseResult:
         """The complete calls of a finished output and the normal text around them. Calls to a
         function that is not among `tools` are dropped; without any valid call the text is all normal."""
-        start = self.section_start(text)
-        if start < 0:
-            return ParseResult(normal_text=text)
-        section = text[start:]
         names = tool_names(tools)
-        calls = []
-        for call in self.partial_calls(section):
-            if not call.complete or call.name is None:
-                continue
-            arguments = normalized_arguments(call.arguments)
-            if call.name not in names or arguments is None:
-                logger.warning(
-                    "dropped a tool call to %r (not a tool, or arguments not an object)", call.name
-                )
-                continue
-            calls.append(ToolCallItem(len(calls), call.name, arguments))
+        normal, calls, rest, closed = [], [], text, False
+        while True:
+            start = self.section_start(rest)
+            if start < 0:
+                normal.append(_after_section(rest, closed))
+                break
+            normal.append(_after_section(rest[:start], closed))
+            section = rest[start:]
+            end = self.section_end(section)
+            for call in self.partial_calls(section if end is None else section[:end]):
+                self._keep_complete(call, names, calls)
+            if end is None:
+                normal.append(self.trailing_text(section))
+                break
+            rest, closed = section[end:], True
         if not calls:
             return ParseResult(normal_text=text)
-        return ParseResult(normal_text=text[:start] + self.trailing_text(section), calls=calls)
+        return ParseResult(normal_text="".join(normal), calls=calls)
+
+    @staticmethod
+    def _keep_complete(call: PartialCall, names: set[str], calls: list[ToolCallItem]) -> None:
+        if not call.complete or call.name is None:
+            return
+        arguments = normalized_arguments(call.arguments)
+        if call.name not in names or arguments is None:
+            logger.warning("dropped a tool call to %r (not a tool, or arguments not an object)", call.name)
+            return
+        calls.append(ToolCallItem(len(calls), call.name, arguments))
 
     def parse_streaming_increment(self, new_text: str, tools: Optional[list[dict[str, Any]]]) -> ParseResult:
-        """Feed the next piece of the output: the normal text and call pieces it completes."""
+        """Feed the next piece of the output: the normal text and call pieces it completes. Text
+        after a closed section (between calls, or after the last) is normal text again, unless it
+        is blank up to the next section or the end."""
         self._buffer += new_text
-        normal = ""
-        if not self._in_section:
-            start = self.section_start(self._buffer)
-            if start < 0:
-                keep = self.hold_back(self._buffer)
-                cut = len(self._buffer) - keep
-                normal, self._buffer = self._buffer[:cut], self._buffer[cut:]
-                return ParseResult(normal_text=normal)
-            normal, self._buffer = self._buffer[:start], self._buffer[start:]
-            self._in_section = True
-        return ParseResult(normal_text=normal, calls=self._new_pieces(tool_names(tools)))
+        names = tool_names(tools)
+        normal, calls = "", []
+        while True:
+            if not self._in_section:
+                start = self.section_start(self._buffer)
+                if start < 0:
+                    keep = self.hold_back(self._buffer)
+                    cut = len(self._buffer) - keep
+                    if self._closed and not self._buffer[:cut].strip():
+                        return ParseResult(normal_text=normal, calls=calls)  # blank so far: held
+                    normal += self._buffer[:cut]
+                    self._buffer, self._closed = self._buffer[cut:], False
+                    return ParseResult(normal_text=normal, calls=calls)
+                normal += _after_section(self._buffer[:start], self._closed)
+                self._buffer, self._in_section = self._buffer[start:], True
+            end = self.section_end(self._buffer)
+            calls += self._new_pieces(names, self._buffer if end is None else self._buffer[:end])
+            if end is None:
+                return ParseResult(normal_text=normal, calls=calls)
+            # the section is closed: its calls are final, what follows is parsed afresh
+            self._base = len(self._sent)
+            self._buffer, self._in_section, self._closed = self._buffer[end:], False, True
 
     def flush(self) -> str:
-        """At the end of the output: the normal text still held back (none once a section began)."""
-        text = "" if self._in_section else self._buffer
+        """At the end of the output: the normal text still held back (none inside an open section,
+        none when blank after a closed one)."""
+        text = "" if self._in_section else _after_section(self._buffer, self._closed)
         self._buffer = ""
         return text
 
@@ -163,11 +196,10 @@ class ToolCallDetector(ABC):
     def streamed_calls(self) -> int:
         return len(self._sent)
 
-    def _new_pieces(self, names: set[str]) -> list[ToolCallItem]:
+    def _new_pieces(self, names: set[str], section: str) -> list[ToolCallItem]:
         pieces = []
-        calls = self.partial_calls(self._buffer)
-        streamed = 0  # index among the calls this output streams
-        for call in calls:
+        streamed = self._base  # index among the calls this output streams
+        for call in self.partial_calls(section):
             if call.name is None:
                 break
             if call.name not in names:  # not a tool of the request: not streamed
@@ -181,6 +213,11 @@ class ToolCallDetector(ABC):
                 self._sent[streamed] = (name, len(call.arguments))
             streamed += 1
         return pieces
+
+
+def _after_section(text: str, closed: bool) -> str:
+    """Normal text; after a closed section, blank text (the space between calls) is none."""
+    return "" if closed and not text.strip() else text
 
 
 def object_call(text: str, i: int, arg_keys: tuple[str, ...] = ("arguments", "parameters")):

@@ -22,6 +22,7 @@ CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
 CALL_BEGIN = "<｜tool▁call▁begin｜>"
 SEP = "<｜tool▁sep｜>"
 CALL_END = "<｜tool▁call▁end｜>"
+CALLS_END = "<｜tool▁calls▁end｜>"
 FENCE = "```json"
 
 
@@ -35,6 +36,10 @@ class DeepSeekV31Detector(ToolCallDetector):
         if sep < 0:
             return None, len(section)
         return section[begin:sep].strip(), sep + len(SEP)
+
+    def section_end(self, section: str) -> Optional[int]:
+        end = section.find(CALLS_END)
+        return end + len(CALLS_END) if end >= 0 else None
 
     def partial_calls(self, section: str) -> list[PartialCall]:
         calls = []

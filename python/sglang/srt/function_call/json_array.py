@@ -9,7 +9,10 @@ for those requests.
 
 from __future__ import annotations
 
+from typing import Optional
+
 from sglang.srt.function_call.core import PartialCall, ToolCallDetector
+from sglang.srt.function_call.json_scan import skip_ws, value_end
 from sglang.srt.function_call.mistral import array_calls
 
 
@@ -19,3 +22,6 @@ class JsonArrayDetector(ToolCallDetector):
 
     def partial_calls(self, section: str) -> list[PartialCall]:
         return array_calls(section, 0, ("parameters", "arguments"))
+
+    def section_end(self, section: str) -> Optional[int]:
+        return value_end(section, skip_ws(section, 0))

@@ -20,6 +20,7 @@ _LIST_START = re.compile(r"\[\s*[A-Za-z_][\w.]*\s*\(")
 _MAYBE_START = re.compile(r"\[\s*([A-Za-z_][\w.]*\s*)?$")
 _NAME = re.compile(r"\s*([A-Za-z_][\w.]*)\s*\(")
 PYTHON_START = "<|python_start|>"
+PYTHON_END = "<|python_end|>"
 
 
 def _call_end(text: str, i: int) -> Optional[int]:
@@ -103,9 +104,28 @@ class PythonicDetector(ToolCallDetector):
     def partial_calls(self, section: str) -> list[PartialCall]:
         return [call for call, _ in self._calls(section)]
 
+    def section_end(self, section: str) -> Optional[int]:
+        """After the list's `]` (and a `<|python_end|>` right after it); None while open."""
+        last = None
+        for _call, end in self._calls(section):
+            if end is None:
+                return None
+            last = end
+        if last is None:
+            return None
+        i = last
+        while i < len(section) and section[i] in " \t\r\n,":
+            i += 1
+        if section[i : i + 1] != "]":
+            return None
+        rest = section[i + 1 :]
+        if rest.startswith(PYTHON_END):
+            return i + 1 + len(PYTHON_END)
+        return None if PYTHON_END.startswith(rest) else i + 1  # the end marker may still come
+
     def trailing_text(self, section: str) -> str:
         rest = text_after_calls(section, self._calls(section))
         bracket = rest.find("]")
         rest = rest[bracket + 1 :] if bracket >= 0 and not rest[:bracket].strip() else rest
-        rest = rest.replace("<|python_end|>", "")
+        rest = rest.replace(PYTHON_END, "")
         return rest if rest.strip() else ""

@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 from sglang.srt.function_call.core import PartialCall, ToolCallDetector, object_call, text_after_calls
 from sglang.srt.function_call.json_scan import skip_ws
 
@@ -37,6 +39,14 @@ class Qwen25Detector(ToolCallDetector):
 
     def partial_calls(self, section: str) -> list[PartialCall]:
         return [call for call, _ in self._blocks(section)]
+
+    def section_end(self, section: str) -> Optional[int]:
+        """After the first block's `</tool_call>` (each block is a section of its own)."""
+        found = object_call(section, skip_ws(section, len(self.start_marker)))
+        if found is None or found[1] is None:
+            return None
+        close = section.find(self.end_marker, found[1])
+        return close + len(self.end_marker) if close >= 0 else None
 
     def trailing_text(self, section: str) -> str:
         return text_after_calls(section, self._blocks(section))
