@@ -70,19 +70,3 @@ def fresh_platforms() -> contextlib.AbstractContextManager[None]:
     `--dtype auto` choice: what a new process starts with); after it the earlier ones are back.
     For tests that change SGLANG_CPU_KERNELS, SGLANG_CPU_ISA or SGLANG_CPU_FLAGS_OVERRIDE."""
     return _PROCESS.fresh()
-
-
-__all__ = [
-    "AcceleratorPlatform",
-    "CpuPlatform",
-    "CudaPlatform",
-    "NpuPlatform",
-    "NullEvent",
-    "NullStream",
-    "PLATFORMS",
-    "Platform",
-    "PlatformRegistry",
-    "current_platform",
-    "fresh_platforms",
-    "get_platform",
-]
