@@ -150,7 +150,10 @@ class KVCacheManager:
         tree, so a page gone is a miss and recomputed). Refused when HiCache storage is off."""
         if not isinstance(self.tree, HiRadixCache) or self.tree.storage is None:
             return ClearHiCacheReqOutput(False, "HiCache storage is off (--hicache-storage-backend)")
-        return ClearHiCacheReqOutput(True, f"{self.tree.storage.clear()} page(s) removed (entry rank)")
+        removed = self.tree.storage.clear()
+        if self.tree.agree is not None:  # a collective: every rank has cleared before the entry rank answers
+            self.tree.agree(removed)
+        return ClearHiCacheReqOutput(True, f"{removed} page(s) removed (entry rank; every rank cleared)")
 
     def flush(self) -> None:
         """Drop the whole cache (only valid when no request holds KV)."""
