@@ -27,14 +27,14 @@ REPO = Path(__file__).resolve().parents[2]
 TINY_LLAMA = str(REPO / "python" / "sglang" / "test" / "assets" / "tiny-llama")
 TINY_DSV32 = str(REPO / "python" / "sglang" / "test" / "assets" / "tiny-deepseek-v32")
 STARTUP_TIMEOUT_S = 300.0
-# A fast heartbeat so that failure tests notice a dead peer in seconds (upstream: 5 s), and
-# bootstrap / waiting timeouts below upstream's 300 s but long enough for a 4-rank prefill on a
-# loaded 2-core CI box (20 s once timed a parity test's transfer out there); the tests of those
-# timeouts set their own few seconds.
+# A fast heartbeat so that failure tests notice a dead peer in seconds (upstream: 5 s); a 20 s
+# bootstrap timeout (upstream 300 s), which the router tests' error-within-45-s bounds rely on;
+# a 60 s waiting timeout, long enough for a 4-rank prefill's transfer on a loaded 2-core CI box
+# (20 s once timed a parity test out there); the tests of that timeout set their own few seconds.
 PD_ENV = {
     "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL": "1",
     "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE": "2",
-    "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "60",
+    "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "20",
     "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "60",
 }
 
