@@ -70,8 +70,9 @@ def kv_bytes_per_rank(tokens: int, cp: int, pp: int, dtype_bytes: int = 2) -> in
 
 # ---------------------------------------------------------------------------- engine mode
 def rank_cpu_seconds() -> dict[int, float]:
-    """CPU seconds used so far by this process's scheduler rank children (`sglang-rank*`)."""
-    out, me, tick = {}, os.getpid(), os.sysconf("SC_CLK_TCK")
+    """CPU seconds used so far by this process's scheduler ranks (`sglang-rank*`: its children,
+    or on CPU its fork server's)."""
+    out, tick, procs = {}, os.sysconf("SC_CLK_TCK"), {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/comm") as f:
@@ -80,8 +81,12 @@ def rank_cpu_seconds() -> dict[int, float]:
                 fields = f.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if comm.startswith("sglang-rank") and int(fields[1]) == me:
-            out[int(pid)] = (int(fields[11]) + int(fields[12])) / tick
+        procs[int(pid)] = (comm, int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
+    mine = {os.getpid()}
+    mine |= {pid for pid, (_, ppid, _) in procs.items() if ppid in mine}  # children (the fork server)
+    for pid, (comm, ppid, cpu) in procs.items():
+        if comm.startswith("sglang-rank") and ppid in mine:
+            out[pid] = cpu
     return out
 
 

@@ -28,7 +28,7 @@ STARTUP_TIMEOUT_S = 180.0
 
 def child_pids(pid: int) -> list[int]:
     """Every live descendant of `pid`, read from /proc: on CPU the ranks and the detokenizer are
-    children of the server's fork server (platforms/process_start.py), so grandchildren."""
+    children of the server's fork server (platforms/launch_defaults.py), so grandchildren."""
     out, todo = [], [pid]
     while todo:
         kids = live_pids(PPID, todo.pop())

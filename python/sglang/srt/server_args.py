@@ -311,9 +311,9 @@ class ServerArgs(CompatArgs, ParallelArgs, HiCacheArgs):
                 name = path
             set_("served_model_name", name)
         if self.chunked_prefill_size is None:
-            from sglang.srt.platforms import get_platform
+            from sglang.srt.platforms.launch_defaults import default_chunked_prefill_size
 
-            set_("chunked_prefill_size", get_platform(self.device).default_chunked_prefill_size())
+            set_("chunked_prefill_size", default_chunked_prefill_size(self.device))
         if self.random_seed is None:
             set_("random_seed", 42)
         notes = []
@@ -339,9 +339,9 @@ class ServerArgs(CompatArgs, ParallelArgs, HiCacheArgs):
         the fused-kernel backend; `torch_native` elsewhere)."""
         if self.attention_backend is not None:
             return self.attention_backend
-        from sglang.srt.platforms import get_platform
+        from sglang.srt.platforms.launch_defaults import default_attention_backend
 
-        return get_platform(self.device).default_attention_backend
+        return default_attention_backend(self.device)
 
     @property
     def chunked_prefill_enabled(self) -> bool:

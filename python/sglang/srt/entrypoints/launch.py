@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional
 from sglang.srt.managers.io_struct import SchedulerReadyInfo
 from sglang.srt.managers.scheduler.scheduler_watchdog import WATCHDOG_EXIT_CODE
 from sglang.srt.managers.tokenizer.detok_tokenizer import DetokTokenizerSpec, detok_tokenizer_spec
-from sglang.srt.platforms.process_start import child_context, detokenizer_context
+from sglang.srt.platforms.launch_defaults import child_context, detokenizer_context
 from sglang.srt.server_args import PortArgs, ServerArgs
 from sglang.srt.utils.process import kill_itself_when_parent_died, kill_process_tree, set_process_name
 

@@ -11,7 +11,7 @@ the SGLANG_CPU_* variables those answers depend on. Constructing a platform clas
 private object with state of its own.
 
 The package imports torch only when one of these names is first used (`registry.py`), so a
-process that only asks how to start its children (`process_start.py`) stays torch-free.
+process that only asks how to start its children (`launch_defaults.py`) stays torch-free.
 """
 
 from __future__ import annotations

@@ -12,6 +12,8 @@ from typing import Any, ContextManager, Optional
 
 import torch
 
+from sglang.srt.platforms import launch_defaults
+
 from sglang.srt.platforms.kernel_table import KernelTable
 
 
@@ -61,7 +63,7 @@ class Platform:
     # ... and never plans a chunk (but the last) below this: the kernel's smallest efficient query block.
     prefill_min_chunk: int = 1
     # The attention backend served when `--attention-backend` is not given (layers/attention/registry.py).
-    default_attention_backend: str = "torch_native"
+    default_attention_backend: str = launch_defaults.ATTENTION_BACKEND_DEFAULTS["cuda"]
     # Whether the local ranks of a node draw on one memory (CPU: host RAM), so that the KV pool
     # budget is split between them; accelerator ranks each own a device.
     memory_shared_by_local_ranks: bool = False
@@ -154,8 +156,9 @@ class Platform:
         return dtype
 
     def default_chunked_prefill_size(self) -> int:
-        """`--chunked-prefill-size` when not given: most prompt tokens of one request per step."""
-        return 8192
+        """`--chunked-prefill-size` when not given: most prompt tokens of one request per step
+        (the table in launch_defaults.py, which ServerArgs reads without importing torch)."""
+        return launch_defaults.default_chunked_prefill_size(self.device_type)
 
     def fused_kernels(self) -> Optional[Any]:
         """The module of fused kernels for this platform (signatures and torch references in

@@ -12,6 +12,7 @@ from typing import Any, ContextManager, Iterable, Optional
 import torch
 
 from sglang.srt.kernels.cpu import isa as cpu_isa  # standard library only: the one ISA vocabulary
+from sglang.srt.platforms import launch_defaults
 from sglang.srt.platforms.base import NullEvent, NullStream, Platform, null_stream_context
 
 logger = logging.getLogger(__name__)
@@ -203,7 +204,7 @@ class CpuPlatform(Platform):
     # bubble gains (docs/benchmarks.md), so auto's chunks start there.
     prefill_min_chunk = 768
     # fused decode / AMX prefill kernels and zero-copy pool views (layers/attention/cpu_backend.py)
-    default_attention_backend = "cpu"
+    default_attention_backend = launch_defaults.ATTENTION_BACKEND_DEFAULTS["cpu"]
     memory_shared_by_local_ranks = True  # every rank of the host draws on its RAM
     # float32 logits from bf16 weights cost the bytes of a bf16 GEMM here (kernels/cpu linear_f32out;
     # layers/linear_float32_out.py); bf16 logits turned the default model's demo answer on a near tie
@@ -324,7 +325,7 @@ class CpuPlatform(Platform):
         took TTFT median (a) 3444 -> 2046 ms, (d) 4566 -> 3724 ms, (b) 5026 -> 5145 ms; output
         throughput (a) 146 -> 147 tok/s, (d) 91.7 -> 76.2 tok/s (staggered requests decode in
         smaller batches)."""
-        return 2048
+        return launch_defaults.default_chunked_prefill_size("cpu")
 
     def fused_kernels(self) -> Optional[Any]:
         """kernels/cpu: the install-time build for this CPU's instruction set (None where it was

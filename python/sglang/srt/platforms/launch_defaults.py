@@ -1,5 +1,9 @@
-"""How the engine starts its rank, DP-controller and detokenizer processes, per device family
-(torch-free: the HTTP process asks before anything imports torch).
+"""What the launching process needs to know per device family before any rank exists, torch-free
+(the HTTP process asks without importing torch): the defaults of `--chunked-prefill-size` and
+`--attention-backend` (the platform objects answer from here too) and how the engine starts its
+rank, DP-controller and detokenizer processes.
+
+Start of the children:
 
 - CPU: `forkserver`. The fork server imports torch and the scheduler modules once
   (`CHILD_PRELOAD`), and every rank is forked from it: a rank skips the ~3 CPU-s of imports a
@@ -20,12 +24,31 @@ import multiprocessing as mp
 from multiprocessing.context import BaseContext
 
 START_METHODS = {"cpu": "forkserver", "cuda": "spawn", "npu": "spawn"}
+# --chunked-prefill-size when not given (CPU: platforms/cpu.py says why 2048)
+CHUNKED_PREFILL_DEFAULTS = {"cpu": 2048, "cuda": 8192, "npu": 8192}
+# --attention-backend when not given (CPU: the fused-kernel backend)
+ATTENTION_BACKEND_DEFAULTS = {"cpu": "cpu", "cuda": "torch_native", "npu": "torch_native"}
+
+
+def device_family(device: str) -> str:
+    """'cuda:1' -> 'cuda'."""
+    return str(device).split(":", 1)[0].lower()
+
+
+def default_chunked_prefill_size(device: str) -> int:
+    return CHUNKED_PREFILL_DEFAULTS.get(device_family(device), 8192)
+
+
+def default_attention_backend(device: str) -> str:
+    return ATTENTION_BACKEND_DEFAULTS.get(device_family(device), "torch_native")
+
+
 CHILD_PRELOAD = ("torch", "sglang.srt.managers.scheduler.scheduler_process")
 
 
 def child_context(device: str) -> BaseContext:
     """The multiprocessing context the engine starts its children with on `device`."""
-    method = START_METHODS.get(str(device).split(":", 1)[0].lower(), "spawn")
+    method = START_METHODS.get(device_family(device), "spawn")
     if method not in mp.get_all_start_methods():
         method = "spawn"
     ctx = mp.get_context(method)
