@@ -16,7 +16,7 @@ from sglang.srt import envs
 from sglang.srt.entrypoints.engine import server_info
 from sglang.srt.entrypoints.http.common import read_json
 from sglang.srt.entrypoints.openai.utils import OpenAIError, error_response
-from sglang.srt.managers.io_struct import ClearHiCacheReqInput, FlushCacheReqOutput, ProfileReqInput
+from sglang.srt.managers.io_struct import ProfileReqInput
 from sglang.srt.managers.tokenizer.tokenizer_manager import TokenizerManager
 from sglang.srt.managers.tokenizer.tokenizer_state import SchedulerUnavailable
 from sglang.srt.metrics.collector import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -81,7 +81,7 @@ class AdminRoutes:
             return error_response(
                 "HiCache storage is off (--enable-hierarchical-cache with --hicache-storage-backend)", 400
             )
-        out = await ask_schedulers(self.tm, ClearHiCacheReqInput(), CLEAR_HICACHE_WAIT_S)
+        out = await self.tm.clear_hicache_storage(CLEAR_HICACHE_WAIT_S)
         if out.success:
             return PlainTextResponse(f"Hierarchical cache storage backend cleared: {out.message}.\n")
         return error_response(f"clear_hicache_storage_backend failed: {out.message}", 400)
@@ -116,20 +116,6 @@ class AdminRoutes:
         if not out.success:
             return error_response(f"stop_profile failed: {out.message}", 400)
         return PlainTextResponse(f"Stop profiling. The trace was written to {out.message}\n")
-
-
-async def ask_schedulers(tm: TokenizerManager, msg, timeout_s: float) -> FlushCacheReqOutput:
-    """Send a control message whose reply is a FlushCacheReqOutput (the tokenizer side resolves
-    those in order) and wait for it. The TokenizerManager has no generic control call yet, so this
-    uses its `SchedulerControl` directly."""
-    tm._ensure_started()
-    tm._check_alive()
-    async with tm.control.lock:
-        fut = tm.control._send_control(tm.control.flush_waiters, msg)
-        try:
-            return await asyncio.wait_for(asyncio.shield(fut), timeout=timeout_s)
-        except asyncio.TimeoutError:
-            return FlushCacheReqOutput(False, f"the scheduler did not answer within {timeout_s:g} s")
 
 
 def load_entry(state: dict, dp_rank: int) -> dict:

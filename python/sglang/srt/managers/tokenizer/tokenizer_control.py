@@ -16,6 +16,7 @@ import time
 from typing import Any, Callable, Optional
 
 from sglang.srt.managers.io_struct import (
+    ClearHiCacheReqInput,
     FlushCacheReqInput,
     FlushCacheReqOutput,
     GetInternalStateReqInput,
@@ -119,6 +120,16 @@ class SchedulerControl:
                 return await asyncio.wait_for(asyncio.shield(fut), timeout=FLUSH_WAIT_S)
             except asyncio.TimeoutError:
                 return FlushCacheReqOutput(False, f"the scheduler did not answer within {FLUSH_WAIT_S:g} s")
+
+    async def clear_hicache_storage(self, timeout_s: float) -> FlushCacheReqOutput:
+        """Every rank deletes its HiCache storage pages (`ClearHiCacheReqInput`); its reply is a
+        FlushCacheReqOutput, resolved in order with the flushes. Allowed while requests run."""
+        async with self.lock:
+            fut = self._send_control(self.flush_waiters, ClearHiCacheReqInput())
+            try:
+                return await asyncio.wait_for(asyncio.shield(fut), timeout=timeout_s)
+            except asyncio.TimeoutError:
+                return FlushCacheReqOutput(False, f"the scheduler did not answer within {timeout_s:g} s")
 
     async def profile(self, msg: ProfileReqInput) -> ProfileReqOutput:
         """Start or stop torch.profiler on every scheduler rank (applied between two steps)."""

@@ -319,6 +319,12 @@ class TokenizerManager:
         self._check_alive()
         return await self.control.flush_cache(len(self.rid_to_state))
 
+    async def clear_hicache_storage(self, timeout_s: float) -> FlushCacheReqOutput:
+        """/clear_hicache_storage_backend: every rank deletes its HiCache storage pages."""
+        self._ensure_started()
+        self._check_alive()
+        return await self.control.clear_hicache_storage(timeout_s)
+
     async def profile(self, msg: ProfileReqInput) -> ProfileReqOutput:
         """/start_profile, /stop_profile: torch.profiler on every scheduler rank."""
         self._ensure_started()
