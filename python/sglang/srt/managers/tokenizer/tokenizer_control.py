@@ -103,6 +103,16 @@ class SchedulerControl:
         self.send(msg)
         return fut
 
+    async def _ask(self, waiters: list[asyncio.Future], msg: Any, timeout_s: float, reply_cls: Any) -> Any:
+        """Send `msg` (one control call at a time) and wait for its reply; `reply_cls(False, why)`
+        when the scheduler does not answer within `timeout_s`."""
+        async with self.lock:
+            fut = self._send_control(waiters, msg)
+            try:
+                return await asyncio.wait_for(asyncio.shield(fut), timeout=timeout_s)
+            except asyncio.TimeoutError:
+                return reply_cls(False, f"the scheduler did not answer within {timeout_s:g} s")
+
     async def flush_cache(self, num_running: int) -> FlushCacheReqOutput:
         """Flush the radix cache; refused at once (never queued behind work) while requests run."""
         if num_running:
@@ -114,31 +124,16 @@ class SchedulerControl:
         age = self.heartbeat_age()
         if age is not None and age >= CONTROL_STALE_S:
             return FlushCacheReqOutput(False, f"the scheduler has not responded for {age:.1f} s")
-        async with self.lock:
-            fut = self._send_control(self.flush_waiters, FlushCacheReqInput())
-            try:
-                return await asyncio.wait_for(asyncio.shield(fut), timeout=FLUSH_WAIT_S)
-            except asyncio.TimeoutError:
-                return FlushCacheReqOutput(False, f"the scheduler did not answer within {FLUSH_WAIT_S:g} s")
+        return await self._ask(self.flush_waiters, FlushCacheReqInput(), FLUSH_WAIT_S, FlushCacheReqOutput)
 
     async def clear_hicache_storage(self, timeout_s: float) -> FlushCacheReqOutput:
         """Every rank deletes its HiCache storage pages (`ClearHiCacheReqInput`); its reply is a
         FlushCacheReqOutput, resolved in order with the flushes. Allowed while requests run."""
-        async with self.lock:
-            fut = self._send_control(self.flush_waiters, ClearHiCacheReqInput())
-            try:
-                return await asyncio.wait_for(asyncio.shield(fut), timeout=timeout_s)
-            except asyncio.TimeoutError:
-                return FlushCacheReqOutput(False, f"the scheduler did not answer within {timeout_s:g} s")
+        return await self._ask(self.flush_waiters, ClearHiCacheReqInput(), timeout_s, FlushCacheReqOutput)
 
     async def profile(self, msg: ProfileReqInput) -> ProfileReqOutput:
         """Start or stop torch.profiler on every scheduler rank (applied between two steps)."""
-        async with self.lock:
-            fut = self._send_control(self.profile_waiters, msg)
-            try:
-                return await asyncio.wait_for(asyncio.shield(fut), timeout=PROFILE_WAIT_S)
-            except asyncio.TimeoutError:
-                return ProfileReqOutput(False, f"the scheduler did not answer within {PROFILE_WAIT_S:g} s")
+        return await self._ask(self.profile_waiters, msg, PROFILE_WAIT_S, ProfileReqOutput)
 
     async def get_internal_state_reply(self, max_wait_s: float = STATE_WAIT_S) -> GetInternalStateReqOutput:
         """The scheduler's `internal_state()` (`.state`; with attention DP the merged figures, and
