@@ -72,6 +72,9 @@ def test_non_streaming_clients_that_leave_are_aborted(server):
         assert wait_until(lambda: internal_state(client)["num_running_reqs"] == 0, 10.0), internal_state(
             client
         )
+        # the abort results travel scheduler -> detokenizer -> tokenizer manager after the
+        # scheduler dropped the requests: wait for the counter rather than read it once
+        assert wait_until(lambda: _aborted(client) - aborted_before >= len(bodies), 10.0), _aborted(client)
         assert time.monotonic() - left < 10.0
         assert _aborted(client) - aborted_before == len(bodies)
         after = wait_idle(client)
@@ -103,6 +106,7 @@ def test_stream_left_before_its_first_token_is_aborted(server):
         assert wait_until(lambda: internal_state(client)["num_running_reqs"] == 0, 10.0), internal_state(
             client
         )
+        assert wait_until(lambda: _aborted(client) - aborted_before >= 1, 10.0), _aborted(client)
         assert _aborted(client) - aborted_before == 1
         after = wait_idle(client)
         assert after["available_kv_tokens"] == before["available_kv_tokens"]
