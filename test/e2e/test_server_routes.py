@@ -93,6 +93,15 @@ def test_idle_keep_alive_connection_outlives_client_pool_expiry(srv: ServerHandl
         assert _get_health(sock, parsed.netloc).startswith(b"HTTP/1.1 200"), "idle connection closed"
 
 
+def test_http_process_never_loads_torch(srv: ServerHandle) -> None:
+    """The HTTP process (tokenizer, chat templates, start-up checks of the checkpoint) runs without
+    torch: importing it costs every server start ~2-3 CPU-s in a process that needs none of it."""
+    maps = Path(f"/proc/{srv.proc.pid}/maps")
+    if not maps.exists():
+        pytest.skip("needs Linux /proc")
+    assert "libtorch" not in maps.read_text()
+
+
 def test_cors_preflight_and_simple_request(srv: ServerHandle) -> None:
     origin = "http://example.test"
     pre = httpx.options(

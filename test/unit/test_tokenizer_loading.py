@@ -77,3 +77,20 @@ def test_other_directories_keep_autotokenizer(tmp_path, config, tok_config):
     assert plain_fast_tokenizer_dir(_variant(tmp_path))
     shutil.rmtree(tmp_path / "tok")
     assert not plain_fast_tokenizer_dir(_variant(tmp_path, config, tok_config))
+
+
+def test_tables_read_from_source_match_the_imported_module():
+    """`auto_tokenizer_tables` parses transformers' tokenization_auto.py instead of importing it
+    (the import pulls torch): it must find the same override set, and at least every model type the
+    imported mapping sends to the Mistral backend (all that can, whatever is installed)."""
+    from transformers.models.auto import tokenization_auto as ta
+
+    from sglang.srt.utils.hf_transformers_utils import auto_tokenizer_tables
+
+    tables = auto_tokenizer_tables()
+    assert tables is not None
+    incorrect, mistral = tables
+    assert incorrect == frozenset(ta.MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS)
+    imported = {k for k, v in ta.TOKENIZER_MAPPING_NAMES.items() if v == "MistralCommonBackend"}
+    assert imported <= mistral
+    assert {"mistral", "mixtral"} <= mistral

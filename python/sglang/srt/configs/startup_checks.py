@@ -86,7 +86,7 @@ def _check_context_parallel_backend(server_args: ServerArgs) -> None:
 
 def _check_pipeline_partition(server_args: ServerArgs) -> None:
     """The layer partition against the model's layer count (cheap: the config only)."""
-    from sglang.srt.model_loader.loader import load_hf_config_dict
+    from sglang.srt.model_loader.model_files import load_hf_config_dict
     from sglang.srt.models.utils import pp_partition
 
     config = load_hf_config_dict(server_args.model_path, server_args.load_format)
@@ -99,7 +99,7 @@ def _check_quantization(server_args: ServerArgs) -> None:
     """--quantization and the checkpoint's quantization_config (config.json only): an unsupported
     method, a value not built yet, or a flag that does not match the checkpoint's format."""
     from sglang.srt.layers.quantization.config import check_quantization_flag, quant_spec_from_config
-    from sglang.srt.model_loader.loader import load_hf_config_dict
+    from sglang.srt.model_loader.model_files import load_hf_config_dict
 
     check_quantization_flag(server_args.quantization)
     if server_args.load_format == "dummy" or server_args.model_path.startswith("dummy:"):

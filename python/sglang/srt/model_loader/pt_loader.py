@@ -11,17 +11,9 @@ from typing import Iterator, Optional
 
 import torch
 
+from sglang.srt.model_loader.model_files import list_pt_files
 from sglang.srt.model_loader.progress import progress
-from sglang.srt.model_loader.weight_files import cast_floating, list_weight_files
-
-INDEX_NAME = "pytorch_model.bin.index.json"
-# torch .bin files of an HF directory that hold no model weights
-_NOT_WEIGHTS = ("training_args.bin", "optimizer.bin", "scheduler.bin", "rng_state.bin")
-
-
-def list_pt_files(model_dir: str) -> list[str]:
-    """The `.bin` weight files of `model_dir`: those the index json names when present, else every *.bin."""
-    return list_weight_files(model_dir, INDEX_NAME, "*.bin", skip=_NOT_WEIGHTS)
+from sglang.srt.model_loader.weight_files import cast_floating
 
 
 def iter_pt_weights(

@@ -6,9 +6,10 @@ from __future__ import annotations
 import glob
 import json
 import os
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
-import torch
+if TYPE_CHECKING:  # torch-free at import: the HTTP process resolves load formats with this module
+    import torch
 
 
 def list_weight_files(model_dir: str, index_name: str, pattern: str, skip: Sequence[str] = ()) -> list[str]:
@@ -30,15 +31,12 @@ def list_weight_files(model_dir: str, index_name: str, pattern: str, skip: Seque
     return files
 
 
-_FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
-
-
-def cast_floating(tensor: torch.Tensor, dtype: Optional[torch.dtype], name: str = "") -> torch.Tensor:
+def cast_floating(tensor: "torch.Tensor", dtype: "Optional[torch.dtype]", name: str = "") -> "torch.Tensor":
     """`tensor` in `dtype` when it is a floating tensor (integer tensors keep theirs); None: unchanged.
     Quantized checkpoints keep their FP8 weights (1 byte) and scales (FP8 `*_scale_inv`, int8
-    `*.weight_scale`) as stored."""
+    `*.weight_scale`) as stored (a 1-byte floating tensor is one of torch's FP8 dtypes)."""
     if dtype is None or not tensor.is_floating_point() or tensor.dtype == dtype:
         return tensor
-    if tensor.dtype in _FP8_DTYPES or name.endswith(("_scale_inv", ".weight_scale")):
+    if tensor.element_size() == 1 or name.endswith(("_scale_inv", ".weight_scale")):
         return tensor
     return tensor.to(dtype)

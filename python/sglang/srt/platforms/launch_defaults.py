@@ -43,7 +43,16 @@ def default_attention_backend(device: str) -> str:
     return ATTENTION_BACKEND_DEFAULTS.get(device_family(device), "torch_native")
 
 
-CHILD_PRELOAD = ("torch", "sglang.srt.managers.scheduler.scheduler_process")
+CHILD_PRELOAD = (
+    "torch",
+    "sglang.srt.managers.scheduler.scheduler_process",
+    # what every rank's first `AutoConfig` import pays (~1.5 CPU-s: transformers' config base pulls
+    # torch.distributed.tensor); a module another transformers lacks is skipped by the fork server
+    "transformers.configuration_utils",
+    "transformers.models.auto.configuration_auto",
+    "transformers.utils.type_validators",
+    "transformers.modeling_rope_utils",
+)
 
 
 def child_context(device: str) -> BaseContext:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ast
+import functools
+import importlib.util
 import json
 import os
 from typing import Any, Optional
@@ -64,22 +67,64 @@ def plain_fast_tokenizer_dir(tokenizer_path: str) -> bool:
         return False
     if tok_config.get("tokenizer_class") not in PLAIN_FAST_CLASSES:
         return False
-    try:
-        from transformers.models.auto.tokenization_auto import (
-            MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS,
-            TOKENIZER_MAPPING_NAMES,
-        )
-    except ImportError:  # another transformers: its own rules
+    tables = auto_tokenizer_tables()
+    if tables is None:  # another transformers: its own rules
         return False
+    incorrect_hub_class, mistral_types = tables
     model_type, model_name = config.get("model_type"), config.get("model_name")
     if not isinstance(model_type, str) or not isinstance(model_name, (str, type(None))):
         return False
-    if (
-        model_type in MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS
-        or model_name in MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS
-    ):
+    if model_type in incorrect_hub_class or model_name in incorrect_hub_class:
         return False
-    return TOKENIZER_MAPPING_NAMES.get(model_type) != "MistralCommonBackend"
+    return model_type not in mistral_types
+
+
+@functools.lru_cache(maxsize=1)
+def auto_tokenizer_tables() -> Optional[tuple[frozenset[str], frozenset[str]]]:
+    """(model types whose Hub tokenizer class AutoTokenizer overrides, model types it may give a
+    Mistral backend), read from transformers' `tokenization_auto.py` source without running it:
+    importing that module imports torch (via the model configs), which a tokenizer does not need.
+    None when the file does not have the expected shape (then AutoTokenizer decides)."""
+    spec = importlib.util.find_spec("transformers")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = os.path.join(spec.submodule_search_locations[0], "models", "auto", "tokenization_auto.py")
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError):
+        return None
+    incorrect, mistral = None, set()
+    for node in tree.body:
+        target = node.target if isinstance(node, ast.AnnAssign) else None
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+        name = target.id if isinstance(target, ast.Name) else None
+        if name == "MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS" and node.value is not None:
+            try:
+                incorrect = frozenset(ast.literal_eval(node.value))
+            except ValueError:
+                return None
+        elif name == "TOKENIZER_MAPPING_NAMES" and node.value is not None:
+            mistral |= _mistral_backend_types(node.value)
+    return None if incorrect is None or not mistral else (incorrect, frozenset(mistral))
+
+
+def _mistral_backend_types(mapping: ast.AST) -> set[str]:
+    """Model types of the `(model_type, class expression)` pairs whose class expression can give
+    `MistralCommonBackend` (whether mistral_common is installed or not: the safe side)."""
+    found = set()
+    for pair in ast.walk(mapping):
+        if not (isinstance(pair, ast.Tuple) and len(pair.elts) == 2):
+            continue
+        key = pair.elts[0]
+        if isinstance(key, ast.Constant) and isinstance(key.value, str):
+            if any(
+                isinstance(n, ast.Constant) and n.value == "MistralCommonBackend"
+                for n in ast.walk(pair.elts[1])
+            ):
+                found.add(key.value)
+    return found
 
 
 def apply_chat_template(
