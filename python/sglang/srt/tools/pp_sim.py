@@ -30,7 +30,8 @@ from sglang.srt.tools.pp_sim_core import (
 # H20-class stage: DeepSeek-V3.1, TP8 per stage (one 8×H20 node). Shape from FLOP counts
 # (MLA attention 5.0e6 FLOP per query-key pair over 61 layers; 37B active parameters), overall
 # scale and per-forward overhead fitted to the blog's TTFTs at 128K (PP1 48.5 s, PP4 15.5 s,
-# fixed 4096 chunks); p2p: 28.7 KB/token of hidden+residual over 8 × 400 Gb/s. docs/benchmarks.md.
+# fixed 4096 chunks); p2p: 28.7 KB/token of hidden+residual over 8 × 400 Gb/s.
+# How it was built: docs/notes/2026-11-dynamic-chunking.md.
 PRESETS = {
     "h20-dsv31-tp8": StageCostModel(2.284e-9, 5.788e-5, 0.052, TransferModel(1e-4, 7.2e-8), "h20-dsv31-tp8"),
 }
