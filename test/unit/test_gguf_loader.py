@@ -19,6 +19,8 @@ from sglang.srt.model_loader.gguf_loader import (
     iter_gguf_weights,
     load_gguf_tokenizer,
 )
+from sglang.srt.model_loader.gguf_config import open_gguf
+from sglang.srt.model_loader.gguf_file import GGUFFile
 from sglang.srt.model_loader.gguf_weights import gguf_to_hf_name
 from sglang.srt.model_loader.safetensors_loader import iter_safetensors_weights
 from sglang.test.tiny_gguf import write_tiny_gguf
@@ -36,14 +38,14 @@ ROUND_TRIP_TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def smollm2_reader() -> gguf.GGUFReader:
+def smollm2_reader() -> GGUFFile:
     try:
         from sglang.srt.model_loader.default_model import find_default_model
 
         path = find_default_model()
     except RuntimeError as e:
         pytest.skip(f"default model not installed: {e}")
-    return gguf.GGUFReader(path, "r")
+    return open_gguf(path)
 
 
 @pytest.fixture(scope="module")

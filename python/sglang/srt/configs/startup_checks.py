@@ -27,6 +27,8 @@ def check_server_args_against_model(server_args: ServerArgs) -> None:
     _check_attention_backend(server_args)
     _check_nsa_backends(server_args)
     _check_quantization(server_args)
+    if server_args.tp_size > 1:
+        _check_attention_heads(server_args)
     if server_args.pp_size > 1:
         _check_pipeline_partition(server_args)
     if server_args.cp_size > 1:
@@ -93,6 +95,34 @@ def _check_pipeline_partition(server_args: ServerArgs) -> None:
     config = config.get("text_config", config) if "num_hidden_layers" not in config else config
     if "num_hidden_layers" in config:
         pp_partition(int(config["num_hidden_layers"]), server_args.pp_size)
+
+
+def _check_attention_heads(server_args: ServerArgs) -> None:
+    """The attention heads split evenly over the attention-TP ranks (`tp / (dp · cp)`): the query
+    heads divide by it, and the KV heads divide by it or it by them (then each KV head is replicated).
+    Checked from the config before any rank starts, instead of by every rank building its layers."""
+    from sglang.srt.distributed.parallel_layout import ParallelLayout
+    from sglang.srt.model_loader.model_files import load_hf_config_dict
+
+    try:
+        config = load_hf_config_dict(server_args.model_path, server_args.load_format)
+    except ValueError:
+        return  # no readable config here: the model loader names the problem
+    config = config.get("text_config", config) if "num_attention_heads" not in config else config
+    heads = config.get("num_attention_heads")
+    if not isinstance(heads, int):
+        return
+    attn_tp = ParallelLayout.from_server_args(server_args).attn_tp
+    where = f"the attention tp size ({attn_tp} = --tp-size / (dp attention size x --cp-size))"
+    if heads % attn_tp:
+        raise ValueError(f"--tp-size: the model's {heads} attention heads must be divisible by {where}")
+    kv_heads = config.get("num_key_value_heads", heads)
+    if "kv_lora_rank" in config or not isinstance(kv_heads, int):
+        return  # MLA: one latent KV shared by all heads
+    if kv_heads >= attn_tp and kv_heads % attn_tp:
+        raise ValueError(f"--tp-size: the model's {kv_heads} KV heads must be divisible by {where}")
+    if kv_heads < attn_tp and attn_tp % kv_heads:
+        raise ValueError(f"--tp-size: {where} must be a multiple of the model's {kv_heads} KV heads")
 
 
 def _check_quantization(server_args: ServerArgs) -> None:

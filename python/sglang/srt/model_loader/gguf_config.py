@@ -8,9 +8,11 @@ from __future__ import annotations
 from typing import Any, Union
 
 import numpy as np
-from gguf import GGUFReader, LlamaFileType
+from gguf import LlamaFileType
 
-GGUFSource = Union[str, GGUFReader]
+from sglang.srt.model_loader.gguf_file import GGUFFile, read_gguf
+
+GGUFSource = Union[str, GGUFFile]
 
 # GGUF `general.architecture` -> (HF architectures entry, HF model_type)
 SUPPORTED_ARCHS: dict[str, tuple[str, str]] = {
@@ -28,17 +30,14 @@ _HALF_FILE_TYPES = {
 }
 
 
-def open_gguf(source: GGUFSource) -> GGUFReader:
-    """A GGUFReader for a path (memory-mapped, read-only), or the reader itself."""
-    return source if isinstance(source, GGUFReader) else GGUFReader(source, "r")
+def open_gguf(source: GGUFSource) -> GGUFFile:
+    """The parsed file for a path (tensors memory-mapped, read-only), or the parsed file itself."""
+    return source if isinstance(source, GGUFFile) else read_gguf(source)
 
 
-def field_value(reader: GGUFReader, key: str, default: Any = None) -> Any:
+def field_value(reader: GGUFFile, key: str, default: Any = None) -> Any:
     """Decoded value of metadata `key` (str, number, bool or list), or `default` when absent."""
-    field = reader.get_field(key)
-    if field is None:
-        return default
-    return field.contents()
+    return reader.value(key, default)
 
 
 def _f32(value: Any) -> float:
@@ -46,7 +45,7 @@ def _f32(value: Any) -> float:
     return float(str(np.float32(value)))
 
 
-def gguf_arch(reader: GGUFReader) -> str:
+def gguf_arch(reader: GGUFFile) -> str:
     """`general.architecture`, validated against SUPPORTED_ARCHS."""
     arch = field_value(reader, "general.architecture")
     if arch not in SUPPORTED_ARCHS:
@@ -56,7 +55,7 @@ def gguf_arch(reader: GGUFReader) -> str:
     return arch
 
 
-def _tensor_shape(reader: GGUFReader, name: str) -> tuple[int, ...] | None:
+def _tensor_shape(reader: GGUFFile, name: str) -> tuple[int, ...] | None:
     """Shape of tensor `name` in torch/numpy order (GGUF stores dims fastest-first), or None."""
     for t in reader.tensors:
         if t.name == name:
@@ -64,14 +63,14 @@ def _tensor_shape(reader: GGUFReader, name: str) -> tuple[int, ...] | None:
     return None
 
 
-def _require(reader: GGUFReader, key: str) -> Any:
+def _require(reader: GGUFFile, key: str) -> Any:
     value = field_value(reader, key)
     if value is None:
         raise ValueError(f"GGUF file lacks required metadata key {key!r}")
     return value
 
 
-def _rope_scaling(reader: GGUFReader, arch: str) -> dict | None:
+def _rope_scaling(reader: GGUFFile, arch: str) -> dict | None:
     kind = field_value(reader, f"{arch}.rope.scaling.type", "none")
     if kind in (None, "none"):
         return None
@@ -81,7 +80,7 @@ def _rope_scaling(reader: GGUFReader, arch: str) -> dict | None:
     raise NotImplementedError(f"GGUF rope scaling type {kind!r} is not supported")
 
 
-def _torch_dtype(reader: GGUFReader) -> str:
+def _torch_dtype(reader: GGUFFile) -> str:
     """float16/bfloat16 for half-precision files; float32 for F32 and quantized files (dequantized to f32)."""
     file_type = field_value(reader, "general.file_type")
     try:

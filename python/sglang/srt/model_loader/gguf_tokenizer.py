@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from gguf import GGUFReader, TokenType
+from gguf import TokenType
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
@@ -82,7 +82,7 @@ def gguf_tokenizer_config(source: GGUFSource) -> dict[str, Any]:
 
 def build_gguf_tokenizer_object(source: GGUFSource) -> Tokenizer:
     """A `tokenizers.Tokenizer` (byte-level BPE) equivalent to the GGUF vocab, merges and token types."""
-    reader: GGUFReader = open_gguf(source)
+    reader = open_gguf(source)
     model = field_value(reader, "tokenizer.ggml.model")
     if model != "gpt2":
         raise NotImplementedError(

@@ -13,7 +13,7 @@ from typing import Iterator, Optional, Union
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType, ReaderTensor
+from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from sglang.srt.model_loader.gguf_config import (
@@ -23,6 +23,7 @@ from sglang.srt.model_loader.gguf_config import (
     gguf_arch,
     open_gguf,
 )
+from sglang.srt.model_loader.gguf_file import GGUFTensorInfo
 from sglang.srt.model_loader.progress import progress
 
 _GLOBAL_NAMES = {
@@ -74,7 +75,7 @@ def gguf_to_hf_qk_unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, head_dim // 2, 2, *rest).transpose(1, 2).reshape(w.shape)
 
 
-def dequantize_tensor(t: ReaderTensor) -> torch.Tensor:
+def dequantize_tensor(t: GGUFTensorInfo) -> torch.Tensor:
     """float32 torch tensor of a GGUF tensor, in torch dim order."""
     shape = tuple(int(d) for d in reversed(list(t.shape)))
     if t.tensor_type == GGMLQuantizationType.F32:
