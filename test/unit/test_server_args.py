@@ -186,3 +186,22 @@ def test_chunked_prefill_size_defaults_to_the_platforms_choice():
     )
     assert ServerArgs(model_path=TINY_LLAMA_DIR, chunked_prefill_size=8192).chunked_prefill_size == 8192
     assert not ServerArgs(model_path=TINY_LLAMA_DIR, chunked_prefill_size=-1).chunked_prefill_enabled
+
+
+@pytest.mark.parametrize(
+    "flags,match",
+    [
+        ({"tp_size": 3}, "4 attention heads must be divisible by the attention tp size \\(3"),
+        ({"tp_size": 6, "dp_size": 2, "enable_dp_attention": True}, "divisible by the attention tp size \\(3"),
+        ({"tp_size": 4, "cp_size": 2}, None),  # attention tp 2: 4 heads, 2 KV heads split evenly
+        ({"tp_size": 4}, None),  # 2 KV heads replicated on 2 ranks each
+    ],
+)
+def test_attention_heads_against_the_attention_tp_size(flags, match):
+    """Checked from config.json at start-up (tiny Llama: 4 heads, 2 KV heads), not by every rank."""
+    args = ServerArgs(model_path=TINY_LLAMA_DIR, **flags)
+    if match is None:
+        check_server_args(args)
+        return
+    with pytest.raises(ValueError, match=match):
+        check_server_args(args)
