@@ -78,3 +78,20 @@ def test_not_a_gguf_file_is_a_clear_error(tmp_path):
     )
     with pytest.raises(ValueError, match="truncated"):
         read_gguf(str(truncated))
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "F16", "BF16"])
+def test_dequantization_is_bit_identical_to_ggufs(qtype):
+    """Our torch block dequantization (Q8_0 / Q4_0 / Q4_1; others go through gguf) against
+    `gguf.quants.dequantize` on random rows, compared bit for bit."""
+    from gguf.quants import dequantize, quantize
+
+    from sglang.srt.model_loader.gguf_dequant import dequantize_gguf
+
+    kind = gguf.GGMLQuantizationType[qtype]
+    values = np.random.default_rng(0).standard_normal((7, 96)).astype(np.float32) * 3
+    data = quantize(values, kind)
+    ours = dequantize_gguf(data, kind)
+    ref = np.asarray(dequantize(data, kind), dtype=np.float32)
+    assert ours.shape == ref.shape == values.shape
+    assert np.array_equal(ours.view(np.uint32), ref.view(np.uint32))

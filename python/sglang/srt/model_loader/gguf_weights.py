@@ -13,8 +13,6 @@ from typing import Iterator, Optional, Union
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType
-from gguf.quants import dequantize
 
 from sglang.srt.model_loader.gguf_config import (
     PERMUTED_QK_ARCHS,
@@ -23,6 +21,7 @@ from sglang.srt.model_loader.gguf_config import (
     gguf_arch,
     open_gguf,
 )
+from sglang.srt.model_loader.gguf_dequant import dequantize_gguf
 from sglang.srt.model_loader.gguf_file import GGUFTensorInfo
 from sglang.srt.model_loader.progress import progress
 
@@ -78,10 +77,7 @@ def gguf_to_hf_qk_unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
 def dequantize_tensor(t: GGUFTensorInfo) -> torch.Tensor:
     """float32 torch tensor of a GGUF tensor, in torch dim order."""
     shape = tuple(int(d) for d in reversed(list(t.shape)))
-    if t.tensor_type == GGMLQuantizationType.F32:
-        arr = np.array(t.data, dtype=np.float32, copy=True)
-    else:
-        arr = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+    arr = dequantize_gguf(t.data, t.tensor_type)
     return torch.from_numpy(np.ascontiguousarray(arr).reshape(shape))
 
 
