@@ -5,6 +5,8 @@ Supported GGUF architectures: `llama` (SmolLM2, Llama 1/2-style), `qwen2` and `q
 
 from __future__ import annotations
 
+import functools
+import os
 from typing import Any, Union
 
 import numpy as np
@@ -31,8 +33,18 @@ _HALF_FILE_TYPES = {
 
 
 def open_gguf(source: GGUFSource) -> GGUFFile:
-    """The parsed file for a path (tensors memory-mapped, read-only), or the parsed file itself."""
-    return source if isinstance(source, GGUFFile) else read_gguf(source)
+    """The parsed file for a path (tensors memory-mapped, read-only), or the parsed file itself.
+    A process opens one file several times (config, tokenizer, weights): the last two parsed files
+    are kept, keyed by path, size and modification time (a rewritten file is parsed again)."""
+    if isinstance(source, GGUFFile):
+        return source
+    st = os.stat(source)
+    return _read_cached(os.path.realpath(source), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=2)
+def _read_cached(path: str, size: int, mtime_ns: int) -> GGUFFile:
+    return read_gguf(path)
 
 
 def field_value(reader: GGUFFile, key: str, default: Any = None) -> Any:
