@@ -192,7 +192,10 @@ def test_chunked_prefill_size_defaults_to_the_platforms_choice():
     "flags,match",
     [
         ({"tp_size": 3}, "4 attention heads must be divisible by the attention tp size \\(3"),
-        ({"tp_size": 6, "dp_size": 2, "enable_dp_attention": True}, "divisible by the attention tp size \\(3"),
+        (
+            {"tp_size": 6, "dp_size": 2, "enable_dp_attention": True},
+            "divisible by the attention tp size \\(3",
+        ),
         ({"tp_size": 4, "cp_size": 2}, None),  # attention tp 2: 4 heads, 2 KV heads split evenly
         ({"tp_size": 4}, None),  # 2 KV heads replicated on 2 ranks each
     ],
