@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
-from sglang.srt.layers.context_parallel import CPLayout, get_cp_layout, start_gather
+from sglang.srt.layers.context_parallel import get_cp_layout, start_gather
 from sglang.srt.layers.dp_attention import dp_gather, dp_scatter
 from sglang.srt.layers.moe.ep_all_to_all import moe_all_to_all
 
@@ -250,18 +250,11 @@ def gather_for_logits(hidden_states: torch.Tensor, forward_batch: "ForwardBatch"
     spec = cp.last_tokens_spec()
     if cp_logits_split(forward_batch):  # this rank's last tokens only (`cp_gather_logits`)
         rows = spec.local_rows
-        _, repl_rows = _replicated_last_tokens(cp)
+        _, repl_rows = cp.replicated_last_tokens()
         if repl_rows.numel():  # unsplit prefills: every rank holds (and computes) their last token
             rows = torch.cat([rows, repl_rows])
         return hidden_states.index_select(0, rows.to(hidden_states.device))
     return cp.gather_rows(hidden_states, cp.last_token_idx(), spec)
-
-
-def _replicated_last_tokens(cp: CPLayout) -> tuple[torch.Tensor, torch.Tensor]:
-    """(request index, local row) of each request whose last token every rank holds."""
-    last = cp.last_token_idx()
-    reqs = torch.nonzero(cp.holder_rank[last] < 0).flatten()
-    return reqs, cp.holder_row[last[reqs]]
 
 
 def cp_logits_split(forward_batch: "ForwardBatch") -> bool:
@@ -290,7 +283,7 @@ def cp_gather_logits(logits: torch.Tensor, forward_batch: "ForwardBatch") -> tor
         request_of = torch.full((cp.num_tokens,), -1, dtype=torch.int64)
         request_of[cp.last_token_idx()] = torch.arange(cp.batch_size)
         out.index_copy_(0, request_of[spec.global_idx].to(logits.device), gathered)
-    reqs, _ = _replicated_last_tokens(cp)
+    reqs, _ = cp.replicated_last_tokens()
     if reqs.numel():
         out.index_copy_(0, reqs.to(logits.device), logits[n_split:])
     return out
