@@ -23,8 +23,8 @@ The model entry (`scatter_model_input`) and exit (`gather_for_logits`) change la
 TP_ATTN_FULL and SCATTERED; the logits processor moves its rows to FULL and back when the LM head
 spans the replicas (`dp_gather_logit_rows`, `dp_scatter_logit_rows`). Under CP with split decodes
 (`CPLayout.split_decodes`, no DP attention) the LM head runs on the last tokens this rank holds
-and their logits are gathered instead (`cp_logits_split`, `cp_gather_logits`): no rank computes
-another rank's logits.
+each rank samples its own rows (`cp_logits_split`, `layers/sampler_cp.py`; `cp_gather_logits`
+assembles the batch's logits where all of them are read): no rank computes another rank's logits.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from sglang.srt.layers.dp_attention import dp_gather, dp_scatter
 from sglang.srt.layers.moe.ep_all_to_all import moe_all_to_all
 
 if TYPE_CHECKING:
+    from sglang.srt.layers.context_parallel import CPLayout
     from sglang.srt.distributed.parallel_state import GroupCoordinator, ParallelGroups
     from sglang.srt.model_executor.forward_batch import ForwardBatch
 
@@ -270,12 +271,11 @@ def cp_logits_split(forward_batch: "ForwardBatch") -> bool:
     )
 
 
-def cp_gather_logits(logits: torch.Tensor, forward_batch: "ForwardBatch") -> torch.Tensor:
+def cp_gather_logits(logits: torch.Tensor, cp: "CPLayout") -> torch.Tensor:
     """This rank's logit rows (`cp_logits_split`: its split last tokens, then the replicated ones)
-    -> [batch_size, vocab], request order, every rank."""
-    cp = get_cp_layout(forward_batch)
+    -> [batch_size, vocab], request order, every rank (a vocab-wide all-gather: the engine samples
+    each rank's rows where they are instead, `layers/sampler_cp.py`)."""
     spec = cp.last_tokens_spec()
-    cp.count("logit_rows", logits.shape[0])
     n_split = int(spec.local_rows.numel())
     out = logits.new_empty((cp.batch_size, logits.shape[1]))
     if spec.total:
