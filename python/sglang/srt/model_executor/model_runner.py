@@ -55,8 +55,8 @@ class ForwardResult:
     logprobs: Optional[list[float]]
     top_logprobs: Optional[list[list[tuple[float, int]]]]
     # float32 [num sampled rows, vocab], the raw logits the sampler read (a reference, no copy: the
-    # sampler never writes its input). None when no row sampled or the result crossed the pipeline
-    # ring (stage 0 gets ids only).
+    # sampler never writes its input). None when no row sampled, the result crossed the pipeline
+    # ring (stage 0 gets ids only) or a split CP decode sampled each rank's rows where they were.
     logits: Optional[torch.Tensor] = None
     # prompt logprobs of the step's `logprob_rows` (model_executor/logprobs.py); None: no rows
     input_logprobs: Optional[InputLogprobs] = None
