@@ -17,8 +17,10 @@ import pytest
 # engine itself: a server alone on its cores gains from the spin.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-# CP tests use prompts of tens of tokens to test the split path; the engine's default leaves
-# prompts that short unsplit (--cp-min-split-tokens). Tests of that choice pass the flag themselves.
+# A guard only: CP tests use prompts of tens of tokens to test the split path, and the CPU
+# platform's default `cp_min_split_tokens` is already 0 (always split), so nothing depends on this
+# today; it keeps those prompts split should the CPU default ever become a crossover length
+# (--cp-min-split-tokens). Tests of that choice pass the flag themselves.
 os.environ.setdefault("SGLANG_CP_MIN_SPLIT_TOKENS", "0")
 
 _FOLDER_MARKERS = {

@@ -5,7 +5,9 @@ vs the in-process single-rank scheduler, float32.
 Workload: 3 prompts of odd lengths (the 45-token one prefilled over 3 chunks of 16 beside decodes),
 16 greedy tokens each, then the long prompt again (a radix hit). index_topk 8, so attention is
 sparse. Greedy ids identical and every sampled token's logprob within 1e-4 of the reference
-(log-softmax of its logits). Layout: pp 2 x cp 2 (zigzag).
+(log-softmax of its logits). Layouts: pp 2 x cp 2 (zigzag), and cp 2 with `--cp-min-split-tokens
+12` (adaptive CP: prompts below and above the threshold in one batch; the short one's tokens
+counted by `cp_unsplit_prefill_tokens`, the suite's default being 0, always split).
 """
 
 from __future__ import annotations
@@ -25,7 +27,13 @@ ENGINE = dict(
     dtype="float32", chunked_prefill_size=16, max_total_tokens=4096, num_threads=1, log_level="warning"
 )
 # cp 2 alone, round-robin and ep 2 are covered on hand-built batches (test_cp_mla_parity.py)
-CONFIGS = {"pp2-cp2": dict(cp_size=2, pp_size=2, cp_strategy="zigzag")}
+CONFIGS = {
+    "pp2-cp2": dict(cp_size=2, pp_size=2, cp_strategy="zigzag"),
+    # adaptive CP (as test_cp_engine_parity.py's dense case): the 7-token prompt runs whole on both
+    # ranks (MLA / DSA attention local, its last token's logits on both), the 19-token one and the
+    # 45-token one's 16-token chunks are split
+    "cp2-min-split-12": dict(cp_size=2, cp_min_split_tokens=12),
+}
 
 
 def _prompts() -> list[list[int]]:
@@ -57,6 +65,12 @@ def test_v32_engine_cp_matches_single_rank(model_and_reference, name):
     with sgl.Engine(model_path=path, **ENGINE, **CONFIGS[name]) as llm:
         outs = llm.generate(input_ids=prompts, sampling_params=params, return_logprob=True)
         again = llm.generate(input_ids=prompts[2], sampling_params=params, return_logprob=True)
+        unsplit = llm.get_server_info()["internal_states"][0]["cp_unsplit_prefill_tokens"]
+    min_split = CONFIGS[name].get("cp_min_split_tokens", 0)
+    if min_split == 0:
+        assert unsplit == 0, name
+    else:  # the short prompt whole (and first chunks the budget cut under 12), never all of them
+        assert sum(len(p) for p in prompts if len(p) < min_split) <= unsplit < sum(map(len, prompts)), unsplit
     assert again["meta_info"]["cached_tokens"] == (len(prompts[2]) - 1) // 2 * 2  # whole virtual pages
     for (ids, logprobs), got in zip(ref + [ref[2]], outs + [again]):
         assert got["output_ids"] == ids, name

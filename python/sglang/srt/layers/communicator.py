@@ -23,8 +23,8 @@ The model entry (`scatter_model_input`) and exit (`gather_for_logits`) change la
 TP_ATTN_FULL and SCATTERED; the logits processor moves its rows to FULL and back when the LM head
 spans the replicas (`dp_gather_logit_rows`, `dp_scatter_logit_rows`). Under CP with split decodes
 (`CPLayout.split_decodes`, no DP attention) the LM head runs on the last tokens this rank holds
-and their logits are gathered instead (`cp_logits_split`, `cp_gather_logits`): no rank computes
-another rank's logits.
+each rank samples its own rows (`cp_logits_split`, `layers/sampler_cp.py`; `cp_gather_logits`
+assembles the batch's logits where all of them are read): no rank computes another rank's logits.
 """
 
 from __future__ import annotations
@@ -35,11 +35,12 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
-from sglang.srt.layers.context_parallel import CPLayout, get_cp_layout, start_gather
+from sglang.srt.layers.context_parallel import get_cp_layout, start_gather
 from sglang.srt.layers.dp_attention import dp_gather, dp_scatter
 from sglang.srt.layers.moe.ep_all_to_all import moe_all_to_all
 
 if TYPE_CHECKING:
+    from sglang.srt.layers.context_parallel import CPLayout
     from sglang.srt.distributed.parallel_state import GroupCoordinator, ParallelGroups
     from sglang.srt.model_executor.forward_batch import ForwardBatch
 
@@ -250,18 +251,11 @@ def gather_for_logits(hidden_states: torch.Tensor, forward_batch: "ForwardBatch"
     spec = cp.last_tokens_spec()
     if cp_logits_split(forward_batch):  # this rank's last tokens only (`cp_gather_logits`)
         rows = spec.local_rows
-        _, repl_rows = _replicated_last_tokens(cp)
+        _, repl_rows = cp.replicated_last_tokens()
         if repl_rows.numel():  # unsplit prefills: every rank holds (and computes) their last token
             rows = torch.cat([rows, repl_rows])
         return hidden_states.index_select(0, rows.to(hidden_states.device))
     return cp.gather_rows(hidden_states, cp.last_token_idx(), spec)
-
-
-def _replicated_last_tokens(cp: CPLayout) -> tuple[torch.Tensor, torch.Tensor]:
-    """(request index, local row) of each request whose last token every rank holds."""
-    last = cp.last_token_idx()
-    reqs = torch.nonzero(cp.holder_rank[last] < 0).flatten()
-    return reqs, cp.holder_row[last[reqs]]
 
 
 def cp_logits_split(forward_batch: "ForwardBatch") -> bool:
@@ -277,12 +271,11 @@ def cp_logits_split(forward_batch: "ForwardBatch") -> bool:
     )
 
 
-def cp_gather_logits(logits: torch.Tensor, forward_batch: "ForwardBatch") -> torch.Tensor:
+def cp_gather_logits(logits: torch.Tensor, cp: "CPLayout") -> torch.Tensor:
     """This rank's logit rows (`cp_logits_split`: its split last tokens, then the replicated ones)
-    -> [batch_size, vocab], request order, every rank."""
-    cp = get_cp_layout(forward_batch)
+    -> [batch_size, vocab], request order, every rank (a vocab-wide all-gather: the engine samples
+    each rank's rows where they are instead, `layers/sampler_cp.py`)."""
     spec = cp.last_tokens_spec()
-    cp.count("logit_rows", logits.shape[0])
     n_split = int(spec.local_rows.numel())
     out = logits.new_empty((cp.batch_size, logits.shape[1]))
     if spec.total:
@@ -290,7 +283,7 @@ def cp_gather_logits(logits: torch.Tensor, forward_batch: "ForwardBatch") -> tor
         request_of = torch.full((cp.num_tokens,), -1, dtype=torch.int64)
         request_of[cp.last_token_idx()] = torch.arange(cp.batch_size)
         out.index_copy_(0, request_of[spec.global_idx].to(logits.device), gathered)
-    reqs, _ = _replicated_last_tokens(cp)
+    reqs, _ = cp.replicated_last_tokens()
     if reqs.numel():
         out.index_copy_(0, reqs.to(logits.device), logits[n_split:])
     return out

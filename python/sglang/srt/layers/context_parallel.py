@@ -121,6 +121,8 @@ class CPLayout:
     # Derived per batch, built on first use (see the *_spec methods).
     _split_spec: Optional[GatherSpec] = field(default=None, repr=False)
     _last_tokens_spec: Optional[GatherSpec] = field(default=None, repr=False)
+    _last_idx: Optional[torch.Tensor] = field(default=None, repr=False)
+    _replicated_last: Optional[tuple[torch.Tensor, torch.Tensor]] = field(default=None, repr=False)
     _trivial: Optional[bool] = field(default=None, repr=False)
     # Exchanges in flight: layer id -> its all-gather (started early, waited on by the layer).
     pending: dict[int, PendingGather] = field(default_factory=dict, repr=False)
@@ -158,8 +160,11 @@ class CPLayout:
         layout.group, layout.slot_mapping = group, slot_mapping
         layout.split_decodes, layout.stats = split_decodes, stats
         layout.min_split_tokens = min_split_tokens
-        unsplit = sum(n for k, n in zip(layout.kinds, layout.ext_lens) if k == FRESH and n < min_split_tokens)
-        layout.count("unsplit_prefill_tokens", unsplit if cp_size > 1 else 0)
+        if min_split_tokens > 0 and cp_size > 1 and stats is not None:  # 0: every prompt is split
+            unsplit = sum(
+                n for k, n in zip(layout.kinds, layout.ext_lens) if k == FRESH and n < min_split_tokens
+            )
+            layout.count("unsplit_prefill_tokens", unsplit)
         return layout
 
     @staticmethod
@@ -355,8 +360,22 @@ class CPLayout:
         return self.gather_rows(x_local, torch.arange(self.num_tokens), self.split_spec())
 
     def last_token_idx(self) -> torch.Tensor:
-        """[batch_size] global flat index of each request's last new token."""
-        return torch.tensor([s + n - 1 for s, n in zip(self.starts, self.ext_lens)], dtype=torch.int64)
+        """[batch_size] global flat index of each request's last new token (built once per batch)."""
+        if self._last_idx is None:
+            self._last_idx = torch.tensor(
+                [s + n - 1 for s, n in zip(self.starts, self.ext_lens)], dtype=torch.int64
+            )
+        return self._last_idx
+
+    def replicated_last_tokens(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(request index, local row) of each request whose last token every rank holds (an
+        unsplit prefill, or a replicated decode), ascending request order; built once per batch
+        (the model exit and the logit assembly both read it)."""
+        if self._replicated_last is None:
+            last = self.last_token_idx()
+            reqs = torch.nonzero(self.holder_rank[last] < 0).flatten()
+            self._replicated_last = (reqs, self.holder_row[last[reqs]])
+        return self._replicated_last
 
 
 # ---------------------------------------------------------------------------- forward batch glue

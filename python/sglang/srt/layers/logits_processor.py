@@ -6,7 +6,11 @@ are `ForwardBatch.dp.num_logit_rows`, or `num_tokens` for all-token logits), the
 logits computed for all of them, and each replica keeps its own rows.
 
 Prompt logprobs (`ForwardBatch.logprob_rows`): the model finishes every row (the batch asks for all
-logits) and only the last rows and those rows go through the LM head."""
+logits) and only the last rows and those rows go through the LM head.
+
+Under CP with split decodes (`cp_logits_split`) each rank computes the logits of the last tokens it
+holds only and returns them as they are (`CPLocalLogits`); the engine samples them on this rank and
+all-gathers the sampled ids (`layers/sampler_cp.py`), never the vocab-wide rows."""
 
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import torch
 from torch import nn
 
 from sglang.srt.layers.communicator import cp_gather_logits, cp_logits_split
+from sglang.srt.layers.context_parallel import CPLayout, get_cp_layout
 from sglang.srt.layers.dp_attention import dp_gather, dp_scatter
 from sglang.srt.layers.vocab_embedding import ParallelLMHead
 
@@ -26,13 +31,41 @@ if TYPE_CHECKING:
 
 
 @dataclass
+class CPLocalLogits:
+    """Under a split CP decode (`cp_logits_split`): the logits of the last tokens this cp rank holds,
+    its split ones in request order, then those every rank holds (`CPLayout.replicated_last_tokens`).
+    The engine samples them where they are (`layers/sampler_cp.py`)."""
+
+    logits: torch.Tensor  # [rows, vocab] float32
+    layout: CPLayout
+
+    def gather(self) -> torch.Tensor:
+        """[batch_size, vocab] on every rank (a collective: every cp rank calls it or none does)."""
+        return cp_gather_logits(self.logits, self.layout)
+
+
 class LogitsProcessorOutput:
-    # [batch_size, vocab] float32: logits of the last new token of each request.
-    next_token_logits: torch.Tensor
-    # [num_tokens, vocab] float32 for every new token, only when forward_batch.return_all_logits.
-    full_logits: Optional[torch.Tensor] = None
-    # [len(logprob_rows), vocab] float32: the rows prompt logprobs need (forward_batch.logprob_rows).
-    input_logits: Optional[torch.Tensor] = None
+    """`next_token_logits`: [batch_size, vocab] float32, the logits of each request's last new token;
+    `full_logits`: [num_tokens, vocab] for every new token (only when forward_batch.return_all_logits);
+    `input_logits`: [len(logprob_rows), vocab], the rows prompt logprobs need; `cp_local`: this rank's
+    rows under a split CP decode, from which `next_token_logits` is all-gathered on first read (a
+    collective: read it on every cp rank or on none; the engine samples `cp_local` instead)."""
+
+    def __init__(
+        self,
+        next_token_logits: Optional[torch.Tensor] = None,
+        full_logits: Optional[torch.Tensor] = None,
+        input_logits: Optional[torch.Tensor] = None,
+        cp_local: Optional[CPLocalLogits] = None,
+    ):
+        self._next_token_logits = next_token_logits
+        self.full_logits, self.input_logits, self.cp_local = full_logits, input_logits, cp_local
+
+    @property
+    def next_token_logits(self) -> torch.Tensor:
+        if self._next_token_logits is None and self.cp_local is not None:
+            self._next_token_logits = self.cp_local.gather()
+        return self._next_token_logits
 
 
 class LogitsProcessor(nn.Module):
@@ -54,9 +87,11 @@ class LogitsProcessor(nn.Module):
     def forward(
         self, hidden_states: torch.Tensor, lm_head: ParallelLMHead, forward_batch: "ForwardBatch"
     ) -> LogitsProcessorOutput:
-        if cp_logits_split(forward_batch):  # CP: this rank's last tokens only, the logits gathered
+        if cp_logits_split(forward_batch):  # CP: this rank's last tokens only, sampled here
+            cp = get_cp_layout(forward_batch)
+            cp.count("logit_rows", hidden_states.shape[0])
             logits = lm_head.compute_logits(hidden_states).float()
-            return LogitsProcessorOutput(next_token_logits=cp_gather_logits(logits, forward_batch))
+            return LogitsProcessorOutput(cp_local=CPLocalLogits(logits, cp))
         dp = forward_batch.dp
         if forward_batch.logprob_rows is not None:
             # every row is here (return_all_logits is set with them): each request's last row, then

@@ -65,7 +65,11 @@ class Sampler(torch.nn.Module):
         return_logprob: bool = False,
         top_logprobs_nums: Optional[list[int]] = None,
         token_ids_logprob: Optional[list[Optional[list[int]]]] = None,
+        shared_uniforms: Optional[torch.Tensor] = None,
     ) -> SampleOutput:
+        """`shared_uniforms` ([bs], optional): the uniform number of each unseeded sampled row, drawn
+        by the caller instead of from the shared generator (a split CP decode samples a subset of
+        the batch with the numbers one process draws for the whole batch: `sampler_cp.py`)."""
         bs = logits.shape[0]
         if bs != info.batch_size:
             raise ValueError(f"logits have {bs} rows but the batch info has {info.batch_size}")
@@ -83,7 +87,7 @@ class Sampler(torch.nn.Module):
                 if x is logits:
                     x = x.clone()
                 info.process_logits(x)
-            next_ids = self._choose(x, info)
+            next_ids = self._choose(x, info, shared_uniforms)
         next_ids = next_ids.to(torch.int64)
 
         out = SampleOutput(next_token_ids=next_ids)
@@ -102,7 +106,9 @@ class Sampler(torch.nn.Module):
         return out
 
     # ------------------------------------------------------------------ internals
-    def _choose(self, x: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
+    def _choose(
+        self, x: torch.Tensor, info: SamplingBatchInfo, given: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
         """Argmax for greedy rows, filtered sampling for the others ([bs] int64)."""
         if info.all_greedy:
             return greedy_argmax(x)
@@ -111,11 +117,13 @@ class Sampler(torch.nn.Module):
             ids = greedy_argmax(x)
             rows = [i for i, g in enumerate(greedy) if not g]
             sel = torch.tensor(rows, dtype=torch.int64, device=x.device)
-            ids[sel] = self._sample(x[sel], info, rows)
+            ids[sel] = self._sample(x[sel], info, rows, given)
             return ids
-        return self._sample(x, info, list(range(x.shape[0])))
+        return self._sample(x, info, list(range(x.shape[0])), given)
 
-    def _sample(self, x: torch.Tensor, info: SamplingBatchInfo, rows: list[int]) -> torch.Tensor:
+    def _sample(
+        self, x: torch.Tensor, info: SamplingBatchInfo, rows: list[int], given: Optional[torch.Tensor]
+    ) -> torch.Tensor:
         """Sample the given rows of the batch; `x` holds exactly those rows."""
         dev = x.device
         row_t = None if len(rows) == info.batch_size else torch.tensor(rows, device=info.device)
@@ -127,30 +135,34 @@ class Sampler(torch.nn.Module):
         min_ps = pick(info.min_ps)
         if info.need_top_k or info.need_top_p:
             vals, idx = _filter_sorted(probs, pick(info.top_ks), pick(info.top_ps), min_ps, info)
-            choice = self._draw(vals, info, rows)
+            choice = self._draw(vals, info, rows, given)
             return idx.gather(1, choice.view(-1, 1)).view(-1)
         if info.need_min_p:
             peak = probs.max(dim=-1, keepdim=True).values
             probs = probs.masked_fill(probs < min_ps.view(-1, 1) * peak, 0.0)
-        return self._draw(probs, info, rows)
+        return self._draw(probs, info, rows, given)
 
-    def _draw(self, weights: torch.Tensor, info: SamplingBatchInfo, rows: list[int]) -> torch.Tensor:
+    def _draw(
+        self, weights: torch.Tensor, info: SamplingBatchInfo, rows: list[int], given: Optional[torch.Tensor]
+    ) -> torch.Tensor:
         """One categorical draw per row from non-negative `weights` (inverse CDF).
 
         Seeded rows take their uniform number from their own generator, the others from the
-        shared one. A zero weight is never chosen.
+        shared one (or from `given`, indexed by batch row). A zero weight is never chosen.
         """
         dev = weights.device
         shared = self.shared_generator(dev)
         seeds = [info.row_seeds[r] for r in rows]
+        if given is not None:
+            given = given.to(dev)
         if all(s is None for s in seeds):
-            u = torch.rand(len(rows), 1, generator=shared, device=dev)
+            u = self._shared_uniforms(rows, shared, given, dev)
         else:
             u = torch.empty(len(rows), 1, device=dev)
             unseeded = [j for j, s in enumerate(seeds) if s is None]
             if unseeded:
                 sel = torch.tensor(unseeded, dtype=torch.int64, device=dev)
-                u[sel] = torch.rand(len(unseeded), 1, generator=shared, device=dev)
+                u[sel] = self._shared_uniforms([rows[j] for j in unseeded], shared, given, dev)
             for j, s in enumerate(seeds):
                 if s is not None:
                     g = torch.Generator(device=dev)
@@ -161,6 +173,13 @@ class Sampler(torch.nn.Module):
         idx = torch.searchsorted(cum, u * total, right=True)
         last_positive = (cum < total).sum(dim=-1, keepdim=True)  # guards u * total == total
         return torch.minimum(idx, last_positive).view(-1)
+
+    @staticmethod
+    def _shared_uniforms(rows: list[int], shared, given: Optional[torch.Tensor], dev) -> torch.Tensor:
+        """[len(rows), 1]: the next numbers of the shared generator, or `given`'s for these rows."""
+        if given is None:
+            return torch.rand(len(rows), 1, generator=shared, device=dev)
+        return given[torch.tensor(rows, dtype=torch.int64, device=dev)].view(-1, 1)
 
 
 def greedy_argmax(x: torch.Tensor) -> torch.Tensor:

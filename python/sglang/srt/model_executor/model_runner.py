@@ -27,6 +27,7 @@ from sglang.srt.distributed.parallel_state import ParallelGroups
 from sglang.srt.layers.attention.registry import check_attention_backend, create_attention_backend
 from sglang.srt.layers.cp_runtime import CPRuntime
 from sglang.srt.layers.sampler import SampleOutput, Sampler
+from sglang.srt.layers.sampler_cp import cp_sample
 from sglang.srt.model_executor.logprobs import InputLogprobs, input_logprobs
 from sglang.srt.model_executor.worker_batch import ModelWorkerBatch
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
@@ -54,8 +55,8 @@ class ForwardResult:
     logprobs: Optional[list[float]]
     top_logprobs: Optional[list[list[tuple[float, int]]]]
     # float32 [num sampled rows, vocab], the raw logits the sampler read (a reference, no copy: the
-    # sampler never writes its input). None when no row sampled or the result crossed the pipeline
-    # ring (stage 0 gets ids only).
+    # sampler never writes its input). None when no row sampled, the result crossed the pipeline
+    # ring (stage 0 gets ids only) or a split CP decode sampled each rank's rows where they were.
     logits: Optional[torch.Tensor] = None
     # prompt logprobs of the step's `logprob_rows` (model_executor/logprobs.py); None: no rows
     input_logprobs: Optional[InputLogprobs] = None
@@ -273,6 +274,9 @@ class ModelRunner:
             return out
         if not wb.sample_rows:
             result = ForwardResult([], None, None)
+        elif out.cp_local is not None:  # split CP decode: each rank samples its own rows
+            sampled = cp_sample(self.sampler, out.cp_local, wb, self.model_config.eos_token_ids)
+            result = self._result(sampled, same_on_cp_ranks=True)
         else:
             logits = out.next_token_logits
             if len(wb.sample_rows) != wb.batch_size:
@@ -300,9 +304,19 @@ class ModelRunner:
             top_logprobs_nums=wb.top_logprobs_nums,
             token_ids_logprob=wb.token_ids_logprob,
         )
+        return self._result(result, raw_logits)
+
+    def _result(
+        self, result: SampleOutput, raw_logits: Optional[torch.Tensor] = None, same_on_cp_ranks: bool = False
+    ) -> ForwardResult:
+        """The step's result from the sampler's output. `raw_logits`: None when no rank holds the
+        whole batch's logits (a split CP decode, whose all-gather gave the cp ranks the same ids:
+        `same_on_cp_ranks`)."""
         next_ids = result.next_token_ids
-        if self.groups.replica.size > 1:
-            # Every rank of the replica must append the same token: its first rank's choice wins.
+        agreed = self.cp.group.size if same_on_cp_ranks else 1  # ranks known to hold the same ids
+        if self.groups.replica.size > agreed:
+            # Every rank of the replica must append the same token: its first rank's choice wins
+            # (the attn_tp ranks beside a cp rank may have drawn their own numbers)
             next_ids = self.groups.replica.broadcast(next_ids.contiguous(), src=0)
         return ForwardResult(
             next_token_ids=next_ids.tolist(),
