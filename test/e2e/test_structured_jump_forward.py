@@ -39,7 +39,15 @@ MAX_NEW = 80
 
 @pytest.fixture(scope="module")
 def server():
-    args = ("--load-format", "auto", "--num-threads", "1", "--enable-jump-forward", "--max-total-tokens", "256")
+    args = (
+        "--load-format",
+        "auto",
+        "--num-threads",
+        "1",
+        "--enable-jump-forward",
+        "--max-total-tokens",
+        "256",
+    )
     handle = launch_server(args, model=find_default_model())
     yield handle
     handle.stop()

@@ -63,7 +63,9 @@ def sample(mgr, req: Req, text: str, tokenizer) -> None:
 
 
 def sched_of(mgr, tokenizer):
-    return SimpleNamespace(grammar=mgr, eos_token_ids={tokenizer.eos_token_id}, tokenizer=tokenizer, context_len=0)
+    return SimpleNamespace(
+        grammar=mgr, eos_token_ids={tokenizer.eos_token_id}, tokenizer=tokenizer, context_len=0
+    )
 
 
 def test_forced_key_retokenizes_to_the_same_text(tokenizer):
