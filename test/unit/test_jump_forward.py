@@ -43,7 +43,9 @@ def manager(tokenizer, jump: bool = True):
 
 def constrained_req(mgr, **params) -> Req:
     params.setdefault("max_new_tokens", 64)
-    req = Req("r", PROMPT, SamplingParams(json_schema=SCHEMA, **params))
+    if "ebnf" not in params:
+        params["json_schema"] = SCHEMA
+    req = Req("r", PROMPT, SamplingParams(**params))
     assert mgr.route([req]) == []
     deadline = time.monotonic() + 30
     ready = []
@@ -145,3 +147,28 @@ def test_off_changes_nothing(tokenizer):
     out = list(req.output_ids)
     jump_forward(sched_of(mgr, tokenizer), req)
     assert req.output_ids == out and mgr._states[req].forced() == KEY_A + '"'
+
+
+def test_sampled_token_merged_into_the_forced_text(tokenizer):
+    mgr = manager(tokenizer)
+    req = constrained_req(mgr, ebnf='root ::= "Say hello world"')
+    req.return_logprob, req.top_logprobs_num = True, 1
+    for token in tokenizer.encode("Say", add_special_tokens=False) + tokenizer.encode(
+        " ", add_special_tokens=False
+    ):
+        req.append_token(token, -0.5, [(-0.5, token)])
+        mgr.on_token(req, token)
+    req.kv_len = req.seqlen - 1
+    say = tokenizer.encode("Say", add_special_tokens=False)
+    jump_forward(sched_of(mgr, tokenizer), req)
+    # the sampled " " became part of " hello": replaced, its sampled logprob gone
+    assert req.output_ids == say + tokenizer.encode(" hello world", add_special_tokens=False)
+    assert [lp for lp, _ in req.output_token_logprobs] == [-0.5] * len(say) + [0.0] * (
+        len(req.output_ids) - len(say)
+    )
+    assert [top for top in req.output_top_logprobs[len(say) :]] == [
+        [(0.0, t)] for t in req.output_ids[len(say) :]
+    ]
+    assert mgr._states[req].forced() == ""
+    mgr.on_token(req, tokenizer.eos_token_id)
+    assert req.finished_reason == {"type": "stop", "matched": tokenizer.eos_token_id}

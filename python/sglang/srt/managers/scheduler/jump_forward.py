@@ -38,9 +38,10 @@ def jump_forward(sched: Any, req: Req) -> None:
     new = grammar.jump_forward(req, req.token_slice(max(0, end - JUMP_CONTEXT), end), limit)
     if new is None:
         return
+    scored = req.return_logprob and len(req.output_token_logprobs) == len(req.output_ids)
     sampled = req.output_ids.pop()
     keep = new[0] == sampled  # the sampled token stays, with its logprobs
-    if not keep:
+    if not keep and scored:
         _drop_last_logprobs(req)
     for i, token in enumerate(new):
         if i == 0 and keep:
@@ -65,8 +66,6 @@ def _forced_logprobs(req: Req, token: int) -> tuple:
 
 def _drop_last_logprobs(req: Req) -> None:
     """The sampled token was merged with the forced text: its logprob entries go with it."""
-    if not req.return_logprob or not req.output_token_logprobs:
-        return
     req.output_token_logprobs.pop()
     if req.top_logprobs_num and req.output_top_logprobs:
         req.output_top_logprobs.pop()
