@@ -21,14 +21,19 @@ def retokenize(tokenizer: Any, context: list[int], tail: list[int], forced: str)
     to `decode(context + tail) + forced`; None when no such ids are found (no jump)."""
     if not forced or REPLACEMENT in forced:
         return None
-    base = tokenizer.decode(context + tail)
+    base = _decode(tokenizer, context + tail)
     if REPLACEMENT in base:  # a character split across tokens: its bytes cannot be re-encoded
         return None
     text = base + forced
     ids = tokenizer.encode(text, add_special_tokens=False)
-    if ids[: len(context)] == context and len(ids) > len(context) and tokenizer.decode(ids) == text:
+    if ids[: len(context)] == context and len(ids) > len(context) and _decode(tokenizer, ids) == text:
         return ids[len(context) :]
     plain = tail + tokenizer.encode(forced, add_special_tokens=False)
-    if tokenizer.decode(context + plain) == text:
+    if _decode(tokenizer, context + plain) == text:
         return plain
     return None
+
+
+def _decode(tokenizer: Any, ids: list[int]) -> str:
+    """The exact text of `ids` (no clean-up of spaces before punctuation: it would hide a change)."""
+    return tokenizer.decode(ids, clean_up_tokenization_spaces=False)
