@@ -11,7 +11,6 @@ time (median, P99).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 
@@ -21,24 +20,13 @@ from sglang.srt.model_loader.default_model import find_default_model
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.hf_transformers_utils import get_tokenizer
+from sglang.test.long_key_schema import SCHEMA_TEXT
 
-KEYS = ("customer_full_name", "customer_account_identifier", "customer_membership_level", "preferred_contact")
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        KEYS[0]: {"type": "string", "maxLength": 16},
-        KEYS[1]: {"type": "integer", "minimum": 0, "maximum": 99999},
-        KEYS[2]: {"enum": ["bronze_member_level", "silver_member_level", "golden_member_level"]},
-        KEYS[3]: {"enum": ["electronic_mail_address", "telephone_number"]},
-    },
-    "required": list(KEYS),
-    "additionalProperties": False,
-}
 TOPICS = ["a customer", "a bank client", "a shop visitor", "a gym member", "a hotel guest", "a patient"]
 
 
 def run(sched: Scheduler, prompts: list[list[int]], tag: str) -> dict:
-    params = SamplingParams(max_new_tokens=128, temperature=0.0, json_schema=json.dumps(SCHEMA))
+    params = SamplingParams(max_new_tokens=128, temperature=0.0, json_schema=SCHEMA_TEXT)
     start = time.perf_counter()
     for i, ids in enumerate(prompts):
         sched.handle_message(TokenizedGenerateReqInput(f"{tag}-{i}", None, ids, params))
@@ -69,13 +57,11 @@ def main() -> None:
     args = ap.parse_args()
     model = find_default_model()
     tokenizer = get_tokenizer(model)
-    prompts = [
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": f"Describe {TOPICS[i % len(TOPICS)]} #{i} as JSON."}],
-            add_generation_prompt=True,
-        )
-        for i in range(args.batch)
-    ]
+    prompts = []
+    for i in range(args.batch):
+        messages = [{"role": "user", "content": f"Describe {TOPICS[i % len(TOPICS)]} #{i} as JSON."}]
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        prompts.append(tokenizer.encode(text))
     for jump in (False, True):
         server_args = ServerArgs(
             model_path=model, dtype=args.dtype, num_threads=args.num_threads, enable_jump_forward=jump

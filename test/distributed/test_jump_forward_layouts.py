@@ -7,46 +7,24 @@ forced keys were jumped (`jump_forward_tokens`)."""
 
 from __future__ import annotations
 
-import json
 from typing import Iterator
 
 import pytest
+from test_smollm2_parallel_layouts import ENGINE as BASE_ENGINE
+from test_smollm2_parallel_layouts import LAYOUTS
 
 import sglang as sgl
 from sglang.test import prompt_logprobs_reference as plr
+from sglang.test.long_key_schema import SCHEMA_TEXT, check
 
 pytestmark = pytest.mark.slow  # spawns gloo ranks and builds engines
 
-LAYOUTS = {
-    "tp3": dict(tp_size=3),
-    "pp2": dict(pp_size=2),
-    "cp2": dict(cp_size=2),
-    "dp2-attention": dict(tp_size=2, dp_size=2, enable_dp_attention=True),
-}
-ENGINE = dict(
-    dtype="float32",
-    chunked_prefill_size=8,
-    max_total_tokens=2048,
-    num_threads=1,
-    log_level="warning",
-    enable_jump_forward=True,
-)
-KEYS = ("customer_full_name", "customer_account_identifier", "customer_membership_level")
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        KEYS[0]: {"type": "string", "maxLength": 12},
-        KEYS[1]: {"type": "integer", "minimum": 0, "maximum": 999},
-        KEYS[2]: {"enum": ["bronze_member_level", "silver_member_level", "golden_member_level"]},
-    },
-    "required": list(KEYS),
-    "additionalProperties": False,
-}
+ENGINE = dict(BASE_ENGINE, enable_jump_forward=True)
 PROMPTS = [
     "<|im_start|>user\nDescribe a customer as JSON.<|im_end|>\n<|im_start|>assistant\n",
     "<|im_start|>user\nA person as JSON.<|im_end|>\n<|im_start|>assistant\n",
 ]
-PARAMS = {"max_new_tokens": 48, "temperature": 0, "json_schema": json.dumps(SCHEMA)}
+PARAMS = {"max_new_tokens": 48, "temperature": 0, "json_schema": SCHEMA_TEXT}
 
 
 def _run(**layout) -> tuple[list[list[int]], int]:
@@ -54,7 +32,7 @@ def _run(**layout) -> tuple[list[list[int]], int]:
         outs = llm.generate(PROMPTS, PARAMS)
         states = llm.get_server_info()["internal_states"]
     for out in outs:
-        assert list(json.loads(out["text"])) == list(KEYS), out["text"]
+        check(out["text"])
     return [o["output_ids"] for o in outs], sum(s["jump_forward_tokens"] for s in states)
 
 

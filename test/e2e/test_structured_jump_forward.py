@@ -20,20 +20,10 @@ from server_helpers import flush, internal_state, launch_server, leaks_after_loa
 
 from sglang.srt.model_loader.default_model import find_default_model
 from sglang.srt.utils.hf_transformers_utils import get_tokenizer
+from sglang.test.long_key_schema import SCHEMA_TEXT, check
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
-KEYS = ("customer_full_name", "customer_account_identifier", "customer_membership_level")
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        KEYS[0]: {"type": "string", "maxLength": 12},
-        KEYS[1]: {"type": "integer", "minimum": 0, "maximum": 999},
-        KEYS[2]: {"enum": ["bronze_member_level", "silver_member_level", "golden_member_level"]},
-    },
-    "required": list(KEYS),
-    "additionalProperties": False,
-}
 MAX_NEW = 80
 
 
@@ -61,14 +51,8 @@ def prompt():
 
 
 def body(prompt: str, **extra) -> dict:
-    params = {"temperature": 0, "max_new_tokens": MAX_NEW, "json_schema": json.dumps(SCHEMA)}
+    params = {"temperature": 0, "max_new_tokens": MAX_NEW, "json_schema": SCHEMA_TEXT}
     return {"text": prompt, "sampling_params": params, **extra}
-
-
-def check(text: str) -> None:
-    obj = json.loads(text)
-    assert list(obj) == list(KEYS), obj
-    assert isinstance(obj[KEYS[1]], int) and obj[KEYS[2]].endswith("_member_level")
 
 
 def test_jump_forward_output_and_fewer_steps(server, prompt):

@@ -26,12 +26,13 @@ REGEXES = [
 ]
 
 
+# the tiny model with dummy weights, chunks of 16 tokens, no prefix cache (every step recomputes)
+TINY = dict(model_path=str(TINY_LLAMA_DIR), load_format="dummy", dtype="float32", num_threads=1)
+
+
 def scheduler(max_total_tokens: int, jump: bool) -> Scheduler:
     args = ServerArgs(
-        model_path=str(TINY_LLAMA_DIR),
-        load_format="dummy",
-        dtype="float32",
-        num_threads=1,
+        **TINY,
         max_total_tokens=max_total_tokens,
         chunked_prefill_size=16,
         disable_radix_cache=True,
