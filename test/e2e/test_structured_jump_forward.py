@@ -69,7 +69,7 @@ def test_jump_forward_output_and_fewer_steps(server, prompt):
     steps = after["forward_ct"] - before["forward_ct"]  # prefill + one per sampled token
     jumped = after["jump_forward_tokens"] - before["jump_forward_tokens"]
     # jump-forward off: 1 prefill + (completion - 1) decodes = completion steps
-    assert jumped >= 3 * 8 and steps < completion - 20, (steps, completion, jumped)
+    assert jumped >= 3 * 4 and steps < completion - 10, (steps, completion, jumped)
 
 
 def test_stream_and_logprobs(server, prompt):
@@ -90,7 +90,7 @@ def test_stream_and_logprobs(server, prompt):
     assert len(meta["output_token_logprobs"]) == n and len(meta["output_top_logprobs"]) == n
     assert [e[1] for e in meta["output_token_logprobs"]] == lp["output_ids"]
     zeros = sum(1 for e in meta["output_token_logprobs"] if e[0] == 0.0)
-    assert zeros >= 3 * 8  # the jumped key tokens
+    assert zeros >= 3 * 4  # the jumped key tokens (at least 4 per key)
 
 
 def test_aborts_and_retractions_leak_nothing(server, prompt):
