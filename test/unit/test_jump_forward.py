@@ -172,3 +172,16 @@ def test_sampled_token_merged_into_the_forced_text(tokenizer):
     assert mgr._states[req].forced() == ""
     mgr.on_token(req, tokenizer.eos_token_id)
     assert req.finished_reason == {"type": "stop", "matched": tokenizer.eos_token_id}
+
+
+def test_flag_refused_without_a_grammar_backend():
+    from sglang.srt.server_args import ServerArgs
+    from sglang.test.tiny_models import TINY_LLAMA_DIR
+
+    for extra in ({"grammar_backend": "none"}, {"skip_tokenizer_init": True}):
+        args = ServerArgs(
+            model_path=str(TINY_LLAMA_DIR), load_format="dummy", enable_jump_forward=True, **extra
+        )
+        with pytest.raises(ValueError, match="--enable-jump-forward needs a grammar backend"):
+            args.validate()
+    ServerArgs(model_path=str(TINY_LLAMA_DIR), load_format="dummy", enable_jump_forward=True).validate()
