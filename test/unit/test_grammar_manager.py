@@ -66,7 +66,8 @@ def test_queue_then_cache_hit(tokenizer):
     assert poll_until(mgr) == ([a], [])
     assert mgr.backend.misses == 1
     assert mgr.route([b]) == [b]  # compiled once: the second request goes straight on
-    assert mgr.backend.hits == 1 and mgr.internal_state() == {"grammar_queue": 0, "grammar_matchers": 2}
+    assert mgr.backend.hits == 1
+    assert mgr.internal_state() == {"grammar_queue": 0, "grammar_matchers": 2, "jump_forward_tokens": 0}
     plain = FakeReq("c")
     assert mgr.route([plain]) == [plain] and mgr.fill_mask([plain]) is None
 

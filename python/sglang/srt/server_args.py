@@ -276,6 +276,12 @@ class ServerArgs(CompatArgs, ParallelArgs, HiCacheArgs):
         G_API,
         choices=["xgrammar", "llguidance", "none"],
     )
+    enable_jump_forward: bool = arg(
+        False,
+        "Constrained decoding: append the text the grammar forces without decoding it token by token "
+        "(retokenized; the next step extends over it). Changes the output's tokenization.",
+        G_API,
+    )
 
     # ------------------------------------------------------------------ optimization / debug
     disable_radix_cache: bool = arg(False, "Disable the radix (prefix) cache.", G_OPTIMIZATION)

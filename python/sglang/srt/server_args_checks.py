@@ -66,6 +66,10 @@ def _validate_values(args: Any) -> None:
         raise ValueError(
             "--grammar-backend llguidance is not built into this engine: use xgrammar (the default) or none"
         )
+    if args.enable_jump_forward and (args.grammar_backend == "none" or args.skip_tokenizer_init):
+        raise ValueError(
+            "--enable-jump-forward needs a grammar backend and a tokenizer (xgrammar, no --skip-tokenizer-init)"
+        )
     if not (0 < args.port < 65536):
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
     if args.page_size < 1:

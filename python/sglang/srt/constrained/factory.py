@@ -10,9 +10,15 @@ BACKENDS = ("xgrammar", "llguidance", "none")
 
 
 def create_grammar_manager(
-    backend: str, tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int], group: Optional[Any] = None
+    backend: str,
+    tokenizer: Any,
+    vocab_size: int,
+    stop_token_ids: Sequence[int],
+    group: Optional[Any] = None,
+    jump_forward: bool = False,
 ) -> GrammarManager:
-    """`tokenizer` None (`--skip-tokenizer-init`): no vocabulary to compile against, so none."""
+    """`tokenizer` None (`--skip-tokenizer-init`): no vocabulary to compile against, so none.
+    `jump_forward`: `--enable-jump-forward`."""
     if backend == "none":
         return GrammarManager(None, group)
     if tokenizer is None:
@@ -27,4 +33,4 @@ def create_grammar_manager(
 
         return XGrammarBackend(tokenizer, vocab_size, stop_token_ids)
 
-    return GrammarManager(build, group)
+    return GrammarManager(build, group, jump_forward=jump_forward)

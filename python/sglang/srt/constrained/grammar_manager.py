@@ -14,7 +14,11 @@ constrained:
 - `fill_mask(reqs)`: the step's token bitmask for its sampling rows (None: no row constrained);
 - `on_token(req, token)`: advance the matcher; the request finishes (`stop`) when the grammar
   terminates, or with an error when the token is not allowed;
-- `release(req)` (finished requests), `abort(rid, abort_all)` (held requests).
+- `release(req)` (finished requests), `abort(rid, abort_all)` (held requests);
+- `jump_forward(req, context, limit)` / `rollback(req, n)` (`--enable-jump-forward`): the token
+  ids that replace the request's last sampled token with it + the text the grammar forces, the
+  matcher already moved over them (`jump_forward.py`; the scheduler side is
+  `managers/scheduler/jump_forward.py`).
 
 Retraction keeps a request's output (it is re-prefilled, `docs/architecture.md`), so its matcher
 stays where it is and the next token is masked exactly as before.
@@ -32,6 +36,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from sglang.srt.constrained.grammar_spec import GrammarError, GrammarSpec, spec_of
+from sglang.srt.constrained.jump_forward import retokenize
 from sglang.srt.constrained.xgrammar_backend import GrammarState, XGrammarBackend
 
 logger = logging.getLogger(__name__)
@@ -50,7 +55,8 @@ class GrammarManager:
     """`backend_factory`: builds the backend on the first constrained request (its tokenizer tables
     take a moment; servers that never see a grammar never pay it); None with `--grammar-backend
     none`, when `no_backend` says why. `group`: the replica's coordinator (mirrored schedulers agree
-    on compile completion through it); None for a single rank."""
+    on compile completion through it); None for a single rank. `jump_forward`:
+    `--enable-jump-forward` (forced text appended without sampling it)."""
 
     def __init__(
         self,
@@ -58,6 +64,7 @@ class GrammarManager:
         group: Any = None,
         workers: int = 2,
         no_backend: str = "this server runs --grammar-backend none",
+        jump_forward: bool = False,
     ):
         self._factory = backend_factory
         self._backend: Optional[XGrammarBackend] = None
@@ -69,6 +76,8 @@ class GrammarManager:
         self._futures: dict[GrammarSpec, Future] = {}
         self._states: dict[Any, GrammarState] = {}  # request -> its matcher
         self._failed: list = []  # finished by `route`, reported by the next `poll`
+        self.jump_forward_enabled = jump_forward and backend_factory is not None
+        self.jump_forward_tokens = 0  # output tokens that jump-forward appended (not sampled)
 
     @property
     def backend(self) -> XGrammarBackend:
@@ -213,6 +222,33 @@ class GrammarManager:
         elif state.terminated:
             req.finished_reason = {"type": "stop", "matched": int(token)}
 
+    def jump_forward(self, req, context: list[int], limit: int) -> Optional[list[int]]:
+        """The ids replacing `req`'s last output token (sampled, its KV not written yet) by it +
+        the text its grammar forces, at most `limit` + 1 of them, the matcher moved over them;
+        None (nothing changed) when the grammar forces nothing or the text does not retokenize.
+        `context`: the tokens before the last one (their KV is written: never re-split)."""
+        state = self._states.get(req) if self.jump_forward_enabled else None
+        if state is None or state.terminated or not req.output_ids:
+            return None
+        forced = state.forced()
+        if not forced:
+            return None
+        tail = req.output_ids[-1:]
+        new = retokenize(self.backend.tokenizer, context, tail, forced)
+        if new is None:
+            return None
+        new = new[: limit + 1]
+        if new == tail or not state.replace(tail, new):
+            return None
+        self.jump_forward_tokens += len(new) - len(tail)
+        return new
+
+    def rollback(self, req, n: int) -> None:
+        """Undo the matcher's last `n` tokens (jump-forward tokens cut off by a stop condition)."""
+        state = self._states.get(req)
+        if state is not None:
+            state.rollback(n)
+
     def release(self, req) -> None:
         self._states.pop(req, None)
 
@@ -221,4 +257,8 @@ class GrammarManager:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
     def internal_state(self) -> dict:
-        return {"grammar_queue": len(self._queue), "grammar_matchers": len(self._states)}
+        return {
+            "grammar_queue": len(self._queue),
+            "grammar_matchers": len(self._states),
+            "jump_forward_tokens": self.jump_forward_tokens,
+        }

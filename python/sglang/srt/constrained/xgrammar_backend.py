@@ -5,7 +5,8 @@ one matcher per request.
 thread's timing can never change a scheduling decision); the scheduler thread stores the result
 (`store`) and looks it up (`cached`). A `GrammarState` is one request's matcher: `fill(bitmask,
 row)` writes the next token's allowed set, `accept(token)` advances it, `terminated` is True once
-the grammar accepted its stop token.
+the grammar accepted its stop token; `forced()` / `replace(old, new)` / `rollback(n)` serve
+jump-forward (`jump_forward.py`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,29 @@ class GrammarState:
     def terminated(self) -> bool:
         return bool(self._matcher.is_terminated())
 
+    def forced(self) -> str:
+        """The text the grammar forces next (xgrammar's jump-forward string; "" when none)."""
+        return self._matcher.find_jump_forward_string()
+
+    def rollback(self, n: int) -> None:
+        if n > 0:
+            self._matcher.rollback(n)
+
+    def replace(self, old: list[int], new: list[int]) -> bool:
+        """Make the last accepted tokens `old` into `new`: roll back past their common prefix and
+        accept the rest of `new`. False (the matcher as before) when the grammar refuses `new`."""
+        k = 0
+        while k < min(len(old), len(new)) and old[k] == new[k]:
+            k += 1
+        self.rollback(len(old) - k)
+        for i, token in enumerate(new[k:]):
+            if not self.accept(token):
+                self.rollback(i)
+                for t in old[k:]:
+                    self.accept(t)
+                return False
+        return True
+
 
 class XGrammarBackend:
     """Compiles specs for one tokenizer / vocabulary (`vocab_size`: the logits' width)."""
@@ -53,6 +77,7 @@ class XGrammarBackend:
         import xgrammar as xgr
 
         self.vocab_size = vocab_size
+        self.tokenizer = tokenizer  # jump-forward retokenizes the forced text with it
         info = xgr.TokenizerInfo.from_huggingface(
             tokenizer, vocab_size=vocab_size, stop_token_ids=sorted(set(stop_token_ids)) or None
         )

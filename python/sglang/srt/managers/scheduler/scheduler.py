@@ -47,6 +47,7 @@ from sglang.srt.managers.io_struct import (
 from sglang.srt.managers.scheduler.admission import RequestAdmission, refuse
 from sglang.srt.managers.scheduler.cache_manager import KVCacheManager, build_prefix_cache
 from sglang.srt.managers.scheduler.dp_lockstep import DPLockstep
+from sglang.srt.managers.scheduler.jump_forward import jump_forward
 from sglang.srt.managers.scheduler.logprob_step import apply_step, sampled_logprobs
 from sglang.srt.managers.scheduler.profiler import SchedulerProfiler
 from sglang.srt.managers.scheduler.retraction import shrink_for_memory
@@ -141,6 +142,7 @@ class Scheduler:
             self.model_config.vocab_size,
             self.eos_token_ids,
             self.groups.replica,
+            jump_forward=server_args.enable_jump_forward,
         )
 
     # ------------------------------------------------------------------ info
@@ -393,6 +395,7 @@ class Scheduler:
                 self.grammar.release(req)
                 continue
             req.check_finished(self.eos_token_ids, self.tokenizer, self.context_len)
+            jump_forward(self, req)  # the text its grammar forces, appended (--enable-jump-forward)
             if req.finished:
                 self.running.remove(req)
                 self.cache.release(req)
