@@ -117,3 +117,17 @@ def fetch(buf: torch.Tensor, src: KVSource, ws: Optional[KVWorkspace], name: str
         return buf.view(heads * rows, dim).index_select(0, flat_idx).view(heads, n, dim)
     out = ws.take(name, (heads * n, dim), buf.dtype, buf.device)
     return torch.index_select(buf.view(heads * rows, dim), 0, flat_idx, out=out).view(heads, n, dim)
+
+
+def widen_kv(rows: torch.Tensor, dtype: torch.dtype, scale: float = 1.0) -> torch.Tensor:
+    """Cached rows read from the pool -> `dtype` (the compute dtype), times the layer's scale
+    (`--kv-cache-dtype fp8_*` stores `x / scale` in 1 byte; the scale is 1.0 otherwise)."""
+    rows = rows.to(dtype)
+    return rows if scale == 1.0 else rows * scale
+
+
+def kv_scales(pool: Any, layer_id: int) -> tuple[float, float]:
+    """(key scale, value scale) a reader multiplies the layer's widened rows by (1.0 unless the
+    pool stores FP8 with the checkpoint's scales)."""
+    get = getattr(pool, "kv_scales", None)
+    return get(layer_id) if get is not None else (1.0, 1.0)

@@ -1,0 +1,162 @@
+"""`--kv-cache-dtype fp8_e4m3 / fp8_e5m2`: a float32 model over a 1-byte KV pool against a reference
+that rounds K and V the same way.
+
+The reference is the same model and backend over a float32 pool whose writes pass K/V through
+`(x / scale).to(fp8).to(float32) * scale` (written here, independently of the pool's
+`quantize_kv`). Widening FP8 to float32 is exact, so the two runs see the same numbers: greedy
+tokens must be equal and logits within LOGIT_TOL. A float32 pool without rounding must differ by
+far more (the test would notice a pool that silently stored float32). Paths: fresh prefill,
+chunked prefill over a cached prefix, batched decode; MHA (tiny Llama, `cpu` and `torch_native`
+backends) and the MLA latent pool (tiny DeepSeek-V3).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+from transformers import LlamaConfig
+
+from sglang.srt.mem_cache.kv_pool import MHATokenToKVPool
+from sglang.srt.mem_cache.mla_kv_pool import MLATokenToKVPool
+from sglang.srt.model_loader.safetensors_loader import iter_safetensors_weights
+from sglang.srt.models.deepseek_v2 import DeepseekV3ForCausalLM
+from sglang.srt.models.registry import ModelRegistry
+from sglang.test.forward_helpers import ForwardHarness
+from sglang.test.tiny_models import randomize_parameters
+from sglang.test.tiny_moe_models import VOCAB, deepseek_v3_config, save_random_model
+
+LOGIT_TOL = 1e-5  # float32 logits of the fp8 pool vs the rounding reference (same values, same math)
+ROUNDING_MATTERS = 1e-3  # the unrounded float32 pool differs from the reference by more than this
+FP8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+DECODE_STEPS = 4
+
+
+def _round(x: torch.Tensor, fp8: torch.dtype, scale: float) -> torch.Tensor:
+    return (x.float() / scale).to(fp8).to(torch.float32) * scale
+
+
+class RoundingMHAPool(MHATokenToKVPool):
+    """float32 storage of fp8-rounded K/V (the reference); reads need no scale."""
+
+    def __init__(self, *args, fp8: torch.dtype, scales=(1.0, 1.0), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fp8, self.scales = fp8, scales
+
+    def set_kv_buffer(self, layer_id, loc, cache_k, cache_v):
+        k_scale, v_scale = self.scales
+        super().set_kv_buffer(
+            layer_id, loc, _round(cache_k, self.fp8, k_scale), _round(cache_v, self.fp8, v_scale)
+        )
+
+
+class RoundingMLAPool(MLATokenToKVPool):
+    def __init__(self, *args, fp8: torch.dtype, scale: float = 1.0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fp8, self.scale = fp8, scale
+
+    def set_kv_buffer(self, layer_id, loc, cache_k, cache_v=None):
+        super().set_kv_buffer(layer_id, loc, _round(cache_k, self.fp8, self.scale))
+
+
+def _drive(model, cfg, pool, backend: str) -> tuple[list[int], torch.Tensor]:
+    """Request A: a 9-token chunk, then 7 more over its cached prefix; request B: 6 fresh tokens
+    in the same step; then batched greedy decode. Returns (greedy tokens, logits of every step)."""
+    h = ForwardHarness(cfg, max_total_tokens=256, max_context_len=128, attention_backend=backend)
+    h.token_to_kv_pool = pool
+    g = torch.Generator().manual_seed(7)
+    prompt_a = torch.randint(3, cfg.vocab_size, (16,), generator=g).tolist()
+    prompt_b = torch.randint(3, cfg.vocab_size, (6,), generator=g).tolist()
+    a, b = h.new_request(), h.new_request()
+    h.forward(model, [(a, prompt_a[:9])])
+    logits = h.forward(model, [(a, prompt_a[9:]), (b, prompt_b)]).next_token_logits
+    steps, tokens = [logits], []
+    for _ in range(DECODE_STEPS):
+        nxt = [int(t) for t in logits.argmax(dim=-1)]
+        tokens.extend(nxt)
+        logits = h.forward(model, [(a, [nxt[0]]), (b, [nxt[1]])]).next_token_logits
+        steps.append(logits)
+    return tokens, torch.stack(steps)
+
+
+@pytest.fixture(scope="module")
+def llama():
+    cfg = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+    )
+    hf = transformers.AutoModelForCausalLM.from_config(cfg).float().eval()
+    randomize_parameters(hf, seed=1, std=0.2)
+    model = ModelRegistry.resolve(["LlamaForCausalLM"])(hf.config, None, torch.float32).eval()
+    model.load_weights(hf.state_dict().items())
+    return model, hf.config
+
+
+def _mha_pool(cfg, kv_dtype=None):
+    return MHATokenToKVPool(256, 1, torch.float32, 2, 16, cfg.num_hidden_layers, kv_dtype=kv_dtype)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "torch_native"])
+@pytest.mark.parametrize("name", ["fp8_e4m3", "fp8_e5m2"])
+def test_mha_fp8_pool_matches_rounding_reference(llama, backend, name):
+    model, cfg = llama
+    fp8 = FP8[name]
+    pool = _mha_pool(cfg, fp8)
+    assert pool.k_head_major[0].element_size() == 1 and pool.dtype == fp8
+    ref = RoundingMHAPool(256, 1, torch.float32, 2, 16, cfg.num_hidden_layers, fp8=fp8)
+    tokens, logits = _drive(model, cfg, pool, backend)
+    ref_tokens, ref_logits = _drive(model, cfg, ref, backend)
+    assert tokens == ref_tokens
+    assert float((logits - ref_logits).abs().max()) <= LOGIT_TOL
+    _, plain = _drive(model, cfg, _mha_pool(cfg), backend)
+    assert float((plain - ref_logits).abs().max()) > ROUNDING_MATTERS
+
+
+def test_mha_fp8_pool_applies_checkpoint_scales(llama):
+    """Per-layer k_scale / v_scale: stored x / scale, read back * scale (parity with the reference
+    rounding the same way); the scales change the result."""
+    model, cfg = llama
+    fp8 = torch.float8_e4m3fn
+    scales = (0.05, 0.03)  # small scales: K/V use more of e4m3's range (and its coarser top)
+    pool = _mha_pool(cfg, fp8)
+    for layer in range(cfg.num_hidden_layers):
+        pool.set_kv_scales(layer, *scales)
+    ref = RoundingMHAPool(256, 1, torch.float32, 2, 16, cfg.num_hidden_layers, fp8=fp8, scales=scales)
+    tokens, logits = _drive(model, cfg, pool, "cpu")
+    ref_tokens, ref_logits = _drive(model, cfg, ref, "cpu")
+    assert tokens == ref_tokens
+    assert float((logits - ref_logits).abs().max()) <= LOGIT_TOL
+    _, unscaled = _drive(model, cfg, _mha_pool(cfg, fp8), "cpu")
+    assert float((unscaled - logits).abs().max()) > LOGIT_TOL
+
+
+@pytest.fixture(scope="module")
+def deepseek(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("dsv3"))
+    cfg = deepseek_v3_config()
+    save_random_model(cfg, path, seed=4)
+    model = DeepseekV3ForCausalLM(cfg, None, torch.float32).eval()
+    model.load_weights(iter_safetensors_weights(path))
+    return model, cfg
+
+
+def test_mla_fp8_latent_pool_matches_rounding_reference(deepseek):
+    model, cfg = deepseek
+    assert cfg.vocab_size == VOCAB
+    fp8 = torch.float8_e4m3fn
+    pool = model.create_kv_pool(256, 1, torch.float32, "cpu", fp8)
+    assert isinstance(pool, MLATokenToKVPool) and pool.kv_buffer[0].dtype == fp8
+    assert model.kv_cell_size_bytes(torch.bfloat16, fp8) * 2 == model.kv_cell_size_bytes(torch.bfloat16)
+    args = (256, 1, torch.float32, cfg.kv_lora_rank, cfg.qk_rope_head_dim, cfg.num_hidden_layers)
+    tokens, logits = _drive(model, cfg, pool, "torch_native")
+    ref_tokens, ref_logits = _drive(model, cfg, RoundingMLAPool(*args, fp8=fp8), "torch_native")
+    assert tokens == ref_tokens
+    assert float((logits - ref_logits).abs().max()) <= LOGIT_TOL
+    _, plain = _drive(model, cfg, model.create_kv_pool(256, 1, torch.float32), "torch_native")
+    assert float((plain - ref_logits).abs().max()) > ROUNDING_MATTERS
