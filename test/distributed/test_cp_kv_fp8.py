@@ -1,0 +1,82 @@
+"""`--kv-cache-dtype fp8_e4m3` under context parallelism (cp = 2 gloo ranks, tiny Llama, float32):
+each rank stores its KV shard as stored, 1 byte per value, and the run matches the single-rank
+model (torch_native backend) over a float32 pool that rounds K/V through fp8 the same way (the
+reference of test/models/test_kv_cache_fp8.py): greedy tokens identical, logits within TOL (the CP parity
+tolerance of test_cp_model.py); the single-rank run without rounding differs by more.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dist_spawn import run_ranks
+from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.distributed.parallel_layout import ParallelLayout
+from sglang.srt.distributed.parallel_state import ParallelGroups
+from sglang.srt.mem_cache.kv_pool import MHATokenToKVPool
+from sglang.srt.model_loader.safetensors_loader import iter_safetensors_weights
+from sglang.srt.models.registry import ModelRegistry
+from sglang.test.cp_forward_helpers import CPForwardHarness, pp_stepper
+from sglang.test.greedy_loop import chunked_greedy
+from sglang.test.tiny_models import TINY_LLAMA_DIR, write_random_checkpoint
+
+pytestmark = pytest.mark.slow  # spawns gloo ranks
+
+TOL = 1e-4
+FP8 = torch.float8_e4m3fn
+
+
+class RoundingMHAPool(MHATokenToKVPool):
+    """float32 storage of K/V rounded through fp8 (the reference)."""
+
+    def set_kv_buffer(self, layer_id, loc, cache_k, cache_v):
+        rnd = lambda x: x.float().to(FP8).to(torch.float32)  # noqa: E731
+        super().set_kv_buffer(layer_id, loc, rnd(cache_k), rnd(cache_v))
+
+
+def generate(path: str, groups: ParallelGroups, pool_kind: str) -> dict:
+    hf_config = ModelConfig(path).hf_config
+    model = ModelRegistry.resolve(hf_config.architectures)(hf_config, groups, torch.float32).eval()
+    model.load_weights(iter_safetensors_weights(path))
+    # the reference runs torch_native: like the CP path, it reads a chunk over a cached prefix
+    # (its own new rows included) from the pool; the `cpu` backend attends the chunk's fresh k/v
+    backend = "torch_native" if groups.attn_cp.size == 1 else None
+    h = CPForwardHarness(hf_config, groups.attn_cp, "zigzag", max_total_tokens=512, attention_backend=backend)
+    old = h.token_to_kv_pool
+    shape = (old.size, old.page_size, torch.float32, old.head_num, old.head_dim, old.layer_num)
+    if pool_kind == "fp8":
+        h.token_to_kv_pool = MHATokenToKVPool(*shape, kv_dtype=FP8)
+    elif pool_kind == "rounding":
+        h.token_to_kv_pool = RoundingMHAPool(*shape)
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, hf_config.vocab_size, (n,), generator=gen).tolist() for n in (7, 19)]
+    reqs = [h.new_request() for _ in prompts]
+    tokens, logits = chunked_greedy(pp_stepper(h, model, groups, []), reqs, prompts, 8, 8)
+    pool = h.token_to_kv_pool
+    return {
+        "tokens": tokens,
+        "logits": logits,
+        "itemsize": pool.k_head_major[0].element_size(),
+        "size": pool.size,
+    }
+
+
+def _rank_body(rank: int, world_size: int, path: str) -> dict:
+    groups = ParallelGroups.build(ParallelLayout(tp=world_size, attn_cp=world_size), rank)
+    return generate(path, groups, "fp8")
+
+
+def test_cp2_fp8_kv_matches_rounding_single_rank(tmp_path):
+    path = write_random_checkpoint(TINY_LLAMA_DIR, str(tmp_path / "llama"), seed=11)
+    single = ParallelGroups.single()
+    ref = generate(path, single, "rounding")
+    plain = generate(path, single, "plain")
+    results = run_ranks(_rank_body, 2, args=(path,))
+    for r in results:
+        assert r["itemsize"] == 1 and r["size"] * 2 <= ref["size"] + 2  # a 1-byte shard of the pool
+        assert r["tokens"] == ref["tokens"]
+        diff = max(float((a - b).abs().max()) for a, b in zip(r["logits"], ref["logits"]))
+        assert diff <= TOL, f"cp 2 fp8 vs rounding reference: {diff}"
+    rounding = max(float((a - b).abs().max()) for a, b in zip(plain["logits"], ref["logits"]))
+    assert rounding > 10 * TOL
