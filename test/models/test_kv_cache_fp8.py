@@ -160,3 +160,30 @@ def test_mla_fp8_latent_pool_matches_rounding_reference(deepseek):
     assert float((logits - ref_logits).abs().max()) <= LOGIT_TOL
     _, plain = _drive(model, cfg, model.create_kv_pool(256, 1, torch.float32), "torch_native")
     assert float((plain - ref_logits).abs().max()) > ROUNDING_MATTERS
+
+
+def test_engine_serves_fp8_kv_and_reports_it():
+    """The flag through the scheduler: the runner's pool stores 1 byte (a quarter of the float32
+    model's `auto` pool at the same --max-total-tokens), /get_server_info's internal state says
+    so, and a backend that cannot read FP8 is refused at start-up naming both flags."""
+    from sglang.test.scheduler_harness import SchedulerHarness
+    from sglang.test.tiny_models import TINY_LLAMA_DIR
+
+    states = {}
+    for name in ("fp8_e4m3", "auto"):
+        h = SchedulerHarness(
+            model_path=TINY_LLAMA_DIR, load_format="dummy", max_total_tokens=256, kv_cache_dtype=name
+        )
+        rid = h.submit(list(range(5, 17)), 6)
+        h.run()
+        assert len(h.outputs[rid]) == 6
+        states[name] = h.scheduler.internal_state()
+    assert states["fp8_e4m3"]["kv_cache_storage_dtype"] == "float8_e4m3fn"
+    assert states["auto"]["kv_cache_storage_dtype"] == "float32"
+    assert states["auto"]["kv_pool_bytes"] == 4 * states["fp8_e4m3"]["kv_pool_bytes"]
+    with pytest.raises(
+        ValueError, match="--kv-cache-dtype fp8_e5m2 is not supported with --attention-backend dsa"
+    ):
+        SchedulerHarness(
+            model_path=TINY_LLAMA_DIR, load_format="dummy", kv_cache_dtype="fp8_e5m2", attention_backend="dsa"
+        )
