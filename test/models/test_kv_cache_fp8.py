@@ -18,13 +18,13 @@ import transformers
 from transformers import LlamaConfig
 
 from sglang.srt.mem_cache.kv_pool import MHATokenToKVPool
-from sglang.srt.mem_cache.mla_kv_pool import MLATokenToKVPool
+from sglang.srt.mem_cache.mla_kv_pool import DSATokenToKVPool, MLATokenToKVPool
 from sglang.srt.model_loader.safetensors_loader import iter_safetensors_weights
-from sglang.srt.models.deepseek_v2 import DeepseekV3ForCausalLM
+from sglang.srt.models.deepseek_v2 import DeepseekV3ForCausalLM, DeepseekV32ForCausalLM
 from sglang.srt.models.registry import ModelRegistry
 from sglang.test.forward_helpers import ForwardHarness
 from sglang.test.tiny_models import randomize_parameters
-from sglang.test.tiny_moe_models import VOCAB, deepseek_v3_config, save_random_model
+from sglang.test.tiny_moe_models import VOCAB, deepseek_v3_config, deepseek_v32_config, save_random_model
 
 LOGIT_TOL = 1e-5  # float32 logits of the fp8 pool vs the rounding reference (same values, same math)
 ROUNDING_MATTERS = 1e-3  # the unrounded float32 pool differs from the reference by more than this
@@ -57,6 +57,15 @@ class RoundingMLAPool(MLATokenToKVPool):
 
     def set_kv_buffer(self, layer_id, loc, cache_k, cache_v=None):
         super().set_kv_buffer(layer_id, loc, _round(cache_k, self.fp8, self.scale))
+
+
+class RoundingDSAPool(DSATokenToKVPool):
+    """The DSA pool with fp8-rounded latent rows (indexer keys unrounded, as the FP8 pool keeps them)."""
+
+    fp8 = torch.float8_e4m3fn
+
+    def set_kv_buffer(self, layer_id, loc, cache_k, cache_v=None):
+        super().set_kv_buffer(layer_id, loc, _round(cache_k, self.fp8, 1.0))
 
 
 def _drive(model, cfg, pool, backend: str) -> tuple[list[int], torch.Tensor]:
@@ -136,26 +145,34 @@ def test_mha_fp8_pool_applies_checkpoint_scales(llama):
     assert float((unscaled - logits).abs().max()) > LOGIT_TOL
 
 
-@pytest.fixture(scope="module")
-def deepseek(tmp_path_factory):
-    path = str(tmp_path_factory.mktemp("dsv3"))
-    cfg = deepseek_v3_config()
+def _deepseek(tmp_path_factory, name):
+    path = str(tmp_path_factory.mktemp(name))
+    cfg = deepseek_v3_config() if name == "v3" else deepseek_v32_config(index_topk=8)
     save_random_model(cfg, path, seed=4)
-    model = DeepseekV3ForCausalLM(cfg, None, torch.float32).eval()
+    model_cls = DeepseekV3ForCausalLM if name == "v3" else DeepseekV32ForCausalLM
+    model = model_cls(cfg, None, torch.float32).eval()
     model.load_weights(iter_safetensors_weights(path))
     return model, cfg
 
 
-def test_mla_fp8_latent_pool_matches_rounding_reference(deepseek):
-    model, cfg = deepseek
+@pytest.mark.parametrize("name", ["v3", "v32"])
+def test_mla_fp8_latent_pool_matches_rounding_reference(tmp_path_factory, name):
+    """Dense MLA (V3) and DSA sparse latent attention (V3.2, index_topk 8 < the 16-token prompt)."""
+    model, cfg = _deepseek(tmp_path_factory, name)
     assert cfg.vocab_size == VOCAB
     fp8 = torch.float8_e4m3fn
     pool = model.create_kv_pool(256, 1, torch.float32, "cpu", fp8)
     assert isinstance(pool, MLATokenToKVPool) and pool.kv_buffer[0].dtype == fp8
-    assert model.kv_cell_size_bytes(torch.bfloat16, fp8) * 2 == model.kv_cell_size_bytes(torch.bfloat16)
-    args = (256, 1, torch.float32, cfg.kv_lora_rank, cfg.qk_rope_head_dim, cfg.num_hidden_layers)
+    assert model.kv_cell_size_bytes(torch.float32, fp8) < model.kv_cell_size_bytes(torch.float32)
+    args = (256, 1, torch.float32, cfg.kv_lora_rank, cfg.qk_rope_head_dim)
+    if name == "v3":
+        assert model.kv_cell_size_bytes(torch.bfloat16, fp8) * 2 == model.kv_cell_size_bytes(torch.bfloat16)
+        ref_pool = RoundingMLAPool(*args, cfg.num_hidden_layers, fp8=fp8)
+    else:  # indexer keys stay float32 in both
+        assert pool.index_k_buffer[0].dtype == torch.float32
+        ref_pool = RoundingDSAPool(*args, int(cfg.index_head_dim), cfg.num_hidden_layers)
     tokens, logits = _drive(model, cfg, pool, "torch_native")
-    ref_tokens, ref_logits = _drive(model, cfg, RoundingMLAPool(*args, fp8=fp8), "torch_native")
+    ref_tokens, ref_logits = _drive(model, cfg, ref_pool, "torch_native")
     assert tokens == ref_tokens
     assert float((logits - ref_logits).abs().max()) <= LOGIT_TOL
     _, plain = _drive(model, cfg, model.create_kv_pool(256, 1, torch.float32), "torch_native")

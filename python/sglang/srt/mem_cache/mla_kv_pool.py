@@ -74,6 +74,15 @@ class MLATokenToKVPool(KVPool):
         )
         self.kv_buffer[i][loc.to(device=self.device, dtype=torch.int64)] = row
 
+    def round_as_stored(self, layer_id: int, rows: torch.Tensor) -> torch.Tensor:
+        """Latent rows [n, kv_cache_dim] as a read of them after `set_kv_buffer` returns them
+        (widened to `rows`' dtype): unchanged unless the pool stores FP8, which rounds them."""
+        if not self.is_fp8:
+            return rows
+        scale = self.k_scale[self._local(layer_id)]
+        out = quantize_kv(rows, self.dtype, scale).to(rows.dtype)
+        return out if scale == 1.0 else out * scale
+
     def set_mla_kv_buffer(
         self, layer_id: int, loc: torch.Tensor, latent: torch.Tensor, k_rope: torch.Tensor
     ) -> None:

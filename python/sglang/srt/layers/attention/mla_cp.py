@@ -169,6 +169,7 @@ def mla_cp_forward(
         pool.set_kv_buffer(core.layer_id, md.own_slots, own[:, :dim])
         if indexer is not None:
             pool.set_index_k_buffer(core.layer_id, md.own_slots, own[:, dim:])
+    full = _as_stored(pool, core.layer_id, full, dim)
     sparse = indexer is not None and md.max_seq_len > indexer.index_topk
     index_q, index_w = dsa.query() if sparse else (None, None)
 
@@ -206,6 +207,15 @@ def mla_cp_forward(
             core, q, index_q, index_w, indexer if sparse else None, fb, layout, md, out, kernels
         )
     return out
+
+
+def _as_stored(pool, layer_id: int, full: torch.Tensor, dim: int) -> torch.Tensor:
+    """The new rows with their latent part as the pool stores it (an FP8 cache rounds it), so that
+    CP attends over the values the single-rank path reads back from the pool."""
+    round_rows = getattr(pool, "round_as_stored", None)
+    if round_rows is None or not pool.is_fp8:
+        return full
+    return torch.cat((round_rows(layer_id, full[:, :dim]), full[:, dim:]), dim=-1)
 
 
 def _decode_topk(
