@@ -71,18 +71,31 @@ def generate(path: str, groups: ParallelGroups, pool_kind: str) -> dict:
     }
 
 
-def _rank_body(rank: int, world_size: int, path: str) -> dict:
+def _rank_body(rank: int, world_size: int, paths: dict) -> dict:
+    """Both workloads in one spawn: the MHA model, then the MLA / DSA ones."""
     groups = ParallelGroups.build(ParallelLayout(tp=world_size, attn_cp=world_size), rank)
-    return generate(path, groups, "fp8")
+    return {
+        "mha": generate(paths["llama"], groups, "fp8"),
+        "mla": [generate_mla(p, groups, FP8) for p in paths["mla"]],
+    }
 
 
-def test_cp2_fp8_kv_matches_rounding_single_rank(tmp_path):
-    path = write_random_checkpoint(TINY_LLAMA_DIR, str(tmp_path / "llama"), seed=11)
+@pytest.fixture(scope="module")
+def cp2(tmp_path_factory) -> tuple[dict, list[dict]]:
+    root = tmp_path_factory.mktemp("cp_kv_fp8")
+    paths = {"llama": write_random_checkpoint(TINY_LLAMA_DIR, str(root / "llama"), seed=11), "mla": []}
+    for name, cfg in (("v3", deepseek_v3_config()), ("v32", deepseek_v32_config(index_topk=8))):
+        paths["mla"].append(str(root / name))
+        save_random_model(cfg, paths["mla"][-1], seed=11)
+    return paths, run_ranks(_rank_body, 2, args=(paths,))
+
+
+def test_cp2_fp8_kv_matches_rounding_single_rank(cp2):
+    paths, results = cp2
     single = ParallelGroups.single()
-    ref = generate(path, single, "rounding")
-    plain = generate(path, single, "plain")
-    results = run_ranks(_rank_body, 2, args=(path,))
-    for r in results:
+    ref = generate(paths["llama"], single, "rounding")
+    plain = generate(paths["llama"], single, "plain")
+    for r in (res["mha"] for res in results):
         assert r["itemsize"] == 1 and r["size"] * 2 <= ref["size"] + 2  # a 1-byte shard of the pool
         assert r["tokens"] == ref["tokens"]
         diff = max(float((a - b).abs().max()) for a, b in zip(r["logits"], ref["logits"]))
@@ -103,23 +116,14 @@ def generate_mla(path: str, groups: ParallelGroups, kv_dtype) -> dict:
     return {"tokens": tokens, "logits": logits, "dtype": str(h.token_to_kv_pool.kv_buffer[0].dtype)}
 
 
-def _mla_body(rank: int, world_size: int, paths: list[str]) -> list[dict]:
-    groups = ParallelGroups.build(ParallelLayout(tp=world_size, attn_cp=world_size), rank)
-    return [generate_mla(p, groups, FP8) for p in paths]
-
-
-def test_cp2_fp8_latent_cache_matches_single_rank(tmp_path):
-    paths = []
-    for name, cfg in (("v3", deepseek_v3_config()), ("v32", deepseek_v32_config(index_topk=8))):
-        paths.append(str(tmp_path / name))
-        save_random_model(cfg, paths[-1], seed=11)
+def test_cp2_fp8_latent_cache_matches_single_rank(cp2):
+    paths, results = cp2
     single = ParallelGroups.single()
-    refs = [generate_mla(p, single, FP8) for p in paths]
-    results = run_ranks(_mla_body, 2, args=(paths,))
-    for rank_runs in results:
+    refs = [generate_mla(p, single, FP8) for p in paths["mla"]]
+    for rank_runs in (res["mla"] for res in results):
         for got, ref in zip(rank_runs, refs):
             assert got["dtype"] == "torch.float8_e4m3fn" and got["tokens"] == ref["tokens"]
             diff = max(float((a - b).abs().max()) for a, b in zip(got["logits"], ref["logits"]))
             assert diff <= TOL, f"cp 2 vs cp 1 with an fp8 latent cache: {diff}"
-    wide = generate_mla(paths[0], single, None)
+    wide = generate_mla(paths["mla"][0], single, None)
     assert max(float((a - b).abs().max()) for a, b in zip(wide["logits"], refs[0]["logits"])) > 10 * TOL
