@@ -153,3 +153,21 @@ def test_hicache_pages_carry_the_one_byte_cache():
     layout.unpack_into(host, torch.tensor([1, 2, 3]), data)
     for b, h in zip(buffers, host):
         assert h.dtype == FP8 and torch.equal(b[slots].view(torch.uint8), h[1:4].view(torch.uint8))
+
+
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_widen_equals_torch_cast_on_every_finite_code(fp8):
+    """`widen_kv`'s bit-moving FP8 widening: exactly torch's cast (times the scale) for all 256
+    codes but NaN / inf (never stored: writes saturate), subnormals and -0 included, any layout."""
+    from sglang.srt.layers.attention.kv_source import widen_kv
+
+    codes = torch.arange(256, dtype=torch.uint8).view(fp8)
+    finite = torch.isfinite(codes.float())
+    for dtype in (torch.bfloat16, torch.float32):
+        for scale in (1.0, 0.37):
+            got = widen_kv(codes, dtype, scale)[finite]
+            ref = codes.to(dtype)[finite] * scale
+            bits = torch.int16 if dtype == torch.bfloat16 else torch.int32  # bitwise: -0.0 too
+            assert got.dtype == dtype and torch.equal(got.view(bits), ref.view(bits))
+    rows = codes[finite][:120].reshape(2, 6, 10).transpose(0, 1)  # not contiguous
+    assert torch.equal(widen_kv(rows, torch.float32), rows.float())
