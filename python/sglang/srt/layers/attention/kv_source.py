@@ -136,7 +136,7 @@ def widen_kv(rows: torch.Tensor, dtype: torch.dtype, scale: float = 1.0) -> torc
     bits = _FP8_WIDEN.get(rows.dtype)
     if bits is not None and dtype in (torch.bfloat16, torch.float32):
         shift, mask, unbias = bits
-        t = rows.contiguous().view(torch.int8).to(torch.int16)
+        t = rows.view(torch.int8).to(torch.int16)  # same item size: a view of any layout
         t.bitwise_left_shift_(shift).bitwise_and_(mask)
         wide = t.view(torch.bfloat16)
         return wide * (unbias * scale) if dtype == torch.bfloat16 else wide.float().mul_(unbias * scale)
