@@ -63,10 +63,11 @@ def main() -> None:
     for kv, h in harnesses.items():
         state = h.scheduler.internal_state()
         med = statistics.median(times[kv])
+        pool = f"{state['max_total_num_tokens']} tokens {state['kv_pool_bytes'] / 2**20:.1f} MiB"
         print(
-            f"--kv-cache-dtype {kv}: {state['kv_cache_storage_dtype']}, pool {state['max_total_num_tokens']} tokens "
-            f"{state['kv_pool_bytes'] / 2**20:.1f} MiB; decode step (batch {args.batch}, ~{args.prompt_len} ctx) "
-            f"median {med:.2f} ms (x{med / base:.3f}), min {min(times[kv]):.2f} ms"
+            f"--kv-cache-dtype {kv}: {state['kv_cache_storage_dtype']}, pool {pool}; decode step "
+            f"(batch {args.batch}, ~{args.prompt_len} ctx) median {med:.2f} ms (x{med / base:.3f}), "
+            f"min {min(times[kv]):.2f} ms"
         )
 
 

@@ -181,13 +181,14 @@ def test_mla_fp8_latent_pool_matches_rounding_reference(tmp_path_factory, name):
 
 def test_engine_serves_fp8_kv_and_reports_it():
     """The flag through the scheduler: the runner's pool stores 1 byte (a quarter of the float32
-    model's `auto` pool at the same --max-total-tokens), /get_server_info's internal state says
-    so, and a backend that cannot read FP8 is refused at start-up naming both flags."""
+    model's `auto` pool at the same --max-total-tokens, half of `bf16`'s), /get_server_info's
+    internal state says so, and a backend that cannot read FP8 is refused at start-up naming both
+    flags."""
     from sglang.test.scheduler_harness import SchedulerHarness
     from sglang.test.tiny_models import TINY_LLAMA_DIR
 
     states = {}
-    for name in ("fp8_e4m3", "auto"):
+    for name in ("fp8_e4m3", "bf16", "auto"):
         h = SchedulerHarness(
             model_path=TINY_LLAMA_DIR, load_format="dummy", max_total_tokens=256, kv_cache_dtype=name
         )
@@ -197,7 +198,9 @@ def test_engine_serves_fp8_kv_and_reports_it():
         states[name] = h.scheduler.internal_state()
     assert states["fp8_e4m3"]["kv_cache_storage_dtype"] == "float8_e4m3fn"
     assert states["auto"]["kv_cache_storage_dtype"] == "float32"
+    assert states["bf16"]["kv_cache_storage_dtype"] == "bfloat16"
     assert states["auto"]["kv_pool_bytes"] == 4 * states["fp8_e4m3"]["kv_pool_bytes"]
+    assert states["bf16"]["kv_pool_bytes"] == 2 * states["fp8_e4m3"]["kv_pool_bytes"]
     with pytest.raises(
         ValueError, match="--kv-cache-dtype fp8_e5m2 is not supported with --attention-backend dsa"
     ):

@@ -30,8 +30,9 @@ def sparse_latent_attention(
     q [n, H, D] (latent query ; roped query), kv [rows, D] the layer's latent cache (value = first
     `v_dim` values of a row), slots [n, K] KV slots chosen for each query, valid [n, K] bool (False:
     padding, e.g. fewer than K visible keys). Returns [n, H, v_dim] in q's dtype; a query with no valid
-    key gets zeros. Rows are widened to q's dtype times `kv_scale` (FP8 KV cache). With `return_lse` also the log-sum-exp of the scaled scores [n, H] float32
-    (-inf for a query without valid key), for merging partial results over disjoint key sets.
+    key gets zeros. Rows are widened to q's dtype times `kv_scale` (FP8 KV cache). With `return_lse`
+    also the log-sum-exp of the scaled scores [n, H] float32 (-inf for a query without valid key),
+    for merging partial results over disjoint key sets.
     """
     n, num_heads, dim = q.shape
     k = slots.shape[1]
