@@ -14,16 +14,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-import transformers
-from transformers import LlamaConfig
 
+from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.mem_cache.kv_pool import MHATokenToKVPool
 from sglang.srt.mem_cache.mla_kv_pool import DSATokenToKVPool, MLATokenToKVPool
 from sglang.srt.model_loader.safetensors_loader import iter_safetensors_weights
 from sglang.srt.models.deepseek_v2 import DeepseekV3ForCausalLM, DeepseekV32ForCausalLM
 from sglang.srt.models.registry import ModelRegistry
 from sglang.test.forward_helpers import ForwardHarness
-from sglang.test.tiny_models import randomize_parameters
+from sglang.test.tiny_models import TINY_LLAMA_DIR, randomize_parameters
 from sglang.test.tiny_moe_models import VOCAB, deepseek_v3_config, deepseek_v32_config, save_random_model
 
 LOGIT_TOL = 1e-5  # float32 logits of the fp8 pool vs the rounding reference (same values, same math)
@@ -90,21 +89,12 @@ def _drive(model, cfg, pool, backend: str) -> tuple[list[int], torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def llama():
-    cfg = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=256,
-        max_position_embeddings=512,
-        tie_word_embeddings=False,
-    )
-    hf = transformers.AutoModelForCausalLM.from_config(cfg).float().eval()
-    randomize_parameters(hf, seed=1, std=0.2)
-    model = ModelRegistry.resolve(["LlamaForCausalLM"])(hf.config, None, torch.float32).eval()
-    model.load_weights(hf.state_dict().items())
-    return model, hf.config
+    """The tiny Llama asset's config (2 KV heads of 16) with seeded random weights."""
+    cfg = ModelConfig(TINY_LLAMA_DIR).hf_config
+    model = ModelRegistry.resolve(cfg.architectures)(cfg, None, torch.float32).eval()
+    with torch.no_grad():
+        randomize_parameters(model, seed=1, std=0.2)
+    return model, cfg
 
 
 def _mha_pool(cfg, kv_dtype=None):
@@ -185,7 +175,6 @@ def test_engine_serves_fp8_kv_and_reports_it():
     internal state says so, and a backend that cannot read FP8 is refused at start-up naming both
     flags."""
     from sglang.test.scheduler_harness import SchedulerHarness
-    from sglang.test.tiny_models import TINY_LLAMA_DIR
 
     states = {}
     for name in ("fp8_e4m3", "bf16", "auto"):
