@@ -54,6 +54,9 @@ class KVPool(ABC):
         self.end_layer = start_layer + layer_num
         self.k_scale = [1.0] * layer_num  # per local layer; FP8 stores x / scale
         self.v_scale = [1.0] * layer_num
+        # scattered writes go through a byte view for FP8 (upstream stores uint8: accelerators'
+        # index_put has no float8 kernels); a plain view of the same bytes elsewhere
+        self._store_view = torch.uint8 if self.dtype in FP8_KV_DTYPES else self.dtype
 
     @property
     def is_fp8(self) -> bool:
@@ -160,8 +163,8 @@ class MHATokenToKVPool(KVPool):
             self.k_head_major[i][:, start : start + n].copy_(k.transpose(0, 1))
             self.v_head_major[i][:, start : start + n].copy_(v.transpose(0, 1))
             return
-        self.k_buffer[i][loc] = k
-        self.v_buffer[i][loc] = v
+        self.k_buffer[i].view(self._store_view)[loc] = k.view(self._store_view)
+        self.v_buffer[i].view(self._store_view)[loc] = v.view(self._store_view)
 
     # below this many slots the scattered write is as fast as finding out whether they are a run
     _RUN_MIN_SLOTS = 64

@@ -72,7 +72,8 @@ class MLATokenToKVPool(KVPool):
         row = quantize_kv(
             cache_k.reshape(cache_k.shape[0], 1, self.kv_cache_dim), self.dtype, self.k_scale[i]
         )
-        self.kv_buffer[i][loc.to(device=self.device, dtype=torch.int64)] = row
+        buf = self.kv_buffer[i].view(self._store_view)  # bytes for FP8 (see KVPool)
+        buf[loc.to(device=self.device, dtype=torch.int64)] = row.view(self._store_view)
 
     def round_as_stored(self, layer_id: int, rows: torch.Tensor) -> torch.Tensor:
         """Latent rows [n, kv_cache_dim] as a read of them after `set_kv_buffer` returns them
