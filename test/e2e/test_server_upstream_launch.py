@@ -146,8 +146,9 @@ def _launch_fails(*args: str) -> str:
 
 
 def test_upstream_flag_refused_by_name():
-    err = _launch_fails(*CPU_LAUNCH_LINE, "--kv-cache-dtype", "fp8_e4m3")
-    assert "upstream flag --kv-cache-dtype is not supported by this engine (not yet: issue 30)" in err
+    err = _launch_fails(*CPU_LAUNCH_LINE, "--speculative-algorithm", "EAGLE")
+    hint = "(no speculative decoding in this engine)"
+    assert f"upstream flag --speculative-algorithm is not supported by this engine {hint}" in err
     assert "unrecognized arguments" not in err
     err = _launch_fails("--max-runing-requests", "4")
     assert "unrecognized arguments: --max-runing-requests 4 (did you mean --max-running-requests?)" in err

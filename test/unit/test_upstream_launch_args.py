@@ -41,10 +41,12 @@ def test_config_file_with_command_line_override(tmp_path, capsys):
     with pytest.raises(SystemExit):
         parse("--config", str(cfg))
     assert "key 'max_runing_requests': unknown" in capsys.readouterr().err
-    cfg.write_text("kv_cache_dtype: fp8_e4m3\n")
+    cfg.write_text("kv_cache_dtype: fp8_e4m3\n")  # upstream's flag, taken since issue 30
+    assert parse("--config", str(cfg)).kv_cache_dtype == "fp8_e4m3"
+    cfg.write_text("speculative_algorithm: EAGLE\n")
     with pytest.raises(SystemExit):
         parse("--config", str(cfg))
-    assert "upstream flag --kv-cache-dtype is not supported by this engine" in capsys.readouterr().err
+    assert "upstream flag --speculative-algorithm is not supported by this engine" in capsys.readouterr().err
     cfg.write_text("enable_metrics: 3\n")
     with pytest.raises(SystemExit):
         parse("--config", str(cfg))
@@ -54,7 +56,7 @@ def test_config_file_with_command_line_override(tmp_path, capsys):
 @pytest.mark.parametrize(
     "flag, hint",
     [
-        ("--kv-cache-dtype", "not yet: issue 30"),
+        ("--is-embedding", "this engine serves generation only (no embedding models)"),
         ("--hicache-io-backend", "not yet: issue 31"),
         ("--speculative-algorithm", "no speculative decoding in this engine"),
     ],

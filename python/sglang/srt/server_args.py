@@ -130,6 +130,14 @@ class ServerArgs(CompatArgs, ParallelArgs, HiCacheArgs):
         choices=["fp8", "w8a8_int8"],
         default_text="the checkpoint's",
     )
+    kv_cache_dtype: str = arg(
+        "auto",
+        "KV cache storage: bf16 / bfloat16, or fp8_e4m3 / fp8_e5m2 (1 byte per value, twice the tokens; "
+        "scaled by the checkpoint's k_scale / v_scale, else 1.0; widened when attention reads it).",
+        G_DTYPE,
+        choices=["auto", "bf16", "bfloat16", "fp8_e4m3", "fp8_e5m2"],
+        default_text="auto (the model dtype)",
+    )
     enable_fp32_lm_head: bool = arg(
         False,
         "Compute the LM head's logits in float32 whatever --dtype (float32 hidden states and sums, bf16 "

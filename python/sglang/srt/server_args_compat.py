@@ -27,7 +27,6 @@ def _next(issue: int) -> str:
 
 # Upstream flags this engine does not take: flag -> what to use instead, or which issue builds it.
 UPSTREAM_FLAGS = {
-    "--kv-cache-dtype": _next(30),
     "--hicache-io-backend": _next(31),
     "--hicache-mem-layout": _next(31),
     "--disaggregation-decode-enable-offload-kvcache": _next(31),

@@ -1,4 +1,11 @@
-"""KV cache storage: per-layer key/value buffers indexed by KV slot."""
+"""KV cache storage: per-layer key/value buffers indexed by KV slot.
+
+`dtype` is the model (compute) dtype; `kv_dtype` (default: `dtype`) the dtype K/V are stored in,
+`--kv-cache-dtype`. With a 1-byte FP8 `kv_dtype` every layer has a key and a value scale (1.0
+unless the checkpoint gives `k_scale` / `v_scale`, `kv_scales.py`): rows are stored as
+`fp8(x / scale)` (saturated to the format's range) and readers widen them back with `widen_kv`
+(`fp8 -> compute dtype, * scale`). `pool.dtype` is the stored dtype (upstream's meaning).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +13,18 @@ from abc import ABC, abstractmethod
 from typing import Optional, Union
 
 import torch
+
+FP8_KV_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def quantize_kv(x: torch.Tensor, kv_dtype: torch.dtype, scale: float = 1.0) -> torch.Tensor:
+    """`x` in the stored dtype: a plain cast, or for FP8 `x / scale` saturated to its range."""
+    if kv_dtype not in FP8_KV_DTYPES:
+        return x.to(kv_dtype)
+    if scale != 1.0:
+        x = x / scale
+    limit = torch.finfo(kv_dtype).max
+    return x.clamp(-limit, limit).to(kv_dtype)
 
 
 class KVPool(ABC):
@@ -23,14 +42,35 @@ class KVPool(ABC):
         layer_num: int,
         device: Union[str, torch.device] = "cpu",
         start_layer: int = 0,
+        kv_dtype: Optional[torch.dtype] = None,
     ):
         self.size = size
         self.page_size = page_size
-        self.dtype = dtype
+        self.compute_dtype = dtype
+        self.dtype = dtype if kv_dtype is None else kv_dtype  # as stored
         self.layer_num = layer_num
         self.device = torch.device(device)
         self.start_layer = start_layer
         self.end_layer = start_layer + layer_num
+        self.k_scale = [1.0] * layer_num  # per local layer; FP8 stores x / scale
+        self.v_scale = [1.0] * layer_num
+        # scattered writes go through a byte view for FP8 (upstream stores uint8: accelerators'
+        # index_put has no float8 kernels); a plain view of the same bytes elsewhere
+        self._store_view = torch.uint8 if self.dtype in FP8_KV_DTYPES else self.dtype
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.dtype in FP8_KV_DTYPES
+
+    def kv_scales(self, layer_id: int) -> tuple[float, float]:
+        """(key scale, value scale) of a layer: what a reader multiplies the widened rows by."""
+        i = self._local(layer_id)
+        return self.k_scale[i], self.v_scale[i]
+
+    def set_kv_scales(self, layer_id: int, k_scale: float, v_scale: float) -> None:
+        """The checkpoint's scales of a layer (before any KV is written)."""
+        i = self._local(layer_id)
+        self.k_scale[i], self.v_scale[i] = float(k_scale), float(v_scale)
 
     def _local(self, layer_id: int) -> int:
         if not self.start_layer <= layer_id < self.end_layer:
@@ -78,8 +118,10 @@ class MHATokenToKVPool(KVPool):
         device: Union[str, torch.device] = "cpu",
         start_layer: int = 0,
         v_head_dim: Optional[int] = None,
+        kv_dtype: Optional[torch.dtype] = None,
     ):
-        super().__init__(size, page_size, dtype, layer_num, device, start_layer)
+        super().__init__(size, page_size, dtype, layer_num, device, start_layer, kv_dtype)
+        dtype = self.dtype
         self.head_num = head_num
         self.head_dim = head_dim
         self.v_head_dim = head_dim if v_head_dim is None else v_head_dim
@@ -109,19 +151,20 @@ class MHATokenToKVPool(KVPool):
     def set_kv_buffer(
         self, layer_id: int, loc: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor
     ) -> None:
-        """Write K/V of tokens to slots `loc`; inputs may be [n, H, D] or [n, H*D], any float dtype."""
+        """Write K/V of tokens to slots `loc`; inputs may be [n, H, D] or [n, H*D], any float dtype
+        (quantized to the stored dtype with the layer's scales)."""
         i = self._local(layer_id)
         n = cache_k.shape[0]
-        k = cache_k.reshape(n, self.head_num, self.head_dim).to(self.dtype)
-        v = cache_v.reshape(n, self.head_num, self.v_head_dim).to(self.dtype)
+        k = quantize_kv(cache_k.reshape(n, self.head_num, self.head_dim), self.dtype, self.k_scale[i])
+        v = quantize_kv(cache_v.reshape(n, self.head_num, self.v_head_dim), self.dtype, self.v_scale[i])
         loc = loc.to(device=self.device, dtype=torch.int64)
         start = self._slot_run_start(loc)
         if start is not None:  # one run of consecutive slots (a fresh prefill): two slice copies
             self.k_head_major[i][:, start : start + n].copy_(k.transpose(0, 1))
             self.v_head_major[i][:, start : start + n].copy_(v.transpose(0, 1))
             return
-        self.k_buffer[i][loc] = k
-        self.v_buffer[i][loc] = v
+        self.k_buffer[i].view(self._store_view)[loc] = k.view(self._store_view)
+        self.v_buffer[i].view(self._store_view)[loc] = v.view(self._store_view)
 
     # below this many slots the scattered write is as fast as finding out whether they are a run
     _RUN_MIN_SLOTS = 64

@@ -9,6 +9,10 @@ and layer; the reference stores it in FP8 with a scale, here it is kept in the p
 rows with one float32 scale per token, quantized once when written (what the `dsa` backend's
 int8 indexer reads; the pool-dtype rows stay for the other readers: CP gathers, the reference
 indexer).
+
+With `kv_dtype` FP8 (`--kv-cache-dtype fp8_*`) the latent rows are stored in 1 byte as
+`fp8(row / k_scale)` of their layer (`kv_pool.quantize_kv`; the value is part of the same row, so
+only the key scale applies); the indexer keys stay in the model dtype.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import Optional, Union
 
 import torch
 
-from sglang.srt.mem_cache.kv_pool import KVPool
+from sglang.srt.mem_cache.kv_pool import KVPool, quantize_kv
 
 
 def _itemsize(dtype: torch.dtype) -> int:
@@ -40,14 +44,15 @@ class MLATokenToKVPool(KVPool):
         layer_num: int,
         device: Union[str, torch.device] = "cpu",
         start_layer: int = 0,
+        kv_dtype: Optional[torch.dtype] = None,
     ):
-        super().__init__(size, page_size, dtype, layer_num, device, start_layer)
+        super().__init__(size, page_size, dtype, layer_num, device, start_layer, kv_dtype)
         self.kv_lora_rank = kv_lora_rank
         self.qk_rope_head_dim = qk_rope_head_dim
         self.kv_cache_dim = kv_lora_rank + qk_rope_head_dim
         rows = size + page_size
         self.kv_buffer = [
-            torch.zeros((rows, 1, self.kv_cache_dim), dtype=dtype, device=self.device)
+            torch.zeros((rows, 1, self.kv_cache_dim), dtype=self.dtype, device=self.device)
             for _ in range(layer_num)
         ]
 
@@ -63,8 +68,21 @@ class MLATokenToKVPool(KVPool):
         """Write whole latent rows: `cache_k` [n, kv_cache_dim] (or [n, 1, kv_cache_dim]).
 
         `cache_v` is ignored: the value is the first kv_lora_rank values of the same row."""
-        row = cache_k.reshape(cache_k.shape[0], 1, self.kv_cache_dim).to(self.dtype)
-        self.kv_buffer[self._local(layer_id)][loc.to(device=self.device, dtype=torch.int64)] = row
+        i = self._local(layer_id)
+        row = quantize_kv(
+            cache_k.reshape(cache_k.shape[0], 1, self.kv_cache_dim), self.dtype, self.k_scale[i]
+        )
+        buf = self.kv_buffer[i].view(self._store_view)  # bytes for FP8 (see KVPool)
+        buf[loc.to(device=self.device, dtype=torch.int64)] = row.view(self._store_view)
+
+    def round_as_stored(self, layer_id: int, rows: torch.Tensor) -> torch.Tensor:
+        """Latent rows [n, kv_cache_dim] as a read of them after `set_kv_buffer` returns them
+        (widened to `rows`' dtype): unchanged unless the pool stores FP8, which rounds them."""
+        if not self.is_fp8:
+            return rows
+        scale = self.k_scale[self._local(layer_id)]
+        out = quantize_kv(rows, self.dtype, scale).to(rows.dtype)
+        return out if scale == 1.0 else out * scale
 
     def set_mla_kv_buffer(
         self, layer_id: int, loc: torch.Tensor, latent: torch.Tensor, k_rope: torch.Tensor
@@ -98,9 +116,10 @@ class DSATokenToKVPool(MLATokenToKVPool):
         device: Union[str, torch.device] = "cpu",
         start_layer: int = 0,
         index_k_int8: bool = False,
+        kv_dtype: Optional[torch.dtype] = None,
     ):
         super().__init__(
-            size, page_size, dtype, kv_lora_rank, qk_rope_head_dim, layer_num, device, start_layer
+            size, page_size, dtype, kv_lora_rank, qk_rope_head_dim, layer_num, device, start_layer, kv_dtype
         )
         self.index_head_dim = index_head_dim
         rows = size + page_size
@@ -128,7 +147,7 @@ class DSATokenToKVPool(MLATokenToKVPool):
     def set_index_k_buffer(self, layer_id: int, loc: torch.Tensor, index_k: torch.Tensor) -> None:
         """Write the indexer keys [n, index_head_dim] of new tokens (and their int8 copy)."""
         i, loc = self._local(layer_id), loc.to(device=self.device, dtype=torch.int64)
-        self.index_k_buffer[i][loc] = index_k.to(self.dtype)
+        self.index_k_buffer[i][loc] = index_k.to(self.compute_dtype)
         if self.index_k_int8:
             from sgl_kernel_npu.reference import quantize_int8
 
@@ -149,6 +168,9 @@ class DSATokenToKVPool(MLATokenToKVPool):
         dtype: torch.dtype,
         index_head_dim: int = 0,
         index_k_int8: bool = False,
+        kv_dtype: Optional[torch.dtype] = None,
     ) -> int:
+        """Bytes per token: latent rows in `kv_dtype` (default `dtype`), indexer keys in `dtype`."""
         int8_copy = (index_head_dim + 4) * layer_num if index_k_int8 and index_head_dim else 0
-        return (kv_lora_rank + qk_rope_head_dim + index_head_dim) * layer_num * _itemsize(dtype) + int8_copy
+        latent = (kv_lora_rank + qk_rope_head_dim) * layer_num * _itemsize(kv_dtype or dtype)
+        return latent + index_head_dim * layer_num * _itemsize(dtype) + int8_copy

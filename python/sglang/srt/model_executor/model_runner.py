@@ -24,7 +24,11 @@ import torch
 
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.distributed.parallel_state import ParallelGroups
-from sglang.srt.layers.attention.registry import check_attention_backend, create_attention_backend
+from sglang.srt.layers.attention.registry import (
+    check_attention_backend,
+    check_kv_cache_dtype,
+    create_attention_backend,
+)
 from sglang.srt.layers.cp_runtime import CPRuntime
 from sglang.srt.layers.sampler import SampleOutput, Sampler
 from sglang.srt.layers.sampler_cp import cp_sample
@@ -32,6 +36,7 @@ from sglang.srt.model_executor.logprobs import InputLogprobs, input_logprobs
 from sglang.srt.model_executor.worker_batch import ModelWorkerBatch
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.cp_slots import physical_kv_state, plan_virtual_pool
+from sglang.srt.mem_cache.kv_dtype import apply_kv_scales, read_kv_scales, resolve_kv_cache_dtype
 from sglang.srt.mem_cache.req_to_token import ReqToTokenPool
 from sglang.srt.model_executor.forward_batch import DPForwardInfo, ForwardBatch, ForwardMode, PPProxyTensors
 from sglang.srt.model_executor.memory_budget import KVPoolPlan, MemoryReading, plan_kv_pool
@@ -90,6 +95,8 @@ class ModelRunner:
         # the attention the model's layers need, served by the chosen backend (before any weights load)
         self.attention_backend_name = server_args.resolved_attention_backend
         check_attention_backend(self.attention_backend_name, model_cls.attention_kind, cfg.architectures[0])
+        check_kv_cache_dtype(self.attention_backend_name, server_args.kv_cache_dtype)
+        self.kv_cache_dtype = resolve_kv_cache_dtype(server_args.kv_cache_dtype, self.dtype)
         self.cp: Optional[CPRuntime] = CPRuntime.from_server_args(server_args, groups.attn_cp, platform)
         if self.cp is not None and not model_cls.supports_context_parallel:
             raise ValueError(f"--cp-size > 1 is not supported for {cfg.architectures[0]} yet")
@@ -98,7 +105,8 @@ class ModelRunner:
         # Pipeline stage: this rank's layers [start_layer, end_layer); KV is stored for those only.
         self.is_first_stage, self.is_last_stage = groups.pp.is_first, groups.pp.is_last
         self.start_layer, self.end_layer = self.model.start_layer, self.model.end_layer
-        cell_bytes = self.model.kv_cell_size_bytes(self.dtype)  # the model's layout (MHA, MLA latent, ...)
+        # the model's layout (MHA, MLA latent, ...) in the stored dtype (1 byte for FP8 KV)
+        cell_bytes = self.model.kv_cell_size_bytes(self.dtype, self.kv_cache_dtype)
         local_ranks = groups.world.size // max(1, server_args.nnodes)
         memory = MemoryReading.after_load(platform, free_before_load, local_ranks, groups.tp.size)
         plan = self._agree_on_plan(plan_kv_pool(server_args, cfg, cell_bytes, memory))
@@ -115,7 +123,10 @@ class ModelRunner:
         self.req_to_token_pool = ReqToTokenPool(
             plan.max_running_requests + 1, cfg.context_len + self.kv_page_size, device=self.device
         )
-        self.token_to_kv_pool = self.model.create_kv_pool(pool_tokens, page, self.dtype, self.device)
+        self.token_to_kv_pool = self.model.create_kv_pool(
+            pool_tokens, page, self.dtype, self.device, self.kv_cache_dtype
+        )
+        apply_kv_scales(self.token_to_kv_pool, read_kv_scales(server_args.model_path))
         # Slots are handed out by stage 0 only (later pipeline stages follow its numbers).
         self.allocator: Optional[TokenToKVPoolAllocator] = (
             TokenToKVPoolAllocator(self.max_total_num_tokens, self.kv_page_size, device=self.device)
@@ -169,16 +180,22 @@ class ModelRunner:
 
     def kv_state(self, free_slots: int) -> dict:
         """Physical KV numbers of one rank (under CP every rank reserves the same share, and the
-        count of prefill tokens it ran unsplit)."""
+        count of prefill tokens it ran unsplit), and the dtype / bytes the pool stores them in."""
+        pool = self.token_to_kv_pool
+        stored = {
+            "kv_cache_storage_dtype": str(pool.dtype).replace("torch.", ""),
+            "kv_pool_bytes": pool.mem_bytes(),
+        }
         if self.cp is None:
             return {
+                **stored,
                 "cp_size": 1,
                 "kv_physical_tokens_per_rank": self.max_total_num_tokens,
                 "kv_physical_used_per_rank": self.max_total_num_tokens - free_slots,
             }
         state = physical_kv_state(self.cp.mapping, self.max_total_num_tokens, free_slots)
         # adaptive CP: prefill tokens this rank ran whole (prompts below --cp-min-split-tokens)
-        return {**state, "cp_unsplit_prefill_tokens": self.cp.stats.unsplit_prefill_tokens}
+        return {**stored, **state, "cp_unsplit_prefill_tokens": self.cp.stats.unsplit_prefill_tokens}
 
     def _agree_on_plan(self, plan: KVPoolPlan) -> KVPoolPlan:
         """Every rank takes the smallest plan of the world (MIN all-reduce), so KV slot numbers

@@ -96,15 +96,22 @@ class CausalLM(nn.Module):
         head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
         return max(1, kv_heads // self.groups.attn_tp.size), head_dim
 
-    def kv_cell_size_bytes(self, dtype: torch.dtype) -> int:
+    def kv_cell_size_bytes(self, dtype: torch.dtype, kv_dtype: Optional[torch.dtype] = None) -> int:
         """KV bytes per token slot of `create_kv_pool`'s pool (this stage's layers). Default: MHA."""
         heads, head_dim = self._mha_kv_heads_and_dim()
-        return MHATokenToKVPool.cell_size_bytes(heads, head_dim, self.end_layer - self.start_layer, dtype)
+        layers = self.end_layer - self.start_layer
+        return MHATokenToKVPool.cell_size_bytes(heads, head_dim, layers, kv_dtype or dtype)
 
     def create_kv_pool(
-        self, size: int, page_size: int, dtype: torch.dtype, device: Union[str, torch.device] = "cpu"
+        self,
+        size: int,
+        page_size: int,
+        dtype: torch.dtype,
+        device: Union[str, torch.device] = "cpu",
+        kv_dtype: Optional[torch.dtype] = None,
     ) -> KVPool:
-        """The KV pool of this stage's layers, `size` token slots. Default: MHA K and V per layer."""
+        """The KV pool of this stage's layers, `size` token slots, K/V stored in `kv_dtype` (default
+        `dtype`, `--kv-cache-dtype`). Default: MHA K and V per layer."""
         heads, head_dim = self._mha_kv_heads_and_dim()
         return MHATokenToKVPool(
             size,
@@ -115,6 +122,7 @@ class CausalLM(nn.Module):
             self.end_layer - self.start_layer,
             device=device,
             start_layer=self.start_layer,
+            kv_dtype=kv_dtype,
         )
 
     # ------------------------------------------------------------------ weights

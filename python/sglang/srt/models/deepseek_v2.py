@@ -165,16 +165,21 @@ class DeepseekV3ForCausalLM(CausalLM):
         return DeepseekV2Model(config, groups, dtype, self.use_indexer)
 
     # ------------------------------------------------------------------ KV pool
-    def kv_cell_size_bytes(self, dtype: torch.dtype) -> int:
+    def kv_cell_size_bytes(self, dtype: torch.dtype, kv_dtype: Optional[torch.dtype] = None) -> int:
         """KV bytes per token slot: latent rows (plus indexer keys for V3.2) of this stage's layers."""
         cfg, layers = self.config, self.end_layer - self.start_layer
         index_dim = int(cfg.index_head_dim) if self.use_indexer else 0
         return DSATokenToKVPool.cell_size_bytes(
-            cfg.kv_lora_rank, cfg.qk_rope_head_dim, layers, dtype, index_dim, int8_index_keys()
+            cfg.kv_lora_rank, cfg.qk_rope_head_dim, layers, dtype, index_dim, int8_index_keys(), kv_dtype
         )
 
     def create_kv_pool(
-        self, size: int, page_size: int, dtype: torch.dtype, device: Union[str, torch.device] = "cpu"
+        self,
+        size: int,
+        page_size: int,
+        dtype: torch.dtype,
+        device: Union[str, torch.device] = "cpu",
+        kv_dtype: Optional[torch.dtype] = None,
     ) -> KVPool:
         """The latent KV pool of this pipeline stage's layers (the ModelRunner's pool hook)."""
         cfg, layers = self.config, self.end_layer - self.start_layer
@@ -190,9 +195,18 @@ class DeepseekV3ForCausalLM(CausalLM):
                 device,
                 self.start_layer,
                 int8_index_keys(),
+                kv_dtype,
             )
         return MLATokenToKVPool(
-            size, page_size, dtype, cfg.kv_lora_rank, cfg.qk_rope_head_dim, layers, device, self.start_layer
+            size,
+            page_size,
+            dtype,
+            cfg.kv_lora_rank,
+            cfg.qk_rope_head_dim,
+            layers,
+            device,
+            self.start_layer,
+            kv_dtype,
         )
 
     # ------------------------------------------------------------------ Shard Linear

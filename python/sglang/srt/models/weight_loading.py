@@ -20,6 +20,7 @@ from torch import nn
 from sglang.srt.layers.moe.experts import match_expert_weight
 from sglang.srt.layers.quantization.config import quant_spec_from_config
 from sglang.srt.layers.quantization.loading import quantized_weights
+from sglang.srt.mem_cache.kv_dtype import kv_scale_target
 from sglang.srt.models.checkpoint_specs import StackedParam
 
 LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.")
@@ -42,6 +43,9 @@ def load_checkpoint_weights(
     loaded: set[str] = set()
     spec = quant_spec_from_config(getattr(model, "config", None))
     # quantized (layers/quantization): linears made FP8 / int8 as their tensors come
+    weights = (
+        (n, t) for n, t in weights if kv_scale_target(n) is None
+    )  # KV scales: the pool's (kv_dtype.py)
     weights = quantized_weights(model, spec, weights, stacked, lambda i: start <= i < end, params)
     for name, tensor in weights:
         if "rotary_emb.inv_freq" in name:

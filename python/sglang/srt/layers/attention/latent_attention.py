@@ -19,21 +19,24 @@ import torch
 import torch.nn.functional as F
 
 from sglang.srt.layers.attention.dsa.sparse_attention import sparse_latent_attention
+from sglang.srt.layers.attention.kv_source import widen_kv
 from sglang.srt.layers.attention.ops import causal_mask
 from sglang.srt.layers.attention.paged_metadata import PagedMetadata
 
 
 def dense_latent_attention(
-    q: torch.Tensor, kv: torch.Tensor, scale: float, v_dim: int, md: PagedMetadata
+    q: torch.Tensor, kv: torch.Tensor, scale: float, v_dim: int, md: PagedMetadata, kv_scale: float = 1.0
 ) -> torch.Tensor:
     """q [n, H, L + R] absorbed queries, kv [rows, L + R] the layer's latent cache (new rows
-    stored) -> [n, H, v_dim]."""
+    stored; widened to q's dtype times `kv_scale` as read) -> [n, H, v_dim]."""
     n, num_heads, dim = q.shape
     out = q.new_empty((n, num_heads, v_dim))
     if md.single_slots is not None:
         qs = q if md.all_single else q[md.single_token_idx]
         n1, max_len = md.single_slots.shape
-        keys = kv.index_select(0, md.single_slots.reshape(-1)).view(n1, 1, max_len, dim).to(q.dtype)
+        keys = widen_kv(
+            kv.index_select(0, md.single_slots.reshape(-1)).view(n1, 1, max_len, dim), q.dtype, kv_scale
+        )
         mask = None if md.single_valid is None else md.single_valid[:, None, None, :]
         # one query per request: its heads are the query rows of a single-KV-head attention
         o = F.scaled_dot_product_attention(qs.unsqueeze(1), keys, keys, attn_mask=mask, scale=scale)
@@ -43,7 +46,7 @@ def dense_latent_attention(
         out[md.single_token_idx] = o
     for item in md.extends:
         qi = q[item.start : item.end].transpose(0, 1).unsqueeze(0)  # [1, H, m, D]
-        keys = kv.index_select(0, item.slots).view(1, 1, item.seq_len, dim).to(q.dtype)
+        keys = widen_kv(kv.index_select(0, item.slots).view(1, 1, item.seq_len, dim), q.dtype, kv_scale)
         m = item.end - item.start
         fresh = item.prefix_len == 0
         mask = None if fresh else causal_mask(m, item.seq_len, item.prefix_len, device=q.device)
@@ -62,9 +65,10 @@ def selected_latent_attention(
     md: PagedMetadata,
     req_to_token: torch.Tensor,
     topk_positions: torch.Tensor,
+    kv_scale: float = 1.0,
 ) -> torch.Tensor:
     """DSA: topk_positions [n, K] are positions in each token's own sequence, -1 for none."""
     valid = topk_positions >= 0
     slots = req_to_token[md.token_req_rows.unsqueeze(1), topk_positions.clamp(min=0)]
     slots = slots.masked_fill(~valid, 0)
-    return sparse_latent_attention(q, kv, slots, valid, scale, v_dim)
+    return sparse_latent_attention(q, kv, slots, valid, scale, v_dim, kv_scale=kv_scale)

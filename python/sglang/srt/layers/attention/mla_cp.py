@@ -53,6 +53,7 @@ from sglang.srt.layers.attention.dsa.cp_indexer import (
 )
 from sglang.srt.layers.attention.dsa.sparse_attention import sparse_latent_attention
 from sglang.srt.layers.attention.cp_merge import merge_partials
+from sglang.srt.layers.attention.kv_source import kv_scales, widen_kv
 from sglang.srt.layers.attention.mla_cp_metadata import MLACPMetadata
 from sglang.srt.layers.attention.mla_cp_segments import segmented_extends
 from sglang.srt.layers.attention.ops import causal_attention_lse, sdpa_lse
@@ -66,10 +67,12 @@ if TYPE_CHECKING:
 
 
 def _pool_rows(fb: "ForwardBatch", layer_id: int, slots: torch.Tensor, with_index: bool) -> torch.Tensor:
-    """Cached rows [n, L + R (+ index dim)] at physical `slots` of this rank's pool."""
+    """Cached rows [n, L + R (+ index dim)] at physical `slots` of this rank's pool (latent rows
+    widened to the model dtype, as exchanged)."""
     pool = fb.token_to_kv_pool
     kv = pool.get_key_buffer(layer_id)
     rows = kv.view(kv.shape[0], -1).index_select(0, slots.to(kv.device))
+    rows = widen_kv(rows, getattr(pool, "compute_dtype", rows.dtype), kv_scales(pool, layer_id)[0])
     if with_index:
         rows = torch.cat(
             (rows, pool.get_index_k_buffer(layer_id).index_select(0, slots.to(kv.device))), dim=-1
@@ -166,6 +169,7 @@ def mla_cp_forward(
         pool.set_kv_buffer(core.layer_id, md.own_slots, own[:, :dim])
         if indexer is not None:
             pool.set_index_k_buffer(core.layer_id, md.own_slots, own[:, dim:])
+    full = _as_stored(pool, core.layer_id, full, dim)
     sparse = indexer is not None and md.max_seq_len > indexer.index_topk
     index_q, index_w = dsa.query() if sparse else (None, None)
 
@@ -203,6 +207,15 @@ def mla_cp_forward(
             core, q, index_q, index_w, indexer if sparse else None, fb, layout, md, out, kernels
         )
     return out
+
+
+def _as_stored(pool, layer_id: int, full: torch.Tensor, dim: int) -> torch.Tensor:
+    """The new rows with their latent part as the pool stores it (an FP8 cache rounds it), so that
+    CP attends over the values the single-rank path reads back from the pool."""
+    round_rows = getattr(pool, "round_as_stored", None)
+    if round_rows is None or not pool.is_fp8:
+        return full
+    return torch.cat((round_rows(layer_id, full[:, :dim]), full[:, dim:]), dim=-1)
 
 
 def _decode_topk(
@@ -249,6 +262,7 @@ def _decode_attention(
     v_dim = core.kv_lora_rank
     kv_cache = fb.token_to_kv_pool.get_key_buffer(core.layer_id)
     kv_cache = kv_cache.view(kv_cache.shape[0], dim)
+    kv_scale = kv_scales(fb.token_to_kv_pool, core.layer_id)[0]
     if indexer is not None:
         sel = _decode_topk(indexer, iq, iw, fb, layout, md, kernels)
         safe = sel.clamp(min=0)
@@ -261,11 +275,12 @@ def _decode_attention(
             part_o, part_l = kernels.attend_slots(qd, kv_cache, slots, mine, core.scaling, v_dim)
         else:
             part_o, part_l = sparse_latent_attention(
-                qd, kv_cache, slots, mine, core.scaling, v_dim, return_lse=True
+                qd, kv_cache, slots, mine, core.scaling, v_dim, return_lse=True, kv_scale=kv_scale
             )
     else:
         max_len = md.decode_slots.shape[1]
-        keys = kv_cache.index_select(0, md.decode_slots.reshape(-1)).view(n1, 1, max_len, dim).to(qd.dtype)
+        keys = kv_cache.index_select(0, md.decode_slots.reshape(-1)).view(n1, 1, max_len, dim)
+        keys = widen_kv(keys, qd.dtype, kv_scale)
         mask = md.decode_valid[:, None, None, :]
         o, lse = sdpa_lse(qd.unsqueeze(2), keys, keys, core.scaling, attn_mask=mask)
         part_o, part_l = o.squeeze(2)[..., :v_dim], lse.squeeze(2)

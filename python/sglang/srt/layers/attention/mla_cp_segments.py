@@ -28,6 +28,7 @@ import torch
 from sglang.srt.layers.attention.dsa.cp_indexer import shard_topk_candidates
 from sglang.srt.layers.attention.dsa.scoring import select_topk
 from sglang.srt.layers.attention.dsa.sparse_attention import sparse_latent_attention
+from sglang.srt.layers.attention.kv_source import kv_scales, widen_kv
 from sglang.srt.layers.attention.mla_cp_metadata import CPExtend, MLACPMetadata, PrefixRound
 from sglang.srt.layers.attention.ops import causal_attention_lse, merge_state
 from sglang.srt.layers.context_parallel import CPLayout, start_gather
@@ -48,12 +49,14 @@ def gather_round(
     """The round's cached rows [end - start, W] in flat prefix order: latent rows, or (`index`)
     the index keys, all-gathered from the ranks that store them."""
     pool = fb.token_to_kv_pool
+    scale = 1.0  # index keys are stored in the model dtype; latent rows may be FP8 (scaled)
     if index:
         buf = pool.get_index_k_buffer(layer_id)
     else:
         kv = pool.get_key_buffer(layer_id)
         buf = kv.view(kv.shape[0], -1)
-    send = buf.index_select(0, rnd.my_slots.to(buf.device)).to(dtype)
+        scale = kv_scales(pool, layer_id)[0]
+    send = widen_kv(buf.index_select(0, rnd.my_slots.to(buf.device)), dtype, scale)
     gathered = start_gather(layout.group, send, rnd.sizes).wait()
     if layout.probe is not None:
         row_bytes = gathered.shape[1] * gathered.element_size()

@@ -104,3 +104,15 @@ def check_attention_backend(name: str, attention_kind: str, model_name: str) -> 
 def _supports(name: str, attention_kind: str) -> bool:
     cls = get_attention_backend_class(name)
     return cls.supports_mla if attention_kind == "mla" else cls.supports_mha
+
+
+def check_kv_cache_dtype(name: str, kv_cache_dtype: str) -> None:
+    """Start-up check that backend `name` reads the KV pool `--kv-cache-dtype` stores (the FP8
+    ones need `supports_fp8_kv`); a ValueError naming both flags otherwise."""
+    if not kv_cache_dtype.startswith("fp8") or get_attention_backend_class(name).supports_fp8_kv:
+        return
+    able = [n for n in attention_backend_choices() if get_attention_backend_class(n).supports_fp8_kv]
+    raise ValueError(
+        f"--kv-cache-dtype {kv_cache_dtype} is not supported with --attention-backend {name}; "
+        f"backends that read an FP8 KV cache: {able}"
+    )

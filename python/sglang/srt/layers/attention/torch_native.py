@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from sglang.srt.layers.attention.base import AttentionBackend
-from sglang.srt.layers.attention.kv_source import head_major_kv
+from sglang.srt.layers.attention.kv_source import head_major_kv, kv_scales, widen_kv
 from sglang.srt.layers.attention.latent_attention import dense_latent_attention, selected_latent_attention
 from sglang.srt.layers.attention.mla_cp import mla_cp_forward, start_row_exchange
 from sglang.srt.layers.attention.mla_cp_metadata import MLACPMetadata, build_mla_cp_metadata
@@ -62,6 +62,7 @@ class TorchNativeAttnBackend(AttentionBackend):
     name = "torch_native"
     supports_mha = True
     supports_mla = True
+    supports_fp8_kv = True  # every read widens the pool's rows (`kv_source.widen_kv`)
     supports_context_parallel = True
     batch_state_type: ClassVar[type[TorchNativeBatch]] = TorchNativeBatch
 
@@ -135,12 +136,17 @@ class TorchNativeAttnBackend(AttentionBackend):
         gqa = h != hk
         q3 = q.view(n, h, d)
         k_buf, v_buf = head_major_kv(fb.token_to_kv_pool, layer.layer_id)  # [Hk, rows, D]
+        k_scale, v_scale = kv_scales(fb.token_to_kv_pool, layer.layer_id)
         out = q.new_empty((n, h, dv))
         if md.single_slots is not None:  # one query per request, keys padded to the longest
             n1, max_len = md.single_slots.shape
             idx = md.single_slots.reshape(-1)
-            keys = k_buf.index_select(1, idx).view(hk, n1, max_len, d).transpose(0, 1).to(q.dtype)
-            values = v_buf.index_select(1, idx).view(hk, n1, max_len, dv).transpose(0, 1).to(q.dtype)
+            keys = widen_kv(
+                k_buf.index_select(1, idx).view(hk, n1, max_len, d).transpose(0, 1), q.dtype, k_scale
+            )
+            values = widen_kv(
+                v_buf.index_select(1, idx).view(hk, n1, max_len, dv).transpose(0, 1), q.dtype, v_scale
+            )
             mask = None if md.single_valid is None else md.single_valid[:, None, None, :]
             qs = q3 if md.all_single else q3[md.single_token_idx]
             o = F.scaled_dot_product_attention(
@@ -159,8 +165,8 @@ class TorchNativeAttnBackend(AttentionBackend):
                     qi, ki, vi, is_causal=True, scale=layer.scaling, enable_gqa=gqa
                 )
             else:  # whole sequence from the pool, causal mask offset by the cached prefix
-                ks = k_buf.index_select(1, item.slots).unsqueeze(0).to(q.dtype)
-                vs = v_buf.index_select(1, item.slots).unsqueeze(0).to(q.dtype)
+                ks = widen_kv(k_buf.index_select(1, item.slots).unsqueeze(0), q.dtype, k_scale)
+                vs = widen_kv(v_buf.index_select(1, item.slots).unsqueeze(0), q.dtype, v_scale)
                 mask = causal_mask(e - s, item.seq_len, item.prefix_len, device=q.device)
                 o = F.scaled_dot_product_attention(
                     qi, ks, vs, attn_mask=mask, scale=layer.scaling, enable_gqa=gqa
@@ -200,12 +206,16 @@ class TorchNativeAttnBackend(AttentionBackend):
     ) -> torch.Tensor:
         """Latent attention of q over the layer's cached rows (the new ones already stored): dense,
         or over `topk_positions` [n, K] (positions in each token's sequence, -1 = none) for DSA."""
-        kv = forward_batch.token_to_kv_pool.get_key_buffer(layer.layer_id).squeeze(1)  # [rows, L + R]
+        pool = forward_batch.token_to_kv_pool
+        kv = pool.get_key_buffer(layer.layer_id).squeeze(1)  # [rows, L + R], as stored
+        scale = kv_scales(pool, layer.layer_id)[0]  # the latent row is key and value
         md = self._paged(forward_batch)
         if topk_positions is None:
-            return dense_latent_attention(q, kv, layer.scaling, layer.kv_lora_rank, md)
+            return dense_latent_attention(q, kv, layer.scaling, layer.kv_lora_rank, md, scale)
         table = forward_batch.req_to_token_pool.req_to_token
-        return selected_latent_attention(q, kv, layer.scaling, layer.kv_lora_rank, md, table, topk_positions)
+        return selected_latent_attention(
+            q, kv, layer.scaling, layer.kv_lora_rank, md, table, topk_positions, scale
+        )
 
     def start_mla_exchange(self, kv_new, layer, forward_batch, indexer=None) -> None:
         """Context parallelism: start the async all-gather of the layer's new latent rows (with the

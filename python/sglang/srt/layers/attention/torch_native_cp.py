@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Optional
 import torch
 
 from sglang.srt.layers.attention.cp_merge import merge_partials
-from sglang.srt.layers.attention.kv_source import KVGather, fetch, head_major_kv
+from sglang.srt.layers.attention.kv_source import KVGather, fetch, head_major_kv, kv_scales, widen_kv
 from sglang.srt.layers.attention.ops import causal_attention_lse, merge_state, sdpa_lse
 from sglang.srt.layers.context_parallel import FRESH, PREFIX, CPLayout, GatherSpec, start_gather
 
@@ -269,17 +269,18 @@ def _b_queries(q3, q_pending, layout: CPLayout, md: CPAttnMetadata) -> torch.Ten
     return qb
 
 
-def _prefix_shard_attention(q, it: _ShardItem, k_cache, v_cache, layer, layout: CPLayout):
+def _prefix_shard_attention(q, it: _ShardItem, k_cache, v_cache, layer, layout: CPLayout, scales):
     """(out, lse) of a PREFIX request's queries over this rank's KV shard of it, read from the pool
-    in rounds of at most `layout.kv_gather_segment` rows (0: one round), merged by LSE."""
+    (widened times the layer's (key, value) `scales`) in rounds of at most `layout.kv_gather_segment`
+    rows (0: one round), merged by LSE."""
     total = int(it.k_slots.numel())
     segment = layout.kv_gather_segment if layout.kv_gather_segment > 0 else max(total, 1)
     acc = None
     for a in range(0, max(total, 1), segment):
         b = min(total, a + segment)
         src = KVGather(it.k_slots[a:b].to(k_cache.device))
-        ks = fetch(k_cache, src, None, "k").transpose(0, 1).to(q.dtype)  # [rows, Hk, D]
-        vs = fetch(v_cache, src, None, "v").transpose(0, 1).to(q.dtype)
+        ks = widen_kv(fetch(k_cache, src, None, "k").transpose(0, 1), q.dtype, scales[0])  # [rows, Hk, D]
+        vs = widen_kv(fetch(v_cache, src, None, "v").transpose(0, 1), q.dtype, scales[1])
         if layout.probe is not None:
             row_bytes = (ks.shape[1] * ks.shape[2] + vs.shape[1] * vs.shape[2]) * ks.element_size()
             layout.probe.prefix_round(b - a, b - a, row_bytes)
@@ -296,17 +297,24 @@ def _shard_attention(
     nb, h, dv = qb.shape[0], qb.shape[1], layer.v_head_dim
     pool = fb.token_to_kv_pool
     k_cache, v_cache = head_major_kv(pool, layer.layer_id)  # [Hk, rows, D]
+    scales = kv_scales(pool, layer.layer_id)
     part_o = qb.new_zeros((nb, h, dv))
     part_l = torch.full((nb, h), float("-inf"), dtype=torch.float32, device=qb.device)
     for it in md.prefix:
         rows = slice(it.b_start, it.b_start + it.num_tokens)
-        part_o[rows], part_l[rows] = _prefix_shard_attention(qb[rows], it, k_cache, v_cache, layer, layout)
+        part_o[rows], part_l[rows] = _prefix_shard_attention(
+            qb[rows], it, k_cache, v_cache, layer, layout, scales
+        )
     if md.single_rows is not None:
         n1, max_len = md.single_slots.shape
         src = KVGather(md.single_slots.reshape(-1).to(k_cache.device))
         hk, dk, dv_ = k_cache.shape[0], k_cache.shape[2], v_cache.shape[2]  # explicit: max_len may be 0
-        ks = fetch(k_cache, src, None, "k").view(hk, n1, max_len, dk).transpose(0, 1).to(qb.dtype)
-        vs = fetch(v_cache, src, None, "v").view(hk, n1, max_len, dv_).transpose(0, 1).to(qb.dtype)
+        ks = widen_kv(
+            fetch(k_cache, src, None, "k").view(hk, n1, max_len, dk).transpose(0, 1), qb.dtype, scales[0]
+        )
+        vs = widen_kv(
+            fetch(v_cache, src, None, "v").view(hk, n1, max_len, dv_).transpose(0, 1), qb.dtype, scales[1]
+        )
         rows = md.single_rows.to(qb.device)
         o, l = sdpa_lse(
             qb.index_select(0, rows).unsqueeze(2), ks, vs, layer.scaling, attn_mask=md.single_mask

@@ -23,14 +23,16 @@ def sparse_latent_attention(
     scale: float,
     v_dim: int,
     return_lse: bool = False,
+    kv_scale: float = 1.0,
 ) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """Absorbed MQA over selected rows.
 
     q [n, H, D] (latent query ; roped query), kv [rows, D] the layer's latent cache (value = first
     `v_dim` values of a row), slots [n, K] KV slots chosen for each query, valid [n, K] bool (False:
     padding, e.g. fewer than K visible keys). Returns [n, H, v_dim] in q's dtype; a query with no valid
-    key gets zeros. With `return_lse` also the log-sum-exp of the scaled scores [n, H] float32
-    (-inf for a query without valid key), for merging partial results over disjoint key sets.
+    key gets zeros. Rows are widened to q's dtype times `kv_scale` (FP8 KV cache). With `return_lse`
+    also the log-sum-exp of the scaled scores [n, H] float32 (-inf for a query without valid key),
+    for merging partial results over disjoint key sets.
     """
     n, num_heads, dim = q.shape
     k = slots.shape[1]
@@ -46,6 +48,8 @@ def sparse_latent_attention(
     for s in range(0, n, block):
         e = min(n, s + block)
         rows = kv.index_select(0, slots[s:e].reshape(-1)).view(e - s, k, dim).to(q.dtype)  # [b, K, D]
+        if kv_scale != 1.0:
+            rows = rows * kv_scale
         scores = torch.bmm(q[s:e].float(), rows.float().transpose(1, 2)) * scale  # [b, H, K]
         scores = scores.masked_fill(~valid[s:e].unsqueeze(1), float("-inf"))
         probs = torch.softmax(scores, dim=-1)

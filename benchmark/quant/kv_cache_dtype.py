@@ -1,0 +1,75 @@
+"""Decode ITL with an FP8 KV cache vs the model-dtype cache, in-process schedulers (no HTTP).
+
+Two schedulers over the same model (default: the embedded SmolLM2-135M GGUF, --dtype bfloat16),
+one per `--kv-cache-dtype` (default `auto` = bf16, and `fp8_e4m3`), each with `--batch` requests
+of `--prompt-len` random tokens prefilled, then decode steps timed round by round, interleaved
+(one step of each per round), median ms per step. Also prints each pool's tokens and bytes.
+
+    python benchmark/quant/kv_cache_dtype.py --threads 2 --batch 8 --prompt-len 512
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from sglang.test.scheduler_harness import SchedulerHarness
+
+
+def _harness(args, kv_cache_dtype: str) -> SchedulerHarness:
+    kwargs = dict(
+        dtype=args.dtype,
+        num_threads=args.threads,
+        kv_cache_dtype=kv_cache_dtype,
+        max_total_tokens=args.batch * (args.prompt_len + args.rounds + 8) + 64,
+        chunked_prefill_size=args.batch * args.prompt_len,
+        max_prefill_tokens=args.batch * args.prompt_len,
+        disable_radix_cache=True,
+    )
+    if args.model_path:
+        kwargs["model_path"] = args.model_path
+    return SchedulerHarness(**kwargs)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model-path", default=None)
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--prompt-len", type=int, default=512)
+    p.add_argument("--rounds", type=int, default=32)
+    p.add_argument("--kv", nargs="+", default=["auto", "fp8_e4m3"])
+    args = p.parse_args()
+    torch.manual_seed(0)
+    harnesses = {kv: _harness(args, kv) for kv in args.kv}
+    vocab = next(iter(harnesses.values())).scheduler.model_config.vocab_size
+    prompts = [torch.randint(10, vocab, (args.prompt_len,)).tolist() for _ in range(args.batch)]
+    for h in harnesses.values():
+        for prompt in prompts:
+            h.submit(prompt, args.rounds + 4)
+        while len(h.scheduler.running) < args.batch or h.scheduler.waiting:  # prefill everything
+            h.step()
+    times: dict[str, list[float]] = {kv: [] for kv in harnesses}
+    for _ in range(args.rounds):
+        for kv, h in harnesses.items():
+            t0 = time.perf_counter()
+            h.step()
+            times[kv].append((time.perf_counter() - t0) * 1e3)
+    base = statistics.median(times[args.kv[0]])
+    for kv, h in harnesses.items():
+        state = h.scheduler.internal_state()
+        med = statistics.median(times[kv])
+        pool = f"{state['max_total_num_tokens']} tokens {state['kv_pool_bytes'] / 2**20:.1f} MiB"
+        print(
+            f"--kv-cache-dtype {kv}: {state['kv_cache_storage_dtype']}, pool {pool}; decode step "
+            f"(batch {args.batch}, ~{args.prompt_len} ctx) median {med:.2f} ms (x{med / base:.3f}), "
+            f"min {min(times[kv]):.2f} ms"
+        )
+
+
+if __name__ == "__main__":
+    main()
