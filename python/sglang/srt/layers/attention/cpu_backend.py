@@ -281,7 +281,7 @@ class CPUAttnBackend(TorchNativeAttnBackend):
         )  # SDPA's compute dtype (float32 for bf16 without AMX)
         fresh_kernel = _prefill_kernel(md, cdt, q3, k3, v3)
         k_cache = v_cache = None
-        k_scale, v_scale = kv_scales(fb.token_to_kv_pool, layer.layer_id)
+        k_scale = v_scale = 1.0  # the pool's (FP8) scales, read with the pool below
         cached_kernel = None  # the fused kernel for a chunk over a cached prefix (decided once per layer)
         for item in md.extends:
             # NOTE: SDPA takes its fast (flash) CPU kernel only for 4-D inputs: [1, H, n, D]
@@ -300,6 +300,7 @@ class CPUAttnBackend(TorchNativeAttnBackend):
                 continue
             if k_cache is None:
                 k_cache, v_cache = head_major_kv(fb.token_to_kv_pool, layer.layer_id)
+                k_scale, v_scale = kv_scales(fb.token_to_kv_pool, layer.layer_id)
                 if k_cache.is_contiguous() and v_cache.is_contiguous():
                     cached_kernel = _prefill_kernel(md, cdt, q3, k3, v3, k_cache, v_cache)
             if cached_kernel is not None:
