@@ -7,6 +7,7 @@ tokens not yet run through the model) leaves no matcher or KV slot behind."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import torch
@@ -93,3 +94,37 @@ def test_abort_right_after_a_jump():
     reasons = {rid: reason for out in outs for rid, reason in zip(out.rids, out.finished_reasons) if reason}
     assert reasons["r0"]["type"] == "abort"
     assert_nothing_left(sched)
+
+
+def test_disable_any_whitespace_gives_json_dumps_spacing():
+    """`--constrained-json-disable-any-whitespace` reaches the scheduler's grammars: the JSON has
+    json.dumps' separators and no other whitespace (the dummy model would put whitespace where any
+    is allowed), with jump-forward forcing each key and its separators."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "level": {"enum": ["gold", "silver"]},
+            "n": {"enum": [1, 2, 3]},
+            "ok": {"type": "boolean"},
+        },
+        "required": ["level", "n", "ok"],
+        "additionalProperties": False,
+    }
+    texts = {}
+    for strict in (False, True):
+        args = ServerArgs(
+            **TINY,
+            max_total_tokens=2048,
+            enable_jump_forward=True,
+            constrained_json_disable_any_whitespace=strict,
+        )
+        args.validate()
+        sched = Scheduler(args, tokenizer=get_tokenizer(str(TINY_LLAMA_DIR)))
+        params = SamplingParams(max_new_tokens=60, temperature=0.0, json_schema=json.dumps(schema))
+        sched.handle_message(TokenizedGenerateReqInput("j", None, [5, 6, 7, 8], params))
+        ids = [t for out in sched.run_until_idle() for t in out.new_output_ids[0]]
+        texts[strict] = sched.tokenizer.decode(ids, skip_special_tokens=True)
+        assert_nothing_left(sched)
+    strict = texts[True]
+    assert json.dumps(json.loads(strict)) == strict, strict
+    assert texts[False] != strict  # the loose grammar let the dummy model choose other whitespace

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from sglang.srt.constrained.factory import create_grammar_manager
+from sglang.srt.constrained.grammar_spec import ANY_JSON, GrammarSpec, to_grammar
 from sglang.srt.constrained.jump_forward import retokenize
 from sglang.srt.managers.scheduler.jump_forward import jump_forward
 from sglang.srt.managers.scheduler.schedule_batch import Req
@@ -44,7 +45,7 @@ def manager(tokenizer, jump: bool = True):
 def constrained_req(mgr, **params) -> Req:
     params.setdefault("max_new_tokens", 64)
     if "ebnf" not in params:
-        params["json_schema"] = SCHEMA
+        params.setdefault("json_schema", SCHEMA)
     req = Req("r", PROMPT, SamplingParams(**params))
     assert mgr.route([req]) == []
     deadline = time.monotonic() + 30
@@ -185,3 +186,30 @@ def test_flag_refused_without_a_grammar_backend():
         with pytest.raises(ValueError, match="--enable-jump-forward needs a grammar backend"):
             args.validate()
     ServerArgs(model_path=str(TINY_LLAMA_DIR), load_format="dummy", enable_jump_forward=True).validate()
+
+
+def test_disable_any_whitespace_forces_the_separator_with_the_key(tokenizer):
+    """--constrained-json-disable-any-whitespace: json.dumps' separators and no other whitespace, so
+    after a value the matcher forces `, "<next key>": ` as one string (with any whitespace it stops
+    where whitespace could start); json_object (any JSON object / array) follows the same rule."""
+    loose = manager(tokenizer)
+    strict = create_grammar_manager(
+        "xgrammar", tokenizer, VOCAB, [tokenizer.eos_token_id], jump_forward=True, any_whitespace=False
+    )
+    forced = {}
+    for name, mgr in (("loose", loose), ("strict", strict)):
+        req = constrained_req(mgr)
+        sample(mgr, req, '{"' + KEY_A + '": "Ann"', tokenizer)
+        forced[name] = mgr._states[req].forced()
+    assert forced["strict"] == ', "' + KEY_B + '": '
+    assert forced["loose"] == ""  # whitespace may follow the value
+    req = constrained_req(strict, json_schema=ANY_JSON)
+    for token in tokenizer.encode('{"a": [1, {"b": null}]}', add_special_tokens=False):
+        assert strict._states[req].accept(token), token
+    from xgrammar.testing import _is_grammar_accept_string as accepts
+
+    any_json = GrammarSpec("json_schema", ANY_JSON)
+    assert accepts(to_grammar(any_json), '{ "a":1 }') and not accepts(
+        to_grammar(any_json, False), '{ "a":1 }'
+    )
+    assert accepts(to_grammar(any_json, False), "[1, 2]") and not accepts(to_grammar(any_json, False), "7")

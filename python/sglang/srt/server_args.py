@@ -284,6 +284,12 @@ class ServerArgs(CompatArgs, ParallelArgs, HiCacheArgs):
         G_API,
         choices=["xgrammar", "llguidance", "none"],
     )
+    constrained_json_disable_any_whitespace: bool = arg(
+        False,
+        "Constrained decoding: JSON from json_schema / json_object uses json.dumps' separators and no "
+        "other whitespace (jump-forward then forces a key with its separator).",
+        G_API,
+    )
     enable_jump_forward: bool = arg(
         False,
         "Constrained decoding: append the text the grammar forces without decoding it token by token "

@@ -16,9 +16,11 @@ def create_grammar_manager(
     stop_token_ids: Sequence[int],
     group: Optional[Any] = None,
     jump_forward: bool = False,
+    any_whitespace: bool = True,
 ) -> GrammarManager:
     """`tokenizer` None (`--skip-tokenizer-init`): no vocabulary to compile against, so none.
-    `jump_forward`: `--enable-jump-forward`."""
+    `jump_forward`: `--enable-jump-forward`; `any_whitespace`: False with
+    `--constrained-json-disable-any-whitespace` (JSON without free whitespace)."""
     if backend == "none":
         return GrammarManager(None, group)
     if tokenizer is None:
@@ -31,6 +33,6 @@ def create_grammar_manager(
     def build():
         from sglang.srt.constrained.xgrammar_backend import XGrammarBackend
 
-        return XGrammarBackend(tokenizer, vocab_size, stop_token_ids)
+        return XGrammarBackend(tokenizer, vocab_size, stop_token_ids, any_whitespace=any_whitespace)
 
     return GrammarManager(build, group, jump_forward=jump_forward)

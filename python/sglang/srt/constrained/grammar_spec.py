@@ -20,6 +20,7 @@ from typing import Any, Optional
 
 KINDS = ("json_schema", "regex", "ebnf", "structural_tag")
 ANY_JSON = "$$ANY$$"  # upstream's json_schema for "any JSON value"
+ANY_JSON_SCHEMA = '{"type": ["object", "array"]}'  # what xgrammar's builtin JSON grammar accepts
 JSON_OBJECT_SCHEMA = '{"type": "object"}'
 
 
@@ -96,15 +97,18 @@ def _structures(obj: dict) -> tuple[list, list[str]]:
     return tags, triggers
 
 
-def to_grammar(spec: GrammarSpec):
-    """The xgrammar `Grammar` of a spec (no tokenizer). GrammarError naming the problem."""
+def to_grammar(spec: GrammarSpec, any_whitespace: bool = True):
+    """The xgrammar `Grammar` of a spec (no tokenizer). GrammarError naming the problem.
+    `any_whitespace` False: JSON (a schema's, or any object / array) with json.dumps' separators
+    (", " and ": ") and no other whitespace, so a key and its separator are forced as one string."""
     import xgrammar as xgr
 
     try:
         if spec.kind == "json_schema":
-            if spec.text == ANY_JSON:
+            if spec.text == ANY_JSON and any_whitespace:
                 return xgr.Grammar.builtin_json_grammar()
-            return xgr.Grammar.from_json_schema(spec.text)
+            schema = ANY_JSON_SCHEMA if spec.text == ANY_JSON else spec.text
+            return xgr.Grammar.from_json_schema(schema, any_whitespace=any_whitespace)
         if spec.kind == "regex":
             return xgr.Grammar.from_regex(spec.text)
         if spec.kind == "ebnf":

@@ -73,10 +73,18 @@ class XGrammarBackend:
 
     name = "xgrammar"
 
-    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int], max_threads: int = 2):
+    def __init__(
+        self,
+        tokenizer: Any,
+        vocab_size: int,
+        stop_token_ids: Sequence[int],
+        max_threads: int = 2,
+        any_whitespace: bool = True,
+    ):
         import xgrammar as xgr
 
         self.vocab_size = vocab_size
+        self.any_whitespace = any_whitespace  # False: JSON with fixed separators, no free whitespace
         self.tokenizer = tokenizer  # jump-forward retokenizes the forced text with it
         info = xgr.TokenizerInfo.from_huggingface(
             tokenizer, vocab_size=vocab_size, stop_token_ids=sorted(set(stop_token_ids)) or None
@@ -90,7 +98,7 @@ class XGrammarBackend:
 
     def compile(self, spec: GrammarSpec) -> Any:
         """The compiled grammar of `spec` (GrammarError naming the problem). Thread-safe."""
-        grammar = to_grammar(spec)
+        grammar = to_grammar(spec, self.any_whitespace)
         try:
             return self._compiler.compile_grammar(grammar)
         except Exception as e:

@@ -143,6 +143,7 @@ class Scheduler:
             self.eos_token_ids,
             self.groups.replica,
             jump_forward=server_args.enable_jump_forward,
+            any_whitespace=not server_args.constrained_json_disable_any_whitespace,
         )
 
     # ------------------------------------------------------------------ info
