@@ -28,7 +28,7 @@ def dequantize_gguf(data: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray
     raw = torch.from_numpy(
         np.array(data, copy=True).reshape(-1, type_size)
     )  # a copy: the memmap is read-only
-    values = fast(raw, block)
+    values = fast(raw)
     row_bytes = data.shape[-1]
     return values.reshape(*data.shape[:-1], row_bytes // type_size * block).numpy()
 
@@ -45,17 +45,17 @@ def _nibbles(qs: torch.Tensor) -> torch.Tensor:
     return torch.cat((qs & 0x0F, qs >> 4), dim=1)
 
 
-def _q8_0(raw: torch.Tensor, block: int) -> torch.Tensor:
+def _q8_0(raw: torch.Tensor) -> torch.Tensor:
     q = raw[:, 2:].contiguous().view(torch.int8).to(torch.float32)
     return q * _scale(raw, 0)
 
 
-def _q4_0(raw: torch.Tensor, block: int) -> torch.Tensor:
+def _q4_0(raw: torch.Tensor) -> torch.Tensor:
     q = (_nibbles(raw[:, 2:]).to(torch.int8) - 8).to(torch.float32)
     return _scale(raw, 0) * q
 
 
-def _q4_1(raw: torch.Tensor, block: int) -> torch.Tensor:
+def _q4_1(raw: torch.Tensor) -> torch.Tensor:
     q = _nibbles(raw[:, 4:]).to(torch.float32)
     return _scale(raw, 0) * q + _scale(raw, 2)
 
