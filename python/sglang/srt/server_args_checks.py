@@ -13,6 +13,7 @@ import os
 from dataclasses import fields
 from typing import Any
 
+from sglang.srt.model_loader.model_files import is_dummy_model
 from sglang.srt.server_args_cli import field_choices, flag
 from sglang.srt.server_args_compat import model_override_args
 from sglang.srt.server_args_hicache import validate_hicache
@@ -38,7 +39,7 @@ def validate_server_args(args: Any) -> None:
     _validate_layout(args)
     _validate_compat(args)
     validate_hicache(args)
-    if args.load_format != "dummy" and not args.model_path.startswith("dummy:"):
+    if not is_dummy_model(args.model_path, args.load_format):
         if not os.path.exists(args.model_path):
             raise ValueError(f"--model-path {args.model_path!r} does not exist")
     if args.pp_size > 1:

@@ -13,7 +13,8 @@ from typing import Any, Optional
 import torch
 import transformers
 
-DUMMY_PREFIX = "dummy:"
+from sglang.srt.model_loader.model_files import strip_dummy_prefix
+
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "float": torch.float32,
@@ -87,8 +88,7 @@ class ModelConfig:
         trust_remote_code: bool = False,
         override_args: Optional[dict[str, Any]] = None,
     ):
-        if model_path.startswith(DUMMY_PREFIX):  # `dummy:<path>`: random weights, config of <path>
-            model_path = model_path[len(DUMMY_PREFIX) :]
+        model_path = strip_dummy_prefix(model_path)  # `dummy:<path>`: random weights, config of <path>
         self.model_path = model_path
         self.load_format = load_format
         self.device = device

@@ -24,13 +24,18 @@ def flag_choices() -> dict[str, list[str]]:
 
 def check_server_args_against_model(server_args: ServerArgs) -> None:
     """Every start-up check of the flags that needs the model layer or the checkpoint (ValueError)."""
+    from sglang.srt.layers.quantization.config import check_quantization_flag
+
     _check_attention_backend(server_args)
     _check_nsa_backends(server_args)
-    _check_quantization(server_args)
-    if server_args.tp_size > 1:
-        _check_attention_heads(server_args)
-    if server_args.pp_size > 1:
-        _check_pipeline_partition(server_args)
+    check_quantization_flag(server_args.quantization)
+    config = _read_model_config(server_args)
+    if config is not None:
+        _check_quantization(server_args, config)
+        if server_args.tp_size > 1:
+            _check_attention_heads(server_args, config)
+        if server_args.pp_size > 1:
+            _check_pipeline_partition(server_args, config)
     if server_args.cp_size > 1:
         _check_context_parallel_backend(server_args)
     if (
@@ -40,6 +45,22 @@ def check_server_args_against_model(server_args: ServerArgs) -> None:
         from sglang.srt.disaggregation.mooncake.data_plane import load_transfer_engine
 
         load_transfer_engine()  # PD is optional in an install: refuse now, naming the fix (RuntimeError)
+
+
+def _read_model_config(server_args: ServerArgs) -> dict | None:
+    """The checkpoint's HF config dict, read once for the checks below (config.json, or the GGUF
+    metadata, parsed once per process); None when unreadable: the model loader names the problem."""
+    from sglang.srt.model_loader.model_files import load_hf_config_dict
+
+    try:
+        return load_hf_config_dict(server_args.model_path, server_args.load_format)
+    except ValueError:
+        return None
+
+
+def _text_config(config: dict, key: str) -> dict:
+    """A multimodal config's `text_config` when `key` is not at the top level."""
+    return config.get("text_config", config) if key not in config else config
 
 
 def _check_attention_backend(server_args: ServerArgs) -> None:
@@ -86,29 +107,22 @@ def _check_context_parallel_backend(server_args: ServerArgs) -> None:
         )
 
 
-def _check_pipeline_partition(server_args: ServerArgs) -> None:
+def _check_pipeline_partition(server_args: ServerArgs, config: dict) -> None:
     """The layer partition against the model's layer count (cheap: the config only)."""
-    from sglang.srt.model_loader.model_files import load_hf_config_dict
     from sglang.srt.models.utils import pp_partition
 
-    config = load_hf_config_dict(server_args.model_path, server_args.load_format)
-    config = config.get("text_config", config) if "num_hidden_layers" not in config else config
+    config = _text_config(config, "num_hidden_layers")
     if "num_hidden_layers" in config:
         pp_partition(int(config["num_hidden_layers"]), server_args.pp_size)
 
 
-def _check_attention_heads(server_args: ServerArgs) -> None:
+def _check_attention_heads(server_args: ServerArgs, config: dict) -> None:
     """The attention heads split evenly over the attention-TP ranks (`tp / (dp · cp)`): the query
     heads divide by it, and the KV heads divide by it or it by them (then each KV head is replicated).
     Checked from the config before any rank starts, instead of by every rank building its layers."""
     from sglang.srt.distributed.parallel_layout import ParallelLayout
-    from sglang.srt.model_loader.model_files import load_hf_config_dict
 
-    try:
-        config = load_hf_config_dict(server_args.model_path, server_args.load_format)
-    except ValueError:
-        return  # no readable config here: the model loader names the problem
-    config = config.get("text_config", config) if "num_attention_heads" not in config else config
+    config = _text_config(config, "num_attention_heads")
     heads = config.get("num_attention_heads")
     if not isinstance(heads, int):
         return
@@ -125,14 +139,12 @@ def _check_attention_heads(server_args: ServerArgs) -> None:
         raise ValueError(f"--tp-size: {where} must be a multiple of the model's {kv_heads} KV heads")
 
 
-def _check_quantization(server_args: ServerArgs) -> None:
-    """--quantization and the checkpoint's quantization_config (config.json only): an unsupported
-    method, a value not built yet, or a flag that does not match the checkpoint's format."""
-    from sglang.srt.layers.quantization.config import check_quantization_flag, quant_spec_from_config
-    from sglang.srt.model_loader.model_files import load_hf_config_dict
+def _check_quantization(server_args: ServerArgs, config: dict) -> None:
+    """The checkpoint's quantization_config (config.json only) against --quantization: an
+    unsupported method, or a flag that does not match the checkpoint's format."""
+    from sglang.srt.layers.quantization.config import quant_spec_from_config
+    from sglang.srt.model_loader.model_files import is_dummy_model
 
-    check_quantization_flag(server_args.quantization)
-    if server_args.load_format == "dummy" or server_args.model_path.startswith("dummy:"):
+    if is_dummy_model(server_args.model_path, server_args.load_format):
         return
-    config = load_hf_config_dict(server_args.model_path, server_args.load_format)
     quant_spec_from_config(config, server_args.quantization)

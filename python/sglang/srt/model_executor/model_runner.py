@@ -126,7 +126,8 @@ class ModelRunner:
         self.token_to_kv_pool = self.model.create_kv_pool(
             pool_tokens, page, self.dtype, self.device, self.kv_cache_dtype
         )
-        apply_kv_scales(self.token_to_kv_pool, read_kv_scales(server_args.model_path))
+        if getattr(self.token_to_kv_pool, "is_fp8", False):  # only FP8 pools store scaled values
+            apply_kv_scales(self.token_to_kv_pool, read_kv_scales(server_args.model_path))
         # Slots are handed out by stage 0 only (later pipeline stages follow its numbers).
         self.allocator: Optional[TokenToKVPoolAllocator] = (
             TokenToKVPoolAllocator(self.max_total_num_tokens, self.kv_page_size, device=self.device)

@@ -30,6 +30,11 @@ def strip_dummy_prefix(model_path: str) -> str:
     return model_path[len(DUMMY_PREFIX) :] if model_path.startswith(DUMMY_PREFIX) else model_path
 
 
+def is_dummy_model(model_path: str, load_format: str) -> bool:
+    """Random weights: `--load-format dummy`, or a path written `dummy:<path>`."""
+    return load_format == "dummy" or model_path.startswith(DUMMY_PREFIX)
+
+
 def _is_gguf_file(path: str) -> bool:
     return os.path.isfile(path) and path.lower().endswith(".gguf")
 
@@ -51,7 +56,7 @@ def resolve_load_format(model_path: str, load_format: str = "auto") -> str:
     """The concrete format (`gguf`, `safetensors`, `pt` or `dummy`) for `model_path`; ValueError naming the path."""
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load format must be one of {list(LOAD_FORMATS)}, got {load_format!r}")
-    if load_format == "dummy" or model_path.startswith(DUMMY_PREFIX):
+    if is_dummy_model(model_path, load_format):
         return "dummy"
     if not os.path.exists(model_path):
         raise ValueError(f"model path {model_path!r} does not exist")

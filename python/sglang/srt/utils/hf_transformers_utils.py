@@ -11,6 +11,8 @@ from typing import Any, Optional
 
 from transformers import PreTrainedTokenizerFast
 
+from sglang.srt.model_loader.model_files import strip_dummy_prefix
+
 PLAIN_FAST_CLASSES = frozenset({"PreTrainedTokenizerFast", "TokenizersBackend"})
 
 
@@ -19,8 +21,7 @@ def get_tokenizer(tokenizer_path: str, trust_remote_code: bool = False) -> PreTr
 
     `trust_remote_code` (`--trust-remote-code`) lets a directory's own tokenizer class (auto_map
     in tokenizer_config.json) run; without it transformers refuses such a tokenizer."""
-    if tokenizer_path.startswith("dummy:"):
-        tokenizer_path = tokenizer_path[len("dummy:") :]
+    tokenizer_path = strip_dummy_prefix(tokenizer_path)
     if os.path.isfile(tokenizer_path) and tokenizer_path.lower().endswith(".gguf"):
         from sglang.srt.model_loader.gguf_tokenizer import load_gguf_tokenizer
 

@@ -7,15 +7,15 @@ import json
 import os
 from typing import Any
 
+from sglang.srt.model_loader.model_files import strip_dummy_prefix
+
 # generation_config.json keys taken as defaults (SGLang's names are the same)
 DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 
 def model_sampling_defaults(model_path: str) -> dict[str, Any]:
     """The sampling defaults of a model directory's generation_config.json ({} when it has none)."""
-    if model_path.startswith("dummy:"):
-        model_path = model_path[len("dummy:") :]
-    path = os.path.join(model_path, "generation_config.json")
+    path = os.path.join(strip_dummy_prefix(model_path), "generation_config.json")
     if not os.path.isfile(path):
         return {}
     with open(path, encoding="utf-8") as f:
@@ -26,7 +26,7 @@ def model_sampling_defaults(model_path: str) -> dict[str, Any]:
 def sampling_defaults(server_args: Any) -> dict[str, Any]:
     """The defaults the OpenAI routes put under a request's own sampling parameters."""
     if server_args.sampling_defaults != "model" or not os.path.isdir(
-        server_args.model_path.removeprefix("dummy:")
+        strip_dummy_prefix(server_args.model_path)
     ):
         return {}
     return model_sampling_defaults(server_args.model_path)
