@@ -58,6 +58,15 @@ class KVPool(ABC):
         # index_put has no float8 kernels); a plain view of the same bytes elsewhere
         self._store_view = torch.uint8 if self.dtype in FP8_KV_DTYPES else self.dtype
 
+    def _zeros(self, *shape: int, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        """One zero buffer of the pool, as the device's platform makes pools (CPU: pages
+        committed on first write, platforms/host_memory.py)."""
+        from sglang.srt.platforms import get_platform
+
+        return get_platform(self.device.type).zeros(
+            shape, self.dtype if dtype is None else dtype, self.device
+        )
+
     @property
     def is_fp8(self) -> bool:
         return self.dtype in FP8_KV_DTYPES
@@ -121,18 +130,12 @@ class MHATokenToKVPool(KVPool):
         kv_dtype: Optional[torch.dtype] = None,
     ):
         super().__init__(size, page_size, dtype, layer_num, device, start_layer, kv_dtype)
-        dtype = self.dtype
         self.head_num = head_num
         self.head_dim = head_dim
         self.v_head_dim = head_dim if v_head_dim is None else v_head_dim
         rows = size + page_size
-        self.k_head_major = [
-            torch.zeros((head_num, rows, head_dim), dtype=dtype, device=self.device) for _ in range(layer_num)
-        ]
-        self.v_head_major = [
-            torch.zeros((head_num, rows, self.v_head_dim), dtype=dtype, device=self.device)
-            for _ in range(layer_num)
-        ]
+        self.k_head_major = [self._zeros(head_num, rows, head_dim) for _ in range(layer_num)]
+        self.v_head_major = [self._zeros(head_num, rows, self.v_head_dim) for _ in range(layer_num)]
         self.k_buffer = [b.transpose(0, 1) for b in self.k_head_major]
         self.v_buffer = [b.transpose(0, 1) for b in self.v_head_major]
         self._run_cache: Optional[tuple[torch.Tensor, Optional[int]]] = None

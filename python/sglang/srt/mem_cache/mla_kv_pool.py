@@ -51,10 +51,7 @@ class MLATokenToKVPool(KVPool):
         self.qk_rope_head_dim = qk_rope_head_dim
         self.kv_cache_dim = kv_lora_rank + qk_rope_head_dim
         rows = size + page_size
-        self.kv_buffer = [
-            torch.zeros((rows, 1, self.kv_cache_dim), dtype=self.dtype, device=self.device)
-            for _ in range(layer_num)
-        ]
+        self.kv_buffer = [self._zeros(rows, 1, self.kv_cache_dim) for _ in range(layer_num)]
 
     def get_key_buffer(self, layer_id: int) -> torch.Tensor:
         return self.kv_buffer[self._local(layer_id)]
@@ -123,16 +120,10 @@ class DSATokenToKVPool(MLATokenToKVPool):
         )
         self.index_head_dim = index_head_dim
         rows = size + page_size
-        self.index_k_buffer = [
-            torch.zeros((rows, index_head_dim), dtype=dtype, device=self.device) for _ in range(layer_num)
-        ]
+        self.index_k_buffer = [self._zeros(rows, index_head_dim, dtype=dtype) for _ in range(layer_num)]
         n8 = layer_num if index_k_int8 else 0
-        self.index_k_int8 = [
-            torch.zeros((rows, index_head_dim), dtype=torch.int8, device=self.device) for _ in range(n8)
-        ]
-        self.index_k_scale = [
-            torch.zeros((rows,), dtype=torch.float32, device=self.device) for _ in range(n8)
-        ]
+        self.index_k_int8 = [self._zeros(rows, index_head_dim, dtype=torch.int8) for _ in range(n8)]
+        self.index_k_scale = [self._zeros(rows, dtype=torch.float32) for _ in range(n8)]
 
     def get_index_k_buffer(self, layer_id: int) -> torch.Tensor:
         return self.index_k_buffer[self._local(layer_id)]

@@ -131,6 +131,10 @@ class Platform:
     def new_event(self, enable_timing: bool = False) -> Any:
         raise NotImplementedError
 
+    def zeros(self, shape: tuple[int, ...], dtype: torch.dtype, device: Any) -> torch.Tensor:
+        """A zero buffer for a long-lived pool (the KV cache) on `device`."""
+        return torch.zeros(shape, dtype=dtype, device=device)
+
     def configure_process(self) -> None:
         """Process-wide tuning for a process that runs a model (called once by ModelRunner)."""
 

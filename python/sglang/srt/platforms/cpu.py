@@ -14,6 +14,7 @@ import torch
 from sglang.srt.kernels.cpu import isa as cpu_isa  # standard library only: the one ISA vocabulary
 from sglang.srt.platforms import launch_defaults
 from sglang.srt.platforms.base import NullEvent, NullStream, Platform, null_stream_context
+from sglang.srt.platforms.host_memory import lazy_zeros
 
 logger = logging.getLogger(__name__)
 
@@ -357,6 +358,11 @@ class CpuPlatform(Platform):
 
     def memory_info(self) -> tuple[int, int]:
         return read_meminfo()
+
+    def zeros(self, shape: tuple[int, ...], dtype: torch.dtype, device: Any) -> torch.Tensor:
+        """Pools from anonymous maps (host_memory.py): zero pages committed on first write, so a start
+        does not write the whole pool and a pool costs RAM as it fills."""
+        return lazy_zeros(shape, dtype)
 
     def current_stream(self) -> Any:
         return NullStream()
