@@ -3,7 +3,9 @@
 // isa.py, SGLANG_CPU_ISA; sgl_kernel_npu/cpu.py passes its choice): here an ISA's translation unit
 // is called only where the CPU reports the flags its code needs (never a SIGILL), and "auto" (a
 // caller without SGLang) takes the first of them.
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>  // the ATen ops this file calls
+#include <torch/csrc/utils/pybind.h>  // at::Tensor arguments in pybind11 (torch/extension.h: ~4x the parse time)
 #include <ATen/Parallel.h>
 
 #include <string>

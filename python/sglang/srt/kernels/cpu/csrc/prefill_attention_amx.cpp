@@ -20,7 +20,8 @@
 // that or the ISA is missing, `prefill_attention_supported()` is false and callers keep SDPA.
 
 #include <ATen/Parallel.h>
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>  // the ATen ops this file calls (not torch/extension.h: ~10x the parse time)
 
 #include <cmath>
 #include <cstdint>

@@ -25,7 +25,9 @@
 //                     head dim 64 / 128 (prefill_attention_vec.cpp: CPUs without AMX)
 
 #include <ATen/Parallel.h>
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>  // the ATen ops this file calls
+#include <torch/csrc/utils/pybind.h>  // at::Tensor arguments in pybind11 (torch/extension.h: ~4x the parse time)
 
 #include <algorithm>
 #include <type_traits>
