@@ -14,6 +14,7 @@ import pytest
 
 from sglang.srt.entrypoints.cli import server_args_from_argv
 from sglang.srt.model_loader.hf_resolve import (
+    hub_id_of_snapshot,
     cached_snapshot,
     looks_like_model_id,
     resolve_model_id,
@@ -157,6 +158,33 @@ def test_cli_resolves_once_and_keeps_the_id_as_served_name(offline):
     assert ServerArgs.from_kwargs(model_path=MODEL_ID, load_format="dummy").model_path == MODEL_ID
 
 
+def test_server_info_reports_the_hub_id_as_given(offline):
+    """/get_server_info shows `model_path` / `tokenizer_path` as the user gave them (an id, as
+    upstream), not the cache snapshot every process loads from; a local path stays a path."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from sglang.srt.entrypoints.engine import server_info
+    from sglang.srt.managers.io_struct import GetInternalStateReqOutput
+
+    @dataclasses.dataclass
+    class Info:
+        max_total_num_tokens: int = 8
+
+    _, snaps = offline
+    state = GetInternalStateReqOutput(state={"num_running_reqs": 0})
+    for argv, shown in (
+        (["--model-path", MODEL_ID, "--load-format", "safetensors"], MODEL_ID),
+        (["--model-path", snaps["main"], "--served-model-name", "mine"], snaps["main"]),
+    ):
+        args = server_args_from_argv(argv)
+        tm = SimpleNamespace(server_args=args, scheduler_info=Info(), num_running=0)
+        info = server_info(tm, state)
+        assert info["model_path"] == info["tokenizer_path"] == shown
+        assert info["max_total_num_tokens"] == 8
+    assert hub_id_of_snapshot(snaps["v2"]) == MODEL_ID and hub_id_of_snapshot(TINY_LLAMA_DIR) is None
+
+
 def test_launch_server_prints_offline_error_without_traceback(offline, tmp_path):
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tmp_path))
     proc = subprocess.run(
@@ -246,3 +274,30 @@ def test_online_incomplete_cache_downloads_and_unknown_id_names_it(online, monke
     FakeHub([], error=RuntimeError("404 Repository Not Found")).install(monkeypatch)
     with pytest.raises(ValueError, match="TinyOrg/typo.*404 Repository Not Found"):
         resolve_model_id("TinyOrg/typo")
+
+
+def test_gguf_repo_resolves_to_its_one_file_and_several_are_named(online, monkeypatch, tmp_path):
+    """A GGUF-only repo: only its .gguf is downloaded and the path is that file (config and
+    tokenizer are in it); a second resolve finds it in the cache; several files: an error naming them."""
+    snap = tmp_path / "models--Org--tiny-GGUF" / "snapshots" / MAIN_HASH
+    hub = FakeHub(["README.md", "config.json", "tiny-Q8_0.gguf"], snapshot_dir=str(snap)).install(monkeypatch)
+    got = resolve_model_id("Org/tiny-GGUF", download_dir=str(tmp_path))
+    assert got == str(snap / "tiny-Q8_0.gguf") and hub.calls[1][2]["allow_patterns"] == ["tiny-Q8_0.gguf"]
+    assert hub_id_of_snapshot(got) == "Org/tiny-GGUF"
+    snap.mkdir(parents=True)
+    (snap / "tiny-Q8_0.gguf").write_bytes(b"GGUF")
+    (tmp_path / "models--Org--tiny-GGUF" / "refs").mkdir()
+    (tmp_path / "models--Org--tiny-GGUF" / "refs" / "main").write_text(MAIN_HASH)
+    FakeHub([], error=AssertionError("network used")).install(monkeypatch)
+    assert resolve_model_id("Org/tiny-GGUF", download_dir=str(tmp_path)) == got
+    args = server_args_from_argv(["--model-path", "Org/tiny-GGUF", "--download-dir", str(tmp_path)])
+    assert args.model_path == args.tokenizer_path == got  # the tokenizer is in the same file
+    FakeHub(["a-Q4_0.gguf", "a-Q8_0.gguf"], snapshot_dir=str(snap)).install(monkeypatch)
+    with pytest.raises(ValueError, match="2 files \\(a-Q4_0.gguf, a-Q8_0.gguf\\).*local path"):
+        resolve_model_id("Org/two-GGUF", download_dir=str(tmp_path))
+    # a repo with HF weights and a .gguf: auto keeps the HF weights; --load-format gguf takes the file
+    hub = FakeHub(["config.json", "model.safetensors", "m.gguf"], snapshot_dir=str(snap)).install(monkeypatch)
+    assert resolve_model_id("Org/both", download_dir=str(tmp_path)) == str(snap)
+    assert resolve_model_id("Org/both", download_dir=str(tmp_path), load_format="gguf") == str(
+        snap / "m.gguf"
+    )

@@ -23,7 +23,7 @@ from sglang.srt.managers.io_struct import (
     SchedulerReadyInfo,
 )
 from sglang.srt.managers.tokenizer.tokenizer_manager import TokenizerManager
-from sglang.srt.model_loader.hf_resolve import resolve_model_paths
+from sglang.srt.model_loader.hf_resolve import hub_id_of_snapshot, resolve_model_paths
 from sglang.srt.server_args import PortArgs, ServerArgs
 from sglang.srt.utils.process import configure_logger
 from sglang.version import __version__
@@ -65,6 +65,10 @@ def server_info(tokenizer_manager: TokenizerManager, state: GetInternalStateReqO
     """SGLang's /get_server_info payload: server args + scheduler info + internal states (one per
     attention-DP replica, as upstream lists one per DP rank)."""
     info = dataclasses.asdict(tokenizer_manager.server_args)
+    for name in ("model_path", "tokenizer_path"):  # a Hub id as given, not its cache snapshot
+        model_id = hub_id_of_snapshot(info[name])
+        if model_id is not None and model_id == info["served_model_name"]:
+            info[name] = model_id
     info.update(dataclasses.asdict(tokenizer_manager.scheduler_info))
     info["internal_states"] = state.replica_states or [state.state]
     info["num_unfinished_requests"] = tokenizer_manager.num_running  # the tokenizer manager's request table

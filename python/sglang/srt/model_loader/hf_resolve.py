@@ -11,6 +11,8 @@ network call. Else, unless offline (`HF_HUB_OFFLINE=1` or `TRANSFORMERS_OFFLINE=
 the loader reads are downloaded with `huggingface_hub` (its tqdm progress bar): config and tokenizer
 files, the chat template, generation_config.json, and the weights of one format (safetensors, else
 torch `.bin`). Offline and absent, or not found on the Hub: a ValueError naming the id and the cache.
+A GGUF repo (no safetensors / `.bin`, `.gguf` files: the file holds config and tokenizer) resolves
+to its one `.gguf` file; with several, the error lists them (download one, pass its path).
 """
 
 from __future__ import annotations
@@ -132,6 +134,10 @@ def resolve_model_id(
         return model_id
     cache_dir = hf_cache_dir(download_dir)
     snapshot = cached_snapshot(model_id, revision, cache_dir)
+    if snapshot is not None and load_format in ("auto", "gguf") and not has_weights(snapshot):
+        ggufs = sorted(n for n in os.listdir(snapshot) if n.endswith(".gguf"))
+        if len(ggufs) == 1:  # a GGUF repo's one file, fetched earlier
+            return os.path.join(snapshot, ggufs[0])
     if snapshot is not None and (has_weights(snapshot) or load_format == "dummy" or is_offline()):
         return snapshot
     if is_offline():
@@ -145,15 +151,50 @@ def _download(model_id: str, revision: Optional[str], cache_dir: str, load_forma
 
     try:
         files = HfApi().list_repo_files(model_id, revision=revision)
-        return snapshot_download(
-            model_id,
-            revision=revision,
-            cache_dir=cache_dir,
-            allow_patterns=select_repo_files(files, load_format),
-        )
+        gguf = _only_gguf(model_id, files, load_format)
+        allow = [gguf] if gguf else select_repo_files(files, load_format)
+        snapshot = snapshot_download(model_id, revision=revision, cache_dir=cache_dir, allow_patterns=allow)
+        return os.path.join(snapshot, gguf) if gguf else snapshot
+    except _GGUFChoice:
+        raise
     except Exception as exc:  # noqa: BLE001 - no network, unknown id, gated repo: one clear error
         reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         raise ValueError(_missing_message(model_id, revision, cache_dir, reason)) from exc
+
+
+class _GGUFChoice(ValueError):
+    """A GGUF repo with several files: the user picks one."""
+
+
+def _only_gguf(model_id: str, repo_files: list[str], load_format: str) -> Optional[str]:
+    """The one top-level `.gguf` file of a repo without safetensors / `.bin` weights (a GGUF repo:
+    the file carries config and tokenizer), or None. Several: `_GGUFChoice` naming them."""
+    top = [f for f in repo_files if "/" not in f]
+    ggufs = sorted(f for f in top if f.endswith(".gguf"))
+    if not ggufs or load_format not in ("auto", "gguf"):
+        return None
+    if load_format == "auto" and any(f.endswith((".safetensors", ".bin")) for f in top):
+        return None  # auto prefers the HF weights
+    if len(ggufs) == 1:
+        return ggufs[0]
+    shown = ", ".join(ggufs[:8]) + (", ..." if len(ggufs) > 8 else "")
+    raise _GGUFChoice(
+        f"model {model_id!r} is a GGUF repo with {len(ggufs)} files ({shown}): download the one you want "
+        f"(`huggingface-cli download {model_id} <file>.gguf`) and pass its local path as --model-path"
+    )
+
+
+_SNAPSHOT_RE = re.compile(r"(?:^|/)models--([\w.-]+?)(?:--([\w.-]+))?/snapshots/[^/]+(?:/[^/]+\.gguf)?/?$")
+
+
+def hub_id_of_snapshot(path: str) -> Optional[str]:
+    """`org/name` for a directory of the HF cache's layout (`.../models--org--name/snapshots/<commit>`),
+    else None: what /get_server_info reports for a model given as a Hub id (as upstream, which
+    passes the id through)."""
+    m = _SNAPSHOT_RE.search(path[len("dummy:") :] if path.startswith("dummy:") else path)
+    if m is None:
+        return None
+    return f"{m.group(1)}/{m.group(2)}" if m.group(2) else m.group(1)
 
 
 def resolve_model_paths(args: Any) -> Any:
@@ -162,6 +203,9 @@ def resolve_model_paths(args: Any) -> Any:
     changes = {}
     for name in ("model_path", "tokenizer_path"):
         value = getattr(args, name)
+        if name == "tokenizer_path" and value == args.model_path and "model_path" in changes:
+            changes[name] = changes["model_path"]  # the same id: its snapshot (or GGUF file) as well
+            continue
         prefix = "dummy:" if value.startswith("dummy:") else ""
         fmt = "dummy" if prefix or name == "tokenizer_path" else args.load_format
         local = resolve_model_id(value[len(prefix) :], args.revision, args.download_dir, fmt)
