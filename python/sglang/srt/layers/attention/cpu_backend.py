@@ -48,6 +48,8 @@ from sglang.srt.layers.attention.kv_source import (
     widen_kv,
 )
 from sglang.srt.layers.attention.ops import attend_prefix_and_chunk, causal_mask, lse_kernel_available
+from sglang.srt.layers.attention.cpu_cp_fresh import fused_fresh_attention
+from sglang.srt.layers.attention.cpu_kernel_fits import amx_prefill_fits, vec_prefill_fits
 from sglang.srt.layers.attention.torch_native import TorchNativeAttnBackend, TorchNativeBatch
 
 if TYPE_CHECKING:
@@ -153,33 +155,13 @@ def _build_metadata(fb: "ForwardBatch") -> CPUMetadata:
     )
 
 
-def _amx_prefill_fits(*tensors: torch.Tensor) -> bool:
-    """Whether the fused `prefill_attention` covers these tensors: bf16 with head dim 64, the
-    64 values of a head contiguous ([n, heads, 64] views of q / k / v, or the rows of the
-    head-major pool buffers [heads, rows, 64])."""
-    return all(
-        t.dtype == torch.bfloat16 and t.shape[-1] == 64 and t.stride(-1) == 1 and t.stride(-2) == 64
-        for t in tensors
-    )
-
-
-def _vec_prefill_fits(*tensors: torch.Tensor) -> bool:
-    """Whether the fused float32 `prefill_attention_vec` covers these tensors: one dtype (float32
-    or bf16), head dim 64 or 128, the values of a head contiguous (as `_amx_prefill_fits`)."""
-    dtype = tensors[0].dtype
-    return dtype in (torch.float32, torch.bfloat16) and all(
-        t.dtype == dtype and t.shape[-1] in (64, 128) and t.stride(-1) == 1 and t.stride(-2) == t.shape[-1]
-        for t in tensors
-    )
-
-
 def _prefill_kernel(md: "CPUMetadata", compute_dtype: torch.dtype, *tensors: torch.Tensor) -> Optional[Any]:
     """The fused kernel that runs causal prefill attention over these tensors (q / k / v, and the
     pool buffers for a cached prefix), or None for SDPA: the AMX one for bf16 head dim 64 where the
     CPU has AMX; the float32 vector one where attention computes in float32 anyway."""
-    if md.prefill_kernel and _amx_prefill_fits(*tensors):
+    if md.prefill_kernel and amx_prefill_fits(*tensors):
         return md.kernels.prefill_attention
-    if md.prefill_vec and compute_dtype == torch.float32 and _vec_prefill_fits(*tensors):
+    if md.prefill_vec and compute_dtype == torch.float32 and vec_prefill_fits(*tensors):
         return md.kernels.prefill_attention_vec
     return None
 
@@ -197,6 +179,7 @@ class CPUAttnBackend(TorchNativeAttnBackend):
 
     name = "cpu"
     batch_state_type = CPUBatch
+    cp_fresh_attention = staticmethod(fused_fresh_attention)  # CP prefill on the fused kernels
 
     def _fast_metadata(self, forward_batch: "ForwardBatch") -> CPUMetadata:
         state = self._state(forward_batch)

@@ -20,7 +20,7 @@ first use (a model uses the MHA or the MLA members, a context-parallel batch the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Optional
+from typing import TYPE_CHECKING, Callable, ClassVar, Optional
 
 import torch
 import torch.nn.functional as F
@@ -65,6 +65,8 @@ class TorchNativeAttnBackend(AttentionBackend):
     supports_fp8_kv = True  # every read widens the pool's rows (`kv_source.widen_kv`)
     supports_context_parallel = True
     batch_state_type: ClassVar[type[TorchNativeBatch]] = TorchNativeBatch
+    # CP: the FRESH requests' attention by a backend's fused kernels (None: the reference's)
+    cp_fresh_attention: ClassVar[Optional[Callable[..., Optional[torch.Tensor]]]] = None
 
     def __init__(self, model_runner: object = None, **_: object):
         """Stateless: everything per batch lives in `forward_batch.attn_metadata`."""
@@ -107,7 +109,9 @@ class TorchNativeAttnBackend(AttentionBackend):
         layout = get_cp_layout(forward_batch)
         if layout is not None:
             md = self._mha_cp(forward_batch, layout)
-            return cp_attention_forward(q, k, v, layer, forward_batch, layout, md, save_kv_cache)
+            return cp_attention_forward(
+                q, k, v, layer, forward_batch, layout, md, save_kv_cache, self.cp_fresh_attention
+            )
         return self._attend_local(q, k, v, layer, forward_batch, save_kv_cache)
 
     def start_kv_exchange(self, k, v, layer, forward_batch) -> None:

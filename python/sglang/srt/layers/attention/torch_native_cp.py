@@ -27,7 +27,7 @@ backend in its per-batch object; the functions here take it explicitly.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 
@@ -218,8 +218,11 @@ def cp_attention_forward(
     layout: CPLayout,
     md: CPAttnMetadata,
     save_kv_cache: bool = True,
+    fresh_attention: Optional[Callable[..., Optional[torch.Tensor]]] = None,
 ) -> torch.Tensor:
-    """CP attention of this rank's local tokens; returns [num_local, heads * v_head_dim]."""
+    """CP attention of this rank's local tokens; returns [num_local, heads * v_head_dim].
+    `fresh_attention` (a backend's fused kernels, `cpu_cp_fresh.py`) runs the FRESH requests'
+    attention where it can (None back: the reference `causal_attention_lse`)."""
     n_local = q.shape[0]
     h, hk, d, dv = layer.num_heads, layer.num_kv_heads, layer.head_dim, layer.v_head_dim
     q3 = q.reshape(n_local, h, d)
@@ -245,7 +248,9 @@ def cp_attention_forward(
         kf = k_full[it.global_start : it.global_start + it.num_tokens]
         vf = v_full[it.global_start : it.global_start + it.num_tokens]
         qs = q3[it.local_start : it.local_start + it.local_count]
-        o, _ = causal_attention_lse(qs, it.q_pos, kf, vf, torch.arange(it.num_tokens), layer.scaling)
+        o = None if fresh_attention is None else fresh_attention(qs, it.q_pos, kf, vf, layer.scaling)
+        if o is None:
+            o, _ = causal_attention_lse(qs, it.q_pos, kf, vf, torch.arange(it.num_tokens), layer.scaling)
         out[it.local_start : it.local_start + it.local_count] = o
 
     nb = int(md.b_global_idx.numel())

@@ -1,0 +1,26 @@
+"""Which tensors the fused CPU prefill kernels take (kernels/cpu): the layout and dtype checks the
+`cpu` backend and its CP prefill path (`cpu_cp_fresh.py`) make before calling one."""
+
+from __future__ import annotations
+
+import torch
+
+
+def amx_prefill_fits(*tensors: torch.Tensor) -> bool:
+    """Whether the fused `prefill_attention` covers these tensors: bf16 with head dim 64, the
+    64 values of a head contiguous ([n, heads, 64] views of q / k / v, or the rows of the
+    head-major pool buffers [heads, rows, 64])."""
+    return all(
+        t.dtype == torch.bfloat16 and t.shape[-1] == 64 and t.stride(-1) == 1 and t.stride(-2) == 64
+        for t in tensors
+    )
+
+
+def vec_prefill_fits(*tensors: torch.Tensor) -> bool:
+    """Whether the fused float32 `prefill_attention_vec` covers these tensors: one dtype (float32
+    or bf16), head dim 64 or 128, the values of a head contiguous (as `amx_prefill_fits`)."""
+    dtype = tensors[0].dtype
+    return dtype in (torch.float32, torch.bfloat16) and all(
+        t.dtype == dtype and t.shape[-1] in (64, 128) and t.stride(-1) == 1 and t.stride(-2) == t.shape[-1]
+        for t in tensors
+    )
