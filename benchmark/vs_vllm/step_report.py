@@ -1,0 +1,59 @@
+"""`step_breakdown.py`'s tables: per-step ms by category (from the two traces and the HTTP-side
+timings) with the physical limits next to them. Pure functions of the measured numbers."""
+
+from __future__ import annotations
+
+from step_trace import LAYER_GEMMS
+
+SCHED_ROWS = (
+    ("scheduler: schedule (policy, KV alloc, worker batch)", "sched.schedule"),
+    ("scheduler: process_result", "sched.process_result"),
+    ("scheduler: collect_outputs", "sched.collect_outputs"),
+    ("scheduler: apply_messages", "sched.apply_messages"),
+    ("scheduler: loop, unlabelled", "scheduler loop, unlabelled"),
+    ("batch building (ForwardBatch + attention metadata)", "runner.batch_build"),
+    ("sampling (batch info, sampler, .tolist())", "runner.sample"),
+    ("ZMQ in the scheduler: recv + emit", None),
+)
+KERNEL_ROWS = LAYER_GEMMS + ("gemm lm_head", "attention", "norm/rope/act", "embedding", "other kernels")
+
+
+def breakdown_rows(labels: dict[str, float], kernels: dict[str, float]) -> list[tuple[str, float]]:
+    """(category, ms per step) rows of one workload: the label trace's mean step (`labels`) split
+    further by the stack trace's mean kernel times inside the model (`kernels`). The forward's
+    Python glue is what the model label holds beyond those kernels (never below zero)."""
+    rows: list[tuple[str, float]] = []
+    for title, key in SCHED_ROWS:
+        if key is None:
+            ms = labels.get("sched.recv", 0.0) + labels.get("sched.emit", 0.0)
+        else:
+            ms = labels.get(key, 0.0)
+        rows.append((title, ms))
+    forward = labels.get("sched.forward", 0.0)
+    model = labels.get("runner.model", 0.0)
+    inside = labels.get("runner.batch_build", 0.0) + model + labels.get("runner.sample", 0.0)
+    rows.append(("model runner outside batch build / model / sample", max(forward - inside, 0.0)))
+    kernel_sum = 0.0
+    for key in KERNEL_ROWS:
+        ms = kernels.get(key, 0.0)
+        kernel_sum += ms
+        rows.append((f"forward: {key}", ms))
+    rows.append(("forward: Python / torch glue (model label minus kernels)", max(model - kernel_sum, 0.0)))
+    return rows
+
+
+def markdown_table(title: str, rows: list[tuple[str, float]], step_ms: float, extra: list[tuple]) -> str:
+    """A table of `rows` (ms and % of `step_ms`) followed by `extra` (label, value text) lines."""
+    out = [f"**{title}**", "", "| part | ms | % of step |", "|---|---:|---:|"]
+    for name, ms in rows:
+        out.append(
+            f"| {name} | {ms:.2f} | {100 * ms / step_ms:.1f} |" if step_ms else f"| {name} | {ms:.2f} | |"
+        )
+    out.append(f"| **scheduler step (label trace, mean)** | **{step_ms:.2f}** | 100 |")
+    for label, text in extra:
+        out.append(f"| {label} | {text} | |")
+    return "\n".join(out) + "\n"
+
+
+def gemm_sum(kernels: dict[str, float]) -> float:
+    return sum(kernels.get(k, 0.0) for k in LAYER_GEMMS + ("gemm lm_head",))
