@@ -53,9 +53,8 @@ def ms_per_step(cpu_s: dict, pids: set, steps: int) -> float:
 
 
 def summarise_decode(args, shape, mode: str, bw: dict, raw: dict) -> dict:
-    labels, kernels, sched_pid = step_client.analyse(
-        raw["decode_label"]["trace"], raw["decode_stack"]["trace"], slice(0, -1)
-    )
+    got = step_client.analyse(raw["decode_label"]["trace"], raw["decode_stack"]["trace"], slice(0, -1))
+    labels, kernels, sched_pid = got["labels"], got["kernels"], got["scheduler_pid"]
     plain = raw["decode_plain"]
     cpu, main_pid = plain["cpu_s"], raw["server_pid"]
     others = set(cpu) - {main_pid, sched_pid}
@@ -81,13 +80,17 @@ def summarise_decode(args, shape, mode: str, bw: dict, raw: dict) -> dict:
             "weights_and_kv": step_trace.limit_ms(need["total_bytes"], read),
         },
         "gemm_ms": step_report.gemm_sum(kernels),
+        "check_layer_gemms_ms": {
+            "label_trace": got["layer_gemms_label_trace"],
+            "stack_trace": step_report.layer_gemm_sum(kernels),
+        },
+        "steps_traced": got["steps"],
     }
 
 
 def summarise_prefill(args, shape, mode: str, rates: dict, raw: dict) -> dict:
-    labels, kernels, _ = step_client.analyse(
-        raw["prefill_label"]["trace"], raw["prefill_stack"]["trace"], slice(0, None)
-    )
+    got = step_client.analyse(raw["prefill_label"]["trace"], raw["prefill_stack"]["trace"], slice(0, None))
+    labels, kernels = got["labels"], got["kernels"]
     flops = step_trace.prefill_flops(shape, args.prefill_len)
     dtype = step_trace.gemm_dtype(mode, args.prefill_len)
     rate = rates[dtype]["flops_per_s"]
@@ -104,7 +107,20 @@ def summarise_prefill(args, shape, mode: str, rates: dict, raw: dict) -> dict:
             "attention_at_gemm_rate": step_trace.limit_ms(flops["attention_flops"], rate),
         },
         "gemm_ms": step_report.gemm_sum(kernels),
+        "check_layer_gemms_ms": {
+            "label_trace": got["layer_gemms_label_trace"],
+            "stack_trace": step_report.layer_gemm_sum(kernels),
+        },
+        "steps_traced": got["steps"],
     }
+
+
+def check_line(part: dict) -> tuple[str, str]:
+    c = part["check_layer_gemms_ms"]
+    return (
+        f"check: layer GEMMs in the label trace vs the stack trace ({part['steps_traced']} steps)",
+        f"{c['label_trace']:.2f} vs {c['stack_trace']:.2f} ms",
+    )
 
 
 def render(result: dict) -> str:
@@ -126,6 +142,7 @@ def render(result: dict) -> str:
             f"{d['bytes']['kv_bytes'] / 1e6:.0f} MB / {d['limit_ms']['weights_and_kv']:.2f} ms",
         ),
         ("all GEMMs vs their weight-read limit", f"{d['gemm_ms']:.2f} vs {d['limit_ms']['weights']:.2f} ms"),
+        check_line(d),
     ]
     pre_extra = [
         ("served TTFT (unprofiled, /generate with token ids)", f"{p['served_ttft_ms']:.1f} ms"),
@@ -139,6 +156,7 @@ def render(result: dict) -> str:
             f"{p['flops']['attention_flops'] / gb:.0f} GFLOP / {p['limit_ms']['attention_at_gemm_rate']:.1f} ms",
         ),
         ("all GEMMs vs their FLOP limit", f"{p['gemm_ms']:.1f} vs {p['limit_ms']['gemms']:.1f} ms"),
+        check_line(p),
     ]
     a = result["args"]
     head = (

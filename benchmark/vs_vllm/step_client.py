@@ -141,13 +141,23 @@ def prefill_pass(url: str, args, vocab: int, profile: dict | None) -> dict:
     return out
 
 
-def analyse(label_trace: dict, stack_trace: dict, steps: slice) -> tuple[dict, dict, int]:
-    """Mean label ms and mean kernel ms per step over the traces' steps (`steps` picks which)."""
+def analyse(label_trace: dict, stack_trace: dict, steps: slice) -> dict:
+    """Mean label ms and mean kernel ms per step over the traces' steps (`steps` picks which), and
+    the layer GEMMs as the label trace sees them (aten ops, no Python tracer): a check that the
+    two windows ran under the same conditions."""
     spans = step_trace.main_thread_spans(label_trace)
     rows = step_trace.label_times(spans, step_trace.step_windows(spans))[steps]
+    plain_kernels = step_trace.model_kernel_times(spans)[steps]
     kernel_rows = step_trace.model_kernel_times(step_trace.main_thread_spans(stack_trace))[steps]
     pid = next(e["pid"] for e in label_trace["traceEvents"] if e.get("name") == step_trace.STEP_START)
-    return step_trace.mean_rows(rows), step_trace.mean_rows(kernel_rows), int(pid)
+    layer = step_trace.LAYER_GEMMS
+    return {
+        "labels": step_trace.mean_rows(rows),
+        "kernels": step_trace.mean_rows(kernel_rows),
+        "scheduler_pid": int(pid),
+        "layer_gemms_label_trace": sum(step_trace.mean_rows(plain_kernels).get(k, 0.0) for k in layer),
+        "steps": len(rows),
+    }
 
 
 def run_passes(args, info: dict, out_dir: str) -> dict:

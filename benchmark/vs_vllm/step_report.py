@@ -57,3 +57,7 @@ def markdown_table(title: str, rows: list[tuple[str, float]], step_ms: float, ex
 
 def gemm_sum(kernels: dict[str, float]) -> float:
     return sum(kernels.get(k, 0.0) for k in LAYER_GEMMS + ("gemm lm_head",))
+
+
+def layer_gemm_sum(kernels: dict[str, float]) -> float:
+    return sum(kernels.get(k, 0.0) for k in LAYER_GEMMS)

@@ -133,7 +133,8 @@ def kernel_category(span: Span) -> str:
 
 def model_kernel_times(spans: list[Span]) -> list[dict[str, float]]:
     """Per `runner.model` label (one per step): ms of the outermost kernels under it, by category.
-    GEMMs in call order: the last is the LM head, the others go round qkv, o_proj, gate_up, down."""
+    GEMMs in call order go round qkv, o_proj, gate_up, down; one left over at the end is the LM
+    head (a label trace does not see it: it is a pybind kernel)."""
     out = []
     for model in (s for s in spans if s.name == MODEL):
         kernels = [
@@ -146,14 +147,15 @@ def model_kernel_times(spans: list[Span]) -> list[dict[str, float]]:
         ]
         gemms = [k for k in kernels if is_gemm(k)]
         row: dict[str, float] = {name: 0.0 for name in LAYER_GEMMS + ("gemm lm_head",)}
+        head = len(gemms) % len(LAYER_GEMMS) == 1
         for i, g in enumerate(gemms):
-            name = "gemm lm_head" if i == len(gemms) - 1 else LAYER_GEMMS[i % len(LAYER_GEMMS)]
+            name = "gemm lm_head" if head and i == len(gemms) - 1 else LAYER_GEMMS[i % len(LAYER_GEMMS)]
             row[name] += g.dur / 1e3
         for k in kernels:
             if not is_gemm(k):
                 cat = kernel_category(k)
                 row[cat] = row.get(cat, 0.0) + k.dur / 1e3
-        row["layer gemms"] = len(gemms) - 1
+        row["layer gemms"] = len(gemms) - head
         out.append(row)
     return out
 

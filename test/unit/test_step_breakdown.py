@@ -160,3 +160,10 @@ def test_step_label_records_only_under_the_profiler():
     inner.__exit__(None, None, None)
     names = [e.name for e in prof.function_events]
     assert "straddle" not in names and "inside" in names
+
+
+def test_without_the_lm_head_kernel_every_gemm_is_a_layer_gemm():
+    """A label trace sees the layer GEMMs (aten ops) but not the LM head (a pybind kernel)."""
+    events = [e for e in one_step(0.0) if "linear_f32out_packed" not in e["name"]]
+    k = step_trace.model_kernel_times(step_trace.main_thread_spans({"traceEvents": events}))[0]
+    assert k["gemm lm_head"] == 0.0 and k["gemm down"] == pytest.approx(0.07) and k["layer gemms"] == 4
