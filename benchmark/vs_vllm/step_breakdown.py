@@ -31,6 +31,11 @@ import step_report
 import step_trace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+OMP_ENV = (
+    "OMP_WAIT_POLICY",
+    "GOMP_SPINCOUNT",
+    "OMP_NUM_THREADS",
+)  # recorded: they decide behaviour under load
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -162,7 +167,7 @@ def render(result: dict) -> str:
     head = (
         f"CPU: {result['cpu']['model']}, runs as `{result['cpu']['kind']}`"
         f"{' (emulated: ' + str(result['cpu']['emulation_env']) + ')' if result['cpu']['emulated'] else ''}, "
-        f"dtype `{result['dtype_mode']}`; load average before / after: "
+        f"dtype `{result['dtype_mode']}`{', ' + str(result['omp_env']) if result['omp_env'] else ''}; load average before / after: "
         f"{result['load_before'][0]:.2f} / {result['load_after'][0]:.2f}; read bandwidth "
         f"{m['bandwidth']['read_bytes_per_s'] / gb:.1f} GB/s (sum), copy {m['bandwidth']['copy_bytes_per_s'] / gb:.1f}"
         f" GB/s; torch.mm {m['gemm_rates']['float32']['flops_per_s'] / gb:.0f} GFLOP/s float32, "
@@ -208,6 +213,7 @@ def main(args) -> int:
         "args": vars(args),
         "cpu": cpu,
         "dtype_mode": mode,
+        "omp_env": {k: os.environ[k] for k in OMP_ENV if k in os.environ},
         "machine": machine,
         "load_before": raw["load_before"],
         "load_after": raw["load_after"],
