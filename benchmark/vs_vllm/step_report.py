@@ -61,3 +61,12 @@ def gemm_sum(kernels: dict[str, float]) -> float:
 
 def layer_gemm_sum(kernels: dict[str, float]) -> float:
     return sum(kernels.get(k, 0.0) for k in LAYER_GEMMS)
+
+
+def calibrate(kernels: dict[str, float], layer_gemms_label_ms: float) -> tuple[dict[str, float], float]:
+    """The stack trace's kernel times scaled to the label trace's conditions: the layer GEMMs are
+    seen by both (aten ops), so their ratio says how much slower or faster the stack trace's window
+    ran (another job's load, the tracer's cache pollution). Returns (scaled kernels, ratio)."""
+    stack = layer_gemm_sum(kernels)
+    ratio = layer_gemms_label_ms / stack if stack > 0 and layer_gemms_label_ms > 0 else 1.0
+    return {k: v * ratio for k, v in kernels.items() if k != "layer gemms"}, ratio

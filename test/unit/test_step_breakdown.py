@@ -167,3 +167,11 @@ def test_without_the_lm_head_kernel_every_gemm_is_a_layer_gemm():
     events = [e for e in one_step(0.0) if "linear_f32out_packed" not in e["name"]]
     k = step_trace.model_kernel_times(step_trace.main_thread_spans({"traceEvents": events}))[0]
     assert k["gemm lm_head"] == 0.0 and k["gemm down"] == pytest.approx(0.07) and k["layer gemms"] == 4
+
+
+def test_calibration_scales_the_stack_kernels_to_the_label_window():
+    kernels = {"gemm qkv": 2.0, "gemm down": 2.0, "attention": 4.0, "layer gemms": 60}
+    scaled, ratio = step_report.calibrate(kernels, layer_gemms_label_ms=2.0)
+    assert ratio == pytest.approx(0.5)
+    assert scaled == {"gemm qkv": 1.0, "gemm down": 1.0, "attention": 2.0}
+    assert step_report.calibrate(kernels, 0.0)[1] == 1.0  # nothing to compare: unscaled
