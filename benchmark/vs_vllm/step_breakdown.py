@@ -50,6 +50,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2, help="for the bandwidth / GEMM-rate measurements")
     p.add_argument("--out-dir", default=None)
     p.add_argument("--server-args", default="", help="extra launch_server flags")
+    p.add_argument(
+        "--reanalyse", default=None, help="a run's directory: recompute its tables from raw.json + traces"
+    )
     return p.parse_args(argv)
 
 
@@ -90,6 +93,7 @@ def summarise_decode(args, shape, mode: str, bw: dict, raw: dict) -> dict:
             "label_trace": got["layer_gemms_label_trace"],
             "stack_trace": step_report.layer_gemm_sum(got["kernels"]),
             "ratio_applied": ratio,
+            "fit_applied": step_report.kernel_fit(labels, kernels),
         },
         "kernels_ms_uncalibrated": got["kernels"],
         "steps_traced": got["steps"],
@@ -120,6 +124,7 @@ def summarise_prefill(args, shape, mode: str, rates: dict, raw: dict) -> dict:
             "label_trace": got["layer_gemms_label_trace"],
             "stack_trace": step_report.layer_gemm_sum(got["kernels"]),
             "ratio_applied": ratio,
+            "fit_applied": step_report.kernel_fit(labels, kernels),
         },
         "kernels_ms_uncalibrated": got["kernels"],
         "steps_traced": got["steps"],
@@ -131,7 +136,8 @@ def check_line(part: dict) -> tuple[str, str]:
     return (
         f"layer GEMMs, label trace vs stack trace ({part['steps_traced']} steps): the forward's kernel "
         "rows are the stack trace's times × their ratio",
-        f"{c['label_trace']:.2f} vs {c['stack_trace']:.2f} ms (× {c['ratio_applied']:.3f})",
+        f"{c['label_trace']:.2f} vs {c['stack_trace']:.2f} ms (× {c['ratio_applied']:.3f}"
+        + (f"; then × {c['fit_applied']:.3f} to fit the model label)" if c["fit_applied"] < 1.0 else ")"),
     )
 
 
@@ -195,15 +201,8 @@ def render(result: dict) -> str:
     )
 
 
-def main(args) -> int:
-    out_dir = args.out_dir or os.path.join(HERE, ".work", time.strftime("steps-%Y%m%d-%H%M%S"))
-    os.makedirs(out_dir, exist_ok=True)
-    if not os.path.exists(os.path.join(args.hf_dir, "config.json")):
-        from sglang.srt.model_loader.default_model import find_default_model
-
-        servers.ensure_hf_dir(find_default_model(), args.hf_dir)
-    with open(os.path.join(args.hf_dir, "config.json")) as f:
-        shape = step_trace.LlamaShape.from_config(json.load(f))
+def measure(args, shape, out_dir: str) -> tuple[dict, dict, str]:
+    """The machine's rates, then the server passes; saves `raw.json` (all but the traces)."""
     cpu = servers.cpu_info()
     mode = cpu["ours_auto_dtype"] if args.dtype == "auto" else args.dtype
     print(
@@ -215,12 +214,59 @@ def main(args) -> int:
         "gemm_rates": step_limits.gemm_rates(shape, args.prefill_len, args.threads),
     }
     raw = step_client.run_passes(args, {"shape": dataclasses.asdict(shape)}, out_dir)
+    raw.update(
+        cpu=cpu,
+        dtype_mode=mode,
+        machine=machine,
+        date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        omp_env={k: os.environ[k] for k in OMP_ENV if k in os.environ},
+        args=vars(args),
+    )
+    saved = {
+        k: {kk: vv for kk, vv in v.items() if kk != "trace"} if isinstance(v, dict) else v
+        for k, v in raw.items()
+    }
+    with open(os.path.join(out_dir, "raw.json"), "w") as f:
+        json.dump(saved, f, indent=1, default=str)
+    return raw, machine, mode
+
+
+def load_raw(out_dir: str) -> dict:
+    """`raw.json` of an earlier run with its traces (`--reanalyse`)."""
+    with open(os.path.join(out_dir, "raw.json")) as f:
+        raw = json.load(f)
+    for part in ("decode_label", "decode_stack", "prefill_label", "prefill_stack"):
+        with open(os.path.join(out_dir, "traces", f"{part.replace('_', '-')}-rank0.trace.json")) as f:
+            raw[part]["trace"] = json.load(f)
+    for part in ("decode_plain", "decode_label", "decode_stack"):
+        raw[part]["cpu_s"] = {int(k): v for k, v in raw[part]["cpu_s"].items()}
+    return raw
+
+
+def main(args) -> int:
+    out_dir = (
+        args.reanalyse or args.out_dir or os.path.join(HERE, ".work", time.strftime("steps-%Y%m%d-%H%M%S"))
+    )
+    os.makedirs(out_dir, exist_ok=True)
+    if not os.path.exists(os.path.join(args.hf_dir, "config.json")):
+        from sglang.srt.model_loader.default_model import find_default_model
+
+        servers.ensure_hf_dir(find_default_model(), args.hf_dir)
+    with open(os.path.join(args.hf_dir, "config.json")) as f:
+        shape = step_trace.LlamaShape.from_config(json.load(f))
+    if args.reanalyse:
+        raw = load_raw(out_dir)
+        for key in ("batch", "input_len", "output_len", "prefill_len", "threads", "dtype"):
+            setattr(args, key, raw["args"][key])
+        machine, mode = raw["machine"], raw["dtype_mode"]
+    else:
+        raw, machine, mode = measure(args, shape, out_dir)
     result = {
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "args": vars(args),
-        "cpu": cpu,
+        "date": raw["date"],
+        "args": raw.get("args", vars(args)),
+        "cpu": raw["cpu"],
         "dtype_mode": mode,
-        "omp_env": {k: os.environ[k] for k in OMP_ENV if k in os.environ},
+        "omp_env": raw["omp_env"],
         "machine": machine,
         "load_before": raw["load_before"],
         "load_after": raw["load_after"],

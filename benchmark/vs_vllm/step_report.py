@@ -21,7 +21,9 @@ KERNEL_ROWS = LAYER_GEMMS + ("gemm lm_head", "attention", "norm/rope/act", "embe
 def breakdown_rows(labels: dict[str, float], kernels: dict[str, float]) -> list[tuple[str, float]]:
     """(category, ms per step) rows of one workload: the label trace's mean step (`labels`) split
     further by the stack trace's mean kernel times inside the model (`kernels`). The forward's
-    Python glue is what the model label holds beyond those kernels (never below zero)."""
+    Python glue is what the model label holds beyond those kernels. Kernels that add up to more
+    than the model label (the two traces are two windows: load differs) are scaled down to fit it,
+    leaving no glue; `kernel_fit` says by how much."""
     rows: list[tuple[str, float]] = []
     for title, key in SCHED_ROWS:
         if key is None:
@@ -33,12 +35,11 @@ def breakdown_rows(labels: dict[str, float], kernels: dict[str, float]) -> list[
     model = labels.get("runner.model", 0.0)
     inside = labels.get("runner.batch_build", 0.0) + model + labels.get("runner.sample", 0.0)
     rows.append(("model runner outside batch build / model / sample", max(forward - inside, 0.0)))
-    kernel_sum = 0.0
+    kernel_sum = sum(kernels.get(key, 0.0) for key in KERNEL_ROWS)
+    fit = min(1.0, model / kernel_sum) if kernel_sum > 0 else 1.0  # never more kernel time than model time
     for key in KERNEL_ROWS:
-        ms = kernels.get(key, 0.0)
-        kernel_sum += ms
-        rows.append((f"forward: {key}", ms))
-    rows.append(("forward: Python / torch glue (model label minus kernels)", max(model - kernel_sum, 0.0)))
+        rows.append((f"forward: {key}", kernels.get(key, 0.0) * fit))
+    rows.append(("forward: Python / torch glue (model label minus kernels)", model - kernel_sum * fit))
     return rows
 
 
@@ -70,3 +71,9 @@ def calibrate(kernels: dict[str, float], layer_gemms_label_ms: float) -> tuple[d
     stack = layer_gemm_sum(kernels)
     ratio = layer_gemms_label_ms / stack if stack > 0 and layer_gemms_label_ms > 0 else 1.0
     return {k: v * ratio for k, v in kernels.items() if k != "layer gemms"}, ratio
+
+
+def kernel_fit(labels: dict[str, float], kernels: dict[str, float]) -> float:
+    """The factor `breakdown_rows` scaled the kernel rows by (1.0: they fitted the model label)."""
+    total = sum(kernels.get(key, 0.0) for key in KERNEL_ROWS)
+    return min(1.0, labels.get("runner.model", 0.0) / total) if total > 0 else 1.0

@@ -175,3 +175,14 @@ def test_calibration_scales_the_stack_kernels_to_the_label_window():
     assert ratio == pytest.approx(0.5)
     assert scaled == {"gemm qkv": 1.0, "gemm down": 1.0, "attention": 2.0}
     assert step_report.calibrate(kernels, 0.0)[1] == 1.0  # nothing to compare: unscaled
+
+
+def test_kernels_longer_than_the_model_label_are_scaled_to_fit():
+    labels = {"runner.model": 2.0, "sched.forward": 2.0, "step": 2.0}
+    kernels = {"gemm qkv": 3.0, "attention": 1.0}
+    rows = dict(step_report.breakdown_rows(labels, kernels))
+    assert rows["forward: gemm qkv"] == pytest.approx(1.5) and rows["forward: attention"] == pytest.approx(
+        0.5
+    )
+    assert rows["forward: Python / torch glue (model label minus kernels)"] == pytest.approx(0.0)
+    assert step_report.kernel_fit(labels, kernels) == pytest.approx(0.5)
