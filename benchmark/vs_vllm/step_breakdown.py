@@ -60,10 +60,32 @@ def ms_per_step(cpu_s: dict, pids: set, steps: int) -> float:
     return 1e3 * sum(v for p, v in cpu_s.items() if p in pids) / max(steps, 1)
 
 
-def summarise_decode(args, shape, mode: str, bw: dict, raw: dict) -> dict:
-    got = step_client.analyse(raw["decode_label"]["trace"], raw["decode_stack"]["trace"], slice(0, -1))
-    labels, sched_pid = got["labels"], got["scheduler_pid"]
+def summarise_traces(label_trace: dict, stack_trace: dict, steps: slice) -> dict:
+    """Both traces of one workload: the rows per step and what went into them."""
+    got = step_client.analyse(label_trace, stack_trace, steps)
+    labels = got["labels"]
     kernels, ratio = step_report.calibrate(got["kernels"], got["layer_gemms_label_trace"])
+    return {
+        "labels_ms": labels,
+        "kernels_ms": kernels,
+        "rows": step_report.breakdown_rows(labels, kernels),
+        "step_ms": labels["step"],
+        "gemm_ms": step_report.gemm_sum(kernels),
+        "check_layer_gemms_ms": {
+            "label_trace": got["layer_gemms_label_trace"],
+            "stack_trace": step_report.layer_gemm_sum(got["kernels"]),
+            "ratio_applied": ratio,
+            "fit_applied": step_report.kernel_fit(labels, kernels),
+        },
+        "kernels_ms_uncalibrated": got["kernels"],
+        "steps_traced": got["steps"],
+        "scheduler_pid": got["scheduler_pid"],
+    }
+
+
+def summarise_decode(args, shape, mode: str, bw: dict, raw: dict) -> dict:
+    out = summarise_traces(raw["decode_label"]["trace"], raw["decode_stack"]["trace"], slice(0, -1))
+    sched_pid = out["scheduler_pid"]
     plain = raw["decode_plain"]
     cpu, main_pid = plain["cpu_s"], raw["server_pid"]
     others = set(cpu) - {main_pid, sched_pid}
@@ -71,11 +93,7 @@ def summarise_decode(args, shape, mode: str, bw: dict, raw: dict) -> dict:
     kv_eb = 4 if mode.startswith("float32") else 2
     need = step_trace.decode_bytes(shape, eb, args.batch, args.input_len + args.output_len // 2, kv_eb)
     read = bw["read_bytes_per_s"]
-    return {
-        "labels_ms": labels,
-        "kernels_ms": kernels,
-        "rows": step_report.breakdown_rows(labels, kernels),
-        "step_ms": labels["step"],
+    return out | {
         "served_interval_ms": plain["interval_s"] * 1e3,
         "cpu_ms_per_step": {
             "http_tokenizer_manager": ms_per_step(cpu, {main_pid}, args.output_len),
@@ -88,30 +106,15 @@ def summarise_decode(args, shape, mode: str, bw: dict, raw: dict) -> dict:
             "weights": step_trace.limit_ms(need["weight_bytes"], read),
             "weights_and_kv": step_trace.limit_ms(need["total_bytes"], read),
         },
-        "gemm_ms": step_report.gemm_sum(kernels),
-        "check_layer_gemms_ms": {
-            "label_trace": got["layer_gemms_label_trace"],
-            "stack_trace": step_report.layer_gemm_sum(got["kernels"]),
-            "ratio_applied": ratio,
-            "fit_applied": step_report.kernel_fit(labels, kernels),
-        },
-        "kernels_ms_uncalibrated": got["kernels"],
-        "steps_traced": got["steps"],
     }
 
 
 def summarise_prefill(args, shape, mode: str, rates: dict, raw: dict) -> dict:
-    got = step_client.analyse(raw["prefill_label"]["trace"], raw["prefill_stack"]["trace"], slice(0, None))
-    labels = got["labels"]
-    kernels, ratio = step_report.calibrate(got["kernels"], got["layer_gemms_label_trace"])
+    out = summarise_traces(raw["prefill_label"]["trace"], raw["prefill_stack"]["trace"], slice(0, None))
     flops = step_trace.prefill_flops(shape, args.prefill_len)
     dtype = step_trace.gemm_dtype(mode, args.prefill_len)
     rate = rates[dtype]["flops_per_s"]
-    return {
-        "labels_ms": labels,
-        "kernels_ms": kernels,
-        "rows": step_report.breakdown_rows(labels, kernels),
-        "step_ms": labels["step"],
+    return out | {
         "served_ttft_ms": raw["prefill_plain"]["ttft_s"] * 1e3,
         "flops": flops,
         "gemm_dtype": dtype,
@@ -119,15 +122,6 @@ def summarise_prefill(args, shape, mode: str, rates: dict, raw: dict) -> dict:
             "gemms": step_trace.limit_ms(flops["gemm_flops"], rate),
             "attention_at_gemm_rate": step_trace.limit_ms(flops["attention_flops"], rate),
         },
-        "gemm_ms": step_report.gemm_sum(kernels),
-        "check_layer_gemms_ms": {
-            "label_trace": got["layer_gemms_label_trace"],
-            "stack_trace": step_report.layer_gemm_sum(got["kernels"]),
-            "ratio_applied": ratio,
-            "fit_applied": step_report.kernel_fit(labels, kernels),
-        },
-        "kernels_ms_uncalibrated": got["kernels"],
-        "steps_traced": got["steps"],
     }
 
 

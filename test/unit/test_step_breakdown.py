@@ -99,19 +99,10 @@ def test_a_trace_without_steps_is_refused():
         step_trace.main_thread_spans({"traceEvents": [ev("aten::mm", 0, 1, "cpu_op")]})
 
 
-SMOLLM2 = {
-    "hidden_size": 576,
-    "intermediate_size": 1536,
-    "num_hidden_layers": 30,
-    "num_attention_heads": 9,
-    "num_key_value_heads": 3,
-    "head_dim": 64,
-    "vocab_size": 49152,
-}
-
-
 def test_limits_of_smollm2():
-    shape = step_trace.LlamaShape.from_config(SMOLLM2)
+    shape = step_trace.LlamaShape(
+        hidden=576, intermediate=1536, layers=30, heads=9, kv_heads=3, head_dim=64, vocab=49152
+    )
     assert shape.gemm_shapes()["qkv"] == (576, 960)
     layer = 30 * (576 * 960 + 576 * 576 + 576 * 3072 + 1536 * 576)
     assert shape.layer_params() == layer == 106_168_320
@@ -186,3 +177,15 @@ def test_kernels_longer_than_the_model_label_are_scaled_to_fit():
     )
     assert rows["forward: Python / torch glue (model label minus kernels)"] == pytest.approx(0.0)
     assert step_report.kernel_fit(labels, kernels) == pytest.approx(0.5)
+
+
+def test_shape_from_a_config_without_head_dim_or_kv_heads():
+    cfg = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
+    shape = step_trace.LlamaShape.from_config(cfg | {"num_attention_heads": 4, "vocab_size": 100})
+    assert (shape.head_dim, shape.kv_heads) == (16, 4)
+    assert shape.gemm_shapes() == {
+        "qkv": (64, 192),
+        "o_proj": (64, 64),
+        "gate_up": (64, 256),
+        "down": (128, 64),
+    }
