@@ -11,14 +11,15 @@ import torch
 from step_trace import LlamaShape
 
 
+def seconds(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
 def best_of(fn, repeats: int) -> float:
     fn()  # warm-up: page faults, oneDNN primitive creation
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
+    return min(seconds(fn) for _ in range(repeats))
 
 
 def read_bandwidth(threads: int, mib: int = 1024, repeats: int = 5) -> dict:
