@@ -10,7 +10,7 @@ SCHED_ROWS = (
     ("scheduler: process_result", "sched.process_result"),
     ("scheduler: collect_outputs", "sched.collect_outputs"),
     ("scheduler: apply_messages", "sched.apply_messages"),
-    ("scheduler: loop, unlabelled", "scheduler loop, unlabelled"),
+    ("scheduler loop and model runner, unlabelled", "scheduler loop, unlabelled"),
     ("batch building (ForwardBatch + attention metadata)", "runner.batch_build"),
     ("sampling (batch info, sampler, .tolist())", "runner.sample"),
     ("ZMQ in the scheduler: recv + emit", None),
@@ -31,10 +31,7 @@ def breakdown_rows(labels: dict[str, float], kernels: dict[str, float]) -> list[
         else:
             ms = labels.get(key, 0.0)
         rows.append((title, ms))
-    forward = labels.get("sched.forward", 0.0)
     model = labels.get("runner.model", 0.0)
-    inside = labels.get("runner.batch_build", 0.0) + model + labels.get("runner.sample", 0.0)
-    rows.append(("model runner outside batch build / model / sample", max(forward - inside, 0.0)))
     kernel_sum = sum(kernels.get(key, 0.0) for key in KERNEL_ROWS)
     fit = min(1.0, model / kernel_sum) if kernel_sum > 0 else 1.0  # never more kernel time than model time
     for key in KERNEL_ROWS:

@@ -275,8 +275,7 @@ class Scheduler:
             with step_label("sched.schedule"):
                 batch, worker_batch = self.schedule()
             if worker_batch is not None:
-                with step_label("sched.forward"):
-                    result = self.runner.forward(worker_batch)
+                result = self.runner.forward(worker_batch)
                 with step_label("sched.process_result"):
                     self.process_result(batch, result)
         with step_label("sched.collect_outputs"):
@@ -420,8 +419,7 @@ class Scheduler:
         None on the other ranks, which mirror it: every message is broadcast inside the replica."""
         mirrors = self.groups.replica  # the stage's tp group when dp = 1
         while True:
-            with step_label("sched.recv"):
-                msgs = io.recv_all(block=self.may_block()) if io is not None else None
+            msgs = io.recv_all(block=self.may_block()) if io is not None else None
             if mirrors.size > 1:
                 msgs = mirrors.broadcast_object(msgs, src=0)
             with step_label("sched.apply_messages"):
@@ -429,8 +427,7 @@ class Scheduler:
             out = self.step()
             if io is not None:
                 if out is not None:
-                    with step_label("sched.emit"):
-                        io.emit(out)
+                    io.emit(out)
                 if self.dp is not None:
                     report = self.load_report()
                     if report is not None:
