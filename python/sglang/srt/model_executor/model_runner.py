@@ -40,6 +40,7 @@ from sglang.srt.mem_cache.kv_dtype import apply_kv_scales, read_kv_scales, resol
 from sglang.srt.mem_cache.req_to_token import ReqToTokenPool
 from sglang.srt.model_executor.forward_batch import DPForwardInfo, ForwardBatch, ForwardMode, PPProxyTensors
 from sglang.srt.model_executor.memory_budget import KVPoolPlan, MemoryReading, plan_kv_pool
+from sglang.srt.model_executor.step_label import step_label
 from sglang.srt.layers.layernorm import use_float32_residual
 from sglang.srt.layers.linear_float32_out import use_float32_logits
 from sglang.srt.layers.linear_prepack import prepack_linear_weights
@@ -285,9 +286,11 @@ class ModelRunner:
     ) -> Union[ForwardResult, PPProxyTensors]:
         """This stage's layers. Not the last stage: the activations for the next stage. The last
         stage: the sampled tokens. Stages after the first take the previous stage's activations."""
-        fb = self.build_forward_batch(wb, dp)
+        with step_label("runner.batch_build"):
+            fb = self.build_forward_batch(wb, dp)
         fb.pp_proxy_tensors = pp_proxy_tensors
-        out = self.model(fb.input_ids, fb.positions, fb)
+        with step_label("runner.model"):
+            out = self.model(fb.input_ids, fb.positions, fb)
         if isinstance(out, PPProxyTensors):
             return out
         if not wb.sample_rows:
@@ -299,7 +302,8 @@ class ModelRunner:
             logits = out.next_token_logits
             if len(wb.sample_rows) != wb.batch_size:
                 logits = logits[torch.tensor(wb.sample_rows, dtype=torch.int64, device=logits.device)]
-            result = self.sample(logits, wb)
+            with step_label("runner.sample"):
+                result = self.sample(logits, wb)
         if out.input_logits is not None:
             result.input_logprobs = input_logprobs(out.input_logits, wb)
         return result

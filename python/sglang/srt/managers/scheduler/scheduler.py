@@ -56,6 +56,7 @@ from sglang.srt.managers.scheduler.schedule_policy import ChunkBudgetFn, Schedul
 from sglang.srt.managers.scheduler.scheduler_output import StepStats, build_token_id_out, due_for_output
 from sglang.srt.managers.scheduler.scheduler_watchdog import SchedulerWatchdog
 from sglang.srt.model_executor.model_runner import ForwardResult, ModelRunner
+from sglang.srt.model_executor.step_label import step_label
 from sglang.srt.model_executor.worker_batch import ModelWorkerBatch
 from sglang.srt.server_args import ServerArgs
 
@@ -271,11 +272,14 @@ class Scheduler:
         if self.dp is not None:
             self._dp_step()
         elif self.has_work:
-            batch, worker_batch = self.schedule()
+            with step_label("sched.schedule"):
+                batch, worker_batch = self.schedule()
             if worker_batch is not None:
                 result = self.runner.forward(worker_batch)
-                self.process_result(batch, result)
-        return self.collect_outputs()
+                with step_label("sched.process_result"):
+                    self.process_result(batch, result)
+        with step_label("sched.collect_outputs"):
+            return self.collect_outputs()
 
     def _dp_step(self) -> None:
         """Schedule this replica's step, agree the counts with the other replicas, and run the
@@ -418,7 +422,8 @@ class Scheduler:
             msgs = io.recv_all(block=self.may_block()) if io is not None else None
             if mirrors.size > 1:
                 msgs = mirrors.broadcast_object(msgs, src=0)
-            self.apply_messages(msgs, io)
+            with step_label("sched.apply_messages"):
+                self.apply_messages(msgs, io)
             out = self.step()
             if io is not None:
                 if out is not None:

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import zmq
 
 from sglang.srt.managers.io_struct import DPReply
+from sglang.srt.model_executor.step_label import step_label
 from sglang.srt.server_args import PortArgs
 
 IDLE_POLL_MS = 1000  # how long an idle scheduler blocks before re-checking its surroundings
@@ -49,11 +50,12 @@ class SchedulerIO:
         if block and not self.poller.poll(IDLE_POLL_MS):
             return []
         msgs = []
-        while True:
-            try:
-                msgs.append(self.recv_from_tokenizer.recv_pyobj(zmq.NOBLOCK))
-            except zmq.ZMQError:
-                return msgs
+        with step_label("sched.recv"):
+            while True:
+                try:
+                    msgs.append(self.recv_from_tokenizer.recv_pyobj(zmq.NOBLOCK))
+                except zmq.ZMQError:
+                    return msgs
 
     def reply(self, msg: Any) -> None:
         """A control reply (flush, abort, internal state) to the tokenizer (or the DP controller)."""
@@ -65,7 +67,8 @@ class SchedulerIO:
 
     def emit(self, out: Any) -> None:
         """A `BatchTokenIDOut` to the detokenizer."""
-        self.send_to_detokenizer.send_pyobj(out)
+        with step_label("sched.emit"):
+            self.send_to_detokenizer.send_pyobj(out)
 
     def close(self) -> None:
         self.context.destroy(linger=0)
