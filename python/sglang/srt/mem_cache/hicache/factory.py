@@ -5,7 +5,8 @@ tokens. The file backend's directory: the extra config's `file_path`, else
 `SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR`, else `/tmp/hicache`; one file holds `page_tokens`
 tokens (extra config, default 64). `layout_id` names this rank's place in the model (tp
 rank/size, pp stage, cp rank, dtype, layers): it goes into the storage namespace with
-`model_identity`, the page size and the KV buffers' shapes.
+`model_identity`, the page size and the KV buffers' shapes. A later pipeline stage builds the
+same tiers for its layers as a `StageTiers` (pipeline.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.hicache.file_storage import FileStorage
 from sglang.srt.mem_cache.hicache.hiradix_cache import HiRadixCache
 from sglang.srt.mem_cache.hicache.host_pool import HostKVPool, TokenLayout, kv_token_buffers
+from sglang.srt.mem_cache.hicache.pipeline import StageTiers
 from sglang.srt.mem_cache.radix_cache import RadixCache
 
 DEFAULT_FILE_DIR = "/tmp/hicache"
@@ -52,6 +54,20 @@ def model_identity(args: Any) -> str:
     return ident + (f"|seed{args.random_seed}" if args.load_format == "dummy" else "")
 
 
+def _tiers(args: Any, kv_pool: Any, device_tokens: int, page_size: int, layout_id: str):
+    """The host pool and the storage backend (None) of one rank."""
+    buffers = kv_token_buffers(kv_pool)
+    layout = TokenLayout(buffers)
+    host = HostKVPool(
+        buffers, host_pool_tokens(args, device_tokens, layout.token_bytes(), page_size), page_size
+    )
+    storage = None
+    if args.hicache_storage_backend == "file":
+        namespace = f"{model_identity(args)}|{layout_id}|page{page_size}|{layout.describe()}"
+        storage = FileStorage(storage_dir(args), namespace, storage_page_tokens(args, page_size))
+    return host, storage
+
+
 def create_prefix_cache(
     args: Any,
     allocator: TokenToKVPoolAllocator,
@@ -64,13 +80,19 @@ def create_prefix_cache(
     count (tp > 1), so every rank loads the same L3 pages."""
     if not args.enable_hierarchical_cache:
         return RadixCache(allocator, page_size, disable=args.disable_radix_cache)
-    buffers = kv_token_buffers(kv_pool)
-    layout = TokenLayout(buffers)
-    host = HostKVPool(
-        buffers, host_pool_tokens(args, allocator.size, layout.token_bytes(), page_size), page_size
-    )
-    storage = None
-    if args.hicache_storage_backend == "file":
-        namespace = f"{model_identity(args)}|{layout_id}|page{page_size}|{layout.describe()}"
-        storage = FileStorage(storage_dir(args), namespace, storage_page_tokens(args, page_size))
+    host, storage = _tiers(args, kv_pool, allocator.size, page_size, layout_id)
     return HiRadixCache(allocator, page_size, host, args.hicache_write_policy, storage, agree)
+
+
+def create_stage_tiers(
+    args: Any,
+    device_tokens: int,
+    kv_pool: Any,
+    page_size: int,
+    layout_id: str,
+    agree: Optional[Callable[[int], int]] = None,
+) -> Optional[StageTiers]:
+    """A later pipeline stage's tiers (pipeline.py), sized like stage 0's; None without HiCache."""
+    if not args.enable_hierarchical_cache:
+        return None
+    return StageTiers(*_tiers(args, kv_pool, device_tokens, page_size, layout_id), agree)
