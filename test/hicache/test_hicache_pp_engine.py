@@ -4,6 +4,7 @@ decides, each stage copies its own layers between the tiers (mem_cache/hicache/p
 - A multi-turn workload whose KV is several times the KV pool gives the greedy tokens of pp 1
   without HiCache; a new engine on the same file directory loads each prompt's prefix from storage
   on both stages (cached = every whole storage page of the prompt, computed = the suffix only).
+- pp 2 × tp 2: the same restart, each of the four ranks loading its own pages.
 - One stage's pages corrupted (each stage in turn): the whole pipeline recomputes, the
   tokens still match and the bad pages are counted (stage 0's own read failures, or the ones the
   later stage met while answering stage 0's query).
@@ -26,9 +27,10 @@ def prompts() -> list[list[int]]:
     return [p for wave in conversation_turns(seed=7, convs=3) for p in wave]
 
 
-def run(pp: int, hicache_dir=None, ps=None) -> tuple[list[list[int]], list[int], dict]:
+def run(pp: int, hicache_dir=None, ps=None, **kw) -> tuple[list[list[int]], list[int], dict]:
     """(output ids, cached tokens per prompt, stage 0's internal state), one prompt at a time."""
-    outs, cached, states = run_engine([[p] for p in ps or prompts()], hicache_dir, STORAGE_PAGE, pp_size=pp)
+    waves = [[p] for p in ps or prompts()]
+    outs, cached, states = run_engine(waves, hicache_dir, STORAGE_PAGE, pp_size=pp, **kw)
     return outs, cached, states[0]
 
 
@@ -93,3 +95,18 @@ def test_pp2_corrupt_stage_pages_recompute(tmp_path, reference):
         own += state["hicache_storage_read_failures"] > 0
         peer += state["hicache_peer_read_failures"] > 0 and state["hicache_peer_missing_pages"] > 0
     assert own == 1 and peer == 1  # stage 0's own pages once, stage 1's (found by the query) once
+
+
+def test_pp2_tp2_restart_loads_on_every_rank(tmp_path, reference):
+    """pp 2 × tp 2: every rank of stage 0 asks the ring, the entry rank gets the answer (the last
+    stage's tp ranks agree first) and shares it; each of the four ranks loads its own pages."""
+    ps = prompts()[:3]
+    d = str(tmp_path / "kv")
+    assert run(2, d, ps, tp_size=2)[0] == reference[:3]
+    assert len(namespaces(d)) == 4
+    again, cached, state = run(2, d, ps, tp_size=2)
+    assert again == reference[:3]
+    assert cached == [(len(p) - 1) // STORAGE_PAGE * STORAGE_PAGE for p in ps]
+    assert state["prefill_tokens_computed"] == sum(len(p) - c for p, c in zip(ps, cached))
+    assert state["hicache_peer_missing_pages"] == 0
+    assert state["available_kv_tokens"] == state["max_total_num_tokens"]
