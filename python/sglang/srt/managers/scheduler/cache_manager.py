@@ -17,6 +17,7 @@ from sglang.srt.managers.scheduler.schedule_batch import Req, ScheduledReq
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.hicache.factory import create_prefix_cache, create_stage_tiers
 from sglang.srt.mem_cache.hicache.hiradix_cache import HiRadixCache
+from sglang.srt.mem_cache.hicache.host_pool import CPShard
 from sglang.srt.mem_cache.hicache.pipeline import AskRing, RingPeers, StageTiers
 from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.mem_cache.req_to_token import ReqToTokenPool
@@ -32,6 +33,7 @@ def _layout_id(runner: Any, groups: Any) -> str:
     return (
         f"tp{coords.attn_tp}/{groups.layout.attn_tp}|pp{coords.pp}|cp{coords.attn_cp}|{runner.dtype}"
         f"|layers{runner.start_layer}-{runner.end_layer}"
+        + ("" if runner.cp is None else f"|cp{runner.cp.mapping.cp_size}x{runner.cp.mapping.interleave}")
     )
 
 
@@ -52,7 +54,8 @@ def build_prefix_cache(server_args: Any, runner: Any, groups: Any) -> RadixCache
         runner.token_to_kv_pool,
         runner.kv_page_size,
         _layout_id(runner, groups),
-        _agree_fn(groups.replica),
+        _agree_fn(groups.replica),  # the replica's tp and cp ranks
+        None if runner.cp is None else CPShard(runner.cp.mapping, groups.attn_cp.rank),
     )
 
 

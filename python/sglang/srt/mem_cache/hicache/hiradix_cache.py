@@ -220,7 +220,7 @@ class HiRadixCache(RadixCache):
         try:
             for i, page in enumerate(pages):
                 dst = slots[max(0, i * sp - skip) : (i + 1) * sp - skip]
-                self.host.layout.unpack_into(self.host.device_buffers, dst, page, skip if i == 0 else 0)
+                self.host.unpack(dst, page, skip if i == 0 else 0)
         except ValueError as e:  # a page of another size under the same name: recompute
             logger.warning("HiCache: storage page rejected (%s); recomputing", e)
             self.storage.stats.read_failures += 1
@@ -300,7 +300,7 @@ class HiRadixCache(RadixCache):
             if slots is None:
                 slots = torch.cat([n.value for n in path])
             rows = slots[i * sp : (i + 1) * sp]
-            self.storage.put(names[i], self.host.layout.pack(self.host.device_buffers, rows))
+            self.storage.put(names[i], self.host.pack(rows))
 
     def evict(self, num_tokens: int) -> int:
         """Free L1 slots from LRU unlocked L1 leaves: demote to L2, or drop when there is no copy."""

@@ -133,7 +133,7 @@ class StageTiers:
         for i in range(op.first, op.end):
             if not self.storage.exists(names[i]):
                 rows = slots[i * sp : (i + 1) * sp]
-                self.storage.put(names[i], self.host.layout.pack(self.host.device_buffers, rows))
+                self.storage.put(names[i], self.host.pack(rows))
 
     def _load(self, op: LoadPages) -> None:
         pages = self.staged.pop(op.query_id, [])
@@ -141,7 +141,7 @@ class StageTiers:
         sp, slots = self.storage.page_size, _ids(op.slots)
         for i in range(op.n):
             dst = slots[max(0, i * sp - op.skip) : (i + 1) * sp - op.skip]
-            self.host.layout.unpack_into(self.host.device_buffers, dst, pages[i], op.skip if i == 0 else 0)
+            self.host.unpack(dst, pages[i], op.skip if i == 0 else 0)
 
     def answer(self, q: StorageQuery) -> StorageQuery:
         """Count (and stage) the pages of the query this stage can read; the running minimum."""
@@ -149,7 +149,7 @@ class StageTiers:
         failures = 0
         if self.storage is not None:
             before = self.storage.stats.read_failures
-            want = self.storage.page_size * self.host.layout.token_bytes()
+            want = self.host.page_bytes(self.storage.page_size)
             names = self.storage.page_hashes(q.tokens, q.p0 + q.count)
             for name in names[q.p0 :]:
                 data = self.storage.get(name)
