@@ -55,8 +55,13 @@ def build_prefix_cache(server_args: Any, runner: Any, groups: Any) -> RadixCache
         runner.kv_page_size,
         _layout_id(runner, groups),
         _agree_fn(groups.replica),  # the replica's tp and cp ranks
-        None if runner.cp is None else CPShard(runner.cp.mapping, groups.attn_cp.rank),
+        _cp_shard(runner, groups),
     )
+
+
+def _cp_shard(runner: Any, groups: Any) -> Optional[CPShard]:
+    """Context parallelism: the rows of the virtual slots this rank stores (None without CP)."""
+    return None if runner.cp is None else CPShard(runner.cp.mapping, groups.attn_cp.rank)
 
 
 def build_stage_tiers(server_args: Any, runner: Any, groups: Any) -> Optional[StageTiers]:
@@ -68,6 +73,7 @@ def build_stage_tiers(server_args: Any, runner: Any, groups: Any) -> Optional[St
         runner.kv_page_size,
         _layout_id(runner, groups),
         _agree_fn(groups.replica),
+        _cp_shard(runner, groups),
     )
 
 

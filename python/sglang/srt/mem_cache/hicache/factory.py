@@ -94,8 +94,9 @@ def create_stage_tiers(
     page_size: int,
     layout_id: str,
     agree: Optional[Callable[[int], int]] = None,
+    shard: Optional[CPShard] = None,
 ) -> Optional[StageTiers]:
     """A later pipeline stage's tiers (pipeline.py), sized like stage 0's; None without HiCache."""
     if not args.enable_hierarchical_cache:
         return None
-    return StageTiers(*_tiers(args, kv_pool, device_tokens, page_size, layout_id), agree)
+    return StageTiers(*_tiers(args, kv_pool, device_tokens, page_size, layout_id, shard), agree)
