@@ -50,3 +50,13 @@ def run_engine(waves: list[list[list[int]]], hicache_dir=None, page_tokens: int 
         res = [r for wave in waves for r in llm.generate(input_ids=wave, sampling_params=GREEDY)]
         states = llm.get_server_info()["internal_states"]
     return [r["output_ids"] for r in res], [r["meta_info"]["cached_tokens"] for r in res], states
+
+
+def check_restart(ps, expected, again, cached, state: dict, storage_page: int) -> None:
+    """A restarted engine's run over `ps`: the tokens of `expected`, every whole storage page of
+    each prompt loaded, only the suffixes computed, no page missing on another stage, the pool free."""
+    assert again == expected
+    assert cached == [(len(p) - 1) // storage_page * storage_page for p in ps]
+    assert state["prefill_tokens_computed"] == sum(len(p) - c for p, c in zip(ps, cached))
+    assert state["hicache_peer_missing_pages"] == 0
+    assert state["available_kv_tokens"] == state["max_total_num_tokens"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from engine_helpers import POOL, conversation_turns, run_engine
+from engine_helpers import POOL, check_restart, conversation_turns, run_engine
 
 pytestmark = pytest.mark.slow  # spawns gloo ranks and builds engines
 
@@ -60,8 +60,4 @@ def test_pp2_cp2_restart_loads_on_every_rank(tmp_path, ref):
     assert run(2, d, ps, pp_size=2)[0] == ref[:3]
     assert len(os.listdir(d)) == 4
     again, cached, state = run(2, d, ps, pp_size=2)
-    assert again == ref[:3]
-    assert cached == [(len(p) - 1) // STORAGE_PAGE * STORAGE_PAGE for p in ps]
-    assert state["prefill_tokens_computed"] == sum(len(p) - c for p, c in zip(ps, cached))
-    assert state["hicache_peer_missing_pages"] == 0
-    assert state["available_kv_tokens"] == state["max_total_num_tokens"]
+    check_restart(ps, ref[:3], again, cached, state, STORAGE_PAGE)

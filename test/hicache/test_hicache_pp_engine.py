@@ -16,7 +16,7 @@ import os
 import shutil
 
 import pytest
-from engine_helpers import POOL, conversation_turns, run_engine
+from engine_helpers import POOL, check_restart, conversation_turns, run_engine
 
 pytestmark = pytest.mark.slow  # spawns gloo ranks and builds engines
 
@@ -105,8 +105,4 @@ def test_pp2_tp2_restart_loads_on_every_rank(tmp_path, reference):
     assert run(2, d, ps, tp_size=2)[0] == reference[:3]
     assert len(namespaces(d)) == 4
     again, cached, state = run(2, d, ps, tp_size=2)
-    assert again == reference[:3]
-    assert cached == [(len(p) - 1) // STORAGE_PAGE * STORAGE_PAGE for p in ps]
-    assert state["prefill_tokens_computed"] == sum(len(p) - c for p, c in zip(ps, cached))
-    assert state["hicache_peer_missing_pages"] == 0
-    assert state["available_kv_tokens"] == state["max_total_num_tokens"]
+    check_restart(ps, reference[:3], again, cached, state, STORAGE_PAGE)

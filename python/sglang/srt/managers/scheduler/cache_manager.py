@@ -15,7 +15,7 @@ import torch
 from sglang.srt.managers.io_struct import ClearHiCacheReqOutput
 from sglang.srt.managers.scheduler.schedule_batch import Req, ScheduledReq
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
-from sglang.srt.mem_cache.hicache.factory import create_prefix_cache, create_stage_tiers
+from sglang.srt.mem_cache.hicache.factory import RankPlace, create_prefix_cache, create_stage_tiers
 from sglang.srt.mem_cache.hicache.hiradix_cache import HiRadixCache
 from sglang.srt.mem_cache.hicache.host_pool import CPShard
 from sglang.srt.mem_cache.hicache.pipeline import AskRing, RingPeers, StageTiers
@@ -44,37 +44,22 @@ def _agree_fn(group: Any) -> Optional[Callable[[int], int]]:
     return lambda n: min(v[0] for v in group.all_gather_ints([n]))
 
 
+def _place(runner: Any, groups: Any) -> RankPlace:
+    """This rank's place for HiCache's tiers; the replica's tp and cp ranks agree on L3 loads."""
+    shard = None if runner.cp is None else CPShard(runner.cp.mapping, groups.attn_cp.rank)
+    return RankPlace(runner.kv_page_size, _layout_id(runner, groups), _agree_fn(groups.replica), shard)
+
+
 def build_prefix_cache(server_args: Any, runner: Any, groups: Any) -> RadixCache:
     """The rank's prefix cache: a radix cache, or HiCache's (mem_cache/hicache/) with its tiers.
-    `runner`: the rank's ModelRunner (allocator, KV pool, page); `groups`: its ParallelGroups. The
-    tp ranks of the replica agree on the L3 pages they load (`groups.replica`: the stage's tp group)."""
-    return create_prefix_cache(
-        server_args,
-        runner.allocator,
-        runner.token_to_kv_pool,
-        runner.kv_page_size,
-        _layout_id(runner, groups),
-        _agree_fn(groups.replica),  # the replica's tp and cp ranks
-        _cp_shard(runner, groups),
-    )
-
-
-def _cp_shard(runner: Any, groups: Any) -> Optional[CPShard]:
-    """Context parallelism: the rows of the virtual slots this rank stores (None without CP)."""
-    return None if runner.cp is None else CPShard(runner.cp.mapping, groups.attn_cp.rank)
+    `runner`: the rank's ModelRunner (allocator, KV pool, page); `groups`: its ParallelGroups."""
+    return create_prefix_cache(server_args, runner.allocator, runner.token_to_kv_pool, _place(runner, groups))
 
 
 def build_stage_tiers(server_args: Any, runner: Any, groups: Any) -> Optional[StageTiers]:
     """A later pipeline stage's HiCache tiers (mem_cache/hicache/pipeline.py), None without HiCache."""
-    return create_stage_tiers(
-        server_args,
-        runner.max_total_num_tokens // runner.kv_page_size * runner.kv_page_size,  # stage 0's allocator.size
-        runner.token_to_kv_pool,
-        runner.kv_page_size,
-        _layout_id(runner, groups),
-        _agree_fn(groups.replica),
-        _cp_shard(runner, groups),
-    )
+    allocator_size = runner.max_total_num_tokens // runner.kv_page_size * runner.kv_page_size  # stage 0's
+    return create_stage_tiers(server_args, allocator_size, runner.token_to_kv_pool, _place(runner, groups))
 
 
 class KVCacheManager:

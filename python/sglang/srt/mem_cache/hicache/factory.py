@@ -12,6 +12,7 @@ same tiers for its layers as a `StageTiers` (pipeline.py).
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from sglang.srt import envs
@@ -55,48 +56,47 @@ def model_identity(args: Any) -> str:
     return ident + (f"|seed{args.random_seed}" if args.load_format == "dummy" else "")
 
 
-def _tiers(args: Any, kv_pool: Any, device_tokens: int, page_size: int, layout_id: str, shard=None):
+@dataclass
+class RankPlace:
+    """A rank's place for its tiers: the KV page (the allocator's: virtual under context
+    parallelism), the layout id of its storage namespace, the cross-rank minimum of a count (tp /
+    cp > 1: every rank loads the same L3 pages) and its CP share of the slots."""
+
+    page_size: int
+    layout_id: str
+    agree: Optional[Callable[[int], int]] = None
+    shard: Optional[CPShard] = None
+
+
+def _tiers(args: Any, kv_pool: Any, device_tokens: int, place: RankPlace):
     """The host pool and the storage backend (None) of one rank."""
     buffers = kv_token_buffers(kv_pool)
     layout = TokenLayout(buffers)
+    page, shard = place.page_size, place.shard
     cp = 1 if shard is None else shard.mapping.cp_size
-    tokens = host_pool_tokens(args, device_tokens, layout.token_bytes(), page_size, cp)
-    host = HostKVPool(buffers, tokens, page_size, shard=shard)
+    host = HostKVPool(
+        buffers, host_pool_tokens(args, device_tokens, layout.token_bytes(), page, cp), page, shard=shard
+    )
     storage = None
     if args.hicache_storage_backend == "file":
-        namespace = f"{model_identity(args)}|{layout_id}|page{page_size}|{layout.describe()}"
-        storage = FileStorage(storage_dir(args), namespace, storage_page_tokens(args, page_size))
+        namespace = f"{model_identity(args)}|{place.layout_id}|page{page}|{layout.describe()}"
+        storage = FileStorage(storage_dir(args), namespace, storage_page_tokens(args, page))
     return host, storage
 
 
 def create_prefix_cache(
-    args: Any,
-    allocator: TokenToKVPoolAllocator,
-    kv_pool: Any,
-    page_size: int,
-    layout_id: str,
-    agree: Optional[Callable[[int], int]] = None,
-    shard: Optional[CPShard] = None,
+    args: Any, allocator: TokenToKVPoolAllocator, kv_pool: Any, place: RankPlace
 ) -> RadixCache:
-    """`args`: the ServerArgs; `kv_pool`: the device KV pool; `agree`: the cross-rank minimum of a
-    count (tp > 1), so every rank loads the same L3 pages; `shard`: context parallelism (the
-    allocator's slots are virtual, this rank holds its share of each page)."""
+    """`args`: the ServerArgs; `kv_pool`: the device KV pool."""
     if not args.enable_hierarchical_cache:
-        return RadixCache(allocator, page_size, disable=args.disable_radix_cache)
-    host, storage = _tiers(args, kv_pool, allocator.size, page_size, layout_id, shard)
-    return HiRadixCache(allocator, page_size, host, args.hicache_write_policy, storage, agree)
+        return RadixCache(allocator, place.page_size, disable=args.disable_radix_cache)
+    host, storage = _tiers(args, kv_pool, allocator.size, place)
+    return HiRadixCache(allocator, place.page_size, host, args.hicache_write_policy, storage, place.agree)
 
 
-def create_stage_tiers(
-    args: Any,
-    device_tokens: int,
-    kv_pool: Any,
-    page_size: int,
-    layout_id: str,
-    agree: Optional[Callable[[int], int]] = None,
-    shard: Optional[CPShard] = None,
-) -> Optional[StageTiers]:
-    """A later pipeline stage's tiers (pipeline.py), sized like stage 0's; None without HiCache."""
+def create_stage_tiers(args: Any, device_tokens: int, kv_pool: Any, place: RankPlace) -> Optional[StageTiers]:
+    """A later pipeline stage's tiers (pipeline.py), sized like stage 0's (`device_tokens`: its
+    allocator's size); None without HiCache."""
     if not args.enable_hierarchical_cache:
         return None
-    return StageTiers(*_tiers(args, kv_pool, device_tokens, page_size, layout_id, shard), agree)
+    return StageTiers(*_tiers(args, kv_pool, device_tokens, place), place.agree)
