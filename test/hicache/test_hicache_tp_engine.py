@@ -5,54 +5,19 @@ ranks agree on how many pages they load) and computes only the suffix."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
-import torch
-
-import sglang as sgl
-from sglang.test.tiny_models import TINY_LLAMA_DIR
+from engine_helpers import POOL, conversation_turns, run_engine
 
 pytestmark = pytest.mark.slow  # spawns gloo ranks and builds engines
 
-POOL = 128
-PAGE = 4
-
 
 def prompts() -> list[list[int]]:
-    g = torch.Generator().manual_seed(5)
-    hist = [torch.randint(3, 500, (40,), generator=g).tolist() for _ in range(3)]
-    out = []
-    for _ in range(3):
-        for k in range(3):
-            hist[k] = hist[k] + torch.randint(3, 500, (8,), generator=g).tolist()
-            out.append(list(hist[k]))
-    return out
+    return [p for wave in conversation_turns(seed=5, convs=3) for p in wave]
 
 
 def run(tp: int, hicache_dir=None) -> tuple[list[list[int]], dict]:
-    hicache = {}
-    if hicache_dir is not None:
-        hicache = dict(
-            enable_hierarchical_cache=True,
-            hicache_storage_backend="file",
-            hicache_storage_backend_extra_config=json.dumps({"file_path": hicache_dir, "page_tokens": 8}),
-        )
-    params = {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}
-    with sgl.Engine(
-        model_path=str(TINY_LLAMA_DIR),
-        load_format="dummy",
-        dtype="float32",
-        tp_size=tp,
-        page_size=PAGE,
-        max_total_tokens=POOL,
-        num_threads=1,
-        log_level="warning",
-        **hicache,
-    ) as llm:
-        outs = [llm.generate(input_ids=p, sampling_params=params)["output_ids"] for p in prompts()]
-        state = llm.get_server_info()["internal_states"][0]
-    return outs, state
+    outs, _, states = run_engine([[p] for p in prompts()], hicache_dir, tp_size=tp)
+    return outs, states[0]
 
 
 def test_tp2_hicache_matches_and_restarts_from_files(tmp_path):

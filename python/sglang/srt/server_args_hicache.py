@@ -81,9 +81,9 @@ def validate_hicache(args: Any) -> None:
         raise ValueError("--hicache-storage-backend mooncake is not built yet (issue 31); use file")
     unsupported = {
         "--disable-radix-cache": args.disable_radix_cache,
-        "--pp-size > 1": args.pp_size > 1,
-        "--cp-size > 1": args.cp_size > 1,
-        "--dp-size > 1 / --enable-dp-attention": args.dp_size > 1 or args.enable_dp_attention,
+        # stages hold different layers, so a size in GB gives each stage another token count
+        "--pp-size > 1 and --hicache-size (use --hicache-ratio)": args.pp_size > 1 and args.hicache_size > 0,
+        "--pp-size > 1 and --enable-dp-attention": args.pp_size > 1 and args.enable_dp_attention,
         "--disaggregation-mode": args.disaggregation_mode != "null",
     }
     for name, on in unsupported.items():

@@ -44,6 +44,7 @@ from typing import Any, Callable, Optional
 from sglang.srt.distributed.parallel_state import ParallelGroups
 from sglang.srt.distributed.pp_comm import PPComm
 from sglang.srt.managers.dynamic_chunking.policy import ChunkPlanner
+from sglang.srt.managers.pp.hicache_ring import ring_ask, send_tier_ops
 from sglang.srt.managers.pp.messages import MsgType, StageBatch, StageOutput
 from sglang.srt.managers.pp.stage import PendingRing
 from sglang.srt.managers.pp.trace import PPTracer, merge_trace, parts_signature
@@ -121,6 +122,7 @@ class PPDriver:
             chunk_budget=None if chunk_policy is None else self._chunk_budget,
             extra_state=self.ring_state,
         )
+        self.scheduler.cache.attach_pipeline(ring_ask(comm, groups))  # HiCache: tiers on every stage
         self.ring_size = groups.pp.size + server_args.pp_async_batch_depth
         self.max_mb_reqs: Optional[int] = server_args.pp_max_micro_batch_size  # None: token budget only
         self.inflight: deque[_InFlight] = deque()
@@ -184,6 +186,7 @@ class PPDriver:
             launched = launch_ok and self._dp_schedule_and_launch()
         # Nothing launched but something in flight: the next iteration waits for an output.
         self._must_wait = bool(self.inflight) and not launched
+        send_tier_ops(self.comm, self.scheduler.cache.take_tier_ops())  # HiCache: copies of this iteration
         out = self.scheduler.collect_outputs()
         if self.io is not None:
             if out is not None:
@@ -288,6 +291,7 @@ class PPDriver:
         mb_id = self.next_mb_id
         self.next_mb_id += 1
         self.pending.commit(mb_id)  # this ring slot's previous sends must be done before reuse
+        send_tier_ops(self.comm, self.scheduler.cache.take_tier_ops())  # HiCache: ahead of the batch
         rids = frozenset(item.req.rid for item in batch.items)
         if any(rids & f.rids for f in self.inflight):
             self.stats.overlapped += 1

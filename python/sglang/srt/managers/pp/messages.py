@@ -8,6 +8,8 @@
 - `MsgType.OUTPUT` (last stage -> stage 0): a `StageOutput`, the sampled ids of one micro-batch.
 - `MsgType.STOP` (round the ring): shut down (tests and clean exits).
 - `MsgType.PING` (round the ring): keep-alive of an idle ring.
+- `MsgType.TIERS`, `QUERY` (stage k -> k+1), `ANSWER` (last stage -> stage 0): HiCache's tier
+  copies and L3 page queries (`hicache_ring.py`).
 
 The transport (`distributed/pp_comm.py`) carries a message's kind as a plain int; `MsgType` is
 an `IntEnum`, so its members are those ints (and `MsgType.STOP` is the transport's stop kind).
@@ -41,6 +43,9 @@ class MsgType(IntEnum):
     OUTPUT = 3
     STOP = 4
     PING = 5
+    TIERS = 6  # HiCache: stage 0's tier copies (hicache_ring.py)
+    QUERY = 7  # HiCache: how many L3 pages every stage can read
+    ANSWER = 8  # HiCache: the last stage's answer to stage 0
 
 
 @dataclass

@@ -18,9 +18,11 @@ from sglang.srt.distributed.pp_comm import PPComm
 from sglang.srt.managers.dynamic_chunking.policy import ChunkPlanner
 from sglang.srt.managers.io_struct import SchedulerReadyInfo
 from sglang.srt.managers.pp.driver import PPDriver
+from sglang.srt.managers.pp.hicache_ring import StageHiCache
 from sglang.srt.managers.pp.messages import MsgType
 from sglang.srt.managers.pp.stage import PPStageWorker, stage_ready_info
 from sglang.srt.managers.pp.trace import PPTracer
+from sglang.srt.managers.scheduler.cache_manager import build_stage_tiers
 from sglang.srt.managers.scheduler.chunk_profiler import build_dynamic_chunking
 from sglang.srt.managers.scheduler.scheduler import Scheduler
 from sglang.srt.managers.scheduler.scheduler_io import SchedulerIO, SchedulerPort, ThreadOutputSender
@@ -110,7 +112,9 @@ def build_pp_rank(
     from sglang.srt.disaggregation.factory import create_stage_transfer
 
     pd = create_stage_transfer(server_args, groups, runner)  # PD prefill: this stage sends its layers' KV
-    worker = PPStageWorker(runner, groups, comm, tracer, ring_size, pd=pd)
+    tiers = build_stage_tiers(server_args, runner, groups)  # HiCache: this stage's host pool / storage
+    hicache = StageHiCache(tiers, comm, groups.pp.is_last) if tiers is not None else None
+    worker = PPStageWorker(runner, groups, comm, tracer, ring_size, pd=pd, hicache=hicache)
     logger.info(
         "pipeline stage %d of %d: layers [%d, %d)",
         groups.pp.rank,

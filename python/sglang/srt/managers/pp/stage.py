@@ -91,9 +91,11 @@ class PPStageWorker:
         tracer: PPTracer,
         ring_size: int,
         pd=None,
+        hicache=None,
     ):
         """`pd`: PD disaggregation's sender of this stage's KV (a prefill server), else None."""
         self.pd = pd
+        self.hicache = hicache  # HiCache's tiers of this stage (hicache_ring.StageHiCache), or None
         self.runner = runner
         self.groups = groups
         self.comm = comm
@@ -118,6 +120,9 @@ class PPStageWorker:
                     wait.set(mb=msg.mb_id, pp_rank=self.pp_rank)
                 else:
                     wait.drop()
+            if self.hicache is not None and msg.kind in self.hicache.KINDS:
+                self.hicache.handle(msg)
+                continue
             if msg.kind != MsgType.BATCH:
                 self._pass_on(msg.kind, msg.mb_id)
                 if msg.kind == MsgType.STOP:
@@ -134,9 +139,9 @@ class PPStageWorker:
             self._run_batch(batch, proxy.tensors)
 
     def _next_message(self) -> Message:
-        """The next BATCH / STOP / PING; the trace is flushed before blocking (nothing buffered is
-        lost if the rank idles or dies)."""
-        wanted = (MsgType.BATCH, MsgType.STOP, MsgType.PING)
+        """The next BATCH / STOP / PING (or HiCache's TIERS / QUERY); the trace is flushed before
+        blocking (nothing buffered is lost if the rank idles or dies)."""
+        wanted = (MsgType.BATCH, MsgType.STOP, MsgType.PING, MsgType.TIERS, MsgType.QUERY)
         msg = self.comm.inbox.take(wanted, block=False)
         if msg is None:
             self.tracer.flush()

@@ -8,38 +8,58 @@ req_to_token row, seeds it from the radix cache, allocates KV slots for the toke
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
 from sglang.srt.managers.io_struct import ClearHiCacheReqOutput
 from sglang.srt.managers.scheduler.schedule_batch import Req, ScheduledReq
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
-from sglang.srt.mem_cache.hicache.factory import create_prefix_cache
+from sglang.srt.mem_cache.hicache.factory import RankPlace, create_prefix_cache, create_stage_tiers
 from sglang.srt.mem_cache.hicache.hiradix_cache import HiRadixCache
+from sglang.srt.mem_cache.hicache.host_pool import CPShard
+from sglang.srt.mem_cache.hicache.pipeline import AskRing, RingPeers, StageTiers
 from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.mem_cache.req_to_token import ReqToTokenPool
 
 logger = logging.getLogger(__name__)
 
 
+def _layout_id(runner: Any, groups: Any) -> str:
+    """This rank's place in the model (storage namespace): what decides its KV bytes (its rank and size
+    in the attention tp group, pp stage, cp rank, dtype, layers), not its attention-DP replica: the
+    replicas of a server share their L3 pages."""
+    coords = groups.coords
+    return (
+        f"tp{coords.attn_tp}/{groups.layout.attn_tp}|pp{coords.pp}|cp{coords.attn_cp}|{runner.dtype}"
+        f"|layers{runner.start_layer}-{runner.end_layer}"
+        + ("" if runner.cp is None else f"|cp{runner.cp.mapping.cp_size}x{runner.cp.mapping.interleave}")
+    )
+
+
+def _agree_fn(group: Any) -> Optional[Callable[[int], int]]:
+    """The minimum of a count over `group` (None for one rank)."""
+    if group.size == 1:
+        return None
+    return lambda n: min(v[0] for v in group.all_gather_ints([n]))
+
+
+def _place(runner: Any, groups: Any) -> RankPlace:
+    """This rank's place for HiCache's tiers; the replica's tp and cp ranks agree on L3 loads."""
+    shard = None if runner.cp is None else CPShard(runner.cp.mapping, groups.attn_cp.rank)
+    return RankPlace(runner.kv_page_size, _layout_id(runner, groups), _agree_fn(groups.replica), shard)
+
+
 def build_prefix_cache(server_args: Any, runner: Any, groups: Any) -> RadixCache:
     """The rank's prefix cache: a radix cache, or HiCache's (mem_cache/hicache/) with its tiers.
     `runner`: the rank's ModelRunner (allocator, KV pool, page); `groups`: its ParallelGroups."""
-    coords = groups.coords
-    layout_id = (
-        f"tp{coords.attn_tp}/{groups.tp.size}|pp{coords.pp}|cp{coords.attn_cp}|{runner.dtype}"
-        f"|layers{runner.start_layer}-{runner.end_layer}"
-    )
-    mirrors = groups.replica
+    return create_prefix_cache(server_args, runner.allocator, runner.token_to_kv_pool, _place(runner, groups))
 
-    def agree(n: int) -> int:  # the same L3 pages on every rank of the replica
-        return min(v[0] for v in mirrors.all_gather_ints([n]))
 
-    agree_fn = agree if mirrors.size > 1 else None
-    return create_prefix_cache(
-        server_args, runner.allocator, runner.token_to_kv_pool, runner.kv_page_size, layout_id, agree_fn
-    )
+def build_stage_tiers(server_args: Any, runner: Any, groups: Any) -> Optional[StageTiers]:
+    """A later pipeline stage's HiCache tiers (mem_cache/hicache/pipeline.py), None without HiCache."""
+    allocator_size = runner.max_total_num_tokens // runner.kv_page_size * runner.kv_page_size  # stage 0's
+    return create_stage_tiers(server_args, allocator_size, runner.token_to_kv_pool, _place(runner, groups))
 
 
 class KVCacheManager:
@@ -150,10 +170,22 @@ class KVCacheManager:
         tree, so a page gone is a miss and recomputed). Refused when HiCache storage is off."""
         if not isinstance(self.tree, HiRadixCache) or self.tree.storage is None:
             return ClearHiCacheReqOutput(False, "HiCache storage is off (--hicache-storage-backend)")
-        removed = self.tree.storage.clear()
+        removed = self.tree.clear_storage()
         if self.tree.agree is not None:  # a collective: every rank has cleared before the entry rank answers
             self.tree.agree(removed)
         return ClearHiCacheReqOutput(True, f"{removed} page(s) removed (entry rank; every rank cleared)")
+
+    def attach_pipeline(self, ask: AskRing) -> bool:
+        """Pipeline stage 0: HiCache's tier copies are recorded for the later stages and L3 loads
+        ask them first (mem_cache/hicache/pipeline.py); False without HiCache."""
+        if not isinstance(self.tree, HiRadixCache):
+            return False
+        self.tree.enable_pipeline(RingPeers(ask))
+        return True
+
+    def take_tier_ops(self) -> list:
+        """HiCache's tier copies the later pipeline stages have yet to replay (in order)."""
+        return self.tree.take_ops() if isinstance(self.tree, HiRadixCache) else []
 
     def flush(self) -> None:
         """Drop the whole cache (only valid when no request holds KV)."""

@@ -4,28 +4,32 @@ Sizes: the host tier holds `--hicache-size` GB (per rank), else `--hicache-ratio
 tokens. The file backend's directory: the extra config's `file_path`, else
 `SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR`, else `/tmp/hicache`; one file holds `page_tokens`
 tokens (extra config, default 64). `layout_id` names this rank's place in the model (tp
-rank/size, pp stage, cp rank, dtype, layers): it goes into the storage namespace with
-`model_identity`, the page size and the KV buffers' shapes.
+rank/size, pp stage, cp rank and layout, dtype, layers): it goes into the storage namespace with
+`model_identity`, the page size and the KV buffers' shapes. A later pipeline stage builds the
+same tiers for its layers as a `StageTiers` (pipeline.py).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from sglang.srt import envs
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.hicache.file_storage import FileStorage
 from sglang.srt.mem_cache.hicache.hiradix_cache import HiRadixCache
-from sglang.srt.mem_cache.hicache.host_pool import HostKVPool, TokenLayout, kv_token_buffers
+from sglang.srt.mem_cache.hicache.host_pool import CPShard, HostKVPool, TokenLayout, kv_token_buffers
+from sglang.srt.mem_cache.hicache.pipeline import StageTiers
 from sglang.srt.mem_cache.radix_cache import RadixCache
 
 DEFAULT_FILE_DIR = "/tmp/hicache"
 
 
-def host_pool_tokens(args: Any, device_tokens: int, token_bytes: int, page_size: int) -> int:
+def host_pool_tokens(args: Any, device_tokens: int, token_bytes: int, page_size: int, cp: int = 1) -> int:
+    """Host tier tokens (virtual under context parallelism: a rank holds 1/cp of them)."""
     size = (
-        int(args.hicache_size * 1e9) // token_bytes
+        int(args.hicache_size * 1e9) // token_bytes * cp
         if args.hicache_size > 0
         else int(device_tokens * args.hicache_ratio)
     )
@@ -52,25 +56,47 @@ def model_identity(args: Any) -> str:
     return ident + (f"|seed{args.random_seed}" if args.load_format == "dummy" else "")
 
 
-def create_prefix_cache(
-    args: Any,
-    allocator: TokenToKVPoolAllocator,
-    kv_pool: Any,
-    page_size: int,
-    layout_id: str,
-    agree: Optional[Callable[[int], int]] = None,
-) -> RadixCache:
-    """`args`: the ServerArgs; `kv_pool`: the device KV pool; `agree`: the cross-rank minimum of a
-    count (tp > 1), so every rank loads the same L3 pages."""
-    if not args.enable_hierarchical_cache:
-        return RadixCache(allocator, page_size, disable=args.disable_radix_cache)
+@dataclass
+class RankPlace:
+    """A rank's place for its tiers: the KV page (the allocator's: virtual under context
+    parallelism), the layout id of its storage namespace, the cross-rank minimum of a count (tp /
+    cp > 1: every rank loads the same L3 pages) and its CP share of the slots."""
+
+    page_size: int
+    layout_id: str
+    agree: Optional[Callable[[int], int]] = None
+    shard: Optional[CPShard] = None
+
+
+def _tiers(args: Any, kv_pool: Any, device_tokens: int, place: RankPlace):
+    """The host pool and the storage backend (None) of one rank."""
     buffers = kv_token_buffers(kv_pool)
     layout = TokenLayout(buffers)
+    page, shard = place.page_size, place.shard
+    cp = 1 if shard is None else shard.mapping.cp_size
     host = HostKVPool(
-        buffers, host_pool_tokens(args, allocator.size, layout.token_bytes(), page_size), page_size
+        buffers, host_pool_tokens(args, device_tokens, layout.token_bytes(), page, cp), page, shard=shard
     )
     storage = None
     if args.hicache_storage_backend == "file":
-        namespace = f"{model_identity(args)}|{layout_id}|page{page_size}|{layout.describe()}"
-        storage = FileStorage(storage_dir(args), namespace, storage_page_tokens(args, page_size))
-    return HiRadixCache(allocator, page_size, host, args.hicache_write_policy, storage, agree)
+        namespace = f"{model_identity(args)}|{place.layout_id}|page{page}|{layout.describe()}"
+        storage = FileStorage(storage_dir(args), namespace, storage_page_tokens(args, page))
+    return host, storage
+
+
+def create_prefix_cache(
+    args: Any, allocator: TokenToKVPoolAllocator, kv_pool: Any, place: RankPlace
+) -> RadixCache:
+    """`args`: the ServerArgs; `kv_pool`: the device KV pool."""
+    if not args.enable_hierarchical_cache:
+        return RadixCache(allocator, place.page_size, disable=args.disable_radix_cache)
+    host, storage = _tiers(args, kv_pool, allocator.size, place)
+    return HiRadixCache(allocator, place.page_size, host, args.hicache_write_policy, storage, place.agree)
+
+
+def create_stage_tiers(args: Any, device_tokens: int, kv_pool: Any, place: RankPlace) -> Optional[StageTiers]:
+    """A later pipeline stage's tiers (pipeline.py), sized like stage 0's (`device_tokens`: its
+    allocator's size); None without HiCache."""
+    if not args.enable_hierarchical_cache:
+        return None
+    return StageTiers(*_tiers(args, kv_pool, device_tokens, place), place.agree)

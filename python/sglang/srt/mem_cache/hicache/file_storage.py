@@ -4,8 +4,10 @@ A page's name is the hash chain of the tokens up to and including it, seeded wit
 (model identity and layout: tp rank/size, pp stage, cp rank, dtype, page size, buffer shapes), so
 servers of another model or layout never read it. A namespace's pages live under a folder of its
 own (`<directory>/<namespace hash[:16]>/<name[:2]>/<name>.kv`), so `clear()` removes one rank's
-pages and nobody else's. Each file is `MAGIC + sha256(payload) +
-payload`, written to a temporary name and renamed. A file that is missing, short or fails its
+pages and nobody else's. Each file is `MAGIC + sha256(payload) + payload`, written to a
+temporary name of the writer's own (process and thread) and renamed over the page atomically, so
+servers or attention-DP replicas sharing a directory may write one page at the same time (the
+bytes are equal: the name fixes the tokens and layout). A file that is missing, short or fails its
 checksum, or a directory that is gone, reads as a miss (a bad page is logged, counted and
 removed): the caller recomputes, and writes the page again. Nothing here raises on I/O errors.
 """
@@ -16,6 +18,7 @@ import hashlib
 import logging
 import os
 import shutil
+import threading
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -65,7 +68,7 @@ class FileStorage:
 
     def put(self, name: str, payload: bytes) -> bool:
         path = self._path(name)
-        tmp = f"{path}.{os.getpid()}.tmp"
+        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"  # writers of one page never share a temp
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(tmp, "wb") as f:

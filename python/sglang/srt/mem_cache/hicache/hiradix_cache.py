@@ -15,6 +15,9 @@ the L2 part of the match and then the L3 pages that continue it into freshly all
 what does not fit, or fails its checksum, is left out and recomputed. The load is synchronous:
 when it returns, the request holds nothing in flight. `agree` (tp > 1) turns a rank's count of
 readable L3 pages into the count every rank uses (the minimum), so ranks stay identical.
+Under pipeline parallelism (`enable_pipeline`, pipeline.py) the tree lives on stage 0 only: every
+copy between tiers is also recorded as a `TierOp` the later stages replay on their layers, and an
+L3 load first asks the ring how many pages every stage can read.
 """
 
 from __future__ import annotations
@@ -29,6 +32,15 @@ import torch
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.hicache.file_storage import FileStorage
 from sglang.srt.mem_cache.hicache.host_pool import HostKVPool
+from sglang.srt.mem_cache.hicache.pipeline import (
+    Backup,
+    ClearStorage,
+    LoadPages,
+    Restore,
+    RingPeers,
+    StorePages,
+    TierOp,
+)
 from sglang.srt.mem_cache.radix_cache import MatchResult, RadixCache, TreeNode
 
 logger = logging.getLogger(__name__)
@@ -46,6 +58,10 @@ class HiCacheStats:
     l1_dropped_tokens: int = 0  # tokens evicted from L1 with no L2 copy (forgotten)
     load_failures: int = 0  # loads cut short (no L1 room)
     load_seconds: float = 0.0  # time spent loading L2 / L3 into L1 (admission)
+    # pipeline parallelism: L3 pages stage 0 could read but another stage could not (recomputed),
+    # and the bad pages the other stages met while answering
+    peer_missing_pages: int = 0
+    peer_read_failures: int = 0
 
 
 class HiRadixCache(RadixCache):
@@ -63,7 +79,27 @@ class HiRadixCache(RadixCache):
         self.storage = storage
         self.agree = agree
         self.hstats = HiCacheStats()
+        self.peers: Optional[RingPeers] = None  # pipeline parallelism (stage 0): the later stages
+        self._ops: Optional[list[TierOp]] = None  # ... and the copies they have yet to replay
         super().__init__(allocator, page_size)
+
+    def enable_pipeline(self, peers: RingPeers) -> None:
+        """Stage 0 of a pipeline: record tier copies for the later stages, ask them before L3 loads."""
+        self.peers, self._ops = peers, []
+
+    def take_ops(self) -> list[TierOp]:
+        """The tier copies recorded since the last call (the ring sends them on, in order)."""
+        ops, self._ops = (self._ops, []) if self._ops is not None else ([], None)
+        return ops
+
+    def clear_storage(self) -> int:
+        """Delete this rank's L3 pages (and, in a pipeline, the later stages' with the next ops)."""
+        self._record(ClearStorage())
+        return self.storage.clear()
+
+    def _record(self, op: TierOp) -> None:
+        if self._ops is not None:
+            self._ops.append(op)
 
     def reset(self) -> None:
         super().reset()
@@ -134,6 +170,7 @@ class HiRadixCache(RadixCache):
                 self.hstats.load_failures += 1
                 return False
             self.host.restore(node.host_value, slots)
+            self._record(Restore(node.host_value.tolist(), slots.tolist()))
             self._set_device(node, slots)
             self.hstats.l2_hit_tokens += len(node.key)
         return True
@@ -153,26 +190,42 @@ class HiRadixCache(RadixCache):
                 break
             pages.append(data)
         n = len(pages) if self.agree is None else self.agree(len(pages))
-        if n == 0:
-            return
+        query_id = None
+        if self.peers is not None and n:  # pipeline: only what every stage can read
+            answer = self.peers.readable(key[: (p0 + n) * sp], p0, n, self.take_ops())
+            query_id = answer.query_id
+            self.hstats.peer_missing_pages += n - answer.count
+            self.hstats.peer_read_failures += answer.peer_read_failures
+            n = answer.count
         skip = start - p0 * sp
-        slots = self._alloc_device(n * sp - skip)
-        if slots is None:
+        slots = self._alloc_device(n * sp - skip) if n else None
+        if n and slots is None:
             self.hstats.load_failures += 1
-            return
-        try:
-            for i in range(n):
-                dst = slots[max(0, i * sp - skip) : (i + 1) * sp - skip]
-                self.host.layout.unpack_into(self.host.device_buffers, dst, pages[i], skip if i == 0 else 0)
-        except ValueError as e:  # a page of another size under the same name: recompute
-            logger.warning("HiCache: storage page rejected (%s); recomputing", e)
-            self.storage.stats.read_failures += 1
+        if slots is not None and not self._unpack(pages[:n], slots, skip):
             self.allocator.free(slots)
+            slots = None
+        if query_id is not None:  # the later stages load the same pages, or drop them
+            self._record(
+                LoadPages(query_id, 0 if slots is None else n, skip, [] if slots is None else slots.tolist())
+            )
+        if slots is None:
             return
         prefix = self.match_prefix(key[:start]).indices
         already = self.insert(key[: (p0 + n) * sp], torch.cat([prefix, slots]))
         assert already == start, (already, start)
         self.hstats.l3_hit_tokens += slots.numel()
+
+    def _unpack(self, pages: list[bytes], slots: torch.Tensor, skip: int) -> bool:
+        sp = self.storage.page_size
+        try:
+            for i, page in enumerate(pages):
+                dst = slots[max(0, i * sp - skip) : (i + 1) * sp - skip]
+                self.host.unpack(dst, page, skip if i == 0 else 0)
+        except ValueError as e:  # a page of another size under the same name: recompute
+            logger.warning("HiCache: storage page rejected (%s); recomputing", e)
+            self.storage.stats.read_failures += 1
+            return False
+        return True
 
     # ------------------------------------------------------------------ insert
     def _on_path(self, path: list[TreeNode], value: torch.Tensor) -> int:
@@ -212,6 +265,7 @@ class HiRadixCache(RadixCache):
         if slots is None:
             return False
         self.host.backup(node.value, slots)
+        self._record(Backup(node.value.tolist(), slots.tolist()))
         node.host_value = slots
         self.hstats.l2_backup_tokens += n
         if self.storage is not None:
@@ -237,13 +291,16 @@ class HiRadixCache(RadixCache):
             return
         names = self.storage.page_hashes(tokens, end)
         slots = None
+        if self._ops is not None:  # every stage writes the pages its own namespace lacks
+            slots = torch.cat([n.value for n in path])
+            self._record(StorePages(tokens[: end * sp], first, end, slots[: end * sp].tolist()))
         for i in range(first, end):
             if self.storage.exists(names[i]):
                 continue
             if slots is None:
                 slots = torch.cat([n.value for n in path])
             rows = slots[i * sp : (i + 1) * sp]
-            self.storage.put(names[i], self.host.layout.pack(self.host.device_buffers, rows))
+            self.storage.put(names[i], self.host.pack(rows))
 
     def evict(self, num_tokens: int) -> int:
         """Free L1 slots from LRU unlocked L1 leaves: demote to L2, or drop when there is no copy."""

@@ -6,7 +6,8 @@ for MLA. `TokenLayout` packs / unpacks those rows of some slots to bytes (storag
 host pool mirrors the buffers with its own rows and its own `TokenToKVPoolAllocator` (own
 budget, page 0 padding as on the device). Copies between the tiers go through a `KVCopier`: on
 CPU both tiers are RAM and `SyncCopier` copies at once; a GPU/NPU copier (pinned host memory,
-a copy stream) plugs in here, chosen by the platform.
+a copy stream) plugs in here, chosen by the platform. Under context parallelism (`CPShard`) the
+slots are the scheduler's virtual ones and a rank copies, packs and unpacks only its own rows.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Optional
 import torch
 
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+from sglang.srt.mem_cache.cp_slots import CPSlotMapping
 
 
 def kv_token_buffers(pool) -> list[torch.Tensor]:
@@ -85,8 +87,27 @@ class SyncCopier(KVCopier):
             d[dst_slots.to(d.device)] = s[src_slots.to(s.device)].to(d.device)
 
 
+class CPShard:
+    """Context parallelism: which rows of a virtual slot space this rank stores
+    (`cp_slots.CPSlotMapping`; the tree and both allocators work in virtual slots)."""
+
+    def __init__(self, mapping: CPSlotMapping, rank: int):
+        self.mapping, self.rank = mapping, rank
+
+    def local(self, *slot_lists: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The physical slots of the rows this rank owns, for lists of virtual slots laid out alike
+        (the same offsets in their virtual pages: a row's owner is the same in every list)."""
+        mine = self.mapping.owner(slot_lists[0]) == self.rank
+        return tuple(self.mapping.local_slot(s[mine]) for s in slot_lists)
+
+    def owned_before(self, n: int) -> int:
+        """Rows this rank owns among the first `n` positions of a virtual page."""
+        return int((self.mapping.position_owner(torch.arange(n)) == self.rank).sum())
+
+
 class HostKVPool:
-    """L2: rows for `size` tokens mirroring `device_buffers`, in pages of `page_size`."""
+    """L2: rows for `size` tokens mirroring `device_buffers`, in pages of `page_size`. With `shard`
+    (context parallelism) slots are virtual and this rank holds its share of each page's rows."""
 
     def __init__(
         self,
@@ -94,12 +115,15 @@ class HostKVPool:
         size: int,
         page_size: int,
         copier: Optional[KVCopier] = None,
+        shard: Optional[CPShard] = None,
     ):
         self.device_buffers = device_buffers
         self.allocator = TokenToKVPoolAllocator(size, page_size)
         self.size = self.allocator.size
         self.page_size = page_size
-        rows = self.size + page_size
+        self.shard = shard
+        cp = 1 if shard is None else shard.mapping.cp_size
+        rows = (self.size + page_size) // cp
         self.buffers = [torch.zeros((rows, *b.shape[1:]), dtype=b.dtype) for b in device_buffers]
         self.copier = copier or SyncCopier()
         self.layout = TokenLayout(device_buffers)
@@ -116,14 +140,35 @@ class HostKVPool:
     def clear(self) -> None:
         self.allocator.clear()
 
+    def _local(self, *slot_lists: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return slot_lists if self.shard is None else self.shard.local(*slot_lists)
+
     def backup(self, device_slots: torch.Tensor, host_slots: torch.Tensor) -> None:
         """Copy device rows -> host rows (L1 -> L2)."""
-        self.copier.copy(self.device_buffers, device_slots, self.buffers, host_slots)
+        dev, host = self._local(device_slots, host_slots)
+        self.copier.copy(self.device_buffers, dev, self.buffers, host)
 
     def restore(self, host_slots: torch.Tensor, device_slots: torch.Tensor) -> None:
         """Copy host rows -> device rows (L2 -> L1)."""
-        self.copier.copy(self.buffers, host_slots, self.device_buffers, device_slots)
+        host, dev = self._local(host_slots, device_slots)
+        self.copier.copy(self.buffers, host, self.device_buffers, dev)
         self.copier.synchronize()
+
+    def pack(self, device_slots: torch.Tensor) -> bytes:
+        """A storage page's payload: this rank's rows of `device_slots` (page-aligned)."""
+        return self.layout.pack(self.device_buffers, *self._local(device_slots))
+
+    def unpack(self, device_slots: torch.Tensor, data: bytes, skip: int = 0) -> None:
+        """Write a page's rows to `device_slots`, but its first `skip` positions (a multiple of
+        the page when sharded: `device_slots` start a page)."""
+        if self.shard is not None:
+            skip = self.shard.owned_before(skip)
+        self.layout.unpack_into(self.device_buffers, *self._local(device_slots), data, skip)
+
+    def page_bytes(self, tokens: int) -> int:
+        """Payload bytes of a storage page of `tokens` tokens on this rank."""
+        cp = 1 if self.shard is None else self.shard.mapping.cp_size
+        return tokens // cp * self.layout.token_bytes()
 
     def mem_bytes(self) -> int:
         return sum(b.numel() * b.element_size() for b in self.buffers)
