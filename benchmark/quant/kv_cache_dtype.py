@@ -6,6 +6,13 @@ of `--prompt-len` random tokens prefilled, then decode steps timed round by roun
 (one step of each per round), median ms per step. Also prints each pool's tokens and bytes.
 
     python benchmark/quant/kv_cache_dtype.py --threads 2 --batch 8 --prompt-len 512
+
+The cpu backend's decode reads an FP8 pool with the fused `decode_attention` kernel (widened in the
+kernel); `--op` times that kernel alone instead (the build SGLANG_CPU_ISA selects), SmolLM2-135M's
+attention shapes (9 query / 3 KV heads of 64), bf16 q over a bf16, an e4m3 and an e5m2 pool,
+`--batch` requests of `--prompt-len` scattered rows; best of `--rounds` rounds, interleaved:
+
+    python benchmark/quant/kv_cache_dtype.py --op --threads 1 --batch 8 --prompt-len 512
 """
 
 from __future__ import annotations
@@ -34,6 +41,39 @@ def _harness(args, kv_cache_dtype: str) -> SchedulerHarness:
     return SchedulerHarness(**kwargs)
 
 
+def time_op(args) -> None:
+    """decode_attention alone: bf16 q over a bf16 / e4m3 / e5m2 pool (fp8 with scales != 1)."""
+    from sglang.srt.kernels.cpu import loader
+
+    torch.set_num_threads(args.threads)
+    ops = loader.load()
+    if ops is None:
+        raise SystemExit("no CPU kernel build here (see `python -m sglang.srt.kernels.cpu.loader`)")
+    hq, hk, hd, b, ctx = 9, 3, 64, args.batch, args.prompt_len
+    g = torch.Generator().manual_seed(0)
+    rows = b * ctx + 1000  # every request's rows scattered over the pool
+    k, v = torch.randn(hk, rows, hd, generator=g), torch.randn(hk, rows, hd, generator=g)
+    slots = torch.randperm(rows, generator=g)[: b * ctx].view(b, ctx).contiguous()
+    lens = torch.full((b,), ctx, dtype=torch.int64)
+    q = torch.randn(b, hq, hd, generator=g).bfloat16()
+    pools = {"bf16": (k.bfloat16(), v.bfloat16(), 1.0)}
+    pools.update(
+        {n: (k.to(d), v.to(d), 0.5) for n, d in (("e4m3", torch.float8_e4m3fn), ("e5m2", torch.float8_e5m2))}
+    )
+    best = {name: float("inf") for name in pools}
+    for _ in range(args.rounds):
+        for name, (kb, vb, s) in pools.items():
+            t0 = time.perf_counter()
+            for _ in range(5):
+                ops.decode_attention(q, kb, vb, slots, lens, hd**-0.5, s, s)
+            best[name] = min(best[name], (time.perf_counter() - t0) / 5 * 1e6)
+    for name, us in best.items():
+        print(
+            f"decode_attention ({ops.isa()} build, {args.threads} thread(s)) {b} x {ctx}, {name} pool: "
+            f"{us:.1f} us (x{us / best['bf16']:.3f})"
+        )
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--model-path", default=None)
@@ -43,7 +83,11 @@ def main() -> None:
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--rounds", type=int, default=32)
     p.add_argument("--kv", nargs="+", default=["auto", "fp8_e4m3"])
+    p.add_argument("--op", action="store_true", help="time the fused decode_attention kernel alone")
     args = p.parse_args()
+    if args.op:
+        time_op(args)
+        return
     torch.manual_seed(0)
     harnesses = {kv: _harness(args, kv) for kv in args.kv}
     vocab = next(iter(harnesses.values())).scheduler.model_config.vocab_size

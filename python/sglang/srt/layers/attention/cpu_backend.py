@@ -6,7 +6,8 @@ the reference's, inherited. Per batch (`CPUBatch.fast`, built on first use):
 - single-token requests (all of a DECODE batch, the decode part of a MIXED batch): where the
   device has fused kernels (`platforms/kernel_dispatch.py`; the CPU build), ONE `decode_attention` call
   that reads each request's slots from the pool in place (no gather, no padding) and splits long
-  sequences across threads. Otherwise one batched SDPA over slot rows padded to the longest
+  sequences across threads; an FP8 pool (`--kv-cache-dtype fp8_*`) is widened inside the kernel,
+  with the layer's k / v scales. Otherwise one batched SDPA over slot rows padded to the longest
   sequence and masked, read as planned once per forward (`kv_source.py`: a zero-copy view when a
   lone request's slots are one contiguous run, else one gather per layer into a scratch buffer
   shared by all layers), with long contiguous runs attended as views and merged by log-sum-exp
@@ -51,6 +52,7 @@ from sglang.srt.layers.attention.ops import attend_prefix_and_chunk, causal_mask
 from sglang.srt.layers.attention.cpu_cp_fresh import fused_fresh_attention
 from sglang.srt.layers.attention.cpu_kernel_fits import amx_prefill_fits, vec_prefill_fits
 from sglang.srt.layers.attention.torch_native import TorchNativeAttnBackend, TorchNativeBatch
+from sglang.srt.mem_cache.kv_pool import FP8_KV_DTYPES
 
 if TYPE_CHECKING:
     from sglang.srt.layers.attention.radix_attention import RadixAttention
@@ -200,17 +202,16 @@ class CPUAttnBackend(TorchNativeAttnBackend):
         contiguous run when `single_segments` is planned)."""
         n, max_len = md.single_kv_indices.shape
         k_buf, v_buf = head_major_kv(fb.token_to_kv_pool, layer.layer_id)
-        # FP8 KV (`k_buf.dtype != q.dtype`) takes the torch path: the rows are widened as fetched
         ks, vs = kv_scales(fb.token_to_kv_pool, layer.layer_id)
         if (
             md.kernels is not None
-            and k_buf.dtype == q.dtype
+            and k_buf.dtype in (q.dtype, *FP8_KV_DTYPES)  # FP8 rows are widened in the kernel, * scale
             and k_buf.is_contiguous()
             and v_buf.is_contiguous()
             and q.stride(-1) == 1
         ):
             return md.kernels.decode_attention(
-                q, k_buf, v_buf, md.single_kv_indices, md.single_lens, layer.scaling
+                q, k_buf, v_buf, md.single_kv_indices, md.single_lens, layer.scaling, ks, vs
             )
         if md.single_segments is not None and lse_kernel_available(q):
             return attend_decode_segments(

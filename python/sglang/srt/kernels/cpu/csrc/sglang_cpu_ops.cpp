@@ -13,7 +13,8 @@
 //
 //   decode_attention  one query per request over its KV slots in a head-major pool [Hk, rows, D],
 //                     read in place (no gather); GQA; long sequences split across threads and
-//                     merged by log-sum-exp.
+//                     merged by log-sum-exp. An FP8 pool (float8_e4m3fn / float8_e5m2, under float32
+//                     or bf16 q) is widened element by element as read, with its per-layer scales.
 //   rms_norm          y = x * rsqrt(mean(x^2) + eps) * w
 //   add_rms_norm      r = x + residual (rounded like torch's add; float32 residual: kept float32), y = rms_norm(r)
 //   silu_and_mul      [T, 2d] -> silu(x[:, :d]) * x[:, d:]
@@ -90,6 +91,53 @@ inline uint16_t from_f<uint16_t>(float x) {
   return static_cast<uint16_t>(x != x ? 0x7FC0u : rounded);
 }
 
+// FP8 KV cache elements (`--kv-cache-dtype fp8_e4m3 / fp8_e5m2`; decode attention reads them), as their
+// bits. Both widen exactly through float16 bits: e5m2 is the top byte of a float16; e4m3 (bias 7,
+// no infinities, S.1111.111 is NaN) moved 7 bits left is a float16 (bias 15) of 2^-8 times its value
+// (normal and subnormal alike), with the NaN code given an all-ones exponent. to_f of an e4m3 is
+// therefore value * 2^-8 on every path (scalar table and vector loads alike): the kernel multiplies
+// it back by kv_unit<KV> = 256, folded into its scales (no multiply in the loops).
+struct fp8_e4m3 {
+  uint8_t bits;
+};
+struct fp8_e5m2 {
+  uint8_t bits;
+};
+template <typename KV>
+constexpr float kv_unit = 1.f;
+template <>
+constexpr float kv_unit<fp8_e4m3> = 256.f;
+
+template <typename KV>
+constexpr bool is_fp8_kv = std::is_same_v<KV, fp8_e4m3> || std::is_same_v<KV, fp8_e5m2>;
+constexpr int64_t kPvBlock = 16;  // FP8 V rows widened per block (a float32 scratch of 16 rows)
+
+constexpr uint16_t e4m3_half_bits(uint32_t b) {
+  const uint32_t h = ((b & 0x80u) << 8) | ((b & 0x7Fu) << 7);
+  return static_cast<uint16_t>((b & 0x7Fu) == 0x7Fu ? h | 0x7C00u : h);
+}
+constexpr float half_bits_to_f(uint32_t h) {
+  const uint32_t sign = (h & 0x8000u) << 16, e = (h >> 10) & 31u, m = h & 1023u;
+  if (e == 31u) return __builtin_bit_cast(float, sign | 0x7F800000u | (m << 13));  // inf / NaN
+  if (e == 0u) {  // subnormal: m * 2^-24
+    const float v = static_cast<float>(m) * 5.9604644775390625e-08f;
+    return sign ? -v : v;
+  }
+  return __builtin_bit_cast(float, sign | ((e + 112u) << 23) | (m << 13));
+}
+struct Fp8Table {
+  float v[256];
+};
+constexpr Fp8Table fp8_table(bool e4m3) {
+  Fp8Table t{};
+  for (uint32_t b = 0; b < 256; ++b) t.v[b] = half_bits_to_f(e4m3 ? e4m3_half_bits(b) : b << 8);
+  return t;
+}
+constexpr Fp8Table kE4M3 = fp8_table(true);
+constexpr Fp8Table kE5M2 = fp8_table(false);
+inline float to_f(fp8_e4m3 x) { return kE4M3.v[x.bits]; }
+inline float to_f(fp8_e5m2 x) { return kE5M2.v[x.bits]; }
+
 // Storage type of a tensor dtype in the kernels (bfloat16 -> its bits) and typed data pointers.
 template <typename T>
 using storage_t = std::conditional_t<std::is_same_v<T, at::BFloat16>, uint16_t, T>;
@@ -109,6 +157,19 @@ inline __m512 load16(const uint16_t* p) {
   const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
+// 16 FP8 values (see fp8_e4m3): to float16 bits in 16-bit lanes, widened by vcvtph2ps (exact)
+inline __m512 load16(const fp8_e5m2* p) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm512_cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(raw), 8));
+}
+inline __m512 load16(const fp8_e4m3* p) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  // sign-extended byte << 7: magnitude in bits 7-13, sign in 15 (and 14, cleared)
+  const __m256i h = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(raw), 7), _mm256_set1_epi16(-16385));
+  const __m256i nan_bits = _mm256_set1_epi16(0x3F80);  // |code| = 0x7F: NaN, exponent all ones
+  const __mmask16 nan = _mm256_cmpeq_epi16_mask(_mm256_and_si256(h, nan_bits), nan_bits);
+  return _mm512_cvtph_ps(_mm256_mask_blend_epi16(nan, h, _mm256_set1_epi16(0x7E00)));
+}
 #endif
 
 #if defined(SGL_AVX2)
@@ -127,6 +188,18 @@ inline __m256 bf16_bits_to_f(__m128i raw) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
 }
 inline __m256 load8(const uint16_t* p) { return bf16_bits_to_f(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+// 8 FP8 values (see fp8_e4m3) to float16 bits, widened by vcvtph2ps (F16C; exact)
+inline __m256 load8(const fp8_e5m2* p) {
+  const __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return _mm256_cvtph_ps(_mm_unpacklo_epi8(_mm_setzero_si128(), raw));
+}
+inline __m256 load8(const fp8_e4m3* p) {
+  const __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  const __m128i h = _mm_and_si128(_mm_slli_epi16(_mm_cvtepi8_epi16(raw), 7), _mm_set1_epi16(-16385));
+  const __m128i nan_bits = _mm_set1_epi16(0x3F80);  // |code| = 0x7F: NaN, exponent all ones
+  const __m128i nan = _mm_cmpeq_epi16(_mm_and_si128(h, nan_bits), nan_bits);
+  return _mm256_cvtph_ps(_mm_or_si128(h, _mm_and_si128(nan, _mm_set1_epi16(0x7C00))));
+}
 inline __m128i f_to_bf16_bits(__m256 x) {
   const __m256i r = f_to_bf16_lanes(x);
   return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));  // each <= 0xFFFF
@@ -268,6 +341,38 @@ void attend_task_avx2_bf16(const float* __restrict__ qf, const uint16_t* __restr
   }
 }
 
+// P V for FP8 V rows (Dv % 8 == 0): each block of rows is widened once into float32 scratch and
+// used by all G query heads (the plain loop below would widen every row G times); the output row
+// of a head stays in registers for up to 64 columns per pass over the block.
+template <typename KV>
+void pv_fp8_avx2(const float* __restrict__ scores, const KV* __restrict__ vh, const int64_t* __restrict__ srow,
+                 int64_t L, int64_t G, int64_t Dv, float* __restrict__ part) {
+  std::vector<float> wide(kPvBlock * Dv);
+  std::fill(part, part + G * Dv, 0.f);
+  for (int64_t j0 = 0; j0 < L; j0 += kPvBlock) {
+    const int64_t nb = std::min(kPvBlock, L - j0);
+    for (int64_t b = 0; b < nb; ++b) {
+      const KV* __restrict__ vrow = vh + srow[j0 + b] * Dv;
+      for (int64_t d = 0; d < Dv; d += 8) _mm256_storeu_ps(&wide[b * Dv + d], load8(vrow + d));
+    }
+    for (int64_t g = 0; g < G; ++g) {
+      const float* __restrict__ s = scores + g * L + j0;
+      float* __restrict__ out = part + g * Dv;
+      for (int64_t c0 = 0; c0 < Dv; c0 += 64) {
+        const int nc = static_cast<int>(std::min<int64_t>(8, (Dv - c0) / 8));
+        __m256 acc[8];
+        for (int c = 0; c < nc; ++c) acc[c] = _mm256_loadu_ps(out + c0 + 8 * c);
+        for (int64_t b = 0; b < nb; ++b) {
+          const __m256 p = _mm256_set1_ps(s[b]);
+          const float* __restrict__ w = &wide[b * Dv + c0];
+          for (int c = 0; c < nc; ++c) acc[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(w + 8 * c), acc[c]);
+        }
+        for (int c = 0; c < nc; ++c) _mm256_storeu_ps(out + c0 + 8 * c, acc[c]);
+      }
+    }
+  }
+}
+
 // attend_task (below) on 8-lane vectors, for head dims that are multiples of 8. Scores of 8 keys at
 // a time per query head (8 dot products reduced together by hsum8x8), softmax with exp_accurate,
 // P V with the output row in registers (up to 64 columns per pass over the keys).
@@ -282,10 +387,20 @@ void attend_task_avx2(const float* __restrict__ qf, const T* __restrict__ kh, co
   }
   const int64_t D = HD > 0 ? HD : D_;
   const int64_t Dv = HD > 0 ? HD : Dv_;
+  using E = std::conditional_t<is_fp8_kv<T>, float, T>;  // FP8 keys: widened once per block, not per head
+  std::vector<float> kwide(is_fp8_kv<T> ? 8 * D : 0);
   for (int64_t j0 = 0; j0 < L; j0 += 8) {
     const int64_t nb = std::min<int64_t>(8, L - j0);
-    const T* kr[8];
-    for (int64_t b = 0; b < 8; ++b) kr[b] = kh + srow[j0 + (b < nb ? b : 0)] * D;  // a short block repeats key 0
+    const E* kr[8];
+    if constexpr (is_fp8_kv<T>) {
+      for (int64_t b = 0; b < nb; ++b) {
+        const T* __restrict__ row = kh + srow[j0 + b] * D;
+        for (int64_t c = 0; c < D; c += 8) _mm256_storeu_ps(&kwide[b * D + c], load8(row + c));
+      }
+      for (int64_t b = 0; b < 8; ++b) kr[b] = kwide.data() + (b < nb ? b : 0) * D;  // a short block repeats key 0
+    } else {
+      for (int64_t b = 0; b < 8; ++b) kr[b] = kh + srow[j0 + (b < nb ? b : 0)] * D;  // a short block repeats key 0
+    }
     for (int64_t j = j0 + 8; j < std::min(L, j0 + 16); ++j) {  // rows are scattered: fetch the next block
       const char* ka = reinterpret_cast<const char*>(kh + srow[j] * D);
       for (size_t b = 0; b < D * sizeof(T); b += 64) _mm_prefetch(ka + b, _MM_HINT_T0);
@@ -304,6 +419,11 @@ void attend_task_avx2(const float* __restrict__ qf, const T* __restrict__ kh, co
       store_first(scores + g * L + j0, hsum8x8(acc), nb);
     }
   }
+  if constexpr (is_fp8_kv<T>) {
+    for (int64_t g = 0; g < G; ++g) softmax_avx2(scores + g * L, L, mx[g], sm[g]);
+    pv_fp8_avx2(scores, vh, srow, L, G, Dv, part);
+    return;
+  }
   for (int64_t g = 0; g < G; ++g) {
     float* __restrict__ s = scores + g * L;
     softmax_avx2(s, L, mx[g], sm[g]);
@@ -318,6 +438,50 @@ void attend_task_avx2(const float* __restrict__ qf, const T* __restrict__ kh, co
         for (int c = 0; c < nc; ++c) acc[c] = _mm256_fmadd_ps(p, load8(vrow + 8 * c), acc[c]);
       }
       for (int c = 0; c < nc; ++c) _mm256_storeu_ps(out + c0 + 8 * c, acc[c]);
+    }
+  }
+}
+#endif
+
+// s[0..L) <- e^(s - max); the max and the sum of the exponentials
+inline void softmax_row(float* __restrict__ s, int64_t L, float& mx, float& sm) {
+  float m = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < L; ++j) m = s[j] > m ? s[j] : m;
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < L; ++j) {
+    s[j] = vexp(s[j] - m);
+    sum += s[j];
+  }
+  mx = m;
+  sm = sum;
+}
+
+#if defined(__AVX512F__)
+// P V for FP8 V rows (pv_fp8_avx2's scheme on 16 lanes): each block of rows widened once into
+// float32 scratch for all G query heads, a head's output row in registers.
+template <typename KV, int HD>
+void pv_fp8_avx512(const float* __restrict__ scores, const KV* __restrict__ vh, const int64_t* __restrict__ srow,
+                   int64_t L, int64_t G, float* __restrict__ part) {
+  constexpr int NV = HD / 16;
+  alignas(64) float wide[kPvBlock * HD];
+  std::fill(part, part + G * HD, 0.f);
+  for (int64_t j0 = 0; j0 < L; j0 += kPvBlock) {
+    const int64_t nb = std::min(kPvBlock, L - j0);
+    for (int64_t b = 0; b < nb; ++b) {
+      const KV* __restrict__ vrow = vh + srow[j0 + b] * HD;
+      for (int c = 0; c < NV; ++c) _mm512_store_ps(wide + b * HD + 16 * c, load16(vrow + 16 * c));
+    }
+    for (int64_t g = 0; g < G; ++g) {
+      const float* __restrict__ s = scores + g * L + j0;
+      float* __restrict__ out = part + g * HD;
+      __m512 acc[NV];
+      for (int c = 0; c < NV; ++c) acc[c] = _mm512_loadu_ps(out + 16 * c);
+      for (int64_t b = 0; b < nb; ++b) {
+        const __m512 p = _mm512_set1_ps(s[b]);
+        for (int c = 0; c < NV; ++c) acc[c] = _mm512_fmadd_ps(p, _mm512_load_ps(wide + b * HD + 16 * c), acc[c]);
+      }
+      for (int c = 0; c < NV; ++c) _mm512_storeu_ps(out + 16 * c, acc[c]);
     }
   }
 }
@@ -372,18 +536,16 @@ void attend_task(const float* __restrict__ qf, const T* __restrict__ kh, const T
       }
     }
   }
+#if defined(__AVX512F__)
+  if constexpr (is_fp8_kv<T> && HD > 0 && HD % 16 == 0) {
+    for (int64_t g = 0; g < G; ++g) softmax_row(scores + g * L, L, mx[g], sm[g]);
+    pv_fp8_avx512<T, HD>(scores, vh, srow, L, G, part);
+    return;
+  }
+#endif
   for (int64_t g = 0; g < G; ++g) {
     float* __restrict__ s = scores + g * L;
-    float m = -std::numeric_limits<float>::infinity();
-    for (int64_t j = 0; j < L; ++j) m = s[j] > m ? s[j] : m;
-    float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < L; ++j) {
-      s[j] = vexp(s[j] - m);
-      sum += s[j];
-    }
-    mx[g] = m;
-    sm[g] = sum;
+    softmax_row(s, L, mx[g], sm[g]);
     float* __restrict__ out = part + g * Dv;
 #if defined(__AVX512F__)
     if constexpr (HD > 0 && HD % 16 == 0) {
@@ -410,17 +572,20 @@ void attend_task(const float* __restrict__ qf, const T* __restrict__ kh, const T
   }
 }
 
-template <typename T>
+// T: q's (and the output's) dtype; KV: the pool's element (T's storage, or an FP8 type). The
+// pool's per-layer scales are folded in: k_scale (times kv_unit) into q's scaling, v_scale into
+// the final normalisation, so the loops over K / V only widen.
+template <typename T, typename KV>
 void decode_attention_impl(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
-                           const at::Tensor& slots, const at::Tensor& lens, double scale,
-                           at::Tensor& out) {
+                           const at::Tensor& slots, const at::Tensor& lens, double scale, double k_scale,
+                           double v_scale, at::Tensor& out) {
   const int64_t n = q.size(0), H = q.size(1), D = q.size(2);
   const int64_t Hk = k_buf.size(0), rows = k_buf.size(1), Dv = v_buf.size(2);
   const int64_t G = H / Hk, max_len = slots.size(1);
   const int64_t sq0 = q.stride(0), sq1 = q.stride(1);
   const auto* qp = cptr<T>(q);
-  const auto* kp = cptr<T>(k_buf);
-  const auto* vp = cptr<T>(v_buf);
+  const auto* kp = static_cast<const KV*>(k_buf.data_ptr());
+  const auto* vp = static_cast<const KV*>(v_buf.data_ptr());
   const int64_t* sp = slots.data_ptr<int64_t>();
   const int64_t* lp = lens.data_ptr<int64_t>();
   auto* op = mptr<T>(out);
@@ -446,7 +611,8 @@ void decode_attention_impl(const at::Tensor& q, const at::Tensor& k_buf, const a
   const int64_t nt = static_cast<int64_t>(tasks.size());
   // per task and q head: unnormalised output [Dv], running max, sum of exp
   std::vector<float> part(nt * G * Dv), mx(nt * G), sm(nt * G);
-  const float fscale = static_cast<float>(scale);
+  const float fscale = static_cast<float>(scale * k_scale * kv_unit<KV>);
+  const float vmul = static_cast<float>(v_scale * kv_unit<KV>);
 
   at::parallel_for(0, nt, 1, [&](int64_t tb, int64_t te) {
     std::vector<float> qf(G * D), scores(G * std::min(split, max_len));
@@ -457,16 +623,16 @@ void decode_attention_impl(const at::Tensor& q, const at::Tensor& k_buf, const a
         for (int64_t d = 0; d < D; ++d) qf[g * D + d] = to_f(qrow[d]) * fscale;
       }
       const int64_t* srow = sp + task.req * max_len + task.begin;
-      const storage_t<T>* kh = kp + task.head * rows * D;
-      const storage_t<T>* vh = vp + task.head * rows * Dv;
+      const KV* kh = kp + task.head * rows * D;
+      const KV* vh = vp + task.head * rows * Dv;
       const int64_t L = task.end - task.begin;
       float* pt = part.data() + t * G * Dv;
       if (D == 64 && Dv == 64) {
-        attend_task<storage_t<T>, 64>(qf.data(), kh, vh, srow, L, G, D, Dv, scores.data(), pt, &mx[t * G], &sm[t * G]);
+        attend_task<KV, 64>(qf.data(), kh, vh, srow, L, G, D, Dv, scores.data(), pt, &mx[t * G], &sm[t * G]);
       } else if (D == 128 && Dv == 128) {
-        attend_task<storage_t<T>, 128>(qf.data(), kh, vh, srow, L, G, D, Dv, scores.data(), pt, &mx[t * G], &sm[t * G]);
+        attend_task<KV, 128>(qf.data(), kh, vh, srow, L, G, D, Dv, scores.data(), pt, &mx[t * G], &sm[t * G]);
       } else {
-        attend_task<storage_t<T>, 0>(qf.data(), kh, vh, srow, L, G, D, Dv, scores.data(), pt, &mx[t * G], &sm[t * G]);
+        attend_task<KV, 0>(qf.data(), kh, vh, srow, L, G, D, Dv, scores.data(), pt, &mx[t * G], &sm[t * G]);
       }
     }
   });
@@ -488,21 +654,43 @@ void decode_attention_impl(const at::Tensor& q, const at::Tensor& k_buf, const a
           for (int64_t d = 0; d < Dv; ++d) acc[d] += w * pt[d];
         }
         storage_t<T>* orow = op + (i * H + h * G + g) * Dv;
-        const float inv = 1.f / denom;
+        const float inv = vmul / denom;
         for (int64_t d = 0; d < Dv; ++d) orow[d] = from_f<storage_t<T>>(acc[d] * inv);
       }
     }
   });
 }
 
+inline bool is_fp8(at::ScalarType t) { return t == at::kFloat8_e4m3fn || t == at::kFloat8_e5m2; }
+
+// q's dtype T; the pool's: T's own, or FP8 (each element widened inside the loops)
+template <typename T>
+void decode_attention_kv(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
+                         const at::Tensor& slots, const at::Tensor& lens, double scale, double k_scale,
+                         double v_scale, at::Tensor& out) {
+  switch (k_buf.scalar_type()) {
+    case at::kFloat8_e4m3fn:
+      decode_attention_impl<T, fp8_e4m3>(q, k_buf, v_buf, slots, lens, scale, k_scale, v_scale, out);
+      break;
+    case at::kFloat8_e5m2:
+      decode_attention_impl<T, fp8_e5m2>(q, k_buf, v_buf, slots, lens, scale, k_scale, v_scale, out);
+      break;
+    default:
+      decode_attention_impl<T, storage_t<T>>(q, k_buf, v_buf, slots, lens, scale, k_scale, v_scale, out);
+  }
+}
+
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
-                            const at::Tensor& slots, const at::Tensor& lens, double scale) {
+                            const at::Tensor& slots, const at::Tensor& lens, double scale, double k_scale,
+                            double v_scale) {
   check_cpu_float(q, "q");
   TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1, "q must be [n, H, D] with contiguous D");
   TORCH_CHECK(k_buf.dim() == 3 && v_buf.dim() == 3 && k_buf.is_contiguous() && v_buf.is_contiguous(),
               "k_buf / v_buf must be contiguous head-major [Hk, rows, D]");
-  TORCH_CHECK(k_buf.scalar_type() == q.scalar_type() && v_buf.scalar_type() == q.scalar_type(),
-              "q, k_buf and v_buf must share a dtype");
+  TORCH_CHECK(k_buf.scalar_type() == v_buf.scalar_type() &&
+                  (k_buf.scalar_type() == q.scalar_type() || is_fp8(k_buf.scalar_type())),
+              "q, k_buf and v_buf must share a dtype (or k_buf / v_buf both float8_e4m3fn or float8_e5m2), got ",
+              q.scalar_type(), ", ", k_buf.scalar_type(), ", ", v_buf.scalar_type());
   TORCH_CHECK(k_buf.size(0) == v_buf.size(0) && k_buf.size(1) == v_buf.size(1), "k_buf / v_buf mismatch");
   TORCH_CHECK(q.size(2) == k_buf.size(2), "q and k head dims differ");
   TORCH_CHECK(q.size(1) % k_buf.size(0) == 0, "query heads must be a multiple of kv heads");
@@ -515,9 +703,9 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_buf, const 
   auto out = at::empty({q.size(0), q.size(1), v_buf.size(2)}, q.options());
   if (q.size(0) == 0) return out;
   if (q.scalar_type() == at::kFloat) {
-    decode_attention_impl<float>(q, k_buf, v_buf, slots, lens, scale, out);
+    decode_attention_kv<float>(q, k_buf, v_buf, slots, lens, scale, k_scale, v_scale, out);
   } else {
-    decode_attention_impl<at::BFloat16>(q, k_buf, v_buf, slots, lens, scale, out);
+    decode_attention_kv<at::BFloat16>(q, k_buf, v_buf, slots, lens, scale, k_scale, v_scale, out);
   }
   return out;
 }
@@ -845,7 +1033,11 @@ at::Tensor linear_f32out_packed(const at::Tensor& x, const at::Tensor& packed, i
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("isa", []() { return std::string(SGL_ISA_NAME); }, "the build (ISA name, kernels/cpu/isa.py) this module is");
   m.def("source_tag", []() { return std::string(SGL_CSRC_TAG); }, "hash of the csrc files it was built from");
-  m.def("decode_attention", &decode_attention, "decode attention over a head-major KV pool, in place");
+  m.def("decode_attention", &decode_attention,
+        "decode attention over a head-major KV pool, in place; an FP8 pool (float8_e4m3fn / float8_e5m2) is "
+        "widened as read, times k_scale / v_scale",
+        py::arg("q"), py::arg("k_buf"), py::arg("v_buf"), py::arg("slots"), py::arg("lens"), py::arg("scale"),
+        py::arg("k_scale") = 1.0, py::arg("v_scale") = 1.0);
   m.def("rms_norm", &rms_norm, "RMSNorm");
   m.def("add_rms_norm", &add_rms_norm, "residual add + RMSNorm -> (normed, new residual)");
   m.def("silu_and_mul", &silu_and_mul, "SwiGLU gate");

@@ -1,0 +1,166 @@
+"""decode_attention over an FP8 KV pool (kernels/cpu/csrc/sglang_cpu_ops.cpp: float8_e4m3fn /
+float8_e5m2 K / V widened inside the kernel, times the layer's k / v scales) against a torch
+reference that widens the rows first, on every build this CPU runs; and the `cpu` attention
+backend, which routes an FP8 pool to the kernel, against its torch path (same greedy tokens)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.kernels.cpu import isa, loader
+from sglang.srt.kernels.cpu import reference as ref
+from sglang.srt.layers.attention import cpu_backend
+from sglang.srt.mem_cache.kv_pool import MHATokenToKVPool
+from sglang.srt.models.registry import ModelRegistry
+from sglang.test.forward_helpers import ForwardHarness
+from sglang.test.tiny_models import TINY_LLAMA_DIR, randomize_parameters
+
+FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
+# float32 q: the same values (widening is exact), summation order and the folded scales differ;
+# bfloat16 q: one rounding of the output
+TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
+
+
+@pytest.fixture(scope="module", params=[v.name for v in isa.runnable_variants()])
+def ops(request):
+    result = loader.load_variant(request.param)
+    if result.module is None:
+        pytest.skip(f"CPU kernels: {result.reason} (test_cpu_kernels.py fails for a missing build)")
+    return result.module
+
+
+def _widened_reference(q, k_buf, v_buf, slots, lens, scale, k_scale, v_scale):
+    """Widen the whole pool (the copy the kernel avoids), scale it, attend in float32."""
+    return ref.decode_attention(q, k_buf.float() * k_scale, v_buf.float() * v_scale, slots, lens, scale)
+
+
+@pytest.mark.parametrize("fp8", FP8)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+# 64 / 128: the fixed-width vector paths; 40: AVX2's any-multiple-of-8 path, AVX-512's portable
+# one; 19: the portable path everywhere
+@pytest.mark.parametrize("head_dim", [64, 128, 40, 19])
+@pytest.mark.parametrize("heads", [(9, 3), (8, 1)])
+def test_fp8_decode_matches_widened_reference(ops, fp8, dtype, head_dim, heads):
+    """GQA, ragged lengths (1 included), scales != 1, scattered rows; with one KV head the
+    1500-token request is split into several tasks on any thread count."""
+    hq, hk = heads
+    g = torch.Generator().manual_seed(head_dim + hq)
+    rows = 3000
+    # * 3: e4m3's subnormals (< 2^-6) and its coarse top are both used
+    k_buf = (torch.randn(hk, rows, head_dim, generator=g) * 3).to(fp8)
+    v_buf = (torch.randn(hk, rows, head_dim, generator=g) * 3).to(fp8)
+    lens = torch.tensor([1, 37, 700, 5, 1500])
+    slots = torch.zeros(len(lens), int(lens.max()), dtype=torch.int64)
+    for i, n in enumerate(lens.tolist()):
+        slots[i, :n] = torch.randperm(rows - 1, generator=g)[:n] + 1
+    qkv = torch.randn(len(lens), (hq + 2 * hk) * head_dim, generator=g).to(dtype)
+    q = qkv[:, : hq * head_dim].view(len(lens), hq, head_dim)  # strided rows, as the model passes q
+    args = (q, k_buf, v_buf, slots, lens, head_dim**-0.5)
+    for k_scale, v_scale in ((0.37, 1.9), (1.0, 1.0)):
+        out = ops.decode_attention(*args, k_scale, v_scale)
+        want = _widened_reference(*args, k_scale, v_scale)
+        assert out.dtype == dtype and out.shape == want.shape
+        torch.testing.assert_close(out.float(), want.float(), atol=TOL[dtype], rtol=TOL[dtype])
+    # the scales are applied: k's changes the weights, v's the output
+    plain = ops.decode_attention(*args)
+    assert float((plain.float() - out.float()).abs().max()) == 0.0
+    assert float((ops.decode_attention(*args, 0.37, 1.9).float() - plain.float()).abs().max()) > 0.05
+
+
+@pytest.mark.parametrize("fp8", FP8)
+@pytest.mark.parametrize("head_dim", [128, 24, 20])
+def test_fp8_every_code_widens_exactly(ops, fp8, head_dim):
+    """One key (its softmax weight is exactly 1), zero K, every V code in some row: the float32
+    output is each code's value exactly (NaN codes stay NaN, e5m2's infinities stay infinite)."""
+    codes = torch.arange(256, dtype=torch.uint8)
+    n = -(-256 // head_dim)  # rows that hold every code
+    v_codes = codes.repeat(n)[: n * head_dim].view(1, n, head_dim)
+    v_buf = torch.cat([torch.zeros(1, 1, head_dim, dtype=torch.uint8), v_codes], dim=1).view(fp8)
+    k_buf = torch.zeros_like(v_buf)
+    slots = torch.arange(1, n + 1, dtype=torch.int64).view(n, 1)
+    q = torch.randn(n, 2, head_dim)
+    out = ops.decode_attention(q, k_buf, v_buf, slots, torch.ones(n, dtype=torch.int64), 0.125)
+    want = v_buf[0, 1:].float()[:, None, :].expand(n, 2, head_dim)
+    torch.testing.assert_close(out, want, rtol=0, atol=0, equal_nan=True)
+
+
+def test_fp8_decode_rejects_mixed_pools(ops):
+    q = torch.randn(2, 4, 8)
+    kb = torch.randn(2, 10, 8)
+    slots = torch.zeros(2, 3, dtype=torch.int64)
+    lens = torch.tensor([1, 2])
+    e4m3, e5m2 = kb.to(torch.float8_e4m3fn), kb.to(torch.float8_e5m2)
+    for k, v in ((e4m3, e5m2), (e4m3, kb), (kb, e5m2)):
+        with pytest.raises(RuntimeError, match="share a dtype"):
+            ops.decode_attention(q, k, v, slots, lens, 1.0)
+    assert ops.decode_attention(q, e5m2, e5m2, slots, lens, 1.0).dtype == torch.float32
+
+
+# ---------------------------------------------------------------------------- the backend
+class _Spy:
+    """The kernel module, recording the pool dtype of every decode_attention call."""
+
+    def __init__(self, module):
+        self.module, self.decode_dtypes = module, []
+
+    def __getattr__(self, name):
+        return getattr(self.module, name)
+
+    def decode_attention(self, q, k_buf, *args):
+        self.decode_dtypes.append(k_buf.dtype)
+        return self.module.decode_attention(q, k_buf, *args)
+
+
+@pytest.fixture(scope="module")
+def llama64():
+    """The tiny Llama with head dim 64 (the kernel's fixed-width vector path) and random weights."""
+    cfg = copy.deepcopy(ModelConfig(TINY_LLAMA_DIR).hf_config)
+    cfg.head_dim = 64
+    model = ModelRegistry.resolve(cfg.architectures)(cfg, None, torch.float32).eval()
+    with torch.no_grad():
+        randomize_parameters(model, seed=3, std=0.2)
+    return model, cfg
+
+
+def _greedy(model, cfg, kv_dtype, scales) -> tuple[list[int], torch.Tensor]:
+    """Two requests (16 and 6 prompt tokens) prefilled, then 8 batched greedy decode steps."""
+    pool = MHATokenToKVPool(256, 1, torch.float32, 2, 64, cfg.num_hidden_layers, kv_dtype=kv_dtype)
+    for layer in range(cfg.num_hidden_layers):
+        pool.set_kv_scales(layer, *scales)
+    h = ForwardHarness(cfg, max_total_tokens=256, max_context_len=128, attention_backend="cpu")
+    h.token_to_kv_pool = pool
+    g = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(3, cfg.vocab_size, (n,), generator=g).tolist() for n in (16, 6)]
+    a, b = h.new_request(), h.new_request()
+    logits = h.forward(model, [(a, prompts[0]), (b, prompts[1])]).next_token_logits
+    tokens, steps = [], []
+    for _ in range(8):
+        nxt = [int(t) for t in logits.argmax(dim=-1)]
+        tokens.extend(nxt)
+        logits = h.forward(model, [(a, [nxt[0]]), (b, [nxt[1]])]).next_token_logits
+        steps.append(logits)
+    return tokens, torch.stack(steps)
+
+
+@pytest.mark.parametrize("name", ["fp8_e4m3", "fp8_e5m2"])
+def test_backend_fp8_pool_fused_equals_torch_path(llama64, monkeypatch, name):
+    """`--kv-cache-dtype fp8_*` with the layer scales: the `cpu` backend's decode runs the fused
+    kernel on the 1-byte pool, and gives the greedy tokens (and logits, to float32 summation
+    order) of its torch path (gather + widen + SDPA)."""
+    module = loader.load()
+    if module is None:
+        pytest.skip("no CPU kernels here")
+    model, cfg = llama64
+    kv_dtype = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}[name]
+    spy = _Spy(module)
+    monkeypatch.setattr(cpu_backend, "kernels_for_device", lambda device: spy)
+    fused_tokens, fused_logits = _greedy(model, cfg, kv_dtype, (0.05, 0.03))
+    assert spy.decode_dtypes and set(spy.decode_dtypes) == {kv_dtype}
+    monkeypatch.setattr(cpu_backend, "kernels_for_device", lambda device: None)
+    torch_tokens, torch_logits = _greedy(model, cfg, kv_dtype, (0.05, 0.03))
+    assert fused_tokens == torch_tokens
+    torch.testing.assert_close(fused_logits, torch_logits, atol=1e-4, rtol=1e-4)
