@@ -1,7 +1,8 @@
 """decode_attention over an FP8 KV pool (kernels/cpu/csrc/sglang_cpu_ops.cpp: float8_e4m3fn /
-float8_e5m2 K / V widened inside the kernel, times the layer's k / v scales) against a torch
-reference that widens the rows first, on every build this CPU runs; and the `cpu` attention
-backend, which routes an FP8 pool to the kernel, against its torch path (same greedy tokens)."""
+float8_e5m2 K / V widened inside the kernel, times the layer's k / v scales) and
+prefill_attention_vec over an FP8 cached prefix, against a torch reference that widens the rows
+first, on every build this CPU runs; and the `cpu` attention backend, which routes an FP8 pool to
+the kernels, against its torch path (same greedy tokens)."""
 
 from __future__ import annotations
 
@@ -102,10 +103,11 @@ def test_fp8_decode_rejects_mixed_pools(ops):
 
 # ---------------------------------------------------------------------------- the backend
 class _Spy:
-    """The kernel module, recording the pool dtype of every decode_attention call."""
+    """The kernel module, recording the pool dtype of every decode_attention call and of every
+    prefill_attention_vec call over a cached prefix."""
 
     def __init__(self, module):
-        self.module, self.decode_dtypes = module, []
+        self.module, self.decode_dtypes, self.prefix_dtypes = module, [], []
 
     def __getattr__(self, name):
         return getattr(self.module, name)
@@ -113,6 +115,11 @@ class _Spy:
     def decode_attention(self, q, k_buf, *args):
         self.decode_dtypes.append(k_buf.dtype)
         return self.module.decode_attention(q, k_buf, *args)
+
+    def prefill_attention_vec(self, q, k, v, scale, k_cache=None, *args, **kwargs):
+        if k_cache is not None:
+            self.prefix_dtypes.append(k_cache.dtype)
+        return self.module.prefill_attention_vec(q, k, v, scale, k_cache, *args, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +134,8 @@ def llama64():
 
 
 def _greedy(model, cfg, kv_dtype, scales) -> tuple[list[int], torch.Tensor]:
-    """Two requests (16 and 6 prompt tokens) prefilled, then 8 batched greedy decode steps."""
+    """Request A: a 9-token chunk, then 7 more over its cached prefix beside request B's 6 fresh
+    tokens; then 8 batched greedy decode steps."""
     pool = MHATokenToKVPool(256, 1, torch.float32, 2, 64, cfg.num_hidden_layers, kv_dtype=kv_dtype)
     for layer in range(cfg.num_hidden_layers):
         pool.set_kv_scales(layer, *scales)
@@ -136,7 +144,8 @@ def _greedy(model, cfg, kv_dtype, scales) -> tuple[list[int], torch.Tensor]:
     g = torch.Generator().manual_seed(11)
     prompts = [torch.randint(3, cfg.vocab_size, (n,), generator=g).tolist() for n in (16, 6)]
     a, b = h.new_request(), h.new_request()
-    logits = h.forward(model, [(a, prompts[0]), (b, prompts[1])]).next_token_logits
+    h.forward(model, [(a, prompts[0][:9])])
+    logits = h.forward(model, [(a, prompts[0][9:]), (b, prompts[1])]).next_token_logits
     tokens, steps = [], []
     for _ in range(8):
         nxt = [int(t) for t in logits.argmax(dim=-1)]
@@ -148,8 +157,9 @@ def _greedy(model, cfg, kv_dtype, scales) -> tuple[list[int], torch.Tensor]:
 
 @pytest.mark.parametrize("name", ["fp8_e4m3", "fp8_e5m2"])
 def test_backend_fp8_pool_fused_equals_torch_path(llama64, monkeypatch, name):
-    """`--kv-cache-dtype fp8_*` with the layer scales: the `cpu` backend's decode runs the fused
-    kernel on the 1-byte pool, and gives the greedy tokens (and logits, to float32 summation
+    """`--kv-cache-dtype fp8_*` with the layer scales: the `cpu` backend's decode, and its float32
+    prefill of a chunk over a cached prefix where the build has the vector kernel, run the fused
+    kernels on the 1-byte pool, and give the greedy tokens (and logits, to float32 summation
     order) of its torch path (gather + widen + SDPA)."""
     module = loader.load()
     if module is None:
@@ -160,7 +170,38 @@ def test_backend_fp8_pool_fused_equals_torch_path(llama64, monkeypatch, name):
     monkeypatch.setattr(cpu_backend, "kernels_for_device", lambda device: spy)
     fused_tokens, fused_logits = _greedy(model, cfg, kv_dtype, (0.05, 0.03))
     assert spy.decode_dtypes and set(spy.decode_dtypes) == {kv_dtype}
+    if module.prefill_attention_vec_supported():
+        assert spy.prefix_dtypes and set(spy.prefix_dtypes) == {kv_dtype}
     monkeypatch.setattr(cpu_backend, "kernels_for_device", lambda device: None)
     torch_tokens, torch_logits = _greedy(model, cfg, kv_dtype, (0.05, 0.03))
     assert fused_tokens == torch_tokens
-    torch.testing.assert_close(fused_logits, torch_logits, atol=1e-4, rtol=1e-4)
+    # Not to 1e-5: each step writes its new K / V rounded to FP8, and a summation-order difference
+    # can move a value across a rounding boundary (e5m2 keeps 2 mantissa bits), which later steps
+    # carry (seen: 5e-2 after 8 steps). Unapplied scales (0.05 / 0.03) would differ by far more.
+    assert float((fused_logits - torch_logits).abs().max()) < 0.25
+
+
+# ---------------------------------------------------------------------------- prefill over an FP8 prefix
+@pytest.mark.parametrize("fp8", FP8)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_fp8_prefix_prefill_vec_matches_widened_reference(ops, fp8, dtype, head_dim):
+    """prefill_attention_vec: a chunk (fresh k / v in q's dtype) after a cached prefix read from
+    scattered rows of an FP8 pool, widened in the kernel times k_scale / v_scale."""
+    if not ops.prefill_attention_vec_supported():
+        pytest.skip(f"the {ops.isa()} build has no vector prefill path")
+    g = torch.Generator().manual_seed(head_dim)
+    hq, hk, rows, prefix = 6, 2, 700, 300
+    k_cache = (torch.randn(hk, rows, head_dim, generator=g) * 3).to(fp8)
+    v_cache = (torch.randn(hk, rows, head_dim, generator=g) * 3).to(fp8)
+    slots = torch.randperm(rows, generator=g)[:prefix]
+    for n in (1, 37):
+        q = torch.randn(n, hq, head_dim, generator=g).to(dtype)
+        k = torch.randn(n, hk, head_dim, generator=g).to(dtype)
+        v = torch.randn(n, hk, head_dim, generator=g).to(dtype)
+        got = ops.prefill_attention_vec(q, k, v, 0.125, k_cache, v_cache, slots, k_scale=0.37, v_scale=1.9)
+        want = ref.prefill_attention(q, k, v, 0.125, k_cache.float() * 0.37, v_cache.float() * 1.9, slots)
+        assert got.dtype == dtype
+        torch.testing.assert_close(got.float(), want.float(), atol=TOL[dtype], rtol=TOL[dtype])
+    with pytest.raises(RuntimeError, match="float8_e4m3fn / float8_e5m2"):
+        ops.prefill_attention_vec(q, k, v, 0.125, k_cache, v_cache.float().to(dtype), slots)

@@ -16,7 +16,8 @@ the reference's, inherited. Per batch (`CPUBatch.fast`, built on first use):
   fused `prefill_attention` for a bf16 model with head dim 64 (fresh, or a chunk over a cached
   prefix read from the pool in place); where attention computes in float32 (float32 models, and
   bf16 ones on CPUs without AMX: `prefill_attention_dtype`), the fused `prefill_attention_vec`
-  (AVX2 / AVX-512, head dim 64 or 128, same two forms); else SDPA, `is_causal` over the fresh k/v when there is no
+  (AVX2 / AVX-512, head dim 64 or 128, same two forms; it also reads a cached prefix from an FP8
+  pool, widened in the kernel); else SDPA, `is_causal` over the fresh k/v when there is no
   cached prefix, and with a cached prefix on CPU one unmasked call over the prefix plus one causal
   call over the chunk's fresh k/v, merged by their log-sum-exp (`ops.attend_prefix_and_chunk`;
   elsewhere an explicit causal mask offset by the prefix length over the whole KV).
@@ -157,13 +158,25 @@ def _build_metadata(fb: "ForwardBatch") -> CPUMetadata:
     )
 
 
+def _vec_fits(*tensors: torch.Tensor) -> bool:
+    """`vec_prefill_fits`, where the pool buffers (after q / k / v) may also be FP8: the kernel
+    widens their rows (times the layer's scales) as it copies them."""
+    pools = tensors[3:]
+    if not pools or not all(t.dtype in FP8_KV_DTYPES for t in pools):
+        return vec_prefill_fits(*tensors)
+    d = tensors[0].shape[-1]
+    return vec_prefill_fits(*tensors[:3]) and all(
+        t.shape[-1] == d and t.stride(-1) == 1 and t.stride(-2) == d for t in pools
+    )
+
+
 def _prefill_kernel(md: "CPUMetadata", compute_dtype: torch.dtype, *tensors: torch.Tensor) -> Optional[Any]:
     """The fused kernel that runs causal prefill attention over these tensors (q / k / v, and the
     pool buffers for a cached prefix), or None for SDPA: the AMX one for bf16 head dim 64 where the
     CPU has AMX; the float32 vector one where attention computes in float32 anyway."""
     if md.prefill_kernel and amx_prefill_fits(*tensors):
         return md.kernels.prefill_attention
-    if md.prefill_vec and compute_dtype == torch.float32 and vec_prefill_fits(*tensors):
+    if md.prefill_vec and compute_dtype == torch.float32 and _vec_fits(*tensors):
         return md.kernels.prefill_attention_vec
     return None
 
@@ -285,13 +298,23 @@ class CPUAttnBackend(TorchNativeAttnBackend):
             if k_cache is None:
                 k_cache, v_cache = head_major_kv(fb.token_to_kv_pool, layer.layer_id)
                 k_scale, v_scale = kv_scales(fb.token_to_kv_pool, layer.layer_id)
+                # an FP8 pool (only the vector kernel takes one) is widened in the kernel, * scale
+                fp8 = dict(k_scale=k_scale, v_scale=v_scale) if k_cache.dtype in FP8_KV_DTYPES else {}
                 if k_cache.is_contiguous() and v_cache.is_contiguous():
                     cached_kernel = _prefill_kernel(md, cdt, q3, k3, v3, k_cache, v_cache)
             if cached_kernel is not None:
                 s, e = item.start, item.end
                 prefix_slots = item.kv_indices[: item.kv_indices.shape[0] - (e - s)]
                 cached_kernel(
-                    q3[s:e], k3[s:e], v3[s:e], layer.scaling, k_cache, v_cache, prefix_slots, out=out[s:e]
+                    q3[s:e],
+                    k3[s:e],
+                    v3[s:e],
+                    layer.scaling,
+                    k_cache,
+                    v_cache,
+                    prefix_slots,
+                    out=out[s:e],
+                    **fp8,
                 )
                 continue
             if item.prefix_source is not None and lse_kernel_available(qi):

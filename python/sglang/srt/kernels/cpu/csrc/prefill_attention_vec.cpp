@@ -14,7 +14,9 @@
 //
 // Inputs: the fresh q / k / v of one sequence ([n, heads, D] rows, any row stride; D = 64 or
 // 128), optionally after a cached prefix read from head-major pool buffers [Hk, rows, D] at the
-// given slots, copied (bf16: widened) once per kv head into contiguous float32 rows. One parallel
+// given slots, copied (bf16: widened) once per kv head into contiguous float32 rows; the pool may
+// also be FP8 (float8_e4m3fn / float8_e5m2, `--kv-cache-dtype fp8_*`), its rows widened (fp8_kv.h)
+// times the layer's k / v scale in that copy. One parallel
 // region per kv head, whose threads take the tasks of its G q heads one at a time from a shared
 // counter, longest first (the last rows see the most keys): the threads finish together even
 // when one of them runs slower (a core shared with another process). For bf16 inputs p = 2^x
@@ -32,6 +34,8 @@
 #include <limits>
 #include <optional>
 #include <type_traits>
+
+#include "fp8_kv.h"
 
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
 #define SGL_PAV_512 1
@@ -251,21 +255,35 @@ inline void narrow(float x, uint16_t* dst) {  // round to nearest even; NaN stay
   *dst = static_cast<uint16_t>(x != x ? 0x7FC0u : (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 
-// Where the keys / values of one kv head are: fresh rows (strided) after prefix rows (pool slots).
-template <typename S>
+// Where the keys / values of one kv head are: fresh rows (strided) after prefix rows (pool slots)
+// of type C: S, or an FP8 code (widened times `scale`, the pool's layer scale).
+template <typename S, typename C = S>
 struct KVRows {
   const S* fresh;
   int64_t fresh_stride;
-  const S* cache;  // head-major [Hk, cache_rows, D]; nullptr without a prefix
+  const C* cache;  // head-major [Hk, cache_rows, D]; nullptr without a prefix
   const int64_t* slots;
   int64_t prefix;
-  const S* row(int64_t key, int64_t h, int64_t cache_rows, int D) const {
-    return key < prefix ? cache + (h * cache_rows + slots[key]) * D : fresh + (key - prefix) * fresh_stride + h * D;
+  float scale = 1.f;
+  // key's row of kv head h as float32 into dst[0..D)
+  void widen_row(int64_t key, int64_t h, int64_t cache_rows, int D, float* __restrict__ dst) const {
+    if (key >= prefix) {
+      const S* r = fresh + (key - prefix) * fresh_stride + h * D;
+      for (int d = 0; d < D; ++d) dst[d] = widen(r[d]);
+      return;
+    }
+    const C* r = cache + (h * cache_rows + slots[key]) * D;
+    if constexpr (sgl_fp8::is_fp8_kv<C>) {
+      const float mul = scale * sgl_fp8::kv_unit<C>;
+      for (int d = 0; d < D; ++d) dst[d] = sgl_fp8::to_f(r[d]) * mul;
+    } else {
+      for (int d = 0; d < D; ++d) dst[d] = widen(r[d]);
+    }
   }
 };
 
-template <typename S, int D>
-void run(const S* q, int64_t sq0, const KVRows<S>& ks, const KVRows<S>& vs, int64_t cache_rows, int64_t n, int64_t H,
+template <typename S, typename C, int D>
+void run(const S* q, int64_t sq0, const KVRows<S, C>& ks, const KVRows<S, C>& vs, int64_t cache_rows, int64_t n, int64_t H,
          int64_t Hk, float scale, S* out, int64_t so0) {
   constexpr int N = Vec::N;
   const int64_t P = ks.prefix, L = P + n, G = H / Hk;
@@ -280,12 +298,8 @@ void run(const S* q, int64_t sq0, const KVRows<S>& ks, const KVRows<S>& vs, int6
     // float32: strided fresh rows and scattered pool rows read slower in the loops than a copy)
     at::parallel_for(0, L, 64, [&](int64_t b, int64_t e) {
       for (int64_t key = b; key < e; ++key) {
-        const S* krow = ks.row(key, h, cache_rows, D);
-        const S* vrow = vs.row(key, h, cache_rows, D);
-        float* kd = kf.data() + key * D;
-        float* vd = vf.data() + key * D;
-        for (int d = 0; d < D; ++d) kd[d] = widen(krow[d]);
-        for (int d = 0; d < D; ++d) vd[d] = widen(vrow[d]);
+        ks.widen_row(key, h, cache_rows, D, kf.data() + key * D);
+        vs.widen_row(key, h, cache_rows, D, vf.data() + key * D);
       }
     });
     const int64_t ntasks = G * nqb;
@@ -334,7 +348,8 @@ bool prefill_attention_vec_supported() {
 
 at::Tensor prefill_attention_vec(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                                  const std::optional<at::Tensor>& k_cache, const std::optional<at::Tensor>& v_cache,
-                                 const std::optional<at::Tensor>& prefix_slots, const std::optional<at::Tensor>& out_opt) {
+                                 const std::optional<at::Tensor>& prefix_slots, const std::optional<at::Tensor>& out_opt,
+                                 double k_scale, double v_scale) {
   TORCH_CHECK(prefill_attention_vec_supported(), "prefill_attention_vec: this build has no AVX2 / AVX-512 path");
 #if defined(SGL_PAV_512) || defined(SGL_PAV_256)
   using namespace sgl_pav;
@@ -359,9 +374,13 @@ at::Tensor prefill_attention_vec(const at::Tensor& q, const at::Tensor& k, const
   if (has_prefix) {
     TORCH_CHECK(k_cache.has_value() && v_cache.has_value(), "prefill_attention_vec: prefix_slots needs k_cache / v_cache");
     for (const at::Tensor* c : {&*k_cache, &*v_cache}) {
-      TORCH_CHECK(c->scalar_type() == dt && c->dim() == 3 && c->is_contiguous() && c->size(0) == Hk && c->size(2) == D &&
+      TORCH_CHECK(c->scalar_type() == k_cache->scalar_type() &&
+                      (c->scalar_type() == dt || c->scalar_type() == at::kFloat8_e4m3fn ||
+                       c->scalar_type() == at::kFloat8_e5m2) &&
+                      c->dim() == 3 && c->is_contiguous() && c->size(0) == Hk && c->size(2) == D &&
                       c->size(1) == k_cache->size(1),
-                  "prefill_attention_vec: caches must be contiguous head-major [Hk, rows, D] of q's dtype");
+                  "prefill_attention_vec: caches must be contiguous head-major [Hk, rows, D] of q's dtype (or both "
+                  "float8_e4m3fn / float8_e5m2)");
     }
     TORCH_CHECK(prefix_slots->scalar_type() == at::kLong && prefix_slots->dim() == 1 && prefix_slots->is_contiguous(),
                 "prefill_attention_vec: prefix_slots must be contiguous int64 [P]");
@@ -383,22 +402,36 @@ at::Tensor prefill_attention_vec(const at::Tensor& q, const at::Tensor& k, const
   }
   if (n == 0) return out;
   const float fscale = static_cast<float>(scale);
-  auto launch = [&](auto tag) {
+  const at::ScalarType cdt = has_prefix ? k_cache->scalar_type() : dt;
+  auto launch = [&](auto tag, auto ctag) {
     using S = decltype(tag);
+    using C = decltype(ctag);
     const auto ptr = [](const at::Tensor& t) { return reinterpret_cast<const S*>(t.data_ptr()); };
-    const KVRows<S> ks{ptr(k), k.stride(0), has_prefix ? ptr(*k_cache) : nullptr, slots, P};
-    const KVRows<S> vs{ptr(v), v.stride(0), has_prefix ? ptr(*v_cache) : nullptr, slots, P};
+    const auto cptr = [&](const std::optional<at::Tensor>& t) {
+      return has_prefix ? reinterpret_cast<const C*>(t->data_ptr()) : nullptr;
+    };
+    const KVRows<S, C> ks{ptr(k), k.stride(0), cptr(k_cache), slots, P, static_cast<float>(k_scale)};
+    const KVRows<S, C> vs{ptr(v), v.stride(0), cptr(v_cache), slots, P, static_cast<float>(v_scale)};
     S* o = reinterpret_cast<S*>(out.data_ptr());
     if (D == 64) {
-      run<S, 64>(ptr(q), q.stride(0), ks, vs, cache_rows, n, H, Hk, fscale, o, out.stride(0));
+      run<S, C, 64>(ptr(q), q.stride(0), ks, vs, cache_rows, n, H, Hk, fscale, o, out.stride(0));
     } else {
-      run<S, 128>(ptr(q), q.stride(0), ks, vs, cache_rows, n, H, Hk, fscale, o, out.stride(0));
+      run<S, C, 128>(ptr(q), q.stride(0), ks, vs, cache_rows, n, H, Hk, fscale, o, out.stride(0));
+    }
+  };
+  auto launch_cache = [&](auto tag) {
+    if (cdt == at::kFloat8_e4m3fn) {
+      launch(tag, sgl_fp8::fp8_e4m3{});
+    } else if (cdt == at::kFloat8_e5m2) {
+      launch(tag, sgl_fp8::fp8_e5m2{});
+    } else {
+      launch(tag, tag);
     }
   };
   if (dt == at::kFloat) {
-    launch(float{});
+    launch_cache(float{});
   } else {
-    launch(uint16_t{});
+    launch_cache(uint16_t{});
   }
   return out;
 #else

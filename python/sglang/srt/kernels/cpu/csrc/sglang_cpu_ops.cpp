@@ -50,6 +50,8 @@
 #include <string>
 #include <vector>
 
+#include "fp8_kv.h"
+
 namespace {
 
 inline float to_f(float x) { return x; }
@@ -91,52 +93,13 @@ inline uint16_t from_f<uint16_t>(float x) {
   return static_cast<uint16_t>(x != x ? 0x7FC0u : rounded);
 }
 
-// FP8 KV cache elements (`--kv-cache-dtype fp8_e4m3 / fp8_e5m2`; decode attention reads them), as their
-// bits. Both widen exactly through float16 bits: e5m2 is the top byte of a float16; e4m3 (bias 7,
-// no infinities, S.1111.111 is NaN) moved 7 bits left is a float16 (bias 15) of 2^-8 times its value
-// (normal and subnormal alike), with the NaN code given an all-ones exponent. to_f of an e4m3 is
-// therefore value * 2^-8 on every path (scalar table and vector loads alike): the kernel multiplies
-// it back by kv_unit<KV> = 256, folded into its scales (no multiply in the loops).
-struct fp8_e4m3 {
-  uint8_t bits;
-};
-struct fp8_e5m2 {
-  uint8_t bits;
-};
-template <typename KV>
-constexpr float kv_unit = 1.f;
-template <>
-constexpr float kv_unit<fp8_e4m3> = 256.f;
-
-template <typename KV>
-constexpr bool is_fp8_kv = std::is_same_v<KV, fp8_e4m3> || std::is_same_v<KV, fp8_e5m2>;
+// FP8 KV elements and their exact scalar widening (fp8_kv.h; e4m3 reads as 2^-8 times its value)
+using sgl_fp8::fp8_e4m3;
+using sgl_fp8::fp8_e5m2;
+using sgl_fp8::is_fp8_kv;
+using sgl_fp8::kv_unit;
+using sgl_fp8::to_f;
 constexpr int64_t kPvBlock = 16;  // FP8 V rows widened per block (a float32 scratch of 16 rows)
-
-constexpr uint16_t e4m3_half_bits(uint32_t b) {
-  const uint32_t h = ((b & 0x80u) << 8) | ((b & 0x7Fu) << 7);
-  return static_cast<uint16_t>((b & 0x7Fu) == 0x7Fu ? h | 0x7C00u : h);
-}
-constexpr float half_bits_to_f(uint32_t h) {
-  const uint32_t sign = (h & 0x8000u) << 16, e = (h >> 10) & 31u, m = h & 1023u;
-  if (e == 31u) return __builtin_bit_cast(float, sign | 0x7F800000u | (m << 13));  // inf / NaN
-  if (e == 0u) {  // subnormal: m * 2^-24
-    const float v = static_cast<float>(m) * 5.9604644775390625e-08f;
-    return sign ? -v : v;
-  }
-  return __builtin_bit_cast(float, sign | ((e + 112u) << 23) | (m << 13));
-}
-struct Fp8Table {
-  float v[256];
-};
-constexpr Fp8Table fp8_table(bool e4m3) {
-  Fp8Table t{};
-  for (uint32_t b = 0; b < 256; ++b) t.v[b] = half_bits_to_f(e4m3 ? e4m3_half_bits(b) : b << 8);
-  return t;
-}
-constexpr Fp8Table kE4M3 = fp8_table(true);
-constexpr Fp8Table kE5M2 = fp8_table(false);
-inline float to_f(fp8_e4m3 x) { return kE4M3.v[x.bits]; }
-inline float to_f(fp8_e5m2 x) { return kE5M2.v[x.bits]; }
 
 // Storage type of a tensor dtype in the kernels (bfloat16 -> its bits) and typed data pointers.
 template <typename T>
@@ -1024,7 +987,8 @@ at::Tensor prefill_attention(const at::Tensor&, const at::Tensor&, const at::Ten
 bool prefill_attention_vec_supported();
 at::Tensor prefill_attention_vec(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                                  const std::optional<at::Tensor>& k_cache, const std::optional<at::Tensor>& v_cache,
-                                 const std::optional<at::Tensor>& prefix_slots, const std::optional<at::Tensor>& out);
+                                 const std::optional<at::Tensor>& prefix_slots, const std::optional<at::Tensor>& out,
+                                 double k_scale, double v_scale);
 
 // linear_f32out_packed.cpp (every build): x . W^T in float32 from a packed bf16 weight
 at::Tensor linear_f32out_packed(const at::Tensor& x, const at::Tensor& packed, int64_t N,
@@ -1054,7 +1018,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "whether prefill_attention_vec runs in this build (AVX2 / AVX-512)");
   m.def("prefill_attention_vec", &prefill_attention_vec,
         "causal attention of one sequence's new tokens in float32 on AVX2 / AVX-512 (float32 or bf16, head dim 64 "
-        "or 128), over an optional cached prefix",
+        "or 128), over an optional cached prefix (of q's dtype, or FP8 widened times k_scale / v_scale)",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scale"), py::arg("k_cache") = py::none(),
-        py::arg("v_cache") = py::none(), py::arg("prefix_slots") = py::none(), py::arg("out") = py::none());
+        py::arg("v_cache") = py::none(), py::arg("prefix_slots") = py::none(), py::arg("out") = py::none(),
+        py::arg("k_scale") = 1.0, py::arg("v_scale") = 1.0);
 }
