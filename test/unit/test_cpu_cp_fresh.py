@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from sglang.srt.layers.attention.cpu_backend import CPUAttnBackend
-from sglang.srt.layers.attention.cpu_cp_fresh import contiguous_runs, fused_fresh_attention
-from sglang.srt.layers.attention.ops import causal_attention_lse
+from sglang.srt.layers.attention.cpu_cp_fresh import fused_fresh_attention
+from sglang.srt.layers.attention.ops import causal_attention_lse, contiguous_runs
 from sglang.srt.layers.attention.torch_native import TorchNativeAttnBackend
 from sglang.srt.platforms.kernel_dispatch import kernels_for_device
 

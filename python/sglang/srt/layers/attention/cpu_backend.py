@@ -158,25 +158,13 @@ def _build_metadata(fb: "ForwardBatch") -> CPUMetadata:
     )
 
 
-def _vec_fits(*tensors: torch.Tensor) -> bool:
-    """`vec_prefill_fits`, where the pool buffers (after q / k / v) may also be FP8: the kernel
-    widens their rows (times the layer's scales) as it copies them."""
-    pools = tensors[3:]
-    if not pools or not all(t.dtype in FP8_KV_DTYPES for t in pools):
-        return vec_prefill_fits(*tensors)
-    d = tensors[0].shape[-1]
-    return vec_prefill_fits(*tensors[:3]) and all(
-        t.shape[-1] == d and t.stride(-1) == 1 and t.stride(-2) == d for t in pools
-    )
-
-
 def _prefill_kernel(md: "CPUMetadata", compute_dtype: torch.dtype, *tensors: torch.Tensor) -> Optional[Any]:
     """The fused kernel that runs causal prefill attention over these tensors (q / k / v, and the
     pool buffers for a cached prefix), or None for SDPA: the AMX one for bf16 head dim 64 where the
     CPU has AMX; the float32 vector one where attention computes in float32 anyway."""
     if md.prefill_kernel and amx_prefill_fits(*tensors):
         return md.kernels.prefill_attention
-    if md.prefill_vec and compute_dtype == torch.float32 and _vec_fits(*tensors):
+    if md.prefill_vec and compute_dtype == torch.float32 and vec_prefill_fits(*tensors):
         return md.kernels.prefill_attention_vec
     return None
 

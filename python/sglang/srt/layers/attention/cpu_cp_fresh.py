@@ -16,6 +16,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from sglang.srt.layers.attention.ops import contiguous_runs
 from sglang.srt.layers.attention.cpu_kernel_fits import amx_prefill_fits, vec_prefill_fits
 from sglang.srt.platforms.kernel_dispatch import kernels_for_device, prefill_attention_dtype
 
@@ -23,16 +24,6 @@ from sglang.srt.platforms.kernel_dispatch import kernels_for_device, prefill_att
 FreshAttention = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], Optional[torch.Tensor]
 ]
-
-
-def contiguous_runs(positions: list[int]) -> list[tuple[int, int]]:
-    """[start, end) index ranges of `positions` whose values are consecutive integers."""
-    runs, start = [], 0
-    for i in range(1, len(positions) + 1):
-        if i == len(positions) or positions[i] != positions[i - 1] + 1:
-            runs.append((start, i))
-            start = i
-    return runs if positions else []
 
 
 def _kernel_for(kernels: Any, q: torch.Tensor, *tensors: torch.Tensor) -> Optional[Any]:

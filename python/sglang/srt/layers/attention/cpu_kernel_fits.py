@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from sglang.srt.mem_cache.kv_pool import FP8_KV_DTYPES
+
 
 def amx_prefill_fits(*tensors: torch.Tensor) -> bool:
     """Whether the fused `prefill_attention` covers these tensors: bf16 with head dim 64, the
@@ -18,7 +20,15 @@ def amx_prefill_fits(*tensors: torch.Tensor) -> bool:
 
 def vec_prefill_fits(*tensors: torch.Tensor) -> bool:
     """Whether the fused float32 `prefill_attention_vec` covers these tensors: one dtype (float32
-    or bf16), head dim 64 or 128, the values of a head contiguous (as `amx_prefill_fits`)."""
+    or bf16), head dim 64 or 128, the values of a head contiguous (as `amx_prefill_fits`). The pool
+    buffers of a cached prefix (after q / k / v) may instead both be FP8 of q's head dim: the
+    kernel widens their rows (times the layer's scales) as it copies them."""
+    pools = tensors[3:]
+    if pools and all(t.dtype in FP8_KV_DTYPES for t in pools):
+        d = tensors[0].shape[-1]
+        return vec_prefill_fits(*tensors[:3]) and all(
+            t.shape[-1] == d and t.stride(-1) == 1 and t.stride(-2) == d for t in pools
+        )
     dtype = tensors[0].dtype
     return dtype in (torch.float32, torch.bfloat16) and all(
         t.dtype == dtype and t.shape[-1] in (64, 128) and t.stride(-1) == 1 and t.stride(-2) == t.shape[-1]

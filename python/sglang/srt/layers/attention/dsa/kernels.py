@@ -33,6 +33,8 @@ from typing import Optional
 
 import torch
 
+from sglang.srt.layers.attention.ops import contiguous_runs
+
 INSTALL_HINT = (
     "the DSA ops need the sgl-kernel-npu package, which is not installed (it is not on PyPI): install it "
     "from the SGLang checkout with `pip install --no-build-isolation -e ./sgl-kernel-npu` (`make setup` does)"
@@ -48,16 +50,6 @@ def dsa_ops(module: str = "sgl_kernel_npu") -> ModuleType:
         if (exc.name or "").split(".")[0] != "sgl_kernel_npu":
             raise
         raise ImportError(f"{INSTALL_HINT} ({exc})") from exc
-
-
-def _runs(q_pos: list[int]) -> list[tuple[int, int]]:
-    """[start, end) index ranges of consecutive positions."""
-    out, start = [], 0
-    for i in range(1, len(q_pos) + 1):
-        if i == len(q_pos) or q_pos[i] != q_pos[i - 1] + 1:
-            out.append((start, i))
-            start = i
-    return out
 
 
 class DSAKernels:
@@ -157,7 +149,7 @@ class DSAKernels:
     # ------------------------------------------------------------------ context parallelism
     def _run_layout(self, q_pos: torch.Tensor, total: int):
         pos = q_pos.tolist()
-        runs = _runs(pos)
+        runs = contiguous_runs(pos)
         cu = torch.tensor([e for _, e in runs], dtype=torch.int32)
         kv_lens = torch.tensor([int(pos[e - 1]) + 1 for _, e in runs], dtype=torch.int32)
         table = torch.zeros((len(runs), 1), dtype=torch.int32)  # one block holding the whole sequence

@@ -12,13 +12,18 @@ and, where installed, `sgl_kernel_npu`, whose merge_attn_states is the one LSE m
 from sglang.srt.layers.attention.ops.mask import causal_mask
 from sglang.srt.layers.attention.ops.lse import attention_with_lse, lse_kernel_available, sdpa_lse
 from sglang.srt.layers.attention.ops.merge import merge_state
-from sglang.srt.layers.attention.ops.causal import attend_prefix_and_chunk, causal_attention_lse
+from sglang.srt.layers.attention.ops.causal import (
+    attend_prefix_and_chunk,
+    causal_attention_lse,
+    contiguous_runs,
+)
 
 __all__ = [
     "attend_prefix_and_chunk",
     "attention_with_lse",
     "causal_attention_lse",
     "causal_mask",
+    "contiguous_runs",
     "lse_kernel_available",
     "merge_state",
     "sdpa_lse",

@@ -24,6 +24,16 @@ MAX_GAP = 64  # a jump in query positions larger than this starts a new block
 MIN_RUN = 32  # a contiguous run of at least this many positions is a block of its own
 
 
+def contiguous_runs(positions: list[int]) -> list[tuple[int, int]]:
+    """[start, end) index ranges of `positions` whose values are consecutive integers."""
+    runs, start = [], 0
+    for i in range(1, len(positions) + 1):
+        if i == len(positions) or positions[i] != positions[i - 1] + 1:
+            runs.append((start, i))
+            start = i
+    return runs
+
+
 def _blocks(
     q_pos: list[int], block: int, max_gap: int = MAX_GAP, min_run: int = MIN_RUN
 ) -> list[tuple[int, int]]:
