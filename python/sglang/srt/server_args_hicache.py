@@ -40,7 +40,7 @@ class HiCacheArgs:
     hicache_storage_backend: str = arg(
         "none",
         "L3 storage tier: none, file (a directory: SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR or the extra "
-        "config's file_path); mooncake is not built yet.",
+        "config's file_path) or mooncake (a Mooncake store: the extra config's master_server_address).",
         G_MEMORY,
         choices=STORAGE_BACKENDS,
     )
@@ -51,7 +51,10 @@ class HiCacheArgs:
         choices=PREFETCH_POLICIES,
     )
     hicache_storage_backend_extra_config: str = arg(
-        "", 'JSON object for the storage backend, e.g. {"file_path": "/data/hicache"}.', G_MEMORY
+        "",
+        'JSON object for the storage backend, e.g. {"file_path": "/data/hicache"} or '
+        '{"master_server_address": "10.0.0.1:50051"} (docs/hicache.md).',
+        G_MEMORY,
     )
 
 
@@ -78,7 +81,9 @@ def validate_hicache(args: Any) -> None:
             raise ValueError("--hicache-storage-backend needs --enable-hierarchical-cache")
         return
     if args.hicache_storage_backend == "mooncake":
-        raise ValueError("--hicache-storage-backend mooncake is not built yet (issue 31); use file")
+        from sglang.srt.mem_cache.hicache.mooncake_config import mooncake_config
+
+        mooncake_config(json.loads(args.hicache_storage_backend_extra_config or "{}"))  # ValueError by key
     unsupported = {
         "--disable-radix-cache": args.disable_radix_cache,
         # stages hold different layers, so a size in GB gives each stage another token count

@@ -2,8 +2,8 @@
 
 Sizes: the host tier holds `--hicache-size` GB (per rank), else `--hicache-ratio` × the KV pool's
 tokens. The file backend's directory: the extra config's `file_path`, else
-`SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR`, else `/tmp/hicache`; one file holds `page_tokens`
-tokens (extra config, default 64). `layout_id` names this rank's place in the model (tp
+`SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR`, else `/tmp/hicache`; the `mooncake` backend's
+store: `mooncake_config.py`. One storage page holds `page_tokens` tokens (extra config, default 64). `layout_id` names this rank's place in the model (tp
 rank/size, pp stage, cp rank and layout, dtype, layers): it goes into the storage namespace with
 `model_identity`, the page size and the KV buffers' shapes. A later pipeline stage builds the
 same tiers for its layers as a `StageTiers` (pipeline.py).
@@ -20,6 +20,9 @@ from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.hicache.file_storage import FileStorage
 from sglang.srt.mem_cache.hicache.hiradix_cache import HiRadixCache
 from sglang.srt.mem_cache.hicache.host_pool import CPShard, HostKVPool, TokenLayout, kv_token_buffers
+from sglang.srt.mem_cache.hicache.mooncake_config import mooncake_config
+from sglang.srt.mem_cache.hicache.mooncake_storage import MooncakeStorage
+from sglang.srt.mem_cache.hicache.page_store import PageStore
 from sglang.srt.mem_cache.hicache.pipeline import StageTiers
 from sglang.srt.mem_cache.radix_cache import RadixCache
 
@@ -77,11 +80,20 @@ def _tiers(args: Any, kv_pool: Any, device_tokens: int, place: RankPlace):
     host = HostKVPool(
         buffers, host_pool_tokens(args, device_tokens, layout.token_bytes(), page, cp), page, shard=shard
     )
-    storage = None
+    return host, _storage(
+        args, f"{model_identity(args)}|{place.layout_id}|page{page}|{layout.describe()}", host
+    )
+
+
+def _storage(args: Any, namespace: str, host: HostKVPool) -> Optional[PageStore]:
+    """The rank's L3 backend (None without one); `namespace` names its model and layout."""
+    tokens = storage_page_tokens(args, host.page_size)
     if args.hicache_storage_backend == "file":
-        namespace = f"{model_identity(args)}|{place.layout_id}|page{page}|{layout.describe()}"
-        storage = FileStorage(storage_dir(args), namespace, storage_page_tokens(args, page))
-    return host, storage
+        return FileStorage(storage_dir(args), namespace, tokens)
+    if args.hicache_storage_backend == "mooncake":
+        config = mooncake_config(json.loads(args.hicache_storage_backend_extra_config or "{}"))
+        return MooncakeStorage(config, namespace, tokens, host.page_bytes(tokens))
+    return None
 
 
 def create_prefix_cache(

@@ -1,10 +1,8 @@
 """The L3 `file` backend: one file per KV page in a directory (local or shared).
 
-A page's name is the hash chain of the tokens up to and including it, seeded with a namespace
-(model identity and layout: tp rank/size, pp stage, cp rank, dtype, page size, buffer shapes), so
-servers of another model or layout never read it. A namespace's pages live under a folder of its
-own (`<directory>/<namespace hash[:16]>/<name[:2]>/<name>.kv`), so `clear()` removes one rank's
-pages and nobody else's. Each file is `MAGIC + sha256(payload) + payload`, written to a
+Pages are named and checksummed as `page_store.py` describes. A namespace's pages live under a
+folder of its own (`<directory>/<namespace hash[:16]>/<name[:2]>/<name>.kv`), so `clear()` removes
+one rank's pages and nobody else's. Each file is a framed page (`page_store.frame`), written to a
 temporary name of the writer's own (process and thread) and renamed over the page atomically, so
 servers or attention-DP replicas sharing a directory may write one page at the same time (the
 bytes are equal: the name fixes the tokens and layout). A file that is missing, short or fails its
@@ -14,51 +12,30 @@ removed): the caller recomputes, and writes the page again. Nothing here raises 
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import shutil
 import threading
-from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional
+
+from sglang.srt.mem_cache.hicache.page_store import PageStore, StorageStats, frame, unframe
+
+__all__ = ["FileStorage", "StorageStats"]
 
 logger = logging.getLogger(__name__)
 
-MAGIC = b"SGLKV1\n"
-_DIGEST = 32
 
-
-@dataclass
-class StorageStats:
-    pages_written: int = 0
-    pages_read: int = 0
-    read_failures: int = 0  # checksum, short file, unreadable: recomputed
-    write_failures: int = 0
-
-
-class FileStorage:
+class FileStorage(PageStore):
     def __init__(self, directory: str, namespace: str, page_size: int):
+        super().__init__(namespace, page_size)
         self.directory = directory
-        self.page_size = page_size
-        self.namespace = namespace
-        self._seed = hashlib.sha256(namespace.encode()).digest()
         self.root = os.path.join(directory, self._seed.hex()[:16])  # this namespace's pages
-        self.stats = StorageStats()
         try:
             os.makedirs(self.root, exist_ok=True)
         except OSError as e:
             logger.warning(
                 "HiCache file storage: cannot create %s (%s); writes will be retried", directory, e
             )
-
-    def page_hashes(self, tokens: Sequence[int], num_pages: int) -> list[str]:
-        """Names of the first `num_pages` pages of `tokens` (each chained on the previous)."""
-        out, prev, ps = [], self._seed, self.page_size
-        for i in range(num_pages):
-            page = ",".join(str(int(t)) for t in tokens[i * ps : (i + 1) * ps]).encode()
-            prev = hashlib.sha256(prev + page).digest()
-            out.append(prev.hex())
-        return out
 
     def _path(self, name: str) -> str:
         return os.path.join(self.root, name[:2], name + ".kv")
@@ -72,7 +49,7 @@ class FileStorage:
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(tmp, "wb") as f:
-                f.write(MAGIC + hashlib.sha256(payload).digest() + payload)
+                f.write(frame(payload))
             os.replace(tmp, path)
         except OSError as e:
             self.stats.write_failures += 1
@@ -91,12 +68,9 @@ class FileStorage:
             return None
         except OSError as e:
             return self._failed(name, f"unreadable ({e})")
-        head = len(MAGIC) + _DIGEST
-        if len(data) < head or not data.startswith(MAGIC):
-            return self._failed(name, "bad header")
-        payload = data[head:]
-        if hashlib.sha256(payload).digest() != data[len(MAGIC) : head]:
-            return self._failed(name, "checksum mismatch")
+        payload, why = unframe(data)
+        if payload is None:
+            return self._failed(name, why)
         self.stats.pages_read += 1
         return payload
 

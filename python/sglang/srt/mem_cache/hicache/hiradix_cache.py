@@ -1,7 +1,7 @@
 """HiRadixCache: the radix cache with an L2 host tier and an optional L3 storage backend.
 
 Where a node's KV lives: `node.value` (L1 device slots, or None), `node.host_value` (L2 host
-slots, or None); L3 pages are found by the hash chain of their tokens (`FileStorage`), not kept
+slots, or None); L3 pages are found by the hash chain of their tokens (`PageStore`), not kept
 in the tree. Invariants:
   * every node is in L1 or L2 (a node losing its last tier is removed with its subtree);
   * L1 is prefix-closed: a node in L1 has its parent in L1 (eviction takes L1 leaves first,
@@ -30,7 +30,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
-from sglang.srt.mem_cache.hicache.file_storage import FileStorage
+from sglang.srt.mem_cache.hicache.page_store import PageStore
 from sglang.srt.mem_cache.hicache.host_pool import HostKVPool
 from sglang.srt.mem_cache.hicache.pipeline import (
     Backup,
@@ -71,7 +71,7 @@ class HiRadixCache(RadixCache):
         page_size: int,
         host: HostKVPool,
         write_policy: str = "write_through",
-        storage: Optional[FileStorage] = None,
+        storage: Optional[PageStore] = None,
         agree: Optional[Callable[[int], int]] = None,
     ):
         self.host = host

@@ -26,7 +26,7 @@ from typing import Callable, Optional, Union
 
 import torch
 
-from sglang.srt.mem_cache.hicache.file_storage import FileStorage
+from sglang.srt.mem_cache.hicache.page_store import PageStore
 from sglang.srt.mem_cache.hicache.host_pool import HostKVPool
 
 logger = logging.getLogger(__name__)
@@ -103,7 +103,7 @@ class StageTiers:
     def __init__(
         self,
         host: HostKVPool,
-        storage: Optional[FileStorage],
+        storage: Optional[PageStore],
         agree: Optional[Callable[[int], int]] = None,
     ):
         self.host = host

@@ -1,0 +1,220 @@
+"""The L3 `mooncake` backend: KV pages in a Mooncake store shared by several servers and nodes.
+
+A rank is one client of the store (`mooncake.store.MooncakeDistributedStore`, from the
+`mooncake-transfer-engine` wheel): the `mooncake_master` keeps the directory of objects, the
+clients' segments (`global_segment_size` each, ours or a store service's such as
+`mooncake_client`) hold the bytes. Pages are named and framed as `page_store.py` describes; a
+page's key is `sglkv-<namespace hash[:16]>-<name>`, so `clear()` removes one namespace's pages
+(`remove_by_regex`) and every server of the same model and layout finds every other's pages.
+
+Failure is a miss, never an error: the master unreachable (a TCP probe at most once a second,
+or an RPC failure) closes the client, counts `unreachable`, and for `retry_interval_s` every
+lookup is a miss and every write is skipped (each counted as a read / write failure); then the
+master is probed and the client set up again. The probe keeps a dead master from costing the
+client's multi-second RPC timeout on each page. A page failing its checksum is counted, removed
+(or, while the store's read lease holds it, overwritten by the next write) and recomputed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from sglang.srt.mem_cache.hicache.mooncake_config import MooncakeConfig
+from sglang.srt.mem_cache.hicache.page_store import PageStore, StorageStats, frame, unframe
+
+logger = logging.getLogger(__name__)
+
+PROBE_INTERVAL_S = 1.0  # a connected client's master is probed at most this often
+PROBE_TIMEOUT_S = 0.5
+RPC_FAIL = -900  # Mooncake's error code when the master does not answer
+STAGED_PAGES = 4  # the client's local buffer holds at least this many storage pages
+
+
+@dataclass
+class MooncakeStats(StorageStats):
+    unreachable: int = 0  # times the master was found unreachable (the backend then skipped a while)
+
+
+def connect_store(config: MooncakeConfig, local_buffer_size: int) -> Any:
+    """A Mooncake store client set up with `config`; RuntimeError when setup fails."""
+    os.environ.setdefault("GLOG_minloglevel", "1")  # mooncake logs every connection at INFO
+    from mooncake.store import MooncakeDistributedStore
+
+    store = MooncakeDistributedStore()
+    rc = store.setup(
+        config.local_hostname,
+        config.metadata_server,
+        config.global_segment_size,
+        local_buffer_size,
+        config.protocol,
+        config.device_name,
+        config.master_server_address,
+    )
+    if rc != 0:
+        raise RuntimeError(f"MooncakeDistributedStore.setup returned {rc}")
+    return store
+
+
+def master_reachable(config: MooncakeConfig) -> bool:
+    try:
+        socket.create_connection(config.master_host_port(), PROBE_TIMEOUT_S).close()
+    except OSError:
+        return False
+    return True
+
+
+class MooncakeStorage(PageStore):
+    """`page_bytes`: one storage page's payload (sizes the client's local buffer); `connect` and
+    `probe` are Mooncake's client and a TCP connect to the master (tests replace them)."""
+
+    def __init__(
+        self,
+        config: MooncakeConfig,
+        namespace: str,
+        page_size: int,
+        page_bytes: int = 0,
+        connect: Callable[[MooncakeConfig, int], Any] = connect_store,
+        probe: Callable[[MooncakeConfig], bool] = master_reachable,
+    ):
+        super().__init__(namespace, page_size)
+        self.config = config
+        self.stats = MooncakeStats()
+        self.prefix = f"sglkv-{self._seed.hex()[:16]}-"
+        self.local_buffer_size = max(config.local_buffer_size, STAGED_PAGES * (page_bytes + 64))
+        self._connect, self._probe = connect, probe
+        self._store: Any = None
+        self._probed = self._retry_at = float("-inf")
+        self._bad: set[str] = set()  # names whose stored page failed its check (overwritten on put)
+        self._client()
+
+    # ------------------------------------------------------------------ connection
+    def _client(self) -> Any:
+        """The connected client, or None while the master is unreachable (retried later)."""
+        now = time.monotonic()
+        if self._store is not None:
+            if now - self._probed >= PROBE_INTERVAL_S:
+                if not self._probe(self.config):
+                    return self._down("master unreachable")
+                self._probed = now
+            return self._store
+        if now < self._retry_at:
+            return None
+        self._retry_at = now + self.config.retry_interval_s
+        if not self._probe(self.config):  # setup against a dead master blocks for minutes
+            self.stats.unreachable += 1
+            logger.warning(
+                "HiCache mooncake storage: master %s unreachable; storage skipped for %.0f s",
+                self.config.master_server_address,
+                self.config.retry_interval_s,
+            )
+            return None
+        try:
+            self._store = self._connect(self.config, self.local_buffer_size)
+        except Exception as e:  # noqa: BLE001 - any failure to join the store is a miss
+            self.stats.unreachable += 1
+            logger.warning("HiCache mooncake storage: cannot join the store (%s); retrying later", e)
+            return None
+        self._probed = now
+        logger.info("HiCache mooncake storage: joined the store at %s", self.config.master_server_address)
+        return self._store
+
+    def _down(self, why: str) -> None:
+        """Close the client; the backend is skipped for `retry_interval_s`."""
+        self.stats.unreachable += 1
+        logger.warning(
+            "HiCache mooncake storage: %s; storage skipped for %.0f s (lookups recompute)",
+            why,
+            self.config.retry_interval_s,
+        )
+        store, self._store = self._store, None
+        self._retry_at = time.monotonic() + self.config.retry_interval_s
+        if store is not None:
+            try:
+                store.close()
+            except Exception:  # noqa: BLE001 - closing a client of a dead master
+                pass
+        return None
+
+    def close(self) -> None:
+        store, self._store = self._store, None
+        if store is not None:
+            store.close()
+
+    # ------------------------------------------------------------------ pages
+    def key(self, name: str) -> str:
+        return self.prefix + name
+
+    def exists(self, name: str) -> bool:
+        store = self._client()
+        if store is None or name in self._bad:
+            return False
+        rc = store.is_exist(self.key(name))
+        if rc < 0:
+            self._down(f"is_exist failed ({rc})")
+        return rc == 1
+
+    def put(self, name: str, payload: bytes) -> bool:
+        store = self._client()
+        if store is None:
+            self.stats.write_failures += 1
+            return False
+        write = store.upsert if name in self._bad else store.put  # put leaves an existing page as is
+        rc = write(self.key(name), frame(payload))
+        if rc != 0:
+            self.stats.write_failures += 1
+            if rc == RPC_FAIL:
+                self._down(f"writing page {name[:16]} failed ({rc})")
+            else:
+                logger.warning("HiCache mooncake storage: writing page %s failed (%d)", name[:16], rc)
+            return False
+        self._bad.discard(name)
+        self.stats.pages_written += 1
+        return True
+
+    def get(self, name: str) -> Optional[bytes]:
+        """The page's payload, or None: missing, unreadable, failed its check, or the store
+        unreachable (all but a plain miss counted and logged)."""
+        store = self._client()
+        if store is None:
+            self.stats.read_failures += 1
+            return None
+        data = store.get(self.key(name))
+        if not data:  # a miss, or a failure: the client answers both with no bytes
+            if not self._probe(self.config):
+                self.stats.read_failures += 1
+                return self._down(f"reading page {name[:16]} failed")
+            rc = store.is_exist(self.key(name))
+            if rc != 0:
+                self.stats.read_failures += 1
+                logger.warning(
+                    "HiCache mooncake storage: page %s unreadable (%d); recomputing", name[:16], rc
+                )
+            return None
+        payload, why = unframe(data)
+        if payload is None:
+            self.stats.read_failures += 1
+            self._bad.add(name)
+            logger.warning("HiCache mooncake storage: page %s %s; recomputing", name[:16], why)
+            store.remove(self.key(name))  # refused while the read lease holds: then overwritten
+            return None
+        self.stats.pages_read += 1
+        return payload
+
+    def clear(self) -> int:
+        """Delete this namespace's pages (other models' and ranks' stay); returns how many. Pages
+        read within the master's lease (`--default_kv_lease_ttl`) stay until it expires."""
+        self._bad.clear()
+        store = self._client()
+        if store is None:
+            return 0
+        removed = store.remove_by_regex("^" + re.escape(self.prefix))
+        if removed < 0:
+            logger.warning("HiCache mooncake storage: clearing failed (%d)", removed)
+            return 0
+        return removed

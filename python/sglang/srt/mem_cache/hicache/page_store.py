@@ -1,0 +1,60 @@
+"""What the L3 storage backends share: page names and the checksummed page format.
+
+A page's name is the hash chain of the tokens up to and including it, seeded with a namespace
+(model identity and layout: tp rank/size, pp stage, cp rank, dtype, page size, buffer shapes), so
+servers of another model or layout never read it. A stored page is `MAGIC + sha256(payload) +
+payload`; `unframe` gives the payload back, or None with the reason it is rejected. A backend
+(`FileStorage`, `MooncakeStorage`) is a `PageStore` with `exists`, `put`, `get` and `clear`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+MAGIC = b"SGLKV1\n"
+_DIGEST = 32
+
+
+@dataclass
+class StorageStats:
+    pages_written: int = 0
+    pages_read: int = 0
+    read_failures: int = 0  # checksum, short page, unreadable, backend unreachable: recomputed
+    write_failures: int = 0
+
+
+def frame(payload: bytes) -> bytes:
+    """A page as stored: a header, the payload's sha256, the payload."""
+    return MAGIC + hashlib.sha256(payload).digest() + payload
+
+
+def unframe(data: bytes) -> tuple[Optional[bytes], str]:
+    """(the payload, "") of a stored page, or (None, why it is rejected)."""
+    head = len(MAGIC) + _DIGEST
+    if len(data) < head or not data.startswith(MAGIC):
+        return None, "bad header"
+    payload = data[head:]
+    if hashlib.sha256(payload).digest() != data[len(MAGIC) : head]:
+        return None, "checksum mismatch"
+    return payload, ""
+
+
+class PageStore:
+    """Names of a namespace's pages of `page_size` tokens, and the backend's counters."""
+
+    def __init__(self, namespace: str, page_size: int):
+        self.namespace = namespace
+        self.page_size = page_size
+        self._seed = hashlib.sha256(namespace.encode()).digest()
+        self.stats = StorageStats()
+
+    def page_hashes(self, tokens: Sequence[int], num_pages: int) -> list[str]:
+        """Names of the first `num_pages` pages of `tokens` (each chained on the previous)."""
+        out, prev, ps = [], self._seed, self.page_size
+        for i in range(num_pages):
+            page = ",".join(str(int(t)) for t in tokens[i * ps : (i + 1) * ps]).encode()
+            prev = hashlib.sha256(prev + page).digest()
+            out.append(prev.hex())
+        return out

@@ -1,0 +1,130 @@
+"""The HiCache `mooncake` storage backend against a real `mooncake_master` (one per module, on a
+free port): pages round-trip between two clients of one store, a missing page is a plain miss,
+a corrupted page is counted and overwritten, `clear` removes one namespace only; the config's
+keys, environment fallbacks and the refusal without a master address; an unreachable or killed
+master is a counted miss that costs no RPC timeout."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from mooncake_helpers import LEASE_MS, MooncakeMaster
+
+from sglang.srt.mem_cache.hicache.mooncake_config import MooncakeConfig, mooncake_config, parse_size
+from sglang.srt.mem_cache.hicache.mooncake_storage import MooncakeStorage
+from sglang.srt.mem_cache.hicache.page_store import frame
+
+PAGE = 8
+TOKENS = list(range(100, 132))  # four storage pages
+
+
+@pytest.fixture(scope="module")
+def master(tmp_path_factory):
+    m = MooncakeMaster(tmp_path_factory.mktemp("mooncake"))
+    service = m.store_service()
+    yield m, service
+    service.close()
+    m.kill()
+
+
+def storage(m: MooncakeMaster, namespace: str = "ns", **kw) -> MooncakeStorage:
+    return MooncakeStorage(m.config(**kw), namespace, PAGE, page_bytes=1024)
+
+
+def test_pages_round_trip_between_clients_of_one_store(master):
+    m, _ = master
+    a, b, other = storage(m, "rt"), storage(m, "rt"), storage(m, "rt-other-model")
+    names = a.page_hashes(TOKENS, 4)
+    assert names == b.page_hashes(TOKENS, 4) and names != other.page_hashes(TOKENS, 4)
+    assert not a.exists(names[0]) and a.get(names[0]) is None
+    assert a.stats.read_failures == 0  # a plain miss is no failure
+    payloads = [bytes([i]) * 1000 for i in range(4)]
+    for n, p in zip(names, payloads):
+        assert a.put(n, p)
+    assert a.put(names[0], payloads[0])  # a page already there: left as is, no failure
+    assert a.stats.pages_written == 5 and a.stats.write_failures == 0
+    assert [b.get(n) for n in names] == payloads and b.stats.pages_read == 4  # another server reads them
+    assert all(b.exists(n) for n in names)
+    assert not other.exists(names[0]) and other.get(other.page_hashes(TOKENS, 1)[0]) is None
+    assert a.stats.unreachable == b.stats.unreachable == 0
+
+
+def test_a_corrupted_page_is_counted_and_overwritten(master):
+    m, service = master
+    st = storage(m, "corrupt")
+    names = st.page_hashes(TOKENS, 2)
+    good = b"kv" * 300
+    assert service.put(st.key(names[0]), b"not a page") == 0
+    bad = bytearray(frame(good))
+    bad[-1] ^= 1  # one payload bit flipped
+    assert service.put(st.key(names[1]), bytes(bad)) == 0
+    assert st.get(names[0]) is None and st.get(names[1]) is None
+    assert st.stats.read_failures == 2 and st.stats.pages_read == 0
+    assert not st.exists(names[1])  # so the recomputed page is written again ...
+    assert st.put(names[1], good) and st.get(names[1]) == good  # ... over the bad one
+    assert st.stats.read_failures == 2
+
+
+def test_clear_removes_one_namespace(master):
+    m, _ = master
+    st, other = storage(m, "clear"), storage(m, "clear-other")
+    for n in st.page_hashes(TOKENS, 3):
+        assert st.put(n, b"x" * 100)
+    keep = other.page_hashes(TOKENS, 1)[0]
+    assert other.put(keep, b"keep")
+    time.sleep(2 * LEASE_MS / 1000)  # the master keeps a page while its lease runs
+    assert st.clear() == 3
+    assert not any(st.exists(n) for n in st.page_hashes(TOKENS, 3))
+    assert other.get(keep) == b"keep"
+
+
+def test_config_keys_environment_and_refusal():
+    with pytest.raises(ValueError, match="master_server_address"):
+        mooncake_config({}, environ={})
+    with pytest.raises(ValueError, match="host:port"):
+        mooncake_config({"master_server_address": "nohost"}, environ={})
+    env = {
+        "MOONCAKE_MASTER": "10.0.0.1:50051",
+        "MOONCAKE_GLOBAL_SEGMENT_SIZE": "1gb",
+        "MOONCAKE_PROTOCOL": "rdma",
+        "MOONCAKE_TE_META_DATA_SERVER": "http://10.0.0.1:8080/metadata",
+    }
+    c = mooncake_config({"global_segment_size": 0, "local_buffer_size": "32 MiB"}, environ=env)
+    assert c == MooncakeConfig(
+        "10.0.0.1:50051",
+        metadata_server="http://10.0.0.1:8080/metadata",
+        protocol="rdma",
+        global_segment_size=0,  # the extra config wins over the environment
+        local_buffer_size=32 << 20,
+    )
+    assert c.master_host_port() == ("10.0.0.1", 50051)
+    d = mooncake_config({"master_server_address": "h:1"}, environ={})
+    assert (d.metadata_server, d.protocol, d.global_segment_size) == ("P2PHANDSHAKE", "tcp", 4 << 30)
+    assert parse_size(4096, "k") == 4096 and parse_size("1.5kb", "k") == 1536
+    with pytest.raises(ValueError, match="global_segment_size"):
+        mooncake_config({"master_server_address": "h:1", "global_segment_size": "lots"}, environ={})
+
+
+def test_unreachable_master_is_a_counted_miss(tmp_path):
+    from mooncake_helpers import free_port
+
+    nobody = MooncakeConfig(f"127.0.0.1:{free_port()}", retry_interval_s=0.0)
+    t0 = time.monotonic()
+    st = MooncakeStorage(nobody, "down", PAGE)  # the store is never set up against a dead master
+    name = st.page_hashes(TOKENS, 1)[0]
+    assert st.get(name) is None and not st.put(name, b"x") and not st.exists(name) and st.clear() == 0
+    assert st.stats.read_failures == 1 and st.stats.write_failures == 1 and st.stats.unreachable >= 2
+    assert time.monotonic() - t0 < 5
+
+    m = MooncakeMaster(tmp_path)  # a master that dies while a client is connected
+    try:
+        st = storage(m, "killed", segment=16 << 20, retry_interval_s=60.0)
+        assert st.put(name, b"y" * 100) and st.get(name) == b"y" * 100
+    finally:
+        m.kill()
+    time.sleep(1.1)  # the next call probes the master
+    t0 = time.monotonic()
+    assert st.get(name) is None and not st.put(name, b"y") and not st.exists(name)
+    assert time.monotonic() - t0 < 3  # no RPC timeout per page: the client is closed, skipped
+    assert st.stats.unreachable == 1 and st.stats.read_failures == 1 and st.stats.write_failures == 1
