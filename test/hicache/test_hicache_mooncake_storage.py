@@ -1,19 +1,31 @@
 """The HiCache `mooncake` storage backend against a real `mooncake_master` (one per module, on a
 free port): pages round-trip between two clients of one store, a missing page is a plain miss,
 a corrupted page is counted and overwritten, `clear` removes one namespace only; the config's
-keys, environment fallbacks and the refusal without a master address; an unreachable or killed
-master is a counted miss that costs no RPC timeout."""
+keys, environment fallbacks and the refusals (no master address, no mooncake); an unreachable or
+killed master is a counted miss that costs no RPC timeout, and a master killed in the middle of
+a tree's load leaves the pages read so far loaded and the rest recomputed."""
 
 from __future__ import annotations
 
+import sys
 import time
 
 import pytest
-from mooncake_helpers import LEASE_MS, MooncakeMaster
+import torch
 
-from sglang.srt.mem_cache.hicache.mooncake_config import MooncakeConfig, mooncake_config, parse_size
-from sglang.srt.mem_cache.hicache.mooncake_storage import MooncakeStorage
-from sglang.srt.mem_cache.hicache.page_store import frame
+pytest.importorskip("mooncake.store")  # the `pd` extra
+
+from mooncake_helpers import LEASE_MS, MooncakeMaster  # noqa: E402
+from test_hicache_tiers import accounting_ok, make_tree, put, read  # noqa: E402
+
+from sglang.srt.disaggregation.mooncake.data_plane import PACKAGES_FIX  # noqa: E402
+from sglang.srt.mem_cache.hicache.mooncake_config import (  # noqa: E402
+    MooncakeConfig,
+    mooncake_config,
+    parse_size,
+)
+from sglang.srt.mem_cache.hicache.mooncake_storage import MooncakeStorage  # noqa: E402
+from sglang.srt.mem_cache.hicache.page_store import frame  # noqa: E402
 
 PAGE = 8
 TOKENS = list(range(100, 132))  # four storage pages
@@ -106,6 +118,62 @@ def test_config_keys_environment_and_refusal():
         mooncake_config({"master_server_address": "h:1", "global_segment_size": "lots"}, environ={})
 
 
+def test_refused_without_mooncake(monkeypatch):
+    from sglang.srt.server_args import ServerArgs
+
+    args = ServerArgs(
+        model_path="m",
+        load_format="dummy",
+        enable_hierarchical_cache=True,
+        hicache_storage_backend="mooncake",
+        hicache_storage_backend_extra_config='{"master_server_address": "127.0.0.1:1"}',
+    )
+    args.validate()
+    monkeypatch.setitem(sys.modules, "mooncake.store", None)  # `import mooncake.store` fails
+    with pytest.raises(RuntimeError, match="store client cannot be loaded") as err:
+        args.validate()
+    assert PACKAGES_FIX in str(err.value)
+
+
+class KillsMasterAfterOneRead(MooncakeStorage):
+    """A master that dies while a tree loads: after the first page read."""
+
+    def __init__(self, master: MooncakeMaster, *args, **kw):
+        super().__init__(*args, **kw)
+        self.master = master
+
+    def get(self, name: str):
+        out = super().get(name)
+        if self.stats.pages_read == 1:
+            self.master.kill()
+        return out
+
+
+@pytest.mark.slow  # the client's RPC timeout (~4 s) on the read the master dies under
+def test_master_killed_mid_load_keeps_what_was_read(tmp_path):
+    m = MooncakeMaster(tmp_path)
+    service = m.store_service()
+    sp = 4  # a storage page of two KV pages
+    a = list(range(50, 63))  # three whole storage pages
+    try:
+        writer = MooncakeStorage(m.config(), "mid", sp)
+        tree, pool, alloc = make_tree(storage=writer)
+        rows = put(tree, alloc, pool, a, 3)
+        assert writer.stats.pages_written == 3
+        st = KillsMasterAfterOneRead(m, m.config(retry_interval_s=60.0), "mid", sp)
+        fresh, pool2, alloc2 = make_tree(storage=st)
+        t0 = time.monotonic()
+        match = fresh.match_and_load(a)
+        assert time.monotonic() - t0 < 15
+    finally:
+        m.kill()
+        service.close()
+    assert match.prefix_len == 4 and fresh.hstats.l3_hit_tokens == 4  # page 0 only: the rest recomputed
+    assert all(torch.equal(x, y[:4]) for x, y in zip(read(pool2, match.indices), rows))
+    assert st.stats.read_failures == 1 and st.stats.unreachable == 1
+    assert accounting_ok(fresh, alloc2)
+
+
 def test_unreachable_master_is_a_counted_miss(tmp_path):
     from mooncake_helpers import free_port
 
@@ -117,6 +185,10 @@ def test_unreachable_master_is_a_counted_miss(tmp_path):
     assert st.stats.read_failures == 1 and st.stats.write_failures == 1 and st.stats.unreachable >= 2
     assert time.monotonic() - t0 < 5
 
+
+@pytest.mark.slow  # a client of a dead master takes seconds to go away
+def test_killed_master_is_skipped_without_rpc_timeouts(tmp_path):
+    name = "ab" * 32
     m = MooncakeMaster(tmp_path)  # a master that dies while a client is connected
     try:
         st = storage(m, "killed", segment=16 << 20, retry_interval_s=60.0)

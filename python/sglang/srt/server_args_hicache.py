@@ -82,8 +82,10 @@ def validate_hicache(args: Any) -> None:
         return
     if args.hicache_storage_backend == "mooncake":
         from sglang.srt.mem_cache.hicache.mooncake_config import mooncake_config
+        from sglang.srt.mem_cache.hicache.mooncake_storage import store_class
 
         mooncake_config(json.loads(args.hicache_storage_backend_extra_config or "{}"))  # ValueError by key
+        store_class()  # RuntimeError naming the install command where mooncake is missing
     unsupported = {
         "--disable-radix-cache": args.disable_radix_cache,
         # stages hold different layers, so a size in GB gives each stage another token count

@@ -7,11 +7,12 @@ clients' segments (`global_segment_size` each, ours or a store service's such as
 page's key is `sglkv-<namespace hash[:16]>-<name>`, so `clear()` removes one namespace's pages
 (`remove_by_regex`) and every server of the same model and layout finds every other's pages.
 
-Failure is a miss, never an error: the master unreachable (a TCP probe at most once a second,
-or an RPC failure) closes the client, counts `unreachable`, and for `retry_interval_s` every
-lookup is a miss and every write is skipped (each counted as a read / write failure); then the
-master is probed and the client set up again. The probe keeps a dead master from costing the
-client's multi-second RPC timeout on each page. A page failing its checksum is counted, removed
+Failure is a miss, never an error: the master found unreachable (a TCP probe at most once a
+second, or an RPC failure) counts `unreachable`, and for `retry_interval_s` every lookup is a miss
+and every write is skipped (each counted as a read / write failure); then the master is probed
+again (the client reconnects by itself to a master restarted at the same address; a client never
+set up is set up then). The probe keeps a dead master from costing the client's multi-second RPC
+timeout on each page. A page failing its checksum is counted, removed
 (or, while the store's read lease holds it, overwritten by the next write) and recomputed.
 """
 
@@ -41,12 +42,30 @@ class MooncakeStats(StorageStats):
     unreachable: int = 0  # times the master was found unreachable (the backend then skipped a while)
 
 
+class MooncakeNotInstalled(RuntimeError):
+    """The store client cannot be loaded: the server refuses to start (with the fix)."""
+
+
+def store_class() -> Any:
+    """Mooncake's store client class (the `pd` extra); `MooncakeNotInstalled` naming the fix."""
+    os.environ.setdefault("GLOG_minloglevel", "1")  # mooncake logs every connection at INFO
+    try:
+        from mooncake.store import MooncakeDistributedStore
+    except (ImportError, OSError) as err:
+        from sglang.srt.disaggregation.mooncake.data_plane import PACKAGES_FIX, SYSTEM_FIX
+
+        missing = isinstance(err, ModuleNotFoundError) and (err.name or "").split(".")[0] == "mooncake"
+        raise MooncakeNotInstalled(
+            f"--hicache-storage-backend mooncake: the Mooncake store client cannot be loaded "
+            f"({type(err).__name__}: {err}). Fix: `{PACKAGES_FIX if missing else SYSTEM_FIX}` "
+            "(in a checkout: `make setup-pd`)"
+        ) from err
+    return MooncakeDistributedStore
+
+
 def connect_store(config: MooncakeConfig, local_buffer_size: int) -> Any:
     """A Mooncake store client set up with `config`; RuntimeError when setup fails."""
-    os.environ.setdefault("GLOG_minloglevel", "1")  # mooncake logs every connection at INFO
-    from mooncake.store import MooncakeDistributedStore
-
-    store = MooncakeDistributedStore()
+    store = store_class()()
     rc = store.setup(
         config.local_hostname,
         config.metadata_server,
@@ -95,50 +114,35 @@ class MooncakeStorage(PageStore):
 
     # ------------------------------------------------------------------ connection
     def _client(self) -> Any:
-        """The connected client, or None while the master is unreachable (retried later)."""
+        """The client, or None while the master is unreachable (probed again after a while)."""
         now = time.monotonic()
-        if self._store is not None:
-            if now - self._probed >= PROBE_INTERVAL_S:
-                if not self._probe(self.config):
-                    return self._down("master unreachable")
-                self._probed = now
-            return self._store
         if now < self._retry_at:
             return None
-        self._retry_at = now + self.config.retry_interval_s
-        if not self._probe(self.config):  # setup against a dead master blocks for minutes
-            self.stats.unreachable += 1
-            logger.warning(
-                "HiCache mooncake storage: master %s unreachable; storage skipped for %.0f s",
-                self.config.master_server_address,
-                self.config.retry_interval_s,
-            )
-            return None
-        try:
-            self._store = self._connect(self.config, self.local_buffer_size)
-        except Exception as e:  # noqa: BLE001 - any failure to join the store is a miss
-            self.stats.unreachable += 1
-            logger.warning("HiCache mooncake storage: cannot join the store (%s); retrying later", e)
-            return None
+        if self._store is None:  # not set up yet: setup against a dead master blocks for minutes
+            if not self._probe(self.config):
+                return self._down("master unreachable")
+            try:
+                self._store = self._connect(self.config, self.local_buffer_size)
+            except MooncakeNotInstalled:
+                raise
+            except Exception as e:  # noqa: BLE001 - any failure to join the store is a miss
+                return self._down(f"cannot join the store ({e})")
+            logger.info("HiCache mooncake storage: joined the store at %s", self.config.master_server_address)
+        elif now - self._probed >= PROBE_INTERVAL_S and not self._probe(self.config):
+            return self._down("master unreachable")
         self._probed = now
-        logger.info("HiCache mooncake storage: joined the store at %s", self.config.master_server_address)
         return self._store
 
     def _down(self, why: str) -> None:
-        """Close the client; the backend is skipped for `retry_interval_s`."""
+        """Skip the backend for `retry_interval_s` (the client reconnects to a master that comes back)."""
         self.stats.unreachable += 1
         logger.warning(
-            "HiCache mooncake storage: %s; storage skipped for %.0f s (lookups recompute)",
+            "HiCache mooncake storage: %s (master %s); storage skipped for %.0f s (lookups recompute)",
             why,
+            self.config.master_server_address,
             self.config.retry_interval_s,
         )
-        store, self._store = self._store, None
         self._retry_at = time.monotonic() + self.config.retry_interval_s
-        if store is not None:
-            try:
-                store.close()
-            except Exception:  # noqa: BLE001 - closing a client of a dead master
-                pass
         return None
 
     def close(self) -> None:

@@ -1,0 +1,91 @@
+"""HiCache with the `mooncake` storage backend through the whole engine (tiny Llama, float32),
+against a real `mooncake_master` started here: a second engine sharing the first one's store
+loads every prefix from the first one's pages (prefill computes only the suffixes) with the
+greedy tokens of an engine without HiCache; the master killed before a load: the request is
+recomputed (same tokens), the failure counted, the KV pool back to its free count."""
+
+from __future__ import annotations
+
+import pytest
+from engine_helpers import GREEDY, PAGE, POOL, check_restart, conversation_turns, run_engine
+from mooncake_helpers import MooncakeMaster
+
+import sglang as sgl
+from sglang.test.tiny_models import TINY_LLAMA_DIR
+
+pytestmark = pytest.mark.slow  # builds engines
+
+STORAGE_PAGE = 8
+
+
+@pytest.fixture(scope="module")
+def master(tmp_path_factory):
+    m = MooncakeMaster(tmp_path_factory.mktemp("mooncake"))
+    service = m.store_service()  # the store's memory: the engines lend none (pages outlive them)
+    yield m
+    service.close()
+    m.kill()
+
+
+def prompts() -> list[list[int]]:
+    return [p for wave in conversation_turns(seed=11, convs=3) for p in wave]
+
+
+def mooncake_args(m: MooncakeMaster) -> dict:
+    return dict(
+        enable_hierarchical_cache=True,
+        hicache_storage_backend="mooncake",
+        hicache_storage_backend_extra_config=m.extra_config(STORAGE_PAGE),
+    )
+
+
+@pytest.fixture(scope="module")
+def reference() -> list[list[int]]:
+    return run_engine([[p] for p in prompts()])[0]  # no HiCache
+
+
+def test_second_engine_loads_the_first_engines_pages(master, reference):
+    ps = prompts()
+    first, _, states = run_engine([[p] for p in ps], **mooncake_args(master))
+    assert first == reference
+    assert states[0]["hicache_storage_pages_written"] >= sum(len(p) // STORAGE_PAGE for p in ps[:3])
+    assert states[0]["hicache_storage_write_failures"] == 0
+    # another server on the same store: nothing in its KV pool or host tier
+    again, cached, states = run_engine([[p] for p in ps], **mooncake_args(master))
+    state = states[0]
+    check_restart(ps, reference, again, cached, state, STORAGE_PAGE)
+    # the first turns' prefixes can come from the store only (the last token is always computed)
+    assert state["hicache_l3_hit_tokens"] >= sum((len(p) - 1) // STORAGE_PAGE * STORAGE_PAGE for p in ps[:3])
+    assert state["hicache_storage_read_failures"] == 0 and state["hicache_storage_unreachable"] == 0
+
+
+def test_master_killed_before_a_load_recomputes(tmp_path, reference):
+    ps = prompts()
+    m = MooncakeMaster(tmp_path)
+    service = m.store_service()
+    try:
+        with sgl.Engine(
+            model_path=str(TINY_LLAMA_DIR),
+            load_format="dummy",
+            dtype="float32",
+            page_size=PAGE,
+            max_total_tokens=POOL,
+            num_threads=1,
+            log_level="warning",
+            **mooncake_args(m),
+        ) as llm:
+            first = [llm.generate(input_ids=p, sampling_params=GREEDY)["output_ids"] for p in ps[:3]]
+            assert llm.get_server_info()["internal_states"][0]["hicache_storage_pages_written"] > 0
+            service.close()
+            m.kill()
+            assert llm.flush_cache().success  # L1 and L2 emptied: the prefixes are in the store only
+            again = [llm.generate(input_ids=p, sampling_params=GREEDY) for p in ps[:3]]
+            state = llm.get_server_info()["internal_states"][0]
+    finally:
+        m.kill()
+    assert first == reference[:3] == [r["output_ids"] for r in again]
+    assert [r["meta_info"]["cached_tokens"] for r in again] == [0, 0, 0]  # recomputed
+    assert state["hicache_l3_hit_tokens"] == 0 and state["hicache_storage_unreachable"] >= 1
+    assert state["hicache_storage_read_failures"] >= 1
+    assert state["prefill_tokens_computed"] == 2 * sum(len(p) for p in ps[:3])
+    assert state["available_kv_tokens"] == state["max_total_num_tokens"]
