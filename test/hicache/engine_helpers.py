@@ -26,6 +26,20 @@ def conversation_turns(seed: int, convs: int, base: int = 40, turns: int = 3) ->
     return out
 
 
+def tiny_engine(**kw) -> sgl.Engine:
+    """The tiny Llama engine of these tests (float32 dummy weights, a KV pool of POOL tokens)."""
+    return sgl.Engine(
+        model_path=str(TINY_LLAMA_DIR),
+        load_format="dummy",
+        dtype="float32",
+        page_size=PAGE,
+        max_total_tokens=POOL,
+        num_threads=1,
+        log_level="warning",
+        **kw,
+    )
+
+
 def run_engine(waves: list[list[list[int]]], hicache_dir=None, page_tokens: int = 8, **kw):
     """Generate each wave as one batch; (output ids, cached tokens per prompt, every replica's
     internal state). `hicache_dir`: HiCache on, with the file backend in that directory."""
@@ -37,16 +51,7 @@ def run_engine(waves: list[list[list[int]]], hicache_dir=None, page_tokens: int 
                 {"file_path": hicache_dir, "page_tokens": page_tokens}
             ),
         )
-    with sgl.Engine(
-        model_path=str(TINY_LLAMA_DIR),
-        load_format="dummy",
-        dtype="float32",
-        page_size=PAGE,
-        max_total_tokens=POOL,
-        num_threads=1,
-        log_level="warning",
-        **kw,
-    ) as llm:
+    with tiny_engine(**kw) as llm:
         res = [r for wave in waves for r in llm.generate(input_ids=wave, sampling_params=GREEDY)]
         states = llm.get_server_info()["internal_states"]
     return [r["output_ids"] for r in res], [r["meta_info"]["cached_tokens"] for r in res], states

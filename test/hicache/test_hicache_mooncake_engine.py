@@ -7,11 +7,11 @@ recomputed (same tokens), the failure counted, the KV pool back to its free coun
 from __future__ import annotations
 
 import pytest
-from engine_helpers import GREEDY, PAGE, POOL, check_restart, conversation_turns, run_engine
-from mooncake_helpers import MooncakeMaster
+from engine_helpers import GREEDY, check_restart, conversation_turns, run_engine, tiny_engine
 
-import sglang as sgl
-from sglang.test.tiny_models import TINY_LLAMA_DIR
+pytest.importorskip("mooncake.store")  # the `pd` extra
+
+from mooncake_helpers import MooncakeMaster  # noqa: E402
 
 pytestmark = pytest.mark.slow  # builds engines
 
@@ -64,16 +64,7 @@ def test_master_killed_before_a_load_recomputes(tmp_path, reference):
     m = MooncakeMaster(tmp_path)
     service = m.store_service()
     try:
-        with sgl.Engine(
-            model_path=str(TINY_LLAMA_DIR),
-            load_format="dummy",
-            dtype="float32",
-            page_size=PAGE,
-            max_total_tokens=POOL,
-            num_threads=1,
-            log_level="warning",
-            **mooncake_args(m),
-        ) as llm:
+        with tiny_engine(**mooncake_args(m)) as llm:
             first = [llm.generate(input_ids=p, sampling_params=GREEDY)["output_ids"] for p in ps[:3]]
             assert llm.get_server_info()["internal_states"][0]["hicache_storage_pages_written"] > 0
             service.close()
