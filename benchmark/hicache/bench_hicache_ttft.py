@@ -1,5 +1,5 @@
 """HiCache: time to first token of a long shared prefix loaded from the host tier (L2) or the
-`file` storage tier (L3) vs recomputed (issue 31).
+storage tier (L3: `file`, or `mooncake` with `--storage mooncake`) vs recomputed (issue 31).
 
 A dummy (random-weight) Llama with SmolLM2-135M's shape (`benchmark/context_parallel/`), one
 torch thread; engines run one after another, each on a KV pool a little larger than the prefix.
@@ -12,15 +12,21 @@ Timed request: the prefix plus `--suffix` new tokens, max_new_tokens=1 (its wall
   too, so it is read back from the directory;
 - L3 after restart: a fresh engine on the same directory (empty KV pool and host tier).
 
+`--storage mooncake`: L3 is a Mooncake store instead: a `mooncake_master` on a free local port
+and a store client in this process lending the memory (the engines lend none), as in
+test/hicache/mooncake_helpers.py; "after restart" is then a fresh engine on the same store.
+
 Each timed request checks the tier it hit from the scheduler's counters. Prints the TTFTs and the
 ratios recompute / tier.
 
-    python benchmark/hicache/bench_hicache_ttft.py [--tokens 8192] [--repeats 3]
+    python benchmark/hicache/bench_hicache_ttft.py [--tokens 8192] [--repeats 3] [--storage mooncake]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
 import statistics
 import sys
@@ -28,7 +34,9 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "context_parallel"))
-from bench_cp_prefill import SMOLLM2_SHAPE, write_config  # noqa: E402
+from bench_cp_prefill import SMOLLM2_SHAPE, kv_bytes_per_rank, write_config  # noqa: E402
+
+TEST_HICACHE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "test", "hicache")
 
 GREEDY = {"max_new_tokens": 1, "temperature": 0, "ignore_eos": True}
 
@@ -83,14 +91,39 @@ def run_recompute(path: str, prefix: list[int], suffixes: list[list[int]], dtype
         return out
 
 
-def run_tier(path, prefix, suffixes, fillers, dtype, tier: str, directory=None, **extra) -> list[float]:
+def storage_args(kind: str, where: str) -> dict:
+    """The engine's L3 flags: `where` is the `file` directory or the mooncake master's address."""
+    if kind == "file":
+        extra = {"file_path": where}
+    else:
+        extra = {"master_server_address": where, "local_hostname": "127.0.0.1", "global_segment_size": 0}
+    return dict(hicache_storage_backend=kind, hicache_storage_backend_extra_config=json.dumps(extra))
+
+
+@contextlib.contextmanager
+def l3_store(kind: str, root: str, stored_tokens: int):
+    """Where L3 lives for the run: a directory, or a master and a store service (stopped after)
+    lending room for `stored_tokens` of float32 KV."""
+    if kind == "file":
+        yield os.path.join(root, "kv")
+        return
+    sys.path.insert(0, TEST_HICACHE)
+    from pathlib import Path
+
+    from mooncake_helpers import MooncakeMaster
+
+    master = MooncakeMaster(Path(root))
+    service = master.store_service(segment=max(64 << 20, kv_bytes_per_rank(stored_tokens, 1, 1, 4)))
+    try:
+        yield master.address
+    finally:
+        service.close()
+        master.kill()
+
+
+def run_tier(path, prefix, suffixes, fillers, dtype, tier: str, storage=None, **extra) -> list[float]:
     """Warm the prefix, then per repeat: a filler evicts it, the prefix + a suffix is timed."""
-    storage = {}
-    if directory:
-        storage = dict(
-            hicache_storage_backend="file",
-            hicache_storage_backend_extra_config=f'{{"file_path": "{directory}"}}',
-        )
+    storage = storage or {}
     with engine(path, len(prefix), dtype, enable_hierarchical_cache=True, **storage, **extra) as llm:
         llm.generate(input_ids=prefix + [7], sampling_params=GREEDY)
         out = []
@@ -100,13 +133,9 @@ def run_tier(path, prefix, suffixes, fillers, dtype, tier: str, directory=None, 
         return out
 
 
-def run_restart(path, prefix, suffixes, dtype, directory) -> list[float]:
+def run_restart(path, prefix, suffixes, dtype, storage: dict) -> list[float]:
     out = []
     for s in suffixes:  # a fresh engine each time: nothing in L1 or L2
-        storage = dict(
-            hicache_storage_backend="file",
-            hicache_storage_backend_extra_config=f'{{"file_path": "{directory}"}}',
-        )
         with engine(path, len(prefix), dtype, enable_hierarchical_cache=True, **storage) as llm:
             llm.generate(input_ids=[5] * 64, sampling_params=GREEDY)  # warm up (not the prefix)
             out.append(timed(llm, prefix + s, "hicache_l3_hit_tokens", len(prefix) * 3 // 4))
@@ -119,20 +148,24 @@ def main() -> None:
     ap.add_argument("--suffix", type=int, default=32, help="new tokens after the prefix")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--storage", choices=["file", "mooncake"], default="file", help="the L3 backend")
     args = ap.parse_args()
     prefix = token_ids(args.tokens, 0)
     suffixes = [token_ids(args.suffix, 100 + r) for r in range(args.repeats)]
     fillers = [token_ids(args.tokens, 200 + r) for r in range(args.repeats)]
-    with tempfile.TemporaryDirectory() as root:
+    with (
+        tempfile.TemporaryDirectory() as root,
+        l3_store(args.storage, root, (args.repeats + 2) * args.tokens) as where,
+    ):
         path = write_config(root)
-        kv = os.path.join(root, "kv")
+        l3 = storage_args(args.storage, where)
         results = {
             "recompute": run_recompute(path, prefix, suffixes, args.dtype),
             "L2 (host)": run_tier(path, prefix, suffixes, fillers, args.dtype, "l2", hicache_ratio=2.0),
-            "L3 (file)": run_tier(
-                path, prefix, suffixes, fillers, args.dtype, "l3", directory=kv, hicache_ratio=1.1
+            f"L3 ({args.storage})": run_tier(
+                path, prefix, suffixes, fillers, args.dtype, "l3", storage=l3, hicache_ratio=1.1
             ),
-            "L3 after restart": run_restart(path, prefix, suffixes, args.dtype, kv),
+            "L3 after restart": run_restart(path, prefix, suffixes, args.dtype, l3),
         }
     base = statistics.median(results["recompute"])
     print(f"prefix {args.tokens} tokens + {args.suffix} new, SmolLM2 shape, {args.dtype}, 1 thread")
