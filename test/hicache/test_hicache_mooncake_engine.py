@@ -1,7 +1,8 @@
 """HiCache with the `mooncake` storage backend through the whole engine (tiny Llama, float32),
 against a real `mooncake_master` started here: a second engine sharing the first one's store
 loads every prefix from the first one's pages (prefill computes only the suffixes) with the
-greedy tokens of an engine without HiCache; the master killed before a load: the request is
+greedy tokens of an engine without HiCache; at tp 2 both ranks load their heads back from the
+store after a flush; the master killed before a load: the request is
 recomputed (same tokens), the failure counted, the KV pool back to its free count."""
 
 from __future__ import annotations
@@ -57,6 +58,21 @@ def test_second_engine_loads_the_first_engines_pages(master, reference):
     # the first turns' prefixes can come from the store only (the last token is always computed)
     assert state["hicache_l3_hit_tokens"] >= sum((len(p) - 1) // STORAGE_PAGE * STORAGE_PAGE for p in ps[:3])
     assert state["hicache_storage_read_failures"] == 0 and state["hicache_storage_unreachable"] == 0
+
+
+def test_tp2_ranks_load_their_heads_from_the_store(master, reference):
+    """tp 2: each rank a client of the store with its own namespace (its heads); after a flush
+    both ranks load the same pages back and the tokens are tp 1's without HiCache."""
+    ps = prompts()[:3]
+    with tiny_engine(tp_size=2, **mooncake_args(master)) as llm:
+        first = [llm.generate(input_ids=p, sampling_params=GREEDY)["output_ids"] for p in ps]
+        assert llm.flush_cache().success  # L1 and L2 emptied on both ranks
+        again = [llm.generate(input_ids=p, sampling_params=GREEDY) for p in ps]
+        state = llm.get_server_info()["internal_states"][0]
+    assert first == reference[:3] == [r["output_ids"] for r in again]
+    whole_pages = [(len(p) - 1) // STORAGE_PAGE * STORAGE_PAGE for p in ps]
+    assert [r["meta_info"]["cached_tokens"] for r in again] == whole_pages
+    assert state["hicache_l3_hit_tokens"] == sum(whole_pages) and state["hicache_storage_read_failures"] == 0
 
 
 def test_master_killed_before_a_load_recomputes(tmp_path, reference):
