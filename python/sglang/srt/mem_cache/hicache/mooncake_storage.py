@@ -159,8 +159,8 @@ class MooncakeStorage(PageStore):
         if store is None or name in self._bad:
             return False
         rc = store.is_exist(self.key(name))
-        if rc < 0:
-            self._down(f"is_exist failed ({rc})")
+        if rc == RPC_FAIL:
+            self._down(f"looking up page {name[:16]} failed")
         return rc == 1
 
     def put(self, name: str, payload: bytes) -> bool:
@@ -194,11 +194,12 @@ class MooncakeStorage(PageStore):
                 self.stats.read_failures += 1
                 return self._down(f"reading page {name[:16]} failed")
             rc = store.is_exist(self.key(name))
-            if rc != 0:
-                self.stats.read_failures += 1
-                logger.warning(
-                    "HiCache mooncake storage: page %s unreadable (%d); recomputing", name[:16], rc
-                )
+            if rc == 0:
+                return None  # a plain miss
+            self.stats.read_failures += 1
+            if rc == RPC_FAIL:
+                return self._down(f"reading page {name[:16]} failed")
+            logger.warning("HiCache mooncake storage: page %s unreadable (%d); recomputing", name[:16], rc)
             return None
         payload, why = unframe(data)
         if payload is None:
