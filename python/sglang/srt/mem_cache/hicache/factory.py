@@ -2,11 +2,12 @@
 
 Sizes: the host tier holds `--hicache-size` GB (per rank), else `--hicache-ratio` × the KV pool's
 tokens. The file backend's directory: the extra config's `file_path`, else
-`SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR`, else `/tmp/hicache`; the `mooncake` backend's
-store: `mooncake_config.py`. One storage page holds `page_tokens` tokens (extra config, default 64). `layout_id` names this rank's place in the model (tp
-rank/size, pp stage, cp rank and layout, dtype, layers): it goes into the storage namespace with
-`model_identity`, the page size and the KV buffers' shapes. A later pipeline stage builds the
-same tiers for its layers as a `StageTiers` (pipeline.py).
+`SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR`, else `/tmp/hicache`; the `mooncake` backend's store:
+`mooncake_config.py`. One storage page holds `page_tokens` tokens (extra config, default 64).
+`layout_id` names this rank's place in the model (tp rank/size, pp stage, cp rank and layout,
+dtype, layers): it goes into the storage namespace with `model_identity`, the page size and the KV
+buffers' shapes. A later pipeline stage builds the same tiers for its layers as a `StageTiers`
+(pipeline.py).
 """
 
 from __future__ import annotations
