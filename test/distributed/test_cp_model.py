@@ -123,3 +123,42 @@ def test_pp2_cp2_matches_single_rank(checkpoints, reference):
         assert sent[0][0] < sent[0][1] and all(r <= n for r, n in sent)
     # the stages hold disjoint layers; the two cp ranks of a stage split that stage's KV
     assert results[0]["rows"] + results[1]["rows"] == ref["rows"]
+
+
+def _dense_tp_rank_body(rank: int, world_size: int, path: str) -> dict:
+    """cp 2 with the embedding / LM head vocab-sharded over the cp group (`--enable-cp-dense-tp`)."""
+    groups = ParallelGroups.build(ParallelLayout(tp=2, attn_cp=2, cp_dense_tp=True), rank)
+    out = generate(path, groups, "zigzag")
+    hf_config = ModelConfig(path).hf_config
+    model = ModelRegistry.resolve(hf_config.architectures)(hf_config, groups, torch.float32)
+    out["bytes"] = {name: _bytes(getattr_path(model, name)) for name in ("model.embed_tokens", "lm_head")}
+    return out
+
+
+def _bytes(module: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+def getattr_path(obj, dotted: str):
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def test_cp_dense_tp_matches_single_rank(checkpoints, reference):
+    """Tokens identical and logits within 1e-4 of cp 1 (split decodes: the LM head's vocab slices
+    moved to the rows' holders; all-token logits: the head's own gather), each rank holding 1/cp
+    of the embedding and LM head bytes."""
+    results = run_ranks(_dense_tp_rank_body, 2, args=(checkpoints["llama"],), timeout=180)
+    ref = reference["llama"]
+    hf_config = ModelConfig(checkpoints["llama"]).hf_config
+    full = ModelRegistry.resolve(hf_config.architectures)(hf_config, ParallelGroups.single(), torch.float32)
+    for rank, got in enumerate(results):
+        assert got["tokens"] == ref["tokens"], rank
+        for step, (a, b) in enumerate(zip(got["logits"], ref["logits"])):
+            torch.testing.assert_close(
+                a, b, atol=TOL, rtol=0, msg=lambda m: f"dense tp rank {rank} step {step}: {m}"
+            )
+        for name, nbytes in got["bytes"].items():
+            whole, vocab = _bytes(getattr_path(full, name)), hf_config.vocab_size
+            assert nbytes == -(-vocab // 2) * (whole // vocab) and nbytes < whole, name  # 1/cp of the rows

@@ -42,6 +42,12 @@ class ParallelArgs:
         G_CP,
         default_text="$SGLANG_CP_MIN_SPLIT_TOKENS, else the platform's measured crossover",
     )
+    enable_cp_dense_tp: bool = arg(
+        False,
+        "Vocab-shard the embedding and LM head over the CP group (needs --tp-size == --cp-size): 1/cp of "
+        "their weight bytes per rank, identical outputs (docs/context_parallel.md).",
+        G_CP,
+    )
 
     # ------------------------------------------------------------------ data parallelism
     dp_size: int = arg(

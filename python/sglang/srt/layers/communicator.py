@@ -72,8 +72,11 @@ class LayerScatterModes:
 def embedding_tp_group(groups: "ParallelGroups") -> "GroupCoordinator":
     """Group the embedding is vocab-sharded over. The cp ranks of a replica, and the replicas,
     hold different tokens, so under CP or DP attention each attention-TP group embeds its own
-    tokens (sharded over attn_tp); otherwise the stage's tp group."""
+    tokens (sharded over attn_tp); otherwise, and with `--enable-cp-dense-tp` (tp = cp: the cp
+    group, which embeds every token of the batch, `layers/cp_dense_tp.py`), the stage's tp group."""
     lay = groups.layout
+    if lay.cp_dense_tp:
+        return groups.tp
     return groups.attn_tp if lay.attn_cp > 1 or lay.attn_dp > 1 else groups.tp
 
 
