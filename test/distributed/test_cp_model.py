@@ -125,13 +125,16 @@ def test_pp2_cp2_matches_single_rank(checkpoints, reference):
     assert results[0]["rows"] + results[1]["rows"] == ref["rows"]
 
 
+SHARDED = ("model.embed_tokens", "lm_head", "model.layers.0.self_attn.o_proj")
+
+
 def _dense_tp_rank_body(rank: int, world_size: int, path: str) -> dict:
     """cp 2 with the embedding / LM head vocab-sharded over the cp group (`--enable-cp-dense-tp`)."""
     groups = ParallelGroups.build(ParallelLayout(tp=2, attn_cp=2, cp_dense_tp=True), rank)
     out = generate(path, groups, "zigzag")
     hf_config = ModelConfig(path).hf_config
     model = ModelRegistry.resolve(hf_config.architectures)(hf_config, groups, torch.float32)
-    out["bytes"] = {name: _bytes(getattr_path(model, name)) for name in ("model.embed_tokens", "lm_head")}
+    out["bytes"] = {name: _bytes(getattr_path(model, name)) for name in SHARDED}
     return out
 
 
@@ -147,8 +150,8 @@ def getattr_path(obj, dotted: str):
 
 def test_cp_dense_tp_matches_single_rank(checkpoints, reference):
     """Tokens identical and logits within 1e-4 of cp 1 (split decodes: the LM head's vocab slices
-    moved to the rows' holders; all-token logits: the head's own gather), each rank holding 1/cp
-    of the embedding and LM head bytes."""
+    moved to the rows' holders; all-token logits: the head's own gather; o_proj row-parallel over
+    the cp ranks), each rank holding 1/cp of the embedding, LM head and o_proj bytes."""
     results = run_ranks(_dense_tp_rank_body, 2, args=(checkpoints["llama"],), timeout=180)
     ref = reference["llama"]
     hf_config = ModelConfig(checkpoints["llama"]).hf_config
@@ -159,6 +162,9 @@ def test_cp_dense_tp_matches_single_rank(checkpoints, reference):
             torch.testing.assert_close(
                 a, b, atol=TOL, rtol=0, msg=lambda m: f"dense tp rank {rank} step {step}: {m}"
             )
+        vocab = hf_config.vocab_size
         for name, nbytes in got["bytes"].items():
-            whole, vocab = _bytes(getattr_path(full, name)), hf_config.vocab_size
-            assert nbytes == -(-vocab // 2) * (whole // vocab) and nbytes < whole, name  # 1/cp of the rows
+            whole = _bytes(getattr_path(full, name))
+            # 1/cp: the vocabulary rows (padded to a multiple of cp), o_proj's input columns
+            expected = whole // 2 if "o_proj" in name else -(-vocab // 2) * (whole // vocab)
+            assert nbytes == expected and nbytes < whole, name

@@ -35,6 +35,11 @@ def test_flag_refused_by_name(kwargs):
         check_server_args(ServerArgs(**BASE, enable_cp_dense_tp=True, **kwargs))
 
 
+def test_shard_linear_combination_refused():
+    with pytest.raises(ValueError, match="--enable-shard-linear and --enable-cp-dense-tp"):
+        check_server_args(ServerArgs(**BASE, cp_size=2, enable_cp_dense_tp=True, enable_shard_linear=True))
+
+
 def test_weight_groups_follow_the_flag():
     """Off: embedding / LM head over attn_tp (size 1, replicated across cp); on: over the cp ranks."""
     from sglang.srt.distributed.parallel_state import ParallelGroups

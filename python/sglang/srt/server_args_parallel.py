@@ -44,8 +44,8 @@ class ParallelArgs:
     )
     enable_cp_dense_tp: bool = arg(
         False,
-        "Vocab-shard the embedding and LM head over the CP group (needs --tp-size == --cp-size): 1/cp of "
-        "their weight bytes per rank, identical outputs (docs/context_parallel.md).",
+        "Shard the embedding and LM head (vocab) and o_proj (heads) over the CP group, rows moved instead "
+        "(needs --tp-size == --cp-size): 1/cp of their weight bytes per rank (docs/context_parallel.md).",
         G_CP,
     )
 

@@ -1,11 +1,13 @@
-"""Embedding and LM head vocab-sharded over the CP group (`--enable-cp-dense-tp`, seed 002's
-prefill layout: "Embedding TP + AllReduce", "LM Head TP with an all-gather over the whole CP
-domain, tokens restored to their original order").
+"""Embedding, LM head and o_proj sharded over the CP group (`--enable-cp-dense-tp`, seed 002's
+prefill layout: "Embedding TP + AllReduce", "O_proj locally TP-sharded, AlltoAll before and
+ReduceScatter after", "LM Head TP with an all-gather over the whole CP domain, tokens restored
+to their original order").
 
 With tp = cp (attention TP 1) the cp ranks hold different tokens of one batch, so by default
-(`communicator.embedding_tp_group`) each rank keeps the whole embedding table and LM head. With
-the flag both are split over the cp group like plain TP (1/cp of the vocabulary rows per rank)
-and the rows move instead:
+(`communicator.embedding_tp_group`, attention projections over attn_tp) each rank keeps the whole
+embedding table, LM head and every layer's o_proj. With the flag they are split over the cp
+group like plain TP (1/cp of the vocabulary rows, 1/cp of o_proj's input columns per rank) and
+the rows move instead:
 
 - embedding (`embed_to_local_rows`): every rank looks up every token of the batch in its vocab
   range (zeros elsewhere, the ids are on every rank before the CP split); the partial rows of a
@@ -21,11 +23,16 @@ and the rows move instead:
   decode step a rank receives its rows' (cp-1)/cp of the vocabulary instead of all rows' vocab.
   Batches that assemble the logits on every rank (all-token logits, `split_decodes=False`)
   gather the hidden rows first (`gather_for_logits`) and use the head's own vocab all-gather.
+- o_proj (`head_sharded_o_proj`, called by the attention blocks: `models/llama.py`,
+  `layers/attention/mla.py`): an all-to-all trades tokens for heads, each rank projects every
+  split token's columns of its heads, and an all-to-all returns the partial rows to their
+  holders, which sum them (a reduce-scatter onto the token layout); rows every rank holds are
+  all-reduced. Summation order differs from one GEMM (float32: within 1e-6 here).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 import torch
 import torch.distributed as dist
@@ -34,6 +41,7 @@ from sglang.srt.layers.cp_exchange import exchange_to_holders, start_gather
 
 if TYPE_CHECKING:
     from sglang.srt.layers.context_parallel import CPLayout
+    from sglang.srt.layers.linear import RowParallelLinear
     from sglang.srt.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
 
 
@@ -88,3 +96,44 @@ def sharded_local_logits(hidden: torch.Tensor, lm_head: "ParallelLMHead", cp: "C
         return hidden.new_empty((0, lm_head.num_embeddings))
     logits = torch.cat(parts) if len(parts) > 1 else parts[0]
     return logits[:, : lm_head.num_embeddings]
+
+
+def head_sharded_o_proj(
+    x: torch.Tensor, o_proj: "RowParallelLinear", cp: Optional["CPLayout"]
+) -> torch.Tensor:
+    """o_proj row-parallel over the cp group (its input columns, i.e. the heads, split; seed 002:
+    "O_proj locally TP-sharded, an all-to-all before and a reduce-scatter after"). `x`: this rank's
+    tokens with every head [num_local, heads · head_dim]; `o_proj`: sharded over the cp ranks,
+    unreduced (bias on rank 0). Returns this rank's rows of the complete projection.
+
+    Split tokens: one all-to-all trades tokens for heads (each rank gets every split token's
+    columns of its heads, rank order), the partial projection of all of them, and one all-to-all
+    sends each holder the partials of its rows, summed there (a reduce-scatter onto the token
+    layout). Rows every rank holds: its heads' partial, all-reduced."""
+    group = o_proj.tp
+    width = o_proj.input_size_per_partition
+    cols = slice(o_proj.tp_rank * width, (o_proj.tp_rank + 1) * width)
+    if cp is None:  # no CP layout: every rank holds every token
+        return group.all_reduce(o_proj(x[:, cols].contiguous()))
+    _check_group(o_proj.tp_size, cp, "o_proj")
+    size, dev = cp.cp_size, x.device
+    out = x.new_empty((x.shape[0], o_proj.weight.shape[0]))
+    spec = cp.split_spec()
+    if spec.total:  # identical on every rank (the layout is)
+        n = spec.sizes[cp.cp_rank]
+        rows = spec.local_rows.to(dev)
+        send = x.index_select(0, rows).view(n, size, width).transpose(0, 1).contiguous()
+        heads = x.new_empty((spec.total, width))
+        dist.all_to_all_single(
+            heads, send.view(size * n, width), list(spec.sizes), [n] * size, group=cp.group.device_group
+        )
+        partial = o_proj(heads).contiguous()
+        back = partial.new_empty((size * n, partial.shape[1]))
+        dist.all_to_all_single(back, partial, [n] * size, list(spec.sizes), group=cp.group.device_group)
+        out.index_copy_(0, rows, back.view(size, n, partial.shape[1]).sum(0))
+    repl = torch.nonzero(cp.holder_rank[cp.local_idx] < 0).flatten()
+    if repl.numel():  # the same tokens, in the same order, on every rank
+        repl = repl.to(dev)
+        part = o_proj(x.index_select(0, repl)[:, cols].contiguous())
+        out.index_copy_(0, repl, cp.group.all_reduce(part))
+    return out

@@ -79,7 +79,8 @@ class DeepseekV2DecoderLayer(nn.Module):
     ):
         super().__init__()
         self.layer_id = layer_id
-        self.self_attn = MLAAttention(config, layer_id, groups.attn_tp, dtype, use_indexer)
+        o_proj_cp = groups.tp if groups.layout.cp_dense_tp else None  # `--enable-cp-dense-tp`
+        self.self_attn = MLAAttention(config, layer_id, groups.attn_tp, dtype, use_indexer, o_proj_cp)
         self.is_moe = is_moe_layer(config, layer_id)
         mlp_group = moe_mlp_group(groups) if self.is_moe else dense_mlp_tp_group(groups)
         if self.is_moe:
