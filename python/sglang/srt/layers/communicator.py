@@ -90,6 +90,13 @@ def lm_head_tp_group(groups: "ParallelGroups", tied: bool) -> "GroupCoordinator"
     return embedding_tp_group(groups)
 
 
+def o_proj_cp_group(groups: "ParallelGroups") -> Optional["GroupCoordinator"]:
+    """The cp group an attention block's o_proj is row-parallel over with `--enable-cp-dense-tp`
+    (tp = cp: the stage's tp group; `layers/cp_dense_tp.head_sharded_o_proj`), else None (o_proj
+    sharded over attn_tp with the other attention projections)."""
+    return groups.tp if groups.layout.cp_dense_tp else None
+
+
 def dense_mlp_tp_group(groups: "ParallelGroups") -> "GroupCoordinator":
     """Group a dense MLP is sharded over: with DP attention the whole tp group, or nobody
     (replicated) with `--moe-dense-tp-size 1`; under CP attn_tp (the cp ranks hold different

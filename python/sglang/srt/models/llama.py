@@ -22,7 +22,7 @@ from transformers import PretrainedConfig
 from sglang.srt.distributed.parallel_state import GroupCoordinator, ParallelGroups
 from sglang.srt.layers.activation import SiluAndMul
 from sglang.srt.layers.attention.radix_attention import RadixAttention
-from sglang.srt.layers.communicator import dense_mlp_tp_group, make_layer_communicator
+from sglang.srt.layers.communicator import dense_mlp_tp_group, make_layer_communicator, o_proj_cp_group
 from sglang.srt.layers.context_parallel import get_cp_layout, is_cp_batch
 from sglang.srt.layers.cp_dense_tp import head_sharded_o_proj
 from sglang.srt.layers.layernorm import RMSNorm
@@ -146,9 +146,8 @@ class LlamaDecoderLayer(nn.Module):
         super().__init__()
         self.layer_id = layer_id
         o_bias = bool(getattr(config, "attention_bias", False))
-        o_proj_cp = groups.tp if groups.layout.cp_dense_tp else None
         self.self_attn = LlamaAttention(
-            config, layer_id, groups.attn_tp, dtype, qkv_bias, o_bias, qk_norm, o_proj_cp
+            config, layer_id, groups.attn_tp, dtype, qkv_bias, o_bias, qk_norm, o_proj_cp_group(groups)
         )
         mlp_bias = bool(getattr(config, "mlp_bias", False))
         mlp_group = dense_mlp_tp_group(groups)
