@@ -25,6 +25,9 @@ spans the replicas (`dp_gather_logit_rows`, `dp_scatter_logit_rows`). Under CP w
 (`CPLayout.split_decodes`, no DP attention) the LM head runs on the last tokens this rank holds
 each rank samples its own rows (`cp_logits_split`, `layers/sampler_cp.py`; `cp_gather_logits`
 assembles the batch's logits where all of them are read): no rank computes another rank's logits.
+With `--enable-cp-dense-tp` the embedding, LM head and o_proj are sharded over the cp group and
+move rows between the ranks inside them (`layers/cp_dense_tp.py`); what goes in and comes out is
+in the layouts above.
 """
 
 from __future__ import annotations
