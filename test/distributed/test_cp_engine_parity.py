@@ -9,7 +9,8 @@ logprobs): ids identical, logprobs and top logprobs within 1e-4 (each cp rank sa
 rows, `layers/sampler_cp.py`). cp = 2 with
 both strategies, cp = 4 (zigzag, interleave 2 with page 2), pp = 2 × cp = 2, and cp = 2 with
 `--cp-min-split-tokens 12` (adaptive CP: the short prompt runs whole on every rank, counted by
-`cp_unsplit_prefill_tokens`; the suite's default is 0, always split). The engine reports
+`cp_unsplit_prefill_tokens`; the suite's default is 0, always split), also with
+`--enable-cp-dense-tp` (embedding / LM head vocab-sharded over the cp group). The engine reports
 each rank's physical KV pool and usage: a request's share is ≤ ceil(tokens / cp) + one page.
 """
 
@@ -37,6 +38,10 @@ CONFIGS = {
     # adaptive CP: the 7-token prompt runs whole on both ranks; the 19-token one and the 45-token
     # one's 16-token chunks are split
     "cp2-min-split-12": dict(cp_size=2, cp_min_split_tokens=12),
+    # embedding / LM head vocab-sharded over the cp group (layers/cp_dense_tp.py), with the adaptive
+    # split so that both split last tokens (slices moved to their holders) and a row every rank
+    # holds (slices all-gathered) reach the sharded head
+    "cp2-dense-tp-min-split-12": dict(cp_size=2, cp_min_split_tokens=12, enable_cp_dense_tp=True),
 }
 
 

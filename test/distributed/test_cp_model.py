@@ -123,3 +123,48 @@ def test_pp2_cp2_matches_single_rank(checkpoints, reference):
         assert sent[0][0] < sent[0][1] and all(r <= n for r, n in sent)
     # the stages hold disjoint layers; the two cp ranks of a stage split that stage's KV
     assert results[0]["rows"] + results[1]["rows"] == ref["rows"]
+
+
+SHARDED = ("model.embed_tokens", "lm_head", "model.layers.0.self_attn.o_proj")
+
+
+def _dense_tp_rank_body(rank: int, world_size: int, path: str) -> dict:
+    """cp 2 with the embedding / LM head vocab-sharded over the cp group (`--enable-cp-dense-tp`)."""
+    groups = ParallelGroups.build(ParallelLayout(tp=2, attn_cp=2, cp_dense_tp=True), rank)
+    out = generate(path, groups, "zigzag")
+    hf_config = ModelConfig(path).hf_config
+    model = ModelRegistry.resolve(hf_config.architectures)(hf_config, groups, torch.float32)
+    out["bytes"] = {name: _bytes(getattr_path(model, name)) for name in SHARDED}
+    return out
+
+
+def _bytes(module: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+def getattr_path(obj, dotted: str):
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def test_cp_dense_tp_matches_single_rank(checkpoints, reference):
+    """Tokens identical and logits within 1e-4 of cp 1 (split decodes: the LM head's vocab slices
+    moved to the rows' holders; all-token logits: the head's own gather; o_proj row-parallel over
+    the cp ranks), each rank holding 1/cp of the embedding, LM head and o_proj bytes."""
+    results = run_ranks(_dense_tp_rank_body, 2, args=(checkpoints["llama"],), timeout=180)
+    ref = reference["llama"]
+    hf_config = ModelConfig(checkpoints["llama"]).hf_config
+    full = ModelRegistry.resolve(hf_config.architectures)(hf_config, ParallelGroups.single(), torch.float32)
+    for rank, got in enumerate(results):
+        assert got["tokens"] == ref["tokens"], rank
+        for step, (a, b) in enumerate(zip(got["logits"], ref["logits"])):
+            torch.testing.assert_close(
+                a, b, atol=TOL, rtol=0, msg=lambda m: f"dense tp rank {rank} step {step}: {m}"
+            )
+        vocab = hf_config.vocab_size
+        for name, nbytes in got["bytes"].items():
+            whole = _bytes(getattr_path(full, name))
+            # 1/cp: the vocabulary rows (padded to a multiple of cp), o_proj's input columns
+            expected = whole // 2 if "o_proj" in name else -(-vocab // 2) * (whole // vocab)
+            assert nbytes == expected and nbytes < whole, name

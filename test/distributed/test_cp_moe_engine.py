@@ -7,7 +7,8 @@ Workload: 3 prompts of odd lengths (the 45-token one prefilled over 3 chunks of 
 sparse. Greedy ids identical and every sampled token's logprob within 1e-4 of the reference
 (log-softmax of its logits). Layouts: pp 2 x cp 2 (zigzag), and cp 2 with `--cp-min-split-tokens
 12` (adaptive CP: prompts below and above the threshold in one batch; the short one's tokens
-counted by `cp_unsplit_prefill_tokens`, the suite's default being 0, always split).
+counted by `cp_unsplit_prefill_tokens`, the suite's default being 0, always split), and cp 2 with
+`--enable-cp-dense-tp` (embedding / LM head vocab-sharded over the cp group).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ CONFIGS = {
     # ranks (MLA / DSA attention local, its last token's logits on both), the 19-token one and the
     # 45-token one's 16-token chunks are split
     "cp2-min-split-12": dict(cp_size=2, cp_min_split_tokens=12),
+    # embedding / LM head vocab-sharded over the cp group (layers/cp_dense_tp.py)
+    "cp2-dense-tp": dict(cp_size=2, enable_cp_dense_tp=True),
 }
 
 

@@ -178,6 +178,10 @@ def _validate_context_parallel(args: Any) -> None:
         raise ValueError(
             f"--cp-kv-cache-interleave-size ({inter}) must be >= 1 and divide --page-size ({args.page_size})"
         )
+    if args.enable_shard_linear and args.enable_cp_dense_tp:
+        raise ValueError(
+            "--enable-shard-linear and --enable-cp-dense-tp both shard o_proj over the cp ranks: use one"
+        )
     if args.enable_shard_linear:
         from sglang.srt.distributed.parallel_layout import ParallelLayout
 

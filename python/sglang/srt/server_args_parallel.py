@@ -42,6 +42,12 @@ class ParallelArgs:
         G_CP,
         default_text="$SGLANG_CP_MIN_SPLIT_TOKENS, else the platform's measured crossover",
     )
+    enable_cp_dense_tp: bool = arg(
+        False,
+        "Shard the embedding and LM head (vocab) and o_proj (heads) over the CP group, rows moved instead "
+        "(needs --tp-size == --cp-size): 1/cp of their weight bytes per rank (docs/context_parallel.md).",
+        G_CP,
+    )
 
     # ------------------------------------------------------------------ data parallelism
     dp_size: int = arg(

@@ -62,6 +62,8 @@ class ParallelLayout:
     # MoE tokens reach their experts by an all-to-all over moe_ep (`--moe-a2a-backend all_to_all`)
     # instead of every rank of the tp group seeing every token
     moe_a2a: bool = False
+    # embedding / LM head vocab-sharded over the cp group (`--enable-cp-dense-tp`; layers/cp_dense_tp.py)
+    cp_dense_tp: bool = False
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -108,6 +110,7 @@ class ParallelLayout:
             moe_dense_tp=getattr(server_args, "moe_dense_tp_size", None),
             dp_lm_head=bool(getattr(server_args, "enable_dp_lm_head", False)),
             moe_a2a=getattr(server_args, "moe_a2a_backend", "none") == "all_to_all",
+            cp_dense_tp=bool(getattr(server_args, "enable_cp_dense_tp", False)),
         )
         layout.validate()
         return layout
@@ -138,6 +141,11 @@ class ParallelLayout:
             raise ValueError(
                 f"the all-to-all MoE dispatch needs ep_size == tp_size (whole experts per rank), "
                 f"got ep {self.moe_ep}, tp {self.tp}"
+            )
+        if self.cp_dense_tp and (self.attn_cp == 1 or self.attn_tp != 1 or self.attn_dp != 1):
+            raise ValueError(
+                f"--enable-cp-dense-tp shards the embedding / LM head over the cp group: needs --cp-size > 1, "
+                f"--tp-size == --cp-size and no DP attention, got cp {self.attn_cp}, tp {self.tp}, dp {self.attn_dp}"
             )
 
     # ------------------------------------------------------------------ rank <-> coordinates

@@ -25,6 +25,9 @@ spans the replicas (`dp_gather_logit_rows`, `dp_scatter_logit_rows`). Under CP w
 (`CPLayout.split_decodes`, no DP attention) the LM head runs on the last tokens this rank holds
 each rank samples its own rows (`cp_logits_split`, `layers/sampler_cp.py`; `cp_gather_logits`
 assembles the batch's logits where all of them are read): no rank computes another rank's logits.
+With `--enable-cp-dense-tp` the embedding, LM head and o_proj are sharded over the cp group and
+move rows between the ranks inside them (`layers/cp_dense_tp.py`); what goes in and comes out is
+in the layouts above.
 """
 
 from __future__ import annotations
@@ -72,8 +75,11 @@ class LayerScatterModes:
 def embedding_tp_group(groups: "ParallelGroups") -> "GroupCoordinator":
     """Group the embedding is vocab-sharded over. The cp ranks of a replica, and the replicas,
     hold different tokens, so under CP or DP attention each attention-TP group embeds its own
-    tokens (sharded over attn_tp); otherwise the stage's tp group."""
+    tokens (sharded over attn_tp); otherwise, and with `--enable-cp-dense-tp` (tp = cp: the cp
+    group, which embeds every token of the batch, `layers/cp_dense_tp.py`), the stage's tp group."""
     lay = groups.layout
+    if lay.cp_dense_tp:
+        return groups.tp
     return groups.attn_tp if lay.attn_cp > 1 or lay.attn_dp > 1 else groups.tp
 
 
@@ -85,6 +91,13 @@ def lm_head_tp_group(groups: "ParallelGroups", tied: bool) -> "GroupCoordinator"
     if lay.attn_dp > 1 and not lay.dp_lm_head and not tied:
         return groups.tp
     return embedding_tp_group(groups)
+
+
+def o_proj_cp_group(groups: "ParallelGroups") -> Optional["GroupCoordinator"]:
+    """The cp group an attention block's o_proj is row-parallel over with `--enable-cp-dense-tp`
+    (tp = cp: the stage's tp group; `layers/cp_dense_tp.head_sharded_o_proj`), else None (o_proj
+    sharded over attn_tp with the other attention projections)."""
+    return groups.tp if groups.layout.cp_dense_tp else None
 
 
 def dense_mlp_tp_group(groups: "ParallelGroups") -> "GroupCoordinator":

@@ -10,7 +10,9 @@ logits) and only the last rows and those rows go through the LM head.
 
 Under CP with split decodes (`cp_logits_split`) each rank computes the logits of the last tokens it
 holds only and returns them as they are (`CPLocalLogits`); the engine samples them on this rank and
-all-gathers the sampled ids (`layers/sampler_cp.py`), never the vocab-wide rows."""
+all-gathers the sampled ids (`layers/sampler_cp.py`), never the vocab-wide rows. With the LM head
+vocab-sharded over the cp group (`--enable-cp-dense-tp`) each rank computes its vocab slice of
+every split row and the slices are moved to the rows' holders (`layers/cp_dense_tp.py`)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from torch import nn
 
 from sglang.srt.layers.communicator import cp_gather_logits, cp_logits_split
 from sglang.srt.layers.context_parallel import CPLayout, get_cp_layout
+from sglang.srt.layers.cp_dense_tp import sharded_local_logits
 from sglang.srt.layers.dp_attention import dp_gather, dp_scatter
 from sglang.srt.layers.vocab_embedding import ParallelLMHead
 
@@ -71,12 +74,16 @@ class LogitsProcessorOutput:
 class LogitsProcessor(nn.Module):
     """Selects each request's last new token (unless all logits are asked for) and applies the LM head.
 
-    `dp_groups`: set when the LM head is sharded over the ranks of several attention-DP replicas."""
+    `dp_groups`: set when the LM head is sharded over the ranks of several attention-DP replicas;
+    `cp_sharded`: the LM head is vocab-sharded over the cp group (`--enable-cp-dense-tp`)."""
 
-    def __init__(self, vocab_size: int, dp_groups: Optional["ParallelGroups"] = None):
+    def __init__(
+        self, vocab_size: int, dp_groups: Optional["ParallelGroups"] = None, cp_sharded: bool = False
+    ):
         super().__init__()
         self.vocab_size = vocab_size
         self.dp_groups = dp_groups
+        self.cp_sharded = cp_sharded
 
     def _logits(self, rows: torch.Tensor, lm_head: ParallelLMHead, fb: "ForwardBatch", counts: Sequence[int]):
         if self.dp_groups is None or fb.dp is None:
@@ -90,7 +97,10 @@ class LogitsProcessor(nn.Module):
         if cp_logits_split(forward_batch):  # CP: this rank's last tokens only, sampled here
             cp = get_cp_layout(forward_batch)
             cp.count("logit_rows", hidden_states.shape[0])
-            logits = lm_head.compute_logits(hidden_states).float()
+            if self.cp_sharded:  # every rank a vocab slice of every split row (cp_dense_tp.py)
+                logits = sharded_local_logits(hidden_states, lm_head, cp).float()
+            else:
+                logits = lm_head.compute_logits(hidden_states).float()
             return LogitsProcessorOutput(cp_local=CPLocalLogits(logits, cp))
         dp = forward_batch.dp
         if forward_batch.logprob_rows is not None:

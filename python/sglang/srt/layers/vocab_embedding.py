@@ -63,11 +63,15 @@ class VocabParallelEmbedding(nn.Module):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
             return F.embedding(input_ids, self.weight)
+        return self.tp.all_reduce(self.partial(input_ids))
+
+    def partial(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """This rank's share of the lookup: the rows of ids in its vocab range, zeros elsewhere
+        (summed over the tp ranks it is the embedding; `layers/cp_dense_tp.py` sums it per holder)."""
         in_range = (input_ids >= self.vocab_start_index) & (input_ids < self.vocab_end_index)
         local_ids = torch.where(in_range, input_ids - self.vocab_start_index, 0)
         out = F.embedding(local_ids, self.weight)
-        out = out * in_range.unsqueeze(-1).to(out.dtype)
-        return self.tp.all_reduce(out)
+        return out * in_range.unsqueeze(-1).to(out.dtype)
 
     def extra_repr(self) -> str:
         return f"vocab={self.num_embeddings}, per_rank={self.num_embeddings_per_partition}, dim={self.embedding_dim}"
@@ -130,12 +134,16 @@ class ParallelLMHead(VocabParallelEmbedding):
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """[n, hidden] -> [n, vocab] logits in the weight dtype, or float32 with `float32_logits`
         (gathered over tp ranks)."""
-        if self.float32_logits:
-            logits = float32_out_linear(hidden_states, self.weight, self.bias, self.float32_packed)
-        else:
-            logits = linear(hidden_states, self.weight, self.bias, self.packed_weight)
+        logits = self.local_logits(hidden_states)
         if self.tp_size > 1:
             logits = self.tp.all_gather(logits, dim=-1)
         if logits.shape[-1] != self.num_embeddings:
             logits = logits[..., : self.num_embeddings]
         return logits
+
+    def local_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """[n, hidden] -> [n, vocab_per_rank]: the logits of this rank's vocab range (padding
+        columns included), no gather."""
+        if self.float32_logits:
+            return float32_out_linear(hidden_states, self.weight, self.bias, self.float32_packed)
+        return linear(hidden_states, self.weight, self.bias, self.packed_weight)

@@ -66,7 +66,9 @@ class CausalLM(nn.Module):
             self.lm_head = PPMissingLayer()
         # an LM head sharded over ranks of other DP replicas sees every replica's rows
         spans_replicas = groups.layout.attn_dp > 1 and head_group.size > groups.replica.size
-        self.logits_processor = LogitsProcessor(config.vocab_size, groups if spans_replicas else None)
+        self.logits_processor = LogitsProcessor(
+            config.vocab_size, groups if spans_replicas else None, cp_sharded=groups.layout.cp_dense_tp
+        )
 
     @property
     def start_layer(self) -> int:

@@ -28,7 +28,12 @@ from torch import nn
 from sglang.srt.distributed.parallel_state import ParallelGroups
 from sglang.srt.layers.attention.dsa.backend_names import int8_index_keys
 from sglang.srt.layers.attention.mla import MLAAttention
-from sglang.srt.layers.communicator import dense_mlp_tp_group, make_layer_communicator, moe_mlp_group
+from sglang.srt.layers.communicator import (
+    dense_mlp_tp_group,
+    make_layer_communicator,
+    moe_mlp_group,
+    o_proj_cp_group,
+)
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.quantization.config import quant_spec_from_config
 from sglang.srt.layers.moe.moe_block import SparseMoeBlock
@@ -79,7 +84,9 @@ class DeepseekV2DecoderLayer(nn.Module):
     ):
         super().__init__()
         self.layer_id = layer_id
-        self.self_attn = MLAAttention(config, layer_id, groups.attn_tp, dtype, use_indexer)
+        self.self_attn = MLAAttention(
+            config, layer_id, groups.attn_tp, dtype, use_indexer, o_proj_cp_group(groups)
+        )
         self.is_moe = is_moe_layer(config, layer_id)
         mlp_group = moe_mlp_group(groups) if self.is_moe else dense_mlp_tp_group(groups)
         if self.is_moe:

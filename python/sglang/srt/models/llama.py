@@ -22,8 +22,9 @@ from transformers import PretrainedConfig
 from sglang.srt.distributed.parallel_state import GroupCoordinator, ParallelGroups
 from sglang.srt.layers.activation import SiluAndMul
 from sglang.srt.layers.attention.radix_attention import RadixAttention
-from sglang.srt.layers.communicator import dense_mlp_tp_group, make_layer_communicator
-from sglang.srt.layers.context_parallel import is_cp_batch
+from sglang.srt.layers.communicator import dense_mlp_tp_group, make_layer_communicator, o_proj_cp_group
+from sglang.srt.layers.context_parallel import get_cp_layout, is_cp_batch
+from sglang.srt.layers.cp_dense_tp import head_sharded_o_proj
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from sglang.srt.layers.rotary import RotaryEmbedding, get_rope
@@ -69,7 +70,9 @@ class LlamaAttention(nn.Module):
         qkv_bias: bool,
         o_bias: bool,
         qk_norm: bool,
+        o_proj_cp: Optional[GroupCoordinator] = None,
     ):
+        """o_proj_cp: the cp group o_proj is row-parallel over (`--enable-cp-dense-tp`), else None."""
         super().__init__()
         head_dim = _head_dim(config)
         num_heads = config.num_attention_heads
@@ -79,8 +82,9 @@ class LlamaAttention(nn.Module):
         )
         # unreduced: the layer's communicator completes the sum over attn_tp (with the DP gather, if any)
         self.o_proj = RowParallelLinear(
-            num_heads * head_dim, config.hidden_size, o_bias, tp, dtype, reduce_results=False
+            num_heads * head_dim, config.hidden_size, o_bias, o_proj_cp or tp, dtype, reduce_results=False
         )
+        self.o_proj_over_cp = o_proj_cp is not None  # complete rows back (layers/cp_dense_tp.py)
         self.num_heads = self.qkv_proj.num_heads
         self.num_kv_heads = self.qkv_proj.num_kv_heads
         self.head_dim = head_dim
@@ -124,6 +128,8 @@ class LlamaAttention(nn.Module):
         out = self.attn(q, k, v, forward_batch)
         if keep_rows is not None:
             out = out[keep_rows]
+        if self.o_proj_over_cp:
+            return head_sharded_o_proj(out, self.o_proj, get_cp_layout(forward_batch))
         return self.o_proj(out)
 
 
@@ -140,7 +146,9 @@ class LlamaDecoderLayer(nn.Module):
         super().__init__()
         self.layer_id = layer_id
         o_bias = bool(getattr(config, "attention_bias", False))
-        self.self_attn = LlamaAttention(config, layer_id, groups.attn_tp, dtype, qkv_bias, o_bias, qk_norm)
+        self.self_attn = LlamaAttention(
+            config, layer_id, groups.attn_tp, dtype, qkv_bias, o_bias, qk_norm, o_proj_cp_group(groups)
+        )
         mlp_bias = bool(getattr(config, "mlp_bias", False))
         mlp_group = dense_mlp_tp_group(groups)
         self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, mlp_group, dtype, mlp_bias)

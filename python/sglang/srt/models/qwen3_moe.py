@@ -17,7 +17,12 @@ import torch
 from torch import nn
 
 from sglang.srt.distributed.parallel_state import ParallelGroups
-from sglang.srt.layers.communicator import dense_mlp_tp_group, make_layer_communicator, moe_mlp_group
+from sglang.srt.layers.communicator import (
+    dense_mlp_tp_group,
+    make_layer_communicator,
+    moe_mlp_group,
+    o_proj_cp_group,
+)
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.moe.moe_block import SparseMoeBlock
 from sglang.srt.layers.moe.topk import TopKConfig
@@ -44,7 +49,9 @@ class Qwen3MoeDecoderLayer(nn.Module):
         super().__init__()
         self.layer_id = layer_id
         bias = bool(getattr(config, "attention_bias", False))
-        self.self_attn = LlamaAttention(config, layer_id, groups.attn_tp, dtype, bias, False, True)
+        self.self_attn = LlamaAttention(
+            config, layer_id, groups.attn_tp, dtype, bias, False, True, o_proj_cp_group(groups)
+        )
         self.is_moe = is_sparse_layer(config, layer_id)
         mlp_group = moe_mlp_group(groups) if self.is_moe else dense_mlp_tp_group(groups)
         if self.is_moe:

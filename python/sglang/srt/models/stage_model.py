@@ -21,6 +21,8 @@ from torch import nn
 
 from sglang.srt.distributed.parallel_state import ParallelGroups
 from sglang.srt.layers.communicator import embedding_tp_group, scatter_model_input
+from sglang.srt.layers.context_parallel import get_cp_layout
+from sglang.srt.layers.cp_dense_tp import embed_to_local_rows
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.vocab_embedding import VocabParallelEmbedding
 from sglang.srt.model_executor.forward_batch import ForwardBatch, PPProxyTensors
@@ -54,6 +56,9 @@ class StageModel(nn.Module):
             )
         else:
             self.embed_tokens = PPMissingLayer()
+        # `--enable-cp-dense-tp`: the table is sharded over ranks holding different tokens, so the
+        # batch's ids are embedded before the CP split (`layers/cp_dense_tp.py`)
+        self.embed_before_split = self.pp_first and groups.layout.cp_dense_tp
         self.rotary_emb = rotary_emb
         self.layers = make_layers(n, layer_fn, self.start_layer, self.end_layer)
         if self.pp_last:
@@ -70,8 +75,12 @@ class StageModel(nn.Module):
         forward_batch: ForwardBatch,
         pp_proxy_tensors: Optional[PPProxyTensors] = None,
     ) -> Union[torch.Tensor, PPProxyTensors]:
+        cp = get_cp_layout(forward_batch) if self.embed_before_split else None
+        if cp is not None:
+            hidden_states, residual = embed_to_local_rows(self.embed_tokens, input_ids, cp), None
         input_ids, positions = scatter_model_input(input_ids, positions, forward_batch)  # CP: local tokens
-        hidden_states, residual = self.stage_input(input_ids, pp_proxy_tensors)
+        if cp is None:
+            hidden_states, residual = self.stage_input(input_ids, pp_proxy_tensors)
         cos, sin = self.rotary_emb.cos_sin(positions)
         hidden_states, residual = self.forward_layers(hidden_states, residual, cos, sin, forward_batch)
         return self.stage_output(hidden_states, residual)

@@ -28,6 +28,8 @@ from torch import nn
 
 from sglang.srt.distributed.parallel_state import GroupCoordinator
 from sglang.srt.layers.attention.dsa.indexer import Indexer, IndexerInputs
+from sglang.srt.layers.context_parallel import get_cp_layout
+from sglang.srt.layers.cp_dense_tp import head_sharded_o_proj
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from sglang.srt.layers.rotary_yarn import DeepseekRotaryEmbedding, mla_softmax_scale
@@ -88,7 +90,9 @@ class MLAAttention(nn.Module):
         tp: GroupCoordinator,
         dtype: torch.dtype,
         use_indexer: bool = False,
+        o_proj_cp: Optional[GroupCoordinator] = None,
     ):
+        """o_proj_cp: the cp group o_proj is row-parallel over (`--enable-cp-dense-tp`), else None."""
         super().__init__()
         hidden = config.hidden_size
         total_heads = config.num_attention_heads
@@ -117,8 +121,9 @@ class MLAAttention(nn.Module):
         )
         # unreduced: the layer's communicator completes the sum over attn_tp (with the DP gather, if any)
         self.o_proj = RowParallelLinear(
-            total_heads * self.v_head_dim, hidden, bias, tp, dtype, reduce_results=False
+            total_heads * self.v_head_dim, hidden, bias, o_proj_cp or tp, dtype, reduce_results=False
         )
+        self.o_proj_over_cp = o_proj_cp is not None  # complete rows back (layers/cp_dense_tp.py)
         self.num_heads = total_heads // (tp.size if tp is not None else 1)
         self.attn = MLACore(
             self.num_heads,
@@ -186,7 +191,11 @@ class MLAAttention(nn.Module):
             dsa.q_lora = q_lora  # the indexer's queries come from the q-LoRA latent (projected if needed)
         o_latent = self.attn(q_full, kv_new, forward_batch, dsa)  # [n, H, L]
         out = torch.bmm(o_latent.transpose(0, 1), w_uv.transpose(1, 2))  # [H, n, v]
-        out = self.o_proj(out.transpose(0, 1).reshape(n, heads * self.v_head_dim))
+        out = out.transpose(0, 1).reshape(n, heads * self.v_head_dim)
+        if self.o_proj_over_cp:
+            out = head_sharded_o_proj(out, self.o_proj, get_cp_layout(forward_batch))
+        else:
+            out = self.o_proj(out)
         if self.shard_linear is not None:
             self.shard_linear.release(self.attn.layer_id)
         return out
