@@ -235,3 +235,16 @@ def test_bubble_meter_window() -> None:
     assert meter.ratio() == pytest.approx(1.0)
     now[0] = 30.0
     assert meter.ratio() is None
+
+
+def test_hicache_off_refuses_storage_clear_and_shows_no_hicache_series(mclient) -> None:
+    """Without --enable-hierarchical-cache: /clear_hicache_storage_backend is a 400 naming why,
+    and serving adds no `sglang:hicache_*` series to /metrics (test/hicache/test_hicache_server.py
+    has the server with HiCache)."""
+    r = mclient.post("/clear_hicache_storage_backend")
+    assert r.status_code == 400 and "HiCache storage is off" in r.text, r.text
+    ids = [10 + (i * 7) % 400 for i in range(160)]
+    gen = mclient.post("/generate", json={"input_ids": ids, "sampling_params": {"max_new_tokens": 2}})
+    assert gen.status_code == 200, gen.text
+    wait_idle(mclient)
+    assert not [k for k in get_metrics(mclient) if k.startswith("hicache_")]

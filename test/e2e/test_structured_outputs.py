@@ -181,6 +181,11 @@ def test_invalid_grammar_is_400_and_server_keeps_serving(server, tokenizer):
     assert r.status_code == 400 and "only one" in r.text
     out = generate(server, chat_text(tokenizer, "Hi"), regex="[a-z]{3}", max_new_tokens=8)
     assert re.fullmatch("[a-z]{3}", out["text"])
+    # the scheduler built (and refused) those grammars: the HTTP process never loads xgrammar nor
+    # the torch it imports (~2 s on its event loop, which held back every stream it serves)
+    with open(f"/proc/{server.proc.pid}/maps") as f:
+        maps = f.read()
+    assert "libtorch" not in maps and "xgrammar" not in maps
 
 
 def test_concurrent_constrained_requests_with_aborts(server, tokenizer):

@@ -8,8 +8,10 @@ and `structural_tag` (upstream's shape: `{"type": "structural_tag", "structures"
 ...}`). OpenAI's `response_format` maps onto them (`response_format_params`); `json_object` is
 `json_schema` `{"type": "object"}`, as upstream does.
 
-`validate_spec` builds the grammar without a tokenizer (xgrammar's parsers: fast, no vocabulary),
-so an invalid schema / regex / grammar is an HTTP 400 naming the error in the tokenizer manager.
+`validate_spec` builds the grammar without a tokenizer (xgrammar's parsers: fast, no vocabulary).
+The HTTP process does not call it (it never imports xgrammar, which imports torch: ~2 s on its
+event loop at the first constrained request); the scheduler's grammar manager builds every grammar
+and finishes an invalid one with an HTTP 400 naming the error (`grammar_manager.grammar_error`).
 """
 
 from __future__ import annotations

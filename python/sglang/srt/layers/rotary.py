@@ -37,8 +37,18 @@ def get_rope_params(hf_config: Any) -> tuple[float, Optional[dict]]:
     return float(theta), merged
 
 
+def building_on_meta() -> bool:
+    """True while a model is built on the "meta" device (shapes only:
+    `models/checkpoint_specs.derive_weight_specs`). The RoPE tables are then left empty: their
+    arithmetic on meta tensors would run torch's Python meta kernels, whose first use imports
+    torch._dynamo (~1.5 CPU-s per rank process at start-up)."""
+    return torch.get_default_device().type == "meta"
+
+
 def compute_inv_freq(rotary_dim: int, base: float, scaling: Optional[dict] = None) -> torch.Tensor:
     """Inverse frequencies [rotary_dim // 2] in float32, with optional linear / llama3 scaling."""
+    if building_on_meta():
+        return torch.empty(rotary_dim // 2, dtype=torch.float32)
     inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim))
     if scaling is None:
         return inv_freq
@@ -90,6 +100,13 @@ class RotaryEmbedding(nn.Module):
     def extend_cache(self, max_position: int) -> None:
         """(Re)build the cos/sin tables so that positions < max_position are valid."""
         if max_position <= self.max_position:
+            return
+        if self.inv_freq.is_meta:  # shapes only (building_on_meta)
+            for name in ("cos_cache", "sin_cache"):
+                self.register_buffer(
+                    name, torch.empty(max_position, self.rotary_dim, dtype=self.dtype), False
+                )
+            self.max_position = max_position
             return
         pos = torch.arange(max_position, dtype=torch.float32)
         freqs = pos[:, None] * self.inv_freq[None, :]  # [P, rot/2]

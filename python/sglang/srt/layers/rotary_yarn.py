@@ -18,7 +18,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from sglang.srt.layers.rotary import compute_inv_freq, get_rope_params
+from sglang.srt.layers.rotary import building_on_meta, compute_inv_freq, get_rope_params
 
 
 def yarn_get_mscale(scale: float = 1.0, mscale: float = 1.0) -> float:
@@ -43,6 +43,8 @@ def _yarn_inv_freq(
             attention_factor = yarn_get_mscale(factor, mscale) / yarn_get_mscale(factor, mscale_all_dim)
         else:
             attention_factor = yarn_get_mscale(factor)
+    if building_on_meta():  # shapes only (rotary.building_on_meta)
+        return torch.empty(dim // 2, dtype=torch.float32), float(attention_factor)
     beta_fast = scaling.get("beta_fast") or 32
     beta_slow = scaling.get("beta_slow") or 1
 
@@ -116,6 +118,12 @@ class DeepseekRotaryEmbedding(nn.Module):
 
     def extend_cache(self, max_position: int) -> None:
         if max_position <= self.max_position:
+            return
+        if self.inv_freq.is_meta:  # shapes only (rotary.building_on_meta)
+            half = self.rotary_dim // 2
+            for name in ("cos_cache", "sin_cache"):
+                self.register_buffer(name, torch.empty(max_position, half, dtype=self.dtype), False)
+            self.max_position = max_position
             return
         freqs = torch.arange(max_position, dtype=torch.float32)[:, None] * self.inv_freq[None, :]
         self.register_buffer(

@@ -25,6 +25,7 @@ from sglang.srt.entrypoints.openai.utils import (
     finish_reason_of,
     check_constrained_decoding,
     check_unsupported,
+    rejected_response,
     chunk_usage,
     from_error,
     make_usage,
@@ -81,7 +82,7 @@ class OpenAIServingBase(ABC):
         """Serve one request body: a JSONResponse, a StreamingResponse or an error response."""
         try:
             req = parse_model(self.request_cls, body)
-            check_constrained_decoding(req)
+            check_constrained_decoding(req, build=False)  # the scheduler builds the grammar
             check_unsupported(req)
             obj = self._build(req)
             call = await self.tm.submit(obj)
@@ -99,12 +100,12 @@ class OpenAIServingBase(ABC):
                     error_body("client disconnected", 499, "ClientDisconnected"), status_code=499
                 )
             except RequestRejected as err:
-                return status_error_response(err.message, err.status)
+                return rejected_response(req, err.message, err.status)
             return StreamingResponse(self._stream(req, call, first, chunks), media_type="text/event-stream")
         try:
             return await self._complete(req, call, raw_request)
         except RequestRejected as err:
-            return status_error_response(err.message, err.status)
+            return rejected_response(req, err.message, err.status)
 
     async def _complete(self, req: Any, call: GenerateCall, raw_request: Any) -> JSONResponse:
         ordered = await self.tm.collect_outputs(call, raw_request)

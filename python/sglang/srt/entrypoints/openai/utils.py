@@ -8,7 +8,7 @@ from typing import Any, Optional
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
-from sglang.srt.constrained.grammar_spec import GrammarError, GrammarSpec, validate_spec
+from sglang.srt.constrained.grammar_spec import KINDS, GrammarError, GrammarSpec, validate_spec
 from sglang.srt.entrypoints.openai.protocol import ErrorBody, ErrorResponse, PromptTokensDetails, UsageInfo
 
 SSE_DONE = "data: [DONE]\n\n"
@@ -91,20 +91,41 @@ def check_model_name(requested: Optional[str], served_model_name: str, model_pat
         )
 
 
-def check_constrained_decoding(req: Any) -> None:
-    """400 naming the field when a request's constraint (regex / JSON schema / EBNF grammar /
-    structural tag, or a non-text `response_format`) does not parse, or more than one is given."""
+def constraint_field(req: Any) -> Optional[str]:
+    """The request field that carries its constraint: `response_format` when not text, else the
+    first of regex / json_schema / ebnf / structural_tag that is set (None: unconstrained)."""
     fmt = getattr(req, "response_format", None)
-    param = "response_format" if fmt is not None and fmt.type != "text" else None
+    if fmt is not None and fmt.type != "text":
+        return "response_format"
+    return next((k for k in KINDS if getattr(req, k, None) is not None), None)
+
+
+def check_constrained_decoding(req: Any, build: bool = True) -> None:
+    """400 naming the field when a request's constraint (regex / JSON schema / EBNF grammar /
+    structural tag, or a non-text `response_format`) is malformed, or more than one is given.
+    `build`: also build its grammar with xgrammar here. The HTTP process passes False: importing
+    xgrammar (and the torch it imports, ~2 s) on its event loop held back every stream it serves
+    at the first constrained request; the scheduler builds the grammar and refuses an invalid one
+    with the same 400 (`rejected_response` names the field)."""
+    param = constraint_field(req)
     try:
         params = req.grammar_params()
         if len(params) > 1:
             raise GrammarError(f"only one constraint may be given, got {', '.join(sorted(params))}")
         for kind, text in params.items():
-            param = param or kind
-            validate_spec(GrammarSpec(kind, text))
+            if build:
+                validate_spec(GrammarSpec(kind, text))
     except GrammarError as e:
         raise OpenAIError(str(e), param=param) from None
+
+
+def rejected_response(req: Any, message: str, status: int) -> JSONResponse:
+    """The error response of a request the scheduler refused. Its 400s are the grammars it could
+    not build (`constrained/grammar_manager.grammar_error`): they name the constraint field."""
+    param = constraint_field(req) if status == 400 else None
+    if param is None:
+        return status_error_response(message, status)
+    return error_response(message, status, "BadRequestError", param)
 
 
 def check_unsupported(req: Any) -> None:
