@@ -28,6 +28,12 @@ model's query and keys to bf16 for scoring, `=int8` quantizes query heads and ke
 written, which the paged and CP-decode indexers read; CP prefill quantizes its gathered rows in
 the call) (`dsa/backend_names.index_score_dtype`).
 
+An FP8 KV pool (`--kv-cache-dtype fp8_e4m3|fp8_e5m2`) is read in place: the sparse attention op
+gets the 1-byte latent rows and the layer's scale, the indexer the FP8 e4m3 index keys and their
+per-128-value scales (DeepSeek-V3.2's format, `mla_kv_pool.quantize_index_k`), both widened inside
+sgl_kernel_npu's kernels; the scoring precision options apply to the widened keys (int8: the pool's
+int8 copy is quantized from them).
+
 Selections equal the reference's up to float rounding of the scores (the kernels sum in another
 order): near-equal scores at the top-k boundary may swap; test/kernels_npu compares the ops and
 test/distributed/test_dsa_backend_parity.py the model's greedy tokens.
