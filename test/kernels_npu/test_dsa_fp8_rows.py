@@ -21,23 +21,13 @@ import torch
 
 import sgl_kernel_npu as skn
 from dsa_cases import check_same_set_but_near_ties, check_values, indexer_case, visible_counts
-from sgl_kernel_npu import cpu
 from sgl_kernel_npu.reference import widen_keys
 from sglang.srt.mem_cache.mla_kv_pool import quantize_index_k
+from test_dsa_indexer_int8 import isa, needs_cpu  # noqa: F401 (the fixture: every ISA build this CPU runs)
 from test_dsa_ops_cpu import sfa_case
 
-ISAS = cpu.supported_isas() if cpu.available() else []
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 SCORE_TOL = 1e-5  # relative to the row's largest |score|: float32 sums in another order
-
-needs_cpu = pytest.mark.skipif(not ISAS, reason="sgl_kernel_npu built without its CPU kernels")
-
-
-@pytest.fixture(params=ISAS)
-def isa(request):
-    with cpu.force_isa(request.param):
-        assert cpu.active_isa() == request.param
-        yield request.param
 
 
 def _fp8_rows(rows: torch.Tensor, dtype: torch.dtype, kv_scale: float) -> torch.Tensor:

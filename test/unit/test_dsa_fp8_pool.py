@@ -130,3 +130,26 @@ def test_hicache_pages_carry_index_keys_as_stored():
     layout.unpack_into(host, torch.tensor([1, 2, 3]), layout.pack(buffers, slots))
     for b, h in zip(buffers, host):
         assert torch.equal(b[slots].view(torch.uint8), h[1:4].view(torch.uint8))
+
+
+def test_dsa_backend_hands_the_ops_views_of_the_pool():
+    """The `dsa` backend's PA_BSND blocks of the FP8 codes and their scales (pages of 4) are views
+    of the pool's uint8 rows, and so are the ops' canonical rows: the kernels read it in place."""
+    from sgl_kernel_npu.layouts import canonical_keys
+
+    from sglang.srt.layers.attention.dsa_backend import DSAPaged
+
+    pool = DSATokenToKVPool(64, 4, torch.float32, L, R, 72, 1, kv_dtype=FP8)
+    codes, scales = pool.get_index_k_fp8(0)
+    paged = DSAPaged(None, None, None, 4, False)
+    keys = canonical_keys(
+        paged.blocks(codes),
+        "PA_BSND",
+        torch.tensor([5]),
+        torch.zeros((1, 2), dtype=torch.int32),
+        1,
+        paged.blocks(scales),
+    )
+    base = pool.index_k_buffer[0].data_ptr()
+    assert keys.rows.data_ptr() == base and keys.scale.data_ptr() == base + 72
+    assert keys.rows.stride(0) == 76 and keys.scale.stride(0) == 76 // 4
