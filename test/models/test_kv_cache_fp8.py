@@ -187,6 +187,22 @@ def test_mla_fp8_latent_pool_matches_rounding_reference(tmp_path_factory, name, 
     assert float((plain - ref_logits).abs().max()) > ROUNDING_MATTERS
 
 
+def test_dsa_int8_index_scoring_over_fp8_index_keys(tmp_path_factory, monkeypatch):
+    """`SGLANG_DSA_INDEX_SCORE_DTYPE=int8` with FP8 index keys: the pool's int8 copy is quantized
+    from the widened FP8 keys, so the `dsa` backend scores exactly as over a float32 pool holding
+    the rounded keys (and their int8 copy)."""
+    monkeypatch.setenv("SGLANG_DSA_INDEX_SCORE_DTYPE", "int8")
+    model, cfg = _deepseek(tmp_path_factory, "v32")
+    pool = model.create_kv_pool(256, 1, torch.float32, "cpu", torch.float8_e4m3fn)
+    assert pool.index_k_fp8 and pool.index_k_int8
+    args = (256, 1, torch.float32, cfg.kv_lora_rank, cfg.qk_rope_head_dim, int(cfg.index_head_dim))
+    ref_pool = RoundingDSAPool(*args, cfg.num_hidden_layers, index_k_int8=True)
+    tokens, logits = _drive(model, cfg, pool, "dsa")
+    ref_tokens, ref_logits = _drive(model, cfg, ref_pool, "dsa")
+    assert tokens == ref_tokens
+    assert float((logits - ref_logits).abs().max()) <= LOGIT_TOL
+
+
 def test_engine_serves_fp8_kv_and_reports_it(monkeypatch):
     """The flag through the scheduler: the runner's pool stores 1 byte (a quarter of the float32
     model's `auto` pool at the same --max-total-tokens, half of `bf16`'s), /get_server_info's
