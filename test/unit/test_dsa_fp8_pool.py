@@ -19,7 +19,7 @@ import torch
 
 from sglang.srt.mem_cache.hicache.host_pool import TokenLayout, kv_token_buffers
 from sglang.srt.mem_cache.mla_kv_pool import DSATokenToKVPool
-from sglang.srt.mem_cache.transfer_layout import copy_plan, kv_regions, slot_runs
+from sglang.srt.mem_cache.transfer_layout import copy_plan, kv_regions, registration_ranges, slot_runs
 
 FP8 = torch.float8_e4m3fn
 L, R, LAYERS = 32, 16, 2  # tiny latent dims
@@ -104,6 +104,7 @@ def test_pd_transfer_moves_index_keys_as_stored():
     regions = kv_regions(src)
     index = [r for r in regions if r.kind == "index_k"]
     assert len(index) == LAYERS and all(r.dtype == "uint8" and r.slot_bytes == 72 + 4 for r in index)
+    assert sum(n for _, n in registration_ranges(regions)) == src.mem_bytes()  # every byte, once
     src_slots, dst_slots = np.array([5, 6, 7, 20]), np.array([9, 10, 11, 30])
     for s, d, n in zip(*copy_plan(regions, kv_regions(dst), slot_runs(src_slots, dst_slots))):
         ctypes.memmove(d, s, n)
