@@ -203,6 +203,36 @@ def test_dsa_int8_index_scoring_over_fp8_index_keys(tmp_path_factory, monkeypatc
     assert float((logits - ref_logits).abs().max()) <= LOGIT_TOL
 
 
+def test_engine_serves_v32_on_dsa_with_fp8_kv(tmp_path_factory):
+    """`--attention-backend dsa --kv-cache-dtype fp8_e4m3` on tiny V3.2 through the scheduler: it
+    starts, generates the greedy tokens of the reference backend over the same FP8 pool, and its
+    pool holds 1 byte per latent and index-key value plus one 4-byte scale per token and layer:
+    half a bf16 model's bf16 cache up to those scales."""
+    from sglang.test.scheduler_harness import SchedulerHarness
+
+    path = str(tmp_path_factory.mktemp("v32_engine"))
+    cfg = deepseek_v32_config(index_topk=8)
+    save_random_model(cfg, path, seed=4)
+    runs = {}
+    for backend in ("dsa", "torch_native"):
+        h = SchedulerHarness(
+            model_path=path, max_total_tokens=256, attention_backend=backend, kv_cache_dtype="fp8_e4m3"
+        )
+        rid = h.submit(list(range(5, 25)), 6)
+        h.run()
+        runs[backend] = (h.outputs[rid], h.scheduler.internal_state())
+    tokens, state = runs["dsa"]
+    assert tokens == runs["torch_native"][0] and len(tokens) == 6
+    assert state["kv_cache_storage_dtype"] == "float8_e4m3fn"
+    rows, layers = 256 + 1, cfg.num_hidden_layers  # the pool's rows: size + page_size
+    values = cfg.kv_lora_rank + cfg.qk_rope_head_dim + cfg.index_head_dim
+    assert state["kv_pool_bytes"] == rows * layers * (values + 4)
+    bf16 = rows * DSATokenToKVPool.cell_size_bytes(
+        cfg.kv_lora_rank, cfg.qk_rope_head_dim, layers, torch.bfloat16, cfg.index_head_dim
+    )
+    assert 2 * (state["kv_pool_bytes"] - rows * layers * 4) == bf16
+
+
 def test_engine_serves_fp8_kv_and_reports_it(monkeypatch):
     """The flag through the scheduler: the runner's pool stores 1 byte (a quarter of the float32
     model's `auto` pool at the same --max-total-tokens, half of `bf16`'s), /get_server_info's
