@@ -244,7 +244,7 @@ inline float q_elem(const void* q, DType dt, int64_t i) {
 }
 
 // key row r (elements kr) widened to float32: FP8 codes times their block's scale (float32
-// multiplies, as the reference's widen_keys), other dtypes exactly
+// multiplies, as the reference's widen_keys; W codes per vector load), other dtypes exactly
 template <typename EK>
 inline void key_row(const IndexerArgs& a, const EK* kr, int64_t r, int D, float* out) {
   if constexpr (is_fp8<EK>) {
@@ -252,8 +252,11 @@ inline void key_row(const IndexerArgs& a, const EK* kr, int64_t r, int D, float*
     const int blk = a.key_scale_block;
     for (int d0 = 0, i = 0; d0 < D; d0 += blk, ++i) {
       const float sc = s[i];
+      const typename V::R sv = V::set1(sc);
       const int e = d0 + blk < D ? d0 + blk : D;
-      for (int d = d0; d < e; ++d) out[d] = cvt(kr[d]) * sc;
+      int d = d0;
+      for (; d + W <= e; d += W) V::store(out + d, V::mul(V::loadc(kr + d), sv));
+      for (; d < e; ++d) out[d] = cvt(kr[d]) * sc;
     }
   } else {
     for (int d = 0; d < D; ++d) out[d] = cvt(kr[d]);
@@ -678,7 +681,16 @@ inline void sa_pv_block(float* O, int Dv, int h0, const float* P, int Hp, const 
     }
 }
 
-// E: the query's element type; KR: the rows' (E, or an FP8 tag: then times a.kv_scale)
+// FP8 codes [n] widened to float32 (W per vector load), for the q.k of a chunk of FP8 rows
+template <typename F>
+inline void widen_fp8(const F* src, int n, float* dst) {
+  int d = 0;
+  for (; d + W <= n; d += W) V::store(dst + d, V::loadc(src + d));
+  for (; d < n; ++d) dst[d] = cvt(src[d]);
+}
+
+// E: the query's element type; KR: the rows' (E, or an FP8 tag: then times a.kv_scale; q.k runs on
+// each chunk's rows widened once into a float32 scratch, p.v widens in its vector loads)
 template <typename E, typename KR>
 void sparse_impl(const SparseAttnArgs& a, int64_t t0, int64_t t1) {
   const int N = a.n_heads, Dk = a.dk, Dr = a.key_rope.base ? a.dr : 0, Dv = a.dv, K = a.topk;
@@ -692,6 +704,7 @@ void sparse_impl(const SparseAttnArgs& a, int64_t t0, int64_t t1) {
   const float qk_scale = a.scale * a.kv_scale;  // the rows' scale: into the query here, the output below
   ABuf<float> qT(size_t(Dq) * Hp), S(size_t(SA_TILE) * Hp), O(size_t(N) * Dv), m(Hp), l(Hp), alpha(Hp);
   ABuf<int64_t> rows(K > 0 ? K : 1);
+  ABuf<float> wide(is_fp8<KR> ? size_t(SA_KC) * Dq : 1);  // FP8: a chunk's widened [latent ; rope] rows
   const KR* kr[SA_TILE + SA_KC];
   const KR* rr[SA_TILE + SA_KC];
   const KR* vr[SA_TILE];
@@ -748,7 +761,21 @@ void sparse_impl(const SparseAttnArgs& a, int64_t t0, int64_t t1) {
           pk[c] = kbase + r * a.key.row_stride;
           pr[c] = rbase ? rbase + r * a.key_rope.row_stride : pk[c];
         }
-        sa_qk_chunk<KR>(qT.p, Hp, HV, Dk, Dr, kr + j0, rr + j0, S.p + size_t(j0) * Hp, kc, pk, pr);
+        if constexpr (is_fp8<KR>) {
+          const float* fk[SA_KC];
+          const float* fr[SA_KC];
+          for (int c = 0; c < SA_KC; ++c) {
+            for (int d = 0; d < Dk + Dr; d += 64) __builtin_prefetch(d < Dk ? pk[c] + d : pr[c] + (d - Dk));
+            float* w = wide.p + size_t(c) * Dq;
+            widen_fp8(kr[j0 + c], Dk, w);
+            widen_fp8(rr[j0 + c], Dr, w + Dk);
+            fk[c] = w;
+            fr[c] = w + Dk;
+          }
+          sa_qk_chunk<float>(qT.p, Hp, HV, Dk, Dr, fk, fr, S.p + size_t(j0) * Hp, kc, fk, fr);
+        } else {
+          sa_qk_chunk<KR>(qT.p, Hp, HV, Dk, Dr, kr + j0, rr + j0, S.p + size_t(j0) * Hp, kc, pk, pr);
+        }
       }
       // online softmax over the tile (heads in lanes)
       for (int hv = 0; hv < HV; ++hv) {
