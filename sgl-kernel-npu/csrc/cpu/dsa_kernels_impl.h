@@ -35,8 +35,8 @@
 // pointers (no copy of the gathered rows), the next pass's 8 rows prefetched meanwhile (one pass
 // ahead: a whole tile ahead was slower). P.v: value dims in the lanes, a heads x value-vectors
 // register block, p broadcast. Output and log-sum-exp in float32. FP8 rows (an FP8 latent cache):
-// each code widened exactly in the loads (cvt / V::loadc), the layer's scale folded into the query
-// (q.k) and the output (p.v).
+// each code widened exactly (V::loadc, cvt), for q.k once per pass into a float32 scratch, for p.v
+// in the vector loads; the layer's scale folded into the query (q.k) and the output (p.v).
 
 constexpr int W = V::W;
 constexpr unsigned FULL_MASK = (W == 32) ? ~0u : ((1u << W) - 1);
