@@ -378,24 +378,29 @@ def main() -> None:
                     f"{one[key] / mean:.2f}x (mean); thread CPU {one[key + '_cpu'] / cworst:.2f}x (slowest rank)"
                 )
     if args.decode_batch > 0:
-        dd, ds = results["decode dense MLA"][0], results["decode DSA"][0]
+        _print_decode(results, args.decode_batch, dctx)
+
+
+def _print_decode(results: dict, batch: int, dctx: int) -> None:
+    """The decode runs' summary lines."""
+    dd, ds = results["decode dense MLA"][0], results["decode DSA"][0]
+    print(
+        f"- decode step, batch {batch} at {dctx}: DSA / dense = {ds['time'] * 1e3:.1f} / "
+        f"{dd['time'] * 1e3:.1f} ms = {ds['time'] / dd['time']:.2f}x (thread CPU {ds['cpu'] / dd['cpu']:.2f}x; DSA indexer {ds['indexer'] * 1e3:.1f} ms, "
+        f"sparse attention {ds['sparse'] * 1e3:.1f} ms)"
+    )
+    if "decode DSA int8-index" in results:
+        di = results["decode DSA int8-index"][0]
         print(
-            f"- decode step, batch {args.decode_batch} at {dctx}: DSA / dense = {ds['time'] * 1e3:.1f} / "
-            f"{dd['time'] * 1e3:.1f} ms = {ds['time'] / dd['time']:.2f}x (thread CPU {ds['cpu'] / dd['cpu']:.2f}x; DSA indexer {ds['indexer'] * 1e3:.1f} ms, "
-            f"sparse attention {ds['sparse'] * 1e3:.1f} ms)"
+            f"- decode step, int8-index: DSA / dense = {di['time'] * 1e3:.1f} / {dd['time'] * 1e3:.1f} ms = "
+            f"{di['time'] / dd['time']:.2f}x (DSA indexer {di['indexer'] * 1e3:.1f} ms)"
         )
-        if "decode DSA int8-index" in results:
-            di = results["decode DSA int8-index"][0]
-            print(
-                f"- decode step, int8-index: DSA / dense = {di['time'] * 1e3:.1f} / {dd['time'] * 1e3:.1f} ms = "
-                f"{di['time'] / dd['time']:.2f}x (DSA indexer {di['indexer'] * 1e3:.1f} ms)"
-            )
-        if "decode DSA fp8-kv" in results:
-            df = results["decode DSA fp8-kv"][0]
-            print(
-                f"- decode step, FP8 / float32 KV pool (DSA): {df['time'] * 1e3:.1f} / {ds['time'] * 1e3:.1f} ms"
-                f" = {df['time'] / ds['time']:.2f}x (indexer {df['indexer'] * 1e3:.1f} ms, sparse {df['sparse'] * 1e3:.1f} ms)"
-            )
+    if "decode DSA fp8-kv" in results:
+        df = results["decode DSA fp8-kv"][0]
+        print(
+            f"- decode step, FP8 / float32 KV pool (DSA): {df['time'] * 1e3:.1f} / {ds['time'] * 1e3:.1f} ms"
+            f" = {df['time'] / ds['time']:.2f}x (indexer {df['indexer'] * 1e3:.1f} ms, sparse {df['sparse'] * 1e3:.1f} ms)"
+        )
 
 
 if __name__ == "__main__":

@@ -84,6 +84,42 @@ def _widen_for(name: str, key: torch.Tensor, key_scale: Optional[torch.Tensor]):
     return wide.view(key.shape), None
 
 
+def _index_score_dtype(
+    key: torch.Tensor, key_scale: Optional[torch.Tensor], score_dtype: Optional[torch.dtype]
+) -> Optional[torch.dtype]:
+    """The scoring precision `lightning_indexer` runs (None: float32), its arguments checked."""
+    if key.dtype == torch.int8 and score_dtype is None:
+        score_dtype = torch.int8
+    if score_dtype not in (None, torch.float32, torch.bfloat16, torch.int8):
+        raise ValueError(
+            f"score_dtype must be None, torch.float32, torch.bfloat16 or torch.int8, got {score_dtype}"
+        )
+    if key.dtype in FP8_DTYPES and (key.dtype != torch.float8_e4m3fn or key_scale is None):
+        raise ValueError(
+            f"FP8 index keys are float8_e4m3fn with key_scale (DeepSeek's format), got {key.dtype}"
+            + ("" if key_scale is not None else " without key_scale")
+        )
+    if key.dtype == torch.int8 and score_dtype != torch.int8:
+        raise ValueError(
+            "an int8 key cache (key int8 + key_scale) is scored with score_dtype=torch.int8 only"
+        )
+    return None if score_dtype == torch.float32 else score_dtype
+
+
+def _fp8_latent_rows(name: str, rows: tuple, kv_scale: float) -> tuple[tuple, float]:
+    """sparse_flash_attention's (key, value, key_rope) checked: FP8 all alike or none (kv_scale
+    then 1); for Triton / torch_npu (TORCH FALLBACK) FP8 rows widened here, float32 copies per call."""
+    given = [t for t in rows if t is not None]
+    fp8 = [t.dtype in FP8_DTYPES for t in given]
+    if any(fp8) and not (all(fp8) and len({t.dtype for t in given}) == 1):
+        raise ValueError(f"FP8 key / value / key_rope rows come together, got {[t.dtype for t in given]}")
+    if not any(fp8) and kv_scale != 1.0:
+        raise ValueError("kv_scale applies to FP8 rows only")
+    if any(fp8) and name in WIDEN_IN_TORCH:
+        return tuple(None if t is None else reference.widen_rows(t, kv_scale) for t in rows), 1.0
+    return rows, kv_scale
+
+
 def _check_indexer_shapes(query: torch.Tensor, weights: torch.Tensor, layout_query: str) -> None:
     want = query.shape[:-1]
     if tuple(weights.shape) != tuple(want):
@@ -131,23 +167,7 @@ def lightning_indexer(
     cache) come with `key_scale`, one float32 scale per FP8_KEY_BLOCK (128) values of a row (key's
     shape with D replaced by the block count), and score at any `score_dtype` on their widened
     values (code x block scale, float32)."""
-    if key.dtype == torch.int8 and score_dtype is None:
-        score_dtype = torch.int8
-    if score_dtype not in (None, torch.float32, torch.bfloat16, torch.int8):
-        raise ValueError(
-            f"score_dtype must be None, torch.float32, torch.bfloat16 or torch.int8, got {score_dtype}"
-        )
-    if key.dtype in FP8_DTYPES and (key.dtype != torch.float8_e4m3fn or key_scale is None):
-        raise ValueError(
-            f"FP8 index keys are float8_e4m3fn with key_scale (DeepSeek's format), got {key.dtype}"
-            + ("" if key_scale is not None else " without key_scale")
-        )
-    if key.dtype == torch.int8 and score_dtype != torch.int8:
-        raise ValueError(
-            "an int8 key cache (key int8 + key_scale) is scored with score_dtype=torch.int8 only"
-        )
-    if score_dtype == torch.float32:
-        score_dtype = None
+    score_dtype = _index_score_dtype(key, key_scale, score_dtype)
     if sparse_count < 1:
         raise ValueError(f"sparse_count must be >= 1, got {sparse_count}")
     _check_indexer_shapes(query, weights, layout_query)
@@ -223,17 +243,8 @@ def sparse_flash_attention(
         raise ValueError(f"only sparse_block_size 1 is implemented, got {sparse_block_size}")
     if (query_rope is None) != (key_rope is None):
         raise ValueError("query_rope and key_rope come together")
-    rows = [t for t in (key, value, key_rope) if t is not None]
-    fp8 = [t.dtype in FP8_DTYPES for t in rows]
-    if any(fp8) and not (all(fp8) and len({t.dtype for t in rows}) == 1):
-        raise ValueError(f"FP8 key / value / key_rope rows come together, got {[t.dtype for t in rows]}")
-    if not any(fp8) and kv_scale != 1.0:
-        raise ValueError("kv_scale applies to FP8 rows only")
     name = resolve_impl(impl, query.device)
-    if any(fp8) and name in WIDEN_IN_TORCH:  # TORCH FALLBACK: widened here, float32 copies per call
-        key, value = reference.widen_rows(key, kv_scale), reference.widen_rows(value, kv_scale)
-        key_rope = None if key_rope is None else reference.widen_rows(key_rope, kv_scale)
-        kv_scale = 1.0
+    (key, value, key_rope), kv_scale = _fp8_latent_rows(name, (key, value, key_rope), kv_scale)
     if name == "torch_npu":
         from sgl_kernel_npu import npu
 
