@@ -64,7 +64,7 @@ def ext_modules():
         include_dirs=[os.path.join(ROOT, CSRC)],
         depends=[
             os.path.join(CSRC, h)
-            for h in ("dsa_args.h", "dsa_isa_entry.h", "dsa_kernels_impl.h", "dsa_vec_avx512.h")
+            for h in ("dsa_args.h", "dsa_fp8.h", "dsa_isa_entry.h", "dsa_kernels_impl.h", "dsa_vec_avx512.h")
         ],  # rebuild when they change
         extra_compile_args=["-O3", "-std=c++17", "-fno-math-errno"],
     )

@@ -20,11 +20,13 @@ And one decode step of `--decode-batch` requests at `--decode-context` tokens ea
 `--int8-index` adds DSA cp 1 and cp 2 prefill runs and a decode run whose indexer scores in int8
 (SGLANG_DSA_INDEX_SCORE_DTYPE=int8: per-row int8 query heads and keys, exact integer dots; the pool
 keeps an int8 copy of the index keys).
+`--fp8-kv` adds a DSA cp 1 prefill and a decode run over an FP8 pool (`--kv-cache-dtype fp8_e4m3`:
+latent rows and index keys in 1 byte, widened in sgl_kernel_npu's kernels).
 
 Prints markdown tables. `--quick` is a smoke version (1K tokens, index_topk 128, 1 layer).
 
     python benchmark/dsa/run.py [--tokens 16384 32768] [--decode-context 32768 --decode-batch 4] [--reference]
-        [--bf16-index] [--int8-index]
+        [--bf16-index] [--int8-index] [--fp8-kv]
 """
 
 from __future__ import annotations
@@ -104,16 +106,20 @@ def _instrument(totals: dict[str, float]) -> None:
             setattr(owner, attr, timed)
 
 
-def _backend_env(backend: str) -> str:
-    """'dsa-bf16' / 'dsa-int8' = the dsa backend with bf16 / int8 index scoring (set in this rank's
-    environment)."""
+def _backend_env(backend: str):
+    """(backend, KV pool dtype): 'dsa-bf16' / 'dsa-int8' = the dsa backend with bf16 / int8 index
+    scoring (set in this rank's environment), 'dsa-fp8kv' = the dsa backend over an FP8 e4m3 pool."""
     import os
 
+    import torch
+
+    if backend == "dsa-fp8kv":
+        return "dsa", torch.float8_e4m3fn
     scoring = {"dsa-bf16": "bfloat16", "dsa-int8": "int8"}.get(backend)
     if scoring is not None:
         os.environ["SGLANG_DSA_INDEX_SCORE_DTYPE"] = scoring
-        return "dsa"
-    return backend
+        return "dsa", None
+    return backend, None
 
 
 def _setup(rank: int, cp: int, port: int, shape: dict, topk: int, mode: str = "cp"):
@@ -143,7 +149,7 @@ def _setup(rank: int, cp: int, port: int, shape: dict, topk: int, mode: str = "c
     return cfg, groups, model
 
 
-def _harness(cfg, groups, model, backend: str, tokens: int, requests: int = 2):
+def _harness(cfg, groups, model, backend: str, tokens: int, requests: int = 2, kv_dtype=None):
     import torch
 
     from sglang.test.cp_forward_helpers import CPForwardHarness
@@ -158,7 +164,7 @@ def _harness(cfg, groups, model, backend: str, tokens: int, requests: int = 2):
         attention_backend=backend,
     )
     h.token_to_kv_pool = model.create_kv_pool(
-        h.mapping.physical_pool_size(h.allocator.size), 1, torch.float32
+        h.mapping.physical_pool_size(h.allocator.size), 1, torch.float32, "cpu", kv_dtype
     )
     return h
 
@@ -166,7 +172,7 @@ def _harness(cfg, groups, model, backend: str, tokens: int, requests: int = 2):
 def _prefill_rank(rank, cp, port, shape, topk, tokens, repeats, backend, out) -> None:
     import torch
 
-    backend = _backend_env(backend)
+    backend, kv_dtype = _backend_env(backend)
     cfg, groups, model = _setup(rank, cp, port, shape, topk)
     totals: dict[str, float] = defaultdict(float)
     _instrument(totals)
@@ -174,7 +180,7 @@ def _prefill_rank(rank, cp, port, shape, topk, tokens, repeats, backend, out) ->
     indexers = [m.indexer for m in model.modules() if getattr(m, "indexer", None) is not None]
     runs = []
     for i in range(repeats + 1):  # the first, short prefill is a warm-up
-        h = _harness(cfg, groups, model, backend, tokens)
+        h = _harness(cfg, groups, model, backend, tokens, kv_dtype=kv_dtype)
         totals.clear()
         for idx in indexers:
             idx.reset_counters()
@@ -202,11 +208,11 @@ def _decode_rank(rank, cp, port, shape, topk, context, batch, repeats, backend, 
     """One decode step of `batch` requests at `context` tokens (pool rows random, no prefill)."""
     import torch
 
-    backend = _backend_env(backend)
+    backend, kv_dtype = _backend_env(backend)
     cfg, groups, model = _setup(rank, cp, port, shape, topk)
     totals: dict[str, float] = defaultdict(float)
     _instrument(totals)
-    h = _harness(cfg, groups, model, backend, batch * (context + 8), requests=batch)
+    h = _harness(cfg, groups, model, backend, batch * (context + 8), requests=batch, kv_dtype=kv_dtype)
     reqs = [h.new_request() for _ in range(batch)]
     h.build_batch([(r, [5] * context) for r in reqs])  # allocates the slots, runs nothing
     gen = torch.Generator().manual_seed(1)
@@ -214,7 +220,12 @@ def _decode_rank(rank, cp, port, shape, topk, context, batch, repeats, backend, 
     for layer in range(model.start_layer, model.end_layer):
         kv = pool.get_key_buffer(layer)
         kv.copy_(torch.randn(kv.shape, generator=gen))
-        if hasattr(pool, "get_index_k_buffer"):
+        if getattr(pool, "index_k_fp8", False):  # codes and their scales, as written
+            rows = torch.arange(kv.shape[0])
+            pool.set_index_k_buffer(
+                layer, rows, torch.randn(rows.numel(), pool.index_head_dim, generator=gen)
+            )
+        elif hasattr(pool, "get_index_k_buffer"):
             ik = pool.get_index_k_buffer(layer)
             ik.copy_(torch.randn(ik.shape, generator=gen))
     runs = []
@@ -270,6 +281,7 @@ def main() -> None:
     ap.add_argument(
         "--int8-index", action="store_true", help="also DSA cp 1 and cp 2 with int8 index scoring"
     )
+    ap.add_argument("--fp8-kv", action="store_true", help="also DSA cp 1 over an FP8 e4m3 KV pool")
     args = ap.parse_args()
     shape = dict(SHAPE)
     token_list, topk, dctx = args.tokens, args.topk, args.decode_context
@@ -288,6 +300,8 @@ def main() -> None:
             plan.append((f"{n} DSA reference cp1", _prefill_rank, 1, topk, n, "cpu"))
         if args.bf16_index:
             plan.append((f"{n} DSA bf16-index cp1", _prefill_rank, 1, topk, n, "dsa-bf16"))
+        if args.fp8_kv:
+            plan.append((f"{n} DSA fp8-kv cp1", _prefill_rank, 1, topk, n, "dsa-fp8kv"))
         if args.int8_index:
             plan += [
                 (f"{n} DSA int8-index cp1", _prefill_rank, 1, topk, n, "dsa-int8"),
@@ -302,6 +316,8 @@ def main() -> None:
             plan.append(("decode DSA bf16-index", _decode_rank, 1, topk, dctx, "dsa-bf16"))
         if args.int8_index:
             plan.append(("decode DSA int8-index", _decode_rank, 1, topk, dctx, "dsa-int8"))
+        if args.fp8_kv:
+            plan.append(("decode DSA fp8-kv", _decode_rank, 1, topk, dctx, "dsa-fp8kv"))
     results: dict[str, list[dict]] = {}
     for name, target, cp, k, n, backend in tqdm(plan, desc="dsa benchmark", unit="run"):
         if target is _prefill_rank:
@@ -362,18 +378,29 @@ def main() -> None:
                     f"{one[key] / mean:.2f}x (mean); thread CPU {one[key + '_cpu'] / cworst:.2f}x (slowest rank)"
                 )
     if args.decode_batch > 0:
-        dd, ds = results["decode dense MLA"][0], results["decode DSA"][0]
+        _print_decode(results, args.decode_batch, dctx)
+
+
+def _print_decode(results: dict, batch: int, dctx: int) -> None:
+    """The decode runs' summary lines."""
+    dd, ds = results["decode dense MLA"][0], results["decode DSA"][0]
+    print(
+        f"- decode step, batch {batch} at {dctx}: DSA / dense = {ds['time'] * 1e3:.1f} / "
+        f"{dd['time'] * 1e3:.1f} ms = {ds['time'] / dd['time']:.2f}x (thread CPU {ds['cpu'] / dd['cpu']:.2f}x; DSA indexer {ds['indexer'] * 1e3:.1f} ms, "
+        f"sparse attention {ds['sparse'] * 1e3:.1f} ms)"
+    )
+    if "decode DSA int8-index" in results:
+        di = results["decode DSA int8-index"][0]
         print(
-            f"- decode step, batch {args.decode_batch} at {dctx}: DSA / dense = {ds['time'] * 1e3:.1f} / "
-            f"{dd['time'] * 1e3:.1f} ms = {ds['time'] / dd['time']:.2f}x (thread CPU {ds['cpu'] / dd['cpu']:.2f}x; DSA indexer {ds['indexer'] * 1e3:.1f} ms, "
-            f"sparse attention {ds['sparse'] * 1e3:.1f} ms)"
+            f"- decode step, int8-index: DSA / dense = {di['time'] * 1e3:.1f} / {dd['time'] * 1e3:.1f} ms = "
+            f"{di['time'] / dd['time']:.2f}x (DSA indexer {di['indexer'] * 1e3:.1f} ms)"
         )
-        if "decode DSA int8-index" in results:
-            di = results["decode DSA int8-index"][0]
-            print(
-                f"- decode step, int8-index: DSA / dense = {di['time'] * 1e3:.1f} / {dd['time'] * 1e3:.1f} ms = "
-                f"{di['time'] / dd['time']:.2f}x (DSA indexer {di['indexer'] * 1e3:.1f} ms)"
-            )
+    if "decode DSA fp8-kv" in results:
+        df = results["decode DSA fp8-kv"][0]
+        print(
+            f"- decode step, FP8 / float32 KV pool (DSA): {df['time'] * 1e3:.1f} / {ds['time'] * 1e3:.1f} ms"
+            f" = {df['time'] / ds['time']:.2f}x (indexer {df['indexer'] * 1e3:.1f} ms, sparse {df['sparse'] * 1e3:.1f} ms)"
+        )
 
 
 if __name__ == "__main__":

@@ -10,6 +10,9 @@ Tiny DeepSeek-V3 (dense MLA) and V3.2 (DSA, index_topk 8: sparse): each rank sto
 shard in 1 byte; CP attends over the new rows as stored (rounded), like the single-rank path that
 reads them back from the pool, so cp 2 matches cp 1 with the same FP8 pool (whose parity with the
 rounding reference is test/models/test_kv_cache_fp8.py's), and differs from the float32 pool.
+V3.2 also on the `dsa` backend (sgl_kernel_npu's ops on the 1-byte latent rows and FP8 index keys;
+the exchanged index keys rounded as stored): cp 2 and cp 1 give the single-rank reference backend's
+greedy tokens over the same FP8 pool, logits within TOL.
 """
 
 from __future__ import annotations
@@ -77,6 +80,7 @@ def _rank_body(rank: int, world_size: int, paths: dict) -> dict:
     return {
         "mha": generate(paths["llama"], groups, "fp8"),
         "mla": [generate_mla(p, groups, FP8) for p in paths["mla"]],
+        "dsa": generate_mla(paths["mla"][1], groups, FP8, "dsa"),
     }
 
 
@@ -104,9 +108,9 @@ def test_cp2_fp8_kv_matches_rounding_single_rank(cp2):
     assert rounding > 10 * TOL
 
 
-def generate_mla(path: str, groups: ParallelGroups, kv_dtype) -> dict:
+def generate_mla(path: str, groups: ParallelGroups, kv_dtype, backend=None) -> dict:
     hf_config, model = load_model(path, groups)
-    h = CPForwardHarness(hf_config, groups.attn_cp, "zigzag", max_total_tokens=512)
+    h = CPForwardHarness(hf_config, groups.attn_cp, "zigzag", max_total_tokens=512, attention_backend=backend)
     size = h.mapping.physical_pool_size(h.allocator.size)
     h.token_to_kv_pool = model.create_kv_pool(size, 1, torch.float32, "cpu", kv_dtype)
     gen = torch.Generator().manual_seed(5)
@@ -127,3 +131,16 @@ def test_cp2_fp8_latent_cache_matches_single_rank(cp2):
             assert diff <= TOL, f"cp 2 vs cp 1 with an fp8 latent cache: {diff}"
     wide = generate_mla(paths["mla"][0], single, None)
     assert max(float((a - b).abs().max()) for a, b in zip(wide["logits"], refs[0]["logits"])) > 10 * TOL
+
+
+def test_cp2_dsa_backend_on_fp8_cache_matches_reference_backend(cp2):
+    """V3.2 on `dsa` with FP8 latent rows and index keys: cp 2 and cp 1 against the single-rank
+    reference backend (torch_native) over the same FP8 pool."""
+    paths, results = cp2
+    single = ParallelGroups.single()
+    ref = generate_mla(paths["mla"][1], single, FP8, "torch_native")
+    cp1 = generate_mla(paths["mla"][1], single, FP8, "dsa")
+    for tag, got in [("cp1", cp1)] + [(f"cp2 rank {r}", res["dsa"]) for r, res in enumerate(results)]:
+        assert got["dtype"] == "torch.float8_e4m3fn" and got["tokens"] == ref["tokens"], tag
+        diff = max(float((a - b).abs().max()) for a, b in zip(got["logits"], ref["logits"]))
+        assert diff <= TOL, f"{tag} dsa vs torch_native, fp8 cache: {diff}"

@@ -114,6 +114,28 @@ def test_triton_sparse_attention(spec):
     torch.testing.assert_close(tl_, rl, atol=2e-6, rtol=1e-5)
 
 
+def test_triton_fp8_rows_widened_in_torch():
+    """FP8 latent rows (kv_scale) and FP8 index keys (block scales): the Triton path gets them
+    widened in torch (the front's fallback) and matches the reference reading them as stored."""
+    from sglang.srt.mem_cache.mla_kv_pool import quantize_index_k
+
+    q, key, idx, kw = sfa_case(**SFA_CASES[0])
+    k8, r8 = (key / 0.5).to(torch.float8_e5m2), (kw["key_rope"] / 0.5).to(torch.float8_e5m2)
+    kw = {**kw, "key_rope": r8}
+    ro, rl = skn.sparse_flash_attention(q, k8, k8, idx, 0.3, **kw, impl="reference", kv_scale=0.5)
+    to, tl_ = skn.sparse_flash_attention(q, k8, k8, idx, 0.3, **kw, impl="triton", kv_scale=0.5)
+    torch.testing.assert_close(to, ro, atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(tl_, rl, atol=2e-6, rtol=1e-5)
+    case = indexer_case([3, 1], [20, 9], dim=40, topk=4, integer=True)
+    codes, scale = quantize_index_k(case.key.reshape(-1, 40))
+    codes, scale = codes.view(case.key.shape), scale.view(*case.key.shape[:-1], 1)
+    kw = dict(case.kwargs(), key_scale=scale, return_value=True)
+    ri, rv = skn.lightning_indexer(case.query, codes, case.weights, **kw, impl="reference")
+    ti, tv = skn.lightning_indexer(case.query, codes, case.weights, **kw, impl="triton")
+    torch.testing.assert_close(tv, rv, atol=1e-4, rtol=1e-5)
+    assert [set(a.tolist()) for a in ti[:, 0]] == [set(a.tolist()) for a in ri[:, 0]]
+
+
 def test_triton_sparse_attention_without_rope():
     q, key, idx, kw = sfa_case(**SFA_CASES[0])
     kw = {**kw, "query_rope": None, "key_rope": None}

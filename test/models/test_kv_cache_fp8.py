@@ -7,7 +7,9 @@ The reference is the same model and backend over a float32 pool whose writes pas
 tokens must be equal and logits within LOGIT_TOL. A float32 pool without rounding must differ by
 far more (the test would notice a pool that silently stored float32). Paths: fresh prefill,
 chunked prefill over a cached prefix, batched decode; MHA (tiny Llama, `cpu` and `torch_native`
-backends) and the MLA latent pool (tiny DeepSeek-V3).
+backends), the MLA latent pool (tiny DeepSeek-V3) and the DSA pool (tiny DeepSeek-V3.2: latent rows
+and the indexer's keys, FP8 e4m3 with a float32 scale per 128 values as DeepSeek's reference keeps
+them) on `torch_native` and on `dsa` (sgl_kernel_npu's fused ops reading the 1-byte rows in place).
 """
 
 from __future__ import annotations
@@ -58,13 +60,28 @@ class RoundingMLAPool(MLATokenToKVPool):
         super().set_kv_buffer(layer_id, loc, _round(cache_k, self.fp8, self.scale))
 
 
+def _round_index_keys(k: torch.Tensor) -> torch.Tensor:
+    """DeepSeek-V3.2's index-key rounding: per block of 128 values, scale = max(amax, 1e-4) / 448,
+    value = fp8_e4m3(k / scale) * scale (float32)."""
+    n, dim = k.shape
+    out = torch.empty((n, dim), dtype=torch.float32)
+    for b0 in range(0, dim, 128):
+        blk = k[:, b0 : b0 + 128].float()
+        scale = blk.abs().amax(dim=-1, keepdim=True).clamp(min=1e-4) / 448.0
+        out[:, b0 : b0 + 128] = (blk / scale).to(torch.float8_e4m3fn).float() * scale
+    return out
+
+
 class RoundingDSAPool(DSATokenToKVPool):
-    """The DSA pool with fp8-rounded latent rows (indexer keys unrounded, as the FP8 pool keeps them)."""
+    """A float32 DSA pool storing fp8-rounded latent rows and index keys (the reference)."""
 
     fp8 = torch.float8_e4m3fn
 
     def set_kv_buffer(self, layer_id, loc, cache_k, cache_v=None):
         super().set_kv_buffer(layer_id, loc, _round(cache_k, self.fp8, 1.0))
+
+    def set_index_k_buffer(self, layer_id, loc, index_k):
+        super().set_index_k_buffer(layer_id, loc, _round_index_keys(index_k))
 
 
 def _drive(model, cfg, pool, backend: str) -> tuple[list[int], torch.Tensor]:
@@ -145,9 +162,10 @@ def _deepseek(tmp_path_factory, name):
     return model, cfg
 
 
-@pytest.mark.parametrize("name", ["v3", "v32"])
-def test_mla_fp8_latent_pool_matches_rounding_reference(tmp_path_factory, name):
-    """Dense MLA (V3) and DSA sparse latent attention (V3.2, index_topk 8 < the 16-token prompt)."""
+@pytest.mark.parametrize("name, backend", [("v3", "torch_native"), ("v32", "torch_native"), ("v32", "dsa")])
+def test_mla_fp8_latent_pool_matches_rounding_reference(tmp_path_factory, name, backend):
+    """Dense MLA (V3) and DSA sparse latent attention (V3.2, index_topk 8 < the 16-token prompt),
+    the reference always on torch_native."""
     model, cfg = _deepseek(tmp_path_factory, name)
     assert cfg.vocab_size == VOCAB
     fp8 = torch.float8_e4m3fn
@@ -158,10 +176,10 @@ def test_mla_fp8_latent_pool_matches_rounding_reference(tmp_path_factory, name):
     if name == "v3":
         assert model.kv_cell_size_bytes(torch.bfloat16, fp8) * 2 == model.kv_cell_size_bytes(torch.bfloat16)
         ref_pool = RoundingMLAPool(*args, cfg.num_hidden_layers, fp8=fp8)
-    else:  # indexer keys stay float32 in both
-        assert pool.index_k_buffer[0].dtype == torch.float32
+    else:  # FP8 index keys: 32 codes + one float32 scale per token and layer
+        assert pool.index_k_buffer[0].dtype == torch.uint8 and pool.index_k_buffer[0].shape[1] == 32 + 4
         ref_pool = RoundingDSAPool(*args, int(cfg.index_head_dim), cfg.num_hidden_layers)
-    tokens, logits = _drive(model, cfg, pool, "torch_native")
+    tokens, logits = _drive(model, cfg, pool, backend)
     ref_tokens, ref_logits = _drive(model, cfg, ref_pool, "torch_native")
     assert tokens == ref_tokens
     assert float((logits - ref_logits).abs().max()) <= LOGIT_TOL
@@ -169,11 +187,58 @@ def test_mla_fp8_latent_pool_matches_rounding_reference(tmp_path_factory, name):
     assert float((plain - ref_logits).abs().max()) > ROUNDING_MATTERS
 
 
-def test_engine_serves_fp8_kv_and_reports_it():
+def test_dsa_int8_index_scoring_over_fp8_index_keys(tmp_path_factory, monkeypatch):
+    """`SGLANG_DSA_INDEX_SCORE_DTYPE=int8` with FP8 index keys: the pool's int8 copy is quantized
+    from the widened FP8 keys, so the `dsa` backend scores exactly as over a float32 pool holding
+    the rounded keys (and their int8 copy)."""
+    monkeypatch.setenv("SGLANG_DSA_INDEX_SCORE_DTYPE", "int8")
+    model, cfg = _deepseek(tmp_path_factory, "v32")
+    pool = model.create_kv_pool(256, 1, torch.float32, "cpu", torch.float8_e4m3fn)
+    assert pool.index_k_fp8 and pool.index_k_int8
+    args = (256, 1, torch.float32, cfg.kv_lora_rank, cfg.qk_rope_head_dim, int(cfg.index_head_dim))
+    ref_pool = RoundingDSAPool(*args, cfg.num_hidden_layers, index_k_int8=True)
+    tokens, logits = _drive(model, cfg, pool, "dsa")
+    ref_tokens, ref_logits = _drive(model, cfg, ref_pool, "dsa")
+    assert tokens == ref_tokens
+    assert float((logits - ref_logits).abs().max()) <= LOGIT_TOL
+
+
+def test_engine_serves_v32_on_dsa_with_fp8_kv(tmp_path_factory):
+    """`--attention-backend dsa --kv-cache-dtype fp8_e4m3` on tiny V3.2 through the scheduler: it
+    starts, generates the greedy tokens of the reference backend over the same FP8 pool, and its
+    pool holds 1 byte per latent and index-key value plus one 4-byte scale per token and layer:
+    half a bf16 model's bf16 cache up to those scales."""
+    from sglang.test.scheduler_harness import SchedulerHarness
+
+    path = str(tmp_path_factory.mktemp("v32_engine"))
+    cfg = deepseek_v32_config(index_topk=8)
+    save_random_model(cfg, path, seed=4)
+    runs = {}
+    for backend in ("dsa", "torch_native"):
+        h = SchedulerHarness(
+            model_path=path, max_total_tokens=256, attention_backend=backend, kv_cache_dtype="fp8_e4m3"
+        )
+        rid = h.submit(list(range(5, 25)), 6)
+        h.run()
+        runs[backend] = (h.outputs[rid], h.scheduler.internal_state())
+    tokens, state = runs["dsa"]
+    assert tokens == runs["torch_native"][0] and len(tokens) == 6
+    assert state["kv_cache_storage_dtype"] == "float8_e4m3fn"
+    rows, layers = 256 + 1, cfg.num_hidden_layers  # the pool's rows: size + page_size
+    values = cfg.kv_lora_rank + cfg.qk_rope_head_dim + cfg.index_head_dim
+    assert state["kv_pool_bytes"] == rows * layers * (values + 4)
+    bf16 = rows * DSATokenToKVPool.cell_size_bytes(
+        cfg.kv_lora_rank, cfg.qk_rope_head_dim, layers, torch.bfloat16, cfg.index_head_dim
+    )
+    assert 2 * (state["kv_pool_bytes"] - rows * layers * 4) == bf16
+
+
+def test_engine_serves_fp8_kv_and_reports_it(monkeypatch):
     """The flag through the scheduler: the runner's pool stores 1 byte (a quarter of the float32
     model's `auto` pool at the same --max-total-tokens, half of `bf16`'s), /get_server_info's
     internal state says so, and a backend that cannot read FP8 is refused at start-up naming both
-    flags."""
+    flags (every built-in backend reads it: `dsa` stands in, its flag turned off)."""
+    from sglang.srt.layers.attention.dsa_backend import DSAAttnBackend
     from sglang.test.scheduler_harness import SchedulerHarness
 
     states = {}
@@ -190,6 +255,7 @@ def test_engine_serves_fp8_kv_and_reports_it():
     assert states["bf16"]["kv_cache_storage_dtype"] == "bfloat16"
     assert states["auto"]["kv_pool_bytes"] == 4 * states["fp8_e4m3"]["kv_pool_bytes"]
     assert states["bf16"]["kv_pool_bytes"] == 2 * states["fp8_e4m3"]["kv_pool_bytes"]
+    monkeypatch.setattr(DSAAttnBackend, "supports_fp8_kv", False)
     with pytest.raises(
         ValueError, match="--kv-cache-dtype fp8_e5m2 is not supported with --attention-backend dsa"
     ):

@@ -44,13 +44,16 @@ def test_flag_values_and_refusals():
         resolve_kv_cache_dtype("fp4", torch.float32)
 
 
-def test_backend_without_fp8_reads_refused_naming_both():
+def test_backend_without_fp8_reads_refused_naming_both(monkeypatch):
+    for name in ("cpu", "torch_native", "intel_amx", "dsa", "nsa"):
+        check_kv_cache_dtype(name, "fp8_e4m3")
+    from sglang.srt.layers.attention.dsa_backend import DSAAttnBackend
+
+    monkeypatch.setattr(DSAAttnBackend, "supports_fp8_kv", False)  # a backend that cannot read FP8
     with pytest.raises(
         ValueError, match="--kv-cache-dtype fp8_e4m3 is not supported with --attention-backend dsa"
     ):
         check_kv_cache_dtype("dsa", "fp8_e4m3")
-    for name in ("cpu", "torch_native", "intel_amx"):
-        check_kv_cache_dtype(name, "fp8_e4m3")
     check_kv_cache_dtype("dsa", "bf16")
 
 

@@ -4,10 +4,13 @@
 // AVX-512 could be the copy the linker keeps for an AVX2 machine.
 #pragma once
 #include <cstdint>
+#include <type_traits>
 
 namespace sgl_dsa {
 
-enum class DType : int { F32 = 0, BF16 = 1, I8 = 2 };  // I8: index keys only (an int8 key cache)
+// I8: index keys only (an int8 key cache); E4M3 / E5M2: FP8 rows (dsa_fp8.h): the latent rows of
+// the sparse attention (either, with one scale), e4m3 index keys with per-block scales
+enum class DType : int { F32 = 0, BF16 = 1, I8 = 2, E4M3 = 3, E5M2 = 4 };
 // the indexer's scoring precision (cpu.py passes the value)
 enum class Score : int { F32 = 0, BF16 = 1, INT8 = 2 };
 
@@ -32,7 +35,10 @@ struct IndexerArgs {
   int64_t q_stride_t, q_stride_h;
   const float* w;       // [T, N] float32 contiguous
   Rows keys;            // [R, D]
-  const float* key_scale;  // [R] per-row scales of int8 key rows (k_dtype I8, Score::INT8), else nullptr
+  const float* key_scale;  // int8 key rows (k_dtype I8, Score::INT8): one scale per row; FP8 key rows
+                           // (E4M3): one per block of key_scale_block elements; else nullptr
+  int64_t key_scale_stride;  // floats between two rows' scales
+  int key_scale_block;       // elements per scale (int8: the head dim)
   const int32_t* block_table;
   int64_t bt_stride;
   int64_t block_size;
@@ -45,7 +51,9 @@ struct IndexerArgs {
 };
 
 struct SparseAttnArgs {
-  DType dtype;            // of q, q_rope and the rows
+  DType dtype;            // of q and q_rope (and of the rows unless they are FP8)
+  DType kv_dtype;         // of the key, key_rope and value rows: dtype, or E4M3 / E5M2
+  float kv_scale;         // FP8 rows: real value = code x kv_scale (1 otherwise)
   const void* q;          // [T, N, Dk]
   int64_t q_stride_t, q_stride_h;
   const void* q_rope;     // [T, N, Dr] or nullptr

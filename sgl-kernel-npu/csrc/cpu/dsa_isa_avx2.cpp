@@ -16,24 +16,26 @@
 #if defined(SGL_DSA_AVX2_VNNI)
 #define SGL_DSA_NS avx2vnni
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,avxvnni"))), apply_to = function)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avxvnni"))), apply_to = function)
 #elif defined(__GNUC__)
 #pragma GCC push_options
-#pragma GCC target("avx2,fma,avxvnni")
+#pragma GCC target("avx2,fma,f16c,avxvnni")
 #endif
 #else
 #define SGL_DSA_NS avx2
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
 #elif defined(__GNUC__)
 #pragma GCC push_options
-#pragma GCC target("avx2,fma")
+#pragma GCC target("avx2,fma,f16c")
 #endif
 #endif
 
 namespace sgl_dsa {
 namespace SGL_DSA_NS {
 namespace {
+
+#include "dsa_fp8.h"
 
 struct V {
   static constexpr int W = 8;
@@ -44,6 +46,19 @@ struct V {
   static R loadc(const uint16_t* p) {
     __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  // 8 FP8 codes through float16 bits and vcvtph2ps (F16C; dsa_fp8.h: exact)
+  static R loadc(const fp8_e5m2* p) {
+    const __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    return _mm256_cvtph_ps(_mm_unpacklo_epi8(_mm_setzero_si128(), raw));
+  }
+  static R loadc(const fp8_e4m3* p) {
+    const __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    const __m128i h = _mm_and_si128(_mm_slli_epi16(_mm_cvtepi8_epi16(raw), 7), _mm_set1_epi16(-16385));
+    const __m128i nan_bits = _mm_set1_epi16(0x3F80);  // |code| 0x7F: NaN, exponent all ones
+    const __m128i nan = _mm_cmpeq_epi16(_mm_and_si128(h, nan_bits), nan_bits);
+    const R v = _mm256_cvtph_ps(_mm_or_si128(h, _mm_and_si128(nan, _mm_set1_epi16(0x7C00))));
+    return _mm256_mul_ps(v, _mm256_set1_ps(256.f));
   }
   static void store(float* p, R x) { _mm256_storeu_ps(p, x); }
   static R set1(float x) { return _mm256_set1_ps(x); }

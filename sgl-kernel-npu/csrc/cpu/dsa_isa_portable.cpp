@@ -13,6 +13,8 @@ namespace sgl_dsa {
 namespace portable {
 namespace {
 
+#include "dsa_fp8.h"
+
 struct V {
   static constexpr int W = 8;
   struct R {
@@ -29,6 +31,8 @@ struct V {
     }
     return r;
   }
+  template <typename F, typename = std::enable_if_t<is_fp8<F>>>
+  static R loadc(const F* p) { R r; for (int i = 0; i < W; ++i) r.v[i] = cvt(p[i]); return r; }
   static void store(float* p, R x) { for (int i = 0; i < W; ++i) p[i] = x.v[i]; }
   static R set1(float x) { R r; for (int i = 0; i < W; ++i) r.v[i] = x; return r; }
   static R fmadd(R a, R b, R c) { for (int i = 0; i < W; ++i) c.v[i] = std::fma(a.v[i], b.v[i], c.v[i]); return c; }

@@ -1,7 +1,7 @@
 // The DSA CPU kernels, written once over a vector type V; included by each dsa_isa_<name>.cpp
 // INSIDE an anonymous namespace after it defines:
-//   struct V     the vector of W floats: zero, load, loadc (float / bf16 bits), store, set1, fmadd,
-//                add, mul, max, exp, gt_mask
+//   struct V     the vector of W floats: zero, load, loadc (float / bf16 bits / FP8 codes, exact),
+//                store, set1, fmadd, add, mul, max, exp, gt_mask (after dsa_fp8.h: FP8 tags, cvt)
 //   HB_IDX, KVB_IDX   indexer register block: heads x key vectors
 //   SGL_DSA_DPBF16    (optional macro) the build has AVX512-BF16: bf16 index scoring can use
 //                     vdpbf16ps (DpScorer; HB_IDX_DP, IDX_GROUP_DP; IndexerArgs::bf16_dot); else
@@ -23,14 +23,20 @@
 // position (a later key never displaces an equal score). Queries that see <= k keys and want no
 // values are answered without scoring (all their keys are selected).
 // Scorers: FloatScorer (float32, or bf16-rounded inputs), DpScorer (bf16 pairs, vdpbf16ps),
-// Int8Scorer (per-row int8, integer dot products).
+// Int8Scorer (per-row int8, integer dot products). Key rows are float32, bf16, an int8 cache (int8
+// scoring) or FP8 e4m3 with per-block scales (DeepSeek-V3.2's index-key cache): each code is widened
+// exactly and multiplied by its block's scale in float32 (`key_row`) where the scorers read it, so
+// every scorer scores the widened keys (the torch reference's `widen_keys` does the same float32
+// multiply).
 //
 // Sparse flash attention (`sparse_impl`): per query, its selected rows are attended SA_TILE at a
 // time with an online softmax. q.k: heads in the vector lanes (the query transposed once,
 // scaled), each key element broadcast, 8 keys per pass, rows read in place through their
 // pointers (no copy of the gathered rows), the next pass's 8 rows prefetched meanwhile (one pass
 // ahead: a whole tile ahead was slower). P.v: value dims in the lanes, a heads x value-vectors
-// register block, p broadcast. Output and log-sum-exp in float32.
+// register block, p broadcast. Output and log-sum-exp in float32. FP8 rows (an FP8 latent cache):
+// each code widened exactly (V::loadc, cvt), for q.k once per pass into a float32 scratch, for p.v
+// in the vector loads; the layer's scale folded into the query (q.k) and the output (p.v).
 
 constexpr int W = V::W;
 constexpr unsigned FULL_MASK = (W == 32) ? ~0u : ((1u << W) - 1);
@@ -237,6 +243,26 @@ inline float q_elem(const void* q, DType dt, int64_t i) {
   return dt == DType::BF16 ? cvt(static_cast<const uint16_t*>(q)[i]) : static_cast<const float*>(q)[i];
 }
 
+// key row r (elements kr) widened to float32: FP8 codes times their block's scale (float32
+// multiplies, as the reference's widen_keys; W codes per vector load), other dtypes exactly
+template <typename EK>
+inline void key_row(const IndexerArgs& a, const EK* kr, int64_t r, int D, float* out) {
+  if constexpr (is_fp8<EK>) {
+    const float* s = a.key_scale + r * a.key_scale_stride;
+    const int blk = a.key_scale_block;
+    for (int d0 = 0, i = 0; d0 < D; d0 += blk, ++i) {
+      const float sc = s[i];
+      const typename V::R sv = V::set1(sc);
+      const int e = d0 + blk < D ? d0 + blk : D;
+      int d = d0;
+      for (; d + W <= e; d += W) V::store(out + d, V::mul(V::loadc(kr + d), sv));
+      for (; d < e; ++d) out[d] = cvt(kr[d]) * sc;
+    }
+  } else {
+    for (int d = 0; d < D; ++d) out[d] = cvt(kr[d]);
+  }
+}
+
 template <int HB>
 inline void idx_heads(const float* qf, const float* w, int h0, int D, const float* ktp, typename V::R* s) {
   typename V::R acc[HB][KVB_IDX];
@@ -263,8 +289,9 @@ template <typename EK, bool SB>
 struct FloatScorer {
   static constexpr int GROUP = IDX_GROUP;
   int N, D;
-  ABuf<float> qf, kt;
-  FloatScorer(int n, int d, int64_t) : N(n), D(d), qf(size_t(GROUP) * n * d), kt(size_t(d) * IDX_TILE) {}
+  ABuf<float> qf, kt, row;
+  FloatScorer(int n, int d, int64_t)
+      : N(n), D(d), qf(size_t(GROUP) * n * d), kt(size_t(d) * IDX_TILE), row(is_fp8<EK> ? d : 1) {}
   void query(int gi, const IndexerArgs& a, int64_t t) {
     float* dst = qf.p + size_t(gi) * N * D;
     for (int h = 0; h < N; ++h)
@@ -275,8 +302,14 @@ struct FloatScorer {
   }
   void tile(const IndexerArgs& a, const EK* keys, int32_t b, int64_t k0, int nk) {
     for (int j = 0; j < nk; ++j) {
-      const EK* kr = keys + row_of(a.block_table, a.bt_stride, a.block_size, b, k0 + j) * a.keys.row_stride;
-      for (int d = 0; d < D; ++d) kt.p[d * IDX_TILE + j] = SB ? cvt(bf16_bits(kr[d])) : cvt(kr[d]);
+      const int64_t r = row_of(a.block_table, a.bt_stride, a.block_size, b, k0 + j);
+      const EK* kr = keys + r * a.keys.row_stride;
+      if constexpr (is_fp8<EK>) {
+        key_row(a, kr, r, D, row.p);
+        for (int d = 0; d < D; ++d) kt.p[d * IDX_TILE + j] = SB ? bf16_round(row.p[d]) : row.p[d];
+      } else {
+        for (int d = 0; d < D; ++d) kt.p[d * IDX_TILE + j] = SB ? cvt(bf16_bits(kr[d])) : cvt(kr[d]);
+      }
     }
     if (nk < IDX_TILE)
       for (int d = 0; d < D; ++d)
@@ -461,11 +494,11 @@ struct Int8Scorer {
     const int64_t r = row_of(a.block_table, a.bt_stride, a.block_size, b, pos);
     const EK* kr = keys + r * a.keys.row_stride;
     const int64_t ti = pos / IDX_TILE, j = ti * IDX_TILE + pos % IDX_TILE;
-    if constexpr (sizeof(EK) == 1) {  // an int8 key cache
+    if constexpr (std::is_same_v<EK, int8_t>) {  // an int8 key cache
       std::memcpy(r8.p, kr, size_t(D));
-      ks.p[j] = a.key_scale[r];
-    } else {
-      for (int d = 0; d < D; ++d) row.p[d] = cvt(kr[d]);
+      ks.p[j] = a.key_scale[r * a.key_scale_stride];
+    } else {  // (FP8 keys: the widened row, quantized like any other)
+      key_row(a, kr, r, D, row.p);
       ks.p[j] = quantize_i8(row.p, D, r8.p);
     }
     int32_t sum = 0;
@@ -566,13 +599,14 @@ void indexer_run(const IndexerArgs& a, int64_t t0, int64_t t1) {
 
 template <typename EK>
 void indexer_keys(const IndexerArgs& a, int64_t t0, int64_t t1) {
-  if constexpr (sizeof(EK) == 1) {  // int8 key rows: int8 scoring only (the binding checks)
+  if constexpr (std::is_same_v<EK, int8_t>) {  // int8 key rows: int8 scoring only (the binding checks)
     return indexer_run<EK, Int8Scorer<EK>>(a, t0, t1);
   } else {
     if (a.score == Score::INT8) return indexer_run<EK, Int8Scorer<EK>>(a, t0, t1);
     if (a.score == Score::F32) return indexer_run<EK, FloatScorer<EK, false>>(a, t0, t1);
 #ifdef SGL_DSA_DPBF16
-    if (a.bf16_dot && a.head_dim % 2 == 0) return indexer_run<EK, DpScorer<EK>>(a, t0, t1);
+    if constexpr (!is_fp8<EK>)  // (FP8 keys: their widened, scaled values rounded by FloatScorer)
+      if (a.bf16_dot && a.head_dim % 2 == 0) return indexer_run<EK, DpScorer<EK>>(a, t0, t1);
 #endif
     indexer_run<EK, FloatScorer<EK, true>>(a, t0, t1);
   }
@@ -581,15 +615,16 @@ void indexer_keys(const IndexerArgs& a, int64_t t0, int64_t t1) {
 inline void indexer_impl(const IndexerArgs& a, int64_t t0, int64_t t1) {
   if (a.topk <= 0) return;
   if (a.k_dtype == DType::I8) indexer_keys<int8_t>(a, t0, t1);
+  else if (a.k_dtype == DType::E4M3) indexer_keys<fp8_e4m3>(a, t0, t1);
   else if (a.k_dtype == DType::BF16) indexer_keys<uint16_t>(a, t0, t1);
   else indexer_keys<float>(a, t0, t1);
 }
 
 // ------------------------------------------------------------------------- sparse attention
-template <typename E>
-inline void sa_qk_chunk(const float* qT, int Hp, int HV, int Dk, int Dr, const E* const* kr, const E* const* rr,
-                        float* S, int kc, const E* const* pk, const E* const* pr) {
-  constexpr int LINE = 64 / int(sizeof(E));
+template <typename KR>
+inline void sa_qk_chunk(const float* qT, int Hp, int HV, int Dk, int Dr, const KR* const* kr, const KR* const* rr,
+                        float* S, int kc, const KR* const* pk, const KR* const* pr) {
+  constexpr int LINE = 64 / int(sizeof(KR));
   for (int hv = 0; hv < HV; ++hv) {
     typename V::R acc[SA_KC];
     for (int c = 0; c < SA_KC; ++c) acc[c] = V::zero();
@@ -611,8 +646,8 @@ inline void sa_qk_chunk(const float* qT, int Hp, int HV, int Dk, int Dr, const E
   }
 }
 
-template <int HB, typename E>
-inline void sa_pv_block(float* O, int Dv, int h0, const float* P, int Hp, const E* const* vr, int nk) {
+template <int HB, typename KR>
+inline void sa_pv_block(float* O, int Dv, int h0, const float* P, int Hp, const KR* const* vr, int nk) {
   int v = 0;
   for (; v + VB_PV * W <= Dv; v += VB_PV * W) {
     typename V::R acc[HB][VB_PV];
@@ -646,21 +681,33 @@ inline void sa_pv_block(float* O, int Dv, int h0, const float* P, int Hp, const 
     }
 }
 
-template <typename E>
+// FP8 codes [n] widened to float32 (W per vector load), for the q.k of a chunk of FP8 rows
+template <typename F>
+inline void widen_fp8(const F* src, int n, float* dst) {
+  int d = 0;
+  for (; d + W <= n; d += W) V::store(dst + d, V::loadc(src + d));
+  for (; d < n; ++d) dst[d] = cvt(src[d]);
+}
+
+// E: the query's element type; KR: the rows' (E, or an FP8 tag: then times a.kv_scale; q.k runs on
+// each chunk's rows widened once into a float32 scratch, p.v widens in its vector loads)
+template <typename E, typename KR>
 void sparse_impl(const SparseAttnArgs& a, int64_t t0, int64_t t1) {
   const int N = a.n_heads, Dk = a.dk, Dr = a.key_rope.base ? a.dr : 0, Dv = a.dv, K = a.topk;
   const int Hp = (N + W - 1) / W * W, HV = Hp / W, Dq = Dk + Dr;
   const float ninf = -std::numeric_limits<float>::infinity();
   const E* q = static_cast<const E*>(a.q);
   const E* qr = static_cast<const E*>(a.q_rope);
-  const E* kbase = static_cast<const E*>(a.key.base);
-  const E* rbase = static_cast<const E*>(a.key_rope.base);
-  const E* vbase = static_cast<const E*>(a.value.base);
+  const KR* kbase = static_cast<const KR*>(a.key.base);
+  const KR* rbase = static_cast<const KR*>(a.key_rope.base);
+  const KR* vbase = static_cast<const KR*>(a.value.base);
+  const float qk_scale = a.scale * a.kv_scale;  // the rows' scale: into the query here, the output below
   ABuf<float> qT(size_t(Dq) * Hp), S(size_t(SA_TILE) * Hp), O(size_t(N) * Dv), m(Hp), l(Hp), alpha(Hp);
   ABuf<int64_t> rows(K > 0 ? K : 1);
-  const E* kr[SA_TILE + SA_KC];
-  const E* rr[SA_TILE + SA_KC];
-  const E* vr[SA_TILE];
+  ABuf<float> wide(is_fp8<KR> ? size_t(SA_KC) * Dq : 1);  // FP8: a chunk's widened [latent ; rope] rows
+  const KR* kr[SA_TILE + SA_KC];
+  const KR* rr[SA_TILE + SA_KC];
+  const KR* vr[SA_TILE];
   for (int64_t t = t0; t < t1; ++t) {
     const int32_t b = a.q_batch[t];
     const int64_t kvl = a.kv_limit[t];
@@ -683,7 +730,7 @@ void sparse_impl(const SparseAttnArgs& a, int64_t t0, int64_t t1) {
       for (int h = 0; h < Hp; ++h) {
         float x = 0.f;
         if (h < N) x = d < Dk ? cvt(qt[h * a.q_stride_h + d]) : cvt(qrt[h * a.qr_stride_h + (d - Dk)]);
-        qT.p[size_t(d) * Hp + h] = x * a.scale;
+        qT.p[size_t(d) * Hp + h] = x * qk_scale;
       }
     std::memset(O.p, 0, sizeof(float) * size_t(N) * Dv);
     for (int h = 0; h < Hp; ++h) {
@@ -706,15 +753,29 @@ void sparse_impl(const SparseAttnArgs& a, int64_t t0, int64_t t1) {
         const int kc = nk - j0 < SA_KC ? nk - j0 : SA_KC;
         // prefetch the next chunk's rows (the next tile's first rows after the last chunk) while
         // this one computes: the rows come from all over the latent cache (L3 / memory)
-        const E* pk[SA_KC];
-        const E* pr[SA_KC];
+        const KR* pk[SA_KC];
+        const KR* pr[SA_KC];
         for (int c = 0; c < SA_KC; ++c) {
           const int nj = i0 + j0 + SA_KC + c;
           const int64_t r = nj < nvalid ? rows.p[nj] : rows.p[i0];
           pk[c] = kbase + r * a.key.row_stride;
           pr[c] = rbase ? rbase + r * a.key_rope.row_stride : pk[c];
         }
-        sa_qk_chunk<E>(qT.p, Hp, HV, Dk, Dr, kr + j0, rr + j0, S.p + size_t(j0) * Hp, kc, pk, pr);
+        if constexpr (is_fp8<KR>) {
+          const float* fk[SA_KC];
+          const float* fr[SA_KC];
+          for (int c = 0; c < SA_KC; ++c) {
+            for (int d = 0; d < Dk + Dr; d += 64) __builtin_prefetch(d < Dk ? pk[c] + d : pr[c] + (d - Dk));
+            float* w = wide.p + size_t(c) * Dq;
+            widen_fp8(kr[j0 + c], Dk, w);
+            widen_fp8(rr[j0 + c], Dr, w + Dk);
+            fk[c] = w;
+            fr[c] = w + Dk;
+          }
+          sa_qk_chunk<float>(qT.p, Hp, HV, Dk, Dr, fk, fr, S.p + size_t(j0) * Hp, kc, fk, fr);
+        } else {
+          sa_qk_chunk<KR>(qT.p, Hp, HV, Dk, Dr, kr + j0, rr + j0, S.p + size_t(j0) * Hp, kc, pk, pr);
+        }
       }
       // online softmax over the tile (heads in lanes)
       for (int hv = 0; hv < HV; ++hv) {
@@ -743,11 +804,11 @@ void sparse_impl(const SparseAttnArgs& a, int64_t t0, int64_t t1) {
           for (; v < Dv; ++v) o[v] *= alpha.p[h];
         }
       int h = 0;
-      for (; h + HB_PV <= N; h += HB_PV) sa_pv_block<HB_PV, E>(O.p, Dv, h, S.p, Hp, vr, nk);
-      for (; h < N; ++h) sa_pv_block<1, E>(O.p, Dv, h, S.p, Hp, vr, nk);
+      for (; h + HB_PV <= N; h += HB_PV) sa_pv_block<HB_PV, KR>(O.p, Dv, h, S.p, Hp, vr, nk);
+      for (; h < N; ++h) sa_pv_block<1, KR>(O.p, Dv, h, S.p, Hp, vr, nk);
     }
     for (int hh = 0; hh < N; ++hh) {
-      const float inv = 1.f / l.p[hh];
+      const float inv = a.kv_scale / l.p[hh];
       const float* o = O.p + size_t(hh) * Dv;
       float* dst = out_t + size_t(hh) * Dv;
       typename V::R iv = V::set1(inv);

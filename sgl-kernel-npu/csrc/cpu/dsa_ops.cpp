@@ -20,7 +20,8 @@ namespace {
 bool cpu_has(const std::string& isa) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const bool avx2 =
+      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
   const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
                       __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
   if (isa == "avx512bf16")
@@ -58,9 +59,14 @@ DType dtype_of(const at::Tensor& t) {
   return DType::BF16;
 }
 
+bool is_fp8(const at::Tensor& t) {
+  return t.scalar_type() == at::kFloat8_e4m3fn || t.scalar_type() == at::kFloat8_e5m2;
+}
+
+// rows in the query's dtype, or FP8 (all of one call's rows alike: `st`)
 void check_rows(const at::Tensor& rows, const char* name, at::ScalarType st) {
   TORCH_CHECK(rows.dim() == 2 && rows.stride(1) == 1, name, " must be 2-D rows with contiguous columns");
-  TORCH_CHECK(rows.scalar_type() == st, name, " dtype ", rows.scalar_type(), " differs from the query's ", st);
+  TORCH_CHECK(rows.scalar_type() == st, name, " dtype ", rows.scalar_type(), " differs from the key's ", st);
 }
 
 }  // namespace
@@ -84,13 +90,14 @@ std::vector<std::string> isas() {
 
 // q [T, N, D]; w [T, N] float32; key_rows [R, D]; block_table [B, M] int32; q_batch, kv_end [T] int32.
 // q and key_rows are float32 or bfloat16, each its own, or key_rows int8 with key_scale [R] float32
-// (an int8 key cache, int8 scoring only). score (Score): 0 the products of the values as given, in
+// (an int8 key cache, int8 scoring only), or float8_e4m3fn with key_scale [R, ceil(D / scale_block)]
+// float32 (columns contiguous, rows strided: an FP8 index-key cache, any scoring). score (Score): 0 the products of the values as given, in
 // float32; 1 both rounded to bf16 before the products (float32 sums); 2 per-row int8 (dsa_args.h).
 std::vector<at::Tensor> indexer_topk(const at::Tensor& q, const at::Tensor& w, const at::Tensor& key_rows,
                                      const c10::optional<at::Tensor>& key_scale, const at::Tensor& block_table,
                                      int64_t block_size, const at::Tensor& q_batch, const at::Tensor& kv_end,
                                      int64_t topk, bool want_values, int64_t score, bool bf16_dot,
-                                     const std::string& isa) {
+                                     int64_t scale_block, const std::string& isa) {
   TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1, "query must be [T, N, D] with contiguous D");
   TORCH_CHECK(key_rows.dim() == 2 && key_rows.stride(1) == 1, "key must be 2-D rows with contiguous columns");
   TORCH_CHECK(key_rows.size(1) == q.size(2), "key dim ", key_rows.size(1), " != query dim ", q.size(2));
@@ -102,18 +109,33 @@ std::vector<at::Tensor> indexer_topk(const at::Tensor& q, const at::Tensor& w, c
               "q_batch / kv_end must be contiguous int32");
   TORCH_CHECK(score >= 0 && score <= 2, "score must be 0 (float32), 1 (bf16) or 2 (int8), got ", score);
   const bool i8 = key_rows.scalar_type() == at::kChar;
+  const bool f8 = key_rows.scalar_type() == at::kFloat8_e4m3fn;
+  TORCH_CHECK(key_rows.scalar_type() != at::kFloat8_e5m2, "FP8 index keys are float8_e4m3fn (DeepSeek's format)");
   const bool scaled = key_scale.has_value() && key_scale->defined();
-  TORCH_CHECK(i8 == scaled && (!i8 || score == 2), "int8 key rows come with key_scale and take int8 scoring");
-  if (scaled)
-    TORCH_CHECK(key_scale->scalar_type() == at::kFloat && key_scale->is_contiguous() &&
+  TORCH_CHECK((i8 || f8) == scaled && (!i8 || score == 2),
+              "int8 key rows (int8 scoring only) and FP8 key rows come with key_scale, other rows without");
+  int64_t scale_stride = 0;
+  int blk = int(q.size(2));
+  if (i8)
+    TORCH_CHECK(key_scale->scalar_type() == at::kFloat && key_scale->dim() == 1 && key_scale->stride(0) == 1 &&
                     key_scale->numel() == key_rows.size(0),
-                "key_scale must be contiguous float32 [R], one scale per key row");
+                "key_scale of int8 rows must be contiguous float32 [R], one scale per key row");
+  if (i8) scale_stride = 1;
+  if (f8) {
+    TORCH_CHECK(scale_block > 0, "scale_block must be > 0");
+    blk = int(scale_block);
+    TORCH_CHECK(key_scale->scalar_type() == at::kFloat && key_scale->dim() == 2 && key_scale->stride(1) == 1 &&
+                    key_scale->size(0) == key_rows.size(0) && key_scale->size(1) == (q.size(2) + blk - 1) / blk,
+                "key_scale of FP8 rows must be float32 [R, ceil(D / scale_block)] with contiguous columns");
+    scale_stride = key_scale->stride(0);
+  }
   const int64_t T = q.size(0);
   auto idx = at::empty({T, topk}, q.options().dtype(at::kInt));
   at::Tensor val = want_values ? at::empty({T, topk}, q.options().dtype(at::kFloat)) : at::Tensor();
-  IndexerArgs a{dtype_of(q), i8 ? DType::I8 : dtype_of(key_rows), Score(score), bf16_dot, q.data_ptr(), q.stride(0),
-                q.stride(1), w.data_ptr<float>(), Rows{key_rows.data_ptr(), key_rows.stride(0)},
-                scaled ? key_scale->data_ptr<float>() : nullptr, block_table.data_ptr<int32_t>(), block_table.stride(0),
+  IndexerArgs a{dtype_of(q), i8 ? DType::I8 : f8 ? DType::E4M3 : dtype_of(key_rows), Score(score), bf16_dot,
+                q.data_ptr(), q.stride(0), q.stride(1), w.data_ptr<float>(),
+                Rows{key_rows.data_ptr(), key_rows.stride(0)}, scaled ? key_scale->data_ptr<float>() : nullptr,
+                scale_stride, blk, block_table.data_ptr<int32_t>(), block_table.stride(0),
                 block_size, q_batch.data_ptr<int32_t>(), kv_end.data_ptr<int32_t>(), T, int(q.size(1)),
                 int(q.size(2)), int(topk), idx.data_ptr<int32_t>(), want_values ? val.data_ptr<float>() : nullptr};
   const Isa which = pick(isa);
@@ -132,14 +154,19 @@ std::vector<at::Tensor> indexer_topk(const at::Tensor& q, const at::Tensor& w, c
 }
 
 // q [T, N, Dk], q_rope [T, N, Dr] (optional); key/key_rope/value rows [R, *]; indices [T, K] int32.
+// The rows are in the query's dtype, or all FP8 (e4m3 / e5m2: an FP8 latent cache, real value = code
+// x kv_scale).
 std::vector<at::Tensor> sparse_attention(const at::Tensor& q, const c10::optional<at::Tensor>& q_rope,
                                          const at::Tensor& key_rows, const c10::optional<at::Tensor>& key_rope_rows,
                                          const at::Tensor& value_rows, const at::Tensor& block_table,
                                          int64_t block_size, const at::Tensor& q_batch, const at::Tensor& kv_limit,
-                                         const at::Tensor& indices, double scale, const std::string& isa) {
+                                         const at::Tensor& indices, double scale, double kv_scale,
+                                         const std::string& isa) {
   TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1, "query must be [T, N, Dk] with contiguous Dk");
-  check_rows(key_rows, "key", q.scalar_type());
-  check_rows(value_rows, "value", q.scalar_type());
+  const at::ScalarType row_type = is_fp8(key_rows) ? key_rows.scalar_type() : q.scalar_type();
+  TORCH_CHECK(is_fp8(key_rows) || kv_scale == 1.0, "kv_scale applies to FP8 rows only");
+  check_rows(key_rows, "key", row_type);
+  check_rows(value_rows, "value", row_type);
   TORCH_CHECK(key_rows.size(1) == q.size(2), "key dim ", key_rows.size(1), " != query dim ", q.size(2));
   const bool rope = q_rope.has_value() && q_rope->defined();
   TORCH_CHECK(rope == (key_rope_rows.has_value() && key_rope_rows->defined()),
@@ -148,7 +175,7 @@ std::vector<at::Tensor> sparse_attention(const at::Tensor& q, const c10::optiona
     TORCH_CHECK(q_rope->dim() == 3 && q_rope->stride(2) == 1 && q_rope->size(0) == q.size(0) &&
                     q_rope->size(1) == q.size(1) && q_rope->scalar_type() == q.scalar_type(),
                 "query_rope must be [T, N, Dr] like the query");
-    check_rows(*key_rope_rows, "key_rope", q.scalar_type());
+    check_rows(*key_rope_rows, "key_rope", row_type);
     TORCH_CHECK(key_rope_rows->size(1) == q_rope->size(2), "key_rope dim != query_rope dim");
   }
   TORCH_CHECK(indices.scalar_type() == at::kInt && indices.dim() == 2 && indices.stride(1) == 1 &&
@@ -163,6 +190,8 @@ std::vector<at::Tensor> sparse_attention(const at::Tensor& q, const c10::optiona
   auto lse = at::empty({T, N}, q.options().dtype(at::kFloat));
   SparseAttnArgs a{};
   a.dtype = dtype_of(q);
+  a.kv_dtype = row_type == at::kFloat8_e4m3fn ? DType::E4M3 : row_type == at::kFloat8_e5m2 ? DType::E5M2 : a.dtype;
+  a.kv_scale = float(kv_scale);
   a.q = q.data_ptr();
   a.q_stride_t = q.stride(0);
   a.q_stride_h = q.stride(1);

@@ -2,6 +2,8 @@
 // and their int8 dot product: included inside each build's own namespace, after its target pragma.
 #pragma once
 
+#include "dsa_fp8.h"
+
 struct V {
   static constexpr int W = 16;
   using R = __m512;
@@ -11,6 +13,20 @@ struct V {
   static R loadc(const uint16_t* p) {
     __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  // 16 FP8 codes through float16 bits and vcvtph2ps (dsa_fp8.h: exact)
+  static R loadc(const fp8_e5m2* p) {
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm512_cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(raw), 8));
+  }
+  static R loadc(const fp8_e4m3* p) {
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    // the sign-extended byte << 7: magnitude in bits 7-13, the sign in 15 (and in 14, cleared)
+    const __m256i h = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(raw), 7), _mm256_set1_epi16(-16385));
+    const __m256i nan_bits = _mm256_set1_epi16(0x3F80);  // |code| 0x7F: NaN
+    const __mmask16 nan = _mm256_cmpeq_epi16_mask(_mm256_and_si256(h, nan_bits), nan_bits);
+    const R v = _mm512_cvtph_ps(_mm256_mask_blend_epi16(nan, h, _mm256_set1_epi16(0x7E00)));
+    return _mm512_mul_ps(v, _mm512_set1_ps(256.f));
   }
   static void store(float* p, R x) { _mm512_storeu_ps(p, x); }
   static R set1(float x) { return _mm512_set1_ps(x); }

@@ -16,6 +16,12 @@ see `layouts.py`). `impl` picks the implementation:
 - "auto" (default): by the tensors' device: cpu -> "cpu" when built (else "reference"), cuda ->
   "triton", npu -> "torch_npu".
 
+FP8 rows (1 byte, widened where they are read): `lightning_indexer` takes float8_e4m3fn keys with
+per-block scales (`key_scale`, DeepSeek-V3.2's index-key cache), `sparse_flash_attention`
+float8_e4m3fn / float8_e5m2 latent rows with one `kv_scale` (an FP8 KV cache). The reference and the
+CPU kernels read them as stored; for Triton and torch_npu the front widens them in torch first
+(`_widen_for`: a float32 copy of the key tensor per call; a fallback, not a kernel).
+
 Index order: the reference and Triton return the top-k by score (descending, ties to the earlier
 position); the CPU kernel returns the same SET in its own order. Positions are within each
 request's key sequence; -1 pads rows that see fewer than `sparse_count` keys.
@@ -64,6 +70,56 @@ def _backend(name: str):
     raise ValueError(f"no canonical-form implementation {name!r}")
 
 
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+WIDEN_IN_TORCH = ("triton", "torch_npu")  # implementations whose kernels take no FP8 rows
+
+
+def _widen_for(name: str, key: torch.Tensor, key_scale: Optional[torch.Tensor]):
+    """TORCH FALLBACK for Triton / torch_npu: FP8 index keys widened to float32 (times their block
+    scales) before the call; (key, key_scale) unchanged for the other implementations and dtypes."""
+    if name not in WIDEN_IN_TORCH or key.dtype not in FP8_DTYPES or key_scale is None:
+        return key, key_scale
+    dim = key.shape[-1]
+    wide = reference.widen_keys(key.reshape(-1, dim), key_scale.reshape(key.reshape(-1, dim).shape[0], -1))
+    return wide.view(key.shape), None
+
+
+def _index_score_dtype(
+    key: torch.Tensor, key_scale: Optional[torch.Tensor], score_dtype: Optional[torch.dtype]
+) -> Optional[torch.dtype]:
+    """The scoring precision `lightning_indexer` runs (None: float32), its arguments checked."""
+    if key.dtype == torch.int8 and score_dtype is None:
+        score_dtype = torch.int8
+    if score_dtype not in (None, torch.float32, torch.bfloat16, torch.int8):
+        raise ValueError(
+            f"score_dtype must be None, torch.float32, torch.bfloat16 or torch.int8, got {score_dtype}"
+        )
+    if key.dtype in FP8_DTYPES and (key.dtype != torch.float8_e4m3fn or key_scale is None):
+        raise ValueError(
+            f"FP8 index keys are float8_e4m3fn with key_scale (DeepSeek's format), got {key.dtype}"
+            + ("" if key_scale is not None else " without key_scale")
+        )
+    if key.dtype == torch.int8 and score_dtype != torch.int8:
+        raise ValueError(
+            "an int8 key cache (key int8 + key_scale) is scored with score_dtype=torch.int8 only"
+        )
+    return None if score_dtype == torch.float32 else score_dtype
+
+
+def _fp8_latent_rows(name: str, rows: tuple, kv_scale: float) -> tuple[tuple, float]:
+    """sparse_flash_attention's (key, value, key_rope) checked: FP8 all alike or none (kv_scale
+    then 1); for Triton / torch_npu (TORCH FALLBACK) FP8 rows widened here, float32 copies per call."""
+    given = [t for t in rows if t is not None]
+    fp8 = [t.dtype in FP8_DTYPES for t in given]
+    if any(fp8) and not (all(fp8) and len({t.dtype for t in given}) == 1):
+        raise ValueError(f"FP8 key / value / key_rope rows come together, got {[t.dtype for t in given]}")
+    if not any(fp8) and kv_scale != 1.0:
+        raise ValueError("kv_scale applies to FP8 rows only")
+    if any(fp8) and name in WIDEN_IN_TORCH:
+        return tuple(None if t is None else reference.widen_rows(t, kv_scale) for t in rows), 1.0
+    return rows, kv_scale
+
+
 def _check_indexer_shapes(query: torch.Tensor, weights: torch.Tensor, layout_query: str) -> None:
     want = query.shape[:-1]
     if tuple(weights.shape) != tuple(want):
@@ -107,23 +163,16 @@ def lightning_indexer(
     (on CPUs with VNNI, twice the float32 multiply rate). An int8 index-key cache (`key` int8) comes
     with `key_scale`, one float32 scale per key row (key's shape without D), and scores in int8.
     The Triton path scores int8 on the dequantized keys (float32 products of the int8 values; the
-    same up to float32 rounding); torch_npu refuses int8."""
-    if key.dtype == torch.int8 and score_dtype is None:
-        score_dtype = torch.int8
-    if score_dtype not in (None, torch.float32, torch.bfloat16, torch.int8):
-        raise ValueError(
-            f"score_dtype must be None, torch.float32, torch.bfloat16 or torch.int8, got {score_dtype}"
-        )
-    if (key.dtype == torch.int8 or key_scale is not None) and score_dtype != torch.int8:
-        raise ValueError(
-            "an int8 key cache (key int8 + key_scale) is scored with score_dtype=torch.int8 only"
-        )
-    if score_dtype == torch.float32:
-        score_dtype = None
+    same up to float32 rounding); torch_npu refuses int8. float8_e4m3fn keys (an FP8 index-key
+    cache) come with `key_scale`, one float32 scale per FP8_KEY_BLOCK (128) values of a row (key's
+    shape with D replaced by the block count), and score at any `score_dtype` on their widened
+    values (code x block scale, float32)."""
+    score_dtype = _index_score_dtype(key, key_scale, score_dtype)
     if sparse_count < 1:
         raise ValueError(f"sparse_count must be >= 1, got {sparse_count}")
     _check_indexer_shapes(query, weights, layout_query)
     name = resolve_impl(impl, query.device)
+    key, key_scale = _widen_for(name, key, key_scale)
     if name == "torch_npu":
         from sgl_kernel_npu import npu
 
@@ -177,6 +226,7 @@ def sparse_flash_attention(
     *,
     return_softmax_lse: bool = False,
     impl: str = "auto",
+    kv_scale: float = 1.0,
 ) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """MLA (absorbed) attention of every query over the key rows `sparse_indices` selects.
 
@@ -186,12 +236,15 @@ def sparse_flash_attention(
     sparse_indices [T, 1, K] / [B, S, 1, K] int32 positions in the request's key sequence, -1 =
     none; with `sparse_mode` 3 indices past a query's causal limit are ignored as well.
     scores = (q . k + q_rope . k_rope) * scale_value. Returns out [.., N, Dv] in query's dtype, and
-    with `return_softmax_lse` the natural-log LSE [.., N] float32 (-inf, out 0: no valid index)."""
+    with `return_softmax_lse` the natural-log LSE [.., N] float32 (-inf, out 0: no valid index).
+    key, value and key_rope may be FP8 (float8_e4m3fn / float8_e5m2, all alike: an FP8 latent
+    cache), real value = code x `kv_scale`."""
     if sparse_block_size != 1:
         raise ValueError(f"only sparse_block_size 1 is implemented, got {sparse_block_size}")
     if (query_rope is None) != (key_rope is None):
         raise ValueError("query_rope and key_rope come together")
     name = resolve_impl(impl, query.device)
+    (key, value, key_rope), kv_scale = _fp8_latent_rows(name, (key, value, key_rope), kv_scale)
     if name == "torch_npu":
         from sgl_kernel_npu import npu
 
@@ -223,8 +276,9 @@ def sparse_flash_attention(
     n = qs.q.shape[0]
     qr = None if query_rope is None else query_rope.reshape(n, *query_rope.shape[-2:])
     idx = sparse_indices.reshape(n, sparse_indices.shape[-1])
+    extra = (kv_scale,) if kv_scale != 1.0 else ()  # (FP8 rows: reference and cpu)
     out, lse = _backend(name).sparse_attention(
-        qs.q, qr, keys, rope_rows, values, qs.batch, qs.kv_end, idx, scale_value
+        qs.q, qr, keys, rope_rows, values, qs.batch, qs.kv_end, idx, scale_value, *extra
     )
     out = qs.unflatten(out)
     return (out, qs.unflatten(lse)) if return_softmax_lse else out

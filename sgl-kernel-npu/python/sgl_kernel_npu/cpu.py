@@ -18,7 +18,10 @@ whose CPUs all have AVX512-VNNI, on avx512vnni, the AVX-512 build for VNNI CPUs 
 on avx2vnni (AVX-VNNI, 8 lanes); `vpmaddwd` on int16 pairs on avx512 / avx2; plain C++ on portable). `SGL_KERNEL_NPU_BF16_DOT=dpbf16` (or `bf16_dot("dpbf16")`) makes the
 avx512bf16 build use vdpbf16ps for that: the same products, but on Sapphire / Emerald Rapids it
 retires half the multiply-adds per cycle of the two FMA ports (benchmark/dsa/indexer_kernel.py),
-so the default is `fma`.
+so the default is `fma`. FP8 rows are read in 1 byte and widened in the kernels (exact, through
+float16 bits; csrc/cpu/dsa_fp8.h): float8_e4m3fn index keys with their per-block scales (each value
+times its block's scale in float32, then scored at any precision above), and float8_e4m3fn /
+float8_e5m2 latent rows of the sparse attention with one `kv_scale`.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from typing import Iterator, Optional, Sequence
 
 import torch
 
-from sgl_kernel_npu.layouts import PagedKeys, Queries
+from sgl_kernel_npu.layouts import FP8_KEY_BLOCK, PagedKeys, Queries
 
 try:  # the extension built by setup.py
     from sgl_kernel_npu import _cpu_ops as _ops
@@ -146,10 +149,13 @@ def indexer_topk(
     q = qs.q if qs.q.stride(-1) == 1 else qs.q.contiguous()
     if q.dtype not in (torch.float32, torch.bfloat16):
         q = q.float()
-    kd = keys.rows.dtype if keys.rows.dtype in (torch.float32, torch.bfloat16, torch.int8) else torch.float32
+    kept = (torch.float32, torch.bfloat16, torch.int8, torch.float8_e4m3fn)
+    kd = keys.rows.dtype if keys.rows.dtype in kept else torch.float32
     bf16 = score_dtype == torch.bfloat16 or (q.dtype == torch.bfloat16 and kd == torch.bfloat16)
     score = 2 if score_dtype == torch.int8 else 1 if bf16 else 0
-    scale = None if keys.scale is None else keys.scale.float().contiguous()
+    scale = None if keys.scale is None else keys.scale.float()
+    if scale is not None and scale.stride(-1) != 1:  # (rows may be strided: a pool's interleaved scales)
+        scale = scale.contiguous()
     idx, val = _ops.indexer_topk(
         q,
         weights.float().contiguous(),
@@ -163,6 +169,7 @@ def indexer_topk(
         want_values,
         score,
         requested_bf16_dot() == "dpbf16",
+        FP8_KEY_BLOCK,
         requested_isa(),
     )
     return idx, (val if want_values else None)
@@ -178,23 +185,27 @@ def sparse_attention(
     limit: torch.Tensor,
     indices: torch.Tensor,
     scale: float,
+    kv_scale: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     _require()
     dt = q.dtype if q.dtype in (torch.float32, torch.bfloat16) else torch.float32
     qq = _rows(q, dt)
     qr = _rows(q_rope, dt) if q_rope is not None else None
+    fp8 = key.rows.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+    rt = key.rows.dtype if fp8 else dt  # FP8 rows are read as stored (widened in the kernel)
     out, lse = _ops.sparse_attention(
         qq,
         qr,
-        _rows(key.rows, dt),
-        _rows(key_rope, dt) if key_rope is not None else None,
-        _rows(value, dt),
+        _rows(key.rows, rt),
+        _rows(key_rope, rt) if key_rope is not None else None,
+        _rows(value, rt),
         _int32(key.block_table),
         key.block_size,
         _int32(batch),
         _int32(limit),
         _int32(indices),
         float(scale),
+        float(kv_scale) if fp8 else 1.0,
         requested_isa(),
     )
     return out.to(q.dtype), lse

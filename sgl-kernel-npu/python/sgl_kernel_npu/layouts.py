@@ -25,6 +25,10 @@ from typing import Optional
 import torch
 
 QUERY_LAYOUTS = ("TND", "BSND")
+# FP8 index keys: one float32 scale per block of this many elements of a row (DeepSeek-V3.2's
+# indexer quantizes its keys to float8_e4m3fn per 128 values: one scale per key at head dim 128)
+FP8_KEY_BLOCK = 128
+FP8_KEY_DTYPE = torch.float8_e4m3fn
 KEY_LAYOUTS = ("TND", "BSND", "PA_BSND")
 SPARSE_MODES = (0, 3)
 
@@ -46,7 +50,9 @@ class PagedKeys:
     block_table: torch.Tensor  # [B, M] int32
     block_size: int
     kv_lens: torch.Tensor  # [B] int32
-    scale: Optional[torch.Tensor] = None  # [R] float32 per-row scales of int8 rows (an int8 index-key cache)
+    # float32 scales: [R] of int8 rows (an int8 index-key cache), [R, ceil(D / FP8_KEY_BLOCK)] of
+    # float8_e4m3fn rows (an FP8 index-key cache; columns contiguous, rows may be strided)
+    scale: Optional[torch.Tensor] = None
 
     def slots(self, batch: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Rows of `positions` (any shape, >= 0) of requests `batch` (broadcastable)."""
@@ -75,16 +81,23 @@ def canonical_keys(
     key_scale: Optional[torch.Tensor] = None,
 ) -> PagedKeys:
     """Keys of any layout as rows + block table (one kv head: the N dim of key is 1). `key_scale`:
-    with int8 keys, one float32 scale per key row (key's shape without D), kept as `scale` [R]."""
+    with int8 keys, one float32 scale per key row (key's shape without D), kept as `scale` [R];
+    with float8_e4m3fn keys, one per FP8_KEY_BLOCK values of a row (key's shape with D replaced by
+    ceil(D / FP8_KEY_BLOCK)), kept as `scale` [R, blocks].
+    (FP8 rows without key_scale: the latent rows of sparse attention, with one kv_scale.)"""
     keys = _canonical_keys(key, layout_key, actual_seq_lengths_key, block_table)
-    if (key.dtype == torch.int8) != (key_scale is not None):
-        raise ValueError("int8 keys come with key_scale (one scale per key row), and only int8 keys do")
+    if key_scale is not None and key.dtype not in (torch.int8, FP8_KEY_DTYPE):
+        raise ValueError(f"key_scale comes with int8 or float8_e4m3fn keys only, got {key.dtype} keys")
+    if key.dtype == torch.int8 and key_scale is None:
+        raise ValueError("int8 keys come with key_scale (one scale per key row)")
     if key_scale is not None:
-        if key_scale.numel() != keys.rows.shape[0]:
+        rows, dim = keys.rows.shape
+        blocks = 1 if key.dtype == torch.int8 else -(-dim // FP8_KEY_BLOCK)
+        if key_scale.numel() != rows * blocks:
             raise ValueError(
-                f"key_scale must hold one scale per key row ({keys.rows.shape[0]}), got {key_scale.numel()}"
+                f"key_scale must hold {blocks} scale(s) per key row ({rows} rows), got {key_scale.numel()}"
             )
-        keys.scale = key_scale.reshape(-1)
+        keys.scale = key_scale.reshape(rows) if key.dtype == torch.int8 else key_scale.reshape(rows, blocks)
     return keys
 
 

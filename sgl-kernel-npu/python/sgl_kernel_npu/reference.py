@@ -20,7 +20,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from sgl_kernel_npu.layouts import PagedKeys, Queries
+from sgl_kernel_npu.layouts import FP8_KEY_BLOCK, FP8_KEY_DTYPE, PagedKeys, Queries
 
 SCORE_BUDGET = 1 << 24  # score elements (queries x heads x keys) per block
 
@@ -52,6 +52,21 @@ def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, (amax / c127).squeeze(-1)
 
 
+def widen_keys(rows: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """float8_e4m3fn key rows [n, D] with their block scales [n, ceil(D / FP8_KEY_BLOCK)] -> float32
+    [n, D]: each code widened (exact) times its block's scale (one float32 multiply: the CPU
+    kernels repeat it)."""
+    per_value = scale.float().repeat_interleave(FP8_KEY_BLOCK, dim=-1)[..., : rows.shape[-1]]
+    return rows.float() * per_value
+
+
+def widen_rows(rows: torch.Tensor, kv_scale: float = 1.0) -> torch.Tensor:
+    """Latent rows in float32: FP8 codes widened (exact) times `kv_scale`; other dtypes as given."""
+    if rows.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        return rows.float() * kv_scale
+    return rows.float()
+
+
 def int8_dot_exact(dim: int) -> None:
     """int8 dot products of `dim` terms are exact in float32 (|sum| < 2^24) up to dim 1040."""
     if dim * 127 * 127 >= 1 << 24:
@@ -67,9 +82,11 @@ def indexer_topk(
     rounded to bf16 first (then float32 math: products of bf16 values are exact in float32).
     score_dtype int8: each query head row and key row quantized (`quantize_int8`, or an int8 key
     cache's rows and scales), score = s_k * sum_h (w_h * s_qh) * relu(q8_h . k8): the integer dot
-    products exact in float32, the head sum in float32."""
+    products exact in float32, the head sum in float32. float8_e4m3fn keys (with block scales) are
+    widened first (`widen_keys`), then scored like float32 keys at `score_dtype`."""
     bf16 = score_dtype == torch.bfloat16
-    int8 = score_dtype == torch.int8 or keys.scale is not None
+    fp8 = keys.rows.dtype == FP8_KEY_DTYPE
+    int8 = score_dtype == torch.int8 or keys.rows.dtype == torch.int8
     q = qs.q.to(torch.bfloat16) if bf16 else qs.q
     if int8:
         int8_dot_exact(q.shape[-1])
@@ -90,7 +107,9 @@ def indexer_topk(
         pos = torch.arange(kv_len, device=dev)
         slots = keys.slots(torch.tensor(b, device=dev), pos)
         kb = keys.rows.index_select(0, slots)  # [S, D]
-        if keys.scale is not None:
+        if fp8:
+            kb = widen_keys(kb, keys.scale.index_select(0, slots))
+        if keys.scale is not None and not fp8:
             k_scale = keys.scale.float().index_select(0, slots)
         elif int8:
             kb, k_scale = quantize_int8(kb)
@@ -119,10 +138,12 @@ def sparse_attention(
     limit: torch.Tensor,
     indices: torch.Tensor,
     scale: float,
+    kv_scale: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q [T, N, Dk], q_rope [T, N, Dr] or None; key (rows [R, Dk] + block table), key_rope rows
     [R, Dr] and value rows [R, Dv] addressed by the same block table; indices [T, K] positions
-    (valid: 0 <= index < limit[t]; -1 pads). Returns (out [T, N, Dv] in q's dtype, lse [T, N])."""
+    (valid: 0 <= index < limit[t]; -1 pads). FP8 rows are widened times `kv_scale` (`widen_rows`).
+    Returns (out [T, N, Dv] in q's dtype, lse [T, N])."""
     t_total, heads, _ = q.shape
     dv = value.shape[-1]
     out = torch.zeros((t_total, heads, dv), dtype=torch.float32, device=q.device)
@@ -137,15 +158,15 @@ def sparse_attention(
     for s in range(0, t_total, block):
         e = min(t_total, s + block)
         flat = slots[s:e].reshape(-1)
-        kr = key.rows.index_select(0, flat).view(e - s, -1, key.rows.shape[-1]).float()
+        kr = widen_rows(key.rows.index_select(0, flat), kv_scale).view(e - s, -1, key.rows.shape[-1])
         sc = torch.einsum("thd,tkd->thk", q[s:e].float(), kr)
         if q_rope is not None:
-            rr = key_rope.index_select(0, flat).view(e - s, -1, key_rope.shape[-1]).float()
+            rr = widen_rows(key_rope.index_select(0, flat), kv_scale).view(e - s, -1, key_rope.shape[-1])
             sc = sc + torch.einsum("thd,tkd->thk", q_rope[s:e].float(), rr)
         sc = (sc * scale).masked_fill(~valid[s:e].unsqueeze(1), float("-inf"))
         lse[s:e] = torch.logsumexp(sc, dim=-1)
         p = torch.nan_to_num(torch.softmax(sc, dim=-1), nan=0.0)
-        vr = value.index_select(0, flat).view(e - s, -1, dv).float()
+        vr = widen_rows(value.index_select(0, flat), kv_scale).view(e - s, -1, dv)
         out[s:e] = torch.einsum("thk,tkd->thd", p, vr)
     return out.to(q.dtype), lse
 

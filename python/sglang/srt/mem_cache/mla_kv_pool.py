@@ -3,16 +3,20 @@
 MLA caches one compressed row per token and layer instead of per-head keys and values:
 `[kv_lora_rank latent ; qk_rope_head_dim roped key]` (576 values for DeepSeek-V3). Every head's key
 and value are recovered from it by the (absorbed) kv_b_proj weights, so the row is the same on every
-attention-TP rank. The DSA pool adds the Lightning Indexer's key (`index_head_dim` values) per token
-and layer; the reference stores it in FP8 with a scale, here it is kept in the pool dtype, and with
-`index_k_int8` (int8 index scoring, `SGLANG_DSA_INDEX_SCORE_DTYPE=int8`) also as symmetric int8
-rows with one float32 scale per token, quantized once when written (what the `dsa` backend's
-int8 indexer reads; the pool-dtype rows stay for the other readers: CP gathers, the reference
-indexer).
+attention-TP rank. The DSA pool adds the Lightning Indexer's key (`index_head_dim` values) per
+token and layer, in the model dtype, or in FP8 (below); with `index_k_int8` (int8 index scoring,
+`SGLANG_DSA_INDEX_SCORE_DTYPE=int8`) also as symmetric int8 rows with one float32 scale per token,
+quantized once when written from the stored keys (what the `dsa` backend's int8 indexer reads;
+the stored rows stay for the other readers: CP gathers, the reference indexer).
 
 With `kv_dtype` FP8 (`--kv-cache-dtype fp8_*`) the latent rows are stored in 1 byte as
 `fp8(row / k_scale)` of their layer (`kv_pool.quantize_kv`; the value is part of the same row, so
-only the key scale applies); the indexer keys stay in the model dtype.
+only the key scale applies), and the index keys as DeepSeek-V3.2's reference keeps them
+(`index_k_fp8`): float8_e4m3fn with one float32 scale per block of INDEX_K_BLOCK (128) values,
+scale = max(amax, 1e-4) / 448 (`quantize_index_k`). Like upstream SGLang's index-key buffer, the
+codes and scales of a token share one uint8 row `[codes (padded to 4 bytes) ; scales]`, so every
+copier of per-token buffers (PD transfer regions, HiCache pages) moves them together as stored;
+readers take the views (`get_index_k_fp8`) or the widened rows (`index_k_rows`).
 """
 
 from __future__ import annotations
@@ -21,11 +25,38 @@ from typing import Optional, Union
 
 import torch
 
-from sglang.srt.mem_cache.kv_pool import KVPool, quantize_kv
+from sglang.srt.mem_cache.kv_pool import FP8_KV_DTYPES, KVPool, quantize_kv
+
+INDEX_K_BLOCK = 128  # index-key values per FP8 scale (DeepSeek-V3.2: one per 128-dim key)
+INDEX_K_FP8 = torch.float8_e4m3fn
 
 
 def _itemsize(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
+
+
+def index_k_fp8_layout(index_head_dim: int) -> tuple[int, int]:
+    """(code bytes: the head dim padded to 4, scale count) of one FP8 index-key row; the row is
+    code bytes + 4 x scale count bytes."""
+    return -(-index_head_dim // 4) * 4, -(-index_head_dim // INDEX_K_BLOCK)
+
+
+def quantize_index_k(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Index keys [n, D] -> (float8_e4m3fn codes [n, D], float32 scales [n, ceil(D / 128)]): per
+    block of 128 values scale = max(amax, 1e-4) / 448, code = fp8(x / scale) (DeepSeek-V3.2's
+    act_quant of its indexer keys). A reader's value is code x scale (float32)."""
+    n, dim = x.shape
+    nb = -(-dim // INDEX_K_BLOCK)
+    padded = torch.nn.functional.pad(x.float(), (0, nb * INDEX_K_BLOCK - dim)).view(n, nb, INDEX_K_BLOCK)
+    scale = padded.abs().amax(dim=-1).clamp_(min=1e-4) / torch.finfo(INDEX_K_FP8).max
+    codes = quantize_kv(padded / scale.unsqueeze(-1), INDEX_K_FP8)
+    return codes.view(n, nb * INDEX_K_BLOCK)[:, :dim], scale
+
+
+def widen_index_k(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """float32 [n, D] of `quantize_index_k`'s output: each code (exact) times its block's scale."""
+    per_value = scale.repeat_interleave(INDEX_K_BLOCK, dim=-1)[:, : codes.shape[-1]]
+    return codes.float() * per_value
 
 
 class MLATokenToKVPool(KVPool):
@@ -73,13 +104,16 @@ class MLATokenToKVPool(KVPool):
         buf[loc.to(device=self.device, dtype=torch.int64)] = row.view(self._store_view)
 
     def round_as_stored(self, layer_id: int, rows: torch.Tensor) -> torch.Tensor:
-        """Latent rows [n, kv_cache_dim] as a read of them after `set_kv_buffer` returns them
-        (widened to `rows`' dtype): unchanged unless the pool stores FP8, which rounds them."""
+        """Rows [n, kv_cache_dim (+ more)] as a read of them after they are stored returns them
+        (widened to `rows`' dtype): unchanged unless the pool stores FP8, which rounds the latent
+        part (the columns past kv_cache_dim: the DSA pool's index keys, rounded there)."""
         if not self.is_fp8:
             return rows
+        dim = self.kv_cache_dim
         scale = self.k_scale[self._local(layer_id)]
-        out = quantize_kv(rows, self.dtype, scale).to(rows.dtype)
-        return out if scale == 1.0 else out * scale
+        out = quantize_kv(rows[:, :dim], self.dtype, scale).to(rows.dtype)
+        out = out if scale == 1.0 else out * scale
+        return out if rows.shape[1] == dim else torch.cat((out, rows[:, dim:]), dim=-1)
 
     def set_mla_kv_buffer(
         self, layer_id: int, loc: torch.Tensor, latent: torch.Tensor, k_rope: torch.Tensor
@@ -97,9 +131,12 @@ class MLATokenToKVPool(KVPool):
 
 
 class DSATokenToKVPool(MLATokenToKVPool):
-    """MLA pool plus index_k_buffer[i]: [size + page_size, index_head_dim] (Lightning Indexer keys);
-    with `index_k_int8` also index_k_int8[i] (int8, same shape) and index_k_scale[i] [size + page_size]
-    float32 (`sgl_kernel_npu.reference.quantize_int8` of each row)."""
+    """MLA pool plus index_k_buffer[i]: [size + page_size, index_head_dim] (Lightning Indexer keys,
+    model dtype), or with `index_k_fp8` uint8 [size + page_size, code bytes + 4 x scales] (module
+    doc); with `index_k_int8` also index_k_int8[i] (int8, [rows, index_head_dim]) and
+    index_k_scale[i] [size + page_size] float32 (`sgl_kernel_npu.reference.quantize_int8` of each
+    stored row). `index_k_fp8` None: FP8 exactly when the latent rows are (`--kv-cache-dtype fp8_*`
+    gives a 1-byte cache, index keys included)."""
 
     def __init__(
         self,
@@ -114,19 +151,46 @@ class DSATokenToKVPool(MLATokenToKVPool):
         start_layer: int = 0,
         index_k_int8: bool = False,
         kv_dtype: Optional[torch.dtype] = None,
+        index_k_fp8: Optional[bool] = None,
     ):
         super().__init__(
             size, page_size, dtype, kv_lora_rank, qk_rope_head_dim, layer_num, device, start_layer, kv_dtype
         )
         self.index_head_dim = index_head_dim
+        self.index_k_fp8 = self.is_fp8 if index_k_fp8 is None else index_k_fp8
         rows = size + page_size
-        self.index_k_buffer = [self._zeros(rows, index_head_dim, dtype=dtype) for _ in range(layer_num)]
+        code_bytes, nb = index_k_fp8_layout(index_head_dim)
+        if self.index_k_fp8:
+            width, idx_dtype = code_bytes + 4 * nb, torch.uint8
+        else:
+            width, idx_dtype = index_head_dim, dtype
+        self.index_k_buffer = [self._zeros(rows, width, dtype=idx_dtype) for _ in range(layer_num)]
+        self._index_fp8_views = [
+            (b[:, :index_head_dim].view(INDEX_K_FP8), b[:, code_bytes:].view(torch.float32))
+            for b in (self.index_k_buffer if self.index_k_fp8 else [])
+        ]
         n8 = layer_num if index_k_int8 else 0
         self.index_k_int8 = [self._zeros(rows, index_head_dim, dtype=torch.int8) for _ in range(n8)]
         self.index_k_scale = [self._zeros(rows, dtype=torch.float32) for _ in range(n8)]
 
     def get_index_k_buffer(self, layer_id: int) -> torch.Tensor:
+        """The layer's index keys as stored (FP8: the uint8 rows of codes and scales)."""
         return self.index_k_buffer[self._local(layer_id)]
+
+    def get_index_k_fp8(self, layer_id: int) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+        """(float8_e4m3fn codes [rows, index_head_dim], float32 scales [rows, blocks]): views of
+        the FP8 index keys (strided rows), or None when they are stored in the model dtype."""
+        return self._index_fp8_views[self._local(layer_id)] if self.index_k_fp8 else None
+
+    def index_k_rows(self, layer_id: int, slots: torch.Tensor) -> torch.Tensor:
+        """The index keys at `slots` [n, index_head_dim] in the model dtype (FP8: widened, code x
+        scale in float32, then cast), as CP exchanges and the torch indexer read them."""
+        slots = slots.to(device=self.device, dtype=torch.int64)
+        fp8 = self.get_index_k_fp8(layer_id)
+        if fp8 is None:
+            return self.get_index_k_buffer(layer_id).index_select(0, slots)
+        wide = widen_index_k(fp8[0].index_select(0, slots), fp8[1].index_select(0, slots))
+        return wide.to(self.compute_dtype)
 
     def get_index_k_int8(self, layer_id: int) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
         """(int8 rows [rows, index_head_dim], scales [rows]) of the int8 copy, or None without one."""
@@ -138,14 +202,34 @@ class DSATokenToKVPool(MLATokenToKVPool):
     def set_index_k_buffer(self, layer_id: int, loc: torch.Tensor, index_k: torch.Tensor) -> None:
         """Write the indexer keys [n, index_head_dim] of new tokens (and their int8 copy)."""
         i, loc = self._local(layer_id), loc.to(device=self.device, dtype=torch.int64)
-        self.index_k_buffer[i][loc] = index_k.to(self.compute_dtype)
+        if self.index_k_fp8:
+            codes, scale = quantize_index_k(index_k.reshape(-1, self.index_head_dim))
+            code_bytes = index_k_fp8_layout(self.index_head_dim)[0]
+            row = self.index_k_buffer[i].new_zeros((codes.shape[0], self.index_k_buffer[i].shape[1]))
+            row[:, : self.index_head_dim] = codes.view(torch.uint8)
+            row[:, code_bytes:] = scale.view(torch.uint8).view(codes.shape[0], -1)
+            self.index_k_buffer[i][loc] = row
+            stored = widen_index_k(codes, scale)
+        else:
+            self.index_k_buffer[i][loc] = index_k.to(self.compute_dtype)
+            stored = self.index_k_buffer[i][loc]
         if self.index_k_int8:
             from sgl_kernel_npu.reference import quantize_int8
 
-            # from the stored rows: what an indexer reading the pool-dtype cache would quantize
-            k8, scale = quantize_int8(self.index_k_buffer[i][loc])
+            # from the stored rows: what an indexer reading the stored cache would quantize
+            k8, scale8 = quantize_int8(stored)
             self.index_k_int8[i][loc] = k8
-            self.index_k_scale[i][loc] = scale
+            self.index_k_scale[i][loc] = scale8
+
+    def round_as_stored(self, layer_id: int, rows: torch.Tensor) -> torch.Tensor:
+        """The MLA pool's rounding of the latent part, and with FP8 index keys the columns past
+        kv_cache_dim (the index keys) as a read of them returns them (`index_k_rows`)."""
+        out = super().round_as_stored(layer_id, rows)
+        dim = self.kv_cache_dim
+        if not self.index_k_fp8 or rows.shape[1] == dim:
+            return out
+        keys = widen_index_k(*quantize_index_k(rows[:, dim:])).to(self.compute_dtype).to(rows.dtype)
+        return torch.cat((out[:, :dim], keys), dim=-1)
 
     def mem_bytes(self) -> int:
         bufs = self.index_k_buffer + self.index_k_int8 + self.index_k_scale
@@ -160,8 +244,16 @@ class DSATokenToKVPool(MLATokenToKVPool):
         index_head_dim: int = 0,
         index_k_int8: bool = False,
         kv_dtype: Optional[torch.dtype] = None,
+        index_k_fp8: Optional[bool] = None,
     ) -> int:
-        """Bytes per token: latent rows in `kv_dtype` (default `dtype`), indexer keys in `dtype`."""
+        """Bytes per token: latent rows in `kv_dtype` (default `dtype`), indexer keys in `dtype`, or
+        in FP8 with their scales (`index_k_fp8`; None: when `kv_dtype` is FP8)."""
+        fp8 = (kv_dtype in FP8_KV_DTYPES) if index_k_fp8 is None else index_k_fp8
         int8_copy = (index_head_dim + 4) * layer_num if index_k_int8 and index_head_dim else 0
         latent = (kv_lora_rank + qk_rope_head_dim) * layer_num * _itemsize(kv_dtype or dtype)
-        return latent + index_head_dim * layer_num * _itemsize(dtype) + int8_copy
+        if fp8 and index_head_dim:
+            code_bytes, nb = index_k_fp8_layout(index_head_dim)
+            index = (code_bytes + 4 * nb) * layer_num
+        else:
+            index = index_head_dim * layer_num * _itemsize(dtype)
+        return latent + index + int8_copy

@@ -28,6 +28,12 @@ model's query and keys to bf16 for scoring, `=int8` quantizes query heads and ke
 written, which the paged and CP-decode indexers read; CP prefill quantizes its gathered rows in
 the call) (`dsa/backend_names.index_score_dtype`).
 
+An FP8 KV pool (`--kv-cache-dtype fp8_e4m3|fp8_e5m2`) is read in place: the sparse attention op
+gets the 1-byte latent rows and the layer's scale, the indexer the FP8 e4m3 index keys and their
+per-128-value scales (DeepSeek-V3.2's format, `mla_kv_pool.quantize_index_k`), both widened inside
+sgl_kernel_npu's kernels; the scoring precision options apply to the widened keys (int8: the pool's
+int8 copy is quantized from them).
+
 Selections equal the reference's up to float rounding of the scores (the kernels sum in another
 order): near-equal scores at the top-k boundary may swap; test/kernels_npu compares the ops and
 test/distributed/test_dsa_backend_parity.py the model's greedy tokens.
@@ -44,6 +50,7 @@ import torch
 from sglang.srt.layers.attention.cpu_backend import CPUAttnBackend, CPUBatch
 from sglang.srt.layers.attention.dsa.backend_names import index_score_dtype, resolve_nsa_backend
 from sglang.srt.layers.attention.dsa.kernels import DSAKernels, dsa_ops
+from sglang.srt.layers.attention.kv_source import kv_scales
 from sglang.srt.layers.attention.mla_cp import mla_cp_forward
 from sglang.srt.layers.context_parallel import get_cp_layout
 
@@ -99,8 +106,9 @@ class DSAAttnBackend(CPUAttnBackend):
 
     name = "dsa"
     batch_state_type = DSABatch
-    # the fused paged sparse-attention op reads the latent cache in place, in the model dtype
-    supports_fp8_kv = False
+    # the fused ops read an FP8 pool in place (latent rows with the layer's scale, index keys with
+    # their block scales), widening in the kernels
+    supports_fp8_kv = True
 
     def __init__(
         self,
@@ -163,8 +171,9 @@ class DSAAttnBackend(CPUAttnBackend):
             return self.attend_latent(q, layer, forward_batch, None)
         d = self._dsa(forward_batch)
         kv = d.blocks(pool.get_key_buffer(layer.layer_id))
+        kv_scale = kv_scales(pool, layer.layer_id)[0]  # (FP8: the latent row is key and value)
         return self.kernels.attend_paged(
-            q, kv, layer.kv_lora_rank, layer.scaling, selected, d.table, d.cu_q, d.kv_lens, d.decode
+            q, kv, layer.kv_lora_rank, layer.scaling, selected, d.table, d.cu_q, d.kv_lens, d.decode, kv_scale
         )
 
     def _set_score_dtype(self, fb: "ForwardBatch", dsa: "IndexerInputs") -> None:
@@ -187,7 +196,8 @@ class DSAAttnBackend(CPUAttnBackend):
         idx.count(q.shape[0], pairs)
         d = self._dsa(fb)
         keys, scale = self.kernels.index_keys(pool, idx.layer_id)
-        scale = None if scale is None else d.blocks(scale.unsqueeze(-1))[..., 0]
+        if scale is not None:  # int8 copy: [R] per row; FP8 keys: [R, blocks]
+            scale = d.blocks(scale.unsqueeze(-1))[..., 0] if scale.dim() == 1 else d.blocks(scale)
         return self.kernels.select_paged(
             q,
             weights,

@@ -74,9 +74,7 @@ def _pool_rows(fb: "ForwardBatch", layer_id: int, slots: torch.Tensor, with_inde
     rows = kv.view(kv.shape[0], -1).index_select(0, slots.to(kv.device))
     rows = widen_kv(rows, getattr(pool, "compute_dtype", rows.dtype), kv_scales(pool, layer_id)[0])
     if with_index:
-        rows = torch.cat(
-            (rows, pool.get_index_k_buffer(layer_id).index_select(0, slots.to(kv.device))), dim=-1
-        )
+        rows = torch.cat((rows, pool.index_k_rows(layer_id, slots)), dim=-1)  # (FP8: widened)
     return rows
 
 
@@ -215,7 +213,7 @@ def _as_stored(pool, layer_id: int, full: torch.Tensor, dim: int) -> torch.Tenso
     round_rows = getattr(pool, "round_as_stored", None)
     if round_rows is None or not pool.is_fp8:
         return full
-    return torch.cat((round_rows(layer_id, full[:, :dim]), full[:, dim:]), dim=-1)
+    return round_rows(layer_id, full)  # latent part; a DSA pool's FP8 index keys (past `dim`) too
 
 
 def _decode_topk(
@@ -237,8 +235,8 @@ def _decode_topk(
             scale,
         )
     else:
-        keys_all = fb.token_to_kv_pool.get_index_k_buffer(indexer.layer_id)
-        keys = keys_all.index_select(0, md.decode_slots.reshape(-1)).view(n1, max_len, keys_all.shape[-1])
+        keys_all = fb.token_to_kv_pool.index_k_rows(indexer.layer_id, md.decode_slots.reshape(-1))
+        keys = keys_all.view(n1, max_len, keys_all.shape[-1])
         vals, pos = shard_topk_candidates(
             iq,
             iw,
@@ -272,7 +270,7 @@ def _decode_attention(
         virtual = table[md.decode_req_rows.unsqueeze(1), safe.to(table.device)].to(torch.int64)
         slots = mapping.local_slot(virtual).masked_fill(~mine.to(virtual.device), 0)
         if kernels is not None:
-            part_o, part_l = kernels.attend_slots(qd, kv_cache, slots, mine, core.scaling, v_dim)
+            part_o, part_l = kernels.attend_slots(qd, kv_cache, slots, mine, core.scaling, v_dim, kv_scale)
         else:
             part_o, part_l = sparse_latent_attention(
                 qd, kv_cache, slots, mine, core.scaling, v_dim, return_lse=True, kv_scale=kv_scale

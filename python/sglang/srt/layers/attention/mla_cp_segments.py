@@ -49,14 +49,12 @@ def gather_round(
     """The round's cached rows [end - start, W] in flat prefix order: latent rows, or (`index`)
     the index keys, all-gathered from the ranks that store them."""
     pool = fb.token_to_kv_pool
-    scale = 1.0  # index keys are stored in the model dtype; latent rows may be FP8 (scaled)
-    if index:
-        buf = pool.get_index_k_buffer(layer_id)
-    else:
+    if index:  # (FP8 index keys: widened with their block scales)
+        send = pool.index_k_rows(layer_id, rnd.my_slots).to(dtype)
+    else:  # latent rows may be FP8 (scaled)
         kv = pool.get_key_buffer(layer_id)
         buf = kv.view(kv.shape[0], -1)
-        scale = kv_scales(pool, layer_id)[0]
-    send = widen_kv(buf.index_select(0, rnd.my_slots.to(buf.device)), dtype, scale)
+        send = widen_kv(buf.index_select(0, rnd.my_slots.to(buf.device)), dtype, kv_scales(pool, layer_id)[0])
     gathered = start_gather(layout.group, send, rnd.sizes).wait()
     if layout.probe is not None:
         row_bytes = gathered.shape[1] * gathered.element_size()

@@ -33,6 +33,7 @@ from sglang.srt.layers.attention.ops import causal_mask
 from sglang.srt.layers.attention.paged_metadata import PagedMetadata
 from sglang.srt.layers.linear import ReplicatedLinear
 from sglang.srt.layers.rotary_yarn import DeepseekRotaryEmbedding
+from sglang.srt.mem_cache.mla_kv_pool import widen_index_k
 
 if TYPE_CHECKING:
     from sglang.srt.model_executor.forward_batch import ForwardBatch
@@ -58,11 +59,19 @@ def index_topk_positions(
     md: PagedMetadata,
     topk: int,
     softmax_scale: float,
+    k_scale: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Top-k key positions per query token: [n, min(topk, longest sequence)] int64, -1 = no key.
 
     q [n, H, D] indexer queries, weights [n, H] float32 head weights, k_cache [rows, D] the layer's
-    index keys (new tokens already written)."""
+    index keys (new tokens already written); an FP8 cache (float8_e4m3fn codes) with its block
+    scales `k_scale` [rows, blocks] is widened where read (`widen_index_k`)."""
+
+    def read(slots: torch.Tensor) -> torch.Tensor:
+        if k_scale is None:
+            return k_cache.index_select(0, slots).float()
+        return widen_index_k(k_cache.index_select(0, slots), k_scale.index_select(0, slots))
+
     n = q.shape[0]
     width = min(topk, md.max_seq_len)
     out = torch.full((n, width), -1, dtype=torch.int64, device=q.device)
@@ -77,15 +86,13 @@ def index_topk_positions(
         block = max(1, SCORE_BUDGET // max(1, (q.shape[1] + k_cache.shape[1]) * max_len))
         for b0 in range(0, n1, block):
             b1 = min(n1, b0 + block)
-            keys = (
-                k_cache.index_select(0, md.single_slots[b0:b1].reshape(-1)).view(b1 - b0, max_len, -1).float()
-            )
+            keys = read(md.single_slots[b0:b1].reshape(-1)).view(b1 - b0, max_len, -1)
             s = index_scores(qf[rows[b0:b1]], wf[rows[b0:b1]], keys, softmax_scale)
             if md.single_valid is not None:
                 s = s.masked_fill(~md.single_valid[b0:b1], float("-inf"))
             out[rows[b0:b1], :k] = topk_columns(s, k)
     for item in md.extends:
-        keys = k_cache.index_select(0, item.slots).float().unsqueeze(0)  # [1, T, D]
+        keys = read(item.slots).unsqueeze(0)  # [1, T, D]
         m, seq = item.end - item.start, item.seq_len
         block = max(1, min(QUERY_BLOCK, SCORE_BUDGET // max(1, q.shape[1] * seq)))
         for s0 in range(0, m, block):
@@ -223,6 +230,6 @@ class IndexerInputs:
             for e, p in zip(forward_batch.extend_seq_lens_cpu, forward_batch.extend_prefix_lens_cpu)
         )
         idx.count(n, pairs)
-        return index_topk_positions(
-            q, weights, pool.get_index_k_buffer(idx.layer_id), md, idx.index_topk, idx.softmax_scale
-        )
+        fp8 = pool.get_index_k_fp8(idx.layer_id) if hasattr(pool, "get_index_k_fp8") else None
+        keys, scale = fp8 if fp8 is not None else (pool.get_index_k_buffer(idx.layer_id), None)
+        return index_topk_positions(q, weights, keys, md, idx.index_topk, idx.softmax_scale, scale)

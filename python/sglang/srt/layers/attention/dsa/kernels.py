@@ -73,11 +73,16 @@ class DSAKernels:
         return self.decode_impl if decode else self.prefill_impl
 
     def index_keys(self, pool, layer_id: int) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """The index-key rows [R, D] the indexer reads from `pool` (a DSA pool) and their per-row
-        scales [R]: with int8 scoring and a pool that keeps an int8 copy (quantized when written),
-        that copy; else the pool-dtype rows and None (quantized in the call when scoring int8)."""
+        """The index-key rows [R, D] the indexer reads from `pool` (a DSA pool) and their scales:
+        with int8 scoring and a pool that keeps an int8 copy (quantized when written), that copy
+        and its per-row scales [R]; an FP8 index-key cache (`--kv-cache-dtype fp8_*`): its
+        float8_e4m3fn codes and block scales [R, blocks] (widened in the op, read in 1 byte); else
+        the model-dtype rows and None (quantized in the call when scoring int8)."""
         int8 = pool.get_index_k_int8(layer_id) if self.index_score_dtype == torch.int8 else None
-        return int8 if int8 is not None else (pool.get_index_k_buffer(layer_id), None)
+        if int8 is not None:
+            return int8
+        fp8 = pool.get_index_k_fp8(layer_id)
+        return fp8 if fp8 is not None else (pool.get_index_k_buffer(layer_id), None)
 
     # ------------------------------------------------------------------ paged pool (no CP)
     def select_paged(
@@ -94,7 +99,8 @@ class DSAKernels:
         index_k_scale: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         """q [n, H, D], weights [n, H], index_k [num_blocks, block, 1, D] (PA_BSND view of the pool;
-        int8 with index_k_scale [num_blocks, block, 1]: the pool's int8 copy, int8 scoring);
+        int8 with index_k_scale [num_blocks, block, 1]: the pool's int8 copy, int8 scoring; FP8
+        with index_k_scale [num_blocks, block, 1, blocks]: an FP8 index-key cache);
         table [B, max_blocks] block ids. -> [n, topk] int32."""
         idx = self.ops.lightning_indexer(
             q,
@@ -124,9 +130,10 @@ class DSAKernels:
         cu_q: torch.Tensor,
         kv_lens: torch.Tensor,
         decode: bool,
+        kv_scale: float = 1.0,
     ) -> torch.Tensor:
-        """q [n, H, L + R] absorbed queries, kv [num_blocks, block, 1, L + R] the latent pool (PA_BSND),
-        positions [n, K] -> [n, H, L]."""
+        """q [n, H, L + R] absorbed queries, kv [num_blocks, block, 1, L + R] the latent pool (PA_BSND;
+        FP8 rows with the layer's `kv_scale`, read in 1 byte), positions [n, K] -> [n, H, L]."""
         rows = kv
         return self.ops.sparse_flash_attention(
             q[..., :v_dim],
@@ -144,6 +151,7 @@ class DSAKernels:
             "PA_BSND",
             3,
             impl=self.impl(decode),
+            kv_scale=kv_scale,
         )
 
     # ------------------------------------------------------------------ context parallelism
@@ -277,7 +285,8 @@ class DSAKernels:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Decode queries [n1, H, D] against the index keys this rank stores (slots [n1, L], valid a
         prefix mask, key_pos [L] their positions; index_k int8 with index_k_scale [R]: the pool's
-        int8 copy). -> (values [n1, width] float32, positions int64)."""
+        int8 copy; FP8 with index_k_scale [R, blocks]: an FP8 cache). -> (values [n1, width]
+        float32, positions int64)."""
         n1 = q.shape[0]
         lens = valid.sum(dim=1).to(torch.int32)
         cu = torch.arange(1, n1 + 1, dtype=torch.int32)
@@ -312,8 +321,10 @@ class DSAKernels:
         valid: torch.Tensor,
         scale: float,
         v_dim: int,
+        kv_scale: float = 1.0,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Decode queries [n1, H, L + R] over the rows at slots [n1, K] where valid -> (out, lse)."""
+        """Decode queries [n1, H, L + R] over the rows at slots [n1, K] where valid -> (out, lse);
+        kv the pool's rows (FP8 with the layer's `kv_scale`)."""
         n1, k = slots.shape
         rows = kv.view(kv.shape[0], 1, 1, kv.shape[-1])
         cu = torch.arange(1, n1 + 1, dtype=torch.int32)
@@ -336,6 +347,7 @@ class DSAKernels:
             0,
             return_softmax_lse=True,
             impl=self.decode_impl,
+            kv_scale=kv_scale,
         )
 
 
