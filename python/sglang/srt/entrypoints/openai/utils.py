@@ -112,8 +112,8 @@ def check_constrained_decoding(req: Any, build: bool = True) -> None:
         params = req.grammar_params()
         if len(params) > 1:
             raise GrammarError(f"only one constraint may be given, got {', '.join(sorted(params))}")
-        for kind, text in params.items():
-            if build:
+        if build:
+            for kind, text in params.items():
                 validate_spec(GrammarSpec(kind, text))
     except GrammarError as e:
         raise OpenAIError(str(e), param=param) from None
