@@ -199,3 +199,16 @@ def test_decode_pp2_transfers_landed_and_kv_free(pp_servers):
     assert state["pd_landed"] >= 2 * len(PROMPTS) and state["pd_failed_transfers"] == 0, state
     for name in ("prefill", "decode"):
         wait_kv_restored(pp_servers[name], timeout=30)
+
+
+def test_health_generate_leaves_no_request_behind(pp_servers):
+    """A decode server's /health_generate probe waits for a (fake) transfer while the scheduler's
+    steps finish, so it is answered from progress and the probe aborted; the answer now comes after
+    the probe has left, so a /flush_cache right after it is not refused for a request the user
+    never sent (it was, once, on a freshly started decode pp 2 server)."""
+    for name in ("decode", "prefill"):
+        url = pp_servers[name].url
+        for _ in range(5):
+            assert httpx.get(url + "/health_generate", timeout=60).status_code == 200
+            r = httpx.post(url + "/flush_cache", timeout=30)
+            assert r.status_code == 200, (name, r.text)

@@ -3,10 +3,12 @@ SGLang's `w8a8_int8` format), on gloo ranks at tp 2 (int8 weights and their per-
 together; each row-parallel rank quantizes its own slice of the activation, as upstream does), the
 V3.2 at tp 2 + ep 2 (whole int8 experts per rank), and pp 2: greedy tokens identical to the same quantized math run in float32 torch at tp 1 on the
 dequantized twin (`fake_quant_linears`, its row-parallel activations quantized per slice of K / tp),
-and each step's logits: at least 90 % of the rows within 1e-4, every row within 0.05. (The int32
+and the logits: at least 90 % of all rows (every step's, counted together) within 1e-4, every row
+within 0.05. (The int32
 GEMM is exact and the rest differs by float32 sum order, ~1e-6; but an activation that sits on an
 int8 rounding boundary can round the other way, moving by one int8 step, amax / 127: that row and
-the causal rows after it then differ by up to a few 1e-2. The tiny V3.2's last step shows it.) Workload: the CP test driver (chunked prefills beside
+the causal rows after it then differ by up to a few 1e-2. The tiny V3.2 shows it: at the last step here, and on an AMD
+EPYC (AVX-512, no AMX) at one row of a three-row decode step, so the share is not taken per step.) Workload: the CP test driver (chunked prefills beside
 decodes, then a radix-cache hit)."""
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from sglang.test.tiny_w8a8_models import fake_quant_linears, save_w8a8_pair
 pytestmark = pytest.mark.slow  # spawns gloo ranks
 
 TOL = 1e-4  # most rows
-ROW_SHARE = 0.9  # share of each step's rows within TOL
+ROW_SHARE = 0.9  # share of all rows (all steps together) within TOL
 FLIP_TOL = 0.05  # every row (one activation rounded the other way)
 NEW_TOKENS = 8
 LAYOUTS = ({"tp": 2}, {"tp": 2, "moe_ep": 2}, {"pp": 2})
@@ -38,11 +40,14 @@ def pairs(tmp_path_factory):
 def _same(got: dict, ref: dict, tag: str) -> None:
     assert got["tokens"] == ref["tokens"], tag
     assert len(got["logits"]) == len(ref["logits"])
+    per_step = []
     for step, (a, b) in enumerate(zip(got["logits"], ref["logits"])):
         rows = (a - b).abs().reshape(-1, a.shape[-1]).amax(-1)
         assert float(rows.max()) <= FLIP_TOL, f"{tag} step {step}: logits max abs diff {float(rows.max())}"
-        close = float((rows <= TOL).float().mean())
-        assert close >= ROW_SHARE, f"{tag} step {step}: only {close:.0%} of rows within {TOL}"
+        per_step.append(rows)
+    rows = torch.cat(per_step)
+    close = float((rows <= TOL).float().mean())
+    assert close >= ROW_SHARE, f"{tag}: only {close:.0%} of {rows.numel()} rows within {TOL}"
 
 
 def _ranks(rank: int, world_size: int, paths: list) -> list:

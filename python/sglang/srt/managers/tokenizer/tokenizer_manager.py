@@ -72,6 +72,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 HEALTH_POLL_S = 0.1
+HEALTH_PROBE_GONE_S = 1.0  # an aborted probe leaves at the scheduler's next step
 
 
 class TokenizerManager:
@@ -356,26 +357,46 @@ class TokenizerManager:
         steps_before = beat.steps_finished if beat is not None else None
         call = await self.submit(self._health_probe_request())
         state = call.states[0]
-        deadline = time.monotonic() + timeout_s
+        verdict = (False, "")
         try:
-            while True:
-                if self.dead_message is not None:
-                    return False, self.dead_message
-                if state.finished:
-                    return True, "generated"
-                if self.num_outputs_received > outputs_before:
-                    return True, "generating (outputs arriving)"
-                beat = self.control.fresh_heartbeat()
-                if beat is not None and steps_before is not None and beat.steps_finished > steps_before:
-                    return True, "generating (steps finishing)"
-                if steps_before is None and beat is not None:
-                    steps_before = beat.steps_finished
-                if time.monotonic() >= deadline:
-                    return self.control.health_verdict(beat, timeout_s)
-                await asyncio.sleep(HEALTH_POLL_S)
+            verdict = await self._watch_probe(state, outputs_before, steps_before, timeout_s)
+            return verdict
         finally:
             if not state.finished and state.req.rid in self.rid_to_state:
                 self.abort_request(state.req.rid)
+                if verdict[0]:  # a scheduler making progress drops the probe at its next step
+                    await self._probe_gone(state.req.rid)
+
+    async def _watch_probe(
+        self, state: ReqState, outputs_before: int, steps_before: Optional[int], timeout_s: float
+    ) -> tuple[bool, str]:
+        """health_generate's verdict: the probe came back, or the scheduler made progress, or (at
+        the deadline) the control channel's busy / stuck verdict."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.dead_message is not None:
+                return False, self.dead_message
+            if state.finished:
+                return True, "generated"
+            if self.num_outputs_received > outputs_before:
+                return True, "generating (outputs arriving)"
+            beat = self.control.fresh_heartbeat()
+            if beat is not None and steps_before is not None and beat.steps_finished > steps_before:
+                return True, "generating (steps finishing)"
+            if steps_before is None and beat is not None:
+                steps_before = beat.steps_finished
+            if time.monotonic() >= deadline:
+                return self.control.health_verdict(beat, timeout_s)
+            await asyncio.sleep(HEALTH_POLL_S)
+
+    async def _probe_gone(self, rid: str) -> None:
+        """Wait (at most HEALTH_PROBE_GONE_S) until an aborted health probe has left the request table,
+        so that an answered /health_generate leaves no request behind: a /flush_cache right after it
+        is not refused for the probe (seen on a PD decode server, whose probe waits for a transfer
+        while its steps finish)."""
+        deadline = time.monotonic() + HEALTH_PROBE_GONE_S
+        while rid in self.rid_to_state and self.dead_message is None and time.monotonic() < deadline:
+            await asyncio.sleep(HEALTH_POLL_S / 10)
 
     def _health_probe_request(self) -> GenerateReqInput:
         """One greedy token from token id 0, under a rid the metrics skip."""
