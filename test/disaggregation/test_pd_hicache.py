@@ -1,0 +1,137 @@
+"""HiCache through PD (tiny Llama, dummy float32 weights, Mooncake over TCP; requests sent as
+sglang-router sends them, the same room to both servers): a prefill server with
+--enable-hierarchical-cache and a decode server with --disaggregation-decode-enable-offload-kvcache
+share one `file` L3 directory (16-token storage pages). One module: the three servers (and a
+colocated reference without any prefix cache) start once.
+
+* a long prefix flushed from the prefill server's L1 / L2 is loaded from L3: the prefill computes
+  only the suffix (its counters), the tokens are the reference's;
+* turn 2 of a conversation (turn 1's prompt + its answer + new text): the pages of the answer were
+  written by the decode server, so the prefill computes only the new text (and the answer's last
+  token, whose KV the decode never computed); tokens are the reference's;
+* every page corrupted: the prefill reads a bad page, counts it, recomputes everything, the tokens
+  are the reference's; both servers' KV back to free.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import httpx
+import pytest
+
+from pd_helpers import TINY_LLAMA, dummy_args, launch, post_pair, wait_kv_restored
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
+SP = 16  # tokens per storage page
+
+
+def _ids(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(3, 550) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    l3 = str(tmp_path_factory.mktemp("l3"))
+    common = dummy_args(TINY_LLAMA, 2048)
+    storage = ["--hicache-storage-backend", "file"]
+    storage += ["--hicache-storage-backend-extra-config", json.dumps({"file_path": l3, "page_tokens": SP})]
+    started = []
+    try:
+        started.append(launch([*common, "--disable-radix-cache"], "hc-colocated"))
+        prefill_args = [*common, "--enable-hierarchical-cache", *storage, "--chunked-prefill-size", "64"]
+        started.append(launch(prefill_args, "hc-prefill", mode="prefill"))
+        decode_args = [*common, "--disaggregation-decode-enable-offload-kvcache", *storage]
+        started.append(launch(decode_args, "hc-decode", mode="decode"))
+        yield {"ref": started[0], "prefill": started[1], "decode": started[2], "l3": l3}
+    finally:
+        for p in reversed(started):
+            p.stop()
+
+
+def _body(ids: list[int], n: int) -> dict:
+    return {"input_ids": ids, "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}}
+
+
+def _reference(stack, ids: list[int], n: int) -> list[int]:
+    r = httpx.post(stack["ref"].url + "/generate", json=_body(ids, n), timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()["output_ids"]
+
+
+def _pd(stack, ids: list[int], n: int) -> list[int]:
+    p_out, d_out = post_pair(stack["prefill"], stack["decode"], _body(ids, n))
+    assert "output_ids" in d_out, (p_out, d_out)
+    wait_kv_restored(stack["prefill"], 60)  # released (and written through to L3) on the prefill
+    wait_kv_restored(stack["decode"], 60)
+    return d_out["output_ids"]
+
+
+def _flush_prefill(stack) -> None:
+    r = httpx.post(stack["prefill"].url + "/flush_cache", timeout=30)
+    assert r.status_code == 200, r.text
+
+
+def _delta(before: dict, after: dict, key: str) -> int:
+    return after[key] - before[key]
+
+
+def test_prefix_flushed_from_the_prefill_is_loaded_from_l3(stack):
+    rng = random.Random(1)
+    prefix = _ids(rng, 10 * SP)
+    first, second = prefix + _ids(rng, 12), prefix + _ids(rng, 9)
+    assert _pd(stack, first, 4) == _reference(stack, first, 4)
+    _flush_prefill(stack)  # L1 and L2 emptied: only L3 holds the prefix now
+    before = stack["prefill"].state()
+    got = _pd(stack, second, 4)
+    after = stack["prefill"].state()
+    assert _delta(before, after, "hicache_l3_hit_tokens") == len(prefix), after
+    assert _delta(before, after, "prefill_tokens_computed") == len(second) - len(prefix), after
+    assert got == _reference(stack, second, 4)
+
+
+def test_turn_two_loads_the_answer_the_decode_side_offloaded(stack):
+    rng = random.Random(2)
+    answer_len = 10
+    turn1 = _ids(rng, 10 * SP - answer_len + 1)  # prompt + answer (but its last token) = 10 pages
+    d_before = stack["decode"].state()
+    answer = _pd(stack, turn1, answer_len)
+    assert answer == _reference(stack, turn1, answer_len)
+    d_after = stack["decode"].state()
+    assert _delta(d_before, d_after, "hicache_offload_pages_written") >= 1, d_after  # the answer's page
+    assert d_after["hicache_offload_write_failures"] == 0
+
+    new_text = _ids(rng, 12)
+    turn2 = turn1 + answer + new_text
+    before = stack["prefill"].state()
+    got = _pd(stack, turn2, 6)
+    after = stack["prefill"].state()
+    # L1 holds turn 1's prompt; L3 the rest of the 10 pages, the last one written by the decode side
+    assert _delta(before, after, "hicache_l1_hit_tokens") == len(turn1), after
+    assert _delta(before, after, "hicache_l3_hit_tokens") == 10 * SP - len(turn1), after
+    assert _delta(before, after, "prefill_tokens_computed") == len(new_text) + 1, after
+    assert got == _reference(stack, turn2, 6)
+
+
+def test_corrupted_pages_are_recomputed(stack):
+    rng = random.Random(3)
+    prompt = _ids(rng, 6 * SP + 5)
+    want = _reference(stack, prompt, 4)
+    assert _pd(stack, prompt, 4) == want
+    pages = [p for p in Path(stack["l3"]).rglob("*.kv")]
+    assert pages
+    for page in pages:  # flip a payload byte of every page: each fails its checksum
+        data = bytearray(page.read_bytes())
+        data[-1] ^= 0x5A
+        page.write_bytes(bytes(data))
+    _flush_prefill(stack)
+    before = stack["prefill"].state()
+    assert _pd(stack, prompt, 4) == want
+    after = stack["prefill"].state()
+    assert _delta(before, after, "hicache_storage_read_failures") >= 1, after
+    assert _delta(before, after, "hicache_l3_hit_tokens") == 0, after
+    assert _delta(before, after, "prefill_tokens_computed") == len(prompt), after
+    assert _delta(before, after, "hicache_storage_pages_written") >= 1, after  # the bad page, written again
