@@ -11,7 +11,10 @@ without any prefix cache starts once, the prefill / decode pair once per backend
   written by the decode server, so the prefill computes only the new text (and the answer's last
   token, whose KV the decode never computed); tokens are the reference's;
 * (`file`) every page corrupted: the prefill reads a bad page, counts it, recomputes everything, the tokens
-  are the reference's; both servers' KV back to free.
+  are the reference's; both servers' KV back to free;
+* the store gone (the directory replaced by a file; the Mooncake master killed): the decode side's
+  writes and the prefill side's reads / writes fail, counted; every answer is the reference's and
+  the prefill computes everything.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import random
+import shutil
 import sys
 from pathlib import Path
 
@@ -45,26 +49,38 @@ def reference():
 
 @contextlib.contextmanager
 def _l3(backend: str, root: Path):
-    """The storage flags of both servers (and the store: a directory, or a `mooncake_master` with
-    a store service lending the memory, stopped afterwards)."""
+    """The storage flags of both servers and a function that breaks the store (the store: a
+    directory, or a `mooncake_master` with a store service lending the memory, stopped afterwards)."""
     if backend == "file":
         extra = json.dumps({"file_path": str(root), "page_tokens": SP})
-        yield ["--hicache-storage-backend", "file", "--hicache-storage-backend-extra-config", extra]
+
+        def break_dir() -> None:  # the directory replaced by a file: every write and read fails
+            shutil.rmtree(root)
+            root.write_text("not a directory")
+
+        yield (
+            ["--hicache-storage-backend", "file", "--hicache-storage-backend-extra-config", extra],
+            break_dir,
+        )
         return
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hicache"))
     from mooncake_helpers import MooncakeMaster
 
     master = MooncakeMaster(root)
     service = master.store_service()  # the servers lend no memory: pages outlive them
-    try:
-        yield [
-            "--hicache-storage-backend",
-            "mooncake",
-            "--hicache-storage-backend-extra-config",
-            master.extra_config(SP),
-        ]
-    finally:
+    closed = []
+
+    def kill_master() -> None:
         service.close()
+        closed.append(True)
+        master.kill()
+
+    try:
+        flags = ["--hicache-storage-backend", "mooncake", "--hicache-storage-backend-extra-config"]
+        yield [*flags, master.extra_config(SP)], kill_master
+    finally:
+        if not closed:
+            service.close()
         master.kill()
 
 
@@ -74,7 +90,7 @@ def stack(request, reference, tmp_path_factory):
     root = tmp_path_factory.mktemp(f"l3-{backend}")
     common = dummy_args(TINY_LLAMA, 2048)
     started = []
-    with _l3(backend, root) as storage:
+    with _l3(backend, root) as (storage, break_store):
         try:
             prefill_args = [*common, "--enable-hierarchical-cache", *storage, "--chunked-prefill-size", "64"]
             started.append(launch(prefill_args, f"hc-{backend}-prefill", mode="prefill"))
@@ -86,6 +102,7 @@ def stack(request, reference, tmp_path_factory):
                 "decode": started[1],
                 "l3": root,
                 "backend": backend,
+                "break_store": break_store,
             }
         finally:
             for p in reversed(started):
@@ -177,3 +194,28 @@ def test_corrupted_pages_are_recomputed(stack):
     assert _delta(before, after, "hicache_l3_hit_tokens") == 0, after
     assert _delta(before, after, "prefill_tokens_computed") == len(prompt), after
     assert _delta(before, after, "hicache_storage_pages_written") >= 1, after  # the bad page, written again
+
+
+def test_store_gone_on_both_sides_recomputes(stack):
+    """Last of a backend's tests (it breaks the store): the decode side's writes and the prefill
+    side's reads and writes fail, are counted, and every request is answered correctly."""
+    rng = random.Random(4)
+    prompt = _ids(rng, 6 * SP + 5)
+    want = _reference(stack, prompt, 6)
+    stack["break_store"]()
+    d_before, p_before = stack["decode"].state(), stack["prefill"].state()
+    assert _pd(stack, prompt, 6) == want  # turn 1: nothing can be written
+    d_after = stack["decode"].state()
+    assert _delta(d_before, d_after, "hicache_offload_write_failures") >= 1, d_after
+    assert _delta(d_before, d_after, "hicache_offload_pages_written") == 0, d_after
+    _flush_prefill(stack)
+    assert _pd(stack, prompt + answer_stub(want), 2) == _reference(stack, prompt + answer_stub(want), 2)
+    p_after = stack["prefill"].state()
+    assert _delta(p_before, p_after, "hicache_storage_write_failures") >= 1, p_after
+    assert _delta(p_before, p_after, "hicache_l3_hit_tokens") == 0, p_after
+    assert _delta(p_before, p_after, "prefill_tokens_computed") == 2 * len(prompt) + len(want) - 1, p_after
+
+
+def answer_stub(answer: list[int]) -> list[int]:
+    """Turn 1's answer but its last token (a turn 2 whose whole history would have been offloaded)."""
+    return answer[:-1]
