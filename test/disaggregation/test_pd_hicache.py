@@ -151,7 +151,35 @@ def test_prefix_flushed_from_the_prefill_is_loaded_from_l3(stack):
 
 
 def test_turn_two_loads_the_answer_the_decode_side_offloaded(stack):
-    rng = random.Random(2)
+    _check_turn_two(stack, seed=2)
+
+
+def test_turn_two_at_tp2(reference, tmp_path):
+    """Both servers at tp 2: each rank writes and reads the pages of its heads."""
+    storage = ["--hicache-storage-backend", "file", "--tp-size", "2"]
+    storage += [
+        "--hicache-storage-backend-extra-config",
+        json.dumps({"file_path": str(tmp_path), "page_tokens": SP}),
+    ]
+    common = dummy_args(TINY_LLAMA, 2048)
+    started = []
+    try:
+        started.append(
+            launch([*common, "--enable-hierarchical-cache", *storage], "hc-tp2-prefill", mode="prefill")
+        )
+        decode_args = [*common, "--disaggregation-decode-enable-offload-kvcache", *storage]
+        started.append(launch(decode_args, "hc-tp2-decode", mode="decode"))
+        _check_turn_two({"ref": reference, "prefill": started[0], "decode": started[1]}, seed=5)
+    finally:
+        for p in reversed(started):
+            p.stop()
+    assert len(list(tmp_path.iterdir())) == 2  # one namespace folder per tp rank, shared by both servers
+
+
+def _check_turn_two(stack, seed: int) -> None:
+    """Turn 1 through the pair, then turn 2 = turn 1 + its answer + new text: the prefill loads the
+    answer's page the decode side wrote and computes only the new text (+ the answer's last token)."""
+    rng = random.Random(seed)
     answer_len = 10
     turn1 = _ids(rng, 10 * SP - answer_len + 1)  # prompt + answer (but its last token) = 10 pages
     d_before = stack["decode"].state()
