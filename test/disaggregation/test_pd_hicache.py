@@ -176,6 +176,38 @@ def test_turn_two_at_tp2(reference, tmp_path):
     assert len(list(tmp_path.iterdir())) == 2  # one namespace folder per tp rank, shared by both servers
 
 
+def test_prefill_pp2_loads_the_prefix_on_every_stage(reference, tmp_path):
+    """A prefill server at pp 2: a prefix flushed from L1 / L2 is loaded from L3 by both stages
+    (each its layers' pages), and each stage sends its layers' KV, the loaded prefix included."""
+    storage = ["--hicache-storage-backend", "file", "--pp-size", "2", "--chunked-prefill-size", "64"]
+    storage += [
+        "--hicache-storage-backend-extra-config",
+        json.dumps({"file_path": str(tmp_path), "page_tokens": SP}),
+    ]
+    common = dummy_args(TINY_LLAMA, 2048)
+    started = []
+    try:
+        started.append(
+            launch([*common, "--enable-hierarchical-cache", *storage], "hc-pp2-prefill", mode="prefill")
+        )
+        started.append(launch(common, "hc-pp2-decode", mode="decode"))
+        stack = {"ref": reference, "prefill": started[0], "decode": started[1]}
+        rng = random.Random(6)
+        prefix = _ids(rng, 10 * SP)
+        first, second = prefix + _ids(rng, 12), prefix + _ids(rng, 9)
+        assert _pd(stack, first, 8) == _reference(stack, first, 8)
+        _flush_prefill(stack)
+        before = stack["prefill"].state()
+        assert _pd(stack, second, 8) == _reference(stack, second, 8)
+        after = stack["prefill"].state()
+    finally:
+        for p in reversed(started):
+            p.stop()
+    assert _delta(before, after, "hicache_l3_hit_tokens") == len(prefix), after
+    assert _delta(before, after, "prefill_tokens_computed") == len(second) - len(prefix), after
+    assert after["hicache_peer_missing_pages"] == 0 and after["hicache_peer_read_failures"] == 0, after
+
+
 def _check_turn_two(stack, seed: int) -> None:
     """Turn 1 through the pair, then turn 2 = turn 1 + its answer + new text: the prefill loads the
     answer's page the decode side wrote and computes only the new text (+ the answer's last token)."""

@@ -235,7 +235,6 @@ def test_storage_tier_serves_a_new_tree_and_skips_bad_pages(tmp_path):
             "--pp-size > 1 and --enable-dp-attention",
         ),
         (dict(disaggregation_mode="decode"), "refused with --disaggregation-mode decode"),
-        (dict(disaggregation_mode="prefill", pp_size=2), "--disaggregation-mode prefill and --pp-size > 1"),
         (dict(disable_radix_cache=True), "with --disable-radix-cache is not supported yet"),
         (dict(hicache_ratio=0.5), "--hicache-ratio must be > 1"),
         (dict(hicache_storage_backend_extra_config="[1]"), "must be a JSON object"),

@@ -94,10 +94,6 @@ def validate_hicache(args: Any) -> None:
         # stages hold different layers, so a size in GB gives each stage another token count
         "--pp-size > 1 and --hicache-size (use --hicache-ratio)": args.pp_size > 1 and args.hicache_size > 0,
         "--pp-size > 1 and --enable-dp-attention": args.pp_size > 1 and args.enable_dp_attention,
-        # the prefill server's pipeline sends KV per stage while its tiers replay stage 0's copies:
-        # not combined nor tested yet
-        "--disaggregation-mode prefill and --pp-size > 1": args.disaggregation_mode == "prefill"
-        and args.pp_size > 1,
     }
     for name, on in unsupported.items():
         if on:
