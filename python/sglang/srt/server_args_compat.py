@@ -29,7 +29,6 @@ def _next(issue: int) -> str:
 UPSTREAM_FLAGS = {
     "--hicache-io-backend": _next(31),
     "--hicache-mem-layout": _next(31),
-    "--disaggregation-decode-enable-offload-kvcache": _next(31),
     "--constrained-json-whitespace-pattern": "xgrammar takes no whitespace pattern: use "
     "--constrained-json-disable-any-whitespace (JSON without free whitespace)",
     "--speculative-algorithm": "no speculative decoding in this engine",

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from sglang.srt.server_args_cli import G_MEMORY, arg
+from sglang.srt.server_args_cli import G_MEMORY, G_PD, arg
 
 WRITE_POLICIES = ["write_through", "write_through_selective", "write_back"]
 STORAGE_BACKENDS = ["none", "file", "mooncake"]
@@ -56,6 +56,12 @@ class HiCacheArgs:
         '{"master_server_address": "10.0.0.1:50051"} (docs/hicache.md).',
         G_MEMORY,
     )
+    disaggregation_decode_enable_offload_kvcache: bool = arg(
+        False,
+        "PD decode server: write each finished request's KV (prompt + output, whole storage pages) to "
+        "--hicache-storage-backend, where a prefill server of the same model and layout finds it.",
+        G_PD,
+    )
 
 
 def validate_hicache(args: Any) -> None:
@@ -76,25 +82,59 @@ def validate_hicache(args: Any) -> None:
             raise ValueError(
                 f"--hicache-storage-backend-extra-config page_tokens must be an int >= 1, got {page_tokens!r}"
             )
+    _validate_decode_offload(args)
     if not args.enable_hierarchical_cache:
-        if args.hicache_storage_backend != "none":
+        if args.hicache_storage_backend != "none" and not args.disaggregation_decode_enable_offload_kvcache:
             raise ValueError("--hicache-storage-backend needs --enable-hierarchical-cache")
+        _check_mooncake(args)
         return
-    if args.hicache_storage_backend == "mooncake":
-        from sglang.srt.mem_cache.hicache.mooncake_config import mooncake_config
-        from sglang.srt.mem_cache.hicache.mooncake_storage import store_class
-
-        mooncake_config(json.loads(args.hicache_storage_backend_extra_config or "{}"))  # ValueError by key
-        store_class()  # RuntimeError naming the install command where mooncake is missing
+    _check_mooncake(args)
     unsupported = {
         "--disable-radix-cache": args.disable_radix_cache,
         # stages hold different layers, so a size in GB gives each stage another token count
         "--pp-size > 1 and --hicache-size (use --hicache-ratio)": args.pp_size > 1 and args.hicache_size > 0,
         "--pp-size > 1 and --enable-dp-attention": args.pp_size > 1 and args.enable_dp_attention,
-        "--disaggregation-mode": args.disaggregation_mode != "null",
     }
     for name, on in unsupported.items():
         if on:
             raise ValueError(
                 f"--enable-hierarchical-cache with {name} is not supported yet (docs/hicache.md)"
             )
+    if args.disaggregation_mode == "decode":
+        raise ValueError(
+            "--enable-hierarchical-cache is refused with --disaggregation-mode decode: a decode server "
+            "never matches prefixes (every prompt's KV comes from the prefill server), so its tiers "
+            "would hold KV nothing reads. Give the prefill server --enable-hierarchical-cache, and the "
+            "decode server --disaggregation-decode-enable-offload-kvcache with the same "
+            "--hicache-storage-backend (docs/hicache.md)"
+        )
+
+
+def _check_mooncake(args: Any) -> None:
+    if args.hicache_storage_backend == "mooncake":
+        from sglang.srt.mem_cache.hicache.mooncake_config import mooncake_config
+        from sglang.srt.mem_cache.hicache.mooncake_storage import store_class
+
+        mooncake_config(json.loads(args.hicache_storage_backend_extra_config or "{}"))  # ValueError by key
+        store_class()  # RuntimeError naming the install command where mooncake is missing
+
+
+def _validate_decode_offload(args: Any) -> None:
+    """--disaggregation-decode-enable-offload-kvcache: a decode server's L3 writes (upstream: needs
+    decode mode and a storage backend)."""
+    if not args.disaggregation_decode_enable_offload_kvcache:
+        return
+    flag = "--disaggregation-decode-enable-offload-kvcache"
+    if args.disaggregation_mode != "decode":
+        raise ValueError(f"{flag} needs --disaggregation-mode decode, got {args.disaggregation_mode}")
+    if args.hicache_storage_backend == "none":
+        raise ValueError(
+            f"{flag} needs --hicache-storage-backend file|mooncake (the L3 store the prefill server reads)"
+        )
+    refused = {
+        "--disable-radix-cache": args.disable_radix_cache,  # pages are written when KV enters the tree
+        "--pp-size > 1": args.pp_size > 1,  # each stage holds its layers; stage 0 alone sees requests
+    }
+    for name, on in refused.items():
+        if on:
+            raise ValueError(f"{flag} with {name} is not supported yet (docs/hicache.md)")

@@ -7,7 +7,9 @@ tokens. The file backend's directory: the extra config's `file_path`, else
 `layout_id` names this rank's place in the model (tp rank/size, pp stage, cp rank and layout,
 dtype, layers): it goes into the storage namespace with `model_identity`, the page size and the KV
 buffers' shapes. A later pipeline stage builds the same tiers for its layers as a `StageTiers`
-(pipeline.py).
+(pipeline.py). A PD decode server with --disaggregation-decode-enable-offload-kvcache gets an
+`OffloadingRadixCache` (decode_offload.py): no host tier, the same storage namespace, so the pages
+it writes are the ones a prefill server of the same model and layout reads.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any, Callable, Optional
 
 from sglang.srt import envs
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+from sglang.srt.mem_cache.hicache.decode_offload import OffloadingRadixCache
 from sglang.srt.mem_cache.hicache.file_storage import FileStorage
 from sglang.srt.mem_cache.hicache.hiradix_cache import HiRadixCache
 from sglang.srt.mem_cache.hicache.host_pool import CPShard, HostKVPool, TokenLayout, kv_token_buffers
@@ -72,6 +75,11 @@ class RankPlace:
     shard: Optional[CPShard] = None
 
 
+def _namespace(args: Any, place: RankPlace, layout: TokenLayout) -> str:
+    """The storage namespace of a rank: checkpoint, layout, KV page, buffer shapes."""
+    return f"{model_identity(args)}|{place.layout_id}|page{place.page_size}|{layout.describe()}"
+
+
 def _tiers(args: Any, kv_pool: Any, device_tokens: int, place: RankPlace):
     """The host pool and the storage backend (None) of one rank."""
     buffers = kv_token_buffers(kv_pool)
@@ -81,26 +89,47 @@ def _tiers(args: Any, kv_pool: Any, device_tokens: int, place: RankPlace):
     host = HostKVPool(
         buffers, host_pool_tokens(args, device_tokens, layout.token_bytes(), page, cp), page, shard=shard
     )
-    return host, _storage(
-        args, f"{model_identity(args)}|{place.layout_id}|page{page}|{layout.describe()}", host
-    )
+    return host, _storage(args, _namespace(args, place, layout), page, host.page_bytes)
 
 
-def _storage(args: Any, namespace: str, host: HostKVPool) -> Optional[PageStore]:
-    """The rank's L3 backend (None without one); `namespace` names its model and layout."""
-    tokens = storage_page_tokens(args, host.page_size)
+def _storage(
+    args: Any, namespace: str, kv_page: int, page_bytes: Callable[[int], int]
+) -> Optional[PageStore]:
+    """The rank's L3 backend (None without one); `namespace` names its model and layout;
+    `page_bytes(tokens)`: a storage page's payload size on this rank."""
+    tokens = storage_page_tokens(args, kv_page)
     if args.hicache_storage_backend == "file":
         return FileStorage(storage_dir(args), namespace, tokens)
     if args.hicache_storage_backend == "mooncake":
         config = mooncake_config(json.loads(args.hicache_storage_backend_extra_config or "{}"))
-        return MooncakeStorage(config, namespace, tokens, host.page_bytes(tokens))
+        return MooncakeStorage(config, namespace, tokens, page_bytes(tokens))
     return None
+
+
+def _offloading_cache(
+    args: Any, allocator: TokenToKVPoolAllocator, kv_pool: Any, place: RankPlace
+) -> OffloadingRadixCache:
+    """A decode server's radix cache that writes finished requests' pages to storage."""
+    buffers = kv_token_buffers(kv_pool)
+    layout = TokenLayout(buffers)
+    shard = place.shard
+    cp = 1 if shard is None else shard.mapping.cp_size
+
+    def pack(slots):
+        return layout.pack(buffers, *((slots,) if shard is None else shard.local(slots)))
+
+    storage = _storage(
+        args, _namespace(args, place, layout), place.page_size, lambda t: t // cp * layout.token_bytes()
+    )
+    return OffloadingRadixCache(allocator, place.page_size, storage, pack)
 
 
 def create_prefix_cache(
     args: Any, allocator: TokenToKVPoolAllocator, kv_pool: Any, place: RankPlace
 ) -> RadixCache:
     """`args`: the ServerArgs; `kv_pool`: the device KV pool."""
+    if args.disaggregation_decode_enable_offload_kvcache:
+        return _offloading_cache(args, allocator, kv_pool, place)
     if not args.enable_hierarchical_cache:
         return RadixCache(allocator, place.page_size, disable=args.disable_radix_cache)
     host, storage = _tiers(args, kv_pool, allocator.size, place)
