@@ -1,8 +1,8 @@
 // Fused CPU kernels of the sglang engine, compiled at install time (setup.py) once per build of the
 // one ISA vocabulary (kernels/cpu/isa.py: avx512bf16, avx512, avx2, portable); the loader imports
 // the build of the selected ISA. Intrinsics paths are guarded by the compiler's ISA macros: AVX-512
-// ones (decode attention, bf16 SiLU: 16 float32 lanes, bfloat16 widened by a shift) in the avx512
-// builds, where only avx512bf16 may use BF16 instructions (`__AVX512BF16__`: vcvtneps2bf16; the
+// ones (decode attention, RMSNorm, RoPE, bf16 SiLU: 16 float32 lanes, bfloat16 widened by a shift)
+// in the avx512 builds, where only avx512bf16 may use BF16 instructions (`__AVX512BF16__`: vcvtneps2bf16; the
 // avx512 build rounds with integer ops, for AVX-512 CPUs without BF16 such as Cascade Lake), AVX2 +
 // FMA ones (every op: 8 float32 lanes, bfloat16 widened by a shift and rounded back to nearest even
 // with integer ops) in the avx2 build, and the portable loops (which the compiler vectorises for the
