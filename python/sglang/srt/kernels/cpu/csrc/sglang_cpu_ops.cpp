@@ -1126,7 +1126,7 @@ bool prefill_attention_vec_supported();
 at::Tensor prefill_attention_vec(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                                  const std::optional<at::Tensor>& k_cache, const std::optional<at::Tensor>& v_cache,
                                  const std::optional<at::Tensor>& prefix_slots, const std::optional<at::Tensor>& out,
-                                 double k_scale, double v_scale);
+                                 double k_scale, double v_scale, bool bf16_dot);
 
 // linear_f32out_packed.cpp (every build): x . W^T in float32 from a packed bf16 weight
 at::Tensor linear_f32out_packed(const at::Tensor& x, const at::Tensor& packed, int64_t N,
@@ -1156,8 +1156,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "whether prefill_attention_vec runs in this build (AVX2 / AVX-512)");
   m.def("prefill_attention_vec", &prefill_attention_vec,
         "causal attention of one sequence's new tokens in float32 on AVX2 / AVX-512 (float32 or bf16, head dim 64 "
-        "or 128), over an optional cached prefix (of q's dtype, or FP8 widened times k_scale / v_scale)",
+        "or 128), over an optional cached prefix (of q's dtype, or FP8 widened times k_scale / v_scale); bf16_dot: "
+        "bf16 q / k / cache scores by vdpbf16ps where the build has AVX512-BF16 (ignored elsewhere)",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scale"), py::arg("k_cache") = py::none(),
         py::arg("v_cache") = py::none(), py::arg("prefix_slots") = py::none(), py::arg("out") = py::none(),
-        py::arg("k_scale") = 1.0, py::arg("v_scale") = 1.0);
+        py::arg("k_scale") = 1.0, py::arg("v_scale") = 1.0, py::arg("bf16_dot") = false);
 }
