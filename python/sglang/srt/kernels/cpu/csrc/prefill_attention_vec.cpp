@@ -47,6 +47,14 @@
 #if defined(SGL_PAV_512) || defined(SGL_PAV_256)
 #include "vec_exp2.h"
 #endif
+#if defined(SGL_PAV_512) && defined(__AVX512BF16__)
+// bf16_dot: S = Q K^T of bf16 q / k by vdpbf16ps (pairs of bf16 products, exact, summed in float32;
+// denormal bf16 inputs read as zero), then scaled, and O = P V with P rounded to bf16 (as the AMX
+// kernel does): half the instructions of the float32 FMAs, and no widened K / V copies. Pays
+// where vdpbf16ps runs at twice the float32 FMA's multiply-adds (AMD Zen 5: 245 vs 127 per ns and
+// core), not where it runs at half (the Emerald Rapids Xeon measured: 44 vs 88). Off unless asked.
+#define SGL_PAV_DOT 1
+#endif
 
 namespace sgl_pav {
 
@@ -151,9 +159,14 @@ class Floats {
 // contiguous float32 rows kf / vf [*, D] (zero rows after the last key, up to a multiple of N).
 // qt: Q^T [D][BQ] pre-scaled; st: [N][BQ] scratch; ot: O^T [D][BQ] out (unnormalised); l: [BQ]
 // out (the softmax sums).
-template <int D, bool kFastExp>
+// kDot (SGL_PAV_DOT only): S^T from qp (Q^T as bf16 pairs [D / 2][BQ], unscaled) and kb (bf16 K
+// rows [*, D]) times qscale, instead of qt / kf; and O^T from P rounded to bf16 (key pairs per
+// lane, in the scratch pb [N / 2][BQ]) and vb (V as key pairs: [key / 2][D] of two bf16), instead of
+// vf, as the AMX kernel rounds P (the softmax sums stay those of the unrounded P).
+template <int D, bool kFastExp, bool kDot = false>
 void attend_rows(const float* qt, const float* kf, const float* vf, int64_t kend, int64_t row0,
-                 float* st, float* ot, float* l) {
+                 float* st, float* ot, float* l, const uint32_t* qp = nullptr, const uint16_t* kb = nullptr,
+                 float qscale = 1.f, const uint32_t* vb = nullptr, uint32_t* pb = nullptr) {
   using V = Vec;
   using T = V::T;
   constexpr int QV = V::QV, KG = V::KG, DG = V::DG, N = V::N, W = V::W;
@@ -166,6 +179,35 @@ void attend_rows(const float* qt, const float* kf, const float* vf, int64_t kend
   std::memset(ot, 0, sizeof(float) * D * BQ);
   for (int64_t k0 = 0; k0 < kend; k0 += N) {
     // S^T of the block
+#if defined(SGL_PAV_DOT)
+    if constexpr (kDot) {
+      const __m512 qs = _mm512_set1_ps(qscale);
+      for (int g = 0; g < N; g += KG) {
+        __m512 acc[KG][QV];
+#pragma GCC unroll 8
+        for (int kk = 0; kk < KG; ++kk)
+#pragma GCC unroll 4
+          for (int v = 0; v < QV; ++v) acc[kk][v] = _mm512_setzero_ps();
+        const uint32_t* kp[KG];
+        for (int kk = 0; kk < KG; ++kk) kp[kk] = reinterpret_cast<const uint32_t*>(kb + (k0 + g + kk) * D);
+        for (int dp = 0; dp < D / 2; ++dp) {
+          __m512bh q[QV];
+#pragma GCC unroll 4
+          for (int v = 0; v < QV; ++v) q[v] = (__m512bh)_mm512_load_si512(qp + dp * BQ + v * W);
+#pragma GCC unroll 8
+          for (int kk = 0; kk < KG; ++kk) {
+            const __m512bh b = (__m512bh)_mm512_set1_epi32(static_cast<int>(kp[kk][dp]));
+#pragma GCC unroll 4
+            for (int v = 0; v < QV; ++v) acc[kk][v] = _mm512_dpbf16_ps(acc[kk][v], b, q[v]);
+          }
+        }
+#pragma GCC unroll 8
+        for (int kk = 0; kk < KG; ++kk)
+#pragma GCC unroll 4
+          for (int v = 0; v < QV; ++v) V::store(st + (g + kk) * BQ + v * W, _mm512_mul_ps(acc[kk][v], qs));
+      }
+    } else
+#endif
     for (int g = 0; g < N; g += KG) {
       T acc[KG][QV];
 #pragma GCC unroll 8
@@ -217,6 +259,45 @@ void attend_rows(const float* qt, const float* kf, const float* vf, int64_t kend
       }
     for (int v = 0; v < QV; ++v) sum[v] = V::fmadd(sum[v], alpha[v], s[v]);
     // O^T = alpha * O^T + V^T . P^T
+#if defined(SGL_PAV_DOT)
+    if constexpr (kDot) {
+      for (int j = 0; j < N; j += 2) {  // P^T of keys j, j + 1 as one bf16 pair per lane
+#pragma GCC unroll 4
+        for (int v = 0; v < QV; ++v) {
+          const __m512i lo = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(V::load(st + j * BQ + v * W)));
+          const __m512i hi = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(V::load(st + (j + 1) * BQ + v * W)));
+          _mm512_store_si512(pb + (j / 2) * BQ + v * W, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+        }
+      }
+      for (int d0 = 0; d0 < D; d0 += DG) {
+        __m512 acc[DG][QV];
+#pragma GCC unroll 8
+        for (int dd = 0; dd < DG; ++dd)
+#pragma GCC unroll 4
+          for (int v = 0; v < QV; ++v) acc[dd][v] = _mm512_setzero_ps();
+        for (int jp = 0; jp < N / 2; ++jp) {
+          const uint32_t* vp = vb + ((k0 / 2) + jp) * D + d0;
+          __m512bh pp[QV];
+#pragma GCC unroll 4
+          for (int v = 0; v < QV; ++v) pp[v] = (__m512bh)_mm512_load_si512(pb + jp * BQ + v * W);
+#pragma GCC unroll 8
+          for (int dd = 0; dd < DG; ++dd) {
+            const __m512bh b = (__m512bh)_mm512_set1_epi32(static_cast<int>(vp[dd]));
+#pragma GCC unroll 4
+            for (int v = 0; v < QV; ++v) acc[dd][v] = _mm512_dpbf16_ps(acc[dd][v], b, pp[v]);
+          }
+        }
+#pragma GCC unroll 8
+        for (int dd = 0; dd < DG; ++dd)
+#pragma GCC unroll 4
+          for (int v = 0; v < QV; ++v) {
+            float* o = ot + (d0 + dd) * BQ + v * W;
+            V::store(o, V::fmadd(V::load(o), alpha[v], acc[dd][v]));
+          }
+      }
+      continue;
+    }
+#endif
     for (int d0 = 0; d0 < D; d0 += DG) {
       T acc[DG][QV];
 #pragma GCC unroll 8
@@ -265,6 +346,12 @@ struct KVRows {
   const int64_t* slots;
   int64_t prefix;
   float scale = 1.f;
+  // key's row of kv head h as it is stored (S == C: bf16 bits) into dst[0..D)
+  void copy_row(int64_t key, int64_t h, int64_t cache_rows, int D, S* __restrict__ dst) const {
+    const S* r = key >= prefix ? fresh + (key - prefix) * fresh_stride + h * D
+                               : reinterpret_cast<const S*>(cache) + (h * cache_rows + slots[key]) * D;
+    std::memcpy(dst, r, sizeof(S) * D);
+  }
   // key's row of kv head h as float32 into dst[0..D)
   void widen_row(int64_t key, int64_t h, int64_t cache_rows, int D, float* __restrict__ dst) const {
     if (key >= prefix) {
@@ -282,15 +369,24 @@ struct KVRows {
   }
 };
 
-template <typename S, typename C, int D>
+template <typename S, typename C, int D, bool kDot = false>
 void run(const S* q, int64_t sq0, const KVRows<S, C>& ks, const KVRows<S, C>& vs, int64_t cache_rows, int64_t n, int64_t H,
          int64_t Hk, float scale, S* out, int64_t so0) {
+  static_assert(!kDot || (std::is_same_v<S, uint16_t> && std::is_same_v<C, uint16_t>), "bf16_dot: bf16 q / k / cache");
   constexpr int N = Vec::N;
   const int64_t P = ks.prefix, L = P + n, G = H / Hk;
   const int64_t lpad = (L + N - 1) / N * N;
   Floats kf(lpad * D), vf(lpad * D);
   std::memset(kf.data() + L * D, 0, sizeof(float) * (lpad - L) * D);  // the last block's padding keys
   std::memset(vf.data() + L * D, 0, sizeof(float) * (lpad - L) * D);
+  // kDot: K also as bf16 rows (zero padding keys), read by the vdpbf16ps scores
+  Floats kbf(kDot ? (lpad * D + 1) / 2 : 1);
+  uint16_t* kb = reinterpret_cast<uint16_t*>(kbf.data());
+  if constexpr (kDot) std::memset(kb + L * D, 0, sizeof(uint16_t) * (lpad - L) * D);
+  // kDot: V as key pairs, [key / 2][D] of (V[2i][d], V[2i + 1][d]) (zero padding keys)
+  Floats vbf(kDot ? lpad * D / 2 : 1);
+  uint16_t* vb16 = reinterpret_cast<uint16_t*>(vbf.data());
+  if constexpr (kDot) std::memset(vb16 + L / 2 * 2 * D, 0, sizeof(uint16_t) * (lpad - L / 2 * 2) * D);
   const int64_t nqb = (n + BQ - 1) / BQ;
   const float qscale = scale * kLog2e;
   for (int64_t h = 0; h < Hk; ++h) {
@@ -298,8 +394,16 @@ void run(const S* q, int64_t sq0, const KVRows<S, C>& ks, const KVRows<S, C>& vs
     // float32: strided fresh rows and scattered pool rows read slower in the loops than a copy)
     at::parallel_for(0, L, 64, [&](int64_t b, int64_t e) {
       for (int64_t key = b; key < e; ++key) {
-        ks.widen_row(key, h, cache_rows, D, kf.data() + key * D);
-        vs.widen_row(key, h, cache_rows, D, vf.data() + key * D);
+        if constexpr (kDot) {
+          ks.copy_row(key, h, cache_rows, D, kb + key * D);
+          alignas(64) S row[D];
+          vs.copy_row(key, h, cache_rows, D, row);
+          uint16_t* dst = vb16 + (key / 2) * 2 * D + (key & 1);
+          for (int d = 0; d < D; ++d) dst[2 * d] = row[d];
+        } else {
+          ks.widen_row(key, h, cache_rows, D, kf.data() + key * D);
+          vs.widen_row(key, h, cache_rows, D, vf.data() + key * D);
+        }
       }
     });
     const int64_t ntasks = G * nqb;
@@ -308,21 +412,30 @@ void run(const S* q, int64_t sq0, const KVRows<S, C>& ks, const KVRows<S, C>& vs
       // far-below-max scores give p around 2^-126 and below: flush denormals (microcode assists)
       const unsigned int csr = _mm_getcsr();
       _mm_setcsr(csr | 0x8040);
-      Floats qt(D * BQ), st(Vec::N * BQ), ot(D * BQ), l(BQ);
+      Floats qt(D * BQ), st(Vec::N * BQ), ot(D * BQ), l(BQ), pbs(kDot ? Vec::N / 2 * BQ : 1);
+      uint32_t* qp = reinterpret_cast<uint32_t*>(qt.data());  // kDot: Q^T as bf16 pairs [D / 2][BQ]
       for (int64_t t = next.fetch_add(1); t < ntasks; t = next.fetch_add(1)) {
         const int64_t hq = h * G + t % G, r0 = (nqb - 1 - t / G) * BQ;
         const int64_t rows = std::min<int64_t>(BQ, n - r0);
         for (int64_t i = 0; i < BQ; ++i) {
+          const S* qrow = q + (r0 + i) * sq0 + hq * D;
+          if constexpr (kDot) {
+            for (int d = 0; d < D; d += 2) {
+              qp[(d / 2) * BQ + i] = i >= rows ? 0u : (static_cast<uint32_t>(qrow[d + 1]) << 16 | qrow[d]);
+            }
+            continue;
+          }
           if (i >= rows) {
             for (int d = 0; d < D; ++d) qt.data()[d * BQ + i] = 0.f;
             continue;
           }
-          const S* qrow = q + (r0 + i) * sq0 + hq * D;
           for (int d = 0; d < D; ++d) qt.data()[d * BQ + i] = widen(qrow[d]) * qscale;
         }
         const int64_t kend = std::min<int64_t>(L, P + r0 + BQ);
-        attend_rows<D, !std::is_same_v<S, float>>(qt.data(), kf.data(), vf.data(), kend, P + r0, st.data(), ot.data(),
-                                                  l.data());
+        attend_rows<D, !std::is_same_v<S, float>, kDot>(qt.data(), kf.data(), vf.data(), kend, P + r0, st.data(),
+                                                        ot.data(), l.data(), qp, kb, qscale,
+                                                        reinterpret_cast<const uint32_t*>(vb16),
+                                                        reinterpret_cast<uint32_t*>(pbs.data()));
         for (int64_t i = 0; i < rows; ++i) {
           const float inv = 1.f / l.data()[i];
           S* orow = out + (r0 + i) * so0 + hq * D;
@@ -349,7 +462,7 @@ bool prefill_attention_vec_supported() {
 at::Tensor prefill_attention_vec(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                                  const std::optional<at::Tensor>& k_cache, const std::optional<at::Tensor>& v_cache,
                                  const std::optional<at::Tensor>& prefix_slots, const std::optional<at::Tensor>& out_opt,
-                                 double k_scale, double v_scale) {
+                                 double k_scale, double v_scale, bool bf16_dot) {
   TORCH_CHECK(prefill_attention_vec_supported(), "prefill_attention_vec: this build has no AVX2 / AVX-512 path");
 #if defined(SGL_PAV_512) || defined(SGL_PAV_256)
   using namespace sgl_pav;
@@ -413,6 +526,18 @@ at::Tensor prefill_attention_vec(const at::Tensor& q, const at::Tensor& k, const
     const KVRows<S, C> ks{ptr(k), k.stride(0), cptr(k_cache), slots, P, static_cast<float>(k_scale)};
     const KVRows<S, C> vs{ptr(v), v.stride(0), cptr(v_cache), slots, P, static_cast<float>(v_scale)};
     S* o = reinterpret_cast<S*>(out.data_ptr());
+#if defined(SGL_PAV_DOT)
+    if constexpr (std::is_same_v<S, uint16_t> && std::is_same_v<C, uint16_t>) {
+      if (bf16_dot) {
+        if (D == 64) {
+          run<S, C, 64, true>(ptr(q), q.stride(0), ks, vs, cache_rows, n, H, Hk, fscale, o, out.stride(0));
+        } else {
+          run<S, C, 128, true>(ptr(q), q.stride(0), ks, vs, cache_rows, n, H, Hk, fscale, o, out.stride(0));
+        }
+        return;
+      }
+    }
+#endif
     if (D == 64) {
       run<S, C, 64>(ptr(q), q.stride(0), ks, vs, cache_rows, n, H, Hk, fscale, o, out.stride(0));
     } else {

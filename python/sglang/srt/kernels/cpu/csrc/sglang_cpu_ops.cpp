@@ -1,8 +1,8 @@
 // Fused CPU kernels of the sglang engine, compiled at install time (setup.py) once per build of the
 // one ISA vocabulary (kernels/cpu/isa.py: avx512bf16, avx512, avx2, portable); the loader imports
 // the build of the selected ISA. Intrinsics paths are guarded by the compiler's ISA macros: AVX-512
-// ones (decode attention, bf16 SiLU: 16 float32 lanes, bfloat16 widened by a shift) in the avx512
-// builds, where only avx512bf16 may use BF16 instructions (`__AVX512BF16__`: vcvtneps2bf16; the
+// ones (decode attention, RMSNorm, RoPE, bf16 SiLU: 16 float32 lanes, bfloat16 widened by a shift)
+// in the avx512 builds, where only avx512bf16 may use BF16 instructions (`__AVX512BF16__`: vcvtneps2bf16; the
 // avx512 build rounds with integer ops, for AVX-512 CPUs without BF16 such as Cascade Lake), AVX2 +
 // FMA ones (every op: 8 float32 lanes, bfloat16 widened by a shift and rounded back to nearest even
 // with integer ops) in the avx2 build, and the portable loops (which the compiler vectorises for the
@@ -133,6 +133,18 @@ inline __m512 load16(const fp8_e4m3* p) {
   const __mmask16 nan = _mm256_cmpeq_epi16_mask(_mm256_and_si256(h, nan_bits), nan_bits);
   return _mm512_cvtph_ps(_mm256_mask_blend_epi16(nan, h, _mm256_set1_epi16(0x7E00)));
 }
+// 16 float32 lanes to float32 / bfloat16 memory; bf16 rounded to nearest even with integer ops
+// (from_f<uint16_t>'s, 16 at a time; a NaN becomes the quiet 0x7FC0 as there): exact in both
+// avx512 builds (vcvtneps2bf16 flushes denormals, torch does not)
+inline void store16(float* p, __m512 x) { _mm512_storeu_ps(p, x); }
+inline __m256i f_to_bf16_16(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb), 16);
+  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+  return _mm512_cvtepi32_epi16(r);
+}
+inline void store16(uint16_t* p, __m512 x) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), f_to_bf16_16(x)); }
 #endif
 
 #if defined(SGL_AVX2)
@@ -406,8 +418,51 @@ void attend_task_avx2(const float* __restrict__ qf, const T* __restrict__ kh, co
 }
 #endif
 
+#if defined(__AVX512F__)
+// vexp on 16 lanes (the same clamps, rounding, reduction and series: the same results up to the
+// order of the FMA contractions)
+inline __m512 vexp16(__m512 x) {
+  // maxps / minps return their second operand when one is NaN: a NaN stays NaN, as in vexp
+  x = _mm512_min_ps(_mm512_set1_ps(88.f), _mm512_max_ps(_mm512_set1_ps(-87.f), x));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f),
+                                    _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x));
+  __m512 p = _mm512_set1_ps(1.f / 720.f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, n);
+}
+#endif
+
 // s[0..L) <- e^(s - max); the max and the sum of the exponentials
 inline void softmax_row(float* __restrict__ s, int64_t L, float& mx, float& sm) {
+#if defined(__AVX512F__)
+  {  // 16 lanes, the last block masked (the scalar loops' max and vexp)
+    const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    __m512 vm = ninf;
+    for (int64_t j = 0; j < L; j += 16) {
+      const __mmask16 k = L - j >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (L - j)) - 1);
+      vm = _mm512_max_ps(_mm512_mask_loadu_ps(ninf, k, s + j), vm);  // a NaN score is skipped, as below
+    }
+    const float m = _mm512_reduce_max_ps(vm);
+    const __m512 vmax = _mm512_set1_ps(m);
+    __m512 vs = _mm512_setzero_ps();
+    for (int64_t j = 0; j < L; j += 16) {
+      const __mmask16 k = L - j >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (L - j)) - 1);
+      const __m512 e = vexp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), vmax));
+      _mm512_mask_storeu_ps(s + j, k, e);
+      vs = _mm512_mask_add_ps(vs, k, vs, e);
+    }
+    mx = m;
+    sm = _mm512_reduce_add_ps(vs);
+    return;
+  }
+#endif
   float m = -std::numeric_limits<float>::infinity();
   for (int64_t j = 0; j < L; ++j) m = s[j] > m ? s[j] : m;
   float sum = 0.f;
@@ -421,10 +476,10 @@ inline void softmax_row(float* __restrict__ s, int64_t L, float& mx, float& sm) 
 }
 
 #if defined(__AVX512F__)
-// P V for FP8 V rows (pv_fp8_avx2's scheme on 16 lanes): each block of rows widened once into
-// float32 scratch for all G query heads, a head's output row in registers.
+// P V (pv_fp8_avx2's scheme on 16 lanes, for every V element type): each block of rows widened
+// once into float32 scratch for all G query heads, a head's output row in registers.
 template <typename KV, int HD>
-void pv_fp8_avx512(const float* __restrict__ scores, const KV* __restrict__ vh, const int64_t* __restrict__ srow,
+void pv_avx512(const float* __restrict__ scores, const KV* __restrict__ vh, const int64_t* __restrict__ srow,
                    int64_t L, int64_t G, float* __restrict__ part) {
   constexpr int NV = HD / 16;
   alignas(64) float wide[kPvBlock * HD];
@@ -433,6 +488,10 @@ void pv_fp8_avx512(const float* __restrict__ scores, const KV* __restrict__ vh, 
     const int64_t nb = std::min(kPvBlock, L - j0);
     for (int64_t b = 0; b < nb; ++b) {
       const KV* __restrict__ vrow = vh + srow[j0 + b] * HD;
+      if (j0 + kPvBlock + b < L) {  // the next block's scattered rows, ahead of use
+        const char* ahead = reinterpret_cast<const char*>(vh + srow[j0 + kPvBlock + b] * HD);
+        for (size_t o = 0; o < HD * sizeof(KV); o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
+      }
       for (int c = 0; c < NV; ++c) _mm512_store_ps(wide + b * HD + 16 * c, load16(vrow + 16 * c));
     }
     for (int64_t g = 0; g < G; ++g) {
@@ -445,6 +504,75 @@ void pv_fp8_avx512(const float* __restrict__ scores, const KV* __restrict__ vh, 
         for (int c = 0; c < NV; ++c) acc[c] = _mm512_fmadd_ps(p, _mm512_load_ps(wide + b * HD + 16 * c), acc[c]);
       }
       for (int c = 0; c < NV; ++c) _mm512_storeu_ps(out + 16 * c, acc[c]);
+    }
+  }
+}
+
+// The 16 horizontal sums of a[0..15] as one vector (lane k = sum of a[k]): three levels of
+// in-lane unpacks / adds and two of 128-bit block shuffles, 45 ops for 16 sums (16 separate
+// reductions take ~8 dependent ops each)
+inline __m512 hsum16x16(const __m512* a) {
+  __m512 b[8], c[4];
+  for (int i = 0; i < 8; ++i) {  // per 128-bit block: [x0 + x2, y0 + y2, x1 + x3, y1 + y3]
+    b[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+  }
+  for (int i = 0; i < 4; ++i) {  // per block: the block sums of a[4i .. 4i + 3]
+    const __m512d x = _mm512_castps_pd(b[2 * i]), y = _mm512_castps_pd(b[2 * i + 1]);
+    c[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  const __m512 d0 = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
+  const __m512 d1 = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], 0x88), _mm512_shuffle_f32x4(c[2], c[3], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(d0, d1, 0x88), _mm512_shuffle_f32x4(d0, d1, 0xDD));
+}
+
+// Scores of G query heads (qf [G][HD], pre-scaled) against L scattered K rows: blocks of 16 keys
+// widened once into float32 scratch (the next block's K rows prefetched, its V rows into L2 for
+// pv_avx512), then per head 16 independent dot products reduced together by hsum16x16; the last
+// L % 16 keys one by one.
+template <typename KV, int HD>
+void scores_avx512(const float* __restrict__ qf, const KV* __restrict__ kh, const KV* __restrict__ vh,
+                   const int64_t* __restrict__ srow, int64_t L, int64_t G, float* __restrict__ scores) {
+  constexpr int NV = HD / 16;
+  alignas(64) float wide[16 * HD];
+  const int64_t L16 = L / 16 * 16;
+  for (int64_t j = 0; j < std::min<int64_t>(16, L); ++j) {  // the first block's rows
+    const char* k0 = reinterpret_cast<const char*>(kh + srow[j] * HD);
+    const char* v0 = reinterpret_cast<const char*>(vh + srow[j] * HD);
+    for (size_t o = 0; o < HD * sizeof(KV); o += 64) {
+      _mm_prefetch(k0 + o, _MM_HINT_T0);
+      _mm_prefetch(v0 + o, _MM_HINT_T1);
+    }
+  }
+  for (int64_t j0 = 0; j0 < L16; j0 += 16) {
+    for (int b = 0; b < 16; ++b) {
+      const KV* __restrict__ krow = kh + srow[j0 + b] * HD;
+      if (j0 + 16 + b < L) {  // rows are scattered over the pool: fetch the next block ahead of use
+        const char* ahead = reinterpret_cast<const char*>(kh + srow[j0 + 16 + b] * HD);
+        for (size_t o = 0; o < HD * sizeof(KV); o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
+        const char* vahead = reinterpret_cast<const char*>(vh + srow[j0 + 16 + b] * HD);
+        for (size_t o = 0; o < HD * sizeof(KV); o += 64) _mm_prefetch(vahead + o, _MM_HINT_T1);
+      }
+      for (int c = 0; c < NV; ++c) _mm512_store_ps(wide + b * HD + 16 * c, load16(krow + 16 * c));
+    }
+    for (int64_t g = 0; g < G; ++g) {
+      __m512 q[NV], acc[16];
+      for (int c = 0; c < NV; ++c) q[c] = _mm512_loadu_ps(qf + g * HD + 16 * c);
+#pragma GCC unroll 16
+      for (int b = 0; b < 16; ++b) {
+        acc[b] = _mm512_mul_ps(q[0], _mm512_load_ps(wide + b * HD));
+        for (int c = 1; c < NV; ++c) acc[b] = _mm512_fmadd_ps(q[c], _mm512_load_ps(wide + b * HD + 16 * c), acc[b]);
+      }
+      _mm512_storeu_ps(scores + g * L + j0, hsum16x16(acc));
+    }
+  }
+  for (int64_t j = L16; j < L; ++j) {
+    const KV* __restrict__ krow = kh + srow[j] * HD;
+    __m512 kv[NV];
+    for (int c = 0; c < NV; ++c) kv[c] = load16(krow + 16 * c);
+    for (int64_t g = 0; g < G; ++g) {
+      __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qf + g * HD), kv[0]);
+      for (int c = 1; c < NV; ++c) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qf + g * HD + 16 * c), kv[c], acc);
+      scores[g * L + j] = _mm512_reduce_add_ps(acc);
     }
   }
 }
@@ -467,25 +595,12 @@ void attend_task(const float* __restrict__ qf, const T* __restrict__ kh, const T
 #endif
 #if defined(__AVX512F__)
   if constexpr (HD > 0 && HD % 16 == 0) {
-    constexpr int NV = HD / 16;
-    for (int64_t j = 0; j < L; ++j) {
-      const T* __restrict__ krow = kh + srow[j] * HD;
-      if (j + 8 < L) {  // rows are scattered over the pool: fetch ahead of use
-        const char* ahead = reinterpret_cast<const char*>(kh + srow[j + 8] * HD);
-        for (size_t b = 0; b < HD * sizeof(T); b += 64) _mm_prefetch(ahead + b, _MM_HINT_T0);
-        const char* vahead = reinterpret_cast<const char*>(vh + srow[j + 8] * HD);
-        for (size_t b = 0; b < HD * sizeof(T); b += 64) _mm_prefetch(vahead + b, _MM_HINT_T1);
-      }
-      __m512 kv[NV];
-      for (int c = 0; c < NV; ++c) kv[c] = load16(krow + 16 * c);
-      for (int64_t g = 0; g < G; ++g) {
-        const float* __restrict__ qg = qf + g * HD;
-        __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qg), kv[0]);
-        for (int c = 1; c < NV; ++c) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 16 * c), kv[c], acc);
-        scores[g * L + j] = _mm512_reduce_add_ps(acc);
-      }
-    }
-  } else
+    // each K / V row widened once for all G heads (scores: 16 keys reduced together)
+    scores_avx512<T, HD>(qf, kh, vh, srow, L, G, scores);
+    for (int64_t g = 0; g < G; ++g) softmax_row(scores + g * L, L, mx[g], sm[g]);
+    pv_avx512<T, HD>(scores, vh, srow, L, G, part);
+    return;
+  }
 #endif
   {
     for (int64_t j = 0; j < L; ++j) {
@@ -499,30 +614,10 @@ void attend_task(const float* __restrict__ qf, const T* __restrict__ kh, const T
       }
     }
   }
-#if defined(__AVX512F__)
-  if constexpr (is_fp8_kv<T> && HD > 0 && HD % 16 == 0) {
-    for (int64_t g = 0; g < G; ++g) softmax_row(scores + g * L, L, mx[g], sm[g]);
-    pv_fp8_avx512<T, HD>(scores, vh, srow, L, G, part);
-    return;
-  }
-#endif
   for (int64_t g = 0; g < G; ++g) {
     float* __restrict__ s = scores + g * L;
     softmax_row(s, L, mx[g], sm[g]);
     float* __restrict__ out = part + g * Dv;
-#if defined(__AVX512F__)
-    if constexpr (HD > 0 && HD % 16 == 0) {
-      constexpr int NV = HD / 16;
-      __m512 acc[NV];
-      for (int c = 0; c < NV; ++c) acc[c] = _mm512_setzero_ps();
-      for (int64_t j = 0; j < L; ++j) {
-        const T* __restrict__ vrow = vh + srow[j] * HD;
-        const __m512 p = _mm512_set1_ps(s[j]);
-        for (int c = 0; c < NV; ++c) acc[c] = _mm512_fmadd_ps(p, load16(vrow + 16 * c), acc[c]);
-      }
-      for (int c = 0; c < NV; ++c) _mm512_storeu_ps(out + 16 * c, acc[c]);
-    } else
-#endif
     {
       std::fill(out, out + Dv, 0.f);
       for (int64_t j = 0; j < L; ++j) {
@@ -576,6 +671,9 @@ void decode_attention_impl(const at::Tensor& q, const at::Tensor& k_buf, const a
   std::vector<float> part(nt * G * Dv), mx(nt * G), sm(nt * G);
   const float fscale = static_cast<float>(scale * k_scale * kv_unit<KV>);
   const float vmul = static_cast<float>(v_scale * kv_unit<KV>);
+  // one task per (request, kv head): each task normalises its own rows (one parallel region, not
+  // two: a region costs a wake-up of the sleeping threads under OMP_WAIT_POLICY=PASSIVE)
+  const bool unsplit = nt == n * Hk;
 
   at::parallel_for(0, nt, 1, [&](int64_t tb, int64_t te) {
     std::vector<float> qf(G * D), scores(G * std::min(split, max_len));
@@ -597,8 +695,16 @@ void decode_attention_impl(const at::Tensor& q, const at::Tensor& k_buf, const a
       } else {
         attend_task<KV, 0>(qf.data(), kh, vh, srow, L, G, D, Dv, scores.data(), pt, &mx[t * G], &sm[t * G]);
       }
+      if (unsplit) {  // the task is its (request, kv head): normalise here, no merge region
+        for (int64_t g = 0; g < G; ++g) {
+          storage_t<T>* orow = op + (task.req * H + task.head * G + g) * Dv;
+          const float inv = vmul / sm[t * G + g];
+          for (int64_t d = 0; d < Dv; ++d) orow[d] = from_f<storage_t<T>>(pt[g * Dv + d] * inv);
+        }
+      }
     }
   });
+  if (unsplit) return;
 
   // merge the splits of each (request, kv head) and normalise
   at::parallel_for(0, n * Hk, 4, [&](int64_t b, int64_t e) {
@@ -699,7 +805,27 @@ void rms_norm_impl(const at::Tensor& x, const at::Tensor* residual, const at::Te
       storage_t<R>* ro = rop ? rop + r * N : nullptr;
       int64_t c0 = 0;  // columns before c0 done by the vector path
       float ss = 0.f;
-#if defined(SGL_AVX2)
+#if defined(__AVX512F__)
+      {
+        __m512 vss = _mm512_setzero_ps();
+        for (; c0 + 16 <= N; c0 += 16) {
+          __m512 v = load16(xr + c0);
+          if (rr) {
+            v = _mm512_add_ps(v, load16(rr + c0));
+            if constexpr (std::is_same_v<storage_t<R>, uint16_t>) {  // the add is rounded, as torch's is
+              const __m256i bits = f_to_bf16_16(v);
+              _mm256_storeu_si256(reinterpret_cast<__m256i*>(ro + c0), bits);
+              v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+            } else {
+              _mm512_storeu_ps(ro + c0, v);
+            }
+          }
+          _mm512_storeu_ps(buf.data() + c0, v);
+          vss = _mm512_fmadd_ps(v, v, vss);
+        }
+        ss = _mm512_reduce_add_ps(vss);
+      }
+#elif defined(SGL_AVX2)
       {
         __m256 vss = _mm256_setzero_ps();
         for (; c0 + 8 <= N; c0 += 8) {
@@ -734,7 +860,12 @@ void rms_norm_impl(const at::Tensor& x, const at::Tensor* residual, const at::Te
       const float inv = 1.f / std::sqrt(ss / static_cast<float>(N) + feps);
       storage_t<T>* orow = op + r * N;
       int64_t c1 = 0;
-#if defined(SGL_AVX2)
+#if defined(__AVX512F__)
+      const __m512 vinv16 = _mm512_set1_ps(inv);
+      for (; c1 + 16 <= N; c1 += 16) {
+        store16(orow + c1, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(buf.data() + c1), vinv16), load16(wp + c1)));
+      }
+#elif defined(SGL_AVX2)
       const __m256 vinv = _mm256_set1_ps(inv);
       for (; c1 + 8 <= N; c1 += 8) store8(orow + c1, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(buf.data() + c1), vinv), load8(wp + c1)));
 #endif
@@ -917,7 +1048,14 @@ void rope_impl(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin
         storage_t<T>* orow = op + (t * H + h) * D;
         // sin is "signed": its first half negated, so out = x * cos + roll(x, half) * sin
         int64_t i0 = 0;  // pairs (i, i + half) before i0 done by the vector path
-#if defined(SGL_AVX2)
+#if defined(__AVX512F__)
+        for (; i0 + 16 <= half; i0 += 16) {
+          const __m512 x0 = load16(xr + i0), x1 = load16(xr + i0 + half);
+          store16(orow + i0, _mm512_fmadd_ps(x1, _mm512_loadu_ps(&s[i0]), _mm512_mul_ps(x0, _mm512_loadu_ps(&c[i0]))));
+          store16(orow + i0 + half,
+                  _mm512_fmadd_ps(x0, _mm512_loadu_ps(&s[i0 + half]), _mm512_mul_ps(x1, _mm512_loadu_ps(&c[i0 + half]))));
+        }
+#elif defined(SGL_AVX2)
         for (; i0 + 8 <= half; i0 += 8) {
           const __m256 x0 = load8(xr + i0), x1 = load8(xr + i0 + half);
           store8(orow + i0, _mm256_fmadd_ps(x1, _mm256_loadu_ps(&s[i0]), _mm256_mul_ps(x0, _mm256_loadu_ps(&c[i0]))));
@@ -988,7 +1126,7 @@ bool prefill_attention_vec_supported();
 at::Tensor prefill_attention_vec(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                                  const std::optional<at::Tensor>& k_cache, const std::optional<at::Tensor>& v_cache,
                                  const std::optional<at::Tensor>& prefix_slots, const std::optional<at::Tensor>& out,
-                                 double k_scale, double v_scale);
+                                 double k_scale, double v_scale, bool bf16_dot);
 
 // linear_f32out_packed.cpp (every build): x . W^T in float32 from a packed bf16 weight
 at::Tensor linear_f32out_packed(const at::Tensor& x, const at::Tensor& packed, int64_t N,
@@ -1018,8 +1156,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "whether prefill_attention_vec runs in this build (AVX2 / AVX-512)");
   m.def("prefill_attention_vec", &prefill_attention_vec,
         "causal attention of one sequence's new tokens in float32 on AVX2 / AVX-512 (float32 or bf16, head dim 64 "
-        "or 128), over an optional cached prefix (of q's dtype, or FP8 widened times k_scale / v_scale)",
+        "or 128), over an optional cached prefix (of q's dtype, or FP8 widened times k_scale / v_scale); bf16_dot: "
+        "bf16 q / k / cache scores by vdpbf16ps where the build has AVX512-BF16 (ignored elsewhere)",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scale"), py::arg("k_cache") = py::none(),
         py::arg("v_cache") = py::none(), py::arg("prefix_slots") = py::none(), py::arg("out") = py::none(),
-        py::arg("k_scale") = 1.0, py::arg("v_scale") = 1.0);
+        py::arg("k_scale") = 1.0, py::arg("v_scale") = 1.0, py::arg("bf16_dot") = false);
 }
