@@ -59,6 +59,36 @@ def test_choice_per_cpu_kind(monkeypatch, flags, kind, dtype, bf16_copies, f32_c
         assert resolve_dtype("auto", None, device="cpu") == dtype
 
 
+ZEN5 = COOPER_LAKE + " avx512_vbmi2 avx512_bitalg avx512_vpopcntdq avx512_vp2intersect avx_vnni"
+
+
+@pytest.mark.parametrize(
+    "flags, vendor, f32_copies",
+    [(ZEN5, "AuthenticAMD", False), (ZEN5, "GenuineIntel", True), (COOPER_LAKE, "GenuineIntel", True)],
+)
+def test_avx512_bf16_choice_by_vendor(flags, vendor, f32_copies):
+    """AMD's AVX512-BF16 (Zen 4 / 5) runs bf16 dot products at twice the float32 rate: bf16 GEMMs at
+    every size there; Intel's without AMX keeps float32 copies for prefill-sized GEMMs."""
+    choice = cpu.choose_dtype(flags.split(), vendor=vendor)
+    assert (choice.kind, choice.dtype) == ("avx512-bf16", torch.bfloat16)
+    assert (choice.float32_gemm_min_tokens is not None) == f32_copies
+    assert choice.bf16_gemm_max_tokens is None
+
+
+def test_vendor_read_from_cpuinfo_and_ignored_under_an_override(tmp_path, monkeypatch):
+    from sglang.srt.kernels.cpu import isa
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu avx2\n")
+    assert isa.cpu_vendor(str(info)) == "AuthenticAMD"
+    assert isa.cpu_vendor(str(tmp_path / "missing")) == ""
+    monkeypatch.setattr(cpu, "_proc_cpu_vendor", lambda: "AuthenticAMD")
+    monkeypatch.setattr(cpu, "_proc_cpu_flags", lambda: frozenset(ZEN5.split()))
+    assert cpu.choose_dtype().float32_gemm_min_tokens is None  # this CPU's vendor
+    monkeypatch.setenv("SGLANG_CPU_FLAGS_OVERRIDE", "avx512-bf16")  # an emulated kind: no vendor
+    assert cpu.choose_dtype().float32_gemm_min_tokens is not None
+
+
 @pytest.mark.parametrize("kind", cpu.CPU_KINDS)
 def test_override_by_kind_name(monkeypatch, kind):
     monkeypatch.setenv("SGLANG_CPU_FLAGS_OVERRIDE", kind)

@@ -145,11 +145,38 @@ def cpu_kind(flags: Iterable[str]) -> str:
     return "generic"
 
 
-def choose_dtype(flags: Optional[Iterable[str]] = None) -> CpuDtypeChoice:
-    """`--dtype auto` on a CPU with these flags (default: effective_cpu_flags())."""
+@functools.lru_cache(maxsize=None)
+def _proc_cpu_vendor() -> str:
+    return cpu_isa.cpu_vendor()  # a fact of the machine: read once
+
+
+# Vendors whose AVX512-BF16 dot product (vdpbf16ps) runs at about twice the float32 FMA rate, so
+# oneDNN's bf16 GEMMs beat float32 at every size: AMD Zen 4 / Zen 5 (measured on Zen 5: packed
+# bf16 4.7-5.5x float32 from 32 rows on, docs/notes/2026-11-step-breakdown.md). On the Intel Xeon
+# measured without AMX it runs at half the FMA rate, hence FLOAT32_GEMM_MIN_TOKENS there.
+FAST_BF16_DOT_VENDORS = frozenset({"AuthenticAMD"})
+
+
+def choose_dtype(flags: Optional[Iterable[str]] = None, vendor: Optional[str] = None) -> CpuDtypeChoice:
+    """`--dtype auto` on a CPU with these flags (default: effective_cpu_flags()) and vendor_id
+    (default: this CPU's, or none under SGLANG_CPU_FLAGS_OVERRIDE: the override names an Intel-like
+    kind)."""
+    from sglang.srt import envs
+
     kind = cpu_kind(effective_cpu_flags() if flags is None else flags)
+    if vendor is None:
+        vendor = (
+            "" if flags is not None or envs.SGLANG_CPU_FLAGS_OVERRIDE.get().strip() else _proc_cpu_vendor()
+        )
     if kind == "amx":
         return CpuDtypeChoice(kind, torch.bfloat16, "AMX-BF16 tiles: native bf16 GEMMs")
+    if kind == "avx512-bf16" and vendor in FAST_BF16_DOT_VENDORS:
+        return CpuDtypeChoice(
+            kind,
+            torch.bfloat16,
+            f"AVX512-BF16 on {vendor} (Zen 4 / Zen 5): bf16 dot products at twice the float32 FMA rate, "
+            "native bf16 GEMMs at every size",
+        )
     if kind in ("avx512-bf16", "avx512"):
         what = (
             "AVX512-BF16 without AMX"

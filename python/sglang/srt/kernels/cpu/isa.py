@@ -93,6 +93,18 @@ def cpu_flags(path: str = "/proc/cpuinfo") -> Optional[frozenset[str]]:
     return None
 
 
+def cpu_vendor(path: str = "/proc/cpuinfo") -> str:
+    """The CPU's `vendor_id` (GenuineIntel, AuthenticAMD, ...), or "" where unknown."""
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return ""
+
+
 def missing_flags(name: str, flags: Optional[Iterable[str]], machine: Optional[str] = None) -> list[str]:
     """The flags ISA `name` needs that `flags` lacks (all of them where the flags are unknown)."""
     need = isas(machine)[name]
