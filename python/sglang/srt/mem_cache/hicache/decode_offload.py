@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -47,10 +47,12 @@ class OffloadingRadixCache(RadixCache):
         page_size: int,
         storage: PageStore,
         pack: Callable[[torch.Tensor], bytes],
+        agree: Optional[Callable[[int], int]] = None,
     ):
         super().__init__(allocator, page_size)
         self.storage = storage
         self.pack = pack
+        self.agree = agree  # a collective over the ranks (tp / cp > 1): every rank cleared before the answer
         self.ostats = OffloadStats()
 
     def insert(self, key: Sequence[int], value: torch.Tensor) -> int:
@@ -86,6 +88,10 @@ class OffloadingRadixCache(RadixCache):
                 break  # a chain with a hole is unreadable past it: stop at the first failure
         self.ostats.pages_written += written
         return written
+
+    def clear_storage(self) -> int:
+        """Delete this rank's pages (`/clear_hicache_storage_backend`); returns how many."""
+        return self.storage.clear()
 
     def stats(self) -> dict:
         out = {f"hicache_offload_{k}": v for k, v in asdict(self.ostats).items()}
