@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections import Counter
 
 import pytest
 import torch
@@ -24,7 +25,7 @@ from sglang.srt.mem_cache.hicache.mooncake_config import (  # noqa: E402
     mooncake_config,
     parse_size,
 )
-from sglang.srt.mem_cache.hicache.mooncake_storage import MooncakeStorage  # noqa: E402
+from sglang.srt.mem_cache.hicache.mooncake_storage import MooncakeStorage, connect_store  # noqa: E402
 from sglang.srt.mem_cache.hicache.page_store import frame  # noqa: E402
 
 PAGE = 8
@@ -136,17 +137,78 @@ def test_refused_without_mooncake(monkeypatch):
 
 
 class KillsMasterAfterOneRead(MooncakeStorage):
-    """A master that dies while a tree loads: after the first page read."""
+    """A master that dies while a tree loads: after the first page read (one page per batch)."""
 
     def __init__(self, master: MooncakeMaster, *args, **kw):
         super().__init__(*args, **kw)
         self.master = master
+        self.batch_pages = 1
 
-    def get(self, name: str):
-        out = super().get(name)
+    def _checked(self, *args):
+        out = super()._checked(*args)
         if self.stats.pages_read == 1:
             self.master.kill()
         return out
+
+
+class CountingClient:
+    """A real store client that counts the calls made to it."""
+
+    def __init__(self, store):
+        self.store, self.calls = store, Counter()
+
+    def __getattr__(self, name):
+        self.calls[name] += 1
+        return getattr(self.store, name)
+
+
+def counting(m: MooncakeMaster, namespace: str) -> tuple[MooncakeStorage, CountingClient]:
+    made = []
+
+    def connect(config, size):
+        made.append(CountingClient(connect_store(config, size)))
+        return made[0]
+
+    st = MooncakeStorage(m.config(), namespace, PAGE, page_bytes=1024, connect=connect)
+    return st, made[0]
+
+
+def test_existence_checks_and_reads_are_batched(master):
+    """One `batch_is_exist` RPC for a path's pages, `get_batch` reads up to the first miss (in
+    batches of `batch_pages`), a corrupted page in a batch ends the run, counted; through a tree's
+    load too: one RPC for three pages."""
+    m, service = master
+    writer = storage(m, "batch")
+    tokens = list(range(200, 248))  # six storage pages
+    names = writer.page_hashes(tokens, 6)
+    payloads = [bytes([i]) * 900 for i in range(6)]
+    for i in (0, 1, 2, 4):
+        assert writer.put(names[i], payloads[i])
+    st, client = counting(m, "batch")
+    assert st.exists_many(names) == [True, True, True, False, True, False]
+    assert st.get_run(names) == payloads[:3] and st.stats.pages_read == 3
+    assert st.get_run(names[3:]) == [] and st.stats.read_failures == 0  # a plain miss
+    assert client.calls["batch_is_exist"] == 1 and client.calls["get_batch"] == 2
+    assert (
+        client.calls["get"] == 0 and client.calls["is_exist"] == 2
+    )  # each run-ending miss told from a failure
+    st.batch_pages = 2
+    assert st.get_run(names[:3]) == payloads[:3] and client.calls["get_batch"] == 4
+
+    assert service.put(st.key(names[5]), b"junk") == 0
+    assert writer.put(names[3], payloads[3])
+    assert st.get_run(names) == payloads[:5] and st.stats.read_failures == 1
+    assert st.exists_many(names[4:]) == [True, False]  # the bad page is rewritten by the next put
+
+    first, pool, alloc = make_tree(l1=64, storage=storage(m, "batch-tree"))
+    rows = put(first, alloc, pool, tokens[: 3 * PAGE + 1], 3)
+    tree_st, tree_client = counting(m, "batch-tree")
+    tree, pool2, alloc2 = make_tree(l1=64, storage=tree_st)
+    match = tree.match_and_load(tokens[: 3 * PAGE + 1])
+    assert match.prefix_len == 3 * PAGE and tree.hstats.l3_hit_tokens == 3 * PAGE
+    assert all(torch.equal(x, y[: 3 * PAGE]) for x, y in zip(read(pool2, match.indices), rows))
+    assert tree_client.calls["get_batch"] == 1 and tree_client.calls["get"] == 0
+    assert accounting_ok(tree, alloc2)
 
 
 @pytest.mark.slow  # the client's RPC timeout (~4 s) on the read the master dies under
@@ -200,3 +262,22 @@ def test_killed_master_is_skipped_without_rpc_timeouts(tmp_path):
     assert st.get(name) is None and not st.put(name, b"y") and not st.exists(name)
     assert time.monotonic() - t0 < 3  # no RPC timeout per page: the client is closed, skipped
     assert st.stats.unreachable == 1 and st.stats.read_failures == 1 and st.stats.write_failures == 1
+
+
+def test_decode_offload_checks_a_path_in_one_rpc(master):
+    """A PD decode server's offload (decode_offload.py): one `batch_is_exist` per finished
+    request, whatever its length; only the missing pages are written."""
+    from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+    from sglang.srt.mem_cache.hicache.decode_offload import OffloadingRadixCache
+
+    m, _ = master
+    st, client = counting(m, "offload")
+    alloc = TokenToKVPoolAllocator(128, 2)
+    tree = OffloadingRadixCache(alloc, 2, st, lambda slots: bytes([len(slots)]) * 100)
+    tokens = list(range(500, 534))  # four whole storage pages and a tail
+    tree.insert(tokens, alloc.alloc(len(tokens)))
+    assert tree.ostats.pages_written == 4 and client.calls["batch_is_exist"] == 1
+    assert client.calls["is_exist"] == 0 and client.calls["put"] == 4
+    tree.offload(tokens + [1, 2, 3, 4, 5, 6], alloc.alloc(40))  # the next turn's path: one page more
+    assert client.calls["batch_is_exist"] == 2 and client.calls["put"] == 5
+    assert tree.ostats.pages_present == 4 and tree.ostats.pages_written == 5

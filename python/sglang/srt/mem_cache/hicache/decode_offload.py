@@ -72,9 +72,15 @@ class OffloadingRadixCache(RadixCache):
         if num_pages == 0:
             return 0
         written = 0
-        for i, name in enumerate(self.storage.page_hashes(key, num_pages)):
+        names = self.storage.page_hashes(key, num_pages)
+        try:
+            present = self.storage.exists_many(names)  # one call (Mooncake: one RPC) for the path
+        except Exception as err:  # noqa: BLE001 - a backend's error must not fail the request
+            logger.warning("HiCache decode offload: existence check failed (%s)", err)
+            present = [False] * num_pages
+        for i, name in enumerate(names):
             try:
-                if self.storage.exists(name):
+                if present[i]:
                     self.ostats.pages_present += 1
                     continue
                 ok = self.storage.put(name, self.pack(value[i * sp : (i + 1) * sp]))

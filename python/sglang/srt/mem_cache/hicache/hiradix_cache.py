@@ -183,12 +183,7 @@ class HiRadixCache(RadixCache):
         if total <= p0:
             return
         names = self.storage.page_hashes(key, total)
-        pages: list[bytes] = []
-        for name in names[p0:]:
-            data = self.storage.get(name)
-            if data is None:
-                break
-            pages.append(data)
+        pages = self.storage.get_run(names[p0:])
         n = len(pages) if self.agree is None else self.agree(len(pages))
         query_id = None
         if self.peers is not None and n:  # pipeline: only what every stage can read
@@ -294,8 +289,9 @@ class HiRadixCache(RadixCache):
         if self._ops is not None:  # every stage writes the pages its own namespace lacks
             slots = torch.cat([n.value for n in path])
             self._record(StorePages(tokens[: end * sp], first, end, slots[: end * sp].tolist()))
+        present = self.storage.exists_many(names[first:end])
         for i in range(first, end):
-            if self.storage.exists(names[i]):
+            if present[i - first]:
                 continue
             if slots is None:
                 slots = torch.cat([n.value for n in path])

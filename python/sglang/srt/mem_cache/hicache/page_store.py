@@ -4,7 +4,8 @@ A page's name is the hash chain of the tokens up to and including it, seeded wit
 (model identity and layout: tp rank/size, pp stage, cp rank, dtype, page size, buffer shapes), so
 servers of another model or layout never read it. A stored page is `MAGIC + sha256(payload) +
 payload`; `unframe` gives the payload back, or None with the reason it is rejected. A backend
-(`FileStorage`, `MooncakeStorage`) is a `PageStore` with `exists`, `put`, `get` and `clear`.
+(`FileStorage`, `MooncakeStorage`) is a `PageStore` with `exists`, `put`, `get` and `clear`; the
+batch forms `exists_many` and `get_run` loop over them unless a backend has a batch call (Mooncake).
 """
 
 from __future__ import annotations
@@ -49,6 +50,27 @@ class PageStore:
         self.page_size = page_size
         self._seed = hashlib.sha256(namespace.encode()).digest()
         self.stats = StorageStats()
+
+    def exists(self, name: str) -> bool:
+        raise NotImplementedError
+
+    def get(self, name: str) -> Optional[bytes]:
+        raise NotImplementedError
+
+    def exists_many(self, names: Sequence[str]) -> list[bool]:
+        """Which of `names` the backend holds."""
+        return [self.exists(n) for n in names]
+
+    def get_run(self, names: Sequence[str]) -> list[bytes]:
+        """The payloads of the leading pages of `names` that can be read (up to the first miss or
+        failure: a hash chain is unreadable past a hole)."""
+        out: list[bytes] = []
+        for name in names:
+            data = self.get(name)
+            if data is None:
+                break
+            out.append(data)
+        return out
 
     def page_hashes(self, tokens: Sequence[int], num_pages: int) -> list[str]:
         """Names of the first `num_pages` pages of `tokens` (each chained on the previous)."""

@@ -130,8 +130,9 @@ class StageTiers:
             return
         sp, slots = self.storage.page_size, _ids(op.slots)
         names = self.storage.page_hashes(op.tokens, op.end)
+        present = self.storage.exists_many(names[op.first : op.end])
         for i in range(op.first, op.end):
-            if not self.storage.exists(names[i]):
+            if not present[i - op.first]:
                 rows = slots[i * sp : (i + 1) * sp]
                 self.storage.put(names[i], self.host.pack(rows))
 
@@ -151,12 +152,9 @@ class StageTiers:
             before = self.storage.stats.read_failures
             want = self.host.page_bytes(self.storage.page_size)
             names = self.storage.page_hashes(q.tokens, q.p0 + q.count)
-            for name in names[q.p0 :]:
-                data = self.storage.get(name)
-                if data is not None and len(data) != want:  # another page size under the name
+            for data in self.storage.get_run(names[q.p0 :]):
+                if len(data) != want:  # another page size under the name
                     self.storage.stats.read_failures += 1
-                    data = None
-                if data is None:
                     break
                 pages.append(data)
             failures = self.storage.stats.read_failures - before
