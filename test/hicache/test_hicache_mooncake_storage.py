@@ -277,7 +277,50 @@ def test_decode_offload_checks_a_path_in_one_rpc(master):
     tokens = list(range(500, 534))  # four whole storage pages and a tail
     tree.insert(tokens, alloc.alloc(len(tokens)))
     assert tree.ostats.pages_written == 4 and client.calls["batch_is_exist"] == 1
-    assert client.calls["is_exist"] == 0 and client.calls["put"] == 4
+    assert client.calls["is_exist"] == 0 and client.calls["put_batch"] == 1 and client.calls["put"] == 0
     tree.offload(tokens + [1, 2, 3, 4, 5, 6], alloc.alloc(40))  # the next turn's path: one page more
-    assert client.calls["batch_is_exist"] == 2 and client.calls["put"] == 5
+    assert client.calls["batch_is_exist"] == 2 and client.calls["put_batch"] == 2
     assert tree.ostats.pages_present == 4 and tree.ostats.pages_written == 5
+    names = st.page_hashes(tokens + [1, 2, 3, 4, 5, 6], 5)
+    assert [len(p) for p in st.get_run(names)] == [100] * 5 and st.stats.pages_written == 5
+
+
+def test_batched_writes(master):
+    """`put_many`: one `put_batch` per `batch_pages` pages (a page already stored is left as is,
+    no failure); a page that failed its check is replaced by `upsert_batch`."""
+    m, service = master
+    st, client = counting(m, "putmany")
+    names = st.page_hashes(list(range(600, 640)), 5)
+    payloads = [bytes([i + 1]) * 700 for i in range(5)]
+    assert st.put_many(names[:2], payloads[:2]) == 2 and client.calls["put_batch"] == 1
+    assert st.put_many(names[1:4], payloads[1:4]) == 3  # names[1] is there already
+    assert client.calls["put_batch"] == 2 and client.calls["put"] == 0
+    assert st.get_run(names) == payloads[:4] and st.stats.write_failures == 0
+    assert service.put(st.key(names[4]), b"junk") == 0
+    assert st.get_run(names[4:]) == [] and st.stats.read_failures == 1  # now marked bad
+    st.batch_pages = 1
+    assert st.put_many(names[4:], payloads[4:]) == 1 and client.calls["upsert_batch"] == 1
+    assert st.get_run(names) == payloads and st.stats.pages_written == 6
+
+
+def test_a_refused_batch_is_written_page_by_page(master):
+    """Which pages of a refused `put_batch` landed is not known: the batch is written page by page
+    (the store's refusal is simulated; every page goes through the real store)."""
+    m, _ = master
+    st, client = counting(m, "refused")
+    client.store = RefusesBatches(client.store)
+    names = st.page_hashes(list(range(700, 724)), 3)
+    payloads = [bytes([i + 7]) * 300 for i in range(3)]
+    assert st.put_many(names, payloads) == 3 and client.calls["put"] == 3
+    assert st.get_run(names) == payloads and st.stats.write_failures == 0
+
+
+class RefusesBatches:
+    def __init__(self, store):
+        self.store = store
+
+    def put_batch(self, keys, values):
+        return -700  # a segment full, say: nothing written
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)

@@ -24,7 +24,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
-from sglang.srt.mem_cache.hicache.page_store import PageStore
+from sglang.srt.mem_cache.hicache.page_store import PageStore, write_missing
 from sglang.srt.mem_cache.radix_cache import RadixCache
 
 logger = logging.getLogger(__name__)
@@ -71,27 +71,22 @@ class OffloadingRadixCache(RadixCache):
         num_pages = min(len(key), value.numel()) // sp
         if num_pages == 0:
             return 0
-        written = 0
         names = self.storage.page_hashes(key, num_pages)
         try:
             present = self.storage.exists_many(names)  # one call (Mooncake: one RPC) for the path
         except Exception as err:  # noqa: BLE001 - a backend's error must not fail the request
             logger.warning("HiCache decode offload: existence check failed (%s)", err)
             present = [False] * num_pages
-        for i, name in enumerate(names):
-            try:
-                if present[i]:
-                    self.ostats.pages_present += 1
-                    continue
-                ok = self.storage.put(name, self.pack(value[i * sp : (i + 1) * sp]))
-            except Exception as err:  # noqa: BLE001 - a backend's error must not fail the request
-                logger.warning("HiCache decode offload: page %s not written (%s)", name[:16], err)
-                ok = False
-            if ok:
-                written += 1
-            else:
-                self.ostats.write_failures += 1
-                break  # a chain with a hole is unreadable past it: stop at the first failure
+        self.ostats.pages_present += sum(present)
+        try:
+            written, ok = write_missing(
+                self.storage, names, present, lambda i: self.pack(value[i * sp : (i + 1) * sp])
+            )
+        except Exception as err:  # noqa: BLE001 - a backend's error must not fail the request
+            logger.warning("HiCache decode offload: pages not written (%s)", err)
+            written, ok = 0, False
+        if not ok:  # the chain stops at the first page not written
+            self.ostats.write_failures += 1
         self.ostats.pages_written += written
         return written
 

@@ -30,7 +30,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
-from sglang.srt.mem_cache.hicache.page_store import PageStore
+from sglang.srt.mem_cache.hicache.page_store import PageStore, write_missing
 from sglang.srt.mem_cache.hicache.host_pool import HostKVPool
 from sglang.srt.mem_cache.hicache.pipeline import (
     Backup,
@@ -290,13 +290,16 @@ class HiRadixCache(RadixCache):
             slots = torch.cat([n.value for n in path])
             self._record(StorePages(tokens[: end * sp], first, end, slots[: end * sp].tolist()))
         present = self.storage.exists_many(names[first:end])
-        for i in range(first, end):
-            if present[i - first]:
-                continue
-            if slots is None:
-                slots = torch.cat([n.value for n in path])
-            rows = slots[i * sp : (i + 1) * sp]
-            self.storage.put(names[i], self.host.pack(rows))
+        if all(present):
+            return
+        rows = slots if slots is not None else torch.cat([n.value for n in path])
+        pack = self.host.pack
+        write_missing(
+            self.storage,
+            names[first:end],
+            present,
+            lambda i: pack(rows[(first + i) * sp : (first + i + 1) * sp]),
+        )
 
     def evict(self, num_tokens: int) -> int:
         """Free L1 slots from LRU unlocked L1 leaves: demote to L2, or drop when there is no copy."""

@@ -184,6 +184,29 @@ class MooncakeStorage(PageStore):
         self.stats.pages_written += 1
         return True
 
+    def put_many(self, names: Sequence[str], payloads: Sequence[bytes]) -> int:
+        """One `put_batch` RPC per `batch_pages` pages (`upsert_batch` where a page failed its
+        check); a batch the store refuses (a page already there, a full segment: which landed is
+        not known) is written page by page. How many were written before the first failure."""
+        written = 0
+        for at in range(0, len(names), self.batch_pages):
+            chunk, data = names[at : at + self.batch_pages], payloads[at : at + self.batch_pages]
+            store = self._client()
+            if store is None:
+                self.stats.write_failures += 1
+                return written
+            write = store.upsert_batch if self._bad.intersection(chunk) else store.put_batch
+            if write([self.key(n) for n in chunk], [frame(p) for p in data]) != 0:
+                done = super().put_many(chunk, data)
+                written += done
+                if done < len(chunk):
+                    return written
+                continue
+            self._bad.difference_update(chunk)
+            self.stats.pages_written += len(chunk)
+            written += len(chunk)
+        return written
+
     def exists_many(self, names: Sequence[str]) -> list[bool]:
         """One `batch_is_exist` RPC for all of `names` (a page that failed its check counts as absent)."""
         store = self._client()

@@ -5,14 +5,15 @@ A page's name is the hash chain of the tokens up to and including it, seeded wit
 servers of another model or layout never read it. A stored page is `MAGIC + sha256(payload) +
 payload`; `unframe` gives the payload back, or None with the reason it is rejected. A backend
 (`FileStorage`, `MooncakeStorage`) is a `PageStore` with `exists`, `put`, `get` and `clear`; the
-batch forms `exists_many` and `get_run` loop over them unless a backend has a batch call (Mooncake).
+batch forms `exists_many`, `get_run` and `put_many` loop over them unless a backend has batch calls
+(Mooncake: `batch_pages` pages per call); `write_missing` writes a path's missing pages with them.
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 MAGIC = b"SGLKV1\n"
 _DIGEST = 32
@@ -45,6 +46,8 @@ def unframe(data: bytes) -> tuple[Optional[bytes], str]:
 class PageStore:
     """Names of a namespace's pages of `page_size` tokens, and the backend's counters."""
 
+    batch_pages = 1  # pages a batched call moves at once (payloads packed per batch by write_missing)
+
     def __init__(self, namespace: str, page_size: int):
         self.namespace = namespace
         self.page_size = page_size
@@ -56,6 +59,16 @@ class PageStore:
 
     def get(self, name: str) -> Optional[bytes]:
         raise NotImplementedError
+
+    def put(self, name: str, payload: bytes) -> bool:
+        raise NotImplementedError
+
+    def put_many(self, names: Sequence[str], payloads: Sequence[bytes]) -> int:
+        """Write the pages in order; how many were written before the first failure."""
+        for i, (name, payload) in enumerate(zip(names, payloads)):
+            if not self.put(name, payload):
+                return i
+        return len(names)
 
     def exists_many(self, names: Sequence[str]) -> list[bool]:
         """Which of `names` the backend holds."""
@@ -80,3 +93,19 @@ class PageStore:
             prev = hashlib.sha256(prev + page).digest()
             out.append(prev.hex())
         return out
+
+
+def write_missing(
+    storage: PageStore, names: Sequence[str], present: Sequence[bool], pack: Callable[[int], bytes]
+) -> tuple[int, bool]:
+    """Write the pages of `names` not `present` (`pack(i)`: page i's payload), `batch_pages` at a
+    time, stopping at the first failure (a chain is unreadable past a hole): (written, all ok)."""
+    missing = [i for i, here in enumerate(present) if not here]
+    written = 0
+    for at in range(0, len(missing), storage.batch_pages):
+        chunk = missing[at : at + storage.batch_pages]
+        done = storage.put_many([names[i] for i in chunk], [pack(i) for i in chunk])
+        written += done
+        if done < len(chunk):
+            return written, False
+    return written, True

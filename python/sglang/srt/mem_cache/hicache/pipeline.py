@@ -26,7 +26,7 @@ from typing import Callable, Optional, Union
 
 import torch
 
-from sglang.srt.mem_cache.hicache.page_store import PageStore
+from sglang.srt.mem_cache.hicache.page_store import PageStore, write_missing
 from sglang.srt.mem_cache.hicache.host_pool import HostKVPool
 
 logger = logging.getLogger(__name__)
@@ -131,10 +131,13 @@ class StageTiers:
         sp, slots = self.storage.page_size, _ids(op.slots)
         names = self.storage.page_hashes(op.tokens, op.end)
         present = self.storage.exists_many(names[op.first : op.end])
-        for i in range(op.first, op.end):
-            if not present[i - op.first]:
-                rows = slots[i * sp : (i + 1) * sp]
-                self.storage.put(names[i], self.host.pack(rows))
+        first, pack = op.first, self.host.pack
+        write_missing(
+            self.storage,
+            names[first : op.end],
+            present,
+            lambda i: pack(slots[(first + i) * sp : (first + i + 1) * sp]),
+        )
 
     def _load(self, op: LoadPages) -> None:
         pages = self.staged.pop(op.query_id, [])
