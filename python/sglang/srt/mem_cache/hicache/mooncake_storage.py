@@ -6,6 +6,8 @@ clients' segments (`global_segment_size` each, ours or a store service's such as
 `mooncake_client`) hold the bytes. Pages are named and framed as `page_store.py` describes; a
 page's key is `sglkv-<namespace hash[:16]>-<name>`, so `clear()` removes one namespace's pages
 (`remove_by_regex`) and every server of the same model and layout finds every other's pages.
+A path's pages move in batches (`batch_is_exist`, `put_batch`, `get_batch`: `batch_pages` pages
+per RPC, as many as the client's local buffer stages).
 
 Failure is a miss, never an error: the master found unreachable (a TCP probe at most once a
 second, or an RPC failure) counts `unreachable`, and for `retry_interval_s` every lookup is a miss
