@@ -324,3 +324,19 @@ class RefusesBatches:
 
     def __getattr__(self, name):
         return getattr(self.store, name)
+
+
+def test_batches_fit_the_clients_local_buffer(master):
+    """Pages of SmolLM2's size (64 tokens, bfloat16: 1.47 MB) against a 16 MiB local buffer: the
+    batches the backend makes fit it (its allocator rounds each page up), so a 20-page prefix is
+    written and read back whole, without failures."""
+    m, _ = master
+    page_bytes = 64 * 30 * 2 * 3 * 64 * 2
+    st = MooncakeStorage(m.config(local_buffer_size=16 << 20), "big", PAGE, page_bytes=page_bytes)
+    assert 1 < st.batch_pages < 20
+    names = st.page_hashes(list(range(160)), 20)
+    payloads = [bytes([i]) * page_bytes for i in range(20)]
+    assert st.put_many(names, payloads) == 20
+    got = st.get_run(names)
+    assert len(got) == 20 and got == payloads
+    assert st.stats.read_failures == st.stats.write_failures == 0

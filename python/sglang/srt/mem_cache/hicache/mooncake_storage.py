@@ -109,8 +109,10 @@ class MooncakeStorage(PageStore):
         self.stats = MooncakeStats()
         self.prefix = f"sglkv-{self._seed.hex()[:16]}-"
         self.local_buffer_size = max(config.local_buffer_size, STAGED_PAGES * (page_bytes + 64))
-        # pages per batched read: as many as the client's local buffer stages at once
-        self.batch_pages = max(1, min(MAX_BATCH_PAGES, self.local_buffer_size // (page_bytes + 64)))
+        # pages per batched call: as many as the client's local buffer stages at once, its
+        # allocator rounding each page up by as much as 1/8 (a batch of more fails past the fit)
+        fit = self.local_buffer_size * 8 // (9 * (page_bytes + 64))
+        self.batch_pages = max(1, min(MAX_BATCH_PAGES, fit))
         self._connect, self._probe = connect, probe
         self._store: Any = None
         self._probed = self._retry_at = float("-inf")
