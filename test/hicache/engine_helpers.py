@@ -27,8 +27,9 @@ def conversation_turns(seed: int, convs: int, base: int = 40, turns: int = 3) ->
 
 
 def tiny_engine(**kw) -> sgl.Engine:
-    """The tiny Llama engine of these tests (float32 dummy weights, a KV pool of POOL tokens)."""
-    return sgl.Engine(
+    """The tiny Llama engine of these tests (float32 dummy weights, a KV pool of POOL tokens); `kw`
+    adds flags or overrides these (another model_path and load_format)."""
+    args = dict(
         model_path=str(TINY_LLAMA_DIR),
         load_format="dummy",
         dtype="float32",
@@ -36,8 +37,8 @@ def tiny_engine(**kw) -> sgl.Engine:
         max_total_tokens=POOL,
         num_threads=1,
         log_level="warning",
-        **kw,
     )
+    return sgl.Engine(**{**args, **kw})
 
 
 def run_engine(waves: list[list[list[int]]], hicache_dir=None, page_tokens: int = 8, **kw):

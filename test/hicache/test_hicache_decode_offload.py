@@ -172,3 +172,32 @@ def test_upstream_flag_is_taken():
         ]
     )
     assert args.disaggregation_decode_enable_offload_kvcache
+
+
+def test_clear_storage_clears_the_offloaded_pages(tmp_path):
+    """/clear_hicache_storage_backend on a decode server with the offload flag (what the scheduler
+    asks its KVCacheManager): the pages it wrote are removed, the tree is untouched, a later
+    offload writes them again; a decode server without the flag still answers 'storage is off'."""
+    from sglang.srt.managers.scheduler.cache_manager import KVCacheManager
+    from sglang.srt.mem_cache.req_to_token import ReqToTokenPool
+
+    decode, dpool, dalloc = side(decode_args(tmp_path))
+    manager = KVCacheManager(ReqToTokenPool(4, 64), dalloc, decode)
+    history = list(range(300, 314))
+    finish_on_decode(decode, dpool, dalloc, history)
+    assert decode.ostats.pages_written == 3
+    out = manager.clear_storage()
+    assert out.success and "3 page(s) removed" in out.message, out.message
+    assert not [f for _, _, fs in os.walk(tmp_path) for f in fs]
+    assert decode.match_prefix(history).prefix_len == 14 and accounting_ok(decode, dalloc)
+
+    prefill, _, _ = side(prefill_args(tmp_path))
+    assert prefill.match_and_load(history + [1]).prefix_len == 0  # gone from the store
+    finish_on_decode(decode, dpool, dalloc, list(range(400, 410)), seed=2)
+    assert decode.ostats.pages_written == 5
+
+    from sglang.srt.server_args import ServerArgs
+
+    plain, _, palloc = side(ServerArgs(model_path="m", load_format="dummy", disaggregation_mode="decode"))
+    out = KVCacheManager(ReqToTokenPool(4, 64), palloc, plain).clear_storage()
+    assert not out.success and "storage is off" in out.message

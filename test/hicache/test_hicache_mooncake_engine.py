@@ -2,7 +2,7 @@
 against a real `mooncake_master` started here: a second engine sharing the first one's store
 loads every prefix from the first one's pages (prefill computes only the suffixes) with the
 greedy tokens of an engine without HiCache; at tp 2 both ranks load their heads back from the
-store after a flush; the master killed before a load: the request is
+store after a flush; at pp 2 and cp 2 a restarted engine loads each rank's pages from the store; the master killed before a load: the request is
 recomputed (same tokens), the failure counted, the KV pool back to its free count."""
 
 from __future__ import annotations
@@ -73,6 +73,22 @@ def test_tp2_ranks_load_their_heads_from_the_store(master, reference):
     whole_pages = [(len(p) - 1) // STORAGE_PAGE * STORAGE_PAGE for p in ps]
     assert [r["meta_info"]["cached_tokens"] for r in again] == whole_pages
     assert state["hicache_l3_hit_tokens"] == sum(whole_pages) and state["hicache_storage_read_failures"] == 0
+
+
+@pytest.mark.parametrize("layout", [dict(pp_size=2), dict(cp_size=2)], ids=["pp2", "cp2"])
+def test_parallel_layout_restarts_from_the_store(master, reference, layout):
+    """pp 2 (each stage a client with its layers' namespace; a prefix is skipped only where both
+    stages read it) and cp 2 (each rank its share of the rows): a fresh engine of the same layout
+    on the store loads every whole page of each prefix, the tokens are tp 1's without HiCache."""
+    ps = prompts()[:3]
+    # A trailing short request (no whole page) makes the ring carry the last prompt's tier copies
+    # to stage 1, which writes its pages, before the engine is stopped: a stop right after the
+    # last answer can end stage 1 before it replays them (its pages then missing at the restart).
+    first, _, _ = run_engine([[p] for p in ps] + [[[5, 6, 7]]], **layout, **mooncake_args(master))
+    assert first[:3] == reference[:3]
+    again, cached, states = run_engine([[p] for p in ps], **layout, **mooncake_args(master))
+    check_restart(ps, reference[:3], again, cached, states[0], STORAGE_PAGE)
+    assert states[0]["hicache_storage_read_failures"] == 0
 
 
 def test_master_killed_before_a_load_recomputes(tmp_path, reference):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections import Counter
 
 import pytest
 import torch
@@ -24,7 +25,7 @@ from sglang.srt.mem_cache.hicache.mooncake_config import (  # noqa: E402
     mooncake_config,
     parse_size,
 )
-from sglang.srt.mem_cache.hicache.mooncake_storage import MooncakeStorage  # noqa: E402
+from sglang.srt.mem_cache.hicache.mooncake_storage import MooncakeStorage, connect_store  # noqa: E402
 from sglang.srt.mem_cache.hicache.page_store import frame  # noqa: E402
 
 PAGE = 8
@@ -136,17 +137,78 @@ def test_refused_without_mooncake(monkeypatch):
 
 
 class KillsMasterAfterOneRead(MooncakeStorage):
-    """A master that dies while a tree loads: after the first page read."""
+    """A master that dies while a tree loads: after the first page read (one page per batch)."""
 
     def __init__(self, master: MooncakeMaster, *args, **kw):
         super().__init__(*args, **kw)
         self.master = master
+        self.batch_pages = 1
 
-    def get(self, name: str):
-        out = super().get(name)
+    def _checked(self, *args):
+        out = super()._checked(*args)
         if self.stats.pages_read == 1:
             self.master.kill()
         return out
+
+
+class CountingClient:
+    """A real store client that counts the calls made to it."""
+
+    def __init__(self, store):
+        self.store, self.calls = store, Counter()
+
+    def __getattr__(self, name):
+        self.calls[name] += 1
+        return getattr(self.store, name)
+
+
+def counting(m: MooncakeMaster, namespace: str) -> tuple[MooncakeStorage, CountingClient]:
+    made = []
+
+    def connect(config, size):
+        made.append(CountingClient(connect_store(config, size)))
+        return made[0]
+
+    st = MooncakeStorage(m.config(), namespace, PAGE, page_bytes=1024, connect=connect)
+    return st, made[0]
+
+
+def test_existence_checks_and_reads_are_batched(master):
+    """One `batch_is_exist` RPC for a path's pages, `get_batch` reads up to the first miss (in
+    batches of `batch_pages`), a corrupted page in a batch ends the run, counted; through a tree's
+    load too: one RPC for three pages."""
+    m, service = master
+    writer = storage(m, "batch")
+    tokens = list(range(200, 248))  # six storage pages
+    names = writer.page_hashes(tokens, 6)
+    payloads = [bytes([i]) * 900 for i in range(6)]
+    for i in (0, 1, 2, 4):
+        assert writer.put(names[i], payloads[i])
+    st, client = counting(m, "batch")
+    assert st.exists_many(names) == [True, True, True, False, True, False]
+    assert st.get_run(names) == payloads[:3] and st.stats.pages_read == 3
+    assert st.get_run(names[3:]) == [] and st.stats.read_failures == 0  # a plain miss
+    assert client.calls["batch_is_exist"] == 1 and client.calls["get_batch"] == 2
+    assert (
+        client.calls["get"] == 0 and client.calls["is_exist"] == 2
+    )  # each run-ending miss told from a failure
+    st.batch_pages = 2
+    assert st.get_run(names[:3]) == payloads[:3] and client.calls["get_batch"] == 4
+
+    assert service.put(st.key(names[5]), b"junk") == 0
+    assert writer.put(names[3], payloads[3])
+    assert st.get_run(names) == payloads[:5] and st.stats.read_failures == 1
+    assert st.exists_many(names[4:]) == [True, False]  # the bad page is rewritten by the next put
+
+    first, pool, alloc = make_tree(l1=64, storage=storage(m, "batch-tree"))
+    rows = put(first, alloc, pool, tokens[: 3 * PAGE + 1], 3)
+    tree_st, tree_client = counting(m, "batch-tree")
+    tree, pool2, alloc2 = make_tree(l1=64, storage=tree_st)
+    match = tree.match_and_load(tokens[: 3 * PAGE + 1])
+    assert match.prefix_len == 3 * PAGE and tree.hstats.l3_hit_tokens == 3 * PAGE
+    assert all(torch.equal(x, y[: 3 * PAGE]) for x, y in zip(read(pool2, match.indices), rows))
+    assert tree_client.calls["get_batch"] == 1 and tree_client.calls["get"] == 0
+    assert accounting_ok(tree, alloc2)
 
 
 @pytest.mark.slow  # the client's RPC timeout (~4 s) on the read the master dies under
@@ -200,3 +262,81 @@ def test_killed_master_is_skipped_without_rpc_timeouts(tmp_path):
     assert st.get(name) is None and not st.put(name, b"y") and not st.exists(name)
     assert time.monotonic() - t0 < 3  # no RPC timeout per page: the client is closed, skipped
     assert st.stats.unreachable == 1 and st.stats.read_failures == 1 and st.stats.write_failures == 1
+
+
+def test_decode_offload_checks_a_path_in_one_rpc(master):
+    """A PD decode server's offload (decode_offload.py): one `batch_is_exist` per finished
+    request, whatever its length; only the missing pages are written."""
+    from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+    from sglang.srt.mem_cache.hicache.decode_offload import OffloadingRadixCache
+
+    m, _ = master
+    st, client = counting(m, "offload")
+    alloc = TokenToKVPoolAllocator(128, 2)
+    tree = OffloadingRadixCache(alloc, 2, st, lambda slots: bytes([len(slots)]) * 100)
+    tokens = list(range(500, 534))  # four whole storage pages and a tail
+    tree.insert(tokens, alloc.alloc(len(tokens)))
+    assert tree.ostats.pages_written == 4 and client.calls["batch_is_exist"] == 1
+    assert client.calls["is_exist"] == 0 and client.calls["put_batch"] == 1 and client.calls["put"] == 0
+    tree.offload(tokens + [1, 2, 3, 4, 5, 6], alloc.alloc(40))  # the next turn's path: one page more
+    assert client.calls["batch_is_exist"] == 2 and client.calls["put_batch"] == 2
+    assert tree.ostats.pages_present == 4 and tree.ostats.pages_written == 5
+    names = st.page_hashes(tokens + [1, 2, 3, 4, 5, 6], 5)
+    assert [len(p) for p in st.get_run(names)] == [100] * 5 and st.stats.pages_written == 5
+
+
+def test_batched_writes(master):
+    """`put_many`: one `put_batch` per `batch_pages` pages (a page already stored is left as is,
+    no failure); a page that failed its check is replaced by `upsert_batch`."""
+    m, service = master
+    st, client = counting(m, "putmany")
+    names = st.page_hashes(list(range(600, 640)), 5)
+    payloads = [bytes([i + 1]) * 700 for i in range(5)]
+    assert st.put_many(names[:2], payloads[:2]) == 2 and client.calls["put_batch"] == 1
+    assert st.put_many(names[1:4], payloads[1:4]) == 3  # names[1] is there already
+    assert client.calls["put_batch"] == 2 and client.calls["put"] == 0
+    assert st.get_run(names) == payloads[:4] and st.stats.write_failures == 0
+    assert service.put(st.key(names[4]), b"junk") == 0
+    assert st.get_run(names[4:]) == [] and st.stats.read_failures == 1  # now marked bad
+    st.batch_pages = 1
+    assert st.put_many(names[4:], payloads[4:]) == 1 and client.calls["upsert_batch"] == 1
+    assert st.get_run(names) == payloads and st.stats.pages_written == 6
+
+
+def test_a_refused_batch_is_written_page_by_page(master):
+    """Which pages of a refused `put_batch` landed is not known: the batch is written page by page
+    (the store's refusal is simulated; every page goes through the real store)."""
+    m, _ = master
+    st, client = counting(m, "refused")
+    client.store = RefusesBatches(client.store)
+    names = st.page_hashes(list(range(700, 724)), 3)
+    payloads = [bytes([i + 7]) * 300 for i in range(3)]
+    assert st.put_many(names, payloads) == 3 and client.calls["put"] == 3
+    assert st.get_run(names) == payloads and st.stats.write_failures == 0
+
+
+class RefusesBatches:
+    def __init__(self, store):
+        self.store = store
+
+    def put_batch(self, keys, values):
+        return -700  # a segment full, say: nothing written
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+
+def test_batches_fit_the_clients_local_buffer(master):
+    """Pages of SmolLM2's size (64 tokens, bfloat16: 1.47 MB) against a 16 MiB local buffer: the
+    batches the backend makes fit it (its allocator rounds each page up), so a 20-page prefix is
+    written and read back whole, without failures."""
+    m, _ = master
+    page_bytes = 64 * 30 * 2 * 3 * 64 * 2
+    st = MooncakeStorage(m.config(local_buffer_size=16 << 20), "big", PAGE, page_bytes=page_bytes)
+    assert 1 < st.batch_pages < 20
+    names = st.page_hashes(list(range(160)), 20)
+    payloads = [bytes([i]) * page_bytes for i in range(20)]
+    assert st.put_many(names, payloads) == 20
+    got = st.get_run(names)
+    assert len(got) == 20 and got == payloads
+    assert st.stats.read_failures == st.stats.write_failures == 0

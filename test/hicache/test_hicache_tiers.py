@@ -240,6 +240,17 @@ def test_storage_tier_serves_a_new_tree_and_skips_bad_pages(tmp_path):
         (dict(hicache_storage_backend_extra_config="[1]"), "must be a JSON object"),
         (dict(hicache_storage_backend_extra_config='{"page_tokens": 0}'), "page_tokens must be an int >= 1"),
         (dict(hicache_write_policy="write_around"), "--hicache-write-policy must be one of"),
+        (
+            dict(hicache_io_backend="kernel_ascend"),
+            "--hicache-io-backend kernel_ascend is not supported: Ascend",
+        ),
+        (dict(hicache_io_backend="dma"), "--hicache-io-backend must be one of"),
+        (dict(hicache_mem_layout="page_first"), "--hicache-mem-layout page_first is not supported: the host"),
+        (dict(hicache_mem_layout="page_head"), "--hicache-mem-layout page_head is not supported: the host"),
+        (
+            dict(hicache_mem_layout="page_first_direct"),
+            "--hicache-mem-layout page_first_direct is not supported",
+        ),
     ],
 )
 def test_unsupported_flag_combinations_refused_by_name(extra, message):
@@ -279,9 +290,11 @@ def test_upstream_launch_line_parses():
             *("--hicache-ratio", "3", "--hicache-write-policy", "write_back"),
             *("--hicache-storage-backend", "file", "--hicache-storage-prefetch-policy", "wait_complete"),
             *("--hicache-storage-backend-extra-config", '{"file_path": "/tmp/x", "page_tokens": 16}'),
+            *("--hicache-io-backend", "direct", "--hicache-mem-layout", "layer_first"),
         ]
     )
     args.validate()
+    assert args.hicache_io_backend == "direct" and args.hicache_mem_layout == "layer_first"
     assert args.enable_hierarchical_cache and args.hicache_ratio == 3.0
     assert args.hicache_write_policy == "write_back" and args.hicache_storage_backend == "file"
     from sglang.srt.mem_cache.hicache.factory import storage_dir, storage_page_tokens

@@ -57,7 +57,7 @@ def test_config_file_with_command_line_override(tmp_path, capsys):
     "flag, hint",
     [
         ("--is-embedding", "this engine serves generation only (no embedding models)"),
-        ("--hicache-io-backend", "not yet: issue 31"),
+        ("--enable-lora", "no LoRA adapters in this engine"),
         ("--speculative-algorithm", "no speculative decoding in this engine"),
     ],
 )

@@ -27,8 +27,6 @@ def _next(issue: int) -> str:
 
 # Upstream flags this engine does not take: flag -> what to use instead, or which issue builds it.
 UPSTREAM_FLAGS = {
-    "--hicache-io-backend": _next(31),
-    "--hicache-mem-layout": _next(31),
     "--constrained-json-whitespace-pattern": "xgrammar takes no whitespace pattern: use "
     "--constrained-json-disable-any-whitespace (JSON without free whitespace)",
     "--speculative-algorithm": "no speculative decoding in this engine",

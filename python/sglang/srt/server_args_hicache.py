@@ -16,6 +16,17 @@ from sglang.srt.server_args_cli import G_MEMORY, G_PD, arg
 WRITE_POLICIES = ["write_through", "write_through_selective", "write_back"]
 STORAGE_BACKENDS = ["none", "file", "mooncake"]
 PREFETCH_POLICIES = ["best_effort", "wait_complete", "timeout"]
+# upstream's values; the ones not built here are refused by name with the reason (validate_hicache)
+IO_BACKENDS = ["kernel", "direct", "kernel_ascend"]
+MEM_LAYOUTS = ["layer_first", "page_first", "page_first_direct", "page_first_kv_split", "page_head"]
+NOT_BUILT = {
+    "--hicache-io-backend kernel_ascend": "Ascend NPU copy kernels (this build's tiers copy with torch; "
+    "use kernel or direct)",
+    "--hicache-mem-layout page_first": "the host tier is layer-first here (one buffer per layer, rows per "
+    "token); page-first layouts serve zero-copy GPU/NPU kernels: use layer_first",
+}
+for _layout in MEM_LAYOUTS[2:]:
+    NOT_BUILT[f"--hicache-mem-layout {_layout}"] = NOT_BUILT["--hicache-mem-layout page_first"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +47,20 @@ class HiCacheArgs:
         "(write_through_selective) or when evicted from the KV pool (write_back).",
         G_MEMORY,
         choices=WRITE_POLICIES,
+    )
+    hicache_io_backend: str = arg(
+        "kernel",
+        "How KV moves between the KV pool and the host tier: kernel or direct (on CPU both are the same "
+        "synchronous torch copy); kernel_ascend is refused (docs/hicache.md).",
+        G_MEMORY,
+        choices=IO_BACKENDS,
+    )
+    hicache_mem_layout: str = arg(
+        "layer_first",
+        "Host tier memory layout: layer_first (one buffer per layer); upstream's page_first, "
+        "page_first_direct, page_first_kv_split and page_head are refused (docs/hicache.md).",
+        G_MEMORY,
+        choices=MEM_LAYOUTS,
     )
     hicache_storage_backend: str = arg(
         "none",
@@ -82,6 +107,12 @@ def validate_hicache(args: Any) -> None:
             raise ValueError(
                 f"--hicache-storage-backend-extra-config page_tokens must be an int >= 1, got {page_tokens!r}"
             )
+    for name in (
+        f"--hicache-io-backend {args.hicache_io_backend}",
+        f"--hicache-mem-layout {args.hicache_mem_layout}",
+    ):
+        if name in NOT_BUILT:
+            raise ValueError(f"{name} is not supported: {NOT_BUILT[name]} (docs/hicache.md)")
     _validate_decode_offload(args)
     if not args.enable_hierarchical_cache:
         if args.hicache_storage_backend != "none" and not args.disaggregation_decode_enable_offload_kvcache:

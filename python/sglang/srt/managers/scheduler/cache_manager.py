@@ -15,6 +15,7 @@ import torch
 from sglang.srt.managers.io_struct import ClearHiCacheReqOutput
 from sglang.srt.managers.scheduler.schedule_batch import Req, ScheduledReq
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+from sglang.srt.mem_cache.hicache.decode_offload import OffloadingRadixCache
 from sglang.srt.mem_cache.hicache.factory import RankPlace, create_prefix_cache, create_stage_tiers
 from sglang.srt.mem_cache.hicache.hiradix_cache import HiRadixCache
 from sglang.srt.mem_cache.hicache.host_pool import CPShard
@@ -167,8 +168,9 @@ class KVCacheManager:
 
     def clear_storage(self) -> ClearHiCacheReqOutput:
         """Delete this rank's L3 pages (any time: L3 pages are looked up by hash, never held by the
-        tree, so a page gone is a miss and recomputed). Refused when HiCache storage is off."""
-        if not isinstance(self.tree, HiRadixCache) or self.tree.storage is None:
+        tree, so a page gone is a miss and recomputed): HiCache's, or the pages a PD decode server
+        offloads (--disaggregation-decode-enable-offload-kvcache). Refused when storage is off."""
+        if not isinstance(self.tree, (HiRadixCache, OffloadingRadixCache)) or self.tree.storage is None:
             return ClearHiCacheReqOutput(False, "HiCache storage is off (--hicache-storage-backend)")
         removed = self.tree.clear_storage()
         if self.tree.agree is not None:  # a collective: every rank has cleared before the entry rank answers

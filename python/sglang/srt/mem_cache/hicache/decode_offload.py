@@ -19,12 +19,12 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
-from sglang.srt.mem_cache.hicache.page_store import PageStore
+from sglang.srt.mem_cache.hicache.page_store import PageStore, write_missing
 from sglang.srt.mem_cache.radix_cache import RadixCache
 
 logger = logging.getLogger(__name__)
@@ -47,10 +47,12 @@ class OffloadingRadixCache(RadixCache):
         page_size: int,
         storage: PageStore,
         pack: Callable[[torch.Tensor], bytes],
+        agree: Optional[Callable[[int], int]] = None,
     ):
         super().__init__(allocator, page_size)
         self.storage = storage
         self.pack = pack
+        self.agree = agree  # a collective over the ranks (tp / cp > 1): every rank cleared before the answer
         self.ostats = OffloadStats()
 
     def insert(self, key: Sequence[int], value: torch.Tensor) -> int:
@@ -69,23 +71,28 @@ class OffloadingRadixCache(RadixCache):
         num_pages = min(len(key), value.numel()) // sp
         if num_pages == 0:
             return 0
-        written = 0
-        for i, name in enumerate(self.storage.page_hashes(key, num_pages)):
-            try:
-                if self.storage.exists(name):
-                    self.ostats.pages_present += 1
-                    continue
-                ok = self.storage.put(name, self.pack(value[i * sp : (i + 1) * sp]))
-            except Exception as err:  # noqa: BLE001 - a backend's error must not fail the request
-                logger.warning("HiCache decode offload: page %s not written (%s)", name[:16], err)
-                ok = False
-            if ok:
-                written += 1
-            else:
-                self.ostats.write_failures += 1
-                break  # a chain with a hole is unreadable past it: stop at the first failure
+        names = self.storage.page_hashes(key, num_pages)
+        try:
+            present = self.storage.exists_many(names)  # one call (Mooncake: one RPC) for the path
+        except Exception as err:  # noqa: BLE001 - a backend's error must not fail the request
+            logger.warning("HiCache decode offload: existence check failed (%s)", err)
+            present = [False] * num_pages
+        self.ostats.pages_present += sum(present)
+        try:
+            written, ok = write_missing(
+                self.storage, names, present, lambda i: self.pack(value[i * sp : (i + 1) * sp])
+            )
+        except Exception as err:  # noqa: BLE001 - a backend's error must not fail the request
+            logger.warning("HiCache decode offload: pages not written (%s)", err)
+            written, ok = 0, False
+        if not ok:  # the chain stops at the first page not written
+            self.ostats.write_failures += 1
         self.ostats.pages_written += written
         return written
+
+    def clear_storage(self) -> int:
+        """Delete this rank's pages (`/clear_hicache_storage_backend`); returns how many."""
+        return self.storage.clear()
 
     def stats(self) -> dict:
         out = {f"hicache_offload_{k}": v for k, v in asdict(self.ostats).items()}

@@ -121,7 +121,7 @@ def _offloading_cache(
     storage = _storage(
         args, _namespace(args, place, layout), place.page_size, lambda t: t // cp * layout.token_bytes()
     )
-    return OffloadingRadixCache(allocator, place.page_size, storage, pack)
+    return OffloadingRadixCache(allocator, place.page_size, storage, pack, place.agree)
 
 
 def create_prefix_cache(

@@ -30,7 +30,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
-from sglang.srt.mem_cache.hicache.page_store import PageStore
+from sglang.srt.mem_cache.hicache.page_store import PageStore, write_missing
 from sglang.srt.mem_cache.hicache.host_pool import HostKVPool
 from sglang.srt.mem_cache.hicache.pipeline import (
     Backup,
@@ -183,12 +183,7 @@ class HiRadixCache(RadixCache):
         if total <= p0:
             return
         names = self.storage.page_hashes(key, total)
-        pages: list[bytes] = []
-        for name in names[p0:]:
-            data = self.storage.get(name)
-            if data is None:
-                break
-            pages.append(data)
+        pages = self.storage.get_run(names[p0:])
         n = len(pages) if self.agree is None else self.agree(len(pages))
         query_id = None
         if self.peers is not None and n:  # pipeline: only what every stage can read
@@ -294,13 +289,17 @@ class HiRadixCache(RadixCache):
         if self._ops is not None:  # every stage writes the pages its own namespace lacks
             slots = torch.cat([n.value for n in path])
             self._record(StorePages(tokens[: end * sp], first, end, slots[: end * sp].tolist()))
-        for i in range(first, end):
-            if self.storage.exists(names[i]):
-                continue
-            if slots is None:
-                slots = torch.cat([n.value for n in path])
-            rows = slots[i * sp : (i + 1) * sp]
-            self.storage.put(names[i], self.host.pack(rows))
+        present = self.storage.exists_many(names[first:end])
+        if all(present):
+            return
+        rows = slots if slots is not None else torch.cat([n.value for n in path])
+        pack = self.host.pack
+        write_missing(
+            self.storage,
+            names[first:end],
+            present,
+            lambda i: pack(rows[(first + i) * sp : (first + i + 1) * sp]),
+        )
 
     def evict(self, num_tokens: int) -> int:
         """Free L1 slots from LRU unlocked L1 leaves: demote to L2, or drop when there is no copy."""

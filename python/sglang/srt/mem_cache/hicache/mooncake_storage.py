@@ -6,6 +6,8 @@ clients' segments (`global_segment_size` each, ours or a store service's such as
 `mooncake_client`) hold the bytes. Pages are named and framed as `page_store.py` describes; a
 page's key is `sglkv-<namespace hash[:16]>-<name>`, so `clear()` removes one namespace's pages
 (`remove_by_regex`) and every server of the same model and layout finds every other's pages.
+A path's pages move in batches (`batch_is_exist`, `put_batch`, `get_batch`: `batch_pages` pages
+per RPC, as many as the client's local buffer stages).
 
 Failure is a miss, never an error: the master found unreachable (a TCP probe at most once a
 second, or an RPC failure) counts `unreachable`, and for `retry_interval_s` every lookup is a miss
@@ -24,7 +26,7 @@ import re
 import socket
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from sglang.srt.mem_cache.hicache.mooncake_config import MooncakeConfig
 from sglang.srt.mem_cache.hicache.page_store import PageStore, StorageStats, frame, unframe
@@ -35,6 +37,7 @@ PROBE_INTERVAL_S = 1.0  # a connected client's master is probed at most this oft
 PROBE_TIMEOUT_S = 0.5
 RPC_FAIL = -900  # Mooncake's error code when the master does not answer
 STAGED_PAGES = 4  # the client's local buffer holds at least this many storage pages
+MAX_BATCH_PAGES = 64  # pages per batched read at most
 
 
 @dataclass
@@ -106,6 +109,10 @@ class MooncakeStorage(PageStore):
         self.stats = MooncakeStats()
         self.prefix = f"sglkv-{self._seed.hex()[:16]}-"
         self.local_buffer_size = max(config.local_buffer_size, STAGED_PAGES * (page_bytes + 64))
+        # pages per batched call: as many as the client's local buffer stages at once, its
+        # allocator rounding each page up by as much as 1/8 (a batch of more fails past the fit)
+        fit = self.local_buffer_size * 8 // (9 * (page_bytes + 64))
+        self.batch_pages = max(1, min(MAX_BATCH_PAGES, fit))
         self._connect, self._probe = connect, probe
         self._store: Any = None
         self._probed = self._retry_at = float("-inf")
@@ -181,6 +188,40 @@ class MooncakeStorage(PageStore):
         self.stats.pages_written += 1
         return True
 
+    def put_many(self, names: Sequence[str], payloads: Sequence[bytes]) -> int:
+        """One `put_batch` RPC per `batch_pages` pages (`upsert_batch` where a page failed its
+        check); a batch the store refuses (a page already there, a full segment: which landed is
+        not known) is written page by page. How many were written before the first failure."""
+        written = 0
+        for at in range(0, len(names), self.batch_pages):
+            chunk, data = names[at : at + self.batch_pages], payloads[at : at + self.batch_pages]
+            store = self._client()
+            if store is None:
+                self.stats.write_failures += 1
+                return written
+            write = store.upsert_batch if self._bad.intersection(chunk) else store.put_batch
+            if write([self.key(n) for n in chunk], [frame(p) for p in data]) != 0:
+                done = super().put_many(chunk, data)
+                written += done
+                if done < len(chunk):
+                    return written
+                continue
+            self._bad.difference_update(chunk)
+            self.stats.pages_written += len(chunk)
+            written += len(chunk)
+        return written
+
+    def exists_many(self, names: Sequence[str]) -> list[bool]:
+        """One `batch_is_exist` RPC for all of `names` (a page that failed its check counts as absent)."""
+        store = self._client()
+        if store is None or not names:
+            return [False] * len(names)
+        rcs = store.batch_is_exist([self.key(n) for n in names])
+        if len(rcs) != len(names) or (min(rcs) < 0 and not self._probe(self.config)):
+            self._down(f"looking up {len(names)} pages failed")
+            return [False] * len(names)
+        return [rc == 1 and n not in self._bad for n, rc in zip(names, rcs)]
+
     def get(self, name: str) -> Optional[bytes]:
         """The page's payload, or None: missing, unreadable, failed its check, or the store
         unreachable (all but a plain miss counted and logged)."""
@@ -188,7 +229,30 @@ class MooncakeStorage(PageStore):
         if store is None:
             self.stats.read_failures += 1
             return None
-        data = store.get(self.key(name))
+        return self._checked(store, name, store.get(self.key(name)))
+
+    def get_run(self, names: Sequence[str]) -> list[bytes]:
+        """The leading readable pages of `names`, `batch_pages` per `get_batch` RPC."""
+        out: list[bytes] = []
+        for at in range(0, len(names), self.batch_pages):
+            store = self._client()
+            if store is None:
+                self.stats.read_failures += 1
+                return out
+            chunk = names[at : at + self.batch_pages]
+            datas = store.get_batch([self.key(n) for n in chunk])
+            for name, data in zip(chunk, datas):
+                payload = self._checked(store, name, data)
+                if payload is None:
+                    return out
+                out.append(payload)
+            if len(datas) < len(chunk):
+                return out
+        return out
+
+    def _checked(self, store: Any, name: str, data: bytes) -> Optional[bytes]:
+        """The payload of the page `data` read for `name`; None (counted and logged unless a plain
+        miss) when there is none or it fails its check."""
         if not data:  # a miss, or a failure: the client answers both with no bytes
             if not self._probe(self.config):
                 self.stats.read_failures += 1

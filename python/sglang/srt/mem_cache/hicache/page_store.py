@@ -4,14 +4,16 @@ A page's name is the hash chain of the tokens up to and including it, seeded wit
 (model identity and layout: tp rank/size, pp stage, cp rank, dtype, page size, buffer shapes), so
 servers of another model or layout never read it. A stored page is `MAGIC + sha256(payload) +
 payload`; `unframe` gives the payload back, or None with the reason it is rejected. A backend
-(`FileStorage`, `MooncakeStorage`) is a `PageStore` with `exists`, `put`, `get` and `clear`.
+(`FileStorage`, `MooncakeStorage`) is a `PageStore` with `exists`, `put`, `get` and `clear`; the
+batch forms `exists_many`, `get_run` and `put_many` loop over them unless a backend has batch calls
+(Mooncake: `batch_pages` pages per call); `write_missing` writes a path's missing pages with them.
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 MAGIC = b"SGLKV1\n"
 _DIGEST = 32
@@ -44,11 +46,44 @@ def unframe(data: bytes) -> tuple[Optional[bytes], str]:
 class PageStore:
     """Names of a namespace's pages of `page_size` tokens, and the backend's counters."""
 
+    batch_pages = 1  # pages a batched call moves at once (payloads packed per batch by write_missing)
+
     def __init__(self, namespace: str, page_size: int):
         self.namespace = namespace
         self.page_size = page_size
         self._seed = hashlib.sha256(namespace.encode()).digest()
         self.stats = StorageStats()
+
+    def exists(self, name: str) -> bool:
+        raise NotImplementedError
+
+    def get(self, name: str) -> Optional[bytes]:
+        raise NotImplementedError
+
+    def put(self, name: str, payload: bytes) -> bool:
+        raise NotImplementedError
+
+    def put_many(self, names: Sequence[str], payloads: Sequence[bytes]) -> int:
+        """Write the pages in order; how many were written before the first failure."""
+        for i, (name, payload) in enumerate(zip(names, payloads)):
+            if not self.put(name, payload):
+                return i
+        return len(names)
+
+    def exists_many(self, names: Sequence[str]) -> list[bool]:
+        """Which of `names` the backend holds."""
+        return [self.exists(n) for n in names]
+
+    def get_run(self, names: Sequence[str]) -> list[bytes]:
+        """The payloads of the leading pages of `names` that can be read (up to the first miss or
+        failure: a hash chain is unreadable past a hole)."""
+        out: list[bytes] = []
+        for name in names:
+            data = self.get(name)
+            if data is None:
+                break
+            out.append(data)
+        return out
 
     def page_hashes(self, tokens: Sequence[int], num_pages: int) -> list[str]:
         """Names of the first `num_pages` pages of `tokens` (each chained on the previous)."""
@@ -58,3 +93,19 @@ class PageStore:
             prev = hashlib.sha256(prev + page).digest()
             out.append(prev.hex())
         return out
+
+
+def write_missing(
+    storage: PageStore, names: Sequence[str], present: Sequence[bool], pack: Callable[[int], bytes]
+) -> tuple[int, bool]:
+    """Write the pages of `names` not `present` (`pack(i)`: page i's payload), `batch_pages` at a
+    time, stopping at the first failure (a chain is unreadable past a hole): (written, all ok)."""
+    missing = [i for i, here in enumerate(present) if not here]
+    written = 0
+    for at in range(0, len(missing), storage.batch_pages):
+        chunk = missing[at : at + storage.batch_pages]
+        done = storage.put_many([names[i] for i in chunk], [pack(i) for i in chunk])
+        written += done
+        if done < len(chunk):
+            return written, False
+    return written, True

@@ -26,7 +26,7 @@ from typing import Callable, Optional, Union
 
 import torch
 
-from sglang.srt.mem_cache.hicache.page_store import PageStore
+from sglang.srt.mem_cache.hicache.page_store import PageStore, write_missing
 from sglang.srt.mem_cache.hicache.host_pool import HostKVPool
 
 logger = logging.getLogger(__name__)
@@ -130,10 +130,14 @@ class StageTiers:
             return
         sp, slots = self.storage.page_size, _ids(op.slots)
         names = self.storage.page_hashes(op.tokens, op.end)
-        for i in range(op.first, op.end):
-            if not self.storage.exists(names[i]):
-                rows = slots[i * sp : (i + 1) * sp]
-                self.storage.put(names[i], self.host.pack(rows))
+        present = self.storage.exists_many(names[op.first : op.end])
+        first, pack = op.first, self.host.pack
+        write_missing(
+            self.storage,
+            names[first : op.end],
+            present,
+            lambda i: pack(slots[(first + i) * sp : (first + i + 1) * sp]),
+        )
 
     def _load(self, op: LoadPages) -> None:
         pages = self.staged.pop(op.query_id, [])
@@ -151,12 +155,9 @@ class StageTiers:
             before = self.storage.stats.read_failures
             want = self.host.page_bytes(self.storage.page_size)
             names = self.storage.page_hashes(q.tokens, q.p0 + q.count)
-            for name in names[q.p0 :]:
-                data = self.storage.get(name)
-                if data is not None and len(data) != want:  # another page size under the name
+            for data in self.storage.get_run(names[q.p0 :]):
+                if len(data) != want:  # another page size under the name
                     self.storage.stats.read_failures += 1
-                    data = None
-                if data is None:
                     break
                 pages.append(data)
             failures = self.storage.stats.read_failures - before
