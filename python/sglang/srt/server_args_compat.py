@@ -21,10 +21,6 @@ from sglang.srt.server_args_cli import G_API, G_COMPAT, G_CP, G_LOGGING, G_MODEL
 DSA_CP_MODES = {"in-seq-split": "zigzag", "round-robin-split": "round-robin"}
 
 
-def _next(issue: int) -> str:
-    return f"not yet: issue {issue}"
-
-
 # Upstream flags this engine does not take: flag -> what to use instead, or which issue builds it.
 UPSTREAM_FLAGS = {
     "--constrained-json-whitespace-pattern": "xgrammar takes no whitespace pattern: use "
