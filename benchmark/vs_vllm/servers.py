@@ -201,7 +201,7 @@ def cpu_info() -> dict:
         "flags": isa_flags(effective),
         "emulated": kind != native_kind,
         "emulation_env": env,
-        "ours_auto_dtype": cpu.choose_dtype(effective).mode,
+        "ours_auto_dtype": cpu.choose_dtype().mode,  # as the server chooses (flags, vendor)
     }
 
 
