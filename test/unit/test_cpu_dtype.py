@@ -313,6 +313,15 @@ def test_prefill_attention_dtype_per_kind(monkeypatch, kind, want):
     assert dispatch.prefill_attention_dtype(torch.device("cpu"), torch.float32) == torch.float32
 
 
+@pytest.mark.parametrize("vendor, want", [("AuthenticAMD", torch.bfloat16), ("GenuineIntel", torch.float32)])
+def test_prefill_attention_dtype_by_vendor(monkeypatch, vendor, want):
+    """AMD's AVX512-BF16 keeps bf16 prefill attention (its bf16 dot products beat float32 FMAs)."""
+    monkeypatch.setattr(cpu, "_proc_cpu_vendor", lambda: vendor)
+    monkeypatch.setattr(cpu, "_proc_cpu_flags", lambda: frozenset(ZEN5.split()))
+    with fresh_platforms():
+        assert dispatch.prefill_attention_dtype(torch.device("cpu"), torch.bfloat16) == want
+
+
 def test_bf16_prefill_through_float32_matches_float32(monkeypatch):
     """The cpu backend's bf16 prefill on a non-AMX kind equals float32 SDPA on the same
     (bf16-rounded) inputs, rounded once to bf16 at the end: no bf16 probabilities in between."""

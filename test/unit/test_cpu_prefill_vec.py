@@ -165,8 +165,12 @@ def test_builds_without_vectors_refuse(ops):
         ops.prefill_attention_vec(q, q, q, 0.125)
 
 
+def _vec(*args, **kwargs):
+    return "vec"
+
+
 def _md(amx: bool, vec: bool):
-    kernels = SimpleNamespace(prefill_attention="amx", prefill_attention_vec="vec")
+    kernels = SimpleNamespace(prefill_attention="amx", prefill_attention_vec=_vec)
     return SimpleNamespace(prefill_kernel=amx, prefill_vec=vec, kernels=kernels)
 
 
@@ -181,9 +185,13 @@ def test_backend_picks_the_kernel_for_the_compute_dtype():
     pick = cpu_backend._prefill_kernel
     assert pick(_md(True, True), torch.bfloat16, bf64, bf64, bf64) == "amx"
     assert pick(_md(True, True), torch.bfloat16, bf128, bf128, bf128) is None  # AMX CPU: torch's bf16 SDPA
-    assert pick(_md(False, True), torch.float32, bf128, bf128, bf128) == "vec"  # bf16 without AMX
-    assert pick(_md(True, True), torch.float32, f64, f64, f64) == "vec"
+    assert pick(_md(False, True), torch.float32, bf128, bf128, bf128) is _vec  # bf16 without AMX
+    assert pick(_md(True, True), torch.float32, f64, f64, f64) is _vec
     assert pick(_md(False, False), torch.float32, f64, f64, f64) is None  # generic build
+    # bf16 compute (AMD's AVX512-BF16): the vector kernel's bf16_dot path, bf16 tensors only
+    dot = pick(_md(False, True), torch.bfloat16, bf128, bf128, bf128)
+    assert dot.func is _vec and dot.keywords == {"bf16_dot": True}
+    assert pick(_md(False, True), torch.bfloat16, f64, f64, f64) is None
     assert pick(_md(False, True), torch.float32, f64, f64, bf64) is None  # mixed dtypes
     odd = torch.zeros(3, 2, 96)
     assert pick(_md(False, True), torch.float32, odd, odd, odd) is None

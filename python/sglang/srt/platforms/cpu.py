@@ -157,20 +157,29 @@ def _proc_cpu_vendor() -> str:
 FAST_BF16_DOT_VENDORS = frozenset({"AuthenticAMD"})
 
 
+def effective_cpu_vendor() -> str:
+    """This CPU's vendor_id, or "" under SGLANG_CPU_FLAGS_OVERRIDE (an emulated kind has none)."""
+    from sglang.srt import envs
+
+    return "" if envs.SGLANG_CPU_FLAGS_OVERRIDE.get().strip() else _proc_cpu_vendor()
+
+
+def fast_bf16_dot(kind: str, vendor: str) -> bool:
+    """Whether bf16 dot products run faster than float32 FMAs on this CPU: AMX, or AVX512-BF16 of a
+    FAST_BF16_DOT_VENDORS vendor."""
+    return kind == "amx" or (kind == "avx512-bf16" and vendor in FAST_BF16_DOT_VENDORS)
+
+
 def choose_dtype(flags: Optional[Iterable[str]] = None, vendor: Optional[str] = None) -> CpuDtypeChoice:
     """`--dtype auto` on a CPU with these flags (default: effective_cpu_flags()) and vendor_id
     (default: this CPU's, or none under SGLANG_CPU_FLAGS_OVERRIDE: the override names an Intel-like
     kind)."""
-    from sglang.srt import envs
-
     kind = cpu_kind(effective_cpu_flags() if flags is None else flags)
     if vendor is None:
-        vendor = (
-            "" if flags is not None or envs.SGLANG_CPU_FLAGS_OVERRIDE.get().strip() else _proc_cpu_vendor()
-        )
+        vendor = "" if flags is not None else effective_cpu_vendor()
     if kind == "amx":
         return CpuDtypeChoice(kind, torch.bfloat16, "AMX-BF16 tiles: native bf16 GEMMs")
-    if kind == "avx512-bf16" and vendor in FAST_BF16_DOT_VENDORS:
+    if fast_bf16_dot(kind, vendor):
         return CpuDtypeChoice(
             kind,
             torch.bfloat16,
@@ -345,8 +354,12 @@ class CpuPlatform(Platform):
         float32 FMA rate on the Xeon measured, converting fallbacks on AVX2) and is 1.7x slower
         than converting q / k / v to float32 and back (a 4096-token causal prefill, 9 heads of
         64: 171 vs 103 ms per layer on 2 threads; benchmark/vs_vllm/sdpa_dtype.py, docs/notes/2026-11-vs-vllm.md). Float32 is also exact
-        where bf16 rounds the softmax probabilities."""
-        if dtype == torch.bfloat16 and cpu_kind(effective_cpu_flags()) != "amx":
+        where bf16 rounds the softmax probabilities. Where bf16 dot products beat float32 FMAs (AMX;
+        AMD's AVX512-BF16: `fast_bf16_dot`) bf16 attention stays bf16: the AMX kernel, or the vector
+        kernel's `bf16_dot` path (q.k and p.v by `vdpbf16ps`: 1.72x a 2K layer on a Zen 5)."""
+        if dtype == torch.bfloat16 and not fast_bf16_dot(
+            cpu_kind(effective_cpu_flags()), effective_cpu_vendor()
+        ):
             return torch.float32
         return dtype
 

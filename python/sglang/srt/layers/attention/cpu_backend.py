@@ -51,7 +51,7 @@ from sglang.srt.layers.attention.kv_source import (
 )
 from sglang.srt.layers.attention.ops import attend_prefix_and_chunk, causal_mask, lse_kernel_available
 from sglang.srt.layers.attention.cpu_cp_fresh import fused_fresh_attention
-from sglang.srt.layers.attention.cpu_kernel_fits import amx_prefill_fits, vec_prefill_fits
+from sglang.srt.layers.attention.cpu_kernel_fits import amx_prefill_fits, vec_prefill_kernel
 from sglang.srt.layers.attention.torch_native import TorchNativeAttnBackend, TorchNativeBatch
 from sglang.srt.mem_cache.kv_pool import FP8_KV_DTYPES
 
@@ -161,11 +161,12 @@ def _build_metadata(fb: "ForwardBatch") -> CPUMetadata:
 def _prefill_kernel(md: "CPUMetadata", compute_dtype: torch.dtype, *tensors: torch.Tensor) -> Optional[Any]:
     """The fused kernel that runs causal prefill attention over these tensors (q / k / v, and the
     pool buffers for a cached prefix), or None for SDPA: the AMX one for bf16 head dim 64 where the
-    CPU has AMX; the float32 vector one where attention computes in float32 anyway."""
+    CPU has AMX; the vector one (`vec_prefill_kernel`) otherwise."""
     if md.prefill_kernel and amx_prefill_fits(*tensors):
         return md.kernels.prefill_attention
-    if md.prefill_vec and compute_dtype == torch.float32 and vec_prefill_fits(*tensors):
-        return md.kernels.prefill_attention_vec
+    # bf16 compute on an AMX CPU stays with SDPA (oneDNN's AMX) where the AMX kernel does not fit
+    if md.prefill_vec and (compute_dtype == torch.float32 or not md.prefill_kernel):
+        return vec_prefill_kernel(md.kernels.prefill_attention_vec, compute_dtype, *tensors)
     return None
 
 

@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from sglang.srt.layers.attention.ops import contiguous_runs
-from sglang.srt.layers.attention.cpu_kernel_fits import amx_prefill_fits, vec_prefill_fits
+from sglang.srt.layers.attention.cpu_kernel_fits import amx_prefill_fits, vec_prefill_kernel
 from sglang.srt.platforms.kernel_dispatch import kernels_for_device, prefill_attention_dtype
 
 # (q [n, H, D], q_pos [n] ascending, k [N, Hk, D], v [N, Hk, Dv], scale) -> out [n, H, Dv] or None
@@ -28,12 +28,12 @@ FreshAttention = Callable[
 
 def _kernel_for(kernels: Any, q: torch.Tensor, *tensors: torch.Tensor) -> Optional[Any]:
     """The fused kernel these tensors fit on this device, or None (the reference path runs)."""
-    if bool(kernels.prefill_attention_supported()) and amx_prefill_fits(q, *tensors):
+    amx = bool(kernels.prefill_attention_supported())
+    if amx and amx_prefill_fits(q, *tensors):
         return kernels.prefill_attention
     compute = prefill_attention_dtype(q.device, q.dtype)
-    if compute == torch.float32 and bool(kernels.prefill_attention_vec_supported()):
-        if vec_prefill_fits(q, *tensors):
-            return kernels.prefill_attention_vec
+    if bool(kernels.prefill_attention_vec_supported()) and (compute == torch.float32 or not amx):
+        return vec_prefill_kernel(kernels.prefill_attention_vec, compute, q, *tensors)  # (bf16 on AMX: SDPA)
     return None
 
 

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import functools
+from typing import Any, Optional
+
 import torch
 
 from sglang.srt.mem_cache.kv_pool import FP8_KV_DTYPES
@@ -34,3 +37,17 @@ def vec_prefill_fits(*tensors: torch.Tensor) -> bool:
         t.dtype == dtype and t.shape[-1] in (64, 128) and t.stride(-1) == 1 and t.stride(-2) == t.shape[-1]
         for t in tensors
     )
+
+
+def vec_prefill_kernel(vec: Any, compute_dtype: torch.dtype, *tensors: torch.Tensor) -> Optional[Any]:
+    """`vec` (`prefill_attention_vec`, where the build has it) as it takes these tensors at this
+    compute dtype: float32 compute (bf16 or float32 tensors, widened in the kernel), or bf16 compute
+    over bf16 tensors only (its `bf16_dot` path: q.k and p.v by bf16 dot products in the avx512bf16
+    build, float32 elsewhere); None where it does not fit."""
+    if not vec_prefill_fits(*tensors):
+        return None
+    if compute_dtype == torch.float32:
+        return vec
+    if compute_dtype == torch.bfloat16 and all(t.dtype == torch.bfloat16 for t in tensors):
+        return functools.partial(vec, bf16_dot=True)
+    return None
