@@ -12,6 +12,8 @@ cp 2 of a 16K prompt gained only 1.29x over cp 1, whose prefill used the fused k
 
 from __future__ import annotations
 
+import functools
+
 from typing import Any, Callable, Optional
 
 import torch
@@ -35,6 +37,13 @@ def _kernel_for(kernels: Any, q: torch.Tensor, *tensors: torch.Tensor) -> Option
     if bool(kernels.prefill_attention_vec_supported()) and (compute == torch.float32 or not amx):
         return vec_prefill_kernel(kernels.prefill_attention_vec, compute, q, *tensors)  # (bf16 on AMX: SDPA)
     return None
+
+
+def _same_kernel(a: Optional[Any], b: Any) -> bool:
+    """Whether `a` is the kernel `b` (a `bf16_dot` partial is made anew at each lookup)."""
+    if isinstance(a, functools.partial) and isinstance(b, functools.partial):
+        return a.func is b.func and a.keywords == b.keywords
+    return a is b
 
 
 def fused_fresh_attention(
@@ -61,7 +70,7 @@ def fused_fresh_attention(
             continue
         if k_major is None:  # the prefix rows read in place as from the pool: [Hk, N, D]
             k_major, v_major = k.transpose(0, 1).contiguous(), v.transpose(0, 1).contiguous()
-            if _kernel_for(kernels, q, k, v, k_major, v_major) is not kernel:
+            if not _same_kernel(_kernel_for(kernels, q, k, v, k_major, v_major), kernel):
                 return None
         prefix = torch.arange(a, dtype=torch.int64)
         kernel(q[s:e], k[a:b], v[a:b], scale, k_major, v_major, prefix, out=out[s:e])
