@@ -5,10 +5,14 @@ differs). The FP8 linears keep 1-byte weights with their block scales."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 
-from sglang.srt.layers.quantization.fp8_block import FP8_DTYPE
+from sglang.srt.layers.quantization.fp8_block import FP8_DTYPE, is_power_of_two
 from sglang.test.scheduler_harness import SchedulerHarness
 from sglang.test.tiny_fp8_models import save_fp8_pair
 
@@ -56,3 +60,22 @@ def test_fp8_checkpoint_matches_dequantized_float32(pair):
         assert ours.outputs[rid] == ref.outputs[rid]
         diff = max(float((a - b).abs().max()) for a, b in zip(ours.logits[rid], ref.logits[rid]))
         assert diff <= LOGIT_TOL, f"{rid}: logits max abs diff {diff}"
+
+
+def test_ue8m0_checkpoint_matches_dequantized_and_checks_its_scales(tmp_path):
+    """`scale_fmt: ue8m0` (V3.1 / V3.2's checkpoints: power-of-two block scales): served like any FP8
+    checkpoint, identical to its own dequantized twin; a checkpoint that says ue8m0 but carries a
+    scale that is not a power of two is refused at load, naming the tensor."""
+    fp8_dir, deq_dir = save_fp8_pair(tmp_path / "ue8m0", scale_fmt="ue8m0")
+    with safe_open(os.path.join(fp8_dir, "model.safetensors"), framework="pt") as f:
+        tensors = {name: f.get_tensor(name) for name in f.keys()}
+    scales = [name for name in tensors if name.endswith("_scale_inv")]
+    assert scales and all(is_power_of_two(tensors[n]) for n in scales)
+    ref, ours = _run(deq_dir), _run(fp8_dir)
+    for rid in ref.outputs:
+        assert ours.outputs[rid] == ref.outputs[rid]
+    bad = sorted(scales)[0]
+    tensors[bad] = tensors[bad] * 1.5  # no longer a power of two
+    save_file(tensors, os.path.join(fp8_dir, "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=rf"{bad}: quantization_config says scale_fmt ue8m0"):
+        SchedulerHarness(model_path=fp8_dir, max_total_tokens=512)

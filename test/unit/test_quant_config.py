@@ -16,6 +16,7 @@ from sglang.srt.layers.quantization.fp8_block import (
     block_dequant,
     block_quantize,
     fp8_block_linear,
+    is_power_of_two,
 )
 
 FP8_CFG = {
@@ -45,6 +46,29 @@ def test_quant_config_accepts_fp8_and_refuses_others():
         quant_spec_from_config({}, "fp8")
     with pytest.raises(ValueError, match="weight_block_size"):
         quant_spec_from_config({"quantization_config": {"quant_method": "fp8"}})
+
+
+def test_fp8_scale_fmt_and_activation_scheme():
+    """V3.1 / V3.2's `scale_fmt: ue8m0` is accepted (and kept in the spec, checked at load); another
+    scale format, or static activation scales, are refused by name."""
+    spec = quant_spec_from_config({"quantization_config": {**FP8_CFG, "scale_fmt": "ue8m0"}})
+    assert spec.method == "fp8" and spec.scale_fmt == "ue8m0"
+    assert quant_spec_from_config({"quantization_config": FP8_CFG}).scale_fmt is None
+    with pytest.raises(ValueError, match="fp8 scale_fmt 'e5m2' is not supported"):
+        quant_spec_from_config({"quantization_config": {**FP8_CFG, "scale_fmt": "e5m2"}})
+    with pytest.raises(ValueError, match="fp8 activation_scheme 'static' is not supported"):
+        quant_spec_from_config({"quantization_config": {**FP8_CFG, "activation_scheme": "static"}})
+
+
+def test_ue8m0_block_quantize_rounds_scales_up_to_powers_of_two():
+    torch.manual_seed(5)
+    w = torch.randn(48, 40) * 0.7
+    q, s = block_quantize(w, (16, 16), "ue8m0")
+    q0, s0 = block_quantize(w, (16, 16))
+    assert is_power_of_two(s) and not is_power_of_two(s0)
+    assert bool((s >= s0).all()) and bool((s < 2 * s0).all())  # rounded up: no block saturates
+    assert float(q.float().abs().max()) <= 448.0
+    assert float((block_dequant(q, s, (16, 16)) - w).abs().max()) <= float(w.abs().max()) * 2**-2
 
 
 def test_deepseek_model_refuses_unsupported_method_before_loading():

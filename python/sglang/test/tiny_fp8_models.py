@@ -10,6 +10,7 @@ router (`mlp.gate`) and the indexer's `weights_proj`; embeddings, LM head and no
 from __future__ import annotations
 
 import os
+from typing import Optional
 
 from sglang.srt.layers.quantization.fp8_block import block_dequant, block_quantize
 from sglang.test.quantized_checkpoints import write_quantized_pair
@@ -27,12 +28,15 @@ def is_quantized(name: str, ndim: int) -> bool:
     ) or (ndim == 2 and name.endswith((".wq_b.weight", ".wk.weight")))
 
 
-def save_fp8_pair(out_dir, block: tuple[int, int] = BLOCK) -> tuple[str, str]:
-    """(fp8 checkpoint dir, dequantized float32 checkpoint dir) of the tiny V3.2."""
+def save_fp8_pair(
+    out_dir, block: tuple[int, int] = BLOCK, scale_fmt: Optional[str] = None
+) -> tuple[str, str]:
+    """(fp8 checkpoint dir, dequantized float32 checkpoint dir) of the tiny V3.2; `scale_fmt="ue8m0"`:
+    power-of-two block scales and `scale_fmt` in the config, as V3.1 / V3.2 ship."""
     src = save_tiny_v32(os.path.join(str(out_dir), "src"))
 
     def quantize(name, t):
-        q, s = block_quantize(t, block)
+        q, s = block_quantize(t, block, scale_fmt)
         return {"": q, "_scale_inv": s}, block_dequant(q, s, block, t.dtype)
 
     config = {
@@ -41,4 +45,6 @@ def save_fp8_pair(out_dir, block: tuple[int, int] = BLOCK) -> tuple[str, str]:
         "weight_block_size": list(block),
         "activation_scheme": "dynamic",
     }
+    if scale_fmt is not None:
+        config["scale_fmt"] = scale_fmt
     return write_quantized_pair(src, out_dir, "fp8", lambda n, t: is_quantized(n, t.dim()), quantize, config)

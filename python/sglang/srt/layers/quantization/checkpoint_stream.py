@@ -79,6 +79,9 @@ class QuantCheckpointStream:
     def dequant(self, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    def check_scale(self, name: str, scale: torch.Tensor) -> None:
+        """A format's check of each scale tensor as it arrives (ValueError naming it); none here."""
+
     def __call__(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
         suffix = ".weight" + self.scale_suffix
         for name, tensor in weights:
@@ -90,6 +93,8 @@ class QuantCheckpointStream:
                 self._check_float(name)
                 yield name, tensor
                 continue
+            if is_scale:
+                self.check_scale(name, tensor)
             weight_name = name[: -len(self.scale_suffix)] if is_scale else name
             expert = match_expert_weight(weight_name)
             if (

@@ -1,7 +1,10 @@
 """`quantization_config` (config.json) and `--quantization`, checked against each other at start-up.
 
 Supported:
-- `fp8` with 2-D block scales (`weight_block_size`, DeepSeek-V3 / V3.1 / V3.2's format);
+- `fp8` with 2-D block scales (`weight_block_size`, DeepSeek-V3 / V3.1 / V3.2's format), dynamic
+  activations; `scale_fmt: ue8m0` (V3.1 / V3.2: every block scale a power of two, still stored as
+  float32) is accepted and checked at load (`fp8_load.py`); other scale formats and
+  `activation_scheme: static` are refused;
 - `w8a8_int8` (SGLang's format: int8 weights with a per-output-channel `weight_scale`, activations
   quantized per token at run time, both symmetric), and `compressed-tensors` checkpoints of the same
   scheme (llm-compressor's W8A8-INT8: `format: int-quantized`, weights int8 `strategy: channel`,
@@ -33,6 +36,7 @@ class QuantSpec:
     method: str
     weight_block_size: Optional[tuple[int, int]] = None
     activation_scheme: str = "dynamic"
+    scale_fmt: Optional[str] = None  # fp8: "ue8m0" = every block scale a power of two
     source: str = field(default="", compare=False)
 
 
@@ -77,7 +81,7 @@ def quant_spec_from_config(hf_config: Any, flag: Optional[str] = None) -> Option
     if method == "fp8":
         spec = _fp8_spec(qc)
     elif method == W8A8_INT8:
-        spec = QuantSpec(W8A8_INT8, None, "dynamic", method)
+        spec = QuantSpec(W8A8_INT8, source=method)
     else:
         spec = _compressed_tensors_spec(qc)
     if flag is not None and flag not in (method, spec.method):
@@ -95,9 +99,17 @@ def _fp8_spec(qc: Mapping) -> QuantSpec:
     fmt = str(qc.get("fmt", "e4m3")).lower()
     if fmt != "e4m3":
         raise ValueError(f"fp8 format {fmt!r} is not supported (e4m3 only)")
-    return QuantSpec(
-        "fp8", (int(block[0]), int(block[1])), str(qc.get("activation_scheme", "dynamic")), "fp8"
-    )
+    scheme = str(qc.get("activation_scheme", "dynamic")).lower()
+    if scheme != "dynamic":
+        raise ValueError(
+            f"fp8 activation_scheme {scheme!r} is not supported (dynamic only: no static input_scale)"
+        )
+    scale_fmt = qc.get("scale_fmt")
+    if scale_fmt is not None and str(scale_fmt).lower() != "ue8m0":
+        raise ValueError(f"fp8 scale_fmt {scale_fmt!r} is not supported (float32 scales, or ue8m0)")
+    block_size = (int(block[0]), int(block[1]))
+    ue8m0 = None if scale_fmt is None else "ue8m0"
+    return QuantSpec("fp8", block_size, scheme, ue8m0, source="fp8")
 
 
 def _compressed_tensors_spec(qc: Mapping) -> QuantSpec:
@@ -121,4 +133,4 @@ def _compressed_tensors_spec(qc: Mapping) -> QuantSpec:
             raise ValueError(
                 f"compressed-tensors config group {name!r}: {', '.join(bad)} is not supported; {_SUPPORTED_TEXT}"
             )
-    return QuantSpec(W8A8_INT8, None, "dynamic", "compressed-tensors")
+    return QuantSpec(W8A8_INT8, source="compressed-tensors")

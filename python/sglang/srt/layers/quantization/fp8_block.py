@@ -58,8 +58,17 @@ def block_dequant(
     return (weight.float() * expand_scales(scale_inv.float(), (n, k), block)).to(dtype)
 
 
-def block_quantize(w: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """DeepSeek's block quantization of a 2-D weight: (float8_e4m3fn weight, float32 scale_inv)."""
+def is_power_of_two(scale: torch.Tensor) -> bool:
+    """Every value a positive power of two (a ue8m0 scale: an exponent, no mantissa bits)."""
+    mantissa, _ = torch.frexp(scale.float())
+    return bool(((mantissa == 0.5) & (scale > 0)).all())
+
+
+def block_quantize(
+    w: torch.Tensor, block: tuple[int, int], scale_fmt: Optional[str] = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek's block quantization of a 2-D weight: (float8_e4m3fn weight, float32 scale_inv);
+    `scale_fmt="ue8m0"` rounds each scale up to a power of two (V3.1 / V3.2's checkpoints)."""
     n, k = w.shape
     bn, bk = block
     nb, kb = _ceil_div(n, bn), _ceil_div(k, bk)
@@ -68,6 +77,8 @@ def block_quantize(w: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tenso
     blocks = padded.view(nb, bn, kb, bk)
     scale_inv = blocks.abs().amax(dim=(1, 3)) / FP8_MAX
     scale_inv = torch.where(scale_inv > 0, scale_inv, torch.ones_like(scale_inv))
+    if scale_fmt == "ue8m0":
+        scale_inv = torch.exp2(torch.ceil(torch.log2(scale_inv)))
     q = (blocks / scale_inv[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return q.view(nb * bn, kb * bk)[:n, :k].contiguous(), scale_inv
 

@@ -13,7 +13,12 @@ from torch import nn
 from sglang.srt.layers.linear import LinearBase, QKVParallelLinear
 from sglang.srt.layers.quantization.checkpoint_stream import QuantCheckpointStream
 from sglang.srt.layers.quantization.config import QuantSpec
-from sglang.srt.layers.quantization.fp8_block import FP8_DTYPE, Fp8BlockLinearMethod, block_dequant
+from sglang.srt.layers.quantization.fp8_block import (
+    FP8_DTYPE,
+    Fp8BlockLinearMethod,
+    block_dequant,
+    is_power_of_two,
+)
 from sglang.srt.layers.quantization.fp8_moe import Fp8BlockMoEMethod
 
 SCALE_SUFFIX = "_scale_inv"  # "<module>.weight_scale_inv" beside "<module>.weight"
@@ -35,6 +40,7 @@ class Fp8CheckpointStream(QuantCheckpointStream):
         params: dict[str, nn.Parameter],
     ):
         self.method = Fp8BlockLinearMethod(spec.weight_block_size)
+        self.scale_fmt = spec.scale_fmt
         self.moe_method = Fp8BlockMoEMethod(spec.weight_block_size)
         super().__init__(model, stacked, in_stage, params)
 
@@ -43,6 +49,15 @@ class Fp8CheckpointStream(QuantCheckpointStream):
 
     def dequant(self, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         return block_dequant(weight, scale, self.method.block)
+
+    def check_scale(self, name: str, scale: torch.Tensor) -> None:
+        """`scale_fmt: ue8m0`: every block scale must be a power of two (the format stores only an
+        exponent; a checkpoint that says so but carries other scales is refused, not served)."""
+        if self.scale_fmt == "ue8m0" and not is_power_of_two(scale):
+            raise ValueError(
+                f"{name}: quantization_config says scale_fmt ue8m0, but this scale has values that are "
+                "not powers of two"
+            )
 
 
 def refuse_scales(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
