@@ -117,8 +117,14 @@ def test_gather_segment_flag_reaches_the_layout():
 
     args = prepare_server_args(["--model-path", "m", "--cp-kv-gather-segment", "777"])
     assert args.cp_kv_gather_segment == 777
-    assert prepare_server_args(["--model-path", "m"]).cp_kv_gather_segment == 16384
-    rt = CPRuntime.from_server_args(SimpleNamespace(page_size=1, cp_kv_gather_segment=777), _Group())
+    assert prepare_server_args(["--model-path", "m"]).cp_kv_gather_segment is None
+    unset = SimpleNamespace(page_size=1, cp_kv_gather_segment=None)
+    # not given: 16K-row rounds for MHA; one gather for MLA / DSA (rounds cost more there: measured)
+    assert CPRuntime.from_server_args(unset, _Group()).kv_gather_segment == 16384
+    assert CPRuntime.from_server_args(unset, _Group(), None, "mla").kv_gather_segment == 0
+    given = SimpleNamespace(page_size=1, cp_kv_gather_segment=777)
+    assert CPRuntime.from_server_args(given, _Group(), None, "mla").kv_gather_segment == 777
+    rt = CPRuntime.from_server_args(given, _Group())
     probe = CPProbe()
     batch = SimpleNamespace(cp_layout=None, extend_seq_lens_cpu=[9, 1], extend_prefix_lens_cpu=[20, 5])
     layout = dataclasses.replace(rt, probe=probe).attach(batch)

@@ -29,11 +29,13 @@ class ParallelArgs:
     cp_kv_cache_interleave_size: int = arg(
         1, "Consecutive tokens stored on one CP rank's KV cache before the next rank's.", G_CP
     )
-    cp_kv_gather_segment: int = arg(
-        16384,
+    cp_kv_gather_segment: Optional[int] = arg(
+        None,
         "Most cached-prefix KV rows a CP rank gathers per round over a long prefix (rounds merged by LSE; "
-        "0 = the whole prefix at once). 16K: a 128K prefix takes 8 rounds, 1/8 of the gather buffer.",
+        "0 = the whole prefix at once).",
         G_CP,
+        default_text="16384 for MHA models; 0 for MLA / DSA, whose per-round partials (and DSA's running "
+        "top-k) cost more memory and time than the rows they save (docs/context_parallel.md)",
     )
     cp_min_split_tokens: Optional[int] = arg(
         None,

@@ -21,6 +21,14 @@ if TYPE_CHECKING:
     from sglang.srt.distributed.group_coordinator import GroupCoordinator
 
 
+# `--cp-kv-gather-segment` when not given. MLA / DSA: 0 (one gather). A round's partial result per
+# own query ([heads, latent] float32, merged by LSE) and DSA's running top-k candidates ([index_topk]
+# scores and positions per query) outweigh the latent rows a round saves until the prefix is
+# ~100x the chunk's own queries: on the V3.2 dummy at 128K (chunk 16K, cp 2 x pp 2) 16K-row
+# rounds took 1.5x the peak memory and 1.8x the time of one gather (docs/context_parallel.md).
+SEGMENT_BY_KIND = {"mha": 16384, "mla": 0}
+
+
 @dataclass(frozen=True)
 class CPRuntime:
     """What a model runner needs for CP: the cp group, the split strategy and the slot mapping;
@@ -40,17 +48,20 @@ class CPRuntime:
 
     @staticmethod
     def from_server_args(
-        server_args: Any, group: "GroupCoordinator", platform: Any = None
+        server_args: Any, group: "GroupCoordinator", platform: Any = None, attention_kind: str = "mha"
     ) -> Optional["CPRuntime"]:
         """None when the cp group has one rank. `--cp-min-split-tokens` when given, else
-        `SGLANG_CP_MIN_SPLIT_TOKENS`, else the platform's `cp_min_split_tokens` (None: 0)."""
+        `SGLANG_CP_MIN_SPLIT_TOKENS`, else the platform's `cp_min_split_tokens` (None: 0).
+        `--cp-kv-gather-segment` when given, else by the model's `attention_kind` (`SEGMENT_BY_KIND`)."""
         if group.size == 1:
             return None
         strategy = getattr(server_args, "cp_strategy", "zigzag")
         if strategy not in CP_STRATEGIES:
             raise ValueError(f"--cp-strategy must be one of {list(CP_STRATEGIES)}, got {strategy!r}")
         interleave = int(getattr(server_args, "cp_kv_cache_interleave_size", 1) or 1)
-        segment = int(getattr(server_args, "cp_kv_gather_segment", 0) or 0)
+        segment = getattr(server_args, "cp_kv_gather_segment", None)
+        if segment is None:
+            segment = SEGMENT_BY_KIND.get(attention_kind, SEGMENT_BY_KIND["mha"])
         if segment < 0:
             raise ValueError(f"--cp-kv-gather-segment must be >= 0 (0: no cap), got {segment}")
         min_split = getattr(server_args, "cp_min_split_tokens", None)
