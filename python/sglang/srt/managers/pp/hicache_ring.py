@@ -10,11 +10,19 @@ queries travel the ring in order with the micro-batches.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import signal
+import threading
+from typing import Iterator
+
 from sglang.srt.distributed.p2p import Message
 from sglang.srt.distributed.parallel_state import ParallelGroups
 from sglang.srt.distributed.pp_comm import PPComm
 from sglang.srt.managers.pp.messages import MsgType
 from sglang.srt.mem_cache.hicache.pipeline import AskRing, StageTiers, StorageQuery
+
+logger = logging.getLogger(__name__)
 
 
 def send_tier_ops(comm: PPComm, ops: list) -> None:
@@ -38,8 +46,18 @@ def ring_ask(comm: PPComm, groups: ParallelGroups) -> AskRing:
     return ask
 
 
+class Terminated(SystemExit):
+    """SIGTERM on a later stage, raised where it cannot cut a TIERS replay short."""
+
+
 class StageHiCache:
-    """A later stage's end: replays TIERS, answers QUERY, passes both on."""
+    """A later stage's end: replays TIERS, answers QUERY, passes both on.
+
+    A server's processes are stopped by SIGTERM, not by STOP round the ring. Stage 0 sends a
+    finished request's tier copies before its answer, so when the client has the answer and stops
+    the server, this stage may still hold them unreplayed (its L3 pages then missing after a
+    restart). `sigterm_drains()` makes SIGTERM end the stage only between messages, after it
+    replayed every TIERS already received."""
 
     KINDS = (MsgType.TIERS, MsgType.QUERY)
 
@@ -47,12 +65,18 @@ class StageHiCache:
         self.tiers = tiers
         self.comm = comm
         self.is_last = is_last
+        self._busy = False  # replaying TIERS: a SIGTERM now waits for the end of it
+        self._term = False
 
     def handle(self, msg: Message) -> None:
         if msg.kind == MsgType.TIERS:
-            self.tiers.apply(msg.obj)
-            if not self.is_last:
-                self.comm.send_next(MsgType.TIERS, msg.mb_id, msg.obj).wait()
+            self._busy = True
+            try:
+                self._replay(msg)
+            finally:
+                self._busy = False
+            if self._term:
+                raise Terminated(0)
             return
         answer = self.tiers.answer(msg.obj)
         if not self.is_last:
@@ -61,3 +85,41 @@ class StageHiCache:
         sent = self.comm.send_return(MsgType.ANSWER, msg.mb_id, answer)
         if sent is not None:
             sent.wait()
+
+    def _replay(self, msg: Message) -> None:
+        self.tiers.apply(msg.obj)
+        if not self.is_last:
+            self.comm.send_next(MsgType.TIERS, msg.mb_id, msg.obj).wait()
+
+    @contextlib.contextmanager
+    def sigterm_drains(self) -> Iterator[None]:
+        """Within: SIGTERM replays the TIERS this stage has received, then exits (status 0). Only
+        in the main thread (a test's thread-run stage keeps the default)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def on_term(signum, frame) -> None:
+            self._term = True
+            if not self._busy:
+                raise Terminated(0)
+
+        previous = signal.signal(signal.SIGTERM, on_term)
+        try:
+            yield
+        except Terminated:
+            self._drain()
+            raise
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    def _drain(self) -> None:
+        """Replay what is queued; a later peer already gone ends the pass-on, not the replay."""
+        while (msg := self.comm.inbox.take(MsgType.TIERS, block=False)) is not None:
+            self.tiers.apply(msg.obj)
+            if self.is_last:
+                continue
+            try:
+                self.comm.send_next(MsgType.TIERS, msg.mb_id, msg.obj).wait()
+            except Exception as err:  # noqa: BLE001 - on the way out: this stage's writes are done
+                logger.warning("pipeline stage: tier copies not passed on at shutdown (%s)", err)

@@ -107,7 +107,15 @@ class PPStageWorker:
         self.num_micro_batches = 0
 
     def run(self, stop=None) -> None:
-        """Serve micro-batches until STOP comes down the ring (`stop` is unused: stage 0 decides)."""
+        """Serve micro-batches until STOP comes down the ring (`stop` is unused: stage 0 decides);
+        with HiCache, a SIGTERM first replays the tier copies received (`StageHiCache`)."""
+        if self.hicache is None:
+            self._serve()
+            return
+        with self.hicache.sigterm_drains():
+            self._serve()
+
+    def _serve(self) -> None:
         while True:
             with self.tracer.span("recv wait") as wait:
                 msg = self._next_message()
