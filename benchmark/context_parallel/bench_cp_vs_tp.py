@@ -1,20 +1,35 @@
-"""The seeds' thesis at equal ranks: context parallelism vs tensor parallelism for DSA prefill at
-long context (issue 27; seed 000 claims CP beats TP because TP repeats the Lightning Indexer on
+"""The seeds' thesis at equal ranks: context parallelism vs tensor and pipeline parallelism for DSA
+at long context (issue 27; seed 000 claims CP beats TP because TP repeats the Lightning Indexer on
 every rank while CP splits it).
 
 The dummy DeepSeek-V3.2 of benchmark/dsa/run.py (2 layers, hidden 1024, 16 heads, latent 256+64,
-indexer 16x64, index_topk 2048, float32, dense MLP), model only (no scheduler), the `dsa` backend,
-one torch thread per rank, one prompt of `--tokens` tokens prefilled in one forward:
-- cp 1: one rank;
-- tp 2: two ranks, attention heads and MLP split (the indexer and its top-k replicated: each rank
-  scores every query against every key);
-- cp 2: two ranks, the prompt's tokens split zigzag (each rank scores its own queries).
-Per rank: wall time, thread CPU time, and the time inside the indexer, the sparse attention and
-the collectives (all-reduce / all-gather / the CP row exchange waits), so the breakdown shows
-where TP repeats work. Prints a markdown table and, per length, prefill throughput
-(tokens / slowest rank's time) of tp 2 and cp 2 over cp 1.
+indexer 16x64, index_topk 2048, float32, dense MLP), the `dsa` backend, one torch thread per rank.
+Every row is measured the same way: the model alone on spawned gloo ranks (CPForwardHarness, no
+scheduler, no engine), rank code in cp_vs_tp_ranks.py. Layouts (`--layouts`):
+- cp1: one rank, the prompt in one forward;
+- tp2: two ranks, attention heads and MLP split (the indexer and its top-k replicated: each rank
+  scores every query against every key), one forward;
+- cp2: two ranks, the prompt's tokens split zigzag (each rank scores its own queries), one forward;
+- pp2: two ranks, one layer per stage; the prompt prefilled in chunks of `--pp-chunk` tokens over
+  the cached prefix, pipelined (stage 1 runs chunk i while stage 0 runs chunk i+1; sends
+  asynchronous, at most 2 in flight, as the engine's ring);
+- cp1-chunked: one rank, the prompt in chunks of `--pp-chunk` (what chunking alone costs; pp2's
+  one-rank reference).
 
-    python benchmark/context_parallel/bench_cp_vs_tp.py [--tokens 16384 32768] [--repeats 1] [--quick]
+Prefill (`--tokens`): best of `--repeats` after a short warm-up; TTFT = the slowest rank's time,
+throughput = tokens / TTFT. Decode (`--decode-batch B --decode-context L`): B requests each holding
+L cached tokens (the pool sized to exactly that, plus room for the steps: full), the rows random
+instead of a prefill (benchmark/dsa/run.py's `decode_pool`: a step's cost does not depend on where
+the rows came from), then `--decode-steps` timed steps, the median reported; tokens/s = B / the
+slowest rank's median step. pp2 decodes the batch as 2 micro-batches kept in flight (stage 0 runs
+a micro-batch's next step once stage 1 has returned its ids), a step = one round of both.
+
+Per rank: wall time, thread CPU time, and the time inside the indexer, the sparse attention,
+communication (collectives, the CP row exchange, pipeline receives / send waits, so a rank's wait
+for its peer is here) and the rest ("other": projections, MLP, norms, LM head).
+
+    python benchmark/context_parallel/bench_cp_vs_tp.py [--tokens 16384 32768] [--repeats 1]
+        [--layouts cp1 tp2 cp2 pp2] [--pp-chunk 4096] [--decode-batch 64 --decode-context 32768] [--quick]
 """
 
 from __future__ import annotations
@@ -22,105 +37,153 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
-from collections import defaultdict
 
 from tqdm import tqdm
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "dsa"))
-from run import QUICK, SHAPE, _harness, _instrument, _setup, spawn  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cp_vs_tp_ranks import decode_rank, prefill_rank  # noqa: E402
+from run import SHAPE, spawn  # noqa: E402
 
-COMM = [
-    ("sglang.srt.distributed.group_coordinator", "GroupCoordinator", "all_reduce"),
-    ("sglang.srt.distributed.group_coordinator", "GroupCoordinator", "all_gather"),
-    ("sglang.srt.distributed.group_coordinator", "GroupCoordinator", "reduce_scatter"),
-    ("sglang.srt.layers.cp_exchange", "PendingGather", "wait"),
-]
-
-
-def _instrument_comm(totals: dict[str, float]) -> None:
-    import importlib
-
-    for module_name, cls_name, attr in COMM:
-        owner = getattr(importlib.import_module(module_name), cls_name)
-        fn = getattr(owner, attr)
-
-        def timed(*args, __fn=fn, **kwargs):
-            start = time.perf_counter()
-            try:
-                return __fn(*args, **kwargs)
-            finally:
-                totals["comm"] += time.perf_counter() - start
-
-        setattr(owner, attr, timed)
+# name: (ranks, run.py _setup mode, chunked prefill)
+LAYOUTS = {
+    "cp1": (1, "cp", False),
+    "tp2": (2, "tp", False),
+    "cp2": (2, "cp", False),
+    "pp2": (2, "pp", True),
+    "cp1-chunked": (1, "pp", True),
+}
+PARTS_HEADER = "thread CPU (s) | indexer (s) | sparse attention (s) | comm (s) | other (s)"
 
 
-def _prefill_rank(rank, world, port, shape, topk, tokens, repeats, mode, out) -> None:
-    import torch
+def _parts(x: dict, scale: float = 1.0) -> str:
+    return " | ".join(f"{x[k] * scale:.3f}" for k in ("cpu", "indexer", "sparse", "comm", "other"))
 
-    cfg, groups, model = _setup(rank, world, port, shape, topk, mode)
-    totals: dict[str, float] = defaultdict(float)
-    _instrument(totals)
-    _instrument_comm(totals)
-    ids = torch.randint(3, cfg.vocab_size, (tokens,), generator=torch.Generator().manual_seed(0)).tolist()
-    runs = []
-    for i in range(repeats + 1):  # the first, short prefill is a warm-up
-        h = _harness(cfg, groups, model, "dsa", tokens)
-        groups.tp.barrier()
-        totals.clear()
-        start, cpu = time.perf_counter(), time.thread_time()
-        h.forward(model, [(h.new_request(), ids if i else ids[:512])])
-        elapsed, cpu = time.perf_counter() - start, time.thread_time() - cpu
-        groups.tp.barrier()
-        if i:
-            runs.append(
-                {"time": elapsed, "cpu": cpu, **{k: totals[k] for k in ("indexer", "sparse", "comm")}}
+
+def _ratio(results: dict, key, a: str, b: str, better) -> str:
+    if (*key, a) not in results or (*key, b) not in results:
+        return "n/a"
+    return f"{better(results[(*key, a)], results[(*key, b)]):.2f}x"
+
+
+def _slowest(ranks: list[dict], field: str = "time") -> float:
+    return max(r[field] for r in ranks)
+
+
+def print_prefill(results: dict, n: int, layouts: list[str]) -> None:
+    print(f"\n### Prefill, {n} tokens\n")
+    print(f"| layout | rank | time (s) | {PARTS_HEADER} |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for name in layouts:
+        for r, x in enumerate(results[("prefill", n, name)]):
+            print(f"| {name} | {r} | {x['time']:.3f} | {_parts(x)} |")
+    print("\n| layout | TTFT (s) | throughput (tokens/s) | busiest thread CPU (s) | throughput / cp1 |")
+    print("|---|---:|---:|---:|---:|")
+    base = results.get(("prefill", n, "cp1"))
+    for name in layouts:
+        ranks = results[("prefill", n, name)]
+        ttft = _slowest(ranks)
+        rel = f"{_slowest(base) / ttft:.2f}x" if base else "n/a"
+        print(f"| {name} | {ttft:.3f} | {n / ttft:.0f} | {_slowest(ranks, 'cpu'):.3f} | {rel} |")
+    key = ("prefill", n)
+    wall = lambda a, b: _slowest(b) / _slowest(a)  # noqa: E731  (throughput a / throughput b)
+    cpu = lambda a, b: _slowest(b, "cpu") / _slowest(a, "cpu")  # noqa: E731
+    print(
+        f"\n- {n}: prefill throughput cp2/tp2 = {_ratio(results, key, 'cp2', 'tp2', wall)} "
+        f"(busiest thread CPU {_ratio(results, key, 'cp2', 'tp2', cpu)}), "
+        f"cp2/pp2 = {_ratio(results, key, 'cp2', 'pp2', wall)} "
+        f"(busiest thread CPU {_ratio(results, key, 'cp2', 'pp2', cpu)})"
+    )
+
+
+def print_decode(results: dict, batch: int, context: int, layouts: list[str]) -> None:
+    print(f"\n### Decode, batch {batch} at {context} tokens each (median step)\n")
+    print(
+        f"| layout | rank | step (ms) | decode tokens/s | KV pool (GiB) | {PARTS_HEADER.replace('(s)', '(ms)')} |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name in layouts:
+        ranks = results[("decode", name)]
+        rate = batch / _slowest(ranks)
+        for r, x in enumerate(ranks):
+            print(
+                f"| {name} | {r} | {x['time'] * 1e3:.1f} | {rate:.1f} | {x['kv_bytes'] / 2**30:.2f} | "
+                f"{_parts(x, 1e3)} |"
             )
-    out.put((rank, min(runs, key=lambda r: r["time"])))
+    key = ("decode",)
+    rate = lambda a, b: _slowest(b) / _slowest(a)  # noqa: E731
+    print(
+        f"\n- decode tokens/s cp2/tp2 = {_ratio(results, key, 'cp2', 'tp2', rate)}, "
+        f"cp2/pp2 = {_ratio(results, key, 'cp2', 'pp2', rate)}, "
+        f"cp2/cp1 = {_ratio(results, key, 'cp2', 'cp1', rate)}"
+    )
+
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tokens", type=int, nargs="*", default=[16384, 32768], help="prompt lengths")
+    ap.add_argument("--topk", type=int, default=2048, help="index_topk of the dummy model")
+    ap.add_argument("--repeats", type=int, default=1, help="timed prefills per layout (best kept)")
+    ap.add_argument(
+        "--layouts", nargs="+", default=["cp1", "tp2", "cp2", "pp2"], help="from: " + ", ".join(LAYOUTS)
+    )
+    ap.add_argument("--pp-chunk", type=int, default=4096, help="chunk tokens of pp2 and cp1-chunked prefill")
+    ap.add_argument("--decode-batch", type=int, default=0, help="decode requests (0: no decode runs)")
+    ap.add_argument("--decode-context", type=int, default=32768, help="cached tokens per decode request")
+    ap.add_argument("--decode-steps", type=int, default=5, help="timed decode steps (median reported)")
+    ap.add_argument(
+        "--quick", action="store_true", help="smoke run: 1K-token prefill, 4 x 1K decode, index_topk 128"
+    )
+    args = ap.parse_args()
+    bad = [x for x in args.layouts if x not in LAYOUTS]
+    if bad:
+        ap.error(f"--layouts: unknown {bad}; choose from {list(LAYOUTS)}")
+    for flag in ("pp_chunk", "decode_context", "decode_steps"):
+        if getattr(args, flag) < 1:
+            ap.error(f"--{flag.replace('_', '-')} must be >= 1")
+    if args.decode_batch < 0 or any(n < 1 for n in args.tokens):
+        ap.error("--decode-batch must be >= 0 and every --tokens value >= 1")
+    if args.quick:
+        args.tokens, args.topk, args.pp_chunk = [1024], 128, 256
+        args.decode_batch, args.decode_context, args.decode_steps = 4, 1024, 3
+    return args
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--tokens", type=int, nargs="*", default=[16384, 32768])
-    ap.add_argument("--topk", type=int, default=2048)
-    ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--quick", action="store_true", help="smoke run: 1K tokens, index_topk 128, 1 layer")
-    args = ap.parse_args()
-    shape, token_list, topk = dict(SHAPE), args.tokens, args.topk
-    if args.quick:
-        shape.update(QUICK)
-        token_list, topk = [1024], 128
-    plan = [
-        (n, name, world, mode)
-        for n in token_list
-        for name, world, mode in (("cp1", 1, "cp"), ("tp2", 2, "tp"), ("cp2", 2, "cp"))
-    ]
-    results: dict[tuple[int, str], list[dict]] = {}
-    for n, name, world, mode in tqdm(plan, desc="cp vs tp", unit="run"):
-        results[(n, name)] = spawn(_prefill_rank, world, shape, topk, n, args.repeats, mode)
-        print(f"  {n} {name}: " + ", ".join(f"{r['time']:.3f} s" for r in results[(n, name)]), flush=True)
-    print(
-        f"\nDeepSeek-V3.2 dummy ({shape['num_hidden_layers']} layers), index_topk {topk}, float32, dsa backend, "
-        "1 torch thread per rank\n"
-    )
-    print(
-        "| tokens | layout | rank | time (s) | thread CPU (s) | indexer (s) | sparse attention (s) | collectives (s) |"
-    )
-    print("|---:|---|---:|---:|---:|---:|---:|---:|")
-    for (n, name), ranks in results.items():
-        for r, x in enumerate(ranks):
-            print(
-                f"| {n} | {name} | {r} | {x['time']:.3f} | {x['cpu']:.3f} | {x['indexer']:.3f} | "
-                f"{x['sparse']:.3f} | {x['comm']:.3f} |"
+    args = parse_args()
+    longest = max([*args.tokens, args.decode_context + 2 * args.decode_steps + 64])
+    shape = {**SHAPE, "max_position_embeddings": max(SHAPE["max_position_embeddings"], longest + 4096)}
+    plan = [("prefill", n, name) for n in args.tokens for name in args.layouts]
+    if args.decode_batch:
+        plan += [("decode", name) for name in args.layouts if name != "cp1-chunked"]
+    results: dict[tuple, list[dict]] = {}
+    for key in tqdm(plan, desc="cp vs tp vs pp", unit="run"):
+        world, mode, chunked = LAYOUTS[key[-1]]
+        if key[0] == "prefill":
+            chunk = args.pp_chunk if chunked else 0
+            results[key] = spawn(prefill_rank, world, shape, args.topk, key[1], args.repeats, mode, chunk)
+        else:
+            results[key] = spawn(
+                decode_rank,
+                world,
+                shape,
+                args.topk,
+                args.decode_context,
+                args.decode_batch,
+                args.decode_steps,
+                mode,
             )
-    print()
-    for n in token_list:
-        one = results[(n, "cp1")][0]["time"]
-        tp2 = max(r["time"] for r in results[(n, "tp2")])
-        cp2 = max(r["time"] for r in results[(n, "cp2")])
-        print(
-            f"- {n}: prefill throughput over cp 1: tp 2 {one / tp2:.2f}x, cp 2 {one / cp2:.2f}x; "
-            f"cp 2 / tp 2 = {tp2 / cp2:.2f}x"
+        tqdm.write(f"  {' '.join(map(str, key))}: " + ", ".join(f"{r['time']:.3f} s" for r in results[key]))
+    print(
+        f"\nDeepSeek-V3.2 dummy ({shape['num_hidden_layers']} layers, hidden {shape['hidden_size']}, "
+        f"16 heads, latent 256+64, indexer 16x64), index_topk {args.topk}, float32, dsa backend, model only, "
+        f"1 torch thread per rank; pp2 / cp1-chunked prefill chunk {args.pp_chunk}"
+    )
+    for n in args.tokens:
+        print_prefill(results, n, args.layouts)
+    if args.decode_batch:
+        print_decode(
+            results, args.decode_batch, args.decode_context, [x for x in args.layouts if x != "cp1-chunked"]
         )
 
 

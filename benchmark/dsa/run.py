@@ -123,8 +123,9 @@ def _backend_env(backend: str):
 
 
 def _setup(rank: int, cp: int, port: int, shape: dict, topk: int, mode: str = "cp"):
-    """This rank's groups and dummy model; `cp` ranks in all, split by context (`mode` "cp") or by
-    tensor parallelism only ("tp", benchmark/context_parallel/bench_cp_vs_tp.py)."""
+    """This rank's groups and dummy model; `cp` ranks in all, split by context (`mode` "cp"), by
+    tensor parallelism only ("tp") or into pipeline stages ("pp", one layer range per rank;
+    benchmark/context_parallel/bench_cp_vs_tp.py)."""
     import torch
 
     torch.set_num_threads(1)
@@ -138,7 +139,10 @@ def _setup(rank: int, cp: int, port: int, shape: dict, topk: int, mode: str = "c
 
     if cp > 1:
         init_distributed(cp, rank, f"127.0.0.1:{port}", "gloo")
-        layout = ParallelLayout(tp=cp, attn_cp=cp) if mode == "cp" else ParallelLayout(tp=cp)
+        layouts = {"cp": dict(tp=cp, attn_cp=cp), "tp": dict(tp=cp), "pp": dict(pp=cp)}
+        if mode not in layouts:
+            raise ValueError(f"mode {mode!r}: expected one of {sorted(layouts)}")
+        layout = ParallelLayout(**layouts[mode])
         groups = ParallelGroups.build(layout, rank)
     else:
         groups = ParallelGroups.single()
@@ -149,7 +153,11 @@ def _setup(rank: int, cp: int, port: int, shape: dict, topk: int, mode: str = "c
     return cfg, groups, model
 
 
-def _harness(cfg, groups, model, backend: str, tokens: int, requests: int = 2, kv_dtype=None):
+def _harness(
+    cfg, groups, model, backend: str, tokens: int, requests: int = 2, kv_dtype=None, context: int = 0
+):
+    """A harness whose pool holds `tokens` (+256) tokens, for `requests` requests of up to `context`
+    tokens each (`tokens` when 0)."""
     import torch
 
     from sglang.test.cp_forward_helpers import CPForwardHarness
@@ -160,7 +168,7 @@ def _harness(cfg, groups, model, backend: str, tokens: int, requests: int = 2, k
         "zigzag",
         max_total_tokens=tokens + 256,
         max_requests=requests + 1,
-        max_context_len=tokens + 256,
+        max_context_len=(context or tokens) + 256,
         attention_backend=backend,
     )
     h.token_to_kv_pool = model.create_kv_pool(
@@ -204,30 +212,51 @@ def _prefill_rank(rank, cp, port, shape, topk, tokens, repeats, backend, out) ->
     out.put((rank, min(runs, key=lambda r: r["time"])))
 
 
-def _decode_rank(rank, cp, port, shape, topk, context, batch, repeats, backend, out) -> None:
-    """One decode step of `batch` requests at `context` tokens (pool rows random, no prefill)."""
+def decode_pool(cfg, groups, model, backend: str, context: int, batch: int, steps: int, kv_dtype=None):
+    """(harness, requests): `batch` requests holding `context` tokens each, with room for `steps`
+    decode steps (a step rolled back keeps its slot: up to a page of cp slots each); the pool rows (latent, index keys) are random instead of a prefill (a decode
+    step's cost does not depend on where the rows came from)."""
     import torch
 
-    backend, kv_dtype = _backend_env(backend)
-    cfg, groups, model = _setup(rank, cp, port, shape, topk)
-    totals: dict[str, float] = defaultdict(float)
-    _instrument(totals)
-    h = _harness(cfg, groups, model, backend, batch * (context + 8), requests=batch, kv_dtype=kv_dtype)
+    h = _harness(
+        cfg,
+        groups,
+        model,
+        backend,
+        batch * (context + 2 * steps + 8),
+        batch,
+        kv_dtype,
+        context + 2 * steps + 8,
+    )
     reqs = [h.new_request() for _ in range(batch)]
     h.build_batch([(r, [5] * context) for r in reqs])  # allocates the slots, runs nothing
     gen = torch.Generator().manual_seed(1)
     pool = h.token_to_kv_pool
+    block = 1 << 16  # rows per random block: no pool-sized temporary
     for layer in range(model.start_layer, model.end_layer):
         kv = pool.get_key_buffer(layer)
-        kv.copy_(torch.randn(kv.shape, generator=gen))
+        for a in range(0, kv.shape[0], block):
+            kv[a : a + block].copy_(torch.randn(kv[a : a + block].shape, generator=gen))
         if getattr(pool, "index_k_fp8", False):  # codes and their scales, as written
-            rows = torch.arange(kv.shape[0])
-            pool.set_index_k_buffer(
-                layer, rows, torch.randn(rows.numel(), pool.index_head_dim, generator=gen)
-            )
+            for a in range(0, kv.shape[0], block):
+                rows = torch.arange(a, min(a + block, kv.shape[0]))
+                pool.set_index_k_buffer(
+                    layer, rows, torch.randn(rows.numel(), pool.index_head_dim, generator=gen)
+                )
         elif hasattr(pool, "get_index_k_buffer"):
             ik = pool.get_index_k_buffer(layer)
-            ik.copy_(torch.randn(ik.shape, generator=gen))
+            for a in range(0, ik.shape[0], block):
+                ik[a : a + block].copy_(torch.randn(ik[a : a + block].shape, generator=gen))
+    return h, reqs
+
+
+def _decode_rank(rank, cp, port, shape, topk, context, batch, repeats, backend, out) -> None:
+    """One decode step of `batch` requests at `context` tokens (pool rows random, no prefill)."""
+    backend, kv_dtype = _backend_env(backend)
+    cfg, groups, model = _setup(rank, cp, port, shape, topk)
+    totals: dict[str, float] = defaultdict(float)
+    _instrument(totals)
+    h, reqs = decode_pool(cfg, groups, model, backend, context, batch, repeats + 1, kv_dtype)
     runs = []
     for i in range(repeats + 1):
         totals.clear()
