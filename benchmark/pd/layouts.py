@@ -96,6 +96,7 @@ class Layout:
     id_range: tuple[int, int] = (1000, 40000)  # the long prompts' random token ids
     shape: dict | None = None
     dtype: str | None = None  # the servers' --dtype where --dtype is auto
+    prefill_cp: int = 1  # the transfer figures are the prefill's first rank's: 1 / cp of the positions
 
 
 def write_dsv32(root: str) -> str:
@@ -123,6 +124,7 @@ def build_layout(name: str, colocated: str = "dp2-cp2", attention_backend: str =
             *("--attention-backend", attention_backend),
         ],
         dtype="float32",
+        prefill_cp=2,
         prefill=["--cp-size", "2"],
         decode=["--tp-size", "2", "--dp-size", "2", "--enable-dp-attention", "--ep-size", "2"],
         colocated=COLOCATED_SEEDS[colocated],

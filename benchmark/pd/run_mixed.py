@@ -285,7 +285,8 @@ def run(config: str, args: argparse.Namespace) -> dict:
         with open(short_out) as f:
             res["short"] = json.loads(f.read().strip().splitlines()[-1])
         if prefill_url:
-            res["transfers"] = transfer_summary(prefill_url, args.long_input // 2)
+            # a CP prefill's first rank sends only the positions it stores (1 / cp of the prompt)
+            res["transfers"] = transfer_summary(prefill_url, args.long_input // 2 // args.layout.prefill_cp)
         return res
     finally:
         stop(procs)
@@ -354,6 +355,10 @@ def main() -> None:
             f"p99 {s.get('p99_ttft_ms'):.0f} ms, output {s.get('output_throughput'):.1f} tok/s; "
             f"long prompts: {len(r['long_prompts'])}, TTFT median {long_ttft:.0f} ms"
         )
+        if r.get("transfers") and args.layout.prefill_cp > 1:
+            print(
+                f"           (transfers of the prefill's rank 0: 1 / {args.layout.prefill_cp} of each prompt)"
+            )
         for t in r.get("transfers", []):
             print(
                 f"           transfer {t['tokens']} tok, {t['chunks']} chunks: {t['mb']:.1f} MB in {t['transfer_ms']:.1f} ms "

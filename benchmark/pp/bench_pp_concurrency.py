@@ -297,7 +297,8 @@ def main() -> None:
     ]
     out = {
         "shape": SHAPE,
-        "args": {k: v for k, v in vars(args).items()},
+        "env": {k: v for k, v in os.environ.items() if k.startswith("SGLANG_DYNAMIC_CHUNKING")},
+        "args": vars(args),
         "runs": results,
         "table": table(results),
     }
