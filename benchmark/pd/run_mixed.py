@@ -2,14 +2,19 @@
 
 Short chat requests decode while long prompts (4K-8K tokens) arrive: a `sglang.bench_serving`
 run of short requests, and once it is sending, long prompts one after another (this script's own
-client, pre-tokenized, so they arrive at a known time) until the short run ends. Configurations:
+client, pre-tokenized, so they arrive at a known time) until the short run ends. Configurations
+(`--layout smollm2`, SmolLM2-135M):
   colocated: one server, --num-threads 2;
   pd:        prefill + decode servers, --num-threads 1 each, behind sglang-router (Mooncake, TCP).
+`--layout seeds`: the seeds' recommended layout (layouts.py: a dummy DeepSeek-V3.2 sized for this
+machine, prefill --cp-size 2, decode --tp-size 2 --dp-size 2 --enable-dp-attention --ep-size 2)
+against a colocated server of the same four ranks (`--colocated-layout`), one thread per rank.
 Prints each run's "Serving Benchmark Result" and a summary (ITL P99, TTFT median / P99, output
 tokens/s of the short requests; the long requests' TTFT); for PD also the KV transfer of every
 long prompt (MB/s, ms, fraction of the transfer that overlapped the prompt's later chunks).
 
   python benchmark/pd/run_mixed.py --config both --out /tmp/pd_bench.jsonl
+  python benchmark/pd/run_mixed.py --layout seeds --config both --out /tmp/pd_seeds.jsonl
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import httpx
 import numpy as np
 from tqdm import tqdm
 
+from layouts import COLOCATED_SEEDS, build_layout
 from sglang.srt.distributed.init import get_free_port as free_port
 
 PY = sys.executable
@@ -78,6 +84,7 @@ def server_cmd(port: int, threads: int, args: argparse.Namespace, extra: list[st
         "warning",
         "--max-total-tokens",
         str(args.max_total_tokens),
+        *args.layout.model_args,
         *extra,
         *([] if args.short_first is None else ["--short-prompt-first-tokens", str(args.short_first)]),
     ]
@@ -87,18 +94,30 @@ def start(config: str, args: argparse.Namespace) -> tuple[str, list[subprocess.P
     """(url clients use, processes, prefill url or '')"""
     if config == "colocated":
         port = free_port()
-        p = spawn(server_cmd(port, args.colocated_threads, args, []), "colocated")
+        threads = args.layout.colocated_threads or args.colocated_threads
+        p = spawn(server_cmd(port, threads, args, args.layout.colocated), "colocated")
         url = f"http://127.0.0.1:{port}"
         wait_http(url, "/health_generate")
         return url, [p], ""
     pp, dp, bp, rp = free_port(), free_port(), free_port(), free_port()
     prefill = spawn(
         server_cmd(
-            pp, 1, args, ["--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(bp)]
+            pp,
+            1,
+            args,
+            [
+                *args.layout.prefill,
+                "--disaggregation-mode",
+                "prefill",
+                "--disaggregation-bootstrap-port",
+                str(bp),
+            ],
         ),
         "prefill",
     )
-    decode = spawn(server_cmd(dp, 1, args, ["--disaggregation-mode", "decode"]), "decode")
+    decode = spawn(
+        server_cmd(dp, 1, args, [*args.layout.decode, "--disaggregation-mode", "decode"]), "decode"
+    )
     procs = [prefill, decode]
     wait_http(f"http://127.0.0.1:{pp}", "/health_generate")
     wait_http(f"http://127.0.0.1:{dp}", "/health_generate")
@@ -208,7 +227,7 @@ def long_client(url: str, args: argparse.Namespace, until: subprocess.Popen) -> 
     rows = []
     while len(rows) < args.long_prompts and (not rows or until.poll() is None):
         n = int(rng.integers(args.long_input // 2, args.long_input + 1))
-        ids = [int(i) for i in rng.integers(1000, 40000, n)]
+        ids = [int(i) for i in rng.integers(*args.layout.id_range, n)]
         body = {
             "input_ids": ids,
             "stream": True,
@@ -221,6 +240,11 @@ def long_client(url: str, args: argparse.Namespace, until: subprocess.Popen) -> 
                     first = time.perf_counter() - t0
         rows.append({"tokens": n, "ttft_s": first, "e2e_s": time.perf_counter() - t0})
     return rows
+
+
+def _server_flags(args: argparse.Namespace) -> dict:
+    lay = args.layout
+    return {"prefill": lay.prefill, "decode": lay.decode, "colocated": lay.colocated, "model": lay.model_args}
 
 
 def run(config: str, args: argparse.Namespace) -> dict:
@@ -250,12 +274,19 @@ def run(config: str, args: argparse.Namespace) -> dict:
             while short.poll() is None:
                 time.sleep(1)
                 bar.update(1)
-        res = {"config": config, "args": vars(args), "loadavg_end": os.getloadavg(), "long_prompts": longs}
+        res = {
+            "config": config,
+            "args": {k: v for k, v in vars(args).items() if k != "layout"},
+            "layout": {"name": args.layout.name, "shape": args.layout.shape, "servers": _server_flags(args)},
+            "loadavg_end": os.getloadavg(),
+            "long_prompts": longs,
+        }
         print(open(short_out + ".txt").read()[-2500:], flush=True)
         with open(short_out) as f:
             res["short"] = json.loads(f.read().strip().splitlines()[-1])
         if prefill_url:
-            res["transfers"] = transfer_summary(prefill_url, args.long_input // 2)
+            # a CP prefill's first rank sends only the positions it stores (1 / cp of the prompt)
+            res["transfers"] = transfer_summary(prefill_url, args.long_input // 2 // args.layout.prefill_cp)
         return res
     finally:
         stop(procs)
@@ -264,8 +295,23 @@ def run(config: str, args: argparse.Namespace) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", choices=["colocated", "pd", "both"], default="both")
+    ap.add_argument("--layout", choices=["smollm2", "seeds"], default="smollm2", help="see layouts.py")
+    ap.add_argument(
+        "--colocated-layout",
+        choices=sorted(COLOCATED_SEEDS),
+        default="dp2-cp2",
+        help="--layout seeds: the colocated server's four-rank layout (layouts.py)",
+    )
+    ap.add_argument(
+        "--attention-backend", default="dsa", help="--layout seeds: every server's attention backend"
+    )
     ap.add_argument("--dtype", default="auto", help="--dtype of every server (auto: per CPU kind)")
-    ap.add_argument("--colocated-threads", type=int, default=2, help="torch threads of the colocated server")
+    ap.add_argument(
+        "--colocated-threads",
+        type=int,
+        default=2,
+        help="torch threads of the colocated server (--layout smollm2)",
+    )
     ap.add_argument("--chunk", type=int, default=1024, help="--chunked-prefill-size of the prefilling server")
     ap.add_argument(
         "--short-first",
@@ -290,6 +336,10 @@ def main() -> None:
     ap.add_argument("--tokenizer", default=None)
     ap.add_argument("--out", default=None, help="append one JSON line per configuration")
     args = ap.parse_args()
+    args.layout = build_layout(args.layout, args.colocated_layout, args.attention_backend)
+    if args.layout.dtype and args.dtype == "auto":
+        args.dtype = args.layout.dtype
+    args.tokenizer = args.tokenizer or args.layout.tokenizer
     if args.tokenizer is None:
         from sglang.srt.model_loader.default_model import find_default_model
 
@@ -305,6 +355,10 @@ def main() -> None:
             f"p99 {s.get('p99_ttft_ms'):.0f} ms, output {s.get('output_throughput'):.1f} tok/s; "
             f"long prompts: {len(r['long_prompts'])}, TTFT median {long_ttft:.0f} ms"
         )
+        if r.get("transfers") and args.layout.prefill_cp > 1:
+            print(
+                f"           (transfers of the prefill's rank 0: 1 / {args.layout.prefill_cp} of each prompt)"
+            )
         for t in r.get("transfers", []):
             print(
                 f"           transfer {t['tokens']} tok, {t['chunks']} chunks: {t['mb']:.1f} MB in {t['transfer_ms']:.1f} ms "
