@@ -133,7 +133,8 @@ def section(results: dict, plot_rel: str) -> str:
     kind = cpu.get("kind", "unknown")
     begin, end = markers(kind)
     vllm = (
-        f"vLLM in its best configuration here (docs/peers.md), `--dtype {meta.get('vllm_dtype')}`: `{meta['vllm_config']}`. "
+        f"vLLM in its best configuration here (docs/peers.md), `--dtype {meta.get('vllm_dtype')}"
+        f"{(' ' + meta['vllm_args']) if meta.get('vllm_args') else ''}`: `{meta['vllm_config']}`. "
         if meta.get("vllm_dtype")
         else "vLLM not run (`--skip-vllm`). "
     )
@@ -151,7 +152,7 @@ def section(results: dict, plot_rel: str) -> str:
             f"CPU: {cpu_text(cpu)}. Machine: {meta['machine']}. Load average before the run: {meta['load_before']} "
             "(the load before each workload is in the last column). "
             f"Median of {meta['repeats']} runs per workload; the two servers ran one after the other, never together. "
-            "Same model (SmolLM2-135M-Instruct GGUF converted to an HF directory, bf16), same prompts "
+            f"Same model ({meta.get('model', 'SmolLM2-135M-Instruct GGUF converted to an HF directory, bf16')}), same prompts "
             "(seeded random tokens), greedy, `ignore_eos`, both driven by `python -m sglang.bench_serving "
             f"--backend openai`. {vllm}Ours: `--dtype {meta.get('ours_dtype', 'bfloat16')}` "
             f"({cpu.get('ours_auto_dtype', '?')} when auto), (a)/(d) `{meta['ours_args'] or 'defaults'}`, "

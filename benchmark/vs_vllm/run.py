@@ -59,6 +59,15 @@ def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gguf", default=None, help="SmolLM2 GGUF (default: the embedded model)")
     ap.add_argument("--hf-dir", default=os.path.join(HERE, ".work", "smollm2-hf"))
+    ap.add_argument(
+        "--model",
+        default=None,
+        help="an HF directory both engines load as it is (e.g. a W8A8 checkpoint written by "
+        "benchmark/quant/write_w8a8_checkpoint.py), instead of the GGUF converted into --hf-dir",
+    )
+    ap.add_argument(
+        "--vllm-args", default="", help="extra vLLM server flags, e.g. '--quantization compressed-tensors'"
+    )
     ap.add_argument("--vllm-venv", default=os.path.join(HERE, ".venv-vllm"))
     ap.add_argument("--python", default="python3", help="interpreter that creates vLLM's venv")
     ap.add_argument("--repeats", type=int, default=3)
@@ -88,6 +97,10 @@ def parse_args() -> argparse.Namespace:
     )
     args = ap.parse_args()
     args.gguf = args.gguf or find_default_model()
+    if args.model is not None:
+        if not os.path.isfile(os.path.join(args.model, "config.json")):
+            ap.error(f"--model {args.model}: no config.json there (an HF directory is expected)")
+        args.hf_dir = os.path.abspath(args.model)
     args.ours_ttft_args = args.ours_args if args.ours_ttft_args is None else args.ours_ttft_args
     args.workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
     unknown = sorted(set(args.workloads) - set(WORKLOADS))
@@ -188,7 +201,7 @@ def run_vllm(args: argparse.Namespace, work: str, prompts: str) -> dict:
     port = servers.free_port()
     server = servers.start_server(
         "vLLM",
-        servers.vllm_server_cmd(py, args.hf_dir, port, args.vllm_dtype),
+        servers.vllm_server_cmd(py, args.hf_dir, port, args.vllm_dtype) + shlex.split(args.vllm_args),
         port,
         os.path.join(work, "vllm_server.log"),
         servers.VLLM_ENV,
@@ -276,7 +289,8 @@ def main() -> None:
     os.makedirs(args.work_dir, exist_ok=True)
     work = tempfile.mkdtemp(prefix="run-", dir=args.work_dir)
     load_before = load_now()
-    servers.ensure_hf_dir(args.gguf, args.hf_dir)
+    if args.model is None:
+        servers.ensure_hf_dir(args.gguf, args.hf_dir)
     prompts = os.path.join(work, "offline_prompts.json")
     offline_prompts(args, prompts)
     results: dict = {
@@ -297,6 +311,8 @@ def main() -> None:
             "vllm_config": " ".join(f"{k}={v}" for k, v in servers.VLLM_ENV.items())
             + " (compiled, no --enforce-eager"
             + ("; offline (c) eager)" if args.vllm_offline_eager else ")"),
+            "model": servers.model_description(args.hf_dir, args.model is None),
+            "vllm_args": args.vllm_args,
             "ours_args": args.ours_args,
             "ours_ttft_args": args.ours_ttft_args,
         },

@@ -79,6 +79,20 @@ def ensure_hf_dir(gguf: str, out_dir: str) -> str:
     return out_dir
 
 
+def model_description(model_dir: str, converted: bool) -> str:
+    """How the docs name the model both engines loaded: the converted GGUF, or a given directory
+    with its quantization_config's method / format."""
+    if converted:
+        return "SmolLM2-135M-Instruct GGUF converted to an HF directory, bf16"
+    import json
+
+    with open(os.path.join(model_dir, "config.json")) as f:
+        cfg = json.load(f)
+    q = cfg.get("quantization_config") or {}
+    quant = f", {q.get('quant_method')} {q.get('format', '')}".rstrip() if q else ", unquantized"
+    return f"`{os.path.relpath(model_dir)}`{quant}, stored {cfg.get('torch_dtype', '?')}"
+
+
 def start_server(name: str, cmd: list[str], port: int, log_path: str, env: Optional[dict] = None) -> Server:
     print(f"starting {name}: {' '.join(cmd)}  (log {log_path})", flush=True)
     log = open(log_path, "w")

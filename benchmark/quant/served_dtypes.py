@@ -1,0 +1,146 @@
+"""Served decode ITL at batch 1 and 8 and prefill tokens/s of SmolLM2: W8A8-INT8 vs bf16 vs float32.
+
+One of our servers per mode, one after the other, each driven by `python -m sglang.bench_serving
+--backend openai` (greedy, `ignore_eos`, seeded random prompts, the same for every mode):
+  decode b1   4 requests of 128 in / 128 out, one at a time: median inter-token latency
+  decode b8   16 requests of 128 in / 128 out, concurrency 8: median inter-token latency
+  prefill     4 prompts of 2048 tokens, 1 out, one at a time: 2048 / median TTFT
+Modes: `w8a8` (the W8A8 checkpoint written by write_w8a8_checkpoint.py, `--dtype` from --w8a8-dtype),
+`bfloat16` and `float32` (the float checkpoint, `--dtype` that mode). Each measurement is repeated
+--repeats times with new prompts (seed 1 + r) and the median kept.
+
+    python benchmark/quant/served_dtypes.py --w8a8 DIR [--float-dir DIR] [--modes w8a8,bfloat16,float32]
+
+Without --float-dir, the SmolLM2 GGUF converted to bf16 by benchmark/vs_vllm (its .work/smollm2-hf).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+VS_VLLM = os.path.join(os.path.dirname(HERE), "vs_vllm")
+sys.path.insert(0, VS_VLLM)
+
+import servers  # noqa: E402  (benchmark/vs_vllm/servers.py)
+
+DEFAULT_FLOAT_DIR = os.path.join(VS_VLLM, ".work", "smollm2-hf")  # the GGUF converted by vs_vllm
+# name, requests, input len, output len, concurrency, metric
+MEASUREMENTS = (
+    ("decode b1", 4, 128, 128, 1, "median_itl_ms"),
+    ("decode b8", 16, 128, 128, 8, "median_itl_ms"),
+    ("prefill", 4, 2048, 1, 1, "median_ttft_ms"),
+)
+
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--w8a8", required=True, help="the W8A8 checkpoint directory (compressed-tensors or w8a8_int8)"
+    )
+    ap.add_argument(
+        "--float-dir", default=DEFAULT_FLOAT_DIR, help="the float checkpoint (bf16 / float32 modes)"
+    )
+    ap.add_argument(
+        "--modes", default="w8a8,bfloat16,float32", help="comma-separated subset of w8a8,bfloat16,float32"
+    )
+    ap.add_argument("--w8a8-dtype", default="auto", help="--dtype of the W8A8 server (its activations)")
+    ap.add_argument("--ours-args", default="", help="extra launch_server flags for every mode")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--work-dir", default=os.path.join(VS_VLLM, ".work"))
+    args = ap.parse_args()
+    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = sorted(set(args.modes) - {"w8a8", "bfloat16", "float32"})
+    if unknown:
+        ap.error(f"--modes: unknown {unknown}; expected some of w8a8, bfloat16, float32")
+    if args.float_dir == DEFAULT_FLOAT_DIR:
+        from sglang.srt.model_loader.default_model import find_default_model
+
+        servers.ensure_hf_dir(find_default_model(), args.float_dir)
+    for flag, d in (("--w8a8", args.w8a8), ("--float-dir", args.float_dir)):
+        if not os.path.isfile(os.path.join(d, "config.json")):
+            ap.error(f"{flag} {d}: no config.json there")
+    return args
+
+
+def measure(url: str, tokenizer: str, spec: tuple, repeats: int, out_file: str) -> dict:
+    name, num, inp, out, conc, key = spec
+    cmd = [
+        sys.executable, "-m", "sglang.bench_serving", "--backend", "openai", "--base-url", url,
+        "--tokenizer", tokenizer, "--dataset-name", "random", "--num-prompts", str(num),
+        "--random-input-len", str(inp), "--random-output-len", str(out), "--random-range-ratio", "1.0",
+        "--max-concurrency", str(conc), "--output-file", out_file, "--disable-tqdm",
+    ]  # fmt: skip
+    values, load_before = [], ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    for r in range(repeats):
+        if os.path.exists(out_file):
+            os.remove(out_file)
+        servers.run(cmd + ["--seed", str(1 + r)])
+        with open(out_file) as f:
+            values.append(json.loads(f.readline())[key])
+    med = statistics.median(values)
+    value = inp / med * 1000.0 if name == "prefill" else med
+    return {"value": value, "runs": values, "metric": key, "load_before": load_before}
+
+
+def run_mode(args: argparse.Namespace, mode: str, work: str) -> dict:
+    model, dtype = (args.w8a8, args.w8a8_dtype) if mode == "w8a8" else (args.float_dir, mode)
+    port = servers.free_port()
+    cmd = servers.ours_server_cmd(model, port, shlex.split(args.ours_args), dtype)
+    server = servers.start_server(f"ours {mode}", cmd, port, os.path.join(work, f"server_{mode}.log"))
+    out = {"model": model, "dtype": dtype}
+    try:
+        servers.wait_ready(server, servers.OURS_STARTUP_TIMEOUT_S)
+        for spec in MEASUREMENTS:
+            path = os.path.join(work, f"{mode}_{spec[0].replace(' ', '_')}.jsonl")
+            out[spec[0]] = measure(server.url, model, spec, args.repeats, path)
+    finally:
+        servers.stop_server(server)
+    return out
+
+
+def table(results: dict) -> str:
+    rows = [
+        "| mode | decode ITL b1, ms | decode ITL b8, ms | prefill 2048, tokens/s | load before (b1 / b8 / prefill) |",
+        "|---|---|---|---|---|",
+    ]
+    for mode, r in results["modes"].items():
+        loads = " / ".join(r[s[0]]["load_before"].split(",")[0] for s in MEASUREMENTS)
+        rows.append(
+            f"| {mode} (`--dtype {r['dtype']}`) | {r['decode b1']['value']:.1f} | "
+            f"{r['decode b8']['value']:.1f} | {r['prefill']['value']:.0f} | {loads} |"
+        )
+    floats = [r for m, r in results["modes"].items() if m != "w8a8"]
+    if "w8a8" in results["modes"] and floats:
+        w = results["modes"]["w8a8"]
+        best_b1 = min(r["decode b1"]["value"] for r in floats)
+        best_b8 = min(r["decode b8"]["value"] for r in floats)
+        best_pf = max(r["prefill"]["value"] for r in floats)
+        rows.append(
+            f"| w8a8 / best float | {w['decode b1']['value'] / best_b1:.2f}× | "
+            f"{w['decode b8']['value'] / best_b8:.2f}× | {w['prefill']['value'] / best_pf:.2f}× | |"
+        )
+    return "\n".join(rows)
+
+
+def main() -> None:
+    args = parse_args()
+    os.makedirs(args.work_dir, exist_ok=True)
+    work = tempfile.mkdtemp(prefix="dtypes-", dir=args.work_dir)
+    results = {"cpu": servers.cpu_info(), "argv": sys.argv[1:], "modes": {}}
+    for mode in args.modes:
+        results["modes"][mode] = run_mode(args, mode, work)
+    with open(os.path.join(work, "results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    print(table(results))
+    print(f"results: {os.path.join(work, 'results.json')}")
+
+
+if __name__ == "__main__":
+    main()
