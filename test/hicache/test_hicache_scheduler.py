@@ -27,7 +27,10 @@ POOL = 128  # L1 tokens: the workload below holds ~4x this
 TINY = dict(model_path=str(TINY_LLAMA_DIR), load_format="dummy", dtype="float32", num_threads=1)
 
 
-def make(hicache: bool, directory=None, policy="write_through", page_size=1, ratio=2.0) -> Scheduler:
+def make(
+    hicache: bool, directory=None, policy="write_through", page_size=1, ratio=2.0, prefetch="wait_complete"
+) -> Scheduler:
+    """`prefetch`: the storage prefetch policy (wait_complete: every stored page is loaded)."""
     storage = {"file_path": directory, "page_tokens": 8} if directory else None
     args = ServerArgs(
         **TINY,
@@ -38,6 +41,7 @@ def make(hicache: bool, directory=None, policy="write_through", page_size=1, rat
         hicache_write_policy=policy,
         hicache_ratio=ratio,
         hicache_storage_backend="file" if storage else "none",
+        hicache_storage_prefetch_policy=prefetch,
         hicache_storage_backend_extra_config=json.dumps(storage) if storage else "",
     )
     args.validate()

@@ -71,7 +71,10 @@ class HiCacheArgs:
     )
     hicache_storage_prefetch_policy: str = arg(
         "best_effort",
-        "How long a request waits for its storage prefix (loads are synchronous here: every policy waits).",
+        "How long a waiting request waits for its storage prefix to be prefetched into the host tier: "
+        "best_effort (not at all: what has arrived is used), wait_complete (until it is all read) or timeout "
+        "(up to prefetch_timeout_base + prefetch_timeout_per_ki_token x tokens / 1024 s, extra config keys). "
+        "At tp / cp > 1 and pp > 1 storage loads stay synchronous at admission (docs/hicache.md).",
         G_MEMORY,
         choices=PREFETCH_POLICIES,
     )
@@ -107,6 +110,9 @@ def validate_hicache(args: Any) -> None:
             raise ValueError(
                 f"--hicache-storage-backend-extra-config page_tokens must be an int >= 1, got {page_tokens!r}"
             )
+        from sglang.srt.mem_cache.hicache.prefetch import PrefetchConfig
+
+        PrefetchConfig.from_extra(args.hicache_storage_prefetch_policy, extra)  # ValueError by key
     for name in (
         f"--hicache-io-backend {args.hicache_io_backend}",
         f"--hicache-mem-layout {args.hicache_mem_layout}",

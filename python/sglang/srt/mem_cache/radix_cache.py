@@ -7,7 +7,8 @@ Token-level only: it knows nothing about requests. Callers (the scheduler's cach
     tokens were already cached, and the caller frees its own duplicate slots for that range;
   * `evict(n)` when the allocator runs low.
 `match_and_load(tokens)` is the match a request is admitted with (here the same as
-`match_prefix`; `hicache.HiRadixCache` loads lower-tier pages back first).
+`match_prefix`; `hicache.HiRadixCache` loads lower-tier pages back first); the `prefetch` methods
+let HiCache read a waiting request's storage pages in the background (no-ops here).
 
 Paging: with page_size > 1 keys are handled in whole pages. `match_prefix` and `insert` both
 truncate the key (and value) to floor(len / page_size) * page_size themselves; the caller keeps
@@ -169,10 +170,30 @@ class RadixCache:
             return MatchResult(torch.empty(0, dtype=torch.int64), self.root_node)
         return MatchResult(torch.cat([n.value for n in path]), path[-1])
 
-    def match_and_load(self, key: Sequence[int]) -> MatchResult:
-        """The match a request is admitted with. Here `match_prefix`; HiCache first loads the
+    def match_and_load(self, key: Sequence[int], rid: Optional[str] = None) -> MatchResult:
+        """The match request `rid` is admitted with. Here `match_prefix`; HiCache first loads the
         prefix's lower-tier pages back into the KV pool (hicache/hiradix_cache.py)."""
         return self.match_prefix(key)
+
+    # Storage prefetch while a request waits (HiCache: hicache/prefetch.py); no-ops here.
+    def wants_prefetch(self, rid: str) -> bool:
+        """Whether a prefetch for waiting request `rid` is still to be started."""
+        return False
+
+    def prefetch(self, rid: str, key: Sequence[int]) -> bool:
+        """Start loading the lower-tier pages of `key` for `rid`; False: try again later."""
+        return True
+
+    def poll_prefetches(self, idle_rids: Sequence[str] = ()) -> None:
+        """Take in finished prefetches; `idle_rids`: the waiting requests of a scheduler with
+        nothing running (it may sleep briefly when each of them waits on its prefetch)."""
+
+    def prefetch_ready(self, rid: str) -> bool:
+        """Whether the prefetch policy lets waiting request `rid` be admitted now."""
+        return True
+
+    def end_prefetch(self, rid: str) -> None:
+        """Request `rid` left the waiting queue without admission: release its prefetch."""
 
     def stats(self) -> dict:
         """Counters for the scheduler's internal state (HiCache's per tier; none here)."""

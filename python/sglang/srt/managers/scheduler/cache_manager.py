@@ -92,7 +92,7 @@ class KVCacheManager:
         if rows is None:
             return False
         req.req_pool_idx = rows[0]
-        match = self.tree.match_and_load(self._match_key(req))  # HiCache: loads lower tiers first
+        match = self.tree.match_and_load(self._match_key(req), req.rid)  # HiCache: loads lower tiers first
         n = int(match.indices.numel())
         if n:
             self.req_to_token_pool.req_to_token[req.req_pool_idx, :n] = match.indices
@@ -102,6 +102,24 @@ class KVCacheManager:
         if not req.output_ids:  # a retracted request re-admitted does not count as a cache hit
             req.cached_tokens = n
         return True
+
+    # ------------------------------------------------------------------ storage prefetch (HiCache)
+    def prefetch_waiting(self, waiting: list[Req], idle: bool) -> None:
+        """Each step, before admission: take in finished prefetches and start one for each waiting
+        request that has none (HiCache reads its storage pages in the background; the plain radix
+        cache does nothing). `idle`: nothing runs (the cache may wait a moment for a prefetch)."""
+        self.tree.poll_prefetches([r.rid for r in waiting] if idle else ())
+        for req in waiting:
+            if self.tree.wants_prefetch(req.rid) and not self.tree.prefetch(req.rid, self._match_key(req)):
+                break  # the I/O queue is full: the rest start at a later step
+
+    def prefetch_ready(self, req: Req) -> bool:
+        """Whether the prefetch policy lets this waiting request be admitted now."""
+        return self.tree.prefetch_ready(req.rid)
+
+    def end_prefetch(self, req: Req) -> None:
+        """A waiting request leaves without admission (abort): its prefetch is released."""
+        self.tree.end_prefetch(req.rid)
 
     def _match_key(self, req: Req) -> list[int]:
         # Leave at least one token to compute so the request gets logits; while prompt logprobs

@@ -5,7 +5,8 @@ from requests still prefilling (a chunked prompt first) and then from the waitin
 the prefill token budget. With short prompts first (`--short-prompt-first-tokens`), waiting
 prompts that short go ahead of the chunked prompt's next chunk, in at most half of the budget. Decodes therefore keep running while a long prompt is chunk-prefilled.
 Admission of a waiting request needs a free request slot and enough KV (free + evictable) for
-its tokens plus a reserve for the decode growth of everything running.
+its tokens plus a reserve for the decode growth of everything running; a request whose HiCache
+storage prefetch the policy still waits for is passed over (the others go on).
 """
 
 from __future__ import annotations
@@ -137,6 +138,8 @@ class SchedulePolicy:
                 break
             if len(batch.items) >= cap:
                 break
+            if not self.cache.prefetch_ready(req):  # its storage prefetch is not done (the policy)
+                continue
             cached = self.cache.match_prefix_len(req)
             remaining = req.seqlen - cached
             if whole_only:  # the share of a budget already sized by the chunked prompt

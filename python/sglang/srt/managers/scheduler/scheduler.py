@@ -252,6 +252,7 @@ class Scheduler:
             req.finished_reason = {"type": "abort", "message": msg.message}
             if req in self.waiting:
                 self.waiting.remove(req)
+                self.cache.end_prefetch(req)
             elif req in self.running:
                 self.running.remove(req)
                 self.cache.release(req)
@@ -326,16 +327,15 @@ class Scheduler:
     def schedule(
         self, max_reqs: Optional[int] = None, max_decodes: Optional[int] = None
     ) -> tuple[ScheduleBatch, Optional[ModelWorkerBatch]]:
-        """Pick the next step's work and allocate its KV slots.
-
-        Each request's `kv_len` advances now (its KV is written by the step; later steps reach each
-        layer after it), and a request due a token is `in_flight` until `process_result`. So a
-        pipelined caller may schedule further steps before this one's result is back.
-        `max_reqs` / `max_decodes` cap the requests / decodes of the step (pipeline micro-batches).
-        """
+        """Pick the next step's work and allocate its KV slots. Each request's `kv_len` advances
+        now (its KV is written by the step; later steps reach each layer after it), and a request
+        due a token is `in_flight` until `process_result`: a pipelined caller may schedule further
+        steps before this one's result is back.
+        `max_reqs` / `max_decodes` cap the requests / decodes of the step (pipeline micro-batches)."""
         ready, failed = self.grammar.poll(block=not (self.running or self.waiting))  # compiled grammars
         self.waiting += ready
         self._pending_outputs += failed
+        self.cache.prefetch_waiting(self.waiting, idle=not self.running)  # HiCache: storage reads start
         batch, admitted = self.policy.build_step(
             self.running, self.waiting, max_items=max_reqs, max_decodes=max_decodes
         )

@@ -4,6 +4,8 @@ Sizes: the host tier holds `--hicache-size` GB (per rank), else `--hicache-ratio
 tokens. The file backend's directory: the extra config's `file_path`, else
 `SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR`, else `/tmp/hicache`; the `mooncake` backend's store:
 `mooncake_config.py`. One storage page holds `page_tokens` tokens (extra config, default 64).
+The storage prefetch (prefetch.py) takes --hicache-storage-prefetch-policy and the extra config's
+`prefetch_timeout_base` / `prefetch_timeout_per_ki_token`.
 `layout_id` names this rank's place in the model (tp rank/size, pp stage, cp rank and layout,
 dtype, layers): it goes into the storage namespace with `model_identity`, the page size and the KV
 buffers' shapes. A later pipeline stage builds the same tiers for its layers as a `StageTiers`
@@ -27,6 +29,7 @@ from sglang.srt.mem_cache.hicache.host_pool import CPShard, HostKVPool, TokenLay
 from sglang.srt.mem_cache.hicache.mooncake_config import mooncake_config
 from sglang.srt.mem_cache.hicache.mooncake_storage import MooncakeStorage
 from sglang.srt.mem_cache.hicache.page_store import PageStore
+from sglang.srt.mem_cache.hicache.prefetch import PrefetchConfig
 from sglang.srt.mem_cache.hicache.pipeline import StageTiers
 from sglang.srt.mem_cache.radix_cache import RadixCache
 
@@ -133,7 +136,21 @@ def create_prefix_cache(
     if not args.enable_hierarchical_cache:
         return RadixCache(allocator, place.page_size, disable=args.disable_radix_cache)
     host, storage = _tiers(args, kv_pool, allocator.size, place)
-    return HiRadixCache(allocator, place.page_size, host, args.hicache_write_policy, storage, place.agree)
+    return HiRadixCache(
+        allocator,
+        place.page_size,
+        host,
+        args.hicache_write_policy,
+        storage,
+        place.agree,
+        prefetch_config(args),
+    )
+
+
+def prefetch_config(args: Any) -> PrefetchConfig:
+    """--hicache-storage-prefetch-policy and the extra config's prefetch_timeout_* keys."""
+    extra = json.loads(args.hicache_storage_backend_extra_config or "{}")
+    return PrefetchConfig.from_extra(args.hicache_storage_prefetch_policy, extra)
 
 
 def create_stage_tiers(args: Any, device_tokens: int, kv_pool: Any, place: RankPlace) -> Optional[StageTiers]:

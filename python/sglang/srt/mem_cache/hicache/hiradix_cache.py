@@ -12,8 +12,11 @@ eviction). A page reaches L3 when its node reaches L2.
 
 `match_prefix` (the scheduler's estimates) sees L1 only. `match_and_load` (admission) also loads
 the L2 part of the match and then the L3 pages that continue it into freshly allocated L1 slots;
-what does not fit, or fails its checksum, is left out and recomputed. The load is synchronous:
-when it returns, the request holds nothing in flight. `agree` (tp > 1) turns a rank's count of
+what does not fit, or fails its checksum, is left out and recomputed. With a storage prefetch
+(`prefetch.py`: a waiting request's L3 pages read into L2 by an I/O thread) the L3 part of an
+admission is what its prefetch brought, landed in the tree as L2 nodes; the prefetch runs where a
+rank decides alone (`_prefetching`: no tp / cp peers, no pipeline), elsewhere the L3 load stays
+synchronous at admission. Either way, when admission returns the request holds nothing in flight. `agree` (tp > 1) turns a rank's count of
 readable L3 pages into the count every rank uses (the minimum), so ranks stay identical.
 Under pipeline parallelism (`enable_pipeline`, pipeline.py) the tree lives on stage 0 only: every
 copy between tiers is also recorded as a `TierOp` the later stages replay on their layers, and an
@@ -32,6 +35,7 @@ import torch
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.hicache.page_store import PageStore, write_missing
 from sglang.srt.mem_cache.hicache.host_pool import HostKVPool
+from sglang.srt.mem_cache.hicache.prefetch import PrefetchConfig, StoragePrefetch
 from sglang.srt.mem_cache.hicache.pipeline import (
     Backup,
     ClearStorage,
@@ -73,6 +77,7 @@ class HiRadixCache(RadixCache):
         write_policy: str = "write_through",
         storage: Optional[PageStore] = None,
         agree: Optional[Callable[[int], int]] = None,
+        prefetch: Optional[PrefetchConfig] = None,
     ):
         self.host = host
         self.write_policy = write_policy
@@ -81,7 +86,10 @@ class HiRadixCache(RadixCache):
         self.hstats = HiCacheStats()
         self.peers: Optional[RingPeers] = None  # pipeline parallelism (stage 0): the later stages
         self._ops: Optional[list[TierOp]] = None  # ... and the copies they have yet to replay
+        self.prefetcher: Optional[StoragePrefetch] = None
         super().__init__(allocator, page_size)
+        if prefetch is not None and storage is not None:
+            self.prefetcher = StoragePrefetch(self, prefetch)
 
     def enable_pipeline(self, peers: RingPeers) -> None:
         """Stage 0 of a pipeline: record tier copies for the later stages, ask them before L3 loads."""
@@ -102,8 +110,59 @@ class HiRadixCache(RadixCache):
             self._ops.append(op)
 
     def reset(self) -> None:
+        if self.prefetcher is not None:
+            self.prefetcher.drain()  # the I/O thread lets go of every host row first
         super().reset()
         self.host.clear()
+
+    def close(self) -> None:
+        """Stop the prefetch thread (its tasks cancelled, their rows freed)."""
+        if self.prefetcher is not None:
+            self.prefetcher.close()
+
+    # ------------------------------------------------------------------ storage prefetch
+    def _prefetching(self) -> bool:
+        """Whether L3 pages come from a background prefetch (else: synchronously at admission).
+        The one place that decides: only a rank that decides alone prefetches. With tp / cp peers
+        (`agree`) every rank would have to land the same pages at the same step, and under
+        pipeline parallelism (`peers`) the later stages answer storage queries in ring order."""
+        return self.prefetcher is not None and self.agree is None and self.peers is None
+
+    def wants_prefetch(self, rid: str) -> bool:
+        return self._prefetching() and self.prefetcher.wants(rid)
+
+    def prefetch(self, rid: str, key: Sequence[int]) -> bool:
+        return self.prefetcher.start(rid, key)
+
+    def poll_prefetches(self, idle_rids: Sequence[str] = ()) -> None:
+        if self._prefetching():
+            self.prefetcher.poll()
+            if self.prefetcher.waiting_only(idle_rids):
+                self.prefetcher.wait(0.005)  # nothing to run: no spinning against the I/O thread
+
+    def prefetch_ready(self, rid: str) -> bool:
+        return not self._prefetching() or self.prefetcher.ready(rid)
+
+    def end_prefetch(self, rid: str) -> None:
+        if self.prefetcher is not None:
+            self.prefetcher.end(rid)
+
+    def adopt_host_rows(self, key: Sequence[int], start: int, rows: torch.Tensor) -> tuple[TreeNode, int]:
+        """Prefetched host rows of key[start:] (the path to key[:start] is locked) become an L2-only
+        leaf after what the tree holds of `key` now; rows it already holds are freed. Returns the
+        deepest node of `key` and where the new leaf starts."""
+        path = self._walk(key)
+        covered = sum(len(n.key) for n in path)
+        assert covered >= start, (covered, start)
+        if covered > start:
+            self.host.free(rows[: covered - start])
+        if covered < len(key):
+            parent = path[-1] if path else self.root_node
+            leaf = TreeNode(next(self._node_ids), tuple(key[covered:]), None, parent)
+            leaf.value, leaf.host_value, leaf.last_access = None, rows[covered - start :].clone(), self._now
+            parent.children[self._child_key(leaf.key)] = leaf
+            path.append(leaf)
+        return (path[-1] if path else self.root_node), covered
 
     # ------------------------------------------------------------------ residence bookkeeping
     def _node_len(self, node: TreeNode) -> int:
@@ -133,6 +192,8 @@ class HiRadixCache(RadixCache):
         out["hicache_host_capacity"] = self.host.size
         if self.storage is not None:
             out.update({f"hicache_storage_{k}": v for k, v in asdict(self.storage.stats).items()})
+        if self.prefetcher is not None:
+            out.update({f"hicache_{k}": v for k, v in asdict(self.prefetcher.stats).items()})
         return out
 
     # ------------------------------------------------------------------ matching
@@ -140,8 +201,24 @@ class HiRadixCache(RadixCache):
         """The L1 part of the longest cached prefix (no load)."""
         return self._result([n for n in self._walk(key) if n.value is not None])
 
-    def match_and_load(self, key: Sequence[int]) -> MatchResult:
-        """Load the match's L2 nodes, then the L3 pages that continue it, into L1; the L1 match."""
+    def match_and_load(self, key: Sequence[int], rid: Optional[str] = None) -> MatchResult:
+        """Load the match's L2 nodes, then the L3 pages that continue it, into L1; the L1 match.
+        With a storage prefetch, request `rid`'s L3 pages are those its prefetch landed in L2."""
+        if rid is None or not self._prefetching():
+            return self._match_and_load(key, sync_storage=True)
+        task = self.prefetcher.take(rid)
+        l1 = sum(len(n.key) for n in self._walk(key) if n.value is not None)
+        match = self._match_and_load(key, sync_storage=False)
+        if task is not None:
+            self.prefetcher.release(task)
+            hit = min(match.prefix_len, task.landed) - max(task.land_start, l1)
+            if hit > 0:  # loaded through L2, but storage's: counted as L3 hits
+                self.hstats.l2_hit_tokens -= hit
+                self.hstats.l3_hit_tokens += hit
+                self.prefetcher.stats.prefetch_hit_tokens += hit
+        return match
+
+    def _match_and_load(self, key: Sequence[int], sync_storage: bool) -> MatchResult:
         path = self._walk(key)
         for node in path:
             node.hit_count += 1
@@ -152,7 +229,7 @@ class HiRadixCache(RadixCache):
         t0 = time.perf_counter()
         try:
             loaded_all = self._load_from_host(path[len(in_l1) :])
-            if loaded_all and self.storage is not None:
+            if loaded_all and self.storage is not None and sync_storage:
                 self._load_from_storage(key, sum(len(n.key) for n in path))
             if self.write_policy == "write_through_selective":
                 for node in path:

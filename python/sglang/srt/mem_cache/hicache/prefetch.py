@@ -1,0 +1,309 @@
+"""HiCache storage prefetch: a waiting request's L3 pages read into the host tier (L2) off the
+scheduler thread (`--hicache-storage-prefetch-policy`).
+
+When a request waits and its prompt continues past its L1/L2 match into storage pages, the
+scheduler thread allocates host rows for those pages, locks the matched path and queues a
+`PrefetchTask`; `PageReader`, one I/O thread per rank with a bounded queue, reads the pages in
+order (backend read + checksum) and unpacks each into its host rows, stopping at the first miss,
+failure or cancel. Everything that touches the tree or the allocators stays on the scheduler thread
+(`StoragePrefetch`): a finished task, or one cut short at admission, *lands* its read pages in the
+tree as an L2-only node (the rows beyond them are freed once the thread is done with the task), and
+admission then loads them into the KV pool like any L2 hit. The policy says when a waiting
+request may be admitted: `best_effort` at once (what has landed is used, the rest is computed),
+`wait_complete` once its prefetch ended, `timeout` once it ended or after upstream's bound
+(`prefetch_timeout_base` + `prefetch_timeout_per_ki_token` x tokens / 1024 seconds, extra config
+keys). A failed read (checksum, backend down) ends the task early and is counted; the request
+recomputes what was not read. Cancelled tasks (abort, flush) free their rows when the thread has
+let go of them; `drain` waits for that (flush), `close` stops the thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+POLICIES = ("best_effort", "wait_complete", "timeout")
+
+
+@dataclass(frozen=True)
+class PrefetchConfig:
+    policy: str = "best_effort"
+    timeout_base: float = 1.0  # seconds (upstream's prefetch_timeout_base)
+    timeout_per_ki_token: float = 0.25  # seconds per 1024 tokens to fetch (prefetch_timeout_per_ki_token)
+    queue_size: int = 64  # tasks queued for the I/O thread at most
+
+    def __post_init__(self):
+        if self.policy not in POLICIES:
+            raise ValueError(f"--hicache-storage-prefetch-policy {self.policy!r} is not one of {POLICIES}")
+
+    @classmethod
+    def from_extra(cls, policy: str, extra: dict) -> "PrefetchConfig":
+        base, per_ki = (
+            extra.get("prefetch_timeout_base", 1.0),
+            extra.get("prefetch_timeout_per_ki_token", 0.25),
+        )
+        for key, v in (("prefetch_timeout_base", base), ("prefetch_timeout_per_ki_token", per_ki)):
+            if not isinstance(v, (int, float)) or v < 0:
+                raise ValueError(
+                    f"--hicache-storage-backend-extra-config {key} must be a number >= 0, got {v!r}"
+                )
+        return cls(policy, float(base), float(per_ki))
+
+
+@dataclass
+class PrefetchStats:
+    prefetch_started: int = 0  # tasks queued
+    prefetch_pages: int = 0  # storage pages read into the host tier
+    prefetch_hit_tokens: int = 0  # admitted prefix tokens that came from a prefetch
+    prefetch_wait_seconds: float = 0.0  # time requests were held back waiting for their prefetch
+    prefetch_failures: int = 0  # prefetches cut short by a bad page or an unreachable backend
+    prefetch_no_room: int = 0  # prefetches not started: no host-tier room
+
+
+@dataclass(eq=False)
+class PrefetchTask:
+    """Pages [p0, p0 + len(names)) of `key` into `host_slots` (tokens key[start:end]; the first
+    page's first `skip` rows are already cached). The thread writes `done`, `failed`, `finished`."""
+
+    rid: str
+    key: list[int]  # the tokens of every page to fetch (key[:end])
+    start: int
+    names: list[str]
+    skip: int
+    host_slots: torch.Tensor
+    node: Any  # the locked deepest node (of the match, then of the landed pages)
+    t0: float = field(default_factory=time.monotonic)
+    done: int = 0
+    failed: bool = False
+    cancel: bool = False
+    finished: threading.Event = field(default_factory=threading.Event)
+    landed: Optional[int] = None  # end token of the pages handed to the tree (None: not yet)
+    land_start: int = 0  # first token the landed node holds (what the tree lacked)
+    blocked_since: Optional[float] = None
+
+    @property
+    def end(self) -> int:
+        return len(self.key)
+
+
+class PageReader:
+    """The rank's storage I/O thread (started at the first task)."""
+
+    def __init__(self, storage: Any, host: Any, queue_size: int):
+        self.storage, self.host = storage, host
+        self.queue: queue.Queue = queue.Queue(maxsize=queue_size)
+        self.thread: Optional[threading.Thread] = None
+
+    def submit(self, task: PrefetchTask) -> bool:
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._run, name="hicache-prefetch", daemon=True)
+            self.thread.start()
+        try:
+            self.queue.put_nowait(task)
+        except queue.Full:
+            return False
+        return True
+
+    def close(self) -> None:
+        if self.thread is not None:
+            self.queue.put(None)
+            self.thread.join()
+            self.thread = None
+
+    def _run(self) -> None:
+        while True:
+            task = self.queue.get()
+            if task is None:
+                return
+            try:
+                self._read(task)
+            except Exception:  # never let one task end the thread: its request recomputes
+                logger.exception("HiCache prefetch of %s failed", task.rid)
+                task.failed = True
+            finally:
+                task.finished.set()
+
+    def _failures(self) -> int:
+        stats = self.storage.stats
+        return stats.read_failures + getattr(stats, "unreachable", 0)
+
+    def _read(self, task: PrefetchTask) -> None:
+        sp, batch = self.storage.page_size, max(1, self.storage.batch_pages)
+        for at in range(0, len(task.names), batch):
+            if task.cancel:
+                return
+            before = self._failures()
+            chunk = task.names[at : at + batch]
+            pages = self.storage.get_run(chunk)
+            for i, page in enumerate(pages, start=at):
+                rows = task.host_slots[max(0, i * sp - task.skip) : (i + 1) * sp - task.skip]
+                try:
+                    self.host.unpack_host(rows, page, task.skip if i == 0 else 0)
+                except ValueError as e:  # a page of another size under the same name
+                    logger.warning("HiCache prefetch: storage page rejected (%s); recomputing", e)
+                    self.storage.stats.read_failures += 1
+                    task.failed = True
+                    return
+                task.done = i + 1
+            if len(pages) < len(chunk):
+                task.failed = self._failures() > before
+                return
+
+
+class StoragePrefetch:
+    """The scheduler thread's side: tasks per request id, landing, the admission policy."""
+
+    def __init__(self, tree: Any, config: PrefetchConfig):
+        self.tree, self.config = tree, config
+        self.reader = PageReader(tree.storage, tree.host, config.queue_size)
+        self.tasks: dict[str, Optional[PrefetchTask]] = {}  # None: nothing to fetch for that request
+        self.leftovers: list[PrefetchTask] = []  # ended tasks whose rows wait for the thread
+        self.stats = PrefetchStats()
+
+    def wants(self, rid: str) -> bool:
+        return rid not in self.tasks
+
+    def start(self, rid: str, key: Sequence[int]) -> bool:
+        """Queue the prefetch of the storage pages continuing `key`'s L1/L2 match; False when the
+        queue is full (tried again at the next step)."""
+        tree, sp = self.tree, self.tree.storage.page_size
+        path = tree._walk(key)
+        start = sum(len(n.key) for n in path)
+        total, p0 = len(key) // sp, start // sp
+        skip = start - p0 * sp
+        need = (total - p0) * sp - skip
+        if total <= p0:
+            self.tasks[rid] = None
+            return True
+        if need > tree.host.available_size():
+            tree._evict_host(need - tree.host.available_size())
+        slots = tree.host.alloc(need)
+        if slots is None:
+            self.stats.prefetch_no_room += 1
+            self.tasks[rid] = None
+            return True
+        last = path[-1] if path else tree.root_node
+        names = tree.storage.page_hashes(key, total)[p0:]
+        task = PrefetchTask(rid, list(key[: total * sp]), start, names, skip, slots, last)
+        tree.inc_lock_ref(last)
+        if not self.reader.submit(task):
+            tree.dec_lock_ref(last)
+            tree.host.free(slots)
+            return False
+        self.tasks[rid] = task
+        self.stats.prefetch_started += 1
+        return True
+
+    def poll(self) -> None:
+        """Land the finished tasks; free the rows of ended tasks the thread has let go of."""
+        for task in self.tasks.values():
+            if task is not None and task.landed is None and task.finished.is_set():
+                self._land(task)
+        self._free_leftovers()
+
+    def _free_leftovers(self) -> None:
+        keep = []
+        for task in self.leftovers:
+            if task.finished.is_set():
+                used = 0 if task.landed is None else task.landed - task.start
+                if used < task.host_slots.numel():
+                    self.tree.host.free(task.host_slots[used:])
+            else:
+                keep.append(task)
+        self.leftovers = keep
+
+    def _land(self, task: PrefetchTask) -> None:
+        """Hand the pages read so far to the tree (an L2-only node, locked for the request)."""
+        if not task.finished.is_set():
+            task.cancel = True
+        n, sp = task.done, self.tree.storage.page_size
+        end = task.start - task.skip + n * sp  # pages [p0, p0 + n): p0 * sp = start - skip
+        self.stats.prefetch_pages += n
+        self.stats.prefetch_failures += int(task.failed)
+        task.landed, task.land_start = task.start, task.start
+        if end > task.start:
+            rows = task.host_slots[: end - task.start]
+            node, task.land_start = self.tree.adopt_host_rows(task.key[:end], task.start, rows)
+            task.landed = end
+            self.tree.inc_lock_ref(node)
+            self.tree.dec_lock_ref(task.node)
+            task.node = node
+        self.leftovers.append(task)  # the rows past `landed`, once the thread is done
+        self._free_leftovers()
+
+    def ready(self, rid: str) -> bool:
+        """Whether admission may take the request now (the policy)."""
+        task = self.tasks.get(rid)
+        if rid not in self.tasks:  # not started yet (queue full): only best_effort goes on
+            return self.config.policy == "best_effort"
+        if task is None or task.landed is not None or task.finished.is_set():
+            return True
+        policy, now = self.config.policy, time.monotonic()
+        ok = policy == "best_effort" or (
+            policy == "timeout" and now - task.t0 >= self._timeout(task.end - task.start)
+        )
+        if not ok and task.blocked_since is None:
+            task.blocked_since = now
+        return ok
+
+    def _timeout(self, tokens: int) -> float:
+        return self.config.timeout_base + self.config.timeout_per_ki_token * tokens / 1024
+
+    def take(self, rid: str) -> Optional[PrefetchTask]:
+        """Admission: the request's task with its pages landed (cut short if still reading)."""
+        task = self.tasks.pop(rid, None)
+        if task is None:
+            return None
+        if task.landed is None:
+            self._land(task)
+        if task.blocked_since is not None:
+            self.stats.prefetch_wait_seconds += time.monotonic() - task.blocked_since
+        return task
+
+    def release(self, task: Optional[PrefetchTask]) -> None:
+        """Unlock what the task held for its request (after admission, or on abort)."""
+        if task is not None:
+            self.tree.dec_lock_ref(task.node)
+
+    def end(self, rid: str) -> None:
+        """The request left the queue without admission (abort): cancel, unlock, free."""
+        task = self.tasks.pop(rid, None)
+        if task is None:
+            return
+        task.cancel = True
+        if task.landed is None:
+            task.landed = task.start  # nothing handed to the tree: every row is freed
+            self.leftovers.append(task)
+        self.release(task)
+        self._free_leftovers()
+
+    def waiting_only(self, rids: Sequence[str]) -> bool:
+        """Whether every request of `rids` waits on an unfinished prefetch (nothing else to do)."""
+        return bool(rids) and all(not self.ready(r) for r in rids)
+
+    def wait(self, seconds: float) -> None:
+        """Sleep until a running prefetch ends, at most `seconds` (an idle scheduler)."""
+        for task in self.tasks.values():
+            if task is not None and not task.finished.is_set():
+                task.finished.wait(seconds)
+                return
+
+    def drain(self) -> None:
+        """Cancel every task and wait for the thread to let go of their rows (flush)."""
+        for rid in list(self.tasks):
+            self.end(rid)
+        for task in self.leftovers:
+            task.finished.wait()
+        self._free_leftovers()
+
+    def close(self) -> None:
+        self.drain()
+        self.reader.close()
