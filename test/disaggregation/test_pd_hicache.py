@@ -50,7 +50,10 @@ def reference():
 def _file_l3(root: Path) -> list[str]:
     """The flags of a `file` L3 in `root` with SP-token pages (both servers take the same)."""
     extra = json.dumps({"file_path": str(root), "page_tokens": SP})
-    return ["--hicache-storage-backend", "file", "--hicache-storage-backend-extra-config", extra]
+    return [
+        *("--hicache-storage-backend", "file", "--hicache-storage-backend-extra-config", extra),
+        *("--hicache-storage-prefetch-policy", "wait_complete"),  # every stored page before admission
+    ]
 
 
 @contextlib.contextmanager
@@ -79,7 +82,8 @@ def _l3(backend: str, root: Path):
 
     try:
         flags = ["--hicache-storage-backend", "mooncake", "--hicache-storage-backend-extra-config"]
-        yield [*flags, master.extra_config(SP)], kill_master
+        policy = ["--hicache-storage-prefetch-policy", "wait_complete"]
+        yield [*flags, master.extra_config(SP), *policy], kill_master
     finally:
         if not closed:
             service.close()

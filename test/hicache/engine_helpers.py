@@ -48,6 +48,7 @@ def run_engine(waves: list[list[list[int]]], hicache_dir=None, page_tokens: int 
         kw.update(
             enable_hierarchical_cache=True,
             hicache_storage_backend="file",
+            hicache_storage_prefetch_policy="wait_complete",  # where it prefetches: every stored page
             hicache_storage_backend_extra_config=json.dumps(
                 {"file_path": hicache_dir, "page_tokens": page_tokens}
             ),

@@ -36,6 +36,7 @@ def mooncake_args(m: MooncakeMaster) -> dict:
     return dict(
         enable_hierarchical_cache=True,
         hicache_storage_backend="mooncake",
+        hicache_storage_prefetch_policy="wait_complete",  # tp 1: every stored page before admission
         hicache_storage_backend_extra_config=m.extra_config(STORAGE_PAGE),
     )
 

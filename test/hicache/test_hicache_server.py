@@ -27,7 +27,7 @@ PREFIX = [10 + (i * 7) % 400 for i in range(160)]
 GREEDY = {"max_new_tokens": 2, "temperature": 0.0, "ignore_eos": True}
 
 
-def hicache_server(directory: str, *extra: str):
+def hicache_server(directory: str, *extra: str, policy: str = "wait_complete"):
     return launch_server(
         (
             *extra,
@@ -35,6 +35,7 @@ def hicache_server(directory: str, *extra: str):
             *("--max-total-tokens", str(POOL), "--chunked-prefill-size", "64"),
             "--enable-hierarchical-cache",
             *("--hicache-storage-backend", "file"),
+            *("--hicache-storage-prefetch-policy", policy),
             *("--hicache-storage-backend-extra-config", f'{{"file_path": "{directory}", "page_tokens": 16}}'),
         )
     )
@@ -124,5 +125,40 @@ def test_clear_storage_on_every_tp_rank(tmp_path):
             r = c.post("/clear_hicache_storage_backend")
             assert r.status_code == 200, r.text
             assert page_files(d) == ["cd" * 32 + ".kv"]
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def stored_prefix(tmp_path_factory):
+    """A directory holding PREFIX's pages (written by a best_effort server) and its tokens."""
+    d = str(tmp_path_factory.mktemp("kv"))
+    server = hicache_server(d, policy="best_effort")
+    try:
+        with server.client() as c:
+            first = generate(c, PREFIX + [1])
+            wait_idle(c)
+    finally:
+        server.stop()
+    return d, first
+
+
+@pytest.mark.parametrize("policy", ["best_effort", "wait_complete", "timeout"])
+def test_prefetch_policies_through_http(stored_prefix, policy):
+    """A restarted server reads the stored prefix in the background: the same tokens under every
+    policy; wait_complete loads all 10 pages; the prefetch counters on /metrics add up."""
+    d, first = stored_prefix
+    server = hicache_server(d, policy=policy)
+    try:
+        with server.client() as c:
+            assert generate(c, PREFIX + [1]) == first
+            wait_idle(c)
+            m = hicache_metrics(c)
+            assert m["hicache_prefetch_hit_tokens_total"] == m["hicache_hit_tokens_total[l3]"]
+            assert m["hicache_prefetch_pages_total"] * 16 >= m["hicache_hit_tokens_total[l3]"]
+            assert m["hicache_prefetch_failures_total"] == 0
+            if policy == "wait_complete":
+                assert m["hicache_hit_tokens_total[l3]"] == len(PREFIX)
+                assert m["hicache_prefetch_pages_total"] == len(PREFIX) // 16
     finally:
         server.stop()
