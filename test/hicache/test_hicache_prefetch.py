@@ -19,6 +19,7 @@ from test_hicache_scheduler import assert_pools_free, make, multi_turn, run
 from sglang.srt.managers.io_struct import AbortReq, TokenizedGenerateReqInput
 from sglang.srt.managers.scheduler.scheduler import Scheduler
 from sglang.srt.mem_cache.hicache.file_storage import FileStorage
+from sglang.srt.mem_cache.hicache.prefetch import PrefetchConfig
 from sglang.srt.sampling.sampling_params import SamplingParams
 
 POLICIES = ["best_effort", "wait_complete", "timeout"]
@@ -96,9 +97,19 @@ def test_each_policy_gives_the_same_tokens(stored, policy):
     sched.cache.tree.close()
 
 
-def test_best_effort_never_waits_for_a_stuck_backend(stored):
+def with_timeout(sched: Scheduler, base: float) -> Scheduler:
+    """The `timeout` policy with a bound of `base` seconds (prefetch_timeout_base; 0 per Ki token)."""
+    sched.cache.tree.prefetcher.config = PrefetchConfig("timeout", base, 0.0)
+    return sched
+
+
+@pytest.mark.parametrize("policy", ["best_effort", "timeout_passed"])
+def test_best_effort_never_waits_for_a_stuck_backend(stored, policy):
+    """best_effort, and timeout once its bound has passed (0 s here), admit with what arrived."""
     prompts, expected, d = stored
-    sched = make(True, d, page_size=4, prefetch="best_effort")
+    sched = make(True, d, page_size=4, prefetch=policy.removesuffix("_passed"))
+    if policy == "timeout_passed":
+        with_timeout(sched, 0.0)
     gated = gate_storage(sched)
     out = run(sched, prompts[:1], "a")  # the reads are held: the whole prompt is computed
     assert out == {"a0": expected["a0"]}
@@ -111,9 +122,14 @@ def test_best_effort_never_waits_for_a_stuck_backend(stored):
     assert host_consistent(sched)
 
 
-def test_wait_complete_holds_only_its_request(stored):
+@pytest.mark.parametrize("policy", ["wait_complete", "timeout_far"])
+def test_wait_complete_holds_only_its_request(stored, policy):
+    """wait_complete, and timeout before its bound (an hour here), hold the request until the read
+    ends; another request runs meanwhile."""
     prompts, expected, d = stored
-    sched = make(True, d, page_size=4, prefetch="wait_complete")
+    sched = make(True, d, page_size=4, prefetch=policy.removesuffix("_far"))
+    if policy == "timeout_far":
+        with_timeout(sched, 3600.0)
     gated = gate_storage(sched)
     submit(sched, "a0", prompts[0])
     submit(sched, "other", [7] * 7)  # shorter than a storage page: nothing to prefetch
@@ -181,3 +197,38 @@ def test_corrupted_page_fails_the_prefetch_and_recomputes(stored, tmp_path):
     assert_pools_free(sched)
     assert host_consistent(sched)
     sched.cache.tree.close()
+
+
+def test_prefetch_only_where_a_rank_decides_alone(tmp_path):
+    """tp / cp peers (`agree`) or a pipeline keep the synchronous L3 load: no prefetch is started
+    and every request is ready at once."""
+    import torch
+
+    from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+    from sglang.srt.mem_cache.hicache.hiradix_cache import HiRadixCache
+    from sglang.srt.mem_cache.hicache.host_pool import HostKVPool, kv_token_buffers
+    from sglang.srt.mem_cache.kv_pool import MHATokenToKVPool
+
+    pool = MHATokenToKVPool(16, 2, torch.float32, head_num=2, head_dim=4, layer_num=2)
+    host = HostKVPool(kv_token_buffers(pool), 32, 2)
+    storage = FileStorage(str(tmp_path), "ns", 4)
+    config = PrefetchConfig("wait_complete")
+    alone = HiRadixCache(TokenToKVPoolAllocator(16, 2), 2, host, "write_through", storage, None, config)
+    peers = HiRadixCache(TokenToKVPoolAllocator(16, 2), 2, host, "write_through", storage, min, config)
+    assert alone.wants_prefetch("r") and not alone.prefetch_ready("r")  # not started yet: waits
+    assert not peers.wants_prefetch("r") and peers.prefetch_ready("r")
+
+
+def test_bad_prefetch_timeout_refused_by_name():
+    from sglang.srt.server_args import ServerArgs
+
+    args = ServerArgs(
+        model_path="m",
+        load_format="dummy",
+        enable_hierarchical_cache=True,
+        hicache_storage_backend="file",
+        hicache_storage_prefetch_policy="timeout",
+        hicache_storage_backend_extra_config='{"prefetch_timeout_base": -1}',
+    )
+    with pytest.raises(ValueError, match="prefetch_timeout_base"):
+        args.validate()
