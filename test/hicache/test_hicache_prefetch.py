@@ -132,7 +132,7 @@ def test_wait_complete_holds_only_its_request(stored, policy):
         with_timeout(sched, 3600.0)
     gated = gate_storage(sched)
     submit(sched, "a0", prompts[0])
-    submit(sched, "other", [7] * 7)  # shorter than a storage page: nothing to prefetch
+    submit(sched, "other", [7] * 20)  # two pages' worth, none stored: no prefetch (probed)
     outs: dict = {}
     while "other" not in outs or len(outs["other"]) < 4:
         collect(outs, sched.step())
@@ -145,7 +145,8 @@ def test_wait_complete_holds_only_its_request(stored, policy):
     state = sched.internal_state()
     stored_tokens = (len(prompts[0]) - 1) // 8 * 8
     assert state["hicache_l3_hit_tokens"] == stored_tokens
-    assert state["prefill_tokens_computed"] == 7 + len(prompts[0]) - stored_tokens
+    assert state["prefill_tokens_computed"] == 20 + len(prompts[0]) - stored_tokens
+    assert state["hicache_prefetch_started"] == 1
     assert state["hicache_prefetch_wait_seconds"] > 0
     assert_pools_free(sched)
     assert host_consistent(sched)

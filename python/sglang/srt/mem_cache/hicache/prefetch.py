@@ -1,9 +1,9 @@
 """HiCache storage prefetch: a waiting request's L3 pages read into the host tier (L2) off the
 scheduler thread (`--hicache-storage-prefetch-policy`).
 
-When a request waits and its prompt continues past its L1/L2 match into storage pages, the
-scheduler thread allocates host rows for those pages, locks the matched path and queues a
-`PrefetchTask`; `PageReader`, one I/O thread per rank with a bounded queue, reads the pages in
+When a request waits and its prompt continues past its L1/L2 match into storage pages (the first
+of them probed with `exists`), the scheduler thread allocates host rows for those pages, locks
+the matched path and queues a `PrefetchTask`; `PageReader`, one I/O thread per rank with a bounded queue, reads the pages in
 order (backend read + checksum) and unpacks each into its host rows, stopping at the first miss,
 failure or cancel. Everything that touches the tree or the allocators stays on the scheduler thread
 (`StoragePrefetch`): a finished task, or one cut short at admission, *lands* its read pages in the
@@ -180,7 +180,10 @@ class StoragePrefetch:
         total, p0 = len(key) // sp, start // sp
         skip = start - p0 * sp
         need = (total - p0) * sp - skip
-        if total <= p0:
+        names = tree.storage.page_hashes(key, total)[p0:] if total > p0 else []
+        # one existence probe (a stat, or one RPC) before host rows are taken (and L2 evicted for
+        # them): a prompt whose first page is not stored has nothing to prefetch
+        if not names or not tree.storage.exists(names[0]):
             self.tasks[rid] = None
             return True
         if need > tree.host.available_size():
@@ -191,7 +194,6 @@ class StoragePrefetch:
             self.tasks[rid] = None
             return True
         last = path[-1] if path else tree.root_node
-        names = tree.storage.page_hashes(key, total)[p0:]
         task = PrefetchTask(rid, list(key[: total * sp]), start, names, skip, slots, last)
         tree.inc_lock_ref(last)
         if not self.reader.submit(task):
