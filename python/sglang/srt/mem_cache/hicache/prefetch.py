@@ -186,16 +186,17 @@ class StoragePrefetch:
         if not names or not tree.storage.exists(names[0]):
             self.tasks[rid] = None
             return True
+        last = path[-1] if path else tree.root_node
+        tree.inc_lock_ref(last)  # before evicting L2 for the rows: the matched path stays
         if need > tree.host.available_size():
             tree._evict_host(need - tree.host.available_size())
         slots = tree.host.alloc(need)
         if slots is None:
+            tree.dec_lock_ref(last)
             self.stats.prefetch_no_room += 1
             self.tasks[rid] = None
             return True
-        last = path[-1] if path else tree.root_node
         task = PrefetchTask(rid, list(key[: total * sp]), start, names, skip, slots, last)
-        tree.inc_lock_ref(last)
         if not self.reader.submit(task):
             tree.dec_lock_ref(last)
             tree.host.free(slots)
