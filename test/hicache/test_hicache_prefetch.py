@@ -142,7 +142,7 @@ def test_wait_complete_holds_only_its_request(stored, policy):
             break
     assert len(outs.get("other", [])) == 4
     assert "a0" not in outs and [r.rid for r in sched.waiting] == ["a0"]  # still waiting
-    assert gated.entered.is_set()
+    assert gated.entered.wait(timeout=60)  # its read is (or gets) held at the gate
     gated.gate.set()
     for out in sched.run_until_idle(max_steps=10_000):
         collect(outs, out)
