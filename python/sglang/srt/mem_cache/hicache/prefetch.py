@@ -131,7 +131,7 @@ class PageReader:
             finally:
                 task.finished.set()
 
-    def _failures(self) -> int:
+    def failures(self) -> int:
         stats = self.storage.stats
         return stats.read_failures + getattr(stats, "unreachable", 0)
 
@@ -140,7 +140,7 @@ class PageReader:
         for at in range(0, len(task.names), batch):
             if task.cancel:
                 return
-            before = self._failures()
+            before = self.failures()
             chunk = task.names[at : at + batch]
             pages = self.storage.get_run(chunk)
             for i, page in enumerate(pages, start=at):
@@ -154,7 +154,7 @@ class PageReader:
                     return
                 task.done = i + 1
             if len(pages) < len(chunk):
-                task.failed = self._failures() > before
+                task.failed = self.failures() > before
                 return
 
 
@@ -183,7 +183,9 @@ class StoragePrefetch:
         names = tree.storage.page_hashes(key, total)[p0:] if total > p0 else []
         # one existence probe (a stat, or one RPC) before host rows are taken (and L2 evicted for
         # them): a prompt whose first page is not stored has nothing to prefetch
+        before = self.reader.failures()
         if not names or not tree.storage.exists(names[0]):
+            self.stats.prefetch_failures += int(self.reader.failures() > before)  # backend down
             self.tasks[rid] = None
             return True
         last = path[-1] if path else tree.root_node
