@@ -35,7 +35,7 @@ POLICIES = ("best_effort", "wait_complete", "timeout")
 
 @dataclass(frozen=True)
 class PrefetchConfig:
-    policy: str = "best_effort"
+    policy: str = "timeout"
     timeout_base: float = 1.0  # seconds (upstream's prefetch_timeout_base)
     timeout_per_ki_token: float = 0.25  # seconds per 1024 tokens to fetch (prefetch_timeout_per_ki_token)
     queue_size: int = 64  # tasks queued for the I/O thread at most
