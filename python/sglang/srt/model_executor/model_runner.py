@@ -98,9 +98,7 @@ class ModelRunner:
         check_attention_backend(self.attention_backend_name, model_cls.attention_kind, cfg.architectures[0])
         check_kv_cache_dtype(self.attention_backend_name, server_args.kv_cache_dtype)
         self.kv_cache_dtype = resolve_kv_cache_dtype(server_args.kv_cache_dtype, self.dtype)
-        self.cp: Optional[CPRuntime] = CPRuntime.from_server_args(
-            server_args, groups.attn_cp, platform, model_cls.attention_kind
-        )
+        self.cp = CPRuntime.from_server_args(server_args, groups.attn_cp, platform, model_cls.attention_kind)
         if self.cp is not None and not model_cls.supports_context_parallel:
             raise ValueError(f"--cp-size > 1 is not supported for {cfg.architectures[0]} yet")
         loaded = self._load_model(model_cls, platform)
