@@ -72,11 +72,31 @@ def parse_args() -> argparse.Namespace:
 def measure(url: str, tokenizer: str, spec: tuple, repeats: int, out_file: str) -> dict:
     name, num, inp, out, conc, key = spec
     cmd = [
-        sys.executable, "-m", "sglang.bench_serving", "--backend", "openai", "--base-url", url,
-        "--tokenizer", tokenizer, "--dataset-name", "random", "--num-prompts", str(num),
-        "--random-input-len", str(inp), "--random-output-len", str(out), "--random-range-ratio", "1.0",
-        "--max-concurrency", str(conc), "--output-file", out_file, "--disable-tqdm",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "sglang.bench_serving",
+        "--backend",
+        "openai",
+        "--base-url",
+        url,
+        "--tokenizer",
+        tokenizer,
+        "--dataset-name",
+        "random",
+        "--num-prompts",
+        str(num),
+        "--random-input-len",
+        str(inp),
+        "--random-output-len",
+        str(out),
+        "--random-range-ratio",
+        "1.0",
+        "--max-concurrency",
+        str(conc),
+        "--output-file",
+        out_file,
+        "--disable-tqdm",
+    ]
     values, load_before = [], ", ".join(f"{x:.2f}" for x in os.getloadavg())
     for r in range(repeats):
         if os.path.exists(out_file):

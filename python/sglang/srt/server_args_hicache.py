@@ -71,11 +71,8 @@ class HiCacheArgs:
     )
     hicache_storage_prefetch_policy: str = arg(
         "timeout",
-        "How long a waiting request waits for its storage prefix to be prefetched into the host tier: "
-        "best_effort (not at all: what has arrived is used), wait_complete (until it is all read) or timeout "
-        "(up to prefetch_timeout_base + prefetch_timeout_per_ki_token x tokens / 1024 s, extra config keys; "
-        "upstream starts with best_effort, which on an idle CPU server admits before a page has arrived). "
-        "At tp / cp > 1 and pp > 1 storage loads stay synchronous at admission (docs/hicache.md).",
+        "How long a waiting request waits for its L3 prefix to be prefetched: best_effort (not at all), "
+        "wait_complete (until read) or timeout (bounded; extra config keys). docs/hicache.md.",
         G_MEMORY,
         choices=PREFETCH_POLICIES,
     )

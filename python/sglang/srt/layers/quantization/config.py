@@ -36,8 +36,8 @@ class QuantSpec:
     method: str
     weight_block_size: Optional[tuple[int, int]] = None
     activation_scheme: str = "dynamic"
-    scale_fmt: Optional[str] = None  # fp8: "ue8m0" = every block scale a power of two
     source: str = field(default="", compare=False)
+    scale_fmt: Optional[str] = None  # fp8: "ue8m0" = every block scale a power of two
 
 
 def check_quantization_flag(flag: Optional[str]) -> None:
@@ -109,7 +109,7 @@ def _fp8_spec(qc: Mapping) -> QuantSpec:
         raise ValueError(f"fp8 scale_fmt {scale_fmt!r} is not supported (float32 scales, or ue8m0)")
     block_size = (int(block[0]), int(block[1]))
     ue8m0 = None if scale_fmt is None else "ue8m0"
-    return QuantSpec("fp8", block_size, scheme, ue8m0, source="fp8")
+    return QuantSpec("fp8", block_size, scheme, "fp8", scale_fmt=ue8m0)
 
 
 def _compressed_tensors_spec(qc: Mapping) -> QuantSpec:
