@@ -20,45 +20,23 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass, field
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TOKENIZER_DIR = os.path.join(REPO, "python", "sglang", "test", "assets", "tiny-deepseek-v32")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "dp_attention"))
+from bench_dp_attention import SHAPE as DP_SHAPE  # noqa: E402  (the MoE model of benchmark/dp_attention)
+from bench_dp_attention import TOKENIZER_DIR  # noqa: E402
 
+# benchmark/dp_attention's MoE DeepSeek with DeepSeek-V3.2's Lightning Indexer (benchmark/dsa's sizes)
 DSV32_SHAPE = dict(
+    DP_SHAPE,
     architectures=["DeepseekV32ForCausalLM"],
     model_type="deepseek_v32",
-    vocab_size=4096,
-    hidden_size=1024,
-    intermediate_size=2048,
-    moe_intermediate_size=256,
-    num_hidden_layers=8,
-    first_k_dense_replace=1,
-    num_attention_heads=16,
-    num_key_value_heads=16,
-    q_lora_rank=384,
-    kv_lora_rank=256,
-    qk_nope_head_dim=64,
-    qk_rope_head_dim=64,
-    v_head_dim=64,
-    n_routed_experts=16,
-    num_experts_per_tok=4,
-    n_group=1,
-    topk_group=1,
-    n_shared_experts=1,
-    routed_scaling_factor=1.0,
-    norm_topk_prob=True,
     index_n_heads=16,
     index_head_dim=64,
     index_topk=2048,
-    hidden_act="silu",
-    rms_norm_eps=1e-6,
-    rope_theta=10000.0,
     max_position_embeddings=16384,
-    tie_word_embeddings=False,
-    bos_token_id=1,
-    eos_token_id=2,
     pad_token_id=0,
     torch_dtype="float32",
 )

@@ -71,39 +71,9 @@ def parse_args() -> argparse.Namespace:
 
 def measure(url: str, tokenizer: str, spec: tuple, repeats: int, out_file: str) -> dict:
     name, num, inp, out, conc, key = spec
-    cmd = [
-        sys.executable,
-        "-m",
-        "sglang.bench_serving",
-        "--backend",
-        "openai",
-        "--base-url",
-        url,
-        "--tokenizer",
-        tokenizer,
-        "--dataset-name",
-        "random",
-        "--num-prompts",
-        str(num),
-        "--random-input-len",
-        str(inp),
-        "--random-output-len",
-        str(out),
-        "--random-range-ratio",
-        "1.0",
-        "--max-concurrency",
-        str(conc),
-        "--output-file",
-        out_file,
-        "--disable-tqdm",
-    ]
-    values, load_before = [], ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    for r in range(repeats):
-        if os.path.exists(out_file):
-            os.remove(out_file)
-        servers.run(cmd + ["--seed", str(1 + r)])
-        with open(out_file) as f:
-            values.append(json.loads(f.readline())[key])
+    load_before = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    runs = servers.bench_serving_runs(url, tokenizer, num, inp, out, conc, out_file, repeats)
+    values = [r[key] for r in runs]
     med = statistics.median(values)
     value = inp / med * 1000.0 if name == "prefill" else med
     return {"value": value, "runs": values, "metric": key, "load_before": load_before}

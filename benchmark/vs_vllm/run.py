@@ -133,39 +133,10 @@ def bench_serving(args: argparse.Namespace, url: str, workload: str, out_file: s
     Run r sends new random prompts (seed 1 + r): no run hits the prefix cache of an earlier one,
     so TTFT is a real prefill in both engines (as peers.md measured vLLM)."""
     s = shape(args, workload)
-    cmd = [
-        sys.executable,
-        "-m",
-        "sglang.bench_serving",
-        "--backend",
-        "openai",
-        "--base-url",
-        url,
-        "--tokenizer",
-        args.hf_dir,
-        "--dataset-name",
-        "random",
-        "--num-prompts",
-        str(s["num"]),
-        "--random-input-len",
-        str(s["inp"]),
-        "--random-output-len",
-        str(s["out"]),
-        "--random-range-ratio",
-        "1.0",
-        "--max-concurrency",
-        str(s["conc"]),
-        "--output-file",
-        out_file,
-        "--disable-tqdm",
-    ]
-    runs, load_before = [], load_now()
-    for r in range(args.repeats):
-        if os.path.exists(out_file):
-            os.remove(out_file)
-        servers.run(cmd + ["--seed", str(1 + r)])
-        with open(out_file) as f:
-            runs.append(json.loads(f.readline()))
+    load_before = load_now()
+    runs = servers.bench_serving_runs(
+        url, args.hf_dir, s["num"], s["inp"], s["out"], s["conc"], out_file, args.repeats
+    )
     median = {k: statistics.median(r[k] for r in runs) for k in MEDIAN_KEYS}
     return {"runs": runs, "median": median, "load_before": load_before}
 

@@ -6,6 +6,7 @@ only groups started here are signalled.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -56,6 +57,28 @@ def run(cmd: list[str], env: Optional[dict] = None, log_path: Optional[str] = No
         with open(log_path, errors="replace") as f:
             tail = f.read()[-3000:]
         raise RuntimeError(f"command failed ({result.returncode}): {' '.join(cmd)}\n{tail}")
+
+
+def bench_serving_runs(
+    url: str, tokenizer: str, num: int, inp: int, out: int, conc: int, out_file: str, repeats: int
+) -> list[dict]:
+    """bench_serving's random workload (`num` prompts of `inp` tokens, `out` generated, `conc` at
+    once, through the OpenAI API) `repeats` times; each run's result record. Run r sends new random
+    prompts (seed 1 + r): no run hits the prefix cache of an earlier one."""
+    cmd = [
+        *(sys.executable, "-m", "sglang.bench_serving", "--backend", "openai", "--base-url", url),
+        *("--tokenizer", tokenizer, "--dataset-name", "random", "--num-prompts", str(num)),
+        *("--random-input-len", str(inp), "--random-output-len", str(out), "--random-range-ratio", "1.0"),
+        *("--max-concurrency", str(conc), "--output-file", out_file, "--disable-tqdm"),
+    ]
+    runs = []
+    for r in range(repeats):
+        if os.path.exists(out_file):
+            os.remove(out_file)
+        run(cmd + ["--seed", str(1 + r)])
+        with open(out_file) as f:
+            runs.append(json.loads(f.readline()))
+    return runs
 
 
 def ensure_vllm_venv(venv: str, python: str = "python3") -> str:
