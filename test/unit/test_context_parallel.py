@@ -162,6 +162,19 @@ def test_slot_mapping_bijective_and_owner_rule(page, cp, inter):
         assert max(counts) <= bound and m.reserved_physical_slots(seq) <= bound
 
 
+@pytest.mark.parametrize("page,cp,inter", [(64, 2, 1), (16, 4, 4), (32, 8, 2), (1, 16, 1)])
+def test_slot_mapping_shift_path_equals_the_division_formula(page, cp, inter):
+    """Powers of two take shifts and masks; the result is the seed's division formula."""
+    m = CPSlotMapping(page, cp, inter)
+    v = torch.randint(0, 1 << 40, (4096,))
+    vps = page * cp
+    offset = v % vps
+    lb = offset // inter
+    assert torch.equal(m.owner(v), lb % cp)
+    assert torch.equal(m.local_slot(v), (v // vps) * page + (lb // cp) * inter + offset % inter)
+    assert torch.equal(m.position_owner(v), (v // inter) % cp)
+
+
 def test_slot_mapping_matches_seed_formula_example():
     # block_size 4, cp 2, interleave 2: virtual block of 8 = [r0 r0 r1 r1 r0 r0 r1 r1]
     m = CPSlotMapping(4, 2, 2)

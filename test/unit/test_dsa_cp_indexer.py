@@ -25,6 +25,23 @@ def _brute(q, w, keys, q_pos, k_pos, topk, scale):
     return out
 
 
+def test_select_topk_equals_stable_sort_with_ties_signed_zeros_and_long_rows():
+    """The key-based partial selection picks what a stable descending sort picks: higher score,
+    ties (including -0.0 against +0.0) to the lower column, -inf never (index -1)."""
+    g = torch.Generator().manual_seed(1)
+    for b, total, k in ((5, 37, 9), (3, 5000, 2048), (2, 64, 64)):
+        scores = (torch.randn(b, total, generator=g) * 3).round()  # few distinct values: many ties
+        scores[0, ::3] = -0.0
+        scores[1, total // 2 :] = float("-inf")
+        scores[-1, -1] = -1e30
+        vals, idx = select_topk(scores, k)
+        ref_vals, ref_idx = torch.sort(scores, dim=-1, descending=True, stable=True)
+        ref_vals, ref_idx = ref_vals[:, :k], ref_idx[:, :k]
+        ref_idx = ref_idx.masked_fill(torch.isinf(ref_vals) & (ref_vals < 0), -1)
+        assert torch.equal(idx, ref_idx), (b, total, k)
+        assert torch.equal(vals, ref_vals)
+
+
 def test_merge_candidates_equals_global_selection_with_ties():
     g = torch.Generator().manual_seed(0)
     b, total, k, cp = 6, 40, 7, 3

@@ -20,7 +20,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from sglang.srt.layers.attention.dsa.scoring import index_scores, merge_candidates, select_topk, topk_columns
+from sglang.srt.layers.attention.dsa.scoring import (
+    index_scores,
+    merge_keys,
+    select_topk,
+    selection_keys,
+    topk_columns,
+)
 
 if TYPE_CHECKING:
     from sglang.srt.distributed.group_coordinator import GroupCoordinator
@@ -107,9 +113,7 @@ def exchange_and_merge(
     """All-gather every rank's candidates [m, W] and merge them into the global top-k positions
     [m, topk] (identical on every rank; -1 where fewer than topk keys are visible)."""
     m, width = vals.shape
-    # one float64 tensor: scores (float32) and positions (< 2^53) are both exact in float64
-    packed = torch.cat([vals.double(), pos.double()], dim=1)
-    allp = group.all_gather(packed, dim=0).view(group.size, m, 2 * width)
-    all_vals = allp[..., :width].permute(1, 0, 2).reshape(m, group.size * width).float()
-    all_pos = allp[..., width:].permute(1, 0, 2).reshape(m, group.size * width).long()
-    return merge_candidates(all_vals, all_pos, topk)
+    # one int64 selection key per candidate (score and position, 8 bytes; scoring.selection_keys)
+    keys = selection_keys(vals, pos.masked_fill(torch.isinf(vals) & (vals < 0), -1))
+    allk = group.all_gather(keys.contiguous(), dim=0).view(group.size, m, width)
+    return merge_keys(allk.permute(1, 0, 2).reshape(m, group.size * width), topk)
