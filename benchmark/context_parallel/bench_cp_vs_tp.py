@@ -35,6 +35,7 @@ for its peer is here) and the rest ("other": projections, MLP, norms, LM head).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -131,6 +132,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--decode-batch", type=int, default=0, help="decode requests (0: no decode runs)")
     ap.add_argument("--decode-context", type=int, default=32768, help="cached tokens per decode request")
     ap.add_argument("--decode-steps", type=int, default=5, help="timed decode steps (median reported)")
+    ap.add_argument("--json", help="also write every rank's figures to this file (input of tools/cp_sim.py)")
     ap.add_argument(
         "--quick", action="store_true", help="smoke run: 1K-token prefill, 4 x 1K decode, index_topk 128"
     )
@@ -185,6 +187,18 @@ def main() -> None:
         print_decode(
             results, args.decode_batch, args.decode_context, [x for x in args.layouts if x != "cp1-chunked"]
         )
+    if args.json:
+        write_json(args.json, shape, args.topk, results)
+
+
+def write_json(path: str, shape: dict, topk: int, results: dict) -> None:
+    """Per run: kind, tokens (prefill) or batch/context (decode), layout and each rank's figures."""
+    runs = [
+        {"kind": key[0], "tokens": key[1] if key[0] == "prefill" else None, "layout": key[-1], "ranks": ranks}
+        for key, ranks in results.items()
+    ]
+    with open(path, "w") as f:
+        json.dump({"shape": shape, "topk": topk, "runs": runs}, f, indent=1)
 
 
 if __name__ == "__main__":

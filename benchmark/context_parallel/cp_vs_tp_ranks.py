@@ -69,6 +69,9 @@ class Clock:
         elapsed, cpu = time.perf_counter() - self.start, time.thread_time() - self.cpu
         rec = {"time": elapsed, "cpu": cpu, **{k: self.totals[k] for k in PARTS}}
         rec["other"] = elapsed - sum(rec[k] for k in PARTS)
+        # the same split by thread CPU (robust to other jobs on the box; comm waits fall in other)
+        rec.update({f"{k}_cpu": self.totals[f"{k}_cpu"] for k in ("indexer", "sparse")})
+        rec["other_cpu"] = cpu - rec["indexer_cpu"] - rec["sparse_cpu"]
         return rec
 
     def waited(self, fn, *args, **kwargs):
