@@ -131,3 +131,20 @@ def test_gather_segment_flag_reaches_the_layout():
     assert batch.cp_layout is layout and layout.kv_gather_segment == 777 and layout.probe is probe
     with pytest.raises(ValueError):
         CPRuntime.from_server_args(SimpleNamespace(page_size=1, cp_kv_gather_segment=-1), _Group())
+
+
+def test_min_split_tokens_resolves_flag_then_env_then_platform(monkeypatch):
+    """Not given and no env: the platform's measured bar (CPU 512: shorter prompts run whole);
+    the env (the suite pins 0) and the flag win in that order."""
+    from types import SimpleNamespace
+
+    from sglang.srt.layers.cp_runtime import CPRuntime
+    from sglang.srt.platforms.cpu import CpuPlatform
+
+    unset = SimpleNamespace(page_size=1, cp_kv_gather_segment=None, cp_min_split_tokens=None)
+    monkeypatch.delenv("SGLANG_CP_MIN_SPLIT_TOKENS", raising=False)
+    assert CPRuntime.from_server_args(unset, _Group(), CpuPlatform).min_split_tokens == 512
+    monkeypatch.setenv("SGLANG_CP_MIN_SPLIT_TOKENS", "0")
+    assert CPRuntime.from_server_args(unset, _Group(), CpuPlatform).min_split_tokens == 0
+    given = SimpleNamespace(page_size=1, cp_kv_gather_segment=None, cp_min_split_tokens=64)
+    assert CPRuntime.from_server_args(given, _Group(), CpuPlatform).min_split_tokens == 64

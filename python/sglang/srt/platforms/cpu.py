@@ -249,11 +249,13 @@ class CpuPlatform(Platform):
     # and bf16 sums of the residual over 30 layers flipped that same tie on the amx kind (all-bf16
     # prefill); float32 residuals cost 2 extra bytes per hidden value per layer, added by the fused norm
     float32_residual_by_default = True
-    # CP on CPU splits every prompt (--cp-min-split-tokens 0): the ranks of a CP group share a
-    # socket's cores and memory bandwidth (on a VM maybe one physical core), so a prompt run whole
-    # on every rank took up to 2x cp 1's TTFT, while the split stayed within 0.8-1.1x of cp 1 from
-    # 1K to 8K tokens (benchmark/context_parallel/bench_cp_adaptive.py, docs/benchmarks.md)
-    cp_min_split_tokens = 0
+    # CP on CPU splits prompts of 512 tokens and more: below that the split's per-layer exchange
+    # costs more than it saves (256 tokens: split 1.34x cp 1's TTFT, whole on every rank 0.96x),
+    # from 512 the split is within 1.06x of cp 1 and 0.66x at 4K (the 2-vCPU AMX VM, 2026-11-28,
+    # benchmark/context_parallel/bench_cp_adaptive.py; docs/benchmarks.md). Ranks that share a
+    # socket's cores and bandwidth made running whole slower than cp 1 on loaded boxes, so the bar
+    # stays low.
+    cp_min_split_tokens = 512
 
     @classmethod
     def is_available(cls) -> bool:
