@@ -191,7 +191,7 @@ class HiRadixCache(RadixCache):
         out["hicache_host_tokens"] = self.host.size - self.host.available_size()
         out["hicache_host_capacity"] = self.host.size
         if self.storage is not None:
-            out.update({f"hicache_storage_{k}": v for k, v in asdict(self.storage.stats).items()})
+            out.update({f"hicache_storage_{k}": v for k, v in self.storage.stats.snapshot().items()})
         if self.prefetcher is not None:
             out.update({f"hicache_{k}": v for k, v in asdict(self.prefetcher.stats).items()})
         return out
@@ -295,7 +295,7 @@ class HiRadixCache(RadixCache):
                 self.host.unpack(dst, page, skip if i == 0 else 0)
         except ValueError as e:  # a page of another size under the same name: recompute
             logger.warning("HiCache: storage page rejected (%s); recomputing", e)
-            self.storage.stats.read_failures += 1
+            self.storage.stats.add("read_failures")
             return False
         return True
 

@@ -132,8 +132,8 @@ class PageReader:
                 task.finished.set()
 
     def failures(self) -> int:
-        stats = self.storage.stats
-        return stats.read_failures + getattr(stats, "unreachable", 0)
+        """The failures the calling thread has met (the other thread's do not count)."""
+        return self.storage.stats.thread_failures()
 
     def _read(self, task: PrefetchTask) -> None:
         sp, batch = self.storage.page_size, max(1, self.storage.batch_pages)
@@ -149,7 +149,7 @@ class PageReader:
                     self.host.unpack_host(rows, page, task.skip if i == 0 else 0)
                 except ValueError as e:  # a page of another size under the same name
                     logger.warning("HiCache prefetch: storage page rejected (%s); recomputing", e)
-                    self.storage.stats.read_failures += 1
+                    self.storage.stats.add("read_failures")
                     task.failed = True
                     return
                 task.done = i + 1

