@@ -10,8 +10,8 @@ import threading
 import time
 
 import pytest
-from test_hicache_prefetch import submit
-from test_hicache_scheduler import make
+from test_hicache_prefetch import stored, submit  # noqa: F401
+from test_hicache_scheduler import assert_pools_free, make
 
 from sglang.srt.mem_cache.hicache.file_storage import FileStorage
 
@@ -76,4 +76,44 @@ def test_probe_is_not_blamed_for_another_threads_failure(tmp_path):
     assert state["hicache_storage_read_failures"] == 1  # the other thread's failure is counted...
     assert state["hicache_prefetch_failures"] == 0  # ...but the probe met none
     sched.run_until_idle()
+    tree.close()
+
+
+def count_walks(tree) -> list:
+    """Wrap `tree.match_and_load` to record how many tree walks each admission makes."""
+    walks, inner_walk, inner_load = [], tree._walk, tree.match_and_load
+    calls = [0]
+
+    def walk(key):
+        calls[0] += 1
+        return inner_walk(key)
+
+    def load(key, rid=None):
+        calls[0] = 0
+        out = inner_load(key, rid)
+        walks.append(calls[0])
+        return out
+
+    tree._walk, tree.match_and_load = walk, load
+    return walks
+
+
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_admission_walks_the_tree_once(stored, prefetch):
+    """An admission whose prefetch landed (or, synchronously, whose L3 pages load then) walks once."""
+    prompts, expected, d = stored
+    sched = make(True, d, page_size=4, prefetch="wait_complete")
+    tree = sched.cache.tree
+    if not prefetch:
+        tree.prefetcher = None  # the synchronous L3 load at admission
+    walks = count_walks(tree)
+    submit(sched, "a0", prompts[0])
+    outs = {}
+    for out in sched.run_until_idle(max_steps=10_000):
+        for j, rid in enumerate(out.rids):
+            outs.setdefault(rid, []).extend(out.new_output_ids[j])
+    assert outs["a0"] == expected["a0"]
+    assert sched.internal_state()["hicache_l3_hit_tokens"] == (len(prompts[0]) - 1) // 8 * 8
+    assert walks == [1]
+    assert_pools_free(sched)
     tree.close()

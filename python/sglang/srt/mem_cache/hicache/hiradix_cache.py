@@ -147,23 +147,6 @@ class HiRadixCache(RadixCache):
         if self.prefetcher is not None:
             self.prefetcher.end(rid)
 
-    def adopt_host_rows(self, key: Sequence[int], start: int, rows: torch.Tensor) -> tuple[TreeNode, int]:
-        """Prefetched host rows of key[start:] (the path to key[:start] is locked) become an L2-only
-        leaf after what the tree holds of `key` now; rows it already holds are freed. Returns the
-        deepest node of `key` and where the new leaf starts."""
-        path = self._walk(key)
-        covered = sum(len(n.key) for n in path)
-        assert covered >= start, (covered, start)
-        if covered > start:
-            self.host.free(rows[: covered - start])
-        if covered < len(key):
-            parent = path[-1] if path else self.root_node
-            leaf = TreeNode(next(self._node_ids), tuple(key[covered:]), None, parent)
-            leaf.value, leaf.host_value, leaf.last_access = None, rows[covered - start :].clone(), self._now
-            parent.children[self._child_key(leaf.key)] = leaf
-            path.append(leaf)
-        return (path[-1] if path else self.root_node), covered
-
     # ------------------------------------------------------------------ residence bookkeeping
     def _node_len(self, node: TreeNode) -> int:
         return len(node.key) if node.value is not None else 0
@@ -203,12 +186,12 @@ class HiRadixCache(RadixCache):
 
     def match_and_load(self, key: Sequence[int], rid: Optional[str] = None) -> MatchResult:
         """Load the match's L2 nodes, then the L3 pages that continue it, into L1; the L1 match.
-        With a storage prefetch, request `rid`'s L3 pages are those its prefetch landed in L2."""
+        With a storage prefetch, request `rid`'s L3 pages are those its prefetch landed in L2.
+        One walk of the tree: the landing's (when the pages land now), else the load's."""
         if rid is None or not self._prefetching():
-            return self._match_and_load(key, sync_storage=True)
-        task = self.prefetcher.take(rid)
-        l1 = sum(len(n.key) for n in self._walk(key) if n.value is not None)
-        match = self._match_and_load(key, sync_storage=False)
+            return self._match_and_load(key, sync_storage=True)[0]
+        task, path = self.prefetcher.take(rid, key)
+        match, l1 = self._match_and_load(key, sync_storage=False, path=path)
         if task is not None:
             self.prefetcher.release(task)
             hit = min(match.prefix_len, task.landed) - max(task.land_start, l1)
@@ -218,19 +201,24 @@ class HiRadixCache(RadixCache):
                 self.prefetcher.stats.prefetch_hit_tokens += hit
         return match
 
-    def _match_and_load(self, key: Sequence[int], sync_storage: bool) -> MatchResult:
-        path = self._walk(key)
+    def _match_and_load(
+        self, key: Sequence[int], sync_storage: bool, path: Optional[list[TreeNode]] = None
+    ) -> tuple[MatchResult, int]:
+        """The L1 match after loading (and the tokens that were in L1 before); `path`: `key`'s
+        walk when the caller has just made it."""
+        path = self._walk(key) if path is None else path
         for node in path:
             node.hit_count += 1
-        in_l1 = [n for n in path if n.value is not None]
-        self.hstats.l1_hit_tokens += sum(len(n.key) for n in in_l1)
+        l1 = sum(len(n.key) for n in path if n.value is not None)  # L1 is prefix-closed
+        self.hstats.l1_hit_tokens += l1
         last = path[-1] if path else self.root_node
         self.inc_lock_ref(last)  # nothing on the path is evicted (from L1 or L2) while loading
         t0 = time.perf_counter()
         try:
-            loaded_all = self._load_from_host(path[len(in_l1) :])
+            loaded_all = self._load_from_host([n for n in path if n.value is None])
             if loaded_all and self.storage is not None and sync_storage:
-                self._load_from_storage(key, sum(len(n.key) for n in path))
+                leaf = self._load_from_storage(key, path)
+                path = path if leaf is None else [*path, leaf]
             if self.write_policy == "write_through_selective":
                 for node in path:
                     if node.hit_count >= SELECTIVE_HITS and node.value is not None:
@@ -238,7 +226,7 @@ class HiRadixCache(RadixCache):
         finally:
             self.dec_lock_ref(last)
             self.hstats.load_seconds += time.perf_counter() - t0
-        return self.match_prefix(key)
+        return self._result([n for n in path if n.value is not None]), l1
 
     def _load_from_host(self, nodes: list[TreeNode]) -> bool:
         for node in nodes:
@@ -252,13 +240,14 @@ class HiRadixCache(RadixCache):
             self.hstats.l2_hit_tokens += len(node.key)
         return True
 
-    def _load_from_storage(self, key: Sequence[int], start: int) -> None:
+    def _load_from_storage(self, key: Sequence[int], path: list[TreeNode]) -> Optional[TreeNode]:
         """Load the storage pages (`storage.page_size` tokens each) that continue the L1 prefix
-        `key[:start]`; the first may overlap it (its overlapping rows are skipped)."""
-        sp = self.storage.page_size
+        `path` holds; the first may overlap it (its overlapping rows are skipped). The new leaf
+        holding them (None: none loaded)."""
+        sp, start = self.storage.page_size, sum(len(n.key) for n in path)
         total, p0 = len(key) // sp, start // sp
         if total <= p0:
-            return
+            return None
         names = self.storage.page_hashes(key, total)
         pages = self.storage.get_run(names[p0:])
         n = len(pages) if self.agree is None else self.agree(len(pages))
@@ -281,11 +270,13 @@ class HiRadixCache(RadixCache):
                 LoadPages(query_id, 0 if slots is None else n, skip, [] if slots is None else slots.tolist())
             )
         if slots is None:
-            return
-        prefix = self.match_prefix(key[:start]).indices
-        already = self.insert(key[: (p0 + n) * sp], torch.cat([prefix, slots]))
-        assert already == start, (already, start)
+            return None
+        # no child of the path's end continues `key` (the walk would have taken it), and the
+        # locked path kept every node: the pages become a new leaf there
+        leaf = self._new_child(path[-1] if path else self.root_node, key[start : (p0 + n) * sp])
+        self._on_new_leaf(leaf, slots)
         self.hstats.l3_hit_tokens += slots.numel()
+        return leaf
 
     def _unpack(self, pages: list[bytes], slots: torch.Tensor, skip: int) -> bool:
         sp = self.storage.page_size

@@ -225,8 +225,10 @@ class StoragePrefetch:
                 keep.append(task)
         self.leftovers = keep
 
-    def _land(self, task: PrefetchTask) -> None:
-        """Hand the pages read so far to the tree (an L2-only node, locked for the request)."""
+    def _land(self, task: PrefetchTask, key: Optional[Sequence[int]] = None) -> Optional[list]:
+        """Hand the pages read so far to the tree (an L2-only node, locked for the request).
+        `key`: the request's whole match key (at admission): the tree is walked along it, and
+        that walk (ending with the landed node) is returned for the admission to use."""
         if not task.finished.is_set():
             task.cancel = True
         n, sp = task.done, self.tree.storage.page_size
@@ -234,15 +236,35 @@ class StoragePrefetch:
         self.stats.prefetch_pages += n
         self.stats.prefetch_failures += int(task.failed)
         task.landed, task.land_start = task.start, task.start
+        path = None
         if end > task.start:
-            rows = task.host_slots[: end - task.start]
-            node, task.land_start = self.tree.adopt_host_rows(task.key[:end], task.start, rows)
+            path = self._adopt(task, task.key[:end] if key is None else key, end)
             task.landed = end
+            node = path[-1]
             self.tree.inc_lock_ref(node)
             self.tree.dec_lock_ref(task.node)
             task.node = node
         self.leftovers.append(task)  # the rows past `landed`, once the thread is done
         self._free_leftovers()
+        return path
+
+    def _adopt(self, task: PrefetchTask, key: Sequence[int], end: int) -> list:
+        """The rows of key[task.start:end] (the path to key[:start] is locked) become an L2-only
+        leaf after what the tree holds of `key` now; rows it already holds are freed. Returns
+        `key`'s walk (with that leaf) and sets where the leaf starts (`land_start`)."""
+        tree = self.tree
+        path = tree._walk(key)
+        covered = sum(len(n.key) for n in path)
+        assert covered >= task.start, (covered, task.start)
+        rows = task.host_slots[: end - task.start]
+        if covered > task.start:
+            tree.host.free(rows[: covered - task.start])
+        task.land_start = covered
+        if covered < end:
+            leaf = tree._new_child(path[-1] if path else tree.root_node, key[covered:end])
+            leaf.value, leaf.host_value = None, rows[covered - task.start :].clone()
+            path.append(leaf)
+        return path
 
     def ready(self, rid: str) -> bool:
         """Whether admission may take the request now (the policy)."""
@@ -262,16 +284,16 @@ class StoragePrefetch:
     def _timeout(self, tokens: int) -> float:
         return self.config.timeout_base + self.config.timeout_per_ki_token * tokens / 1024
 
-    def take(self, rid: str) -> Optional[PrefetchTask]:
-        """Admission: the request's task with its pages landed (cut short if still reading)."""
+    def take(self, rid: str, key: Sequence[int]) -> tuple[Optional[PrefetchTask], Optional[list]]:
+        """Admission (`key`: the request's match key): the request's task with its pages landed
+        (cut short if still reading), and `key`'s walk when landing made one (else None)."""
         task = self.tasks.pop(rid, None)
         if task is None:
-            return None
-        if task.landed is None:
-            self._land(task)
+            return None, None
+        path = self._land(task, key) if task.landed is None else None
         if task.blocked_since is not None:
             self.stats.prefetch_wait_seconds += time.monotonic() - task.blocked_since
-        return task
+        return task, path
 
     def release(self, task: Optional[PrefetchTask]) -> None:
         """Unlock what the task held for its request (after admission, or on abort)."""
