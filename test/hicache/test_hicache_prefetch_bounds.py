@@ -6,14 +6,19 @@ host rows (and hashes pages) only for about what is stored."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import threading
 import time
 
 import pytest
-from test_hicache_prefetch import stored, submit  # noqa: F401
-from test_hicache_scheduler import assert_pools_free, make
+from test_hicache_prefetch import GatedStorage, gate_storage, host_consistent, stored, submit  # noqa: F401
+from test_hicache_scheduler import TINY, assert_pools_free, make
 
+from sglang.srt.mem_cache.hicache import page_store
 from sglang.srt.mem_cache.hicache.file_storage import FileStorage
+from sglang.srt.managers.scheduler.scheduler import Scheduler
+from sglang.srt.server_args import ServerArgs
 
 
 def corrupt_pages(storage: FileStorage, tag: str, n: int) -> list[str]:
@@ -117,3 +122,57 @@ def test_admission_walks_the_tree_once(stored, prefetch):
     assert walks == [1]
     assert_pools_free(sched)
     tree.close()
+
+
+class CountingHashlib:
+    """page_store's `hashlib`, counting the sha256 objects made (one per page hashed)."""
+
+    def __init__(self):
+        self.count = 0
+
+    def sha256(self, data=b""):
+        self.count += 1
+        return hashlib.sha256(data)
+
+
+def make_roomy(directory: str) -> Scheduler:
+    """`make(True, directory, page_size=4)` with a KV pool of 512 tokens (a 40-page prompt fits)."""
+    storage = {"file_path": directory, "page_tokens": 8}
+    args = ServerArgs(
+        **TINY,
+        max_total_tokens=512,
+        chunked_prefill_size=64,
+        page_size=4,
+        enable_hierarchical_cache=True,
+        hicache_ratio=2.0,
+        hicache_storage_backend="file",
+        hicache_storage_prefetch_policy="wait_complete",
+        hicache_storage_backend_extra_config=json.dumps(storage),
+    )
+    args.validate()
+    return Scheduler(args)
+
+
+def test_long_prompt_with_a_short_stored_prefix_reserves_little(stored, monkeypatch):
+    """A prompt of 40 storage pages whose first 2 are stored (and the thread held at the gate):
+    host rows are reserved for those 2 pages only, and far fewer than 40 pages are hashed."""
+    prompts, _, d = stored
+    sched = make_roomy(d)
+    tree = sched.cache.tree
+    gated = gate_storage(sched)
+    prompt = prompts[0][:16] + [9] * (40 * 8 - 16)
+    counting = CountingHashlib()
+    monkeypatch.setattr(page_store, "hashlib", counting)
+    submit(sched, "long", prompt, new=1)
+    sched.step()
+    monkeypatch.setattr(page_store, "hashlib", hashlib)
+    assert tree.host.size - tree.host.available_size() == 16  # two pages' rows, not the prompt's
+    assert 2 <= counting.count <= 20
+    assert gated.entered.wait(timeout=60)  # the prefetch started, its read held
+    gated.gate.set()
+    sched.run_until_idle(max_steps=10_000)
+    state = sched.internal_state()
+    assert state["hicache_prefetch_pages"] == 2 and state["hicache_l3_hit_tokens"] == 16
+    assert_pools_free(sched)
+    tree.close()
+    assert host_consistent(sched)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from dataclasses import dataclass, fields
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 MAGIC = b"SGLKV1\n"
 _DIGEST = 32
@@ -116,12 +116,15 @@ class PageStore:
 
     def page_hashes(self, tokens: Sequence[int], num_pages: int) -> list[str]:
         """Names of the first `num_pages` pages of `tokens` (each chained on the previous)."""
-        out, prev, ps = [], self._seed, self.page_size
+        return list(self.iter_page_hashes(tokens, num_pages))
+
+    def iter_page_hashes(self, tokens: Sequence[int], num_pages: int) -> Iterator[str]:
+        """`page_hashes`, one page at a time (a caller may stop early)."""
+        prev, ps = self._seed, self.page_size
         for i in range(num_pages):
             page = ",".join(str(int(t)) for t in tokens[i * ps : (i + 1) * ps]).encode()
             prev = hashlib.sha256(prev + page).digest()
-            out.append(prev.hex())
-        return out
+            yield prev.hex()
 
 
 def write_missing(

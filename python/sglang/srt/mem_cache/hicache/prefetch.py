@@ -1,9 +1,10 @@
 """HiCache storage prefetch: a waiting request's L3 pages read into the host tier (L2) off the
 scheduler thread (`--hicache-storage-prefetch-policy`).
 
-When a request waits and its prompt continues past its L1/L2 match into storage pages (the first
-of them probed with `exists`), the scheduler thread allocates host rows for those pages, locks
-the matched path and queues a `PrefetchTask`; `PageReader`, one I/O thread per rank with a bounded queue, reads the pages in
+When a request waits and its prompt continues past its L1/L2 match into storage pages, the
+scheduler thread hashes and probes them a few at a time (`exists_many`, the steps doubling) up to
+the first one the backend lacks, allocates host rows for that stored run (capped by the rows the
+host tier has, L2 evicted for them), locks the matched path and queues a `PrefetchTask`; `PageReader`, one I/O thread per rank with a bounded queue, reads the pages in
 order (backend read + checksum) and unpacks each into its host rows, stopping at the first miss,
 failure or cancel. Everything that touches the tree or the allocators stays on the scheduler thread
 (`StoragePrefetch`): a finished task, or one cut short at admission, *lands* its read pages in the
@@ -19,6 +20,7 @@ let go of them; `drain` waits for that (flush), `close` stops the thread.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import queue
 import threading
@@ -31,6 +33,8 @@ import torch
 logger = logging.getLogger(__name__)
 
 POLICIES = ("best_effort", "wait_complete", "timeout")
+PROBE_FIRST_PAGES = 4  # pages hashed and probed (`exists_many`) before a prefetch's first step
+PROBE_MAX_PAGES = 64  # ... at most per later step (or the backend's batch, when larger)
 
 
 @dataclass(frozen=True)
@@ -173,32 +177,30 @@ class StoragePrefetch:
 
     def start(self, rid: str, key: Sequence[int]) -> bool:
         """Queue the prefetch of the storage pages continuing `key`'s L1/L2 match; False when the
-        queue is full (tried again at the next step)."""
+        queue is full (tried again at the next step). Only the leading pages the backend holds
+        are taken (probed a few at a time), as many as the host tier has rows for."""
         tree, sp = self.tree, self.tree.storage.page_size
         path = tree._walk(key)
         start = sum(len(n.key) for n in path)
         total, p0 = len(key) // sp, start // sp
         skip = start - p0 * sp
-        need = (total - p0) * sp - skip
-        names = tree.storage.page_hashes(key, total)[p0:] if total > p0 else []
-        # one existence probe (a stat, or one RPC) before host rows are taken (and L2 evicted for
-        # them): a prompt whose first page is not stored has nothing to prefetch
         before = self.reader.failures()
-        if not names or not tree.storage.exists(names[0]):
+        # probed before host rows are taken (and L2 evicted for them): what is not stored, or
+        # past what the host tier could ever hold, takes no rows
+        names = self._stored_run(key, p0, min(total, p0 + (tree.host.size + skip) // sp))
+        last = path[-1] if path else tree.root_node
+        if names:
+            tree.inc_lock_ref(last)  # before evicting L2 for the rows: the matched path stays
+            slots = self._reserve(len(names), skip)
+            if slots is None:
+                tree.dec_lock_ref(last)
+                self.stats.prefetch_no_room += 1
+        if not names or slots is None:
             self.stats.prefetch_failures += int(self.reader.failures() > before)  # backend down
             self.tasks[rid] = None
             return True
-        last = path[-1] if path else tree.root_node
-        tree.inc_lock_ref(last)  # before evicting L2 for the rows: the matched path stays
-        if need > tree.host.available_size():
-            tree._evict_host(need - tree.host.available_size())
-        slots = tree.host.alloc(need)
-        if slots is None:
-            tree.dec_lock_ref(last)
-            self.stats.prefetch_no_room += 1
-            self.tasks[rid] = None
-            return True
-        task = PrefetchTask(rid, list(key[: total * sp]), start, names, skip, slots, last)
+        names = names[: (slots.numel() + skip) // sp]
+        task = PrefetchTask(rid, list(key[: (p0 + len(names)) * sp]), start, names, skip, slots, last)
         if not self.reader.submit(task):
             tree.dec_lock_ref(last)
             tree.host.free(slots)
@@ -206,6 +208,34 @@ class StoragePrefetch:
         self.tasks[rid] = task
         self.stats.prefetch_started += 1
         return True
+
+    def _stored_run(self, key: Sequence[int], p0: int, end: int) -> list[str]:
+        """Names of the pages p0, p0 + 1, ... of `key` (before page `end`) that the backend holds,
+        up to the first it lacks: hashed and probed (`exists_many`) a few pages at a time, the
+        steps doubling, so a long prompt with a short stored prefix costs about that prefix."""
+        storage = self.tree.storage
+        hashes = itertools.islice(storage.iter_page_hashes(key, end), p0, None)
+        out: list[str] = []
+        step = PROBE_FIRST_PAGES
+        while len(out) < end - p0:
+            chunk = list(itertools.islice(hashes, step))
+            present = storage.exists_many(chunk)
+            held = present.index(False) if False in present else len(chunk)
+            out += chunk[:held]
+            if held < len(chunk):
+                break
+            step = min(2 * step, max(PROBE_MAX_PAGES, storage.batch_pages))
+        return out
+
+    def _reserve(self, pages: int, skip: int) -> Optional[torch.Tensor]:
+        """Host rows for `pages` storage pages (the first's first `skip` rows excluded), L2 evicted
+        for them; as many whole pages as there is room for when the tier is short (None: none)."""
+        host, sp = self.tree.host, self.tree.storage.page_size
+        need = pages * sp - skip
+        if need > host.available_size():
+            self.tree._evict_host(need - host.available_size())
+        fit = min(pages, (host.available_size() + skip) // sp)
+        return host.alloc(fit * sp - skip) if fit > 0 else None
 
     def poll(self) -> None:
         """Land the finished tasks; free the rows of ended tasks the thread has let go of."""
