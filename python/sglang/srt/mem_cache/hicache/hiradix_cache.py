@@ -14,10 +14,12 @@ eviction). A page reaches L3 when its node reaches L2.
 the L2 part of the match and then the L3 pages that continue it into freshly allocated L1 slots;
 what does not fit, or fails its checksum, is left out and recomputed. With a storage prefetch
 (`prefetch.py`: a waiting request's L3 pages read into L2 by an I/O thread) the L3 part of an
-admission is what its prefetch brought, landed in the tree as L2 nodes; the prefetch runs where a
-rank decides alone (`_prefetching`: no tp / cp peers, no pipeline), elsewhere the L3 load stays
-synchronous at admission. Either way, when admission returns the request holds nothing in flight. `agree` (tp > 1) turns a rank's count of
-readable L3 pages into the count every rank uses (the minimum), so ranks stay identical.
+admission is what its prefetch brought, landed in the tree as L2 nodes; the prefetch runs on a
+rank alone and under tp / cp (`gather`: the ranks agree on what it changes, prefetch.py), not
+under a pipeline (`_prefetching`), where the L3 load stays synchronous at admission. Either way,
+when admission returns the request holds nothing in flight. `agree` (tp / cp > 1) turns a rank's
+count of readable L3 pages into the count every rank uses (the minimum), so ranks stay identical.
+An admission walks the tree once (the landing's walk, or the load's).
 Under pipeline parallelism (`enable_pipeline`, pipeline.py) the tree lives on stage 0 only: every
 copy between tiers is also recorded as a `TierOp` the later stages replay on their layers, and an
 L3 load first asks the ring how many pages every stage can read.
@@ -35,7 +37,7 @@ import torch
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.hicache.page_store import PageStore, write_missing
 from sglang.srt.mem_cache.hicache.host_pool import HostKVPool
-from sglang.srt.mem_cache.hicache.prefetch import PrefetchConfig, StoragePrefetch
+from sglang.srt.mem_cache.hicache.prefetch import Gather, PrefetchConfig, StoragePrefetch
 from sglang.srt.mem_cache.hicache.pipeline import (
     Backup,
     ClearStorage,
@@ -78,18 +80,20 @@ class HiRadixCache(RadixCache):
         storage: Optional[PageStore] = None,
         agree: Optional[Callable[[int], int]] = None,
         prefetch: Optional[PrefetchConfig] = None,
+        gather: Optional[Gather] = None,
     ):
         self.host = host
         self.write_policy = write_policy
         self.storage = storage
         self.agree = agree
+        self.gather = gather  # every rank's ints (tp / cp > 1): the prefetch's agreement
         self.hstats = HiCacheStats()
         self.peers: Optional[RingPeers] = None  # pipeline parallelism (stage 0): the later stages
         self._ops: Optional[list[TierOp]] = None  # ... and the copies they have yet to replay
         self.prefetcher: Optional[StoragePrefetch] = None
         super().__init__(allocator, page_size)
         if prefetch is not None and storage is not None:
-            self.prefetcher = StoragePrefetch(self, prefetch)
+            self.prefetcher = StoragePrefetch(self, prefetch, gather)
 
     def enable_pipeline(self, peers: RingPeers) -> None:
         """Stage 0 of a pipeline: record tier copies for the later stages, ask them before L3 loads."""
@@ -123,10 +127,14 @@ class HiRadixCache(RadixCache):
     # ------------------------------------------------------------------ storage prefetch
     def _prefetching(self) -> bool:
         """Whether L3 pages come from a background prefetch (else: synchronously at admission).
-        The one place that decides: only a rank that decides alone prefetches. With tp / cp peers
-        (`agree`) every rank would have to land the same pages at the same step, and under
-        pipeline parallelism (`peers`) the later stages answer storage queries in ring order."""
-        return self.prefetcher is not None and self.agree is None and self.peers is None
+        The one place that decides: a rank alone, or tp / cp peers that can `gather` (they agree
+        on every decision, prefetch.py); not under pipeline parallelism (`peers`: the later
+        stages answer storage queries in ring order, synchronously)."""
+        return (
+            self.prefetcher is not None
+            and self.peers is None
+            and (self.agree is None or self.gather is not None)
+        )
 
     def wants_prefetch(self, rid: str) -> bool:
         return self._prefetching() and self.prefetcher.wants(rid)
