@@ -27,7 +27,9 @@ beyond it are dropped on every rank), whether the policy lets its request go, an
 tasks' rows every thread has let go of (only then are they freed). So every rank lands the same
 pages at the same step, admits the same requests and keeps the same tree and host allocator; a page
 missing on one rank's store only is recomputed by all. The bound on prefetches in flight counts
-unlanded tasks (agreed), not the thread's queue. One rank alone agrees with itself (the same code).
+unlanded tasks (agreed), not the thread's queue. One rank alone runs the same code (agreeing with
+itself), except that admission also takes what its thread did since the step's poll: a read that
+ended makes its request ready at once, and a cut-short task lands every page read so far.
 """
 
 from __future__ import annotations
@@ -93,7 +95,7 @@ class StoragePrefetch:
 
     def __init__(self, tree: Any, config: PrefetchConfig, gather: Optional[Gather] = None):
         self.tree, self.config = tree, config
-        self.gather: Gather = gather or (lambda values: [list(values)])
+        self.gather = gather
         self.reader = PageReader(tree.storage, tree.host)
         self.tasks: dict[str, Optional[PrefetchTask]] = {}  # None: nothing to fetch for that request
         self.leftovers: list[PrefetchTask] = []  # ended tasks whose rows wait for every thread
@@ -101,10 +103,15 @@ class StoragePrefetch:
 
     def _agree(self, values: list[int]) -> tuple[list[int], list[list[int]]]:
         """The element-wise minimum over the group, and every rank's values."""
-        rows = self.gather(values)
+        rows = [list(values)] if self.gather is None else self.gather(values)
         by_rank = self.stats.prefetch_pages_by_rank  # one entry per rank from the first agreement
         by_rank.extend([0] * (len(rows) - len(by_rank)))
         return [min(col) for col in zip(*rows)], rows
+
+    @property
+    def alone(self) -> bool:
+        """No peers: this rank's view now is the agreement."""
+        return self.gather is None
 
     def wants(self, rid: str) -> bool:
         return rid not in self.tasks
@@ -270,6 +277,8 @@ class StoragePrefetch:
         task = self.tasks[rid]
         if task is None or task.landed is not None or task.go:
             return True
+        if self.alone and (task.finished.is_set() or self._may_go(task, time.monotonic())):
+            return True  # no peer to wait for: a read that ended since the poll counts at once
         if task.blocked_since is None:
             task.blocked_since = time.monotonic()
         return False
@@ -283,7 +292,12 @@ class StoragePrefetch:
         task = self.tasks.pop(rid, None)
         if task is None:
             return None, None
-        path = self._land(task, key) if task.landed is None else None
+        path = None
+        if task.landed is None:
+            everywhere = self.alone and task.finished.is_set()  # read before `done` (final then)
+            if self.alone:  # what the thread has read by now
+                task.agreed_done, task.done_by_rank = task.done, [task.done]
+            path = self._land(task, key, everywhere)
         if task.blocked_since is not None:
             self.stats.prefetch_wait_seconds += time.monotonic() - task.blocked_since
         return task, path
