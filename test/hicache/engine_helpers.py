@@ -45,10 +45,10 @@ def run_engine(waves: list[list[list[int]]], hicache_dir=None, page_tokens: int 
     """Generate each wave as one batch; (output ids, cached tokens per prompt, every replica's
     internal state). `hicache_dir`: HiCache on, with the file backend in that directory."""
     if hicache_dir is not None:
+        kw.setdefault("hicache_storage_prefetch_policy", "wait_complete")  # every stored page
         kw.update(
             enable_hierarchical_cache=True,
             hicache_storage_backend="file",
-            hicache_storage_prefetch_policy="wait_complete",  # where it prefetches: every stored page
             hicache_storage_backend_extra_config=json.dumps(
                 {"file_path": hicache_dir, "page_tokens": page_tokens}
             ),

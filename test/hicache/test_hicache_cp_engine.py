@@ -1,8 +1,9 @@
 """HiCache through the whole engine at cp 2 (context parallelism: the tree and allocators work in
 virtual slots, each rank stores its share of every page, in its tiers and in its own storage
 namespace, which names the cp layout): a multi-turn workload whose KV is several times the pool
-gives the greedy tokens of one rank without HiCache; a restarted engine loads each prompt's prefix
-from storage on both ranks and computes only the suffix; the same at pp 2 × cp 2."""
+gives the greedy tokens of one rank without HiCache; a restarted engine prefetches each prompt's
+prefix from storage on both ranks (each rank's I/O thread reads its share) and computes only the
+suffix; the same at pp 2 × cp 2 (synchronous L3 loads there)."""
 
 from __future__ import annotations
 
@@ -49,6 +50,9 @@ def test_cp2_hicache_matches_and_restarts_from_files(tmp_path, ref):
     assert state["prefill_tokens_computed"] == sum(len(p) - c for p, c in zip(first, cached))
     assert state["hicache_storage_read_failures"] == 0
     assert state["available_kv_tokens"] == state["max_total_num_tokens"]
+    # the pages came through the storage prefetch, read by each cp rank's own thread
+    assert state["hicache_l3_hit_tokens"] == state["hicache_prefetch_hit_tokens"] == sum(cached)
+    assert state["hicache_prefetch_pages_by_rank"] == [state["hicache_prefetch_pages"]] * 2
 
 
 def test_pp2_cp2_restart_loads_on_every_rank(tmp_path, ref):

@@ -205,24 +205,35 @@ def test_corrupted_page_fails_the_prefetch_and_recomputes(stored, tmp_path):
     sched.cache.tree.close()
 
 
-def test_prefetch_only_where_a_rank_decides_alone(tmp_path):
-    """tp / cp peers (`agree`) or a pipeline keep the synchronous L3 load: no prefetch is started
-    and every request is ready at once."""
+def test_prefetch_where_ranks_can_agree(tmp_path):
+    """A rank alone prefetches, and so do tp / cp peers that can gather every rank's counts; peers
+    with only `agree`, or a pipeline's stage 0, keep the synchronous L3 load: no prefetch is
+    started and every request is ready at once."""
     import torch
 
     from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
     from sglang.srt.mem_cache.hicache.hiradix_cache import HiRadixCache
     from sglang.srt.mem_cache.hicache.host_pool import HostKVPool, kv_token_buffers
+    from sglang.srt.mem_cache.hicache.pipeline import RingPeers
     from sglang.srt.mem_cache.kv_pool import MHATokenToKVPool
 
     pool = MHATokenToKVPool(16, 2, torch.float32, head_num=2, head_dim=4, layer_num=2)
     host = HostKVPool(kv_token_buffers(pool), 32, 2)
     storage = FileStorage(str(tmp_path), "ns", 4)
     config = PrefetchConfig("wait_complete")
-    alone = HiRadixCache(TokenToKVPoolAllocator(16, 2), 2, host, "write_through", storage, None, config)
-    peers = HiRadixCache(TokenToKVPoolAllocator(16, 2), 2, host, "write_through", storage, min, config)
-    assert alone.wants_prefetch("r") and not alone.prefetch_ready("r")  # not started yet: waits
-    assert not peers.wants_prefetch("r") and peers.prefetch_ready("r")
+
+    def tree(agree=None, gather=None):
+        return HiRadixCache(
+            TokenToKVPoolAllocator(16, 2), 2, host, "write_through", storage, agree, config, gather
+        )
+
+    gather = lambda values: [list(values), list(values)]  # noqa: E731
+    piped = tree()
+    piped.enable_pipeline(RingPeers(lambda q, ops: q))
+    for prefetching in (tree(), tree(min, gather)):
+        assert prefetching.wants_prefetch("r") and not prefetching.prefetch_ready("r")  # waits
+    for sync in (tree(min), piped):
+        assert not sync.wants_prefetch("r") and sync.prefetch_ready("r")
 
 
 def test_bad_prefetch_timeout_refused_by_name():

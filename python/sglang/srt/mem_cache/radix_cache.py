@@ -211,12 +211,17 @@ class RadixCache:
         matched = self._on_path(path, value)
         covered = sum(len(n.key) for n in path)
         if covered < n_aligned:
-            parent = path[-1] if path else self.root_node
-            leaf = TreeNode(next(self._node_ids), tuple(key[covered:n_aligned]), None, parent)
-            leaf.last_access = self._now
-            parent.children[self._child_key(leaf.key)] = leaf
+            leaf = self._new_child(path[-1] if path else self.root_node, key[covered:n_aligned])
             self._on_new_leaf(leaf, value[covered:].clone())
         return matched
+
+    def _new_child(self, parent: TreeNode, key: Sequence[int]) -> TreeNode:
+        """A new node for `key` under `parent` (no child of it starts with key's first page), its
+        tiers still to be set."""
+        child = TreeNode(next(self._node_ids), tuple(key), None, parent)
+        child.last_access = self._now
+        parent.children[self._child_key(child.key)] = child
+        return child
 
     def _on_path(self, path: list[TreeNode], value: torch.Tensor) -> int:
         """`insert`'s already-cached part: its length (the caller frees its own slots there)."""

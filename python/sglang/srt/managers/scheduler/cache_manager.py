@@ -45,10 +45,19 @@ def _agree_fn(group: Any) -> Optional[Callable[[int], int]]:
     return lambda n: min(v[0] for v in group.all_gather_ints([n]))
 
 
+def _gather_fn(group: Any) -> Optional[Callable[[list[int]], list[list[int]]]]:
+    """Every rank's list of ints over `group` (None for one rank)."""
+    return None if group.size == 1 else group.all_gather_ints
+
+
 def _place(runner: Any, groups: Any) -> RankPlace:
-    """This rank's place for HiCache's tiers; the replica's tp and cp ranks agree on L3 loads."""
+    """This rank's place for HiCache's tiers; the replica's tp and cp ranks agree on L3 loads and
+    on the storage prefetch's decisions."""
     shard = None if runner.cp is None else CPShard(runner.cp.mapping, groups.attn_cp.rank)
-    return RankPlace(runner.kv_page_size, _layout_id(runner, groups), _agree_fn(groups.replica), shard)
+    group = groups.replica
+    return RankPlace(
+        runner.kv_page_size, _layout_id(runner, groups), _agree_fn(group), shard, _gather_fn(group)
+    )
 
 
 def build_prefix_cache(server_args: Any, runner: Any, groups: Any) -> RadixCache:

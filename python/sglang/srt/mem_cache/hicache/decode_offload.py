@@ -96,5 +96,5 @@ class OffloadingRadixCache(RadixCache):
 
     def stats(self) -> dict:
         out = {f"hicache_offload_{k}": v for k, v in asdict(self.ostats).items()}
-        out.update({f"hicache_storage_{k}": v for k, v in asdict(self.storage.stats).items()})
+        out.update({f"hicache_storage_{k}": v for k, v in self.storage.stats.snapshot().items()})
         return out

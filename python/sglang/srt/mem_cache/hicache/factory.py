@@ -29,7 +29,7 @@ from sglang.srt.mem_cache.hicache.host_pool import CPShard, HostKVPool, TokenLay
 from sglang.srt.mem_cache.hicache.mooncake_config import mooncake_config
 from sglang.srt.mem_cache.hicache.mooncake_storage import MooncakeStorage
 from sglang.srt.mem_cache.hicache.page_store import PageStore
-from sglang.srt.mem_cache.hicache.prefetch import PrefetchConfig
+from sglang.srt.mem_cache.hicache.prefetch import Gather, PrefetchConfig
 from sglang.srt.mem_cache.hicache.pipeline import StageTiers
 from sglang.srt.mem_cache.radix_cache import RadixCache
 
@@ -70,12 +70,14 @@ def model_identity(args: Any) -> str:
 class RankPlace:
     """A rank's place for its tiers: the KV page (the allocator's: virtual under context
     parallelism), the layout id of its storage namespace, the cross-rank minimum of a count (tp /
-    cp > 1: every rank loads the same L3 pages) and its CP share of the slots."""
+    cp > 1: every rank loads the same L3 pages), its CP share of the slots, and every rank's ints
+    (`gather`, tp / cp > 1: the storage prefetch's agreement)."""
 
     page_size: int
     layout_id: str
     agree: Optional[Callable[[int], int]] = None
     shard: Optional[CPShard] = None
+    gather: Optional[Gather] = None  # every rank's ints (tp / cp > 1): the storage prefetch agrees
 
 
 def _namespace(args: Any, place: RankPlace, layout: TokenLayout) -> str:
@@ -144,6 +146,7 @@ def create_prefix_cache(
         storage,
         place.agree,
         prefetch_config(args),
+        place.gather,
     )
 
 

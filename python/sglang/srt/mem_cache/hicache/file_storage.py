@@ -52,10 +52,10 @@ class FileStorage(PageStore):
                 f.write(frame(payload))
             os.replace(tmp, path)
         except OSError as e:
-            self.stats.write_failures += 1
+            self.stats.add("write_failures")
             logger.warning("HiCache file storage: writing page %s failed (%s)", name[:16], e)
             return False
-        self.stats.pages_written += 1
+        self.stats.add("pages_written")
         return True
 
     def get(self, name: str) -> Optional[bytes]:
@@ -71,12 +71,12 @@ class FileStorage(PageStore):
         payload, why = unframe(data)
         if payload is None:
             return self._failed(name, why)
-        self.stats.pages_read += 1
+        self.stats.add("pages_read")
         return payload
 
     def _failed(self, name: str, why: str) -> None:
         """Count and log a bad page and remove it (the recomputed KV is written again)."""
-        self.stats.read_failures += 1
+        self.stats.add("read_failures")
         logger.warning("HiCache file storage: page %s %s; recomputing", name[:16], why)
         try:
             os.remove(self._path(name))

@@ -14,10 +14,12 @@ eviction). A page reaches L3 when its node reaches L2.
 the L2 part of the match and then the L3 pages that continue it into freshly allocated L1 slots;
 what does not fit, or fails its checksum, is left out and recomputed. With a storage prefetch
 (`prefetch.py`: a waiting request's L3 pages read into L2 by an I/O thread) the L3 part of an
-admission is what its prefetch brought, landed in the tree as L2 nodes; the prefetch runs where a
-rank decides alone (`_prefetching`: no tp / cp peers, no pipeline), elsewhere the L3 load stays
-synchronous at admission. Either way, when admission returns the request holds nothing in flight. `agree` (tp > 1) turns a rank's count of
-readable L3 pages into the count every rank uses (the minimum), so ranks stay identical.
+admission is what its prefetch brought, landed in the tree as L2 nodes; the prefetch runs on a
+rank alone and under tp / cp (`gather`: the ranks agree on what it changes, prefetch.py), not
+under a pipeline (`_prefetching`), where the L3 load stays synchronous at admission. Either way,
+when admission returns the request holds nothing in flight. `agree` (tp / cp > 1) turns a rank's
+count of readable L3 pages into the count every rank uses (the minimum), so ranks stay identical.
+An admission walks the tree once (the landing's walk, or the load's).
 Under pipeline parallelism (`enable_pipeline`, pipeline.py) the tree lives on stage 0 only: every
 copy between tiers is also recorded as a `TierOp` the later stages replay on their layers, and an
 L3 load first asks the ring how many pages every stage can read.
@@ -35,7 +37,7 @@ import torch
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.hicache.page_store import PageStore, write_missing
 from sglang.srt.mem_cache.hicache.host_pool import HostKVPool
-from sglang.srt.mem_cache.hicache.prefetch import PrefetchConfig, StoragePrefetch
+from sglang.srt.mem_cache.hicache.prefetch import Gather, PrefetchConfig, StoragePrefetch
 from sglang.srt.mem_cache.hicache.pipeline import (
     Backup,
     ClearStorage,
@@ -78,18 +80,20 @@ class HiRadixCache(RadixCache):
         storage: Optional[PageStore] = None,
         agree: Optional[Callable[[int], int]] = None,
         prefetch: Optional[PrefetchConfig] = None,
+        gather: Optional[Gather] = None,
     ):
         self.host = host
         self.write_policy = write_policy
         self.storage = storage
         self.agree = agree
+        self.gather = gather  # every rank's ints (tp / cp > 1): the prefetch's agreement
         self.hstats = HiCacheStats()
         self.peers: Optional[RingPeers] = None  # pipeline parallelism (stage 0): the later stages
         self._ops: Optional[list[TierOp]] = None  # ... and the copies they have yet to replay
         self.prefetcher: Optional[StoragePrefetch] = None
         super().__init__(allocator, page_size)
         if prefetch is not None and storage is not None:
-            self.prefetcher = StoragePrefetch(self, prefetch)
+            self.prefetcher = StoragePrefetch(self, prefetch, gather)
 
     def enable_pipeline(self, peers: RingPeers) -> None:
         """Stage 0 of a pipeline: record tier copies for the later stages, ask them before L3 loads."""
@@ -123,10 +127,14 @@ class HiRadixCache(RadixCache):
     # ------------------------------------------------------------------ storage prefetch
     def _prefetching(self) -> bool:
         """Whether L3 pages come from a background prefetch (else: synchronously at admission).
-        The one place that decides: only a rank that decides alone prefetches. With tp / cp peers
-        (`agree`) every rank would have to land the same pages at the same step, and under
-        pipeline parallelism (`peers`) the later stages answer storage queries in ring order."""
-        return self.prefetcher is not None and self.agree is None and self.peers is None
+        The one place that decides: a rank alone, or tp / cp peers that can `gather` (they agree
+        on every decision, prefetch.py); not under pipeline parallelism (`peers`: the later
+        stages answer storage queries in ring order, synchronously)."""
+        return (
+            self.prefetcher is not None
+            and self.peers is None
+            and (self.agree is None or self.gather is not None)
+        )
 
     def wants_prefetch(self, rid: str) -> bool:
         return self._prefetching() and self.prefetcher.wants(rid)
@@ -146,23 +154,6 @@ class HiRadixCache(RadixCache):
     def end_prefetch(self, rid: str) -> None:
         if self.prefetcher is not None:
             self.prefetcher.end(rid)
-
-    def adopt_host_rows(self, key: Sequence[int], start: int, rows: torch.Tensor) -> tuple[TreeNode, int]:
-        """Prefetched host rows of key[start:] (the path to key[:start] is locked) become an L2-only
-        leaf after what the tree holds of `key` now; rows it already holds are freed. Returns the
-        deepest node of `key` and where the new leaf starts."""
-        path = self._walk(key)
-        covered = sum(len(n.key) for n in path)
-        assert covered >= start, (covered, start)
-        if covered > start:
-            self.host.free(rows[: covered - start])
-        if covered < len(key):
-            parent = path[-1] if path else self.root_node
-            leaf = TreeNode(next(self._node_ids), tuple(key[covered:]), None, parent)
-            leaf.value, leaf.host_value, leaf.last_access = None, rows[covered - start :].clone(), self._now
-            parent.children[self._child_key(leaf.key)] = leaf
-            path.append(leaf)
-        return (path[-1] if path else self.root_node), covered
 
     # ------------------------------------------------------------------ residence bookkeeping
     def _node_len(self, node: TreeNode) -> int:
@@ -191,7 +182,7 @@ class HiRadixCache(RadixCache):
         out["hicache_host_tokens"] = self.host.size - self.host.available_size()
         out["hicache_host_capacity"] = self.host.size
         if self.storage is not None:
-            out.update({f"hicache_storage_{k}": v for k, v in asdict(self.storage.stats).items()})
+            out.update({f"hicache_storage_{k}": v for k, v in self.storage.stats.snapshot().items()})
         if self.prefetcher is not None:
             out.update({f"hicache_{k}": v for k, v in asdict(self.prefetcher.stats).items()})
         return out
@@ -203,12 +194,12 @@ class HiRadixCache(RadixCache):
 
     def match_and_load(self, key: Sequence[int], rid: Optional[str] = None) -> MatchResult:
         """Load the match's L2 nodes, then the L3 pages that continue it, into L1; the L1 match.
-        With a storage prefetch, request `rid`'s L3 pages are those its prefetch landed in L2."""
+        With a storage prefetch, request `rid`'s L3 pages are those its prefetch landed in L2.
+        One walk of the tree: the landing's (when the pages land now), else the load's."""
         if rid is None or not self._prefetching():
-            return self._match_and_load(key, sync_storage=True)
-        task = self.prefetcher.take(rid)
-        l1 = sum(len(n.key) for n in self._walk(key) if n.value is not None)
-        match = self._match_and_load(key, sync_storage=False)
+            return self._match_and_load(key, sync_storage=True)[0]
+        task, path = self.prefetcher.take(rid, key)
+        match, l1 = self._match_and_load(key, sync_storage=False, path=path)
         if task is not None:
             self.prefetcher.release(task)
             hit = min(match.prefix_len, task.landed) - max(task.land_start, l1)
@@ -218,19 +209,24 @@ class HiRadixCache(RadixCache):
                 self.prefetcher.stats.prefetch_hit_tokens += hit
         return match
 
-    def _match_and_load(self, key: Sequence[int], sync_storage: bool) -> MatchResult:
-        path = self._walk(key)
+    def _match_and_load(
+        self, key: Sequence[int], sync_storage: bool, path: Optional[list[TreeNode]] = None
+    ) -> tuple[MatchResult, int]:
+        """The L1 match after loading (and the tokens that were in L1 before); `path`: `key`'s
+        walk when the caller has just made it."""
+        path = self._walk(key) if path is None else path
         for node in path:
             node.hit_count += 1
-        in_l1 = [n for n in path if n.value is not None]
-        self.hstats.l1_hit_tokens += sum(len(n.key) for n in in_l1)
+        l1 = sum(len(n.key) for n in path if n.value is not None)  # L1 is prefix-closed
+        self.hstats.l1_hit_tokens += l1
         last = path[-1] if path else self.root_node
         self.inc_lock_ref(last)  # nothing on the path is evicted (from L1 or L2) while loading
         t0 = time.perf_counter()
         try:
-            loaded_all = self._load_from_host(path[len(in_l1) :])
+            loaded_all = self._load_from_host([n for n in path if n.value is None])
             if loaded_all and self.storage is not None and sync_storage:
-                self._load_from_storage(key, sum(len(n.key) for n in path))
+                leaf = self._load_from_storage(key, path)
+                path = path if leaf is None else [*path, leaf]
             if self.write_policy == "write_through_selective":
                 for node in path:
                     if node.hit_count >= SELECTIVE_HITS and node.value is not None:
@@ -238,7 +234,7 @@ class HiRadixCache(RadixCache):
         finally:
             self.dec_lock_ref(last)
             self.hstats.load_seconds += time.perf_counter() - t0
-        return self.match_prefix(key)
+        return self._result([n for n in path if n.value is not None]), l1
 
     def _load_from_host(self, nodes: list[TreeNode]) -> bool:
         for node in nodes:
@@ -252,13 +248,14 @@ class HiRadixCache(RadixCache):
             self.hstats.l2_hit_tokens += len(node.key)
         return True
 
-    def _load_from_storage(self, key: Sequence[int], start: int) -> None:
+    def _load_from_storage(self, key: Sequence[int], path: list[TreeNode]) -> Optional[TreeNode]:
         """Load the storage pages (`storage.page_size` tokens each) that continue the L1 prefix
-        `key[:start]`; the first may overlap it (its overlapping rows are skipped)."""
-        sp = self.storage.page_size
+        `path` holds; the first may overlap it (its overlapping rows are skipped). The new leaf
+        holding them (None: none loaded)."""
+        sp, start = self.storage.page_size, sum(len(n.key) for n in path)
         total, p0 = len(key) // sp, start // sp
         if total <= p0:
-            return
+            return None
         names = self.storage.page_hashes(key, total)
         pages = self.storage.get_run(names[p0:])
         n = len(pages) if self.agree is None else self.agree(len(pages))
@@ -281,11 +278,13 @@ class HiRadixCache(RadixCache):
                 LoadPages(query_id, 0 if slots is None else n, skip, [] if slots is None else slots.tolist())
             )
         if slots is None:
-            return
-        prefix = self.match_prefix(key[:start]).indices
-        already = self.insert(key[: (p0 + n) * sp], torch.cat([prefix, slots]))
-        assert already == start, (already, start)
+            return None
+        # no child of the path's end continues `key` (the walk would have taken it), and the
+        # locked path kept every node: the pages become a new leaf there
+        leaf = self._new_child(path[-1] if path else self.root_node, key[start : (p0 + n) * sp])
+        self._on_new_leaf(leaf, slots)
         self.hstats.l3_hit_tokens += slots.numel()
+        return leaf
 
     def _unpack(self, pages: list[bytes], slots: torch.Tensor, skip: int) -> bool:
         sp = self.storage.page_size
@@ -295,7 +294,7 @@ class HiRadixCache(RadixCache):
                 self.host.unpack(dst, page, skip if i == 0 else 0)
         except ValueError as e:  # a page of another size under the same name: recompute
             logger.warning("HiCache: storage page rejected (%s); recomputing", e)
-            self.storage.stats.read_failures += 1
+            self.storage.stats.add("read_failures")
             return False
         return True
 

@@ -166,10 +166,11 @@ class HostKVPool:
         self.layout.unpack_into(self.device_buffers, *self._local(device_slots), data, skip)
 
     def unpack_host(self, host_slots: torch.Tensor, data: bytes, skip: int = 0) -> None:
-        """Write a page's rows, but its first `skip`, to host rows (the prefetch thread: rows no
-        one else touches until they are handed over; unsharded pools only)."""
-        assert self.shard is None, "storage prefetch runs with one rank per replica"
-        self.layout.unpack_into(self.buffers, host_slots, data, skip)
+        """Write a page's rows, but its first `skip` positions, to host rows (the prefetch thread:
+        rows no one else touches until they are handed over; sharded: as `unpack`)."""
+        if self.shard is not None:
+            skip = self.shard.owned_before(skip)
+        self.layout.unpack_into(self.buffers, *self._local(host_slots), data, skip)
 
     def page_bytes(self, tokens: int) -> int:
         """Payload bytes of a storage page of `tokens` tokens on this rank."""

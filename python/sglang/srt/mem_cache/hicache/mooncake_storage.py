@@ -142,7 +142,7 @@ class MooncakeStorage(PageStore):
 
     def _down(self, why: str) -> None:
         """Skip the backend for `retry_interval_s` (the client reconnects to a master that comes back)."""
-        self.stats.unreachable += 1
+        self.stats.add("unreachable")
         logger.warning(
             "HiCache mooncake storage: %s (master %s); storage skipped for %.0f s (lookups recompute)",
             why,
@@ -173,19 +173,19 @@ class MooncakeStorage(PageStore):
     def put(self, name: str, payload: bytes) -> bool:
         store = self._client()
         if store is None:
-            self.stats.write_failures += 1
+            self.stats.add("write_failures")
             return False
         write = store.upsert if name in self._bad else store.put  # put leaves an existing page as is
         rc = write(self.key(name), frame(payload))
         if rc != 0:
-            self.stats.write_failures += 1
+            self.stats.add("write_failures")
             if rc == RPC_FAIL:
                 self._down(f"writing page {name[:16]} failed ({rc})")
             else:
                 logger.warning("HiCache mooncake storage: writing page %s failed (%d)", name[:16], rc)
             return False
         self._bad.discard(name)
-        self.stats.pages_written += 1
+        self.stats.add("pages_written")
         return True
 
     def put_many(self, names: Sequence[str], payloads: Sequence[bytes]) -> int:
@@ -197,7 +197,7 @@ class MooncakeStorage(PageStore):
             chunk, data = names[at : at + self.batch_pages], payloads[at : at + self.batch_pages]
             store = self._client()
             if store is None:
-                self.stats.write_failures += 1
+                self.stats.add("write_failures")
                 return written
             write = store.upsert_batch if self._bad.intersection(chunk) else store.put_batch
             if write([self.key(n) for n in chunk], [frame(p) for p in data]) != 0:
@@ -207,7 +207,7 @@ class MooncakeStorage(PageStore):
                     return written
                 continue
             self._bad.difference_update(chunk)
-            self.stats.pages_written += len(chunk)
+            self.stats.add("pages_written", len(chunk))
             written += len(chunk)
         return written
 
@@ -227,7 +227,7 @@ class MooncakeStorage(PageStore):
         unreachable (all but a plain miss counted and logged)."""
         store = self._client()
         if store is None:
-            self.stats.read_failures += 1
+            self.stats.add("read_failures")
             return None
         return self._checked(store, name, store.get(self.key(name)))
 
@@ -237,7 +237,7 @@ class MooncakeStorage(PageStore):
         for at in range(0, len(names), self.batch_pages):
             store = self._client()
             if store is None:
-                self.stats.read_failures += 1
+                self.stats.add("read_failures")
                 return out
             chunk = names[at : at + self.batch_pages]
             datas = store.get_batch([self.key(n) for n in chunk])
@@ -258,24 +258,24 @@ class MooncakeStorage(PageStore):
         miss) when there is none or it fails its check."""
         if not data:  # a miss, or a failure: the client answers both with no bytes
             if not self._probe(self.config):
-                self.stats.read_failures += 1
+                self.stats.add("read_failures")
                 return self._down(f"reading page {name[:16]} failed")
             rc = store.is_exist(self.key(name))
             if rc == 0:
                 return None  # a plain miss
-            self.stats.read_failures += 1
+            self.stats.add("read_failures")
             if rc == RPC_FAIL:
                 return self._down(f"reading page {name[:16]} failed")
             logger.warning("HiCache mooncake storage: page %s unreadable (%d); recomputing", name[:16], rc)
             return None
         payload, why = unframe(data)
         if payload is None:
-            self.stats.read_failures += 1
+            self.stats.add("read_failures")
             self._bad.add(name)
             logger.warning("HiCache mooncake storage: page %s %s; recomputing", name[:16], why)
             store.remove(self.key(name))  # refused while the read lease holds: then overwritten
             return None
-        self.stats.pages_read += 1
+        self.stats.add("pages_read")
         return payload
 
     def clear(self) -> int:

@@ -7,24 +7,53 @@ payload`; `unframe` gives the payload back, or None with the reason it is reject
 (`FileStorage`, `MooncakeStorage`) is a `PageStore` with `exists`, `put`, `get` and `clear`; the
 batch forms `exists_many`, `get_run` and `put_many` loop over them unless a backend has batch calls
 (Mooncake: `batch_pages` pages per call); `write_missing` writes a path's missing pages with them.
+A backend is called from the scheduler thread and from the prefetch I/O thread at once: its
+counters (`StorageStats`) move only under their lock, and `thread_failures` tells a caller the
+failures its own thread met (what the other thread meets meanwhile is not its call's).
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+import threading
+from dataclasses import dataclass, fields
+from typing import Callable, Iterator, Optional, Sequence
 
 MAGIC = b"SGLKV1\n"
 _DIGEST = 32
 
 
+FAILURES = ("read_failures", "unreachable")  # what `thread_failures` tallies
+
+
 @dataclass
 class StorageStats:
+    """A backend's counters. Both the scheduler thread and the prefetch I/O thread move them, so
+    they change only through `add` (under a lock) and are read whole through `snapshot`."""
+
     pages_written: int = 0
     pages_read: int = 0
     read_failures: int = 0  # checksum, short page, unreadable, backend unreachable: recomputed
     write_failures: int = 0
+
+    def __post_init__(self):
+        self._lock = threading.Lock()
+        self._mine = threading.local()  # the calling thread's own failures (`thread_failures`)
+
+    def add(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            setattr(self, name, getattr(self, name) + n)
+        if name in FAILURES:
+            self._mine.failures = getattr(self._mine, "failures", 0) + n
+
+    def thread_failures(self) -> int:
+        """The failures (read failures, unreachable backend) met by the calling thread so far: a
+        before/after difference tells what that thread's own calls met, whatever the other does."""
+        return getattr(self._mine, "failures", 0)
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 def frame(payload: bytes) -> bytes:
@@ -87,12 +116,15 @@ class PageStore:
 
     def page_hashes(self, tokens: Sequence[int], num_pages: int) -> list[str]:
         """Names of the first `num_pages` pages of `tokens` (each chained on the previous)."""
-        out, prev, ps = [], self._seed, self.page_size
+        return list(self.iter_page_hashes(tokens, num_pages))
+
+    def iter_page_hashes(self, tokens: Sequence[int], num_pages: int) -> Iterator[str]:
+        """`page_hashes`, one page at a time (a caller may stop early)."""
+        prev, ps = self._seed, self.page_size
         for i in range(num_pages):
             page = ",".join(str(int(t)) for t in tokens[i * ps : (i + 1) * ps]).encode()
             prev = hashlib.sha256(prev + page).digest()
-            out.append(prev.hex())
-        return out
+            yield prev.hex()
 
 
 def write_missing(

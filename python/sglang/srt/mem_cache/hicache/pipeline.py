@@ -157,7 +157,7 @@ class StageTiers:
             names = self.storage.page_hashes(q.tokens, q.p0 + q.count)
             for data in self.storage.get_run(names[q.p0 :]):
                 if len(data) != want:  # another page size under the name
-                    self.storage.stats.read_failures += 1
+                    self.storage.stats.add("read_failures")
                     break
                 pages.append(data)
             failures = self.storage.stats.read_failures - before
