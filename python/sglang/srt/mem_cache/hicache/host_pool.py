@@ -45,7 +45,9 @@ class TokenLayout:
         return ";".join(f"{list(s)}:{str(d).replace('torch.', '')}" for s, d in self.specs)
 
     def pack(self, buffers: list[torch.Tensor], slots: torch.Tensor) -> bytes:
-        parts = [b[slots].contiguous().reshape(-1).view(torch.uint8) for b in buffers]
+        # index_select / index_copy_, not b[slots]: on the MHA pool's transposed [rows, H, D] views
+        # an index expression walks the whole layer buffer (kv_pool.set_kv_buffer)
+        parts = [b.index_select(0, slots.to(b.device)).reshape(-1).view(torch.uint8) for b in buffers]
         return torch.cat(parts).cpu().numpy().tobytes()
 
     def unpack_into(
@@ -60,7 +62,8 @@ class TokenLayout:
         for buf, (shape, dtype), rb in zip(buffers, self.specs, self.row_bytes):
             chunk = flat[offset : offset + n * rb]
             offset += n * rb
-            buf[slots.to(buf.device)] = chunk.view(dtype).reshape(n, *shape)[skip:].to(buf.device)
+            rows = chunk.view(dtype).reshape(n, *shape)[skip:].to(buf.device)
+            buf.index_copy_(0, slots.to(device=buf.device, dtype=torch.int64), rows)
 
 
 class KVCopier(ABC):
@@ -84,7 +87,8 @@ class SyncCopier(KVCopier):
 
     def copy(self, src, src_slots, dst, dst_slots) -> None:
         for s, d in zip(src, dst):
-            d[dst_slots.to(d.device)] = s[src_slots.to(s.device)].to(d.device)
+            rows = s.index_select(0, src_slots.to(device=s.device, dtype=torch.int64)).to(d.device)
+            d.index_copy_(0, dst_slots.to(device=d.device, dtype=torch.int64), rows)
 
 
 class CPShard:
