@@ -63,7 +63,12 @@ class TokenLayout:
             chunk = flat[offset : offset + n * rb]
             offset += n * rb
             rows = chunk.view(dtype).reshape(n, *shape)[skip:].to(buf.device)
-            buf.index_copy_(0, slots.to(device=buf.device, dtype=torch.int64), rows)
+            _bytes(buf).index_copy_(0, slots.to(device=buf.device, dtype=torch.int64), _bytes(rows))
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """One-byte float tensors (FP8 caches) as uint8: CPU `index_copy_` has no FP8 kernel."""
+    return t.view(torch.uint8) if t.is_floating_point() and t.element_size() == 1 else t
 
 
 class KVCopier(ABC):
@@ -87,8 +92,12 @@ class SyncCopier(KVCopier):
 
     def copy(self, src, src_slots, dst, dst_slots) -> None:
         for s, d in zip(src, dst):
-            rows = s.index_select(0, src_slots.to(device=s.device, dtype=torch.int64)).to(d.device)
-            d.index_copy_(0, dst_slots.to(device=d.device, dtype=torch.int64), rows)
+            src = src_slots.to(device=s.device, dtype=torch.int64)
+            if s.dtype == d.dtype:
+                rows = _bytes(s).index_select(0, src).to(d.device)
+            else:  # tiers of different dtypes: the rows cast on the way
+                rows = _bytes(s.index_select(0, src).to(device=d.device, dtype=d.dtype))
+            _bytes(d).index_copy_(0, dst_slots.to(device=d.device, dtype=torch.int64), rows)
 
 
 class CPShard:
