@@ -141,6 +141,7 @@ OPS_SOURCE, AMX_SOURCE, VEC_SOURCE = (
     "prefill_attention_vec.cpp",
 )
 LINEAR_SOURCE = "linear_f32out_packed.cpp"
+INT8_SOURCE = "int8_linear.cpp"
 COMMON_CFLAGS = ("-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math")
 COMMON_LDFLAGS = ("-fopenmp",)
 
@@ -159,7 +160,7 @@ class Variant:
     @property
     def sources(self) -> tuple[str, ...]:
         # prefill_attention_vec.cpp compiles to "unsupported" stubs without AVX2 / AVX-512
-        common = (OPS_SOURCE, VEC_SOURCE, LINEAR_SOURCE)
+        common = (OPS_SOURCE, VEC_SOURCE, LINEAR_SOURCE, INT8_SOURCE)
         return common + (AMX_SOURCE,) if self.with_amx else common
 
     def defines(self, tag: str) -> tuple[str, ...]:
