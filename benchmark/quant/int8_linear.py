@@ -5,8 +5,11 @@ and rows (1 and 8: decode batches; 512: a prefill chunk), timed interleaved roun
   float32   what the model runs with --dtype float32 (F.linear, or the platform's packed kernel
             when it has one for float32)
   bf16      --dtype bfloat16: the platform's packed bf16 GEMM (oneDNN) where it has one
-  w8a8      `W8A8Int8LinearMethod`: per-token int8 quantization of x, torch._int_mm (oneDNN;
-            VNNI / AMX-INT8 where present), per-token x per-channel scales, bf16 output
+  w8a8      `W8A8Int8LinearMethod` after loading (its weight packed at prepack time): the fused CPU
+            kernel `int8_linear` (kernels/cpu/csrc/int8_linear.cpp: per-token quantization, int32
+            GEMM, both scales, bf16 output in one call) where the kernel build has it
+  w8a8-torch  the same layer unpacked: the torch ops of `w8a8_int8_linear` (per-token quantization,
+            torch._int_mm (oneDNN; VNNI / AMX-INT8 where present), scales, bf16 output)
 and the weight bytes each reads. One thread per --threads.
 
     python benchmark/quant/int8_linear.py --threads 2
@@ -40,12 +43,15 @@ def _layers(n: int, k: int) -> dict[str, tuple[nn.Module, torch.dtype, int]]:
         holder = nn.Sequential(lin)
         prepack_linear_weights(holder, get_platform("cpu"))
         out[name] = (lin, dtype, n * k * lin.weight.element_size())
-    lin = ReplicatedLinear(k, n, params_dtype=torch.bfloat16)
-    W8A8Int8LinearMethod().create_weights(lin, "bench")
     q, s = channel_quantize_int8(w)
-    lin.weight.data.copy_(q)
-    lin.weight_scale.data.copy_(s)
-    out["w8a8"] = (lin, torch.bfloat16, n * k)
+    for name, packed in (("w8a8", True), ("w8a8-torch", False)):
+        lin = ReplicatedLinear(k, n, params_dtype=torch.bfloat16)
+        W8A8Int8LinearMethod().create_weights(lin, "bench")
+        lin.weight.data.copy_(q)
+        lin.weight_scale.data.copy_(s)
+        if packed:
+            prepack_linear_weights(nn.Sequential(lin), get_platform("cpu"))
+        out[name] = (lin, torch.bfloat16, n * k)
     return out
 
 
@@ -60,7 +66,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     print(f"{args.threads} thread(s); ms per call, median of {args.rounds} rounds; ratio = w8a8 / best float")
     print(
-        f"{'shape':>12} {'rows':>5} {'float32':>9} {'bf16':>9} {'w8a8':>9} {'ratio':>6}  weight MiB f32/bf16/int8"
+        f"{'shape':>12} {'rows':>5} {'float32':>9} {'bf16':>9} {'w8a8':>9} {'w8a8-torch':>10} {'ratio':>6}"
+        "  weight MiB f32/bf16/int8"
     )
     for shape in args.shapes:
         n, k = (int(v) for v in shape.split("x"))
@@ -77,7 +84,8 @@ def main() -> None:
             ratio = med["w8a8"] / min(med["float32"], med["bf16"])
             mib = "/".join(f"{layers[nm][2] / 2**20:.0f}" for nm in ("float32", "bf16", "w8a8"))
             print(
-                f"{shape:>12} {m:>5} {med['float32']:>9.3f} {med['bf16']:>9.3f} {med['w8a8']:>9.3f} {ratio:>6.2f}  {mib}"
+                f"{shape:>12} {m:>5} {med['float32']:>9.3f} {med['bf16']:>9.3f} {med['w8a8']:>9.3f}"
+                f" {med['w8a8-torch']:>10.3f} {ratio:>6.2f}  {mib}"
             )
 
 

@@ -177,8 +177,9 @@ class Variant:
 _AVX2 = ("-mavx2", "-mfma", "-mf16c")
 _AVX512 = _AVX2 + ("-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl", "-mprefer-vector-width=512")
 # Best first. Only the avx512bf16 build may hold BF16 / AMX instructions (its AMX prefill kernel
-# checks for AMX itself at run time: CPUID and the kernel's permission).
-_BF16_AMX = ("-mavx512bf16", "-mavx512vnni", "-mamx-tile", "-mamx-bf16")
+# checks for AMX itself at run time: CPUID and the kernel's permission; so does the int8 linear's
+# AMX-INT8 path).
+_BF16_AMX = ("-mavx512bf16", "-mavx512vnni", "-mamx-tile", "-mamx-bf16", "-mamx-int8")
 X86_VARIANTS: tuple[Variant, ...] = (
     Variant("avx512bf16", _AVX512 + _BF16_AMX, X86_ISAS["avx512bf16"], with_amx=True),
     Variant("avx512", _AVX512, X86_ISAS["avx512"]),

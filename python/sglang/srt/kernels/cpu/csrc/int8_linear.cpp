@@ -26,10 +26,17 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <vector>
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
+#endif
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512VNNI__)
+#define SGL_INT8_AMX 1
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 #pragma GCC optimize("fp-contract=off")
@@ -38,6 +45,7 @@ namespace {
 
 constexpr int64_t kLanes = 16;  // output columns per packed block
 constexpr int kMaxRows = 4;     // rows of x per tile
+constexpr int64_t kAmxMinRows = 16;  // AMX-INT8 tiles from this many rows on (where the CPU has them)
 #if defined(__AVX512F__) && defined(__AVX512VNNI__)
 constexpr bool kUnsignedX = true;  // q + 128 as u8 (vpdpbusd), comp subtracted
 constexpr const char* kImpl = "avx512-vnni";
@@ -110,7 +118,7 @@ void quantize_row(const T* x, int64_t K, int64_t Kp, float s, uint8_t* q) {
   const uint8_t bias = kUnsignedX ? 128 : 0;
   int64_t k = 0;
 #if defined(__AVX512F__)
-  const __m512 vs = _mm512_set1_ps(s);
+  const __m512 vs = _mm512_set1_ps(s), vr = _mm512_set1_ps(1.f / s), near_half = _mm512_set1_ps(0.5f - 1.f / 1024);
   const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127), off = _mm512_set1_epi8(bias);
   for (; k + 16 <= K; k += 16) {
     __m512 a;
@@ -120,7 +128,12 @@ void quantize_row(const T* x, int64_t K, int64_t Kp, float s, uint8_t* q) {
       a = _mm512_castsi512_ps(
           _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + k))), 16));
     }
-    __m512i r = _mm512_cvtps_epi32(_mm512_div_ps(a, vs));  // MXCSR: round to nearest even
+    // x * (1 / s) is within 2^-15 of x / s (|x / s| <= 127): it rounds to the same integer unless
+    // it lies near a half-integer; only those vectors (a few percent) divide
+    __m512 y = _mm512_mul_ps(a, vr);
+    const __m512 dist = _mm512_abs_ps(_mm512_sub_ps(y, _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT)));
+    if (_mm512_cmp_ps_mask(dist, near_half, _CMP_GT_OQ) != 0) y = _mm512_div_ps(a, vs);
+    __m512i r = _mm512_cvtps_epi32(y);  // MXCSR: round to nearest even
     r = _mm512_min_epi32(_mm512_max_epi32(r, lo), hi);
     const __m128i b = _mm_add_epi8(_mm512_cvtepi32_epi8(r), _mm512_castsi512_si128(off));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(q + k), b);
@@ -230,24 +243,47 @@ struct Args {
   int64_t M, N, Kp;
 };
 
+#if defined(__AVX512F__)
+inline __m512 load16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+inline __m512 load16(const uint16_t* p, __mmask16 m) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+}
+inline __m512i bf16_bits16(__m512 v) {  // round to nearest even, NaN -> quiet (bf16_round's)
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb), 16);
+  return _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q),
+                               _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
+}
+inline __m512 round16(__m512 v, float*) { return v; }
+inline __m512 round16(__m512 v, uint16_t*) { return _mm512_castsi512_ps(_mm512_slli_epi32(bf16_bits16(v), 16)); }
+inline void store16(float* p, __m512 v, __mmask16 m) { _mm512_mask_storeu_ps(p, m, v); }
+inline void store16(uint16_t* p, __m512 v, __mmask16 m) {
+  _mm256_mask_storeu_epi16(p, m, _mm512_cvtepi32_epi16(bf16_bits16(v)));
+}
+
+template <typename T>
+inline void epilogue(const int32_t* acc, const int32_t* comp, float s, const float* ws, const T* bias, T* out,
+                     int64_t n) {
+  const __mmask16 m = n >= kLanes ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1);
+  __m512i a = _mm512_loadu_si512(acc);
+  if (kUnsignedX) a = _mm512_sub_epi32(a, _mm512_loadu_si512(comp));
+  __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(a), _mm512_set1_ps(s)), _mm512_loadu_ps(ws));
+  if (bias != nullptr) v = _mm512_add_ps(round16(v, out), load16(bias, m));
+  store16(out, v, m);
+}
+#else
 template <typename T>
 inline void epilogue(const int32_t* acc, const int32_t* comp, float s, const float* ws, const T* bias, T* out,
                      int64_t n) {
   T* tag = nullptr;
-  if (n == kLanes) {
-    float v[kLanes];
-    for (int l = 0; l < kLanes; ++l) v[l] = static_cast<float>(acc[l] - (kUnsignedX ? comp[l] : 0)) * s * ws[l];
-    if (bias != nullptr)
-      for (int l = 0; l < kLanes; ++l) v[l] = round_to(v[l], tag) + to_f(bias[l]);
-    for (int l = 0; l < kLanes; ++l) put(out + l, v[l]);
-    return;
-  }
   for (int64_t l = 0; l < n; ++l) {
     float v = static_cast<float>(acc[l] - (kUnsignedX ? comp[l] : 0)) * s * ws[l];
     if (bias != nullptr) v = round_to(v, tag) + to_f(bias[l]);
     put(out + l, v);
   }
 }
+#endif
 
 template <int RI, int NB, typename T>
 void run_tile(const Args& g, int64_t i0, int64_t b0, const T* bias, T* out) {
@@ -300,6 +336,103 @@ void gemm(const Args& g, const T* bias, T* out) {
   });
 }
 
+
+// ------------------------------------------------------------------------------ AMX-INT8 tiles
+#if defined(SGL_INT8_AMX)
+// the avx512bf16 build also runs on AVX-512 CPUs without AMX: CPUID leaf 7 EDX bit 24 (AMX-TILE)
+// and bit 25 (AMX-INT8), and the kernel's permission for the tile data (arch_prctl)
+bool amx_int8_ready() {
+  static const bool ok = [] {
+    unsigned int eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+    if ((edx & (1u << 24)) == 0 || (edx & (1u << 25)) == 0) return false;
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return ok;
+}
+
+// tile intrinsics are asm volatile without memory clobbers: fence the compiler around them
+#define SGL_I8_FENCE() asm volatile("" ::: "memory")
+
+struct alignas(64) TileCfg {
+  uint8_t palette_id, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+// every tile 16 rows x 64 bytes: A = 16 rows of x (64 u8 each), B = 16 k groups x 16 columns x 4
+// s8 (one block's packed rows as they lie), C = 16 x 16 int32. C0-C3: 2 row tiles x 2 blocks.
+void configure_int8_tiles() {
+  TileCfg cfg;
+  std::memset(&cfg, 0, sizeof cfg);
+  cfg.palette_id = 1;
+  for (int i = 0; i < 8; ++i) {
+    cfg.rows[i] = 16;
+    cfg.colsb[i] = 64;
+  }
+  asm volatile("" : : "r"(&cfg) : "memory");
+  _tile_loadconfig(&cfg);
+}
+
+// rows [r0, r0 + 32) (padded to 16s in xq; a second row tile past M is skipped) x blocks b0, b0 + 1
+// (b0 + 1 may be past the last: skipped)
+template <typename T>
+void amx_tile(const Args& g, int64_t r0, int64_t b0, int64_t blocks, const T* bias, T* out) {
+  alignas(64) int32_t acc[4][16 * 16];
+  const int64_t bstride = g.Kp * kLanes;
+  const bool two = b0 + 1 < blocks, low = r0 + 16 < g.M;  // a second block / row tile to compute
+  _tile_zero(4);
+  _tile_zero(5);
+  _tile_zero(6);
+  _tile_zero(7);
+  SGL_I8_FENCE();
+  for (int64_t k0 = 0; k0 < g.Kp; k0 += 64) {
+    _tile_loadd(0, g.xq + r0 * g.Kp + k0, g.Kp);
+    _tile_loadd(2, g.w + b0 * bstride + k0 * 16, 64);
+    _tile_dpbusd(4, 0, 2);
+    if (low) {
+      _tile_loadd(1, g.xq + (r0 + 16) * g.Kp + k0, g.Kp);
+      _tile_dpbusd(5, 1, 2);
+    }
+    if (two) {
+      _tile_loadd(3, g.w + (b0 + 1) * bstride + k0 * 16, 64);
+      _tile_dpbusd(6, 0, 3);
+      if (low) _tile_dpbusd(7, 1, 3);
+    }
+  }
+  _tile_stored(4, acc[0], 64);
+  _tile_stored(5, acc[1], 64);
+  _tile_stored(6, acc[2], 64);
+  _tile_stored(7, acc[3], 64);
+  SGL_I8_FENCE();
+  for (int b = 0; b < (two ? 2 : 1); ++b) {
+    const int64_t c0 = (b0 + b) * kLanes, n = std::min<int64_t>(kLanes, g.N - c0);
+    for (int h = 0; h < 2; ++h)
+      for (int64_t i = 0; i < 16 && r0 + h * 16 + i < g.M; ++i) {
+        const int64_t row = r0 + h * 16 + i;
+        epilogue(acc[2 * b + h] + i * 16, g.comp + c0, g.xs[row], g.ws + c0, bias ? bias + c0 : nullptr,
+                 out + row * g.N + c0, n);
+      }
+  }
+}
+
+template <typename T>
+void gemm_amx(const Args& g, const T* bias, T* out) {
+  const int64_t blocks = (g.N + kLanes - 1) / kLanes, pairs = (blocks + 1) / 2;
+  constexpr int64_t kChunk = 64;  // rows per task
+  const int64_t chunks = (g.M + kChunk - 1) / kChunk;
+  at::parallel_for(0, pairs * chunks, 1, [&](int64_t t0, int64_t t1) {
+    configure_int8_tiles();
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t b0 = (t / chunks) * 2, r0 = (t % chunks) * kChunk, r1 = std::min(g.M, r0 + kChunk);
+      for (int64_t r = r0; r < r1; r += 32) amx_tile(g, r, b0, blocks, bias, out);
+    }
+    _tile_release();
+  });
+}
+#endif
+
 template <typename T>
 void quantize(const T* x, int64_t sx, int64_t M, int64_t K, int64_t Kp, uint8_t* q, float* xs) {
   auto body = [&](int64_t m0, int64_t m1) {
@@ -321,19 +454,34 @@ template <typename T>
 void run(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& comp, const at::Tensor& ws,
          const std::optional<at::Tensor>& bias, at::Tensor& out, int64_t N, int64_t Kp) {
   const int64_t M = x.size(0), K = x.size(1);
-  std::vector<uint8_t> q(static_cast<size_t>(M * Kp));
+#if defined(SGL_INT8_AMX)
+  const bool amx = M >= kAmxMinRows && Kp % 64 == 0 && amx_int8_ready();
+#else
+  const bool amx = false;
+#endif
+  const int64_t rows = amx ? (M + 15) / 16 * 16 : M;  // AMX reads whole 16-row tiles
+  std::unique_ptr<uint8_t[]> q(new uint8_t[static_cast<size_t>(rows * Kp)]);  // rows past M: q = 0
+  std::memset(q.get() + M * Kp, kUnsignedX ? 128 : 0, static_cast<size_t>((rows - M) * Kp));
   std::vector<float> xs(static_cast<size_t>(M));
   const T* xp = reinterpret_cast<const T*>(x.data_ptr());
-  quantize(xp, x.stride(0), M, K, Kp, q.data(), xs.data());
-  const Args g{q.data(), xs.data(), packed.data_ptr<int8_t>(), comp.data_ptr<int32_t>(), ws.data_ptr<float>(),
+  quantize(xp, x.stride(0), M, K, Kp, q.get(), xs.data());
+  const Args g{q.get(), xs.data(), packed.data_ptr<int8_t>(), comp.data_ptr<int32_t>(), ws.data_ptr<float>(),
                M, N, Kp};
   const T* bp = bias.has_value() ? reinterpret_cast<const T*>(bias->data_ptr()) : nullptr;
+#if defined(SGL_INT8_AMX)
+  if (amx) return gemm_amx(g, bp, reinterpret_cast<T*>(out.data_ptr()));
+#endif
   gemm(g, bp, reinterpret_cast<T*>(out.data_ptr()));
 }
 
 }  // namespace
 
-std::string int8_linear_impl() { return kImpl; }
+std::string int8_linear_impl() {
+#if defined(SGL_INT8_AMX)
+  if (amx_int8_ready()) return std::string(kImpl) + "+amx";
+#endif
+  return kImpl;
+}
 
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& comp, const at::Tensor& ws,
                        int64_t N, const std::optional<at::Tensor>& bias) {
