@@ -44,14 +44,14 @@ def linear(
 
 def prepack_linear_weights(model: torch.nn.Module, platform, max_bytes: Optional[int] = None) -> int:
     """Pack the weight of every module with a `packed_weight` slot (unless it sets `skip_prepack`:
-    its own kernel holds a packed copy), and let quantized linears pack theirs (`_pack_quantized`);
+    its own kernel holds a packed copy), and let quantized linears pack theirs (`pack_quantized_linears`);
     returns the bytes the packed copies take (the plain weights stay, so the memory budget must count these too).
 
     max_bytes: when the copies would take more (a large model on a small host), nothing is packed
     and a warning says so."""
     if not envs.SGLANG_CPU_PREPACK_LINEAR.get():
         return 0
-    quantized_bytes = _pack_quantized(model)
+    quantized_bytes = pack_quantized_linears(model)
     todo = []
     for module in model.modules():
         if not hasattr(module, "packed_weight") or getattr(module, "skip_prepack", False):
@@ -83,7 +83,7 @@ def prepack_linear_weights(model: torch.nn.Module, platform, max_bytes: Optional
     return nbytes + quantized_bytes
 
 
-def _pack_quantized(model: torch.nn.Module) -> int:
+def pack_quantized_linears(model: torch.nn.Module) -> int:
     """Quantized linears whose method packs its weight for a fused kernel (`pack_weights`, e.g.
     W8A8-INT8's): packed once here; returns the bytes the packed copies take."""
     nbytes = 0
