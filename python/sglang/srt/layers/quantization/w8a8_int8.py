@@ -7,9 +7,12 @@ quantizes the activation rows x [M, K]: scale_x = amax(|row|) / 127, x_q = round
 (a zero row gets scale 1); then out[m, n] = int32(x_q[m] . w_q[n]) x scale_x[m] x scale_w[n], in
 float32, cast to x's dtype (+ bias).
 
-The int32 GEMM is the device's (`platforms.kernel_dispatch.int8_mm_op`: `torch._int_mm`, oneDNN on
-CPU with VNNI / AMX-INT8 where present); where there is none, `int8_mm_blockwise` is an exact
-fallback (float32 products of at most 1024 int8 pairs are exact integers, summed in int32).
+On CPU with the fused kernels (`kernel_dispatch.int8_linear_kernels`), the weight is packed once
+after loading (`pack_weights`, called by layers/linear_prepack.py; `pack_int8_vnni`) and `apply`
+runs all of it in one call (kernels/cpu/csrc/int8_linear.cpp: the same int32 sums and float
+rounding); otherwise, the torch ops below. There, the int32 GEMM is the device's
+(`platforms.kernel_dispatch.int8_mm_op`: `torch._int_mm`, oneDNN on CPU with VNNI / AMX-INT8 where
+present); where there is none, `int8_mm_blockwise` is an exact fallback (float32 products of at most 1024 int8 pairs are exact integers, summed in int32).
 
 Tensor parallelism: the per-row scale shards with the weight's output rows (column-parallel, fused
 gate/up and QKV shards) and is whole on every rank of a row-parallel layer. Each rank quantizes

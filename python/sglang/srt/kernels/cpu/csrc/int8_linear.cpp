@@ -89,6 +89,13 @@ inline void put(float* p, float v) { *p = v; }
 inline void put(uint16_t* p, float v) { *p = bf16_round(v); }
 
 // ---------------------------------------------------------------------------------- quantization
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) {
+  return _mm256_castsi256_ps(
+      _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+}
+#endif
 // amax of |row| (exact in any order: max)
 template <typename T>
 float row_amax(const T* x, int64_t K) {
@@ -107,6 +114,13 @@ float row_amax(const T* x, int64_t K) {
     v = _mm512_max_ps(v, _mm512_abs_ps(a));
   }
   m = _mm512_reduce_max_ps(v);
+#elif defined(__AVX2__) && defined(__FMA__)
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  __m256 v = _mm256_setzero_ps();
+  for (; k + 8 <= K; k += 8) v = _mm256_max_ps(v, _mm256_and_ps(load8(x + k), abs_mask));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, v);
+  for (float l : lanes) m = std::max(m, l);
 #endif
   for (; k < K; ++k) m = std::max(m, std::fabs(to_f(x[k])));
   return m;
@@ -137,6 +151,20 @@ void quantize_row(const T* x, int64_t K, int64_t Kp, float s, uint8_t* q) {
     r = _mm512_min_epi32(_mm512_max_epi32(r, lo), hi);
     const __m128i b = _mm_add_epi8(_mm512_cvtepi32_epi8(r), _mm512_castsi512_si128(off));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(q + k), b);
+  }
+#elif defined(__AVX2__) && defined(__FMA__)
+  const __m256 vs = _mm256_set1_ps(s), vr = _mm256_set1_ps(1.f / s), near_half = _mm256_set1_ps(0.5f - 1.f / 1024);
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
+  for (; k + 8 <= K; k += 8) {
+    const __m256 a = load8(x + k);
+    __m256 y = _mm256_mul_ps(a, vr);  // as in the AVX-512 loop: divide only near half-integers
+    const __m256 dist = _mm256_and_ps(_mm256_sub_ps(y, _mm256_round_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)),
+                                      abs_mask);
+    if (_mm256_movemask_ps(_mm256_cmp_ps(dist, near_half, _CMP_GT_OQ)) != 0) y = _mm256_div_ps(a, vs);
+    const __m256i r = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(y), lo), hi);
+    const __m128i w16 = _mm_packs_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(q + k), _mm_add_epi8(_mm_packs_epi16(w16, w16), _mm_set1_epi8(bias)));
   }
 #endif
   for (; k < K; ++k) {
