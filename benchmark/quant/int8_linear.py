@@ -13,12 +13,14 @@ and rows (1 and 8: decode batches; 512: a prefill chunk), timed interleaved roun
 and the weight bytes each reads. One thread per --threads.
 
     python benchmark/quant/int8_linear.py --threads 2
+    python benchmark/quant/int8_linear.py --threads 1 --thread-cpu   # on a busy machine
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import time
 import torch
 from torch import nn
 from torch.utils import benchmark
@@ -29,9 +31,17 @@ from sglang.srt.layers.quantization.w8a8_int8 import W8A8Int8LinearMethod, chann
 from sglang.srt.platforms import get_platform
 
 
-def _ms(fn, reps: int) -> float:
-    """Mean ms per call over `reps` calls (after one warm-up call)."""
-    return benchmark.Timer(stmt="fn()", globals={"fn": fn}).timeit(reps).mean * 1e3
+def _ms(fn, reps: int, cpu: bool = False) -> float:
+    """Mean ms per call over `reps` calls (after one warm-up call); `cpu`: the calling thread's CPU
+    time instead of wall time (with --threads 1 all the work runs on it, so other processes on the
+    machine slow it much less than they slow wall time)."""
+    if not cpu:
+        return benchmark.Timer(stmt="fn()", globals={"fn": fn}).timeit(reps).mean * 1e3
+    fn()
+    t0 = time.thread_time()
+    for _ in range(reps):
+        fn()
+    return (time.thread_time() - t0) / reps * 1e3
 
 
 def _layers(n: int, k: int) -> dict[str, tuple[nn.Module, torch.dtype, int]]:
@@ -62,9 +72,17 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (median taken)")
     p.add_argument("--reps", type=int, default=10)
+    p.add_argument(
+        "--thread-cpu",
+        action="store_true",
+        help="time by the calling thread's CPU time (use with --threads 1)",
+    )
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"{args.threads} thread(s); ms per call, median of {args.rounds} rounds; ratio = w8a8 / best float")
+    clock = "thread CPU" if args.thread_cpu else "wall"
+    print(
+        f"{args.threads} thread(s); {clock} ms per call, median of {args.rounds} rounds; ratio = w8a8 / best float"
+    )
     print(
         f"{'shape':>12} {'rows':>5} {'float32':>9} {'bf16':>9} {'w8a8':>9} {'w8a8-torch':>10} {'ratio':>6}"
         "  weight MiB f32/bf16/int8"
@@ -79,7 +97,7 @@ def main() -> None:
                 for _ in range(args.rounds):
                     for name, (lin, dtype, _) in layers.items():
                         xd = x.to(dtype)
-                        times[name].append(_ms(lambda: lin(xd), args.reps))
+                        times[name].append(_ms(lambda: lin(xd), args.reps, args.thread_cpu))
             med = {name: statistics.median(t) for name, t in times.items()}
             ratio = med["w8a8"] / min(med["float32"], med["bf16"])
             mib = "/".join(f"{layers[nm][2] / 2**20:.0f}" for nm in ("float32", "bf16", "w8a8"))
