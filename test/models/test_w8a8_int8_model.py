@@ -18,6 +18,7 @@ import os
 import pytest
 import torch
 
+from sglang.srt.platforms.kernel_dispatch import int8_linear_kernels
 from sglang.test.scheduler_harness import SchedulerHarness
 from sglang.test.tiny_w8a8_models import fake_quant_linears, save_w8a8_pair
 
@@ -49,6 +50,8 @@ def test_w8a8_int8_matches_quantized_math_and_stays_near_float(tmp_path, fmt):
         layer.mlp.down_proj,
     ):
         assert lin.weight.dtype == torch.int8 and lin.weight_scale.dtype == torch.float32
+        # packed after loading for the fused CPU kernel wherever the kernel build has one
+        assert (lin.int8_packed is not None) == (int8_linear_kernels(lin.weight.device) is not None)
     for rid in same_math.outputs:
         assert ours.outputs[rid] == same_math.outputs[rid]
         diff = max(float((a - b).abs().max()) for a, b in zip(ours.logits[rid], same_math.logits[rid]))

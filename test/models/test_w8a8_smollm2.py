@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from sglang.srt.distributed.parallel_state import ParallelGroups
+from sglang.srt.layers.linear_prepack import pack_quantized_linears
 from sglang.srt.layers.quantization.online import quantize_online
 from sglang.srt.model_loader.default_model import find_default_model
 from sglang.srt.utils.hf_transformers_utils import get_tokenizer
@@ -39,6 +40,7 @@ def _passage_logits(path: str, ids: list[int], quantize: bool) -> torch.Tensor:
     hf_config, model = cp_moe_driver.load_model(path, groups)
     if quantize:
         assert quantize_online(model, "w8a8_int8") == 4 * hf_config.num_hidden_layers
+        pack_quantized_linears(model)  # the fused CPU kernel where the build has it (same bits)
     h = cp_moe_driver.make_harness(hf_config, model, groups, "zigzag")
     step = cp_moe_driver.pp_stepper(h, model, groups, [])
     return step([(h.new_request(), ids)], all_logits=True).clone()

@@ -44,13 +44,14 @@ def linear(
 
 def prepack_linear_weights(model: torch.nn.Module, platform, max_bytes: Optional[int] = None) -> int:
     """Pack the weight of every module with a `packed_weight` slot (unless it sets `skip_prepack`:
-    its own kernel holds a packed copy); returns the bytes the packed
-    copies take (the plain weights stay, so the memory budget must count these too).
+    its own kernel holds a packed copy), and let quantized linears pack theirs (`pack_quantized_linears`);
+    returns the bytes the packed copies take (the plain weights stay, so the memory budget must count these too).
 
     max_bytes: when the copies would take more (a large model on a small host), nothing is packed
     and a warning says so."""
     if not envs.SGLANG_CPU_PREPACK_LINEAR.get():
         return 0
+    quantized_bytes = pack_quantized_linears(model)
     todo = []
     for module in model.modules():
         if not hasattr(module, "packed_weight") or getattr(module, "skip_prepack", False):
@@ -68,7 +69,7 @@ def prepack_linear_weights(model: torch.nn.Module, platform, max_bytes: Optional
             total / 2**20,
             max_bytes / 2**20,
         )
-        return 0
+        return quantized_bytes
     count = nbytes = 0
     for module, weight, (pack, kernel) in todo:
         packed = pack(weight.detach())
@@ -79,4 +80,17 @@ def prepack_linear_weights(model: torch.nn.Module, platform, max_bytes: Optional
         logger.info(
             "prepacked %d linear weights (%.0f MiB) for the %s kernel", count, nbytes / 2**20, platform.name
         )
+    return nbytes + quantized_bytes
+
+
+def pack_quantized_linears(model: torch.nn.Module) -> int:
+    """Quantized linears whose method packs its weight for a fused kernel (`pack_weights`, e.g.
+    W8A8-INT8's): packed once here; returns the bytes the packed copies take."""
+    nbytes = 0
+    for module in model.modules():
+        pack = getattr(getattr(module, "quant_method", None), "pack_weights", None)
+        if pack is not None and getattr(module, "weight", None) is not None:
+            nbytes += pack(module)
+    if nbytes:
+        logger.info("packed quantized linear weights (%.0f MiB) for their fused kernels", nbytes / 2**20)
     return nbytes

@@ -93,3 +93,11 @@ def int8_mm_op(device: torch.device) -> Optional[Callable[[torch.Tensor, torch.T
     if _INT_MM is None or device.type != "cpu":
         return None
     return _INT_MM
+
+
+def int8_linear_kernels(device: torch.device) -> Optional[Any]:
+    """The fused kernel module when its build has the W8A8-INT8 linear (`int8_linear`: per-token
+    quantization, the int32 GEMM on a packed int8 weight and both scales in one call) for `device`;
+    None elsewhere (callers keep `w8a8_int8_linear`'s torch ops)."""
+    ops = kernels_for_device(device)
+    return ops if ops is not None and hasattr(ops, "int8_linear") else None

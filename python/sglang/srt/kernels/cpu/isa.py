@@ -141,6 +141,7 @@ OPS_SOURCE, AMX_SOURCE, VEC_SOURCE = (
     "prefill_attention_vec.cpp",
 )
 LINEAR_SOURCE = "linear_f32out_packed.cpp"
+INT8_SOURCE = "int8_linear.cpp"
 COMMON_CFLAGS = ("-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math")
 COMMON_LDFLAGS = ("-fopenmp",)
 
@@ -159,7 +160,7 @@ class Variant:
     @property
     def sources(self) -> tuple[str, ...]:
         # prefill_attention_vec.cpp compiles to "unsupported" stubs without AVX2 / AVX-512
-        common = (OPS_SOURCE, VEC_SOURCE, LINEAR_SOURCE)
+        common = (OPS_SOURCE, VEC_SOURCE, LINEAR_SOURCE, INT8_SOURCE)
         return common + (AMX_SOURCE,) if self.with_amx else common
 
     def defines(self, tag: str) -> tuple[str, ...]:
@@ -176,8 +177,9 @@ class Variant:
 _AVX2 = ("-mavx2", "-mfma", "-mf16c")
 _AVX512 = _AVX2 + ("-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl", "-mprefer-vector-width=512")
 # Best first. Only the avx512bf16 build may hold BF16 / AMX instructions (its AMX prefill kernel
-# checks for AMX itself at run time: CPUID and the kernel's permission).
-_BF16_AMX = ("-mavx512bf16", "-mavx512vnni", "-mamx-tile", "-mamx-bf16")
+# checks for AMX itself at run time: CPUID and the kernel's permission; so does the int8 linear's
+# AMX-INT8 path).
+_BF16_AMX = ("-mavx512bf16", "-mavx512vnni", "-mamx-tile", "-mamx-bf16", "-mamx-int8")
 X86_VARIANTS: tuple[Variant, ...] = (
     Variant("avx512bf16", _AVX512 + _BF16_AMX, X86_ISAS["avx512bf16"], with_amx=True),
     Variant("avx512", _AVX512, X86_ISAS["avx512"]),

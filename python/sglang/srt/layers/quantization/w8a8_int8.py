@@ -7,9 +7,12 @@ quantizes the activation rows x [M, K]: scale_x = amax(|row|) / 127, x_q = round
 (a zero row gets scale 1); then out[m, n] = int32(x_q[m] . w_q[n]) x scale_x[m] x scale_w[n], in
 float32, cast to x's dtype (+ bias).
 
-The int32 GEMM is the device's (`platforms.kernel_dispatch.int8_mm_op`: `torch._int_mm`, oneDNN on
-CPU with VNNI / AMX-INT8 where present); where there is none, `int8_mm_blockwise` is an exact
-fallback (float32 products of at most 1024 int8 pairs are exact integers, summed in int32).
+On CPU with the fused kernels (`kernel_dispatch.int8_linear_kernels`), the weight is packed once
+after loading (`pack_weights`, called by layers/linear_prepack.py; `pack_int8_vnni`) and `apply`
+runs all of it in one call (kernels/cpu/csrc/int8_linear.cpp: the same int32 sums and float
+rounding); otherwise, the torch ops below. There, the int32 GEMM is the device's
+(`platforms.kernel_dispatch.int8_mm_op`: `torch._int_mm`, oneDNN on CPU with VNNI / AMX-INT8 where
+present); where there is none, `int8_mm_blockwise` is an exact fallback (float32 products of at most 1024 int8 pairs are exact integers, summed in int32).
 
 Tensor parallelism: the per-row scale shards with the weight's output rows (column-parallel, fused
 gate/up and QKV shards) and is whole on every rank of a row-parallel layer. Each rank quantizes
@@ -24,11 +27,13 @@ import torch
 from torch import nn
 
 from sglang.srt.layers.linear import LinearBase, ReplicatedLinear, RowParallelLinear
-from sglang.srt.platforms.kernel_dispatch import int8_mm_op
+from sglang.srt.platforms.kernel_dispatch import int8_linear_kernels, int8_mm_op
 
 INT8_MAX = 127.0
 EXACT_K = 1024  # 1024 x 127 x 127 < 2**24: a float32 sum of this many int8 products is exact
 TILE_ROWS = 1024  # weight rows widened per step of the fallback
+FUSED_DTYPES = (torch.float32, torch.bfloat16)  # x dtypes of the fused CPU kernel
+PACK_LANES = 16  # output columns per block of the packed weight (one 512-bit vector of int32)
 
 Int8MM = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -60,6 +65,23 @@ def int8_mm_blockwise(a: torch.Tensor, b: torch.Tensor, tile_rows: int = TILE_RO
             part = a[:, k0:k1].float() @ b[k0:k1, c0:c1].float()
             out[:, c0:c1] += part.to(torch.int32)
     return out
+
+
+def pack_int8_vnni(
+    weight: torch.Tensor, weight_scale: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The CPU kernel's form of an int8 weight [N, K] and its scale [N, 1] (kernels/cpu/csrc/int8_linear.cpp):
+    (packed int8 [ceil(N / 16), ceil(K / 4), 16, 4]: block b, k group g, lane l holds W[16b + l, 4g .. 4g + 3];
+    comp int32 [Np] = 128 x the row sums; scale float32 [Np]), N and K padded with zeros to Np, Kp."""
+    n, k = weight.shape
+    n_pad, k_pad = -(-n // PACK_LANES) * PACK_LANES, -(-k // 4) * 4
+    w = torch.zeros(n_pad, k_pad, dtype=torch.int8, device=weight.device)
+    w[:n, :k] = weight
+    packed = w.view(n_pad // PACK_LANES, PACK_LANES, k_pad // 4, 4).transpose(1, 2).contiguous()
+    comp = w.sum(dim=1, dtype=torch.int32).mul_(128)
+    scale = torch.zeros(n_pad, dtype=torch.float32, device=weight.device)
+    scale[:n] = weight_scale.reshape(-1).float()
+    return packed, comp, scale
 
 
 def w8a8_int8_linear(
@@ -101,8 +123,38 @@ class W8A8Int8LinearMethod:
         layer.skip_prepack = True  # the platform's packed copies are for float weights
         layer.quant_method = self
 
+    def pack_weights(self, layer: LinearBase) -> int:
+        """After loading: the weight packed for the platform's fused int8 linear where its kernel
+        build has one (`layer.int8_packed`); returns the bytes the packed copy takes (0: none)."""
+        ops = int8_linear_kernels(layer.weight.device)
+        if ops is None or layer.weight.dim() != 2:
+            layer.int8_packed = None
+            return 0
+        packed = pack_int8_vnni(layer.weight.detach(), layer.weight_scale.detach())
+        layer.int8_packed = (*packed, ops.int8_linear)
+        return sum(t.numel() * t.element_size() for t in packed)
+
     def apply(self, layer: LinearBase, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-        return w8a8_int8_linear(x, layer.weight, layer.weight_scale, bias)
+        packed = getattr(layer, "int8_packed", None)
+        if packed is None or x.dtype not in FUSED_DTYPES or x.numel() == 0:
+            return w8a8_int8_linear(x, layer.weight, layer.weight_scale, bias)
+        return fused_int8_linear(x, packed, layer.weight.shape[0], bias)
+
+
+def fused_int8_linear(
+    x: torch.Tensor, packed: tuple, n: int, bias: Optional[torch.Tensor] = None
+) -> torch.Tensor:
+    """`w8a8_int8_linear` in one kernel call on `pack_weights`' (packed, comp, scale, kernel): the
+    same int32 sums and float rounding (a bias of another dtype is added after, as torch would)."""
+    w, comp, scale, kernel = packed
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    fused_bias = bias if bias is None or bias.dtype == x.dtype else None
+    out = kernel(x2, w, comp, scale, n, fused_bias)
+    if bias is not None and fused_bias is None:
+        out = out + bias
+    return out.view(*x.shape[:-1], n)
 
 
 def _scale_loader(layer: LinearBase, name: str):

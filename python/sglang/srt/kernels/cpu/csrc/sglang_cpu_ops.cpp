@@ -22,6 +22,8 @@
 //   prefill_attention causal attention of a sequence's new tokens (after an optional cached prefix
 //                     read from the pool) on AMX tiles (prefill_attention_amx.cpp)
 //   linear_f32out_packed  x . W^T in float32 from a packed bf16 W (linear_f32out_packed.cpp: LM head)
+//   int8_linear       the W8A8-INT8 linear in one call: per-token int8 quantization, the int32 GEMM on a
+//                     packed int8 weight (VNNI / maddubs / portable) and both scales (int8_linear.cpp)
 //   prefill_attention_vec  the same in float32 on AVX2 / AVX-512 vectors, float32 or bf16 inputs,
 //                     head dim 64 / 128 (prefill_attention_vec.cpp: CPUs without AMX)
 
@@ -1132,6 +1134,11 @@ at::Tensor prefill_attention_vec(const at::Tensor& q, const at::Tensor& k, const
 at::Tensor linear_f32out_packed(const at::Tensor& x, const at::Tensor& packed, int64_t N,
                                 const std::optional<at::Tensor>& bias);
 
+// int8_linear.cpp (every build): W8A8-INT8 linear on a weight packed by pack_int8_vnni
+std::string int8_linear_impl();
+at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& comp, const at::Tensor& ws,
+                       int64_t N, const std::optional<at::Tensor>& bias);
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("isa", []() { return std::string(SGL_ISA_NAME); }, "the build (ISA name, kernels/cpu/isa.py) this module is");
   m.def("source_tag", []() { return std::string(SGL_CSRC_TAG); }, "hash of the csrc files it was built from");
@@ -1152,6 +1159,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear_f32out_packed", &linear_f32out_packed,
         "float32 x [n, K] . W [N, K]^T (+ bias) in float32, W bf16 packed by pack_bf16_pairs (int32 [ceil(N/32), K, 16])",
         py::arg("x"), py::arg("packed"), py::arg("N"), py::arg("bias") = py::none());
+  m.def("int8_linear_impl", &int8_linear_impl, "the product path int8_linear runs in this build");
+  m.def("int8_linear", &int8_linear,
+        "W8A8-INT8 linear: x [M, K] (float32 / bf16) quantized per row, times the int8 weight packed by "
+        "pack_int8_vnni, scaled by the row and weight scales (+ bias of x's dtype), in x's dtype",
+        py::arg("x"), py::arg("packed"), py::arg("comp"), py::arg("weight_scale"), py::arg("N"),
+        py::arg("bias") = py::none());
   m.def("prefill_attention_vec_supported", &prefill_attention_vec_supported,
         "whether prefill_attention_vec runs in this build (AVX2 / AVX-512)");
   m.def("prefill_attention_vec", &prefill_attention_vec,
