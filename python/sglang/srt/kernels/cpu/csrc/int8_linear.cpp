@@ -96,6 +96,19 @@ inline __m256 load8(const uint16_t* p) {
 }
 #endif
 // amax of |row| (exact in any order: max)
+#if defined(__AVX512F__)
+// 16 float32 lanes from float or bf16 (bf16: the 16 bits shifted into the high half)
+template <typename T>
+inline __m512 load16(const T* x) {
+  if constexpr (sizeof(T) == 4) {
+    return _mm512_loadu_ps(reinterpret_cast<const float*>(x));
+  } else {
+    return _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x))), 16));
+  }
+}
+#endif
+
 template <typename T>
 float row_amax(const T* x, int64_t K) {
   int64_t k = 0;
@@ -104,13 +117,7 @@ float row_amax(const T* x, int64_t K) {
   // four independent maxima: one would wait on vmaxps' latency at every step
   __m512 v[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
   for (int j = 0; k + 16 <= K; k += 16, j = (j + 1) & 3) {
-    __m512 a;
-    if constexpr (sizeof(T) == 4) {
-      a = _mm512_loadu_ps(reinterpret_cast<const float*>(x + k));
-    } else {
-      a = _mm512_castsi512_ps(
-          _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + k))), 16));
-    }
+    const __m512 a = load16(x + k);
     v[j] = _mm512_max_ps(v[j], _mm512_abs_ps(a));
   }
   m = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(v[0], v[1]), _mm512_max_ps(v[2], v[3])));
@@ -135,13 +142,7 @@ void quantize_row(const T* x, int64_t K, int64_t Kp, float s, uint8_t* q) {
   const __m512 vs = _mm512_set1_ps(s), vr = _mm512_set1_ps(1.f / s), near_half = _mm512_set1_ps(0.5f - 1.f / 1024);
   const __m512i off = _mm512_set1_epi8(bias);
   for (; k + 16 <= K; k += 16) {
-    __m512 a;
-    if constexpr (sizeof(T) == 4) {
-      a = _mm512_loadu_ps(reinterpret_cast<const float*>(x + k));
-    } else {
-      a = _mm512_castsi512_ps(
-          _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + k))), 16));
-    }
+    const __m512 a = load16(x + k);
     // x * (1 / s) is within 2^-15 of x / s (|x / s| <= 127): it rounds to the same integer unless
     // it lies near a half-integer; only those vectors (a few percent) divide
     __m512 y = _mm512_mul_ps(a, vr);
@@ -368,6 +369,7 @@ void gemm(const Args& g, const T* bias, T* out) {
 
 // ------------------------------------------------------------------------------ AMX-INT8 tiles
 #if defined(SGL_INT8_AMX)
+#include "amx_tiles.h"
 // the avx512bf16 build also runs on AVX-512 CPUs without AMX: CPUID leaf 7 EDX bit 24 (AMX-TILE)
 // and bit 25 (AMX-INT8), and the kernel's permission for the tile data (arch_prctl)
 bool amx_int8_ready() {
@@ -384,25 +386,7 @@ bool amx_int8_ready() {
 // tile intrinsics are asm volatile without memory clobbers: fence the compiler around them
 #define SGL_I8_FENCE() asm volatile("" ::: "memory")
 
-struct alignas(64) TileCfg {
-  uint8_t palette_id, start_row, reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-
-// every tile 16 rows x 64 bytes: A = 16 rows of x (64 u8 each), B = 16 k groups x 16 columns x 4
-// s8 (one block's packed rows as they lie), C = 16 x 16 int32. C0-C3: 2 row tiles x 2 blocks.
-void configure_int8_tiles() {
-  TileCfg cfg;
-  std::memset(&cfg, 0, sizeof cfg);
-  cfg.palette_id = 1;
-  for (int i = 0; i < 8; ++i) {
-    cfg.rows[i] = 16;
-    cfg.colsb[i] = 64;
-  }
-  asm volatile("" : : "r"(&cfg) : "memory");
-  _tile_loadconfig(&cfg);
-}
+void configure_int8_tiles() { sgl_amx::configure_full_tiles(); }
 
 // rows [r0, r0 + 32) (padded to 16s in xq; a second row tile past M is skipped) x blocks b0, b0 + 1
 // (b0 + 1 may be past the last: skipped)

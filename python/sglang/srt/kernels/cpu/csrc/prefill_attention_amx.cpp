@@ -44,6 +44,7 @@
 namespace sgl_amx {
 
 #if defined(SGL_HAVE_AMX)
+#include "amx_tiles.h"
 
 // GCC's tile intrinsics are `asm volatile` without memory operands or a "memory" clobber, so the
 // compiler may move ordinary loads and stores across them: vector loads of the scores above the
@@ -68,14 +69,6 @@ constexpr int kK = 64;   // keys per block (4 score tiles of 16)
 constexpr long kArchReqXcompPerm = 0x1023;
 constexpr long kXfeatureXtiledata = 18;
 
-struct alignas(64) TileConfig {
-  uint8_t palette_id;
-  uint8_t start_row;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-
 // zero-filled, 64-byte aligned scratch memory
 class AlignedBuffer {
  public:
@@ -98,18 +91,7 @@ bool request_amx() {
 }
 
 // every tile register: 16 rows x 64 bytes (A: 16 x 32 bf16, B: 16 x 16 bf16 pairs, C: 16 x 16 fp32)
-void configure_tiles() {
-  TileConfig cfg;
-  std::memset(&cfg, 0, sizeof(cfg));
-  cfg.palette_id = 1;
-  for (int i = 0; i < 8; ++i) {
-    cfg.rows[i] = 16;
-    cfg.colsb[i] = 64;
-  }
-  // the compiler does not see ldtilecfg read cfg and drops the stores above without this
-  asm volatile("" : : "r"(&cfg) : "memory");
-  _tile_loadconfig(&cfg);
-}
+void configure_tiles() { sgl_amx::configure_full_tiles(); }
 
 inline __m512 exp512(__m512 x) {
   // e^x = 2^n e^r, n = round(x / ln 2); degree-6 series for e^r; inputs clamped to [-87, 88]
