@@ -36,7 +36,8 @@ def _ms(fn, reps: int, cpu: bool = False) -> float:
     time instead of wall time (with --threads 1 all the work runs on it, so other processes on the
     machine slow it much less than they slow wall time)."""
     if not cpu:
-        return benchmark.Timer(stmt="fn()", globals={"fn": fn}).timeit(reps).mean * 1e3
+        timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
+        return timer.timeit(reps).mean * 1e3
     fn()
     t0 = time.thread_time()
     for _ in range(reps):

@@ -6,6 +6,8 @@ and biases; pack_int8_vnni's layout; the layer's dispatch (packed at prepack tim
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -14,33 +16,59 @@ from sglang.srt.layers.linear import ReplicatedLinear
 from sglang.srt.layers.linear_prepack import prepack_linear_weights
 from sglang.srt.layers.quantization.w8a8_int8 import (
     W8A8Int8LinearMethod,
+    int8_weight,
     channel_quantize_int8,
     int8_mm_blockwise,
     pack_int8_vnni,
     w8a8_int8_linear,
 )
 from sglang.srt.platforms import fresh_platforms, get_platform
+from sglang.srt.platforms.kernel_dispatch import int8_linear_op
 
 # (M rows of x, N output columns, K): decode and prefill-like rows, K not a multiple of 4 / 16 / 64
 # (AMX-INT8 tiles, where the CPU has them: 16+ rows and K a multiple of 64, 16- and 32-row tiles, one
 # or two blocks)
 SHAPES = [(1, 37, 53), (3, 129, 70), (17, 1031, 131), (130, 61, 1537), (1, 16, 4), (5, 33, 1)]
 SHAPES += [(16, 16, 64), (17, 47, 128), (130, 61, 576), (64, 1030, 192)]
-IMPLS = {  # the product path of each build (+amx: AMX-INT8 tiles for 16+ rows where the CPU has them)
+IMPLS = {  # the product path of each ISA (+amx: AMX-INT8 tiles for 16+ rows where the CPU has them)
     "avx512bf16": ("avx512-vnni", "avx512-vnni+amx"),
+    "avx512vnni": ("avx512-vnni",),  # the avx512 build's VNNI copy (int8_linear_vnni)
     "avx512": ("avx512-maddubs",),
+    "avx2vnni": ("avx2-vnni",),  # the avx2 build's AVX-VNNI copy
     "avx2": ("avx2-maddubs",),
     "portable": ("portable",),
 }
 
 
-@pytest.fixture(scope="module", params=[v.name for v in isa.runnable_variants()])
+@pytest.fixture(scope="module", params=isa.runnable_isas())
 def ops(request):
-    result = loader.load_variant(request.param)
+    """Every ISA this CPU runs: its build's int8_linear, or the build's VNNI copy for the VNNI ISAs
+    (what `CpuPlatform.int8_linear_entry` picks under SGLANG_CPU_ISA=<isa>)."""
+    build = isa.build_for(request.param).name
+    result = loader.load_variant(build)
     if result.module is None:
         pytest.skip(f"CPU kernels: {result.reason} (test_cpu_kernels.py fails for a missing build)")
-    assert result.module.int8_linear_impl() in IMPLS[request.param]
-    return result.module
+    module = result.module
+    vnni_copy = isa.has_vnni(request.param) and hasattr(module, "int8_linear_vnni")
+    impl = module.int8_linear_vnni_impl() if vnni_copy else module.int8_linear_impl()
+    assert impl in IMPLS[request.param]
+    return SimpleNamespace(int8_linear=module.int8_linear_vnni if vnni_copy else module.int8_linear)
+
+
+def test_isa_request_picks_the_vnni_copy(monkeypatch):
+    """SGLANG_CPU_ISA=avx512vnni / avx2vnni run the avx512 / avx2 build's VNNI copy; avx512 / avx2
+    the build's own maddubs path; the platform hands the W8A8 layers that choice."""
+    for name in isa.runnable_isas():
+        if name not in ("avx512vnni", "avx512", "avx2vnni", "avx2"):
+            continue
+        monkeypatch.setenv("SGLANG_CPU_ISA", name)
+        with fresh_platforms():
+            op = int8_linear_op(torch.device("cpu"))
+            module = get_platform("cpu").kernels.fused()
+            if module is None:
+                pytest.skip(f"the {isa.build_for(name).name} build is missing")
+            want = module.int8_linear_vnni if isa.has_vnni(name) else module.int8_linear
+            assert op is want, name
 
 
 def _weight(n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -128,15 +156,26 @@ def test_layer_packs_at_prepack_and_matches_torch_path(dtype):
     layer = _layer(45, 70, True, dtype)
     x = torch.randn(2, 3, 70).to(dtype)
     want = layer(x)  # not packed yet: the torch path
+    plain = layer.weight.detach().clone()
     holder = torch.nn.Sequential(layer)
     nbytes = prepack_linear_weights(holder, get_platform("cpu"))
     if get_platform("cpu").kernels.fused() is None:
-        assert layer.int8_packed is None and nbytes == 0
+        assert layer.int8_packed is None and nbytes == 0 and not layer.weight.is_meta
     else:
-        assert layer.int8_packed is not None and nbytes >= 45 * 70
+        # the packed copy replaces the plain weight: only its padding (48 x 72 - 45 x 70 bytes), sums
+        # and scales (48 x 4 bytes each) are added
+        assert layer.int8_packed is not None and layer.weight.is_meta
+        assert nbytes == 48 * 72 - 45 * 70 + 2 * 48 * 4
+        assert layer.weight.shape == (45, 70) and layer.weight.dtype == torch.int8
+    assert torch.equal(int8_weight(layer), plain)
+    assert prepack_linear_weights(holder, get_platform("cpu")) == 0  # packed once
     torch.testing.assert_close(layer(x), want, atol=0, rtol=0)
     layer.bias.data = layer.bias.data.float()  # a bias of another dtype: added after, as torch does
-    torch.testing.assert_close(layer(x), w8a8_int8_linear(x, layer.weight, layer.weight_scale, layer.bias))
+    torch.testing.assert_close(layer(x), w8a8_int8_linear(x, plain, layer.weight_scale, layer.bias))
+    # x of a dtype the fused kernel does not take: the torch path on the unpacked weight
+    torch.testing.assert_close(
+        layer(x.half()), w8a8_int8_linear(x.half(), plain, layer.weight_scale, layer.bias), atol=0, rtol=0
+    )
 
 
 def test_layer_without_kernels_keeps_torch_path(monkeypatch):

@@ -85,12 +85,17 @@ def prepack_linear_weights(model: torch.nn.Module, platform, max_bytes: Optional
 
 def pack_quantized_linears(model: torch.nn.Module) -> int:
     """Quantized linears whose method packs its weight for a fused kernel (`pack_weights`, e.g.
-    W8A8-INT8's): packed once here; returns the bytes the packed copies take."""
-    nbytes = 0
+    W8A8-INT8's, whose packed copy replaces the plain weight): packed once here; returns the bytes
+    this adds to the weights counted before."""
+    count = nbytes = 0
     for module in model.modules():
         pack = getattr(getattr(module, "quant_method", None), "pack_weights", None)
         if pack is not None and getattr(module, "weight", None) is not None:
+            before = getattr(module, "int8_packed", None)
             nbytes += pack(module)
-    if nbytes:
-        logger.info("packed quantized linear weights (%.0f MiB) for their fused kernels", nbytes / 2**20)
+            count += getattr(module, "int8_packed", None) is not before
+    if count:
+        logger.info(
+            "packed %d quantized linear weights for their fused kernels (%+.1f MiB)", count, nbytes / 2**20
+        )
     return nbytes

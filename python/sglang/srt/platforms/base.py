@@ -164,6 +164,11 @@ class Platform:
         (the table in launch_defaults.py, which ServerArgs reads without importing torch)."""
         return launch_defaults.default_chunked_prefill_size(self.device_type)
 
+    def int8_linear_entry(self, ops: Any) -> Any:
+        """Which W8A8 linear of the fused kernel module `ops` serves this platform (its `int8_linear`
+        unless the platform knows better, e.g. the CPU's VNNI copy)."""
+        return ops.int8_linear
+
     def fused_kernels(self) -> Optional[Any]:
         """The module of fused kernels for this platform (signatures and torch references in
         kernels/cpu/reference.py), or None: callers keep their torch implementations. Looked up

@@ -386,6 +386,14 @@ class CpuPlatform(Platform):
 
         return loader.load()
 
+    def int8_linear_entry(self, ops: Any) -> Any:
+        """The avx512 / avx2 builds carry a copy of the W8A8 linear compiled for AVX512-VNNI /
+        AVX-VNNI (`int8_linear_vnni`): taken where the instruction set the kernels run has VNNI."""
+        from sglang.srt.kernels.cpu import loader
+
+        vnni = getattr(ops, "int8_linear_vnni", None)
+        return vnni if vnni is not None and loader.isa_has_vnni() else ops.int8_linear
+
     def device(self, local_rank: int = 0) -> torch.device:
         return torch.device("cpu")
 

@@ -101,3 +101,10 @@ def int8_linear_kernels(device: torch.device) -> Optional[Any]:
     None elsewhere (callers keep `w8a8_int8_linear`'s torch ops)."""
     ops = kernels_for_device(device)
     return ops if ops is not None and hasattr(ops, "int8_linear") else None
+
+
+def int8_linear_op(device: torch.device) -> Optional[Callable[..., torch.Tensor]]:
+    """The fused W8A8-INT8 linear for `device` (`int8_linear_kernels`' `int8_linear`, or the copy
+    of it the platform picks for its instruction set), or None."""
+    ops = int8_linear_kernels(device)
+    return None if ops is None else get_platform(device.type).int8_linear_entry(ops)

@@ -19,6 +19,8 @@ SIGILL). Both kernel homes run the selected ISA:
   BW / VL only: no BF16 or AMX instruction), avx2, portable), each an extension module of its own
   (`_C_<build>`): an ISA runs the best build at or below it (`build_for`: avx512vnni -> avx512,
   avx2vnni -> avx2), so one install runs on any x86-64 CPU whatever the machine that compiled it;
+  the avx512 and avx2 builds carry their int8 linear a second time, compiled for AVX512-VNNI /
+  AVX-VNNI (`int8_linear_vnni`), which the avx512vnni / avx2vnni ISAs run (`loader.isa_has_vnni`);
 - sgl-kernel-npu's DSA kernels (`sgl_kernel_npu.cpu`) have one translation unit per ISA, all in one
   extension, and run exactly the selected one.
 
@@ -51,6 +53,11 @@ X86_ISAS: dict[str, tuple[str, ...]] = {
 OTHER_ISAS: dict[str, tuple[str, ...]] = {"portable": ()}
 # earlier names still accepted
 ALIASES = {"generic": "portable"}
+
+
+def has_vnni(name: str, machine: Optional[str] = None) -> bool:
+    """Whether ISA `name` has int8 dot products (AVX512-VNNI or AVX-VNNI)."""
+    return bool({"avx512_vnni", "avx_vnni"} & set(isas(machine)[parse(name, machine)]))
 
 
 class IsaNotRunnable(ValueError):

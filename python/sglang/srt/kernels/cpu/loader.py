@@ -98,6 +98,16 @@ def choose(flags: Optional[frozenset[str]] = None) -> LoadResult:
     return LoadResult("none", None, "; ".join(reasons) or "no kernel build for this CPU")
 
 
+def isa_has_vnni(flags: Optional[frozenset[str]] = None) -> bool:
+    """Whether the ISA the kernels run (SGLANG_CPU_ISA, or the best this CPU runs) has AVX512-VNNI
+    or AVX-VNNI: then the int8 linear's VNNI copy runs where the build carries one."""
+    try:
+        name = isa.select(envs.SGLANG_CPU_ISA.get(), isa.cpu_flags() if flags is None else flags)
+    except isa.IsaNotRunnable:
+        return False
+    return isa.has_vnni(name)
+
+
 _warned: set[str] = set()
 
 
@@ -121,6 +131,8 @@ def main() -> int:
             continue
         r = load_variant(v.name, flags)
         print(f"  {v.name:10s} {'ready' if r.module is not None else r.reason}")
+    vnni = "yes" if isa_has_vnni(flags) else "no"
+    print(f"ISA in use ({isa.ENV}={envs.SGLANG_CPU_ISA.get()}): the int8 linear's VNNI copy: {vnni}")
     chosen = choose(flags)
     print(
         "CPU kernels:",

@@ -7,7 +7,7 @@ quantizes the activation rows x [M, K]: scale_x = amax(|row|) / 127, x_q = round
 (a zero row gets scale 1); then out[m, n] = int32(x_q[m] . w_q[n]) x scale_x[m] x scale_w[n], in
 float32, cast to x's dtype (+ bias).
 
-On CPU with the fused kernels (`kernel_dispatch.int8_linear_kernels`), the weight is packed once
+On CPU with the fused kernels (`kernel_dispatch.int8_linear_op`), the weight is packed once
 after loading (`pack_weights`, called by layers/linear_prepack.py; `pack_int8_vnni`) and `apply`
 runs all of it in one call (kernels/cpu/csrc/int8_linear.cpp: the same int32 sums and float
 rounding); otherwise, the torch ops below. There, the int32 GEMM is the device's
@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from sglang.srt.layers.linear import LinearBase, ReplicatedLinear, RowParallelLinear
-from sglang.srt.platforms.kernel_dispatch import int8_linear_kernels, int8_mm_op
+from sglang.srt.platforms.kernel_dispatch import int8_linear_op, int8_mm_op
 
 INT8_MAX = 127.0
 EXACT_K = 1024  # 1024 x 127 x 127 < 2**24: a float32 sum of this many int8 products is exact
@@ -125,20 +125,38 @@ class W8A8Int8LinearMethod:
 
     def pack_weights(self, layer: LinearBase) -> int:
         """After loading: the weight packed for the platform's fused int8 linear where its kernel
-        build has one (`layer.int8_packed`); returns the bytes the packed copy takes (0: none)."""
-        ops = int8_linear_kernels(layer.weight.device)
-        if ops is None or layer.weight.dim() != 2:
+        build has one (`layer.int8_packed`). The packed copy replaces the plain int8 weight, whose
+        memory is released (`layer.weight` keeps its shape and dtype on the meta device; `int8_weight`
+        unpacks it). Returns the bytes this adds: the packing's padding, sums and scales (0: none)."""
+        if layer.weight.is_meta:  # packed already
+            return 0
+        op = int8_linear_op(layer.weight.device)
+        if op is None or layer.weight.dim() != 2:
             layer.int8_packed = None
             return 0
         packed = pack_int8_vnni(layer.weight.detach(), layer.weight_scale.detach())
-        layer.int8_packed = (*packed, ops.int8_linear)
-        return sum(t.numel() * t.element_size() for t in packed)
+        layer.int8_packed = (*packed, op)
+        freed = layer.weight.numel() * layer.weight.element_size()
+        layer.weight = nn.Parameter(
+            torch.empty(layer.weight.shape, dtype=torch.int8, device="meta"), requires_grad=False
+        )
+        return sum(t.numel() * t.element_size() for t in packed) - freed
 
     def apply(self, layer: LinearBase, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         packed = getattr(layer, "int8_packed", None)
         if packed is None or x.dtype not in FUSED_DTYPES or x.numel() == 0:
-            return w8a8_int8_linear(x, layer.weight, layer.weight_scale, bias)
+            return w8a8_int8_linear(x, int8_weight(layer), layer.weight_scale, bias)
         return fused_int8_linear(x, packed, layer.weight.shape[0], bias)
+
+
+def int8_weight(layer: LinearBase) -> torch.Tensor:
+    """The layer's int8 weight [N, K]: the plain one, or unpacked from `pack_weights`' copy."""
+    if not layer.weight.is_meta:
+        return layer.weight
+    n, k = layer.weight.shape
+    packed = layer.int8_packed[0]
+    blocks, groups = packed.shape[:2]
+    return packed.transpose(1, 2).reshape(blocks * PACK_LANES, groups * 4)[:n, :k]
 
 
 def fused_int8_linear(

@@ -24,6 +24,7 @@
 //   linear_f32out_packed  x . W^T in float32 from a packed bf16 W (linear_f32out_packed.cpp: LM head)
 //   int8_linear       the W8A8-INT8 linear in one call: per-token int8 quantization, the int32 GEMM on a
 //                     packed int8 weight (VNNI / maddubs / portable) and both scales (int8_linear.cpp)
+//   int8_linear_vnni  the same compiled for AVX512-VNNI / AVX-VNNI, in the avx512 / avx2 builds only
 //   prefill_attention_vec  the same in float32 on AVX2 / AVX-512 vectors, float32 or bf16 inputs,
 //                     head dim 64 / 128 (prefill_attention_vec.cpp: CPUs without AMX)
 
@@ -1138,6 +1139,9 @@ at::Tensor linear_f32out_packed(const at::Tensor& x, const at::Tensor& packed, i
 std::string int8_linear_impl();
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& comp, const at::Tensor& ws,
                        int64_t N, const std::optional<at::Tensor>& bias);
+std::string int8_linear_vnni_impl();
+at::Tensor int8_linear_vnni(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& comp,
+                            const at::Tensor& ws, int64_t N, const std::optional<at::Tensor>& bias);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("isa", []() { return std::string(SGL_ISA_NAME); }, "the build (ISA name, kernels/cpu/isa.py) this module is");
@@ -1165,6 +1169,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "pack_int8_vnni, scaled by the row and weight scales (+ bias of x's dtype), in x's dtype",
         py::arg("x"), py::arg("packed"), py::arg("comp"), py::arg("weight_scale"), py::arg("N"),
         py::arg("bias") = py::none());
+  if (!int8_linear_vnni_impl().empty()) {  // the avx512 / avx2 builds' VNNI copy
+    m.def("int8_linear_vnni_impl", &int8_linear_vnni_impl, "the product path int8_linear_vnni runs");
+    m.def("int8_linear_vnni", &int8_linear_vnni,
+          "int8_linear compiled for AVX512-VNNI / AVX-VNNI (the avx512vnni / avx2vnni ISAs); refused on CPUs "
+          "without them",
+          py::arg("x"), py::arg("packed"), py::arg("comp"), py::arg("weight_scale"), py::arg("N"),
+          py::arg("bias") = py::none());
+  }
   m.def("prefill_attention_vec_supported", &prefill_attention_vec_supported,
         "whether prefill_attention_vec runs in this build (AVX2 / AVX-512)");
   m.def("prefill_attention_vec", &prefill_attention_vec,
