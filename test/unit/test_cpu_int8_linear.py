@@ -151,6 +151,24 @@ def _layer(n: int, k: int, bias: bool, dtype: torch.dtype) -> ReplicatedLinear:
     return layer
 
 
+@pytest.mark.parametrize("m", [1, 40])
+def test_denormal_outputs_round_like_torch(ops, m):
+    """Weight scales so small that outputs are float32 denormals: the bf16 rounding keeps them as
+    torch does (the AVX512-BF16 conversion reads denormals as zero; such vectors take the other path)."""
+    n, k = 48, 128
+    w, ws = _weight(n, k, 5)
+    ws[3], ws[20], ws[33] = 1e-39, 3e-41, 1e-37
+    packed, comp, s = pack_int8_vnni(w, ws)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).bfloat16()
+    want = w8a8_int8_linear(x, w, ws, mm=int8_mm_blockwise)
+    assert ((want.float().abs() < 1.18e-38) & (want != 0)).any()  # denormal outputs present
+    assert torch.equal(ops.int8_linear(x, packed, comp, s, n), want)
+    bias = torch.randn(n).bfloat16() * 1e-38
+    assert torch.equal(
+        ops.int8_linear(x, packed, comp, s, n, bias), w8a8_int8_linear(x, w, ws, bias, mm=int8_mm_blockwise)
+    )
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_layer_packs_at_prepack_and_matches_torch_path(dtype):
     layer = _layer(45, 70, True, dtype)

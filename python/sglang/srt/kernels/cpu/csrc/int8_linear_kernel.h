@@ -272,12 +272,21 @@ inline __m512i bf16_bits16(__m512 v) {  // round to nearest even, NaN -> quiet (
   return _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q),
                                _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
 }
-inline __m512 round16(__m512 v, float*) { return v; }
-inline __m512 round16(__m512 v, uint16_t*) { return _mm512_castsi512_ps(_mm512_slli_epi32(bf16_bits16(v), 16)); }
-inline void store16(float* p, __m512 v, __mmask16 m) { _mm512_mask_storeu_ps(p, m, v); }
-inline void store16(uint16_t* p, __m512 v, __mmask16 m) {
-  _mm256_mask_storeu_epi16(p, m, _mm512_cvtepi32_epi16(bf16_bits16(v)));
+// v's 16 bf16 values (as bf16_bits16), in one vcvtneps2bf16 where the build has AVX512-BF16: it rounds
+// to nearest even and quiets NaN alike, but reads denormal inputs as zero, so a vector holding one
+// (|v| < 2^-126: never from real scales) takes bf16_bits16
+inline __m256i bf16_16(__m512 v) {
+#if defined(__AVX512BF16__)
+  if (_mm512_fpclass_ps_mask(v, 0x20) == 0) return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v));
+#endif
+  return _mm512_cvtepi32_epi16(bf16_bits16(v));
 }
+inline __m512 round16(__m512 v, float*) { return v; }
+inline __m512 round16(__m512 v, uint16_t*) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bf16_16(v)), 16));
+}
+inline void store16(float* p, __m512 v, __mmask16 m) { _mm512_mask_storeu_ps(p, m, v); }
+inline void store16(uint16_t* p, __m512 v, __mmask16 m) { _mm256_mask_storeu_epi16(p, m, bf16_16(v)); }
 
 template <typename T>
 inline void epilogue(const int32_t* acc, const int32_t* comp, float s, const float* ws, const T* bias, T* out,
@@ -419,13 +428,18 @@ void amx_tile(const Args& g, int64_t r0, int64_t b0, int64_t blocks, const T* bi
 template <typename T>
 void gemm_amx(const Args& g, const T* bias, T* out) {
   const int64_t blocks = (g.N + kLanes - 1) / kLanes, pairs = (blocks + 1) / 2;
-  constexpr int64_t kChunk = 64;  // rows per task
-  const int64_t chunks = (g.M + kChunk - 1) / kChunk;
-  at::parallel_for(0, pairs * chunks, 1, [&](int64_t t0, int64_t t1) {
+  // tasks: 128 rows x 8 column pairs (256 columns); x's rows and the weights' columns a task reads
+  // stay in L2 while its output streams past (row-major over the whole output, x would be evicted
+  // by the output before its next pair and come from L3: half the speed)
+  constexpr int64_t kRows = 128, kPairs = 8;
+  const int64_t row_blocks = (g.M + kRows - 1) / kRows, groups = (pairs + kPairs - 1) / kPairs;
+  at::parallel_for(0, row_blocks * groups, 1, [&](int64_t t0, int64_t t1) {
     configure_int8_tiles();
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t b0 = (t / chunks) * 2, r0 = (t % chunks) * kChunk, r1 = std::min(g.M, r0 + kChunk);
-      for (int64_t r = r0; r < r1; r += 32) amx_tile(g, r, b0, blocks, bias, out);
+      const int64_t r0 = (t / groups) * kRows, r1 = std::min(g.M, r0 + kRows);
+      const int64_t p0 = (t % groups) * kPairs, p1 = std::min(pairs, p0 + kPairs);
+      for (int64_t p = p0; p < p1; ++p)
+        for (int64_t r = r0; r < r1; r += 32) amx_tile(g, r, 2 * p, blocks, bias, out);
     }
     _tile_release();
   });
