@@ -340,15 +340,17 @@ template <typename T>
 void gemm(const Args& g, const T* bias, T* out) {
   const int64_t blocks = (g.N + kLanes - 1) / kLanes;
   const int64_t threads = at::get_num_threads();
-  constexpr int64_t kChunk = 64;  // rows per task when M is large
+  constexpr int64_t kChunk = 128;  // rows per task when M is large
   const int64_t chunks = (g.M + kChunk - 1) / kChunk;
   int64_t nb = 4;
   while (nb > 1 && ((blocks + nb - 1) / nb) * chunks < 8 * threads) nb /= 2;
   const int64_t col_tasks = (blocks + nb - 1) / nb;
-  // task t: column task t / chunks, row chunk t % chunks (a thread keeps its weight panel hot)
+  // task t: row chunk t / col_tasks, column task t % col_tasks: a thread's consecutive tasks share
+  // their rows of x, which stay in L2 while the weights stream past (a decode call: one row chunk,
+  // every weight byte read once for all its rows)
   at::parallel_for(0, col_tasks * chunks, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t b0 = (t / chunks) * nb, r0 = (t % chunks) * kChunk, r1 = std::min(g.M, r0 + kChunk);
+      const int64_t b0 = (t % col_tasks) * nb, r0 = (t / col_tasks) * kChunk, r1 = std::min(g.M, r0 + kChunk);
       const int64_t left = blocks - b0;
       if (nb == 4 && left >= 4) {
         rows<4>(g, r0, r1, b0, bias, out);
