@@ -10,8 +10,12 @@ Modes: `w8a8` (the W8A8 checkpoint written by write_w8a8_checkpoint.py, `--dtype
 --repeats times with new prompts (seed 1 + r) and the median kept.
 
     python benchmark/quant/served_dtypes.py --w8a8 DIR [--float-dir DIR] [--modes w8a8,bfloat16,float32]
+    python benchmark/quant/served_dtypes.py --dummy-llama-1b     # a ~1B Llama, random weights
 
 Without --float-dir, the SmolLM2 GGUF converted to bf16 by benchmark/vs_vllm (its .work/smollm2-hf).
+`--dummy-llama-1b`: a Llama of ~1.07B parameters (hidden 2048, MLP 8192, 16 layers, 32 / 8 heads,
+SmolLM2's tokenizer and vocabulary) with random weights (`--load-format dummy`) in every mode, the
+W8A8 server quantizing them at start-up (`--quantization w8a8_int8`).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import statistics
 import sys
 import tempfile
@@ -31,6 +36,27 @@ sys.path.insert(0, VS_VLLM)
 import servers  # noqa: E402  (benchmark/vs_vllm/servers.py)
 
 DEFAULT_FLOAT_DIR = os.path.join(VS_VLLM, ".work", "smollm2-hf")  # the GGUF converted by vs_vllm
+LLAMA_1B = {  # ~1.07B parameters (the embedding tied to the LM head)
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 2048,
+    "intermediate_size": 8192,
+    "num_hidden_layers": 16,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "tie_word_embeddings": True,
+    "hidden_act": "silu",
+    "torch_dtype": "bfloat16",
+}
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+)
 # name, requests, input len, output len, concurrency, metric
 MEASUREMENTS = (
     ("decode b1", 4, 128, 128, 1, "median_itl_ms"),
@@ -41,8 +67,9 @@ MEASUREMENTS = (
 
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--w8a8", help="the W8A8 checkpoint directory (compressed-tensors or w8a8_int8)")
     ap.add_argument(
-        "--w8a8", required=True, help="the W8A8 checkpoint directory (compressed-tensors or w8a8_int8)"
+        "--dummy-llama-1b", action="store_true", help="a ~1B Llama with random weights instead (see above)"
     )
     ap.add_argument(
         "--float-dir", default=DEFAULT_FLOAT_DIR, help="the float checkpoint (bf16 / float32 modes)"
@@ -63,10 +90,31 @@ def parse_args() -> argparse.Namespace:
         from sglang.srt.model_loader.default_model import find_default_model
 
         servers.ensure_hf_dir(find_default_model(), args.float_dir)
+    args.w8a8_args = []
+    if args.dummy_llama_1b:
+        args.w8a8 = args.float_dir = write_llama_1b(args.work_dir, args.float_dir)
+        args.ours_args += " --load-format dummy"
+        args.w8a8_args = ["--quantization", "w8a8_int8"]
+    elif not args.w8a8:
+        ap.error("--w8a8 DIR or --dummy-llama-1b is required")
     for flag, d in (("--w8a8", args.w8a8), ("--float-dir", args.float_dir)):
         if not os.path.isfile(os.path.join(d, "config.json")):
             ap.error(f"{flag} {d}: no config.json there")
     return args
+
+
+def write_llama_1b(work_dir: str, tokenizer_dir: str) -> str:
+    """LLAMA_1B's config.json and the tokenizer files of `tokenizer_dir` in work_dir/llama-1b-dummy."""
+    path = os.path.join(work_dir, "llama-1b-dummy")
+    os.makedirs(path, exist_ok=True)
+    with open(tokenizer_dir + "/config.json") as f:
+        vocab = json.load(f)["vocab_size"]
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump({**LLAMA_1B, "vocab_size": vocab}, f, indent=1)
+    for name in TOKENIZER_FILES:
+        if os.path.isfile(os.path.join(tokenizer_dir, name)):
+            shutil.copy(os.path.join(tokenizer_dir, name), path)
+    return path
 
 
 def measure(url: str, tokenizer: str, spec: tuple, repeats: int, out_file: str) -> dict:
@@ -82,7 +130,8 @@ def measure(url: str, tokenizer: str, spec: tuple, repeats: int, out_file: str) 
 def run_mode(args: argparse.Namespace, mode: str, work: str) -> dict:
     model, dtype = (args.w8a8, args.w8a8_dtype) if mode == "w8a8" else (args.float_dir, mode)
     port = servers.free_port()
-    cmd = servers.ours_server_cmd(model, port, shlex.split(args.ours_args), dtype)
+    extra = shlex.split(args.ours_args) + (args.w8a8_args if mode == "w8a8" else [])
+    cmd = servers.ours_server_cmd(model, port, extra, dtype)
     server = servers.start_server(f"ours {mode}", cmd, port, os.path.join(work, f"server_{mode}.log"))
     out = {"model": model, "dtype": dtype}
     try:
