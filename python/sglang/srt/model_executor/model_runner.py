@@ -178,6 +178,7 @@ class ModelRunner:
         )
         # packed copies only while they take at most a quarter of the memory still free
         weight_bytes += prepack_linear_weights(model, platform, max_bytes=platform.memory_info()[0] // 4)
+        platform.release_freed_memory()  # what loading, quantizing and packing freed
         return model, weight_bytes, float32_logits, float32_residual
 
     def kv_state(self, free_slots: int) -> dict:

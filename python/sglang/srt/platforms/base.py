@@ -164,6 +164,9 @@ class Platform:
         (the table in launch_defaults.py, which ServerArgs reads without importing torch)."""
         return launch_defaults.default_chunked_prefill_size(self.device_type)
 
+    def release_freed_memory(self) -> None:
+        """Hand memory freed while loading back to the system (no-op where the allocator does)."""
+
     def int8_linear_entry(self, ops: Any) -> Any:
         """Which W8A8 linear of the fused kernel module `ops` serves this platform (its `int8_linear`
         unless the platform knows better, e.g. the CPU's VNNI copy)."""

@@ -386,6 +386,16 @@ class CpuPlatform(Platform):
 
         return loader.load()
 
+    def release_freed_memory(self) -> None:
+        """malloc_trim(0): the trim threshold `configure_process` sets keeps freed heap memory resident,
+        so what loading freed (float weights replaced by int8 at `--quantization w8a8_int8`, the
+        plain int8 weights replaced by their packed copies) would stay in the resident size: a ~1B
+        model quantized online 3.9 -> 1.7 GB resident. No-op where libc is not glibc."""
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):
+            pass
+
     def int8_linear_entry(self, ops: Any) -> Any:
         """The avx512 / avx2 builds carry a copy of the W8A8 linear compiled for AVX512-VNNI /
         AVX-VNNI (`int8_linear_vnni`): taken where the instruction set the kernels run has VNNI."""
