@@ -16,6 +16,12 @@ again (the client reconnects by itself to a master restarted at the same address
 set up is set up then). The probe keeps a dead master from costing the client's multi-second RPC
 timeout on each page. A page failing its checksum is counted, removed
 (or, while the store's read lease holds it, overwritten by the next write) and recomputed.
+
+Threads: the scheduler and the rank's prefetch I/O thread call one backend at once. The
+connection state (the client, its setup, the probe and retry times, the pages that failed their
+check) changes under one lock: one client is set up however many threads find none; the store
+calls themselves run outside it (the client serves several threads), each inside `_use`, and
+`close` waits for the calls in flight before it closes the client.
 """
 
 from __future__ import annotations
@@ -24,9 +30,11 @@ import logging
 import os
 import re
 import socket
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from sglang.srt.mem_cache.hicache.mooncake_config import MooncakeConfig
 from sglang.srt.mem_cache.hicache.page_store import PageStore, StorageStats, frame, unframe
@@ -117,11 +125,34 @@ class MooncakeStorage(PageStore):
         self._store: Any = None
         self._probed = self._retry_at = float("-inf")
         self._bad: set[str] = set()  # names whose stored page failed its check (overwritten on put)
-        self._client()
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # notified when the last call in flight ends
+        self._in_flight = 0
+        self._closed = False
+        with self._use():
+            pass  # join the store now where the master is up
 
     # ------------------------------------------------------------------ connection
+    @contextmanager
+    def _use(self) -> Iterator[Any]:
+        """The client for one call (None: the master unreachable, or the backend closed); `close`
+        waits until the calls holding it have ended."""
+        with self._lock:
+            store = None if self._closed else self._client()
+            if store is not None:
+                self._in_flight += 1
+        try:
+            yield store
+        finally:
+            if store is not None:
+                with self._lock:
+                    self._in_flight -= 1
+                    if self._in_flight == 0:
+                        self._idle.notify_all()
+
     def _client(self) -> Any:
-        """The client, or None while the master is unreachable (probed again after a while)."""
+        """The client, or None while the master is unreachable (probed again after a while); the
+        caller holds the lock."""
         now = time.monotonic()
         if now < self._retry_at:
             return None
@@ -141,7 +172,8 @@ class MooncakeStorage(PageStore):
         return self._store
 
     def _down(self, why: str) -> None:
-        """Skip the backend for `retry_interval_s` (the client reconnects to a master that comes back)."""
+        """Skip the backend for `retry_interval_s` (the client reconnects to a master that comes
+        back). Called with or without the lock: it only moves the retry time later."""
         self.stats.add("unreachable")
         logger.warning(
             "HiCache mooncake storage: %s (master %s); storage skipped for %.0f s (lookups recompute)",
@@ -152,8 +184,15 @@ class MooncakeStorage(PageStore):
         self._retry_at = time.monotonic() + self.config.retry_interval_s
         return None
 
-    def close(self) -> None:
-        store, self._store = self._store, None
+    def close(self, wait_s: float = 30.0) -> None:
+        """No call starts after this; the client is closed once the calls in flight have ended
+        (at most `wait_s`: a call hung past it keeps its client open)."""
+        with self._lock:
+            self._closed = True
+            if not self._idle.wait_for(lambda: self._in_flight == 0, timeout=wait_s):
+                logger.warning("HiCache mooncake storage: a store call still runs; the client stays open")
+                return
+            store, self._store = self._store, None
         if store is not None:
             store.close()
 
@@ -162,21 +201,21 @@ class MooncakeStorage(PageStore):
         return self.prefix + name
 
     def exists(self, name: str) -> bool:
-        store = self._client()
-        if store is None or name in self._bad:
-            return False
-        rc = store.is_exist(self.key(name))
+        with self._use() as store:
+            if store is None or name in self._bad:
+                return False
+            rc = store.is_exist(self.key(name))
         if rc == RPC_FAIL:
             self._down(f"looking up page {name[:16]} failed")
         return rc == 1
 
     def put(self, name: str, payload: bytes) -> bool:
-        store = self._client()
-        if store is None:
-            self.stats.add("write_failures")
-            return False
-        write = store.upsert if name in self._bad else store.put  # put leaves an existing page as is
-        rc = write(self.key(name), frame(payload))
+        with self._use() as store:
+            if store is None:
+                self.stats.add("write_failures")
+                return False
+            write = store.upsert if name in self._bad else store.put  # put leaves an existing page as is
+            rc = write(self.key(name), frame(payload))
         if rc != 0:
             self.stats.add("write_failures")
             if rc == RPC_FAIL:
@@ -184,7 +223,8 @@ class MooncakeStorage(PageStore):
             else:
                 logger.warning("HiCache mooncake storage: writing page %s failed (%d)", name[:16], rc)
             return False
-        self._bad.discard(name)
+        with self._lock:
+            self._bad.discard(name)
         self.stats.add("pages_written")
         return True
 
@@ -195,28 +235,30 @@ class MooncakeStorage(PageStore):
         written = 0
         for at in range(0, len(names), self.batch_pages):
             chunk, data = names[at : at + self.batch_pages], payloads[at : at + self.batch_pages]
-            store = self._client()
-            if store is None:
-                self.stats.add("write_failures")
-                return written
-            write = store.upsert_batch if self._bad.intersection(chunk) else store.put_batch
-            if write([self.key(n) for n in chunk], [frame(p) for p in data]) != 0:
+            with self._use() as store:
+                if store is None:
+                    self.stats.add("write_failures")
+                    return written
+                write = store.upsert_batch if self._bad.intersection(chunk) else store.put_batch
+                rc = write([self.key(n) for n in chunk], [frame(p) for p in data])
+            if rc != 0:
                 done = super().put_many(chunk, data)
                 written += done
                 if done < len(chunk):
                     return written
                 continue
-            self._bad.difference_update(chunk)
+            with self._lock:
+                self._bad.difference_update(chunk)
             self.stats.add("pages_written", len(chunk))
             written += len(chunk)
         return written
 
     def exists_many(self, names: Sequence[str]) -> list[bool]:
         """One `batch_is_exist` RPC for all of `names` (a page that failed its check counts as absent)."""
-        store = self._client()
-        if store is None or not names:
-            return [False] * len(names)
-        rcs = store.batch_is_exist([self.key(n) for n in names])
+        with self._use() as store:
+            if store is None or not names:
+                return [False] * len(names)
+            rcs = store.batch_is_exist([self.key(n) for n in names])
         if len(rcs) != len(names) or (min(rcs) < 0 and not self._probe(self.config)):
             self._down(f"looking up {len(names)} pages failed")
             return [False] * len(names)
@@ -225,33 +267,37 @@ class MooncakeStorage(PageStore):
     def get(self, name: str) -> Optional[bytes]:
         """The page's payload, or None: missing, unreadable, failed its check, or the store
         unreachable (all but a plain miss counted and logged)."""
-        store = self._client()
-        if store is None:
-            self.stats.add("read_failures")
-            return None
-        return self._checked(store, name, store.get(self.key(name)))
+        with self._use() as store:
+            if store is None:
+                self.stats.add("read_failures")
+                return None
+            return self._checked(store, name, store.get(self.key(name)))
 
     def get_run(self, names: Sequence[str]) -> list[bytes]:
         """The leading readable pages of `names`, `batch_pages` per `get_batch` RPC."""
         out: list[bytes] = []
         for at in range(0, len(names), self.batch_pages):
-            store = self._client()
-            if store is None:
-                self.stats.add("read_failures")
-                return out
             chunk = names[at : at + self.batch_pages]
-            datas = store.get_batch([self.key(n) for n in chunk])
-            for name, data in zip(chunk, datas):
-                # a page the batch answered empty is asked once alone: one such page of a stored
-                # prefix came back empty while `is_exist` said it was there (test_pd_hicache, once)
-                data = data or store.get(self.key(name))
-                payload = self._checked(store, name, data)
-                if payload is None:
+            with self._use() as store:
+                if store is None:
+                    self.stats.add("read_failures")
                     return out
-                out.append(payload)
-            if len(datas) < len(chunk):
-                return out
+                if not self._read_chunk(store, chunk, out):
+                    return out
         return out
+
+    def _read_chunk(self, store: Any, chunk: Sequence[str], out: list[bytes]) -> bool:
+        """One `get_batch` of `chunk`, its readable leading pages appended to `out`; whether all were."""
+        datas = store.get_batch([self.key(n) for n in chunk])
+        for name, data in zip(chunk, datas):
+            # a page the batch answered empty is asked once alone: one such page of a stored
+            # prefix came back empty while `is_exist` said it was there (test_pd_hicache, once)
+            data = data or store.get(self.key(name))
+            payload = self._checked(store, name, data)
+            if payload is None:
+                return False
+            out.append(payload)
+        return len(datas) >= len(chunk)
 
     def _checked(self, store: Any, name: str, data: bytes) -> Optional[bytes]:
         """The payload of the page `data` read for `name`; None (counted and logged unless a plain
@@ -271,7 +317,8 @@ class MooncakeStorage(PageStore):
         payload, why = unframe(data)
         if payload is None:
             self.stats.add("read_failures")
-            self._bad.add(name)
+            with self._lock:
+                self._bad.add(name)
             logger.warning("HiCache mooncake storage: page %s %s; recomputing", name[:16], why)
             store.remove(self.key(name))  # refused while the read lease holds: then overwritten
             return None
@@ -281,11 +328,12 @@ class MooncakeStorage(PageStore):
     def clear(self) -> int:
         """Delete this namespace's pages (other models' and ranks' stay); returns how many. Pages
         read within the master's lease (`--default_kv_lease_ttl`) stay until it expires."""
-        self._bad.clear()
-        store = self._client()
-        if store is None:
-            return 0
-        removed = store.remove_by_regex("^" + re.escape(self.prefix))
+        with self._lock:
+            self._bad.clear()
+        with self._use() as store:
+            if store is None:
+                return 0
+            removed = store.remove_by_regex("^" + re.escape(self.prefix))
         if removed < 0:
             logger.warning("HiCache mooncake storage: clearing failed (%d)", removed)
             return 0
