@@ -111,6 +111,10 @@ def validate_hicache(args: Any) -> None:
         from sglang.srt.mem_cache.hicache.prefetch import PrefetchConfig
 
         PrefetchConfig.from_extra(args.hicache_storage_prefetch_policy, extra)  # ValueError by key
+        if args.hicache_storage_backend == "file":
+            from sglang.srt.mem_cache.hicache.file_storage import FileLimits
+
+            FileLimits.from_extra(extra)  # ValueError by key
     for name in (
         f"--hicache-io-backend {args.hicache_io_backend}",
         f"--hicache-mem-layout {args.hicache_mem_layout}",

@@ -2,7 +2,8 @@
 
 Sizes: the host tier holds `--hicache-size` GB (per rank), else `--hicache-ratio` × the KV pool's
 tokens. The file backend's directory: the extra config's `file_path`, else
-`SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR`, else `/tmp/hicache`; the `mooncake` backend's store:
+`SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR`, else `/tmp/hicache` (bounded by `capacity_gb` /
+`ttl_seconds`: file_storage.FileLimits); the `mooncake` backend's store:
 `mooncake_config.py`. One storage page holds `page_tokens` tokens (extra config, default 64).
 The storage prefetch (prefetch.py) takes --hicache-storage-prefetch-policy and the extra config's
 `prefetch_timeout_base` / `prefetch_timeout_per_ki_token`.
@@ -23,7 +24,7 @@ from typing import Any, Callable, Optional
 from sglang.srt import envs
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.hicache.decode_offload import OffloadingRadixCache
-from sglang.srt.mem_cache.hicache.file_storage import FileStorage
+from sglang.srt.mem_cache.hicache.file_storage import FileLimits, FileStorage
 from sglang.srt.mem_cache.hicache.hiradix_cache import HiRadixCache
 from sglang.srt.mem_cache.hicache.host_pool import CPShard, HostKVPool, TokenLayout, kv_token_buffers
 from sglang.srt.mem_cache.hicache.mooncake_config import mooncake_config
@@ -104,7 +105,8 @@ def _storage(
     `page_bytes(tokens)`: a storage page's payload size on this rank."""
     tokens = storage_page_tokens(args, kv_page)
     if args.hicache_storage_backend == "file":
-        return FileStorage(storage_dir(args), namespace, tokens)
+        limits = FileLimits.from_extra(json.loads(args.hicache_storage_backend_extra_config or "{}"))
+        return FileStorage(storage_dir(args), namespace, tokens, limits)
     if args.hicache_storage_backend == "mooncake":
         config = mooncake_config(json.loads(args.hicache_storage_backend_extra_config or "{}"))
         return MooncakeStorage(config, namespace, tokens, page_bytes(tokens))
