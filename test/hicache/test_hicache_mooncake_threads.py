@@ -15,6 +15,7 @@ pytest.importorskip("mooncake.store")  # the `pd` extra
 
 from mooncake_helpers import MooncakeMaster  # noqa: E402
 
+from sglang.srt.mem_cache.hicache import mooncake_storage  # noqa: E402
 from sglang.srt.mem_cache.hicache.mooncake_storage import MooncakeStorage, connect_store  # noqa: E402
 
 PAGE = 8
@@ -98,3 +99,61 @@ def test_close_waits_for_the_calls_in_flight(master):
     assert got == [b"x" * 300] and log == ["get done", "close"]
     assert st.get(name) is None and not st.exists(name)  # closed: every call a miss, no client used
     assert log == ["get done", "close"]
+
+
+def test_reads_racing_a_flapping_master_return_right_pages_or_misses(master, monkeypatch):
+    """Reader threads while the master's probe flaps (as a master dropping out and coming back
+    looks; probed at every call here): every read is the page written or a miss, nothing raises,
+    one client is set up."""
+    monkeypatch.setattr(mooncake_storage, "PROBE_INTERVAL_S", 0.0)
+    made: list = []
+
+    def connect(config, size):
+        made.append(None)
+        return connect_store(config, size)
+
+    state = {"up": True, "calls": 0}
+
+    def probe(config):
+        state["calls"] += 1
+        return state["up"]
+
+    st = MooncakeStorage(
+        master.config(retry_interval_s=0.01), "flap", PAGE, page_bytes=512, connect=connect, probe=probe
+    )
+    names = st.page_hashes(list(range(200, 264)), 8)
+    payloads = {n: bytes([i + 1]) * 400 for i, n in enumerate(names)}
+    assert st.put_many(names, [payloads[n] for n in names]) == len(names)
+    errors: list = []
+    wrong: list = []
+    stop = time.monotonic() + 1.5
+
+    def reader():
+        try:
+            while time.monotonic() < stop:
+                for got, n in zip(st.get_run(names), names):
+                    if got != payloads[n]:
+                        wrong.append(n)
+                for n in names[:2]:
+                    got = st.get(n)
+                    if got is not None and got != payloads[n]:
+                        wrong.append(n)
+                st.exists_many(names)
+        except Exception as e:  # noqa: BLE001 - the test reports any
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=reader) for _ in range(3)]
+    for t in threads:
+        t.start()
+    while time.monotonic() < stop:
+        state["up"] = not state["up"]
+        time.sleep(0.02)
+    for t in threads:
+        t.join(30)
+    state["up"] = True
+    assert not errors and not wrong
+    assert len(made) == 1  # the client stays; only the probe flapped
+    assert st.stats.unreachable > 0  # the flaps were seen
+    time.sleep(0.05)
+    assert st.get_run(names) == [payloads[n] for n in names]  # all readable once the master is back
+    st.close()
