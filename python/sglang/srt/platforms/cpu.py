@@ -12,7 +12,7 @@ from typing import Any, ContextManager, Iterable, Optional
 import torch
 
 from sglang.srt.kernels.cpu import isa as cpu_isa  # standard library only: the one ISA vocabulary
-from sglang.srt.platforms import launch_defaults
+from sglang.srt.platforms import cpu_linears, launch_defaults
 from sglang.srt.platforms.base import NullEvent, NullStream, Platform, null_stream_context
 from sglang.srt.platforms.host_memory import lazy_zeros
 
@@ -311,15 +311,16 @@ class CpuPlatform(Platform):
         self.dtype_choice, self._mixed = None, None
 
     def prepacked_linear(self, dtype: torch.dtype, device: torch.device):
-        """oneDNN's packed bf16 linear, where this torch build and CPU support it; under
-        `--dtype auto` the mixed linears of layers/linear_mixed.py (float32 with bf16 copies without
-        native bf16; bf16 with float32 copies on AVX-512 without AMX)."""
+        """bf16: the kernels' `bf16_linear` on AMX, else oneDNN's packed linear where this torch
+        build and CPU support it (platforms/cpu_linears.py); under `--dtype auto` the mixed
+        linears of layers/linear_mixed.py (float32 with bf16 copies without native bf16; bf16 with
+        float32 copies on AVX-512 without AMX)."""
         choice = self.dtype_choice
         if choice is None or device.type != "cpu":
-            return self._onednn_linear(dtype, device)
+            return self._bf16_linear(dtype, device)
         if choice.bf16_gemm_max_tokens is not None and dtype == torch.float32:
             return self._mixed_linears().bf16_copies(choice.bf16_gemm_max_tokens)
-        onednn = self._onednn_linear(dtype, device)
+        onednn = self._bf16_linear(dtype, device)
         if choice.float32_gemm_min_tokens is not None and dtype == torch.bfloat16:
             return self._mixed_linears().float32_prefill(choice.float32_gemm_min_tokens, onednn)
         return onednn
@@ -332,23 +333,10 @@ class CpuPlatform(Platform):
             self._mixed = MixedLinears(copy_budget_bytes=read_meminfo()[0] // 4)
         return self._mixed
 
-    def _onednn_linear(self, dtype: torch.dtype, device: torch.device):
-        ops = getattr(torch.ops, "mkldnn", None)
-        if dtype != torch.bfloat16 or device.type != "cpu" or ops is None:
-            return None
-        try:
-            if not (hasattr(ops, "_linear_pointwise") and ops._is_mkldnn_bf16_supported()):
-                return None
-        except (AttributeError, RuntimeError):
-            return None
-
-        def pack(weight: torch.Tensor) -> torch.Tensor:
-            return ops._reorder_linear_weight(weight.contiguous(), None)
-
-        def kernel(x: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-            return ops._linear_pointwise(x, packed, bias, "none", [], "")
-
-        return pack, kernel
+    def _bf16_linear(self, dtype: torch.dtype, device: torch.device):
+        # AMX as the kind says (an emulated kind without it keeps oneDNN's copy)
+        amx = cpu_kind(effective_cpu_flags()) == "amx" and dtype == torch.bfloat16 and device.type == "cpu"
+        return cpu_linears.bf16_linear(self.kernels.fused() if amx else None, dtype, device)
 
     def prefill_attention_dtype(self, dtype: torch.dtype) -> torch.dtype:
         """bf16 prefill attention runs torch's float32 flash kernel on CPUs without AMX: its bf16

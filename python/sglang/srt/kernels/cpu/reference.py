@@ -103,3 +103,17 @@ def linear_f32out_packed(
     hi = (packed & -65536).view(torch.float32)  # rows 32b + 16 + l
     w = torch.stack([lo, hi], dim=1).permute(0, 1, 3, 2).reshape(blocks * 32, K)[:N]
     return F.linear(x.float(), w, None if bias is None else bias.float())
+
+
+def bf16_linear(
+    x: torch.Tensor, packed: torch.Tensor, N: int, bias: Optional[torch.Tensor] = None, use_amx: bool = True
+) -> torch.Tensor:
+    """bf16 x [M, K] . W^T (+ bias) summed in float32, rounded to bf16 once; W [N, K] rebuilt from
+    its packed form (int32 [ceil(N / 16), Kp / 2, 16]: column 16b + l's k = 2p in the low half of
+    (b, p, l), k = 2p + 1 in the high half). `use_amx` changes only the kernel's path."""
+    blocks, pairs, _ = packed.shape
+    lo = (packed << 16).view(torch.float32)  # [blocks, pairs, 16]: k = 2p
+    hi = (packed & -65536).view(torch.float32)  # k = 2p + 1
+    w = torch.stack([lo, hi], dim=2).permute(0, 3, 1, 2).reshape(blocks * 16, pairs * 2)[:N, : x.shape[1]]
+    out = F.linear(x.float(), w, None if bias is None else bias.float())
+    return out.to(torch.bfloat16)

@@ -25,6 +25,8 @@
 //   int8_linear       the W8A8-INT8 linear in one call: per-token int8 quantization, the int32 GEMM on a
 //                     packed int8 weight (VNNI / maddubs / portable) and both scales (int8_linear.cpp)
 //   int8_linear_vnni  the same compiled for AVX512-VNNI / AVX-VNNI, in the avx512 / avx2 builds only
+//   bf16_linear       bf16 linear at decode-sized M on a weight packed in k pairs (AMX-BF16 / vdpbf16ps;
+//                     bf16_linear.cpp; refused in builds without AVX512-BF16)
 //   prefill_attention_vec  the same in float32 on AVX2 / AVX-512 vectors, float32 or bf16 inputs,
 //                     head dim 64 / 128 (prefill_attention_vec.cpp: CPUs without AMX)
 
@@ -1140,6 +1142,10 @@ std::string int8_linear_impl();
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& comp, const at::Tensor& ws,
                        int64_t N, const std::optional<at::Tensor>& bias);
 std::string int8_linear_vnni_impl();
+// bf16_linear.cpp (every build; "" / refused without AVX512-BF16): bf16 linear at decode-sized M
+std::string bf16_linear_impl();
+at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N, const std::optional<at::Tensor>& bias,
+                       bool use_amx);
 at::Tensor int8_linear_vnni(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& comp,
                             const at::Tensor& ws, int64_t N, const std::optional<at::Tensor>& bias);
 
@@ -1163,6 +1169,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear_f32out_packed", &linear_f32out_packed,
         "float32 x [n, K] . W [N, K]^T (+ bias) in float32, W bf16 packed by pack_bf16_pairs (int32 [ceil(N/32), K, 16])",
         py::arg("x"), py::arg("packed"), py::arg("N"), py::arg("bias") = py::none());
+  m.def("bf16_linear_impl", &bf16_linear_impl, "the path bf16_linear runs here: amx, avx512-bf16, or '' (none)");
+  m.def("bf16_linear", &bf16_linear,
+        "bf16 x [M, K] . W [N, K]^T (+ bias) in bf16 for few rows, W packed by pack_bf16_kpairs (int32 "
+        "[ceil(N/16), ceil(K/32)*16, 16]); use_amx=False: the vdpbf16ps path on AMX CPUs too",
+        py::arg("x"), py::arg("packed"), py::arg("N"), py::arg("bias") = py::none(), py::arg("use_amx") = true);
   m.def("int8_linear_impl", &int8_linear_impl, "the product path int8_linear runs in this build");
   m.def("int8_linear", &int8_linear,
         "W8A8-INT8 linear: x [M, K] (float32 / bf16) quantized per row, times the int8 weight packed by "

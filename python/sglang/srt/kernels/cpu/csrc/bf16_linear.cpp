@@ -1,0 +1,256 @@
+// bf16_linear: y [M, N] = x [M, K] . W [N, K]^T (+ bias) for bf16 x / W / y at decode-sized M, W packed
+// once by pack_bf16_kpairs (layers/linear_bf16_packed.py): int32 [ceil(N / 16), Kp / 2, 16], Kp = K
+// rounded up to 32; in block b, row p holds columns 16b .. 16b + 15, each as the bf16 pair
+// (k = 2p in the low half, 2p + 1 in the high half); padding is zero. That is both the B operand of
+// an AMX-BF16 tile (16 k pairs x 64 bytes) and one vdpbf16ps operand per k pair.
+//
+// Every weight byte is read once per call for all rows (oneDNN's packed bf16 linear reads the
+// weights at about half the bandwidth at 1-16 rows: docs/notes/2026-11-step-breakdown.md). Products
+// are exact in float32, summed in float32, + bias in float32, rounded to bf16 once.
+//   AMX (CPUs with AMX-BF16, use_amx): tiles of 16 (or 32) rows x 2 column blocks, tdpbf16ps.
+//   vector: tiles of up to 4 rows x 4 column blocks, vdpbf16ps (AVX512-BF16 without AMX).
+// Builds without AVX512-BF16 answer bf16_linear_impl() == "" and refuse the call.
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#include <immintrin.h>
+#define SGL_BF16_LINEAR 1
+#endif
+#if defined(SGL_BF16_LINEAR) && defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "amx_tiles.h"
+#define SGL_BF16_LINEAR_AMX 1
+#endif
+
+namespace {
+#if defined(SGL_BF16_LINEAR)
+constexpr int64_t kLanes = 16;  // output columns per packed block
+constexpr int64_t kKAlign = 32;  // Kp: K rounded up to one AMX tile row of bf16
+
+struct Args {
+  const uint16_t* x;  // [rows, Kp], zero past K (and past M up to rows)
+  const uint32_t* w;  // packed
+  const uint16_t* bias;
+  uint16_t* out;  // [M, N]
+  int64_t M, N, Kp, blocks;
+};
+
+inline __m512 bias16(const uint16_t* bias, int64_t c0, __mmask16 m) {
+  if (bias == nullptr) return _mm512_setzero_ps();
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, bias + c0)), 16));
+}
+inline __mmask16 lanes(int64_t n) {
+  return n >= kLanes ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1);
+}
+inline void store_bf16(uint16_t* p, __m512 v, __mmask16 m) {
+  _mm256_mask_storeu_epi16(p, m, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
+}
+
+// ----------------------------------------------------------------------------- vdpbf16ps tiles
+template <int RI, int NB>
+void vec_tile(const Args& g, int64_t i0, int64_t b0) {
+  const int64_t pairs = g.Kp / 2, bstride = pairs * kLanes;
+  __m512 a[RI][NB];
+  for (int i = 0; i < RI; ++i)
+    for (int b = 0; b < NB; ++b) a[i][b] = _mm512_setzero_ps();
+  const uint16_t* x = g.x + i0 * g.Kp;
+  for (int64_t p = 0; p < pairs; ++p) {
+    __m512i wv[NB];
+    for (int b = 0; b < NB; ++b) wv[b] = _mm512_loadu_si512(g.w + (b0 + b) * bstride + p * kLanes);
+    for (int i = 0; i < RI; ++i) {
+      uint32_t xi;
+      std::memcpy(&xi, x + i * g.Kp + 2 * p, 4);
+      const __m512bh xb = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(xi)));
+      for (int b = 0; b < NB; ++b) a[i][b] = _mm512_dpbf16_ps(a[i][b], xb, reinterpret_cast<__m512bh>(wv[b]));
+    }
+  }
+  for (int b = 0; b < NB; ++b) {
+    const int64_t c0 = (b0 + b) * kLanes;
+    const __mmask16 m = lanes(g.N - c0);
+    const __m512 bv = bias16(g.bias, c0, m);
+    for (int i = 0; i < RI; ++i) store_bf16(g.out + (i0 + i) * g.N + c0, _mm512_add_ps(a[i][b], bv), m);
+  }
+}
+
+template <int NB>
+void vec_rows(const Args& g, int64_t b0) {
+  int64_t i = 0;
+  for (; i + 4 <= g.M; i += 4) vec_tile<4, NB>(g, i, b0);
+  switch (g.M - i) {
+    case 3: return vec_tile<3, NB>(g, i, b0);
+    case 2: return vec_tile<2, NB>(g, i, b0);
+    case 1: return vec_tile<1, NB>(g, i, b0);
+    default: return;
+  }
+}
+
+void gemm_vec(const Args& g) {
+  const int64_t tasks = (g.blocks + 3) / 4;
+  at::parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t b0 = t * 4;
+      if (g.blocks - b0 >= 4) {
+        vec_rows<4>(g, b0);
+      } else {
+        for (int64_t b = b0; b < g.blocks; ++b) vec_rows<1>(g, b);
+      }
+    }
+  });
+}
+
+// --------------------------------------------------------------------------------- AMX-BF16 tiles
+#if defined(SGL_BF16_LINEAR_AMX)
+// CPUID leaf 7 EDX bit 22 (AMX-BF16) and 24 (AMX-TILE), and the kernel's permission for the tile data
+bool amx_bf16_ready() {
+  static const bool ok = [] {
+    unsigned int eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+    if ((edx & (1u << 22)) == 0 || (edx & (1u << 24)) == 0) return false;
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return ok;
+}
+
+// tile intrinsics are asm volatile without memory clobbers: fence the compiler around them
+#define SGL_BF16_FENCE() asm volatile("" ::: "memory")
+
+// rows [r0, r0 + 32) of the padded x (a second row tile past M is skipped) x blocks b0, b0 + 1
+// (b0 + 1 past the last: skipped)
+void amx_tile(const Args& g, int64_t r0, int64_t b0) {
+  alignas(64) float acc[4][16 * 16];
+  const int64_t bstride = g.Kp / 2 * kLanes;
+  const bool two = b0 + 1 < g.blocks, low = r0 + 16 < g.M;
+  _tile_zero(4);
+  _tile_zero(5);
+  _tile_zero(6);
+  _tile_zero(7);
+  SGL_BF16_FENCE();
+  for (int64_t k0 = 0; k0 < g.Kp; k0 += kKAlign) {
+    _tile_loadd(0, g.x + r0 * g.Kp + k0, g.Kp * 2);
+    _tile_loadd(2, g.w + b0 * bstride + k0 / 2 * kLanes, 64);
+    _tile_dpbf16ps(4, 0, 2);
+    if (low) {
+      _tile_loadd(1, g.x + (r0 + 16) * g.Kp + k0, g.Kp * 2);
+      _tile_dpbf16ps(5, 1, 2);
+    }
+    if (two) {
+      _tile_loadd(3, g.w + (b0 + 1) * bstride + k0 / 2 * kLanes, 64);
+      _tile_dpbf16ps(6, 0, 3);
+      if (low) _tile_dpbf16ps(7, 1, 3);
+    }
+  }
+  _tile_stored(4, acc[0], 64);
+  _tile_stored(5, acc[1], 64);
+  _tile_stored(6, acc[2], 64);
+  _tile_stored(7, acc[3], 64);
+  SGL_BF16_FENCE();
+  for (int b = 0; b < (two ? 2 : 1); ++b) {
+    const int64_t c0 = (b0 + b) * kLanes;
+    const __mmask16 m = lanes(g.N - c0);
+    const __m512 bv = bias16(g.bias, c0, m);
+    for (int h = 0; h < 2; ++h)
+      for (int64_t i = 0; i < 16 && r0 + h * 16 + i < g.M; ++i)
+        store_bf16(g.out + (r0 + h * 16 + i) * g.N + c0, _mm512_add_ps(_mm512_load_ps(acc[2 * b + h] + i * 16), bv),
+                   m);
+  }
+}
+
+void gemm_amx(const Args& g) {
+  const int64_t pairs = (g.blocks + 1) / 2;
+  // tasks: 128 rows x up to 8 column pairs; a thread's tasks are consecutive, so x's rows stay in
+  // L2 while the weights stream past (int8_linear's layout; one row block at decode sizes)
+  constexpr int64_t kRows = 128;
+  const int64_t row_blocks = (g.M + kRows - 1) / kRows;
+  const int64_t per = row_blocks == 1 ? 1 : 8, groups = (pairs + per - 1) / per;
+  at::parallel_for(0, row_blocks * groups, 1, [&](int64_t t0, int64_t t1) {
+    sgl_amx::configure_full_tiles();
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t r0 = (t / groups) * kRows, r1 = std::min(g.M, r0 + kRows);
+      const int64_t p0 = (t % groups) * per, p1 = std::min(pairs, p0 + per);
+      for (int64_t p = p0; p < p1; ++p)
+        for (int64_t r = r0; r < r1; r += 32) amx_tile(g, r, 2 * p);
+    }
+    _tile_release();
+  });
+}
+#endif
+#endif
+}  // namespace
+
+std::string bf16_linear_impl() {
+#if defined(SGL_BF16_LINEAR_AMX)
+  if (amx_bf16_ready()) return "amx";
+#endif
+#if defined(SGL_BF16_LINEAR)
+  return "avx512-bf16";
+#else
+  return "";
+#endif
+}
+
+at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N, const std::optional<at::Tensor>& bias,
+                       bool use_amx) {
+  TORCH_CHECK(!bf16_linear_impl().empty(), "bf16_linear: this build of the CPU kernels has no AVX512-BF16");
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.dim() == 2 && x.stride(1) == 1,
+              "bf16_linear: x must be a bf16 [M, K] tensor with contiguous rows");
+  const int64_t M = x.size(0), K = x.size(1), Kp = (K + 31) / 32 * 32, blocks = (N + 15) / 16;
+  TORCH_CHECK(packed.scalar_type() == at::kInt && packed.is_contiguous() && packed.dim() == 3 &&
+                  packed.size(0) == blocks && packed.size(1) == Kp / 2 && packed.size(2) == 16,
+              "bf16_linear: packed must be pack_bf16_kpairs' int32 [ceil(N / 16), ceil(K / 32) * 16, 16] for N = ",
+              N, ", K = ", K);
+  if (bias.has_value())
+    TORCH_CHECK(bias->scalar_type() == at::kBFloat16 && bias->numel() == N && bias->is_contiguous(),
+                "bf16_linear: bias must be a contiguous bf16 [N] tensor");
+  auto out = at::empty({M, N}, x.options());
+#if defined(SGL_BF16_LINEAR)
+  if (M == 0 || N == 0) return out;
+  bool amx = false;
+#if defined(SGL_BF16_LINEAR_AMX)
+  amx = use_amx && amx_bf16_ready();
+#endif
+  // x copied into a zero-padded scratch kept by the calling thread: K to Kp, and for AMX the rows
+  // to whole 16-row tiles
+  const int64_t rows = amx ? (M + 15) / 16 * 16 : M;
+  thread_local std::vector<uint16_t> scratch;
+  if (scratch.size() < static_cast<size_t>(rows * Kp)) scratch.resize(static_cast<size_t>(rows * Kp));
+  const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
+  uint16_t* xs = scratch.data();
+  for (int64_t i = 0; i < M; ++i) {
+    std::memcpy(xs + i * Kp, xp + i * x.stride(0), static_cast<size_t>(K) * 2);
+    std::memset(xs + i * Kp + K, 0, static_cast<size_t>(Kp - K) * 2);
+  }
+  std::memset(xs + M * Kp, 0, static_cast<size_t>((rows - M) * Kp) * 2);
+  const Args g{xs,
+               reinterpret_cast<const uint32_t*>(packed.data_ptr<int32_t>()),
+               bias.has_value() ? reinterpret_cast<const uint16_t*>(bias->data_ptr()) : nullptr,
+               reinterpret_cast<uint16_t*>(out.data_ptr()),
+               M,
+               N,
+               Kp,
+               blocks};
+#if defined(SGL_BF16_LINEAR_AMX)
+  if (amx) {
+    gemm_amx(g);
+    return out;
+  }
+#endif
+  gemm_vec(g);
+#else
+  (void)use_amx;
+#endif
+  return out;
+}

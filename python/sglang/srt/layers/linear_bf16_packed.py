@@ -1,0 +1,61 @@
+"""bf16 linears at decode sizes on a weight packed in k pairs (kernels/cpu/csrc/bf16_linear.cpp).
+
+oneDNN's packed bf16 linear reads the weights at about half the memory bandwidth at 1-16 rows
+(docs/notes/2026-11-step-breakdown.md); `bf16_linear` reads every weight byte once per call for
+all rows (AMX-BF16 tiles) and runs at the read bandwidth. It is the packed copy the platform hands
+to layers/linear_prepack.py where its build runs it on AMX (`CpuPlatform.prepacked_linear`), in
+place of oneDNN's copy (same bytes): calls of up to `max_rows` rows take the kernel, larger ones
+(prefill chunks) the plain `F.linear` on the bf16 weight, which is as fast as oneDNN's packed one
+there. Measured on [amx]: docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+LANES = 16  # output columns per packed block
+K_ALIGN = 32  # K padded to one AMX tile row of bf16
+
+
+def pack_bf16_kpairs(weight: torch.Tensor) -> torch.Tensor:
+    """bf16 [N, K] -> int32 [ceil(N / 16), Kp / 2, 16], Kp = K rounded up to 32: element (b, p, l)
+    holds column 16b + l's bf16 at k = 2p in its low 16 bits and at k = 2p + 1 in its high 16 bits
+    (zero past N and K)."""
+    if weight.dtype != torch.bfloat16 or weight.dim() != 2:
+        raise ValueError(
+            f"pack_bf16_kpairs takes a 2-D bf16 weight, not {weight.dtype} {tuple(weight.shape)}"
+        )
+    n, k = weight.shape
+    blocks, kp = -(-n // LANES), -(-k // K_ALIGN) * K_ALIGN
+    padded = torch.zeros(blocks * LANES, kp, dtype=torch.bfloat16, device=weight.device)
+    padded[:n, :k] = weight
+    bits = padded.view(torch.int16).to(torch.int32) & 0xFFFF
+    pairs = bits.view(blocks, LANES, kp // 2, 2)
+    return ((pairs[..., 1] << 16) | pairs[..., 0]).transpose(1, 2).contiguous()
+
+
+class Bf16PackedLinear:
+    """The (pack, kernel) pair of layers/linear_prepack.py for `bf16_linear` (the kernel module's
+    entry: x [M, K], packed, N, bias -> [M, N])."""
+
+    def __init__(self, entry: Callable[..., torch.Tensor], max_rows: int) -> None:
+        self.entry = entry
+        self.max_rows = max_rows
+
+    def pack(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # the plain weight travels with its packed copy: larger calls run F.linear on it
+        return pack_bf16_kpairs(weight), weight
+
+    def kernel(
+        self, x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor], bias: Optional[torch.Tensor]
+    ) -> torch.Tensor:
+        kpairs, weight = packed
+        if x.shape[0] > self.max_rows:
+            return F.linear(x, weight, bias)
+        return self.entry(x, kpairs, weight.shape[0], bias)
+
+    def pair(self) -> tuple[Any, Any]:
+        return self.pack, self.kernel

@@ -1,0 +1,46 @@
+"""The packed bf16 linears `CpuPlatform.prepacked_linear` hands to layers/linear_prepack.py: the
+kernels' `bf16_linear` on AMX (layers/linear_bf16_packed.py), oneDNN's packed linear elsewhere."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+# AMX: bf16 linears over at most this many rows run the kernels' bf16_linear (weights read once at
+# the read bandwidth: 0.63-0.71x oneDNN's time at 1-32 rows, ~1.0x at 128-256), larger ones plain
+# F.linear (0.94-0.99x oneDNN's from 512 rows on). docs/benchmarks.md, "Fused CPU kernels".
+BF16_LINEAR_MAX_ROWS = 384
+
+
+def bf16_linear(fused: Optional[Any], dtype: torch.dtype, device: torch.device) -> Optional[tuple[Any, Any]]:
+    """(pack, kernel) for bf16 weights on `device`, or None (plain F.linear). `fused`: the
+    platform's kernel build. AMX only: the build's vdpbf16ps path beats oneDNN at 1-4 rows alone on
+    [amx] and is unmeasured on AVX512-BF16 CPUs without AMX (Zen 4 / 5), where oneDNN's copy stays."""
+    if dtype != torch.bfloat16 or device.type != "cpu":
+        return None
+    if fused is not None and getattr(fused, "bf16_linear_impl", str)() == "amx":
+        from sglang.srt.layers.linear_bf16_packed import Bf16PackedLinear
+
+        return Bf16PackedLinear(fused.bf16_linear, max_rows=BF16_LINEAR_MAX_ROWS).pair()
+    return onednn_linear()
+
+
+def onednn_linear() -> Optional[tuple[Any, Any]]:
+    """oneDNN's packed bf16 linear, where this torch build and CPU support it."""
+    ops = getattr(torch.ops, "mkldnn", None)
+    if ops is None:
+        return None
+    try:
+        if not (hasattr(ops, "_linear_pointwise") and ops._is_mkldnn_bf16_supported()):
+            return None
+    except (AttributeError, RuntimeError):
+        return None
+
+    def pack(weight: torch.Tensor) -> torch.Tensor:
+        return ops._reorder_linear_weight(weight.contiguous(), None)
+
+    def kernel(x: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        return ops._linear_pointwise(x, packed, bias, "none", [], "")
+
+    return pack, kernel

@@ -1,0 +1,137 @@
+"""bf16_linear (kernels/cpu/csrc/bf16_linear.cpp: bf16 linears at decode sizes, AMX-BF16 tiles or
+vdpbf16ps) against its torch reference on every build this CPU runs, pack_bf16_kpairs' layout,
+and the packed pair the CPU platform hands to the bf16 linears (layers/linear_bf16_packed.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sglang.srt.kernels.cpu import isa, loader
+from sglang.srt.kernels.cpu import reference as ref
+from sglang.srt.layers.linear_bf16_packed import Bf16PackedLinear, pack_bf16_kpairs
+from sglang.srt.platforms import cpu_linears
+
+# (rows, N, K): tails of every tile (16-row AMX tiles taken two at a time, 4-row vector tiles; 16-column
+# blocks taken two / four at a time; K padded to 32), decode and SmolLM2-like shapes
+SHAPES = [
+    (1, 1, 1),
+    (1, 37, 64),
+    (2, 5, 19),
+    (3, 16, 2),
+    (5, 129, 70),
+    (16, 576, 576),
+    (17, 17, 17),
+    (33, 50, 100),
+    (40, 96, 1536),
+    (130, 40, 40),
+]
+
+
+@pytest.fixture(scope="module", params=[v.name for v in isa.runnable_variants()])
+def ops(request):
+    result = loader.load_variant(request.param)
+    if result.module is None:
+        pytest.skip(f"CPU kernels: {result.reason} (test_cpu_kernels.py fails for a missing build)")
+    return result.module
+
+
+def _paths(ops) -> list[bool]:
+    impl = ops.bf16_linear_impl()
+    if impl == "":
+        pytest.skip(f"the {ops.isa()} build has no AVX512-BF16: bf16_linear is refused there (tested below)")
+    return [True, False] if impl == "amx" else [False]
+
+
+def test_pack_layout_round_trips():
+    w = torch.randn(20, 35).bfloat16()
+    packed = pack_bf16_kpairs(w)
+    assert packed.dtype == torch.int32 and packed.shape == (2, 32, 16)  # K 35 -> 64: 32 pairs
+    item = packed[1, 3, 2].item()  # block 1, pair 3, lane 2: column 18, k = 6 and 7
+    assert item & 0xFFFF == w[18, 6].view(torch.int16).item() & 0xFFFF
+    assert (item >> 16) & 0xFFFF == w[18, 7].view(torch.int16).item() & 0xFFFF
+    assert packed[1, :, 4:].eq(0).all() and packed[0, 18:].eq(0).all()  # columns 20.., k 36.. padding
+    x = torch.randn(3, 35).bfloat16()
+    torch.testing.assert_close(ref.bf16_linear(x, packed, 20), F.linear(x.float(), w.float()).bfloat16())
+    with pytest.raises(ValueError, match="2-D bf16"):
+        pack_bf16_kpairs(w.float())
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_kernel_matches_reference(ops, shape, with_bias):
+    M, N, K = shape
+    g = torch.Generator().manual_seed(M * 1000 + N + K)
+    x = torch.randn(M, K, generator=g).bfloat16()
+    w = torch.randn(N, K, generator=g).bfloat16()
+    bias = torch.randn(N, generator=g).bfloat16() if with_bias else None
+    packed = pack_bf16_kpairs(w)
+    want = ref.bf16_linear(x, packed, N, bias).float()
+    for use_amx in _paths(ops):
+        got = ops.bf16_linear(x, packed, N, bias, use_amx).float()
+        # float32 sums in another order (|terms| < ~20: K * 2e-6 apart at most), rounded to bf16 once:
+        # at most one bf16 step apart
+        step = torch.exp2(torch.floor(torch.log2(want.abs().clamp_min(1e-3))) - 7)
+        assert ((got - want).abs() <= step + K * 2e-6).all(), (use_amx, (got - want).abs().max())
+
+
+def test_strided_rows_and_zero_rows(ops):
+    paths = _paths(ops)
+    w = torch.randn(48, 64).bfloat16()
+    packed = pack_bf16_kpairs(w)
+    wide = torch.randn(6, 100).bfloat16()
+    x = wide[:, 10:74]  # rows 100 apart, contiguous within
+    for use_amx in paths:
+        torch.testing.assert_close(
+            ops.bf16_linear(x, packed, 48, None, use_amx), ref.bf16_linear(x, packed, 48)
+        )
+        assert ops.bf16_linear(x[:0], packed, 48, None, use_amx).shape == (0, 48)
+
+
+def test_bad_input_is_refused(ops):
+    w = torch.randn(20, 40).bfloat16()
+    packed = pack_bf16_kpairs(w)
+    x = torch.randn(2, 40).bfloat16()
+    if ops.bf16_linear_impl() == "":
+        with pytest.raises(RuntimeError, match="no AVX512-BF16"):
+            ops.bf16_linear(x, packed, 20)
+        return
+    with pytest.raises(RuntimeError, match="packed must be"):
+        ops.bf16_linear(x, packed, 40)  # N says 3 blocks, packed holds 2
+    with pytest.raises(RuntimeError, match="packed must be"):
+        ops.bf16_linear(torch.randn(2, 70).bfloat16(), packed, 20)  # K 70 needs 48 pairs
+    with pytest.raises(RuntimeError, match="x must be"):
+        ops.bf16_linear(x.float(), packed, 20)
+    with pytest.raises(RuntimeError, match="bias must be"):
+        ops.bf16_linear(x, packed, 20, torch.randn(20))
+
+
+def test_packed_pair_takes_the_kernel_up_to_max_rows(ops):
+    _paths(ops)
+    calls = []
+
+    def entry(*args):
+        calls.append(args[0].shape[0])
+        return ops.bf16_linear(*args)
+
+    pack, kernel = Bf16PackedLinear(entry, max_rows=8).pair()
+    w, bias = torch.randn(30, 24).bfloat16(), torch.randn(30).bfloat16()
+    packed = pack(w)
+    for rows in (1, 8, 9, 40):
+        x = torch.randn(rows, 24).bfloat16()
+        want = F.linear(x.float(), w.float(), bias.float())
+        torch.testing.assert_close(kernel(x, packed, bias).float(), want, atol=0.05, rtol=0.02)
+    assert calls == [1, 8]  # 9 and 40 rows: plain F.linear
+
+
+def test_platform_picks_the_kernel_on_amx_only(ops):
+    """cpu_linears.bf16_linear: the kernel's pair where the build runs AMX, oneDNN's elsewhere
+    (a build without AVX512-BF16, or a kernel module without the entry)."""
+    cpu = torch.device("cpu")
+    got = cpu_linears.bf16_linear(ops, torch.bfloat16, cpu)
+    is_kernel = got is not None and isinstance(getattr(got[1], "__self__", None), Bf16PackedLinear)
+    assert is_kernel == (ops.bf16_linear_impl() == "amx")
+    assert cpu_linears.bf16_linear(ops, torch.float32, cpu) is None
+    other = cpu_linears.bf16_linear(None, torch.bfloat16, cpu)
+    assert other is None or not isinstance(getattr(other[1], "__self__", None), Bf16PackedLinear)
