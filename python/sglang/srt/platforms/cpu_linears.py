@@ -8,9 +8,10 @@ from typing import Any, Optional
 import torch
 
 # AMX: bf16 linears over at most this many rows run the kernels' bf16_linear (weights read once at
-# the read bandwidth: 0.63-0.71x oneDNN's time at 1-32 rows, ~1.0x at 128-256), larger ones plain
-# F.linear (0.94-0.99x oneDNN's from 512 rows on). docs/benchmarks.md, "Fused CPU kernels".
-BF16_LINEAR_MAX_ROWS = 384
+# the read bandwidth: 0.61-0.65x oneDNN's packed linear at 1-32 rows, 0.77x at 64, 0.99x at 256),
+# larger ones plain F.linear (1.08x oneDNN at 384 rows where bf16_linear is 1.19x; 0.94-1.05x from
+# 512 on). benchmark/vs_vllm/bf16_linear_ab.py, docs/benchmarks.md ("Fused CPU kernels").
+BF16_LINEAR_MAX_ROWS = 320
 
 
 def bf16_linear(fused: Optional[Any], dtype: torch.dtype, device: torch.device) -> Optional[tuple[Any, Any]]:

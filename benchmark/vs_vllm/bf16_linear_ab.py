@@ -1,0 +1,90 @@
+"""bf16 decoder linears of a model's shape over all its layers (each layer's own weights, so they
+come from memory as in a decode step): the kernels' `bf16_linear` (AMX tiles and its vdpbf16ps
+path) against oneDNN's packed bf16 linear and plain `F.linear`, wall ms per pass over the layers
+(best of --rounds), ratios to oneDNN in one run. Picks `BF16_LINEAR_MAX_ROWS`
+(platforms/cpu_linears.py).
+
+    python benchmark/vs_vllm/bf16_linear_ab.py --threads 2 --rows 1 4 8 16 32 64 128 256 512 1024
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.nn.functional as F
+
+from sglang.srt.kernels.cpu import loader
+from sglang.srt.layers.linear_bf16_packed import pack_bf16_kpairs
+from sglang.srt.platforms.cpu_linears import onednn_linear
+
+SMOLLM2 = ["960x576", "576x576", "3072x576", "576x1536"]  # qkv, o_proj, gate_up, down
+
+
+def best_ms(step, rounds: int) -> float:
+    for _ in range(2):
+        step()
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        step()
+        best = min(best, time.perf_counter() - t0)
+    return best * 1e3
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shapes", nargs="+", default=SMOLLM2, help="out x in, one layer's linears")
+    p.add_argument("--layers", type=int, default=30)
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 4, 8, 16, 32, 64, 128, 256, 512])
+    p.add_argument(
+        "--vec-max-rows", type=int, default=64, help="time the vdpbf16ps path up to this many rows"
+    )
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=5)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    ops = loader.load_variant("avx512bf16").module
+    pair = onednn_linear()
+    if ops is None or ops.bf16_linear_impl() == "" or pair is None:
+        raise SystemExit("needs the avx512bf16 build on an AVX512-BF16 CPU and oneDNN's bf16 linear")
+    pack, onednn = pair
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes]
+    weights = [[torch.randn(n, k).bfloat16() * 0.05 for n, k in shapes] for _ in range(args.layers)]
+    onednn_w = [[pack(w) for w in layer] for layer in weights]
+    kpairs = [[pack_bf16_kpairs(w) for w in layer] for layer in weights]
+    mb = sum(w.numel() * 2 for layer in weights for w in layer) / 2**20
+    print(
+        f"{args.threads} thread(s), {args.layers} layers x {args.shapes} ({mb:.0f} MiB); bf16_linear path here: {ops.bf16_linear_impl()}"
+    )
+    print("rows | oneDNN packed ms | bf16_linear AMX | bf16_linear vdpbf16ps | plain F.linear")
+    for m in args.rows:
+        xs = {k: torch.randn(m, k).bfloat16() for _, k in shapes}
+
+        def run(kind: str) -> float:
+            def step() -> None:
+                for li, layer in enumerate(weights):
+                    for j, (n, k) in enumerate(shapes):
+                        if kind == "onednn":
+                            onednn(xs[k], onednn_w[li][j], None)
+                        elif kind == "plain":
+                            F.linear(xs[k], layer[j])
+                        else:
+                            ops.bf16_linear(xs[k], kpairs[li][j], n, None, kind == "amx")
+
+            return best_ms(step, args.rounds)
+
+        base = run("onednn")
+        cells = [f"{base:.1f}"]
+        for kind in ("amx", "vec", "plain"):
+            if kind == "amx" and ops.bf16_linear_impl() != "amx" or kind == "vec" and m > args.vec_max_rows:
+                cells.append("-")
+                continue
+            ms = run(kind)
+            cells.append(f"{ms:.1f} ({ms / base:.2f}x)")
+        print(f"{m} | " + " | ".join(cells), flush=True)
+
+
+if __name__ == "__main__":
+    main()
