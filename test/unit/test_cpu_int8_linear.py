@@ -71,6 +71,17 @@ def test_isa_request_picks_the_vnni_copy(monkeypatch):
             assert op is want, name
 
 
+def test_the_entry_is_chosen_once_per_platform(monkeypatch):
+    """Every W8A8 layer asks int8_linear_op; the platform picks its entry once (KernelTable)."""
+    with fresh_platforms():
+        platform, calls = get_platform("cpu"), []
+        pick = platform.int8_linear_entry
+        monkeypatch.setattr(platform, "int8_linear_entry", lambda ops: calls.append(ops) or pick(ops))
+        first = int8_linear_op(torch.device("cpu"))
+        assert all(int8_linear_op(torch.device("cpu")) is first for _ in range(3))
+        assert len(calls) == (0 if first is None else 1)
+
+
 def _weight(n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     wq, ws = channel_quantize_int8(torch.randn(n, k, generator=g) * 0.1)
@@ -187,6 +198,7 @@ def test_layer_packs_at_prepack_and_matches_torch_path(dtype):
         assert layer.weight.shape == (45, 70) and layer.weight.dtype == torch.int8
     assert torch.equal(int8_weight(layer), plain)
     assert prepack_linear_weights(holder, get_platform("cpu")) == 0  # packed once
+    assert layer.quant_method.pack_weights(layer) is None  # nothing packed again: not counted
     torch.testing.assert_close(layer(x), want, atol=0, rtol=0)
     layer.bias.data = layer.bias.data.float()  # a bias of another dtype: added after, as torch does
     torch.testing.assert_close(layer(x), w8a8_int8_linear(x, plain, layer.weight_scale, layer.bias))
@@ -201,7 +213,7 @@ def test_layer_without_kernels_keeps_torch_path(monkeypatch):
     with fresh_platforms():
         layer = _layer(20, 33, False, torch.bfloat16)
         assert prepack_linear_weights(torch.nn.Sequential(layer), get_platform("cpu")) == 0
-        assert layer.int8_packed is None
+        assert layer.int8_packed is None and layer.quant_method.pack_weights(layer) is None
         x = torch.randn(4, 33).bfloat16()
         torch.testing.assert_close(
             layer(x), w8a8_int8_linear(x, layer.weight, layer.weight_scale), atol=0, rtol=0

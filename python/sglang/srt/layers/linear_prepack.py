@@ -85,15 +85,15 @@ def prepack_linear_weights(model: torch.nn.Module, platform, max_bytes: Optional
 
 def pack_quantized_linears(model: torch.nn.Module) -> int:
     """Quantized linears whose method packs its weight for a fused kernel (`pack_weights`, e.g.
-    W8A8-INT8's, whose packed copy replaces the plain weight): packed once here; returns the bytes
-    this adds to the weights counted before."""
+    W8A8-INT8's, whose packed copy replaces the plain weight; it returns the bytes it added, or None
+    when it packed nothing): packed once here; returns the bytes this adds to the weights counted before."""
     count = nbytes = 0
     for module in model.modules():
         pack = getattr(getattr(module, "quant_method", None), "pack_weights", None)
-        if pack is not None and getattr(module, "weight", None) is not None:
-            before = getattr(module, "int8_packed", None)
-            nbytes += pack(module)
-            count += getattr(module, "int8_packed", None) is not before
+        added = pack(module) if pack is not None and getattr(module, "weight", None) is not None else None
+        if added is not None:  # None: the method packed nothing for this layer
+            nbytes += added
+            count += 1
     if count:
         logger.info(
             "packed %d quantized linear weights for their fused kernels (%+.1f MiB)", count, nbytes / 2**20

@@ -105,6 +105,6 @@ def int8_linear_kernels(device: torch.device) -> Optional[Any]:
 
 def int8_linear_op(device: torch.device) -> Optional[Callable[..., torch.Tensor]]:
     """The fused W8A8-INT8 linear for `device` (`int8_linear_kernels`' `int8_linear`, or the copy
-    of it the platform picks for its instruction set), or None."""
-    ops = int8_linear_kernels(device)
-    return None if ops is None else get_platform(device.type).int8_linear_entry(ops)
+    of it the platform picks for its instruction set, chosen once per platform), or None."""
+    table = _table(device.type)
+    return None if table is None else table.int8_linear()

@@ -1,8 +1,8 @@
 """The kernel answers of one platform object, each looked up once and kept on it.
 
 `Platform.kernels` is a `KernelTable`: the platform's fused kernel build (`Platform.fused_kernels()`;
-on CPU the import of the build the selected ISA runs, kernels/cpu/loader.py) and the dtype its
-prefill attention computes in, per input dtype. The process's platform objects are created once
+on CPU the import of the build the selected ISA runs, kernels/cpu/loader.py), its W8A8-INT8 linear
+entry and the dtype its prefill attention computes in, per input dtype. The process's platform objects are created once
 (`platforms.get_platform`, at start-up by `rank_device.bind_rank`), so each answer is looked up once
 per process; `kernel_dispatch.py` is how layers ask for them by a tensor's device.
 """
@@ -22,6 +22,7 @@ class KernelTable:
         self._platform = platform
         self._lock = threading.Lock()
         self._fused: Any = _UNSET
+        self._int8_linear: Any = _UNSET
         self._prefill_dtype: dict[torch.dtype, torch.dtype] = {}
 
     def fused(self) -> Optional[Any]:
@@ -32,6 +33,16 @@ class KernelTable:
                 if self._fused is _UNSET:
                     self._fused = self._platform.fused_kernels()
                 found = self._fused
+        return found
+
+    def int8_linear(self) -> Optional[Any]:
+        """The fused W8A8-INT8 linear (`int8_linear`, or the copy the platform picks for its
+        instruction set: `Platform.int8_linear_entry`), chosen once; None where the build has none."""
+        found = self._int8_linear
+        if found is _UNSET:
+            ops = self.fused()
+            has = ops is not None and hasattr(ops, "int8_linear")
+            found = self._int8_linear = self._platform.int8_linear_entry(ops) if has else None
         return found
 
     def prefill_attention_dtype(self, dtype: torch.dtype) -> torch.dtype:

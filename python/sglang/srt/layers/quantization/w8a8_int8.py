@@ -123,17 +123,18 @@ class W8A8Int8LinearMethod:
         layer.skip_prepack = True  # the platform's packed copies are for float weights
         layer.quant_method = self
 
-    def pack_weights(self, layer: LinearBase) -> int:
+    def pack_weights(self, layer: LinearBase) -> Optional[int]:
         """After loading: the weight packed for the platform's fused int8 linear where its kernel
         build has one (`layer.int8_packed`). The packed copy replaces the plain int8 weight, whose
         memory is released (`layer.weight` keeps its shape and dtype on the meta device; `int8_weight`
-        unpacks it). Returns the bytes this adds: the packing's padding, sums and scales (0: none)."""
+        unpacks it). Returns the bytes this adds (the packing's padding, sums and scales), or None
+        where nothing was packed (no kernel, or packed already)."""
         if layer.weight.is_meta:  # packed already
-            return 0
+            return None
         op = int8_linear_op(layer.weight.device)
         if op is None or layer.weight.dim() != 2:
             layer.int8_packed = None
-            return 0
+            return None
         packed = pack_int8_vnni(layer.weight.detach(), layer.weight_scale.detach())
         layer.int8_packed = (*packed, op)
         freed = layer.weight.numel() * layer.weight.element_size()
