@@ -2,9 +2,12 @@
 come from memory as in a decode step): the kernels' `bf16_linear` (AMX tiles and its vdpbf16ps
 path) against oneDNN's packed bf16 linear and plain `F.linear`, wall ms per pass over the layers
 (best of --rounds), ratios to oneDNN in one run. Picks `BF16_LINEAR_MAX_ROWS`
-(platforms/cpu_linears.py).
+(platforms/cpu_linears.py). `--lm-head`: the float32-logits LM head instead (SmolLM2's 49152 x 576,
+five copies in turn so that it comes from memory): `bf16_linear_f32out` (AMX) against
+`linear_f32out_packed` (vector lanes), ms per call.
 
     python benchmark/vs_vllm/bf16_linear_ab.py --threads 2 --rows 1 4 8 16 32 64 128 256 512 1024
+    python benchmark/vs_vllm/bf16_linear_ab.py --threads 2 --lm-head --rows 1 2 4 8 16 32
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import torch.nn.functional as F
 
 from sglang.srt.kernels.cpu import loader
 from sglang.srt.layers.linear_bf16_packed import pack_bf16_kpairs
+from sglang.srt.layers.linear_float32_out import pack_bf16_pairs
 from sglang.srt.platforms.cpu_linears import onednn_linear
 
 SMOLLM2 = ["960x576", "576x576", "3072x576", "576x1536"]  # qkv, o_proj, gate_up, down
@@ -43,9 +47,12 @@ def main() -> None:
     )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--lm-head", action="store_true", help="the float32-logits LM head kernels instead")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     ops = loader.load_variant("avx512bf16").module
+    if args.lm_head:
+        return lm_head(ops, args)
     pair = onednn_linear()
     if ops is None or ops.bf16_linear_impl() == "" or pair is None:
         raise SystemExit("needs the avx512bf16 build on an AVX512-BF16 CPU and oneDNN's bf16 linear")
@@ -84,6 +91,21 @@ def main() -> None:
             ms = run(kind)
             cells.append(f"{ms:.1f} ({ms / base:.2f}x)")
         print(f"{m} | " + " | ".join(cells), flush=True)
+
+
+def lm_head(ops, args: argparse.Namespace, n: int = 49152, k: int = 576, copies: int = 5) -> None:
+    if ops is None or ops.bf16_linear_impl() != "amx":
+        raise SystemExit("--lm-head needs the avx512bf16 build on an AMX CPU")
+    heads = [torch.randn(n, k).bfloat16() * 0.05 for _ in range(copies)]
+    lanes = [pack_bf16_pairs(w) for w in heads]
+    kpairs = [pack_bf16_kpairs(w) for w in heads]
+    print(f"{args.threads} thread(s), LM head {n} x {k}, {copies} copies in turn; ms per call")
+    print("rows | linear_f32out_packed | bf16_linear_f32out (AMX)")
+    for m in args.rows:
+        x = torch.randn(m, k)
+        old = best_ms(lambda: [ops.linear_f32out_packed(x, p, n, None) for p in lanes], args.rounds) / copies
+        new = best_ms(lambda: [ops.bf16_linear_f32out(x, p, n, None) for p in kpairs], args.rounds) / copies
+        print(f"{m} | {old:.2f} | {new:.2f} ({new / old:.2f}x)", flush=True)
 
 
 if __name__ == "__main__":

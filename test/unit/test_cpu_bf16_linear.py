@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from sglang.srt.kernels.cpu import isa, loader
 from sglang.srt.kernels.cpu import reference as ref
 from sglang.srt.layers.linear_bf16_packed import Bf16PackedLinear, pack_bf16_kpairs
-from sglang.srt.platforms import cpu_linears
+from sglang.srt.platforms import fresh_platforms, get_platform
 
 # (rows, N, K): tails of every tile (16-row AMX tiles taken two at a time, 4-row vector tiles; 16-column
 # blocks taken two / four at a time; K padded to 32), decode and SmolLM2-like shapes
@@ -125,13 +125,95 @@ def test_packed_pair_takes_the_kernel_up_to_max_rows(ops):
     assert calls == [1, 8]  # 9 and 40 rows: plain F.linear
 
 
-def test_platform_picks_the_kernel_on_amx_only(ops):
-    """cpu_linears.bf16_linear: the kernel's pair where the build runs AMX, oneDNN's elsewhere
-    (a build without AVX512-BF16, or a kernel module without the entry)."""
+def test_platform_picks_the_kernel_on_amx_only(monkeypatch):
+    """The CPU platform's packed bf16 linear is bf16_linear's pair exactly where the kernel build
+    runs AMX and the CPU kind (SGLANG_CPU_FLAGS_OVERRIDE included) has it; oneDNN's copy elsewhere."""
     cpu = torch.device("cpu")
-    got = cpu_linears.bf16_linear(ops, torch.bfloat16, cpu)
-    is_kernel = got is not None and isinstance(getattr(got[1], "__self__", None), Bf16PackedLinear)
-    assert is_kernel == (ops.bf16_linear_impl() == "amx")
-    assert cpu_linears.bf16_linear(ops, torch.float32, cpu) is None
-    other = cpu_linears.bf16_linear(None, torch.bfloat16, cpu)
-    assert other is None or not isinstance(getattr(other[1], "__self__", None), Bf16PackedLinear)
+    seen = 0
+    for variant in isa.runnable_variants():
+        for kind in (None, "avx512-bf16"):  # the real CPU, and an emulated kind without AMX
+            monkeypatch.setenv("SGLANG_CPU_ISA", variant.name)
+            if kind is None:
+                monkeypatch.delenv("SGLANG_CPU_FLAGS_OVERRIDE", raising=False)
+            else:
+                monkeypatch.setenv("SGLANG_CPU_FLAGS_OVERRIDE", kind)
+            with fresh_platforms():
+                platform = get_platform("cpu")
+                ops = platform.kernels.fused()
+                if ops is None or (kind is not None and variant.name != "avx512bf16"):
+                    continue
+                seen += 1
+                amx = platform.kernels.amx_linears()
+                assert (amx is not None) == (ops.bf16_linear_impl() == "amx" and kind is None), (
+                    variant,
+                    kind,
+                )
+                pair = platform.prepacked_linear(torch.bfloat16, cpu)
+                is_kernel = pair is not None and isinstance(
+                    getattr(pair[1], "__self__", None), Bf16PackedLinear
+                )
+                assert is_kernel == (amx is not None)
+                assert platform.prepacked_linear(torch.float32, cpu) is None
+    assert seen > 0
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_float32_out_kernel_matches_float32_product(ops, shape, with_bias):
+    """bf16_linear_f32out (the LM head on AMX): float32 x split exactly into three bf16 planes, so the
+    result is the float32 product up to the order of the sums; refused without AMX."""
+    M, N, K = shape
+    g = torch.Generator().manual_seed(M * 7 + N * 3 + K)
+    x = torch.randn(M, K, generator=g) * 4
+    w = torch.randn(N, K, generator=g).bfloat16()
+    bias = torch.randn(N, generator=g) if with_bias else None
+    packed = pack_bf16_kpairs(w)
+    if ops.bf16_linear_impl() != "amx":
+        with pytest.raises(RuntimeError, match="needs AMX"):
+            ops.bf16_linear_f32out(x, packed, N, bias)
+        return
+    got = ops.bf16_linear_f32out(x, packed, N, bias)
+    exact = x.double() @ w.double().T + (0 if bias is None else bias.double())
+    assert got.dtype == torch.float32
+    # float32 sums of K exact products: within K float32 steps of the largest partial sums
+    scale = (x.double().abs() @ w.double().abs().T).max().item() + 1
+    assert (got.double() - exact).abs().max().item() <= K * 2**-23 * scale
+    torch.testing.assert_close(got, ref.bf16_linear_f32out(x, packed, N, bias), atol=K * 2e-6 * scale, rtol=0)
+    # a bf16-rounded x would be off by ~2^-9 of the scale: this kernel keeps x's low bits
+    rounded = x.bfloat16().double() @ w.double().T
+    if K >= 32:
+        assert (got.double() - exact).abs().max() < (rounded - x.double() @ w.double().T).abs().max() / 100
+
+
+def test_float32_out_kernel_refuses_bad_input(ops):
+    if ops.bf16_linear_impl() != "amx":
+        pytest.skip("refused whole without AMX (above)")
+    packed = pack_bf16_kpairs(torch.randn(20, 40).bfloat16())
+    with pytest.raises(RuntimeError, match="x must be a float32"):
+        ops.bf16_linear_f32out(torch.randn(2, 40).bfloat16(), packed, 20)
+    with pytest.raises(RuntimeError, match="packed must be"):
+        ops.bf16_linear_f32out(torch.randn(2, 40), packed, 33)
+    with pytest.raises(RuntimeError, match="bias must be"):
+        ops.bf16_linear_f32out(torch.randn(2, 40), packed, 20, torch.randn(20).bfloat16())
+
+
+def test_lm_head_packing_follows_the_platform():
+    """float32_logits_packing: the AMX kernel's k-pair copy where the platform runs AMX linears,
+    the vector-lane copy of linear_f32out_packed elsewhere; either gives the float32 product."""
+    from sglang.srt.layers import linear_float32_out as l32
+    from sglang.srt.platforms.kernel_dispatch import amx_linear_kernels, fused_ops
+
+    w = torch.randn(70, 96).bfloat16()
+    packed = l32.float32_logits_packing(w)
+    amx = amx_linear_kernels(w.device)
+    if amx is not None:
+        assert packed.run == amx.bf16_linear_f32out and packed.tensor.shape == (5, 48, 16)
+    elif fused_ops(w) is not None:
+        assert packed.run == fused_ops(w).linear_f32out_packed
+    else:
+        assert packed is None
+    if packed is not None:
+        assert packed.nbytes == packed.tensor.numel() * 4
+        x = torch.randn(3, 96)
+        got = l32.float32_out_linear(x, w, None, packed)
+        torch.testing.assert_close(got, x @ w.float().T, atol=1e-4, rtol=1e-5)

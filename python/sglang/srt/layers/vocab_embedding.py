@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sglang.srt.layers.linear_float32_out import float32_out_linear
+from sglang.srt.layers.linear_float32_out import PackedHead, float32_out_linear
 from sglang.srt.layers.linear_prepack import linear
 from sglang.srt.distributed.parallel_state import GroupCoordinator
 
@@ -103,7 +103,7 @@ class ParallelLMHead(VocabParallelEmbedding):
             self.register_parameter("bias", None)
         self.packed_weight = None  # set once after loading where the platform packs weights
         self.float32_logits = False
-        self.float32_packed: Optional[torch.Tensor] = None
+        self.float32_packed: Optional[PackedHead] = None
         self.skip_prepack = False
 
     def _bias_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id=None) -> None:
@@ -122,7 +122,7 @@ class ParallelLMHead(VocabParallelEmbedding):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # pragma: no cover - guard
         raise RuntimeError("ParallelLMHead is not an embedding lookup; call compute_logits(hidden_states)")
 
-    def set_float32_logits(self, packed: Optional[torch.Tensor] = None) -> None:
+    def set_float32_logits(self, packed: Optional[PackedHead] = None) -> None:
         """Logits in float32 from now on; `packed`: the weight packed for the CPU kernel, which
         replaces the packed bf16 GEMM copy (the same bytes)."""
         self.float32_logits = True

@@ -172,9 +172,7 @@ class ModelRunner:
         float32_logits = use_float32_logits(model, server_args, platform)
         float32_residual = use_float32_residual(model, server_args, platform)
         weight_bytes += sum(
-            m.float32_packed.numel() * m.float32_packed.element_size()
-            for m in model.modules()
-            if getattr(m, "float32_packed", None) is not None
+            m.float32_packed.nbytes for m in model.modules() if getattr(m, "float32_packed", None) is not None
         )
         # packed copies only while they take at most a quarter of the memory still free
         weight_bytes += prepack_linear_weights(model, platform, max_bytes=platform.memory_info()[0] // 4)

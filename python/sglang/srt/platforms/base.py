@@ -167,6 +167,11 @@ class Platform:
     def release_freed_memory(self) -> None:
         """Hand memory freed while loading back to the system (no-op where the allocator does)."""
 
+    def amx_linear_kernels(self) -> Optional[Any]:
+        """The fused kernel module where its bf16 linears run AMX tiles here (`bf16_linear`,
+        `bf16_linear_f32out`), else None. Asked once, through `self.kernels.amx_linears()`."""
+        return None
+
     def int8_linear_entry(self, ops: Any) -> Any:
         """Which W8A8 linear of the fused kernel module `ops` serves this platform (its `int8_linear`
         unless the platform knows better, e.g. the CPU's VNNI copy)."""

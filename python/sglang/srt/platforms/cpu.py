@@ -334,9 +334,12 @@ class CpuPlatform(Platform):
         return self._mixed
 
     def _bf16_linear(self, dtype: torch.dtype, device: torch.device):
-        # AMX as the kind says (an emulated kind without it keeps oneDNN's copy)
-        amx = cpu_kind(effective_cpu_flags()) == "amx" and dtype == torch.bfloat16 and device.type == "cpu"
-        return cpu_linears.bf16_linear(self.kernels.fused() if amx else None, dtype, device)
+        return cpu_linears.bf16_linear(self.kernels.amx_linears(), dtype, device)
+
+    def amx_linear_kernels(self) -> Optional[Any]:
+        # AMX as the kind says (an emulated kind without it keeps oneDNN's copy) and as the build says
+        ops = self.kernels.fused() if cpu_kind(effective_cpu_flags()) == "amx" else None
+        return ops if ops is not None and getattr(ops, "bf16_linear_impl", str)() == "amx" else None
 
     def prefill_attention_dtype(self, dtype: torch.dtype) -> torch.dtype:
         """bf16 prefill attention runs torch's float32 flash kernel on CPUs without AMX: its bf16

@@ -14,16 +14,17 @@ import torch
 BF16_LINEAR_MAX_ROWS = 320
 
 
-def bf16_linear(fused: Optional[Any], dtype: torch.dtype, device: torch.device) -> Optional[tuple[Any, Any]]:
-    """(pack, kernel) for bf16 weights on `device`, or None (plain F.linear). `fused`: the
-    platform's kernel build. AMX only: the build's vdpbf16ps path beats oneDNN at 1-4 rows alone on
-    [amx] and is unmeasured on AVX512-BF16 CPUs without AMX (Zen 4 / 5), where oneDNN's copy stays."""
+def bf16_linear(amx: Optional[Any], dtype: torch.dtype, device: torch.device) -> Optional[tuple[Any, Any]]:
+    """(pack, kernel) for bf16 weights on `device`, or None (plain F.linear). `amx`: the kernel
+    build where its bf16 linears run AMX here (`Platform.amx_linear_kernels`). AMX only: the build's
+    vdpbf16ps path beats oneDNN at 1-4 rows alone on [amx] and is unmeasured on AVX512-BF16 CPUs
+    without AMX (Zen 4 / 5), where oneDNN's copy stays."""
     if dtype != torch.bfloat16 or device.type != "cpu":
         return None
-    if fused is not None and getattr(fused, "bf16_linear_impl", str)() == "amx":
+    if amx is not None:
         from sglang.srt.layers.linear_bf16_packed import Bf16PackedLinear
 
-        return Bf16PackedLinear(fused.bf16_linear, max_rows=BF16_LINEAR_MAX_ROWS).pair()
+        return Bf16PackedLinear(amx.bf16_linear, max_rows=BF16_LINEAR_MAX_ROWS).pair()
     return onednn_linear()
 
 

@@ -108,3 +108,10 @@ def int8_linear_op(device: torch.device) -> Optional[Callable[..., torch.Tensor]
     of it the platform picks for its instruction set, chosen once per platform), or None."""
     table = _table(device.type)
     return None if table is None else table.int8_linear()
+
+
+def amx_linear_kernels(device: torch.device) -> Optional[Any]:
+    """The fused kernel module where its bf16 linears run AMX tiles on `device` (`bf16_linear`,
+    `bf16_linear_f32out`: the CPU platform's answer for an AMX CPU), or None."""
+    table = _table(device.type)
+    return None if table is None else table.amx_linears()

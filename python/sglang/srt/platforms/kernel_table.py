@@ -23,6 +23,7 @@ class KernelTable:
         self._lock = threading.Lock()
         self._fused: Any = _UNSET
         self._int8_linear: Any = _UNSET
+        self._amx_linears: Any = _UNSET
         self._prefill_dtype: dict[torch.dtype, torch.dtype] = {}
 
     def fused(self) -> Optional[Any]:
@@ -43,6 +44,14 @@ class KernelTable:
             ops = self.fused()
             has = ops is not None and hasattr(ops, "int8_linear")
             found = self._int8_linear = self._platform.int8_linear_entry(ops) if has else None
+        return found
+
+    def amx_linears(self) -> Optional[Any]:
+        """The fused kernel module where its bf16 linears run AMX tiles (`Platform.amx_linear_kernels`),
+        chosen once; None elsewhere."""
+        found = self._amx_linears
+        if found is _UNSET:
+            found = self._amx_linears = self._platform.amx_linear_kernels()
         return found
 
     def prefill_attention_dtype(self, dtype: torch.dtype) -> torch.dtype:

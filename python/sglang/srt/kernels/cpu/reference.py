@@ -111,9 +111,22 @@ def bf16_linear(
     """bf16 x [M, K] . W^T (+ bias) summed in float32, rounded to bf16 once; W [N, K] rebuilt from
     its packed form (int32 [ceil(N / 16), Kp / 2, 16]: column 16b + l's k = 2p in the low half of
     (b, p, l), k = 2p + 1 in the high half). `use_amx` changes only the kernel's path."""
+    w = _unpack_kpairs(packed, N, x.shape[1])
+    out = F.linear(x.float(), w, None if bias is None else bias.float())
+    return out.to(torch.bfloat16)
+
+
+def bf16_linear_f32out(
+    x: torch.Tensor, packed: torch.Tensor, N: int, bias: Optional[torch.Tensor] = None
+) -> torch.Tensor:
+    """float32 x [M, K] . W^T (+ float32 bias) in float32, W bf16 from pack_bf16_kpairs' layout (as
+    bf16_linear's reference)."""
+    return F.linear(x.float(), _unpack_kpairs(packed, N, x.shape[1]), bias)
+
+
+def _unpack_kpairs(packed: torch.Tensor, N: int, K: int) -> torch.Tensor:
+    """W [N, K] as float32 from pack_bf16_kpairs' int32 [ceil(N / 16), Kp / 2, 16]."""
     blocks, pairs, _ = packed.shape
     lo = (packed << 16).view(torch.float32)  # [blocks, pairs, 16]: k = 2p
     hi = (packed & -65536).view(torch.float32)  # k = 2p + 1
-    w = torch.stack([lo, hi], dim=2).permute(0, 3, 1, 2).reshape(blocks * 16, pairs * 2)[:N, : x.shape[1]]
-    out = F.linear(x.float(), w, None if bias is None else bias.float())
-    return out.to(torch.bfloat16)
+    return torch.stack([lo, hi], dim=2).permute(0, 3, 1, 2).reshape(blocks * 16, pairs * 2)[:N, :K]

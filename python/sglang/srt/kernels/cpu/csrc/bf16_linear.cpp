@@ -10,6 +10,11 @@
 //   AMX (CPUs with AMX-BF16, use_amx): tiles of 16 (or 32) rows x 2 column blocks, tdpbf16ps.
 //   vector: tiles of up to 4 rows x 4 column blocks, vdpbf16ps (AVX512-BF16 without AMX).
 // Builds without AVX512-BF16 answer bf16_linear_impl() == "" and refuse the call.
+//
+// bf16_linear_f32out (AMX only): float32 x and output on the same packed weight (the LM head at
+// float32 precision, layers/linear_float32_out.py): x split exactly into three bf16 planes, each
+// plane's products by tdpbf16ps into one float32 accumulator per block, three blocks per k step
+// sharing the planes' A tiles; the weight read once per call for up to 16 rows.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -187,6 +192,108 @@ void gemm_amx(const Args& g) {
     _tile_release();
   });
 }
+
+// ----------------------------------------------------- float32 x, float32 out (the LM head) on AMX
+// x = hi + mid + lo exactly (three bf16 planes of 8 significant bits each cover float32's 24), each
+// plane times W by tdpbf16ps into one float32 accumulator: every product is exact, the sums float32
+// (as a float32 GEMM on the widened bf16 weight, up to the order of the sums).
+struct F32Args {
+  const uint16_t* planes;  // [3][rows][Kp]: hi, mid, lo
+  const uint32_t* w;
+  const float* bias;
+  float* out;
+  int64_t M, N, Kp, blocks, rows;
+};
+
+void split_row(const float* x, int64_t K, int64_t Kp, uint16_t* hi, uint16_t* mid, uint16_t* lo) {
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    const __m512 v = _mm512_loadu_ps(x + k);
+    const __m256i h = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v));
+    const __m512 r = _mm512_sub_ps(v, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+    const __m256i m = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(r));
+    const __m512 r2 = _mm512_sub_ps(r, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(m), 16)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi + k), h);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(mid + k), m);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo + k), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(r2)));
+  }
+  if (k < K) {  // the tail through a zero-padded vector
+    alignas(64) float t[16] = {0};
+    std::memcpy(t, x + k, static_cast<size_t>(K - k) * 4);
+    alignas(32) uint16_t h[16], m[16], l[16];
+    split_row(t, 16, 16, h, m, l);
+    std::memcpy(hi + k, h, static_cast<size_t>(K - k) * 2);
+    std::memcpy(mid + k, m, static_cast<size_t>(K - k) * 2);
+    std::memcpy(lo + k, l, static_cast<size_t>(K - k) * 2);
+  }
+  for (uint16_t* p : {hi, mid, lo}) std::memset(p + K, 0, static_cast<size_t>(Kp - K) * 2);
+}
+
+// rows [r0, r0 + 16) x blocks b0 .. b0 + 2 (those past the last skipped): the three planes' A tiles
+// are loaded once per k step for all three blocks, each block's planes summed into its own C tile,
+// B tiles in two registers taken in turn
+constexpr int64_t kF32Blocks = 3;
+void amx_f32_tile(const F32Args& g, int64_t r0, int64_t b0) {
+  alignas(64) float acc[kF32Blocks][16 * 16];
+  const int64_t bstride = g.Kp / 2 * kLanes, plane = g.rows * g.Kp;
+  const int64_t nb = std::min<int64_t>(kF32Blocks, g.blocks - b0);
+  _tile_zero(5);
+  _tile_zero(6);
+  _tile_zero(7);
+  SGL_BF16_FENCE();
+  const uint32_t* w = g.w + b0 * bstride;
+  for (int64_t k0 = 0; k0 < g.Kp; k0 += kKAlign) {
+    const uint16_t* a = g.planes + r0 * g.Kp + k0;
+    const uint32_t* wk = w + k0 / 2 * kLanes;
+    _tile_loadd(0, a, g.Kp * 2);
+    _tile_loadd(1, a + plane, g.Kp * 2);
+    _tile_loadd(2, a + 2 * plane, g.Kp * 2);
+    _tile_loadd(3, wk, 64);
+    _tile_dpbf16ps(5, 0, 3);
+    _tile_dpbf16ps(5, 1, 3);
+    _tile_dpbf16ps(5, 2, 3);
+    if (nb > 1) {
+      _tile_loadd(4, wk + bstride, 64);
+      _tile_dpbf16ps(6, 0, 4);
+      _tile_dpbf16ps(6, 1, 4);
+      _tile_dpbf16ps(6, 2, 4);
+    }
+    if (nb > 2) {
+      _tile_loadd(3, wk + 2 * bstride, 64);
+      _tile_dpbf16ps(7, 0, 3);
+      _tile_dpbf16ps(7, 1, 3);
+      _tile_dpbf16ps(7, 2, 3);
+    }
+  }
+  _tile_stored(5, acc[0], 64);
+  _tile_stored(6, acc[1], 64);
+  _tile_stored(7, acc[2], 64);
+  SGL_BF16_FENCE();
+  for (int64_t b = 0; b < nb; ++b) {
+    const int64_t c0 = (b0 + b) * kLanes;
+    const __mmask16 m = lanes(g.N - c0);
+    const __m512 bv = g.bias == nullptr ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m, g.bias + c0);
+    for (int64_t i = 0; i < 16 && r0 + i < g.M; ++i)
+      _mm512_mask_storeu_ps(g.out + (r0 + i) * g.N + c0, m, _mm512_add_ps(_mm512_load_ps(acc[b] + i * 16), bv));
+  }
+}
+
+void gemm_amx_f32(const F32Args& g) {
+  const int64_t pairs = (g.blocks + kF32Blocks - 1) / kF32Blocks;  // block triples
+  constexpr int64_t kRows = 64;  // rows per task: x's three planes stay in L2 while W streams past
+  const int64_t row_blocks = (g.M + kRows - 1) / kRows;
+  const int64_t per = row_blocks == 1 ? 1 : 16, groups = (pairs + per - 1) / per;
+  at::parallel_for(0, row_blocks * groups, 1, [&](int64_t t0, int64_t t1) {
+    sgl_amx::configure_full_tiles();
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t r0 = (t / groups) * kRows, r1 = std::min(g.M, r0 + kRows);
+      const int64_t p0 = (t % groups) * per, p1 = std::min(pairs, p0 + per);
+      for (int64_t p = p0; p < p1; ++p)
+        for (int64_t r = r0; r < r1; r += 16) amx_f32_tile(g, r, p * kF32Blocks);
+    }
+    _tile_release();
+  });
+}
 #endif
 #endif
 }  // namespace
@@ -251,6 +358,46 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N,
   gemm_vec(g);
 #else
   (void)use_amx;
+#endif
+  return out;
+}
+
+at::Tensor bf16_linear_f32out(const at::Tensor& x, const at::Tensor& packed, int64_t N,
+                              const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(bf16_linear_impl() == "amx", "bf16_linear_f32out: needs AMX (this CPU / build: '", bf16_linear_impl(),
+              "')");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.stride(1) == 1,
+              "bf16_linear_f32out: x must be a float32 [M, K] tensor with contiguous rows");
+  const int64_t M = x.size(0), K = x.size(1), Kp = (K + 31) / 32 * 32, blocks = (N + 15) / 16;
+  TORCH_CHECK(packed.scalar_type() == at::kInt && packed.is_contiguous() && packed.dim() == 3 &&
+                  packed.size(0) == blocks && packed.size(1) == Kp / 2 && packed.size(2) == 16,
+              "bf16_linear_f32out: packed must be pack_bf16_kpairs' int32 [ceil(N / 16), ceil(K / 32) * 16, 16] for N = ",
+              N, ", K = ", K);
+  if (bias.has_value())
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->numel() == N && bias->is_contiguous(),
+                "bf16_linear_f32out: bias must be a contiguous float32 [N] tensor");
+  auto out = at::empty({M, N}, x.options());
+#if defined(SGL_BF16_LINEAR_AMX)
+  if (M == 0 || N == 0) return out;
+  const int64_t rows = (M + 15) / 16 * 16;
+  thread_local std::vector<uint16_t> scratch;
+  const size_t plane = static_cast<size_t>(rows * Kp);
+  if (scratch.size() < 3 * plane) scratch.resize(3 * plane);
+  uint16_t* hi = scratch.data();
+  const auto* xp = x.data_ptr<float>();
+  for (int64_t i = 0; i < M; ++i)
+    split_row(xp + i * x.stride(0), K, Kp, hi + i * Kp, hi + plane + i * Kp, hi + 2 * plane + i * Kp);
+  for (int p = 0; p < 3; ++p) std::memset(hi + p * plane + M * Kp, 0, static_cast<size_t>((rows - M) * Kp) * 2);
+  const F32Args g{hi,
+                  reinterpret_cast<const uint32_t*>(packed.data_ptr<int32_t>()),
+                  bias.has_value() ? bias->data_ptr<float>() : nullptr,
+                  out.data_ptr<float>(),
+                  M,
+                  N,
+                  Kp,
+                  blocks,
+                  rows};
+  gemm_amx_f32(g);
 #endif
   return out;
 }

@@ -1146,6 +1146,8 @@ std::string int8_linear_vnni_impl();
 std::string bf16_linear_impl();
 at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N, const std::optional<at::Tensor>& bias,
                        bool use_amx);
+at::Tensor bf16_linear_f32out(const at::Tensor& x, const at::Tensor& packed, int64_t N,
+                              const std::optional<at::Tensor>& bias);
 at::Tensor int8_linear_vnni(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& comp,
                             const at::Tensor& ws, int64_t N, const std::optional<at::Tensor>& bias);
 
@@ -1174,6 +1176,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "bf16 x [M, K] . W [N, K]^T (+ bias) in bf16 for few rows, W packed by pack_bf16_kpairs (int32 "
         "[ceil(N/16), ceil(K/32)*16, 16]); use_amx=False: the vdpbf16ps path on AMX CPUs too",
         py::arg("x"), py::arg("packed"), py::arg("N"), py::arg("bias") = py::none(), py::arg("use_amx") = true);
+  m.def("bf16_linear_f32out", &bf16_linear_f32out,
+        "float32 x [M, K] . W [N, K]^T (+ float32 bias) in float32 on AMX, W bf16 packed by pack_bf16_kpairs (x split "
+        "exactly into three bf16 planes: exact products, float32 sums); refused without AMX",
+        py::arg("x"), py::arg("packed"), py::arg("N"), py::arg("bias") = py::none());
   m.def("int8_linear_impl", &int8_linear_impl, "the product path int8_linear runs in this build");
   m.def("int8_linear", &int8_linear,
         "W8A8-INT8 linear: x [M, K] (float32 / bf16) quantized per row, times the int8 weight packed by "
