@@ -156,9 +156,10 @@ class ModelRunner:
         pool = self.model.create_kv_pool(pool_tokens, page, self.dtype, self.device, self.kv_cache_dtype)
         if getattr(pool, "is_fp8", False):  # only FP8 pools store scaled values
             apply_kv_scales(pool, read_kv_scales(self.server_args.model_path))
-        self.kv_warmer = start_kv_warmer(
-            pool, platform.page_populator(), envs.SGLANG_CPU_KV_PREFAULT_GB.get()
-        )
+        # the budget is the server's on this node: shared by its ranks here
+        local_ranks = self.groups.world.size // max(1, self.server_args.nnodes)
+        budget_gb = envs.SGLANG_CPU_KV_PREFAULT_GB.get() / max(1, local_ranks)
+        self.kv_warmer = start_kv_warmer(pool, platform.page_populator(), budget_gb)
         return pool
 
     def _load_model(self, model_cls, platform) -> tuple[torch.nn.Module, int, bool, bool]:
