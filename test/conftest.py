@@ -23,6 +23,11 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # (--cp-min-split-tokens). Tests of that choice pass the flag themselves.
 os.environ.setdefault("SGLANG_CP_MIN_SPLIT_TOKENS", "0")
 
+# Servers and engines the tests start do not warm their KV pools' first GiBs in the background
+# (mem_cache/kv_warm.py): up to 2 GiB committed per server on a 2-core, 24 GiB box running two
+# workers. test/unit/test_kv_warm.py runs the warmer itself.
+os.environ.setdefault("SGLANG_CPU_KV_PREFAULT_GB", "0")
+
 _FOLDER_MARKERS = {
     "distributed": pytest.mark.distributed,
     "e2e": pytest.mark.e2e,

@@ -82,6 +82,16 @@ SGLANG_CPU_PREPACK_LINEAR: EnvVar[bool] = EnvVar(
 )
 
 
+SGLANG_CPU_KV_PREFAULT_GB: EnvVar[float] = EnvVar(
+    "SGLANG_CPU_KV_PREFAULT_GB",
+    2.0,
+    float,
+    "On CPU, commit the KV pools' first slots (up to this many GiB per server and node, shared by its ranks) "
+    "in a background thread after start-up, so that first writes do not page-fault (mem_cache/kv_warm.py); "
+    "0 disables.",
+)
+
+
 SGLANG_CPU_MALLOC_TUNE: EnvVar[bool] = EnvVar(
     "SGLANG_CPU_MALLOC_TUNE",
     True,

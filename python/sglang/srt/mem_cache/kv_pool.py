@@ -57,15 +57,34 @@ class KVPool(ABC):
         # scattered writes go through a byte view for FP8 (upstream stores uint8: accelerators'
         # index_put has no float8 kernels); a plain view of the same bytes elsewhere
         self._store_view = torch.uint8 if self.dtype in FP8_KV_DTYPES else self.dtype
+        self._buffers: list[tuple[torch.Tensor, int]] = []  # every buffer and its slot (row) dim
 
-    def _zeros(self, *shape: int, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    def _zeros(self, *shape: int, dtype: Optional[torch.dtype] = None, rows_dim: int = 0) -> torch.Tensor:
         """One zero buffer of the pool, as the device's platform makes pools (CPU: pages
-        committed on first write, platforms/host_memory.py)."""
+        committed on first write, platforms/host_memory.py); `rows_dim`: its slot dim (0 or 1)."""
         from sglang.srt.platforms import get_platform
 
-        return get_platform(self.device.type).zeros(
-            shape, self.dtype if dtype is None else dtype, self.device
-        )
+        buf = get_platform(self.device.type).zeros(shape, self.dtype if dtype is None else dtype, self.device)
+        self._buffers.append((buf, rows_dim))
+        return buf
+
+    def slot_bytes(self) -> int:
+        """Bytes one slot takes over every buffer of the pool."""
+        return sum(b.stride(d) * b.element_size() * (b.shape[0] if d == 1 else 1) for b, d in self._buffers)
+
+    def warm_ranges(self, lo: int, hi: int) -> list[tuple[torch.Tensor, int, int]]:
+        """(buffer, first byte, bytes) of every buffer's storage holding slots [lo, hi): one range
+        per buffer, or per head of a head-major one (mem_cache/kv_warm.py commits them)."""
+        out = []
+        for buf, dim in self._buffers:
+            a, b = min(lo, buf.shape[dim]), min(hi, buf.shape[dim])
+            if a >= b:
+                continue
+            size = buf.element_size()
+            row, base = buf.stride(dim) * size, buf.storage_offset() * size
+            heads = buf.shape[0] if dim == 1 else 1
+            out += [(buf, base + h * buf.stride(0) * size + a * row, (b - a) * row) for h in range(heads)]
+        return out
 
     @property
     def is_fp8(self) -> bool:
@@ -134,8 +153,10 @@ class MHATokenToKVPool(KVPool):
         self.head_dim = head_dim
         self.v_head_dim = head_dim if v_head_dim is None else v_head_dim
         rows = size + page_size
-        self.k_head_major = [self._zeros(head_num, rows, head_dim) for _ in range(layer_num)]
-        self.v_head_major = [self._zeros(head_num, rows, self.v_head_dim) for _ in range(layer_num)]
+        self.k_head_major = [self._zeros(head_num, rows, head_dim, rows_dim=1) for _ in range(layer_num)]
+        self.v_head_major = [
+            self._zeros(head_num, rows, self.v_head_dim, rows_dim=1) for _ in range(layer_num)
+        ]
         self.k_buffer = [b.transpose(0, 1) for b in self.k_head_major]
         self.v_buffer = [b.transpose(0, 1) for b in self.v_head_major]
         self._run_cache: Optional[tuple[torch.Tensor, Optional[int]]] = None

@@ -22,6 +22,7 @@ from typing import Optional, Union
 
 import torch
 
+from sglang.srt import envs
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.distributed.parallel_state import ParallelGroups
 from sglang.srt.layers.attention.registry import (
@@ -37,6 +38,7 @@ from sglang.srt.model_executor.worker_batch import ModelWorkerBatch
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.cp_slots import physical_kv_state, plan_virtual_pool
 from sglang.srt.mem_cache.kv_dtype import apply_kv_scales, read_kv_scales, resolve_kv_cache_dtype
+from sglang.srt.mem_cache.kv_warm import start_kv_warmer
 from sglang.srt.mem_cache.req_to_token import ReqToTokenPool
 from sglang.srt.model_executor.forward_batch import DPForwardInfo, ForwardBatch, ForwardMode, PPProxyTensors
 from sglang.srt.model_executor.memory_budget import KVPoolPlan, MemoryReading, plan_kv_pool
@@ -124,11 +126,7 @@ class ModelRunner:
         self.req_to_token_pool = ReqToTokenPool(
             plan.max_running_requests + 1, cfg.context_len + self.kv_page_size, device=self.device
         )
-        self.token_to_kv_pool = self.model.create_kv_pool(
-            pool_tokens, page, self.dtype, self.device, self.kv_cache_dtype
-        )
-        if getattr(self.token_to_kv_pool, "is_fp8", False):  # only FP8 pools store scaled values
-            apply_kv_scales(self.token_to_kv_pool, read_kv_scales(server_args.model_path))
+        self.token_to_kv_pool = self._make_kv_pool(pool_tokens, page, platform)
         # Slots are handed out by stage 0 only (later pipeline stages follow its numbers).
         self.allocator: Optional[TokenToKVPoolAllocator] = (
             TokenToKVPoolAllocator(self.max_total_num_tokens, self.kv_page_size, device=self.device)
@@ -151,6 +149,18 @@ class ModelRunner:
             else f", {pool_tokens} tokens stored on this rank of cp {self.cp.group.size}",
             plan.max_running_requests,
         )
+
+    def _make_kv_pool(self, pool_tokens: int, page: int, platform):
+        """The KV pool (FP8 pools with the checkpoint's scales), its first slots warmed in the
+        background where the platform commits pool pages lazily (mem_cache/kv_warm.py)."""
+        pool = self.model.create_kv_pool(pool_tokens, page, self.dtype, self.device, self.kv_cache_dtype)
+        if getattr(pool, "is_fp8", False):  # only FP8 pools store scaled values
+            apply_kv_scales(pool, read_kv_scales(self.server_args.model_path))
+        # the budget is the server's on this node: shared by its ranks here
+        local_ranks = self.groups.world.size // max(1, self.server_args.nnodes)
+        budget_gb = envs.SGLANG_CPU_KV_PREFAULT_GB.get() / max(1, local_ranks)
+        self.kv_warmer = start_kv_warmer(pool, platform.page_populator(), budget_gb)
+        return pool
 
     def _load_model(self, model_cls, platform) -> tuple[torch.nn.Module, int, bool, bool]:
         """Build the model on this rank's device and load its weights; returns it, the bytes its

@@ -135,6 +135,11 @@ class Platform:
         """A zero buffer for a long-lived pool (the KV cache) on `device`."""
         return torch.zeros(shape, dtype=dtype, device=device)
 
+    def page_populator(self) -> Optional[Any]:
+        """`populate(tensor, first_byte, nbytes) -> bool` committing pool pages ahead of their first
+        write where pools are lazily committed host memory (mem_cache/kv_warm.py), else None."""
+        return None
+
     def configure_process(self) -> None:
         """Process-wide tuning for a process that runs a model (called once by ModelRunner)."""
 

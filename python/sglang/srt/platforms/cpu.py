@@ -14,7 +14,7 @@ import torch
 from sglang.srt.kernels.cpu import isa as cpu_isa  # standard library only: the one ISA vocabulary
 from sglang.srt.platforms import cpu_linears, launch_defaults
 from sglang.srt.platforms.base import NullEvent, NullStream, Platform, null_stream_context
-from sglang.srt.platforms.host_memory import lazy_zeros
+from sglang.srt.platforms.host_memory import PagePopulator, lazy_zeros
 
 logger = logging.getLogger(__name__)
 
@@ -414,6 +414,9 @@ class CpuPlatform(Platform):
         """Pools from anonymous maps (host_memory.py): zero pages committed on first write, so a start
         does not write the whole pool and a pool costs RAM as it fills."""
         return lazy_zeros(shape, dtype)
+
+    def page_populator(self) -> Optional[Any]:
+        return PagePopulator().populate
 
     def current_stream(self) -> Any:
         return NullStream()
