@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sglang.srt.kernels.cpu import isa, loader
+from sglang.srt.kernels.cpu import isa
 from sglang.srt.kernels.cpu import reference as ref
 from sglang.srt.layers.linear_bf16_packed import Bf16PackedLinear, pack_bf16_kpairs
 from sglang.srt.platforms import fresh_platforms, get_platform
@@ -27,14 +27,6 @@ SHAPES = [
     (40, 96, 1536),
     (130, 40, 40),
 ]
-
-
-@pytest.fixture(scope="module", params=[v.name for v in isa.runnable_variants()])
-def ops(request):
-    result = loader.load_variant(request.param)
-    if result.module is None:
-        pytest.skip(f"CPU kernels: {result.reason} (test_cpu_kernels.py fails for a missing build)")
-    return result.module
 
 
 def _paths(ops) -> list[bool]:

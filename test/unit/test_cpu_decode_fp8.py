@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from sglang.srt.configs.model_config import ModelConfig
-from sglang.srt.kernels.cpu import isa, loader
+from sglang.srt.kernels.cpu import loader
 from sglang.srt.kernels.cpu import reference as ref
 from sglang.srt.layers.attention import cpu_backend
 from sglang.srt.mem_cache.kv_pool import MHATokenToKVPool
@@ -24,13 +24,6 @@ FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
 # float32 q: the same values (widening is exact), summation order and the folded scales differ;
 # bfloat16 q: one rounding of the output
 TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
-
-
-@pytest.fixture(scope="module", params=[v.name for v in isa.runnable_variants()])
-def ops(request):
-    """Each build this CPU runs (a missing one is skipped here; test_cpu_kernels.py fails for it)."""
-    built = loader.load_variant(request.param)
-    return built.module or pytest.skip(f"CPU kernels: {built.reason}")
 
 
 def _widened_reference(q, k_buf, v_buf, slots, lens, scale, k_scale, v_scale):

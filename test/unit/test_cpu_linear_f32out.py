@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang.srt.kernels.cpu import isa, loader
 from sglang.srt.kernels.cpu import reference as ref
 from sglang.srt.layers import linear_float32_out as l32
 from sglang.srt.layers.vocab_embedding import ParallelLMHead
@@ -24,14 +23,6 @@ SHAPES = [
     (9, 100, 128),
     (33, 67, 96),
 ]
-
-
-@pytest.fixture(scope="module", params=[v.name for v in isa.runnable_variants()])
-def ops(request):
-    result = loader.load_variant(request.param)
-    if result.module is None:
-        pytest.skip(f"CPU kernels: {result.reason} (test_cpu_kernels.py fails for a missing build)")
-    return result.module
 
 
 def _dense(x, w, bias=None):

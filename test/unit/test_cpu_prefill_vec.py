@@ -9,22 +9,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang.srt.kernels.cpu import isa, loader
 from sglang.srt.kernels.cpu import reference as ref
 from sglang.srt.layers.attention import cpu_backend
 
-RUNNABLE = [v.name for v in isa.runnable_variants()]
 # float32: the same math as SDPA up to the order of the sums (2^x to ~1e-7); bfloat16: one rounding
 # of the output
 TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
-
-
-@pytest.fixture(scope="module", params=RUNNABLE)
-def ops(request):
-    result = loader.load_variant(request.param)
-    if result.module is None:
-        pytest.skip(f"CPU kernels: {result.reason} (test_cpu_kernels.py fails for a missing build)")
-    return result.module
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ import ctypes
 import functools
 import logging
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any, ContextManager, Iterable, Optional
 
@@ -416,7 +417,8 @@ class CpuPlatform(Platform):
         return lazy_zeros(shape, dtype)
 
     def page_populator(self) -> Optional[Any]:
-        return PagePopulator().populate
+        # MADV_POPULATE_WRITE is Linux's (the number means something else elsewhere)
+        return PagePopulator().populate if sys.platform.startswith("linux") else None
 
     def current_stream(self) -> Any:
         return NullStream()

@@ -298,6 +298,21 @@ void gemm_amx_f32(const F32Args& g) {
 #endif
 }  // namespace
 
+namespace {
+// the packed weight's shape for x [M, K] and N outputs, and the bias (of bias_type, N values)
+void check_packed(const char* name, const at::Tensor& x, const at::Tensor& packed, int64_t N,
+                  const std::optional<at::Tensor>& bias, at::ScalarType bias_type) {
+  const int64_t K = x.size(1), Kp = (K + 31) / 32 * 32, blocks = (N + 15) / 16;
+  TORCH_CHECK(packed.scalar_type() == at::kInt && packed.is_contiguous() && packed.dim() == 3 &&
+                  packed.size(0) == blocks && packed.size(1) == Kp / 2 && packed.size(2) == 16,
+              name, ": packed must be pack_bf16_kpairs' int32 [ceil(N / 16), ceil(K / 32) * 16, 16] for N = ", N,
+              ", K = ", K);
+  if (bias.has_value())
+    TORCH_CHECK(bias->scalar_type() == bias_type && bias->numel() == N && bias->is_contiguous(), name,
+                ": bias must be a contiguous ", bias_type == at::kFloat ? "float32" : "bf16", " [N] tensor");
+}
+}  // namespace
+
 std::string bf16_linear_impl() {
 #if defined(SGL_BF16_LINEAR_AMX)
   if (amx_bf16_ready()) return "amx";
@@ -314,14 +329,8 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N,
   TORCH_CHECK(!bf16_linear_impl().empty(), "bf16_linear: this build of the CPU kernels has no AVX512-BF16");
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.dim() == 2 && x.stride(1) == 1,
               "bf16_linear: x must be a bf16 [M, K] tensor with contiguous rows");
+  check_packed("bf16_linear", x, packed, N, bias, at::kBFloat16);
   const int64_t M = x.size(0), K = x.size(1), Kp = (K + 31) / 32 * 32, blocks = (N + 15) / 16;
-  TORCH_CHECK(packed.scalar_type() == at::kInt && packed.is_contiguous() && packed.dim() == 3 &&
-                  packed.size(0) == blocks && packed.size(1) == Kp / 2 && packed.size(2) == 16,
-              "bf16_linear: packed must be pack_bf16_kpairs' int32 [ceil(N / 16), ceil(K / 32) * 16, 16] for N = ",
-              N, ", K = ", K);
-  if (bias.has_value())
-    TORCH_CHECK(bias->scalar_type() == at::kBFloat16 && bias->numel() == N && bias->is_contiguous(),
-                "bf16_linear: bias must be a contiguous bf16 [N] tensor");
   auto out = at::empty({M, N}, x.options());
 #if defined(SGL_BF16_LINEAR)
   if (M == 0 || N == 0) return out;
@@ -368,14 +377,8 @@ at::Tensor bf16_linear_f32out(const at::Tensor& x, const at::Tensor& packed, int
               "')");
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.stride(1) == 1,
               "bf16_linear_f32out: x must be a float32 [M, K] tensor with contiguous rows");
+  check_packed("bf16_linear_f32out", x, packed, N, bias, at::kFloat);
   const int64_t M = x.size(0), K = x.size(1), Kp = (K + 31) / 32 * 32, blocks = (N + 15) / 16;
-  TORCH_CHECK(packed.scalar_type() == at::kInt && packed.is_contiguous() && packed.dim() == 3 &&
-                  packed.size(0) == blocks && packed.size(1) == Kp / 2 && packed.size(2) == 16,
-              "bf16_linear_f32out: packed must be pack_bf16_kpairs' int32 [ceil(N / 16), ceil(K / 32) * 16, 16] for N = ",
-              N, ", K = ", K);
-  if (bias.has_value())
-    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->numel() == N && bias->is_contiguous(),
-                "bf16_linear_f32out: bias must be a contiguous float32 [N] tensor");
   auto out = at::empty({M, N}, x.options());
 #if defined(SGL_BF16_LINEAR_AMX)
   if (M == 0 || N == 0) return out;
