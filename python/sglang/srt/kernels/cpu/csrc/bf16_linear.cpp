@@ -174,23 +174,29 @@ void amx_tile(const Args& g, int64_t r0, int64_t b0) {
   }
 }
 
-void gemm_amx(const Args& g) {
-  const int64_t pairs = (g.blocks + 1) / 2;
-  // tasks: 128 rows x up to 8 column pairs; a thread's tasks are consecutive, so x's rows stay in
-  // L2 while the weights stream past (int8_linear's layout; one row block at decode sizes)
-  constexpr int64_t kRows = 128;
-  const int64_t row_blocks = (g.M + kRows - 1) / kRows;
-  const int64_t per = row_blocks == 1 ? 1 : 8, groups = (pairs + per - 1) / per;
+// The tasks of an AMX GEMM: blocks of `rows_per_task` rows x groups of `per_group` column units
+// (one unit per group at decode sizes, one row block then); a thread's tasks are consecutive, so its
+// rows of x stay in L2 while the weights stream past (int8_linear's layout). tile(r, u): rows
+// [r, r + row_step) of column unit u.
+template <typename Tile>
+void amx_tasks(int64_t M, int64_t units, int64_t rows_per_task, int64_t per_group, int64_t row_step,
+               const Tile& tile) {
+  const int64_t row_blocks = (M + rows_per_task - 1) / rows_per_task;
+  const int64_t per = row_blocks == 1 ? 1 : per_group, groups = (units + per - 1) / per;
   at::parallel_for(0, row_blocks * groups, 1, [&](int64_t t0, int64_t t1) {
     sgl_amx::configure_full_tiles();
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t r0 = (t / groups) * kRows, r1 = std::min(g.M, r0 + kRows);
-      const int64_t p0 = (t % groups) * per, p1 = std::min(pairs, p0 + per);
-      for (int64_t p = p0; p < p1; ++p)
-        for (int64_t r = r0; r < r1; r += 32) amx_tile(g, r, 2 * p);
+      const int64_t r0 = (t / groups) * rows_per_task, r1 = std::min(M, r0 + rows_per_task);
+      const int64_t u0 = (t % groups) * per, u1 = std::min(units, u0 + per);
+      for (int64_t u = u0; u < u1; ++u)
+        for (int64_t r = r0; r < r1; r += row_step) tile(r, u);
     }
     _tile_release();
   });
+}
+
+void gemm_amx(const Args& g) {  // units: column block pairs, 32-row tiles
+  amx_tasks(g.M, (g.blocks + 1) / 2, 128, 8, 32, [&](int64_t r, int64_t p) { amx_tile(g, r, 2 * p); });
 }
 
 // ----------------------------------------------------- float32 x, float32 out (the LM head) on AMX
@@ -278,21 +284,10 @@ void amx_f32_tile(const F32Args& g, int64_t r0, int64_t b0) {
   }
 }
 
-void gemm_amx_f32(const F32Args& g) {
-  const int64_t pairs = (g.blocks + kF32Blocks - 1) / kF32Blocks;  // block triples
-  constexpr int64_t kRows = 64;  // rows per task: x's three planes stay in L2 while W streams past
-  const int64_t row_blocks = (g.M + kRows - 1) / kRows;
-  const int64_t per = row_blocks == 1 ? 1 : 16, groups = (pairs + per - 1) / per;
-  at::parallel_for(0, row_blocks * groups, 1, [&](int64_t t0, int64_t t1) {
-    sgl_amx::configure_full_tiles();
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t r0 = (t / groups) * kRows, r1 = std::min(g.M, r0 + kRows);
-      const int64_t p0 = (t % groups) * per, p1 = std::min(pairs, p0 + per);
-      for (int64_t p = p0; p < p1; ++p)
-        for (int64_t r = r0; r < r1; r += 16) amx_f32_tile(g, r, p * kF32Blocks);
-    }
-    _tile_release();
-  });
+void gemm_amx_f32(const F32Args& g) {  // units: column block triples, 16-row tiles
+  // 64 rows a task: x's three planes stay in L2 while W streams past
+  const int64_t triples = (g.blocks + kF32Blocks - 1) / kF32Blocks;
+  amx_tasks(g.M, triples, 64, 16, 16, [&](int64_t r, int64_t p) { amx_f32_tile(g, r, p * kF32Blocks); });
 }
 #endif
 #endif
