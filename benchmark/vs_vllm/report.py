@@ -29,6 +29,7 @@ ROWS = [
     ("d", "output tokens/s", "output_throughput", True, 1.0),
     ("d", "TTFT median, ms", "median_ttft_ms", False, 0.7),
     ("d", "ITL median, ms", "median_itl_ms", False, None),
+    ("e", "ITL median, ms", "median_itl_ms", False, 0.8),
 ]
 
 
@@ -89,8 +90,11 @@ def plot(results: dict, path: str) -> None:
         ("b", "median_ttft_ms", "(b) 4K prompt: TTFT median, ms"),
         ("c", "output_throughput", "(c) offline: output tokens/s"),
         ("d", "output_throughput", "(d) 1K prompts: output tokens/s"),
+        ("e", "median_itl_ms", "(e) single stream: ITL median, ms"),
     ]
     panels = [p for p in panels if p[0] in results["workloads"]]
+    if not panels:
+        return
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.6), squeeze=False)
     axes = axes[0]
     for ax, (workload, key, title) in zip(axes, panels):

@@ -36,13 +36,15 @@ WORKLOADS = {
     "b": ("serving 4 × (4096 in / 16 out), one at a time", dict(num=4, inp=4096, out=16, conc=1)),
     "c": ("offline 16 × (32 in / 64 out)", dict(num=16, inp=32, out=64, conc=None)),
     "d": ("serving 16 × (1024 in / 128 out), concurrency 8", dict(num=16, inp=1024, out=128, conc=8)),
+    "e": ("single stream 8 × (64 in / 48 out), one at a time", dict(num=8, inp=64, out=48, conc=1)),
 }
-SERVING = ("a", "b", "d")
+SERVING = ("a", "b", "d", "e")
 QUICK = {
     "a": dict(num=8, inp=64, out=8, conc=4),
     "b": dict(num=1, inp=512, out=4, conc=1),
     "c": dict(num=4, inp=16, out=8, conc=None),
     "d": dict(num=4, inp=256, out=16, conc=2),
+    "e": dict(num=2, inp=16, out=8, conc=1),
 }
 MEDIAN_KEYS = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "median_e2e_latency_ms")
 
@@ -86,7 +88,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument(
         "--ours-dtype", default="auto", help="our --dtype (default auto: chosen from the CPU's flags)"
     )
-    ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated subset of a,b,c,d")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated subset of a,b,c,d,e")
     ap.add_argument("--skip-vllm", action="store_true")
     ap.add_argument("--skip-ours", action="store_true")
     ap.add_argument("--quick", action="store_true", help="tiny workloads (smoke test of the script)")
