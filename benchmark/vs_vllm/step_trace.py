@@ -22,7 +22,14 @@ STEP_START = "sched.schedule"
 MODEL = "runner.model"
 CONTAINER_LABELS = ("sched.forward",)
 GEMM_OPS = ("mkldnn::_linear_pointwise", "aten::mm", "aten::addmm", "aten::linear", "aten::matmul")
-GEMM_BUILTINS = ("_linear_pointwise", "linear_f32out_packed", "linear_packed", "int8_linear", "w8a8", "bf16_linear")
+GEMM_BUILTINS = (
+    "_linear_pointwise",
+    "linear_f32out_packed",
+    "linear_packed",
+    "int8_linear",
+    "w8a8",
+    "bf16_linear",
+)
 LAYER_GEMMS = ("gemm qkv", "gemm o_proj", "gemm gate_up", "gemm down")  # call order in a Llama layer
 # (substring of the calling Python frame, category): the nearest matching frame decides.
 FRAME_CATEGORIES = (
