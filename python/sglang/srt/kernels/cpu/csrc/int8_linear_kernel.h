@@ -17,10 +17,7 @@
 
 constexpr int64_t kLanes = 16;  // output columns per packed block
 constexpr int kMaxRows = 4;     // rows of x per tile
-// AMX-INT8 tiles from this many rows on, where the CPU has them: from one row (a decode step's weights
-// come from memory, where the tiles read them at the bandwidth: 0.88x the VNNI path's time at 1 row,
-// 0.70x at 8, 0.63x at 16 over SmolLM2's 30 layers; docs/benchmarks.md, "Quantization")
-constexpr int64_t kAmxMinRows = 1;
+constexpr int64_t kAmxMinRows = 16;  // AMX-INT8 tiles from this many rows on (where the CPU has them)
 #if defined(__AVX512F__) && defined(SGL_I8_AVX512VNNI)
 constexpr bool kUnsignedX = true;  // q + 128 as u8 (vpdpbusd), comp subtracted
 constexpr const char* kImpl = "avx512-vnni";
