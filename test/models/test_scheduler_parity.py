@@ -162,3 +162,39 @@ def test_short_prompt_first_default_and_validation():
     )
     with pytest.raises(ValueError, match="short-prompt-first-tokens"):
         ServerArgs(model_path=TINY_LLAMA_DIR, short_prompt_first_tokens=-1).validate()
+
+
+@pytest.mark.parametrize("pack", [0, 32])
+def test_prefill_pack_tokens(reference, pack):
+    """--prefill-pack-tokens: prompts that arrive together share a step only while the step's prompt
+    tokens stay within it, so the first ones get their first tokens a step earlier; off, they fill the
+    chunk. Tokens match the reference either way, and the KV pool ends free."""
+    path, refs = reference
+    h = SchedulerHarness(model_path=path, max_total_tokens=2048, chunked_prefill_size=64, prefill_pack_tokens=pack)
+    rids = [h.submit(refs[i][0], NEW_TOKENS) for i in range(3)]  # 5, 23 and 41 tokens
+    h.step()
+    if pack:
+        assert h.batch_shapes[-1] == (2, 28), "5 + 23 tokens; the 41-token prompt would pass 32"
+        assert [len(h.outputs[r]) for r in rids] == [1, 1, 0]
+        h.step()
+        assert h.batch_shapes[-1] == (3, 43), "two decodes + the 41-token prompt, whole"
+    else:
+        assert h.batch_shapes[-1] == (3, 64), "5 + 23 + a 36-token chunk of the third"
+        assert [len(h.outputs[r]) for r in rids] == [1, 1, 0]
+    h.run()
+    for i, rid in enumerate(rids):
+        _check(h, rid, refs[i][1], refs[i][2])
+    state = h.scheduler.internal_state()
+    assert state["available_kv_tokens"] == state["max_total_num_tokens"]
+
+
+def test_prefill_pack_tokens_default_and_validation():
+    from sglang.srt.server_args import ServerArgs
+
+    assert ServerArgs(model_path=TINY_LLAMA_DIR).resolved_prefill_pack_tokens == 1024  # CPU: half of 2048
+    assert ServerArgs(model_path=TINY_LLAMA_DIR, chunked_prefill_size=512).resolved_prefill_pack_tokens == 256
+    assert ServerArgs(model_path=TINY_LLAMA_DIR, chunked_prefill_size=-1).resolved_prefill_pack_tokens == 0
+    assert ServerArgs(model_path=TINY_LLAMA_DIR, prefill_pack_tokens=0).resolved_prefill_pack_tokens == 0
+    assert ServerArgs(model_path=TINY_LLAMA_DIR, device="cuda").resolved_prefill_pack_tokens == 0
+    with pytest.raises(ValueError, match="prefill-pack-tokens"):
+        ServerArgs(model_path=TINY_LLAMA_DIR, prefill_pack_tokens=-1).validate()

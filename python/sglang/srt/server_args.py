@@ -212,6 +212,13 @@ class ServerArgs(CompatArgs, ParallelArgs, HiCacheArgs):
         G_MEMORY,
         default_text="--disaggregation-mode prefill: a quarter of --chunked-prefill-size; otherwise 0",
     )
+    prefill_pack_tokens: Optional[int] = arg(
+        None,
+        "A waiting prompt joins a step that already prefills others only while the step's prompt tokens stay "
+        "within this (a lone prompt still takes a whole chunk); 0 turns it off.",
+        G_MEMORY,
+        default_text="the device platform's: half of --chunked-prefill-size on CPU, 0 elsewhere",
+    )
     schedule_policy: str = arg(
         "fcfs",
         "Order of waiting requests: fcfs (arrival) or lpm (longest cached prefix first).",
@@ -376,6 +383,17 @@ class ServerArgs(CompatArgs, ParallelArgs, HiCacheArgs):
         if self.disaggregation_mode == "prefill" and self.chunked_prefill_enabled:
             return self.chunked_prefill_size // 4
         return 0
+
+    @property
+    def resolved_prefill_pack_tokens(self) -> int:
+        """`--prefill-pack-tokens`, or the device platform's default (platforms/launch_defaults.py)."""
+        if self.prefill_pack_tokens is not None:
+            return self.prefill_pack_tokens
+        if not self.chunked_prefill_enabled:
+            return 0
+        from sglang.srt.platforms.launch_defaults import default_prefill_pack_tokens
+
+        return default_prefill_pack_tokens(self.device, self.chunked_prefill_size)
 
     @property
     def url(self) -> str:

@@ -81,6 +81,8 @@ def _validate_values(args: Any) -> None:
         raise ValueError(
             f"--chunked-prefill-size must be positive or -1 (disabled), got {args.chunked_prefill_size}"
         )
+    if args.prefill_pack_tokens is not None and args.prefill_pack_tokens < 0:
+        raise ValueError(f"--prefill-pack-tokens must be >= 0, got {args.prefill_pack_tokens}")
     if args.short_prompt_first_tokens is not None and args.short_prompt_first_tokens < 0:
         raise ValueError(f"--short-prompt-first-tokens must be >= 0, got {args.short_prompt_first_tokens}")
     if args.mem_fraction_static is not None and not (0.0 < args.mem_fraction_static < 1.0):

@@ -2,7 +2,9 @@
 
 One step = every running request that is due a decode token (one token each) + prefill work
 from requests still prefilling (a chunked prompt first) and then from the waiting queue, up to
-the prefill token budget. With short prompts first (`--short-prompt-first-tokens`), waiting
+the prefill token budget; once a step prefills some prompts, another joins only while the step's
+prompt tokens stay within `--prefill-pack-tokens` (so prompts that arrive together get their first
+tokens one step after another). With short prompts first (`--short-prompt-first-tokens`), waiting
 prompts that short go ahead of the chunked prompt's next chunk, in at most half of the budget. Decodes therefore keep running while a long prompt is chunk-prefilled.
 Admission of a waiting request needs a free request slot and enough KV (free + evictable) for
 its tokens plus a reserve for the decode growth of everything running; a request whose HiCache
@@ -34,6 +36,9 @@ class StepBudget:
     # Short prompts first (--short-prompt-first-tokens): waiting prompts of at most this many
     # uncached tokens go ahead of a chunked prompt's next chunk, within the step's budget; 0: off.
     short_first_tokens: int = 0
+    # --prefill-pack-tokens: a waiting prompt joins a step that already prefills others only while
+    # the step's prompt tokens stay within this (the first still takes a whole chunk); 0: off.
+    pack_tokens: int = 0
 
 
 class SchedulePolicy:
@@ -131,6 +136,7 @@ class SchedulePolicy:
         `whole_only` (short prompts first): `prefill_left` is a share of a step budget already sized,
         and only prompts that fit whole are taken. Returns the prompt tokens taken."""
         taken = 0
+        packed = sum(item.num_tokens for item in batch.items if item.req.is_prefilling)
         reserve = self._decode_reserve(running)
         available = self.cache.available_tokens() - decode_tokens - batch.num_tokens
         for req in candidates:
@@ -142,6 +148,8 @@ class SchedulePolicy:
                 continue
             cached = self.cache.match_prefix_len(req)
             remaining = req.seqlen - cached
+            if not whole_only and packed and 0 < self.budget.pack_tokens < packed + remaining:
+                break  # prefilled in a later step: the prompts before it get their first tokens sooner
             if whole_only:  # the share of a budget already sized by the chunked prompt
                 if remaining > prefill_left:
                     break
@@ -163,6 +171,7 @@ class SchedulePolicy:
             batch.items.append(ScheduledReq(req, req.kv_len, take))
             prefill_left -= take
             taken += take
+            packed += take
             available -= self._round_up(take)
             if take < req.remaining_len:
                 break  # at most one partially prefilled request per step

@@ -109,6 +109,7 @@ class Scheduler:
                 max_running_requests=self.runner.max_running_requests,
                 page_size=kv_page,
                 short_first_tokens=server_args.resolved_short_prompt_first_tokens,
+                pack_tokens=server_args.resolved_prefill_pack_tokens,
             ),
             self.cache,
             chunk_budget=chunk_budget,
