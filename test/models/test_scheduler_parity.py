@@ -170,7 +170,9 @@ def test_prefill_pack_tokens(reference, pack):
     tokens stay within it, so the first ones get their first tokens a step earlier; off, they fill the
     chunk. Tokens match the reference either way, and the KV pool ends free."""
     path, refs = reference
-    h = SchedulerHarness(model_path=path, max_total_tokens=2048, chunked_prefill_size=64, prefill_pack_tokens=pack)
+    h = SchedulerHarness(
+        model_path=path, max_total_tokens=2048, chunked_prefill_size=64, prefill_pack_tokens=pack
+    )
     rids = [h.submit(refs[i][0], NEW_TOKENS) for i in range(3)]  # 5, 23 and 41 tokens
     h.step()
     if pack:

@@ -26,6 +26,10 @@ SHAPES = [
     (33, 50, 100),
     (40, 96, 1536),
     (130, 40, 40),
+    # K a multiple of 32: AMX reads whole 16-row groups of x in place, the rest from a padded copy
+    (48, 33, 64),
+    (77, 64, 96),
+    (300, 50, 576),
 ]
 
 
@@ -72,13 +76,14 @@ def test_strided_rows_and_zero_rows(ops):
     paths = _paths(ops)
     w = torch.randn(48, 64).bfloat16()
     packed = pack_bf16_kpairs(w)
-    wide = torch.randn(6, 100).bfloat16()
-    x = wide[:, 10:74]  # rows 100 apart, contiguous within
-    for use_amx in paths:
-        torch.testing.assert_close(
-            ops.bf16_linear(x, packed, 48, None, use_amx), ref.bf16_linear(x, packed, 48)
-        )
-        assert ops.bf16_linear(x[:0], packed, 48, None, use_amx).shape == (0, 48)
+    for rows in (6, 37):  # all from the padded copy; two 16-row groups in place + the rest
+        wide = torch.randn(rows, 100).bfloat16()
+        x = wide[:, 10:74]  # rows 100 apart, contiguous within
+        for use_amx in paths:
+            torch.testing.assert_close(
+                ops.bf16_linear(x, packed, 48, None, use_amx), ref.bf16_linear(x, packed, 48)
+            )
+            assert ops.bf16_linear(x[:0], packed, 48, None, use_amx).shape == (0, 48)
 
 
 def test_bad_input_is_refused(ops):
@@ -115,6 +120,16 @@ def test_packed_pair_takes_the_kernel_up_to_max_rows(ops):
         want = F.linear(x.float(), w.float(), bias.float())
         torch.testing.assert_close(kernel(x, packed, bias).float(), want, atol=0.05, rtol=0.02)
     assert calls == [1, 8]  # 9 and 40 rows: plain F.linear
+    calls.clear()
+    pack, kernel = Bf16PackedLinear(entry, max_rows=8, narrow_k=24, narrow_max_rows=16).pair()
+    wide = torch.randn(30, 40).bfloat16()
+    for w_ in (w, wide):  # K 24 is narrow: up to 16 rows; K 40 is not: up to 8
+        for rows in (8, 9, 16, 17):
+            x = torch.randn(rows, w_.shape[1]).bfloat16()
+            torch.testing.assert_close(
+                kernel(x, pack(w_), None).float(), F.linear(x.float(), w_.float()), atol=0.05, rtol=0.02
+            )
+    assert calls == [8, 9, 16, 8]
 
 
 def test_platform_picks_the_kernel_on_amx_only(monkeypatch):

@@ -4,9 +4,9 @@ oneDNN's packed bf16 linear reads the weights at about half the memory bandwidth
 (docs/notes/2026-11-step-breakdown.md); `bf16_linear` reads every weight byte once per call for
 all rows (AMX-BF16 tiles) and runs at the read bandwidth. It is the packed copy the platform hands
 to layers/linear_prepack.py where its build runs it on AMX (`CpuPlatform.prepacked_linear`), in
-place of oneDNN's copy (same bytes): calls of up to `max_rows` rows take the kernel, larger ones
-(prefill chunks) the plain `F.linear` on the bf16 weight, which is as fast as oneDNN's packed one
-there. Measured on [amx]: docs/benchmarks.md.
+place of oneDNN's copy (same bytes): calls of up to `max_rows` rows (more for narrow weights: their
+row tiles stay in L2) take the kernel, larger ones (prefill chunks) the plain `F.linear` on the bf16
+weight, which is as fast as oneDNN's packed one there. Measured on [amx]: docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -41,9 +41,14 @@ class Bf16PackedLinear:
     """The (pack, kernel) pair of layers/linear_prepack.py for `bf16_linear` (the kernel module's
     entry: x [M, K], packed, N, bias -> [M, N])."""
 
-    def __init__(self, entry: Callable[..., torch.Tensor], max_rows: int) -> None:
+    def __init__(
+        self, entry: Callable[..., torch.Tensor], max_rows: int, narrow_k: int = 0, narrow_max_rows: int = 0
+    ) -> None:
         self.entry = entry
         self.max_rows = max_rows
+        # weights of at most `narrow_k` inputs take the kernel up to `narrow_max_rows` rows instead
+        self.narrow_k = narrow_k
+        self.narrow_max_rows = max(narrow_max_rows, max_rows)
 
     def pack(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # the plain weight travels with its packed copy: larger calls run F.linear on it
@@ -53,7 +58,7 @@ class Bf16PackedLinear:
         self, x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor], bias: Optional[torch.Tensor]
     ) -> torch.Tensor:
         kpairs, weight = packed
-        if x.shape[0] > self.max_rows:
+        if x.shape[0] > (self.narrow_max_rows if weight.shape[1] <= self.narrow_k else self.max_rows):
             return F.linear(x, weight, bias)
         return self.entry(x, kpairs, weight.shape[0], bias)
 

@@ -12,6 +12,12 @@ import torch
 # larger ones plain F.linear (1.08x oneDNN at 384 rows where bf16_linear is 1.19x; 0.94-1.05x from
 # 512 on). benchmark/vs_vllm/bf16_linear_ab.py, docs/benchmarks.md ("Fused CPU kernels").
 BF16_LINEAR_MAX_ROWS = 320
+# ... and up to this many rows for weights of at most BF16_LINEAR_NARROW_K inputs (SmolLM2's 576 /
+# 1536: 0.68-0.87x oneDNN's packed linear and 0.72-0.79x plain F.linear at 384-1024 rows, where
+# oneDNN splits some of these shapes over one thread only; 1.02-1.15x plain from 1536 rows on; a
+# ~1B Llama's K = 2048 / 8192: 1.17-1.38x oneDNN from 320 rows on). bf16_linear_ab.py, 2026-11-29.
+BF16_LINEAR_NARROW_K = 1536
+BF16_LINEAR_NARROW_MAX_ROWS = 1024
 
 
 def bf16_linear(amx: Optional[Any], dtype: torch.dtype, device: torch.device) -> Optional[tuple[Any, Any]]:
@@ -24,7 +30,12 @@ def bf16_linear(amx: Optional[Any], dtype: torch.dtype, device: torch.device) ->
     if amx is not None:
         from sglang.srt.layers.linear_bf16_packed import Bf16PackedLinear
 
-        return Bf16PackedLinear(amx.bf16_linear, max_rows=BF16_LINEAR_MAX_ROWS).pair()
+        return Bf16PackedLinear(
+            amx.bf16_linear,
+            max_rows=BF16_LINEAR_MAX_ROWS,
+            narrow_k=BF16_LINEAR_NARROW_K,
+            narrow_max_rows=BF16_LINEAR_NARROW_MAX_ROWS,
+        ).pair()
     return onednn_linear()
 
 

@@ -46,12 +46,24 @@ constexpr int64_t kLanes = 16;  // output columns per packed block
 constexpr int64_t kKAlign = 32;  // Kp: K rounded up to one AMX tile row of bf16
 
 struct Args {
-  const uint16_t* x;  // [rows, Kp], zero past K (and past M up to rows)
+  const uint16_t* x;  // [rows, Kp], zero past K (and past M up to rows); AMX: rows [0, full) at stride ldx
   const uint32_t* w;  // packed
   const uint16_t* bias;
   uint16_t* out;  // [M, N]
   int64_t M, N, Kp, blocks;
+  int64_t ldx = 0, full = 0;  // AMX: x's row stride (elements) and its rows read in place
+  const uint16_t* tail = nullptr;  // AMX: rows [full, M) zero-padded to whole 16-row tiles, stride Kp
 };
+
+// the 16 rows of x from row r (a multiple of 16) as an A tile source, and its stride in bytes
+inline const uint16_t* a_rows(const Args& g, int64_t r, int64_t& stride) {
+  if (r < g.full) {
+    stride = g.ldx * 2;
+    return g.x + r * g.ldx;
+  }
+  stride = g.Kp * 2;
+  return g.tail + (r - g.full) * g.Kp;
+}
 
 inline __m512 bias16(const uint16_t* bias, int64_t c0, __mmask16 m) {
   if (bias == nullptr) return _mm512_setzero_ps();
@@ -135,6 +147,16 @@ bool amx_bf16_ready() {
 
 // rows [r0, r0 + 32) of the padded x (a second row tile past M is skipped) x blocks b0, b0 + 1
 // (b0 + 1 past the last: skipped)
+template <bool kStreamA>
+inline void load_a(int tile, const uint16_t* p, int64_t stride) {
+  if constexpr (kStreamA) {
+    if (tile == 0) _tile_stream_loadd(0, p, stride); else _tile_stream_loadd(1, p, stride);
+  } else {
+    if (tile == 0) _tile_loadd(0, p, stride); else _tile_loadd(1, p, stride);
+  }
+}
+
+template <bool kStreamA>
 void amx_tile(const Args& g, int64_t r0, int64_t b0) {
   alignas(64) float acc[4][16 * 16];
   const int64_t bstride = g.Kp / 2 * kLanes;
@@ -144,12 +166,15 @@ void amx_tile(const Args& g, int64_t r0, int64_t b0) {
   _tile_zero(6);
   _tile_zero(7);
   SGL_BF16_FENCE();
+  int64_t s0 = 0, s1 = 0;
+  const uint16_t* x0 = a_rows(g, r0, s0);
+  const uint16_t* x1 = low ? a_rows(g, r0 + 16, s1) : x0;
   for (int64_t k0 = 0; k0 < g.Kp; k0 += kKAlign) {
-    _tile_loadd(0, g.x + r0 * g.Kp + k0, g.Kp * 2);
+    load_a<kStreamA>(0, x0 + k0, s0);
     _tile_loadd(2, g.w + b0 * bstride + k0 / 2 * kLanes, 64);
     _tile_dpbf16ps(4, 0, 2);
     if (low) {
-      _tile_loadd(1, g.x + (r0 + 16) * g.Kp + k0, g.Kp * 2);
+      load_a<kStreamA>(1, x1 + k0, s1);
       _tile_dpbf16ps(5, 1, 2);
     }
     if (two) {
@@ -163,6 +188,18 @@ void amx_tile(const Args& g, int64_t r0, int64_t b0) {
   _tile_stored(6, acc[2], 64);
   _tile_stored(7, acc[3], 64);
   SGL_BF16_FENCE();
+  const int64_t c0 = b0 * kLanes;
+  if (two && g.N - c0 >= 2 * kLanes) {  // both blocks whole: one 64-byte row store
+    const __m512 bv0 = bias16(g.bias, c0, 0xFFFF), bv1 = bias16(g.bias, c0 + kLanes, 0xFFFF);
+    for (int h = 0; h < 2; ++h)
+      for (int64_t i = 0; i < 16 && r0 + h * 16 + i < g.M; ++i) {
+        const __m512 lo = _mm512_add_ps(_mm512_load_ps(acc[h] + i * 16), bv0);
+        const __m512 hi = _mm512_add_ps(_mm512_load_ps(acc[2 + h] + i * 16), bv1);
+        _mm512_storeu_si512(g.out + (r0 + h * 16 + i) * g.N + c0,
+                            reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
+      }
+    return;
+  }
   for (int b = 0; b < (two ? 2 : 1); ++b) {
     const int64_t c0 = (b0 + b) * kLanes;
     const __mmask16 m = lanes(g.N - c0);
@@ -196,7 +233,10 @@ void amx_tasks(int64_t M, int64_t units, int64_t rows_per_task, int64_t per_grou
 }
 
 void gemm_amx(const Args& g) {  // units: column block pairs, 32-row tiles
-  amx_tasks(g.M, (g.blocks + 1) / 2, 128, 8, 32, [&](int64_t r, int64_t p) { amx_tile(g, r, 2 * p); });
+  if (g.M > 32)
+    amx_tasks(g.M, (g.blocks + 1) / 2, 128, 8, 32, [&](int64_t r, int64_t p) { amx_tile<true>(g, r, 2 * p); });
+  else
+    amx_tasks(g.M, (g.blocks + 1) / 2, 128, 8, 32, [&](int64_t r, int64_t p) { amx_tile<false>(g, r, 2 * p); });
 }
 
 // ----------------------------------------------------- float32 x, float32 out (the LM head) on AMX
@@ -335,17 +375,40 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N,
 #endif
   // x copied into a zero-padded scratch kept by the calling thread: K to Kp, and for AMX the rows
   // to whole 16-row tiles
+  const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
+#if defined(SGL_BF16_LINEAR_AMX)
+  if (amx && K % kKAlign == 0) {  // whole 16-row groups read in place; the rest padded in a copy
+    const int64_t full = M / 16 * 16, left = M - full;
+    thread_local std::vector<uint16_t> tail;
+    if (tail.size() < static_cast<size_t>(16 * Kp)) tail.resize(static_cast<size_t>(16 * Kp));
+    std::memset(tail.data(), 0, static_cast<size_t>(16 * Kp) * 2);
+    for (int64_t i = 0; i < left; ++i)
+      std::memcpy(tail.data() + i * Kp, xp + (full + i) * x.stride(0), static_cast<size_t>(K) * 2);
+    Args g{xp,
+           reinterpret_cast<const uint32_t*>(packed.data_ptr<int32_t>()),
+           bias.has_value() ? reinterpret_cast<const uint16_t*>(bias->data_ptr()) : nullptr,
+           reinterpret_cast<uint16_t*>(out.data_ptr()),
+           M,
+           N,
+           Kp,
+           blocks};
+    g.ldx = x.stride(0);
+    g.full = full;
+    g.tail = tail.data();
+    gemm_amx(g);
+    return out;
+  }
+#endif
   const int64_t rows = amx ? (M + 15) / 16 * 16 : M;
   thread_local std::vector<uint16_t> scratch;
   if (scratch.size() < static_cast<size_t>(rows * Kp)) scratch.resize(static_cast<size_t>(rows * Kp));
-  const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
   uint16_t* xs = scratch.data();
   for (int64_t i = 0; i < M; ++i) {
     std::memcpy(xs + i * Kp, xp + i * x.stride(0), static_cast<size_t>(K) * 2);
     std::memset(xs + i * Kp + K, 0, static_cast<size_t>(Kp - K) * 2);
   }
   std::memset(xs + M * Kp, 0, static_cast<size_t>((rows - M) * Kp) * 2);
-  const Args g{xs,
+  Args g{xs,
                reinterpret_cast<const uint32_t*>(packed.data_ptr<int32_t>()),
                bias.has_value() ? reinterpret_cast<const uint16_t*>(bias->data_ptr()) : nullptr,
                reinterpret_cast<uint16_t*>(out.data_ptr()),
@@ -355,6 +418,8 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N,
                blocks};
 #if defined(SGL_BF16_LINEAR_AMX)
   if (amx) {
+    g.ldx = Kp;
+    g.full = rows;
     gemm_amx(g);
     return out;
   }
