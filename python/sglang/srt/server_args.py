@@ -385,6 +385,13 @@ class ServerArgs(CompatArgs, ParallelArgs, HiCacheArgs):
         return 0
 
     @property
+    def prefill_step_tokens(self) -> int:
+        """A step's most new prompt tokens: --max-prefill-tokens, within the chunk when chunking."""
+        if self.chunked_prefill_enabled:
+            return min(self.max_prefill_tokens, self.chunked_prefill_size)
+        return self.max_prefill_tokens
+
+    @property
     def resolved_prefill_pack_tokens(self) -> int:
         """`--prefill-pack-tokens`, or the device platform's default (platforms/launch_defaults.py)."""
         if self.prefill_pack_tokens is not None:

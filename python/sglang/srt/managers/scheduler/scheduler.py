@@ -98,13 +98,10 @@ class Scheduler:
         kv_page = self.runner.kv_page_size
         tree = build_prefix_cache(server_args, self.runner, self.groups)  # radix, or HiCache's tiers
         self.cache = KVCacheManager(self.runner.req_to_token_pool, self.runner.allocator, tree)
-        prefill_budget = server_args.max_prefill_tokens
-        if server_args.chunked_prefill_enabled:
-            prefill_budget = min(prefill_budget, server_args.chunked_prefill_size)
         self.policy = SchedulePolicy(
             server_args.schedule_policy,
             StepBudget(
-                prefill_tokens=prefill_budget,
+                prefill_tokens=server_args.prefill_step_tokens,
                 chunked=server_args.chunked_prefill_enabled,
                 max_running_requests=self.runner.max_running_requests,
                 page_size=kv_page,
