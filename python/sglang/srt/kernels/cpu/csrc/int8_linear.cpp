@@ -136,13 +136,16 @@ at::Tensor int8_linear_vnni(const at::Tensor& x, const at::Tensor& packed, const
                             const at::Tensor& ws, int64_t N, const std::optional<at::Tensor>& bias) {
 #if defined(SGL_INT8_VNNI_TARGET)
   // CPUID (not __builtin_cpu_supports: GCC 11 does not know "avxvnni"): AVX512-VNNI is leaf 7.0
-  // ECX bit 11, AVX-VNNI leaf 7.1 EAX bit 4; the OS saves the vector state the build needs already
-  unsigned int a = 0, b = 0, c = 0, d = 0;
+  // ECX bit 11, AVX-VNNI leaf 7.1 EAX bit 4; the OS saves the vector state the build needs already.
+  // Asked once: under a hypervisor every CPUID is a VM exit (asked per call, ~18 us of a 7 us call)
+  static const bool has = [] {
+    unsigned int a = 0, b = 0, c = 0, d = 0;
 #if defined(__AVX512F__)
-  const bool has = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (c & (1u << 11)) != 0;
+    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (c & (1u << 11)) != 0;
 #else
-  const bool has = __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 4)) != 0;
+    return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 4)) != 0;
 #endif
+  }();
   TORCH_CHECK(has, "int8_linear_vnni: this CPU lacks " SGL_INT8_VNNI_TARGET " (use int8_linear)");
   return linear_with(&vnni::run<float>, &vnni::run<uint16_t>, x, packed, comp, ws, N, bias);
 #else
