@@ -1,4 +1,4 @@
-// bf16_linear: y [M, N] = x [M, K] . W [N, K]^T (+ bias) for bf16 x / W / y at decode-sized M, W packed
+// bf16_linear: y [M, N] = x [M, K] . W [N, K]^T (+ bias) for bf16 x / W / y, W packed
 // once by pack_bf16_kpairs (layers/linear_bf16_packed.py): int32 [ceil(N / 16), Kp / 2, 16], Kp = K
 // rounded up to 32; in block b, row p holds columns 16b .. 16b + 15, each as the bf16 pair
 // (k = 2p in the low half, 2p + 1 in the high half); padding is zero. That is both the B operand of
@@ -7,7 +7,8 @@
 // Every weight byte is read once per call for all rows (oneDNN's packed bf16 linear reads the
 // weights at about half the bandwidth at 1-16 rows: docs/notes/2026-11-step-breakdown.md). Products
 // are exact in float32, summed in float32, + bias in float32, rounded to bf16 once.
-//   AMX (CPUs with AMX-BF16, use_amx): tiles of 16 (or 32) rows x 2 column blocks, tdpbf16ps.
+//   AMX (CPUs with AMX-BF16, use_amx): tiles of 16 (or 32) rows x 2 column blocks, tdpbf16ps; x
+//     read in place where K is a multiple of 32 (decode sizes and prefill chunks alike).
 //   vector: tiles of up to 4 rows x 4 column blocks, vdpbf16ps (AVX512-BF16 without AMX).
 // Builds without AVX512-BF16 answer bf16_linear_impl() == "" and refuse the call.
 //
@@ -145,8 +146,8 @@ bool amx_bf16_ready() {
 // tile intrinsics are asm volatile without memory clobbers: fence the compiler around them
 #define SGL_BF16_FENCE() asm volatile("" ::: "memory")
 
-// rows [r0, r0 + 32) of the padded x (a second row tile past M is skipped) x blocks b0, b0 + 1
-// (b0 + 1 past the last: skipped)
+// an A tile: kept in L1 (decode sizes: each row tile meets every column block), or loaded with the
+// streaming hint (prefill sizes: the weight's tiles, reused by the task's row tiles, stay in L1)
 template <bool kStreamA>
 inline void load_a(int tile, const uint16_t* p, int64_t stride) {
   if constexpr (kStreamA) {
@@ -156,6 +157,8 @@ inline void load_a(int tile, const uint16_t* p, int64_t stride) {
   }
 }
 
+// rows [r0, r0 + 32) of x (a second row tile past M is skipped) x blocks b0, b0 + 1 (b0 + 1 past
+// the last: skipped)
 template <bool kStreamA>
 void amx_tile(const Args& g, int64_t r0, int64_t b0) {
   alignas(64) float acc[4][16 * 16];
@@ -373,25 +376,26 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N,
 #if defined(SGL_BF16_LINEAR_AMX)
   amx = use_amx && amx_bf16_ready();
 #endif
-  // x copied into a zero-padded scratch kept by the calling thread: K to Kp, and for AMX the rows
-  // to whole 16-row tiles
   const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
+  Args g{nullptr,
+         reinterpret_cast<const uint32_t*>(packed.data_ptr<int32_t>()),
+         bias.has_value() ? reinterpret_cast<const uint16_t*>(bias->data_ptr()) : nullptr,
+         reinterpret_cast<uint16_t*>(out.data_ptr()),
+         M,
+         N,
+         Kp,
+         blocks};
 #if defined(SGL_BF16_LINEAR_AMX)
-  if (amx && K % kKAlign == 0) {  // whole 16-row groups read in place; the rest padded in a copy
+  if (amx && K % kKAlign == 0) {
+    // x read in place by whole 16-row groups (no copy of a prefill chunk); the last rows zero-padded
+    // to one whole tile in a scratch kept by the calling thread
     const int64_t full = M / 16 * 16, left = M - full;
     thread_local std::vector<uint16_t> tail;
     if (tail.size() < static_cast<size_t>(16 * Kp)) tail.resize(static_cast<size_t>(16 * Kp));
-    std::memset(tail.data(), 0, static_cast<size_t>(16 * Kp) * 2);
+    if (left > 0) std::memset(tail.data(), 0, static_cast<size_t>(16 * Kp) * 2);
     for (int64_t i = 0; i < left; ++i)
       std::memcpy(tail.data() + i * Kp, xp + (full + i) * x.stride(0), static_cast<size_t>(K) * 2);
-    Args g{xp,
-           reinterpret_cast<const uint32_t*>(packed.data_ptr<int32_t>()),
-           bias.has_value() ? reinterpret_cast<const uint16_t*>(bias->data_ptr()) : nullptr,
-           reinterpret_cast<uint16_t*>(out.data_ptr()),
-           M,
-           N,
-           Kp,
-           blocks};
+    g.x = xp;
     g.ldx = x.stride(0);
     g.full = full;
     g.tail = tail.data();
@@ -399,6 +403,8 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N,
     return out;
   }
 #endif
+  // x copied into a zero-padded scratch kept by the calling thread: K to Kp, and for AMX the rows
+  // to whole 16-row tiles
   const int64_t rows = amx ? (M + 15) / 16 * 16 : M;
   thread_local std::vector<uint16_t> scratch;
   if (scratch.size() < static_cast<size_t>(rows * Kp)) scratch.resize(static_cast<size_t>(rows * Kp));
@@ -408,14 +414,7 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N,
     std::memset(xs + i * Kp + K, 0, static_cast<size_t>(Kp - K) * 2);
   }
   std::memset(xs + M * Kp, 0, static_cast<size_t>((rows - M) * Kp) * 2);
-  Args g{xs,
-               reinterpret_cast<const uint32_t*>(packed.data_ptr<int32_t>()),
-               bias.has_value() ? reinterpret_cast<const uint16_t*>(bias->data_ptr()) : nullptr,
-               reinterpret_cast<uint16_t*>(out.data_ptr()),
-               M,
-               N,
-               Kp,
-               blocks};
+  g.x = xs;
 #if defined(SGL_BF16_LINEAR_AMX)
   if (amx) {
     g.ldx = Kp;
