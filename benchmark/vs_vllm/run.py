@@ -231,6 +231,7 @@ def run_ours(args: argparse.Namespace, work: str, prompts: str) -> dict:
         )
         try:
             servers.wait_ready(server, servers.OURS_STARTUP_TIMEOUT_S)
+            servers.require_fresh_kernels(server.log_path)
             for w in workloads:
                 out[w] = bench_serving(args, server.url, w, os.path.join(work, f"ours_{w}.jsonl"))
         finally:
@@ -254,6 +255,7 @@ def run_ours(args: argparse.Namespace, work: str, prompts: str) -> dict:
         args.ours_dtype,
     ]
     out["c"] = offline(cmd, os.path.join(work, "ours_c.json"), os.path.join(work, "ours_offline.log"), {})
+    servers.require_fresh_kernels(os.path.join(work, "ours_offline.log"))
     return out
 
 

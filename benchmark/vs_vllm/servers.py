@@ -141,6 +141,20 @@ def wait_ready(server: Server, timeout_s: float) -> None:
     raise RuntimeError(f"{server.name} not ready after {timeout_s:.0f} s:\n{server.log_tail()}")
 
 
+STALE_KERNELS = "is older than the sources in csrc/"  # kernels/cpu/loader.py's reason
+
+
+def require_fresh_kernels(log_path: str) -> None:
+    """Refuse a run of ours whose kernel builds are older than their sources (edited after the
+    last build): its processes fell back to the torch code, and its figures would be that path's."""
+    with open(log_path, errors="replace") as f:
+        stale = [line.strip() for line in f if STALE_KERNELS in line]
+    if stale:
+        raise RuntimeError(
+            f"ours ran without its CPU kernels ({log_path}): {stale[0][:300]}; rebuild them (`make setup`) and rerun"
+        )
+
+
 def stop_server(server: Server, grace_s: float = 30.0) -> None:
     """SIGTERM the server's process group, SIGKILL it after `grace_s`."""
     if server.proc.poll() is None:

@@ -1,5 +1,5 @@
 """benchmark/vs_vllm: one docs section per CPU kind (replaced per kind), the CPU / dtype / load in
-the section, vLLM's default dtype per kind."""
+the section, vLLM's default dtype per kind, no run of ours on stale kernel builds."""
 
 from __future__ import annotations
 
@@ -73,3 +73,18 @@ def test_cpu_info_follows_emulation(monkeypatch):
     info = servers.cpu_info()
     assert info["kind"] == "generic" and info["flags"]["avx2"] is False
     assert info["emulated"] == (native["native_kind"] != "generic")
+
+
+def test_a_run_of_ours_on_stale_kernels_is_refused(tmp_path):
+    """A server whose kernel builds are older than their sources fell back to the torch code: the
+    comparison refuses its figures instead of recording that path as ours."""
+    clean = tmp_path / "clean.log"
+    clean.write_text("[... Scheduler rank 0] INFO steps 10, prefill 100.0 tok/s\n")
+    servers.require_fresh_kernels(str(clean))
+    stale = tmp_path / "stale.log"
+    stale.write_text(
+        "[... Scheduler rank 0] WARNING CPU kernels unavailable, using the torch implementations: the "
+        "avx512bf16 build is older than the sources in csrc/ (built from aa, now bb); build them\n"
+    )
+    with pytest.raises(RuntimeError, match="without its CPU kernels"):
+        servers.require_fresh_kernels(str(stale))
