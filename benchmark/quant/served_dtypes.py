@@ -135,7 +135,7 @@ def run_mode(args: argparse.Namespace, mode: str, work: str) -> dict:
     server = servers.start_server(f"ours {mode}", cmd, port, os.path.join(work, f"server_{mode}.log"))
     out = {"model": model, "dtype": dtype}
     try:
-        servers.wait_ready(server, servers.OURS_STARTUP_TIMEOUT_S)
+        servers.wait_ready_ours(server)
         for spec in MEASUREMENTS:
             path = os.path.join(work, f"{mode}_{spec[0].replace(' ', '_')}.jsonl")
             out[spec[0]] = measure(server.url, model, spec, args.repeats, path)

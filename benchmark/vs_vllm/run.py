@@ -230,8 +230,7 @@ def run_ours(args: argparse.Namespace, work: str, prompts: str) -> dict:
             "ours", cmd, port, os.path.join(work, f"ours_server_{workloads[-1]}.log")
         )
         try:
-            servers.wait_ready(server, servers.OURS_STARTUP_TIMEOUT_S)
-            servers.require_fresh_kernels(server.log_path)
+            servers.wait_ready_ours(server)
             for w in workloads:
                 out[w] = bench_serving(args, server.url, w, os.path.join(work, f"ours_{w}.jsonl"))
         finally:

@@ -155,6 +155,12 @@ def require_fresh_kernels(log_path: str) -> None:
         )
 
 
+def wait_ready_ours(server: Server) -> None:
+    """wait_ready for our server, which must run its CPU kernels (require_fresh_kernels)."""
+    wait_ready(server, OURS_STARTUP_TIMEOUT_S)
+    require_fresh_kernels(server.log_path)
+
+
 def stop_server(server: Server, grace_s: float = 30.0) -> None:
     """SIGTERM the server's process group, SIGKILL it after `grace_s`."""
     if server.proc.poll() is None:

@@ -167,7 +167,7 @@ def run_passes(args, info: dict, out_dir: str) -> dict:
     cmd = servers.ours_server_cmd(args.hf_dir, port, extra, dtype=args.dtype)
     server = servers.start_server("ours", cmd, port, os.path.join(out_dir, "server.log"))
     try:
-        servers.wait_ready(server, servers.OURS_STARTUP_TIMEOUT_S)
+        servers.wait_ready_ours(server)
         url, vocab, pid = server.url, info["shape"]["vocab"], server.proc.pid
         trace_dir = os.path.join(out_dir, "traces")
         print("warm-up", flush=True)
