@@ -8,14 +8,14 @@ from typing import Any, Optional
 import torch
 
 # AMX: bf16 linears over at most this many rows run the kernels' bf16_linear (weights read once at
-# the read bandwidth: 0.61-0.65x oneDNN's packed linear at 1-32 rows, 0.77x at 64, 0.99x at 256),
-# larger ones plain F.linear (1.08x oneDNN at 384 rows where bf16_linear is 1.19x; 0.94-1.05x from
-# 512 on). benchmark/vs_vllm/bf16_linear_ab.py, docs/benchmarks.md ("Fused CPU kernels").
-BF16_LINEAR_MAX_ROWS = 320
+# the read bandwidth: 0.61-0.65x oneDNN's packed linear at 1-32 rows on SmolLM2's shapes), larger
+# ones plain F.linear. A ~1B Llama's K = 2048 / 8192: 0.72-0.89x oneDNN at 32-128 rows, 1.24-1.50x
+# from 192 on, where plain F.linear is 1.16-1.23x and from 320 on 0.96x.
+BF16_LINEAR_MAX_ROWS = 128
 # ... and up to this many rows for weights of at most BF16_LINEAR_NARROW_K inputs (SmolLM2's 576 /
 # 1536: 0.68-0.87x oneDNN's packed linear and 0.72-0.79x plain F.linear at 384-1024 rows, where
-# oneDNN splits some of these shapes over one thread only; 1.02-1.15x plain from 1536 rows on; a
-# ~1B Llama's K = 2048 / 8192: 1.17-1.38x oneDNN from 320 rows on). bf16_linear_ab.py, 2026-11-29.
+# oneDNN splits some of these shapes over one thread only; 1.02-1.15x plain from 1536 rows on).
+# benchmark/vs_vllm/bf16_linear_ab.py, docs/benchmarks.md ("Fused CPU kernels"), 2026-11-29.
 BF16_LINEAR_NARROW_K = 1536
 BF16_LINEAR_NARROW_MAX_ROWS = 1024
 
