@@ -1151,45 +1151,50 @@ at::Tensor bf16_linear_f32out(const at::Tensor& x, const at::Tensor& packed, int
 at::Tensor int8_linear_vnni(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& comp,
                             const at::Tensor& ws, int64_t N, const std::optional<at::Tensor>& bias);
 
+// The compute kernels run without the GIL (tensors are converted before, results after): another
+// Python thread of the process (HiCache's storage prefetch, the KV warmer) runs while a kernel does.
+// Holding it, a prefetch thread's page (60 torch calls) waited on the forward's kernels: 27.7 ms a
+// page in the server against 0.81 ms alone (docs/notes/2026-11-hicache.md).
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  const auto kNoGil = py::call_guard<py::gil_scoped_release>();
   m.def("isa", []() { return std::string(SGL_ISA_NAME); }, "the build (ISA name, kernels/cpu/isa.py) this module is");
   m.def("source_tag", []() { return std::string(SGL_CSRC_TAG); }, "hash of the csrc files it was built from");
   m.def("decode_attention", &decode_attention,
         "decode attention over a head-major KV pool, in place; an FP8 pool (float8_e4m3fn / float8_e5m2) is "
         "widened as read, times k_scale / v_scale",
         py::arg("q"), py::arg("k_buf"), py::arg("v_buf"), py::arg("slots"), py::arg("lens"), py::arg("scale"),
-        py::arg("k_scale") = 1.0, py::arg("v_scale") = 1.0);
-  m.def("rms_norm", &rms_norm, "RMSNorm");
-  m.def("add_rms_norm", &add_rms_norm, "residual add + RMSNorm -> (normed, new residual)");
-  m.def("silu_and_mul", &silu_and_mul, "SwiGLU gate");
-  m.def("rope", &rope, "neox rotary embedding");
+        py::arg("k_scale") = 1.0, py::arg("v_scale") = 1.0, kNoGil);
+  m.def("rms_norm", &rms_norm, "RMSNorm", kNoGil);
+  m.def("add_rms_norm", &add_rms_norm, "residual add + RMSNorm -> (normed, new residual)", kNoGil);
+  m.def("silu_and_mul", &silu_and_mul, "SwiGLU gate", kNoGil);
+  m.def("rope", &rope, "neox rotary embedding", kNoGil);
   m.def("prefill_attention_supported", &prefill_attention_supported, "whether prefill_attention runs here (AMX)");
   m.def("prefill_attention", &prefill_attention,
         "causal attention of one sequence's new tokens on AMX (bf16, head dim 64), over an optional cached prefix",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scale"), py::arg("k_cache") = py::none(),
-        py::arg("v_cache") = py::none(), py::arg("prefix_slots") = py::none(), py::arg("out") = py::none());
+        py::arg("v_cache") = py::none(), py::arg("prefix_slots") = py::none(), py::arg("out") = py::none(), kNoGil);
   m.def("linear_f32out_packed", &linear_f32out_packed,
         "float32 x [n, K] . W [N, K]^T (+ bias) in float32, W bf16 packed by pack_bf16_pairs (int32 [ceil(N/32), K, 16])",
-        py::arg("x"), py::arg("packed"), py::arg("N"), py::arg("bias") = py::none());
+        py::arg("x"), py::arg("packed"), py::arg("N"), py::arg("bias") = py::none(), kNoGil);
   m.def("bf16_linear_impl", &bf16_linear_impl, "the path bf16_linear runs here: amx, avx512-bf16, or '' (none)");
   m.def("bf16_linear", &bf16_linear,
         "bf16 x [M, K] . W [N, K]^T (+ bias) in bf16 for few rows, W packed by pack_bf16_kpairs (int32 "
-        "[ceil(N/16), ceil(K/32)*16, 16]); use_amx=False: the vdpbf16ps path on AMX CPUs too",
+        "[ceil(N/16), ceil(K/32)*16, 16], kNoGil); use_amx=False: the vdpbf16ps path on AMX CPUs too",
         py::arg("x"), py::arg("packed"), py::arg("N"), py::arg("bias") = py::none(), py::arg("use_amx") = true);
   m.def("bf16_linear_f32out", &bf16_linear_f32out,
         "float32 x [M, K] . W [N, K]^T (+ float32 bias) in float32 on AMX, W bf16 packed by pack_bf16_kpairs (x split "
-        "exactly into three bf16 planes: exact products, float32 sums); refused without AMX",
+        "exactly into three bf16 planes: exact products, float32 sums, kNoGil); refused without AMX",
         py::arg("x"), py::arg("packed"), py::arg("N"), py::arg("bias") = py::none());
   m.def("int8_linear_impl", &int8_linear_impl, "the product path int8_linear runs in this build");
   m.def("int8_linear", &int8_linear,
         "W8A8-INT8 linear: x [M, K] (float32 / bf16) quantized per row, times the int8 weight packed by "
         "pack_int8_vnni, scaled by the row and weight scales (+ bias of x's dtype), in x's dtype",
         py::arg("x"), py::arg("packed"), py::arg("comp"), py::arg("weight_scale"), py::arg("N"),
-        py::arg("bias") = py::none());
+        py::arg("bias") = py::none(), kNoGil);
   if (!int8_linear_vnni_impl().empty()) {  // the avx512 / avx2 builds' VNNI copy
     m.def("int8_linear_vnni_impl", &int8_linear_vnni_impl, "the product path int8_linear_vnni runs");
     m.def("int8_linear_vnni", &int8_linear_vnni,
-          "int8_linear compiled for AVX512-VNNI / AVX-VNNI (the avx512vnni / avx2vnni ISAs); refused on CPUs "
+          "int8_linear compiled for AVX512-VNNI / AVX-VNNI (the avx512vnni / avx2vnni ISAs, kNoGil); refused on CPUs "
           "without them",
           py::arg("x"), py::arg("packed"), py::arg("comp"), py::arg("weight_scale"), py::arg("N"),
           py::arg("bias") = py::none());
@@ -1198,7 +1203,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "whether prefill_attention_vec runs in this build (AVX2 / AVX-512)");
   m.def("prefill_attention_vec", &prefill_attention_vec,
         "causal attention of one sequence's new tokens in float32 on AVX2 / AVX-512 (float32 or bf16, head dim 64 "
-        "or 128), over an optional cached prefix (of q's dtype, or FP8 widened times k_scale / v_scale); bf16_dot: "
+        "or 128), over an optional cached prefix (of q's dtype, or FP8 widened times k_scale / v_scale, kNoGil); bf16_dot: "
         "bf16 q / k / cache scores by vdpbf16ps where the build has AVX512-BF16 (ignored elsewhere)",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scale"), py::arg("k_cache") = py::none(),
         py::arg("v_cache") = py::none(), py::arg("prefix_slots") = py::none(), py::arg("out") = py::none(),
