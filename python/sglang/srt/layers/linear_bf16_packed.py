@@ -50,15 +50,17 @@ class Bf16PackedLinear:
         self.narrow_k = narrow_k
         self.narrow_max_rows = max(narrow_max_rows, max_rows)
 
-    def pack(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # the plain weight travels with its packed copy: larger calls run F.linear on it
-        return pack_bf16_kpairs(weight), weight
+    def pack(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+        # the plain weight travels with its packed copy (larger calls run F.linear on it), and so
+        # does the weight's row limit, decided once here rather than on every call
+        limit = self.narrow_max_rows if weight.shape[1] <= self.narrow_k else self.max_rows
+        return pack_bf16_kpairs(weight), weight, limit
 
     def kernel(
-        self, x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor], bias: Optional[torch.Tensor]
+        self, x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor, int], bias: Optional[torch.Tensor]
     ) -> torch.Tensor:
-        kpairs, weight = packed
-        if x.shape[0] > (self.narrow_max_rows if weight.shape[1] <= self.narrow_k else self.max_rows):
+        kpairs, weight, max_rows = packed
+        if x.shape[0] > max_rows:
             return F.linear(x, weight, bias)
         return self.entry(x, kpairs, weight.shape[0], bias)
 
