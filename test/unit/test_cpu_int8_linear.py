@@ -6,8 +6,6 @@ and biases; pack_int8_vnni's layout; the layer's dispatch (packed at prepack tim
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
@@ -30,29 +28,12 @@ from sglang.srt.platforms.kernel_dispatch import int8_linear_op
 # or two blocks)
 SHAPES = [(1, 37, 53), (3, 129, 70), (17, 1031, 131), (130, 61, 1537), (1, 16, 4), (5, 33, 1)]
 SHAPES += [(16, 16, 64), (17, 47, 128), (130, 61, 576), (64, 1030, 192)]
-IMPLS = {  # the product path of each ISA (+amx: AMX-INT8 tiles for 16+ rows where the CPU has them)
-    "avx512bf16": ("avx512-vnni", "avx512-vnni+amx"),
-    "avx512vnni": ("avx512-vnni",),  # the avx512 build's VNNI copy (int8_linear_vnni)
-    "avx512": ("avx512-maddubs",),
-    "avx2vnni": ("avx2-vnni",),  # the avx2 build's AVX-VNNI copy
-    "avx2": ("avx2-maddubs",),
-    "portable": ("portable",),
-}
 
 
-@pytest.fixture(scope="module", params=isa.runnable_isas())
-def ops(request):
-    """Every ISA this CPU runs: its build's int8_linear, or the build's VNNI copy for the VNNI ISAs
-    (what `CpuPlatform.int8_linear_entry` picks under SGLANG_CPU_ISA=<isa>)."""
-    build = isa.build_for(request.param).name
-    result = loader.load_variant(build)
-    if result.module is None:
-        pytest.skip(f"CPU kernels: {result.reason} (test_cpu_kernels.py fails for a missing build)")
-    module = result.module
-    vnni_copy = isa.has_vnni(request.param) and hasattr(module, "int8_linear_vnni")
-    impl = module.int8_linear_vnni_impl() if vnni_copy else module.int8_linear_impl()
-    assert impl in IMPLS[request.param]
-    return SimpleNamespace(int8_linear=module.int8_linear_vnni if vnni_copy else module.int8_linear)
+@pytest.fixture(scope="module")
+def ops(int8_ops):
+    """Every ISA this CPU runs (conftest.py's int8_ops)."""
+    return int8_ops
 
 
 def test_isa_request_picks_the_vnni_copy(monkeypatch):

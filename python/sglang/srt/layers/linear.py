@@ -172,6 +172,17 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         self.local_sizes = [_divide(s, tp_size, f"output size {i}") for i, s in enumerate(self.output_sizes)]
         super().__init__(input_size, sum(self.output_sizes), bias, tp, params_dtype)
 
+    def fused_swiglu(self, x: torch.Tensor) -> Optional[torch.Tensor]:
+        """silu(gate) * up of a [gate; up] projection in one call, where the quant method fuses the
+        gate into its GEMM (`apply_swiglu`: W8A8-INT8's kernel); None where it does not (the caller
+        then runs the layer and its SiluAndMul)."""
+        fused = getattr(self.quant_method, "apply_swiglu", None)
+        if fused is None or len(self.local_sizes) != 2 or self.local_sizes[0] != self.local_sizes[1]:
+            return None
+        if self.gather_output and self.tp_size > 1:
+            return None
+        return fused(self, x, self.bias)
+
     def checkpoint_shape(self, shard_id: ShardId, param: nn.Parameter) -> tuple[int, ...]:
         """FULL shape of the checkpoint tensor that `weight_loader(param, tensor, shard_id)` takes."""
         if not isinstance(shard_id, int) or not 0 <= shard_id < len(self.output_sizes):

@@ -37,7 +37,10 @@ class SharedExpertMLP(nn.Module):
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+        gated = self.gate_up_proj.fused_swiglu(x)
+        if gated is None:
+            gated = self.act_fn(self.gate_up_proj(x))
+        return self.down_proj(gated)
 
 
 class SparseMoeBlock(nn.Module):

@@ -149,6 +149,21 @@ class W8A8Int8LinearMethod:
             return w8a8_int8_linear(x, int8_weight(layer), layer.weight_scale, bias)
         return fused_int8_linear(x, packed, layer.weight.shape[0], bias)
 
+    def apply_swiglu(
+        self, layer: LinearBase, x: torch.Tensor, bias: Optional[torch.Tensor]
+    ) -> Optional[torch.Tensor]:
+        """silu(gate) * up of a [gate; up] layer in one kernel call (the gate in the GEMM's epilogue:
+        the [T, 2d] activation is never written), where the packed kernel takes it: a bf16 x, both
+        halves whole 16-column blocks, a bias of x's dtype; else None (the caller runs the layer and
+        the gate apart). Same bits as `apply` then the kernels' silu_and_mul."""
+        packed = getattr(layer, "int8_packed", None)
+        n = layer.weight.shape[0]
+        if packed is None or x.dtype != torch.bfloat16 or x.numel() == 0 or n % (2 * PACK_LANES):
+            return None
+        if bias is not None and bias.dtype != x.dtype:
+            return None
+        return fused_int8_linear(x, packed, n, bias, swiglu=True)
+
 
 def int8_weight(layer: LinearBase) -> torch.Tensor:
     """The layer's int8 weight [N, K]: the plain one, or unpacked from `pack_weights`' copy."""
@@ -161,15 +176,18 @@ def int8_weight(layer: LinearBase) -> torch.Tensor:
 
 
 def fused_int8_linear(
-    x: torch.Tensor, packed: tuple, n: int, bias: Optional[torch.Tensor] = None
+    x: torch.Tensor, packed: tuple, n: int, bias: Optional[torch.Tensor] = None, swiglu: bool = False
 ) -> torch.Tensor:
     """`w8a8_int8_linear` in one kernel call on `pack_weights`' (packed, comp, scale, kernel): the
-    same int32 sums and float rounding (a bias of another dtype is added after, as torch would)."""
+    same int32 sums and float rounding (a bias of another dtype is added after, as torch would).
+    swiglu: the [gate; up] layer's silu(gate) * up, n / 2 columns (`apply_swiglu`'s conditions)."""
     w, comp, scale, kernel = packed
     x2 = x.reshape(-1, x.shape[-1])
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     fused_bias = bias if bias is None or bias.dtype == x.dtype else None
+    if swiglu:
+        return kernel(x2, w, comp, scale, n, fused_bias, swiglu=True).view(*x.shape[:-1], n // 2)
     out = kernel(x2, w, comp, scale, n, fused_bias)
     if bias is not None and fused_bias is None:
         out = out + bias

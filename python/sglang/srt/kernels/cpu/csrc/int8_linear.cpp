@@ -34,6 +34,9 @@
 #include <vector>
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
+
+#include "vec_exp2.h"
+#include "silu_vec.h"
 #endif
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512VNNI__)
 #define SGL_INT8_AMX 1
@@ -99,14 +102,20 @@ int64_t check_args(const at::Tensor& x, const at::Tensor& packed, const at::Tens
 }
 
 using RunF = void (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                      const std::optional<at::Tensor>&, at::Tensor&, int64_t, int64_t);
+                      const std::optional<at::Tensor>&, at::Tensor&, int64_t, int64_t, bool);
 
+// swiglu: the weight is a gate_up projection ([gate; up], N / 2 columns each): out [M, N / 2] =
+// silu(gate) * up of the values the plain call would return
 at::Tensor linear_with(RunF run_float, RunF run_bf16, const at::Tensor& x, const at::Tensor& packed,
-                       const at::Tensor& comp, const at::Tensor& ws, int64_t N, const std::optional<at::Tensor>& bias) {
+                       const at::Tensor& comp, const at::Tensor& ws, int64_t N, const std::optional<at::Tensor>& bias,
+                       bool swiglu) {
   const int64_t Kp = check_args(x, packed, comp, ws, N, bias);
-  auto out = at::empty({x.size(0), N}, x.options());
+  TORCH_CHECK(!swiglu || (x.scalar_type() == at::kBFloat16 && N % (2 * base::kLanes) == 0),
+              "int8_linear: swiglu needs a bfloat16 x and N a multiple of 32 (each half whole 16-column blocks), got N = ",
+              N, " and x ", x.scalar_type());
+  auto out = at::empty({x.size(0), swiglu ? N / 2 : N}, x.options());
   if (x.size(0) == 0 || N == 0) return out;
-  (x.scalar_type() == at::kFloat ? run_float : run_bf16)(x, packed, comp, ws, bias, out, N, Kp);
+  (x.scalar_type() == at::kFloat ? run_float : run_bf16)(x, packed, comp, ws, bias, out, N, Kp, swiglu);
   return out;
 }
 }  // namespace
@@ -119,8 +128,8 @@ std::string int8_linear_impl() {
 }
 
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& comp, const at::Tensor& ws,
-                       int64_t N, const std::optional<at::Tensor>& bias) {
-  return linear_with(&base::run<float>, &base::run<uint16_t>, x, packed, comp, ws, N, bias);
+                       int64_t N, const std::optional<at::Tensor>& bias, bool swiglu) {
+  return linear_with(&base::run<float>, &base::run<uint16_t>, x, packed, comp, ws, N, bias, swiglu);
 }
 
 // "" where this build has no VNNI copy
@@ -133,7 +142,7 @@ std::string int8_linear_vnni_impl() {
 }
 
 at::Tensor int8_linear_vnni(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& comp,
-                            const at::Tensor& ws, int64_t N, const std::optional<at::Tensor>& bias) {
+                            const at::Tensor& ws, int64_t N, const std::optional<at::Tensor>& bias, bool swiglu) {
 #if defined(SGL_INT8_VNNI_TARGET)
   // CPUID (not __builtin_cpu_supports: GCC 11 does not know "avxvnni"): AVX512-VNNI is leaf 7.0
   // ECX bit 11, AVX-VNNI leaf 7.1 EAX bit 4; the OS saves the vector state the build needs already.
@@ -147,7 +156,7 @@ at::Tensor int8_linear_vnni(const at::Tensor& x, const at::Tensor& packed, const
 #endif
   }();
   TORCH_CHECK(has, "int8_linear_vnni: this CPU lacks " SGL_INT8_VNNI_TARGET " (use int8_linear)");
-  return linear_with(&vnni::run<float>, &vnni::run<uint16_t>, x, packed, comp, ws, N, bias);
+  return linear_with(&vnni::run<float>, &vnni::run<uint16_t>, x, packed, comp, ws, N, bias, swiglu);
 #else
   TORCH_CHECK(false, "int8_linear_vnni: this build has no VNNI copy (use int8_linear)");
 #endif

@@ -258,6 +258,8 @@ struct Args {
   const int32_t* comp;
   const float* ws;
   int64_t M, N, Kp;
+  int64_t ldo = 0;  // the output's row stride: N, or N / 2 under the SwiGLU epilogue
+  int64_t half = 0;  // the SwiGLU epilogue (gate_up: columns [0, N/2) gate, [N/2, N) up): N / 32 blocks; else 0
 };
 
 #if defined(__AVX512F__)
@@ -298,6 +300,26 @@ inline void epilogue(const int32_t* acc, const int32_t* comp, float s, const flo
   if (bias != nullptr) v = _mm512_add_ps(round16(v, out), load16(bias, m));
   store16(out, v, m);
 }
+
+// 16 whole columns' values as the plain epilogue stores them (rounded to T), kept in float32
+template <typename T>
+inline __m512 scaled16(const int32_t* acc, const int32_t* comp, float s, const float* ws, const T* bias, T* tag) {
+  __m512i a = _mm512_loadu_si512(acc);
+  if (kUnsignedX) a = _mm512_sub_epi32(a, _mm512_loadu_si512(comp));
+  __m512 v = round16(_mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(a), _mm512_set1_ps(s)), _mm512_loadu_ps(ws)), tag);
+  if (bias != nullptr) v = round16(_mm512_add_ps(v, load16(bias, static_cast<__mmask16>(0xFFFF))), tag);
+  return v;
+}
+
+// the SwiGLU epilogue of 16 columns: silu(gate) * up on the values the plain epilogue would have
+// stored (so the same bits as the gate_up linear followed by silu_and_mul, bf16 output only)
+inline void epilogue_swiglu(const int32_t* acc_g, const int32_t* acc_u, const Args& g, int64_t cg, float s,
+                            const uint16_t* bias, uint16_t* out) {
+  const int64_t cu = cg + g.half * kLanes;
+  const __m512 gv = scaled16(acc_g, g.comp + cg, s, g.ws + cg, bias ? bias + cg : nullptr, out);
+  const __m512 uv = scaled16(acc_u, g.comp + cu, s, g.ws + cu, bias ? bias + cu : nullptr, out);
+  store16(out, sgl_vec::silu_mul16(gv, uv), static_cast<__mmask16>(0xFFFF));
+}
 #else
 template <typename T>
 inline void epilogue(const int32_t* acc, const int32_t* comp, float s, const float* ws, const T* bias, T* out,
@@ -309,18 +331,58 @@ inline void epilogue(const int32_t* acc, const int32_t* comp, float s, const flo
     put(out + l, v);
   }
 }
+
+inline void epilogue_swiglu(const int32_t* acc_g, const int32_t* acc_u, const Args& g, int64_t cg, float s,
+                            const uint16_t* bias, uint16_t* out) {
+  const int64_t cu = cg + g.half * kLanes;
+  uint16_t* tag = nullptr;
+  alignas(32) float gv[kLanes], uv[kLanes];
+  for (int64_t l = 0; l < kLanes; ++l) {
+    float a = round_to(static_cast<float>(acc_g[l] - (kUnsignedX ? g.comp[cg + l] : 0)) * s * g.ws[cg + l], tag);
+    float b = round_to(static_cast<float>(acc_u[l] - (kUnsignedX ? g.comp[cu + l] : 0)) * s * g.ws[cu + l], tag);
+    if (bias != nullptr) {
+      a = round_to(a + to_f(bias[cg + l]), tag);
+      b = round_to(b + to_f(bias[cu + l]), tag);
+    }
+    gv[l] = a;
+    uv[l] = b;
+  }
+#if defined(__AVX2__) && defined(__FMA__)
+  for (int64_t l = 0; l < kLanes; l += 8) {
+    alignas(32) float y[8];
+    _mm256_store_ps(y, sgl_vec::silu_mul8_bf16(_mm256_load_ps(gv + l), _mm256_load_ps(uv + l)));
+    for (int j = 0; j < 8; ++j) out[l + j] = bf16_round(y[j]);
+  }
+#else
+  // silu_and_mul's scalar form: e^-g overflows to inf below g = -88, and g / inf is -0
+  for (int64_t l = 0; l < kLanes; ++l) out[l] = bf16_round(gv[l] / (1.f + std::exp(-gv[l])) * uv[l]);
+#endif
+}
 #endif
 
 template <int RI, int NB, typename T>
 void run_tile(const Args& g, int64_t i0, int64_t b0, const T* bias, T* out) {
   alignas(64) int32_t acc[RI][NB * kLanes];
   tile<RI, NB>(g.xq + i0 * g.Kp, g.Kp, g.w, b0, acc);
+  if constexpr (sizeof(T) == 2) {
+    if (g.half > 0) {  // gate blocks b0.., then their up blocks b0 + half..
+      alignas(64) int32_t up[RI][NB * kLanes];
+      tile<RI, NB>(g.xq + i0 * g.Kp, g.Kp, g.w, b0 + g.half, up);
+      for (int i = 0; i < RI; ++i)
+        for (int b = 0; b < NB && b0 + b < g.half; ++b) {
+          const int64_t c0 = (b0 + b) * kLanes;
+          epilogue_swiglu(acc[i] + b * kLanes, up[i] + b * kLanes, g, c0, g.xs[i0 + i], bias,
+                          out + (i0 + i) * g.ldo + c0);
+        }
+      return;
+    }
+  }
   for (int i = 0; i < RI; ++i)
     for (int b = 0; b < NB; ++b) {
       const int64_t c0 = (b0 + b) * kLanes;
       if (c0 >= g.N) break;
       epilogue(acc[i] + b * kLanes, g.comp + c0, g.xs[i0 + i], g.ws + c0, bias ? bias + c0 : nullptr,
-               out + (i0 + i) * g.N + c0, std::min<int64_t>(kLanes, g.N - c0));
+               out + (i0 + i) * g.ldo + c0, std::min<int64_t>(kLanes, g.N - c0));
     }
 }
 
@@ -338,7 +400,8 @@ void rows(const Args& g, int64_t r0, int64_t r1, int64_t b0, const T* bias, T* o
 
 template <typename T>
 void gemm(const Args& g, const T* bias, T* out) {
-  const int64_t blocks = (g.N + kLanes - 1) / kLanes;
+  // the SwiGLU epilogue: tasks over the gate blocks, each tile computing its up blocks too
+  const int64_t blocks = g.half > 0 ? g.half : (g.N + kLanes - 1) / kLanes;
   const int64_t threads = at::get_num_threads();
   constexpr int64_t kChunk = 128;  // rows per task when M is large
   const int64_t chunks = (g.M + kChunk - 1) / kChunk;
@@ -385,13 +448,13 @@ bool amx_int8_ready() {
 
 void configure_int8_tiles() { sgl_amx::configure_full_tiles(); }
 
-// rows [r0, r0 + 32) (padded to 16s in xq; a second row tile past M is skipped) x blocks b0, b0 + 1
-// (b0 + 1 may be past the last: skipped)
+// rows [r0, r0 + 32) (padded to 16s in xq; a second row tile past M is skipped) x blocks b0, b1
+// (b1: b0 + 1, which may be past the last: skipped; under the SwiGLU epilogue b0's up block)
 template <typename T>
-void amx_tile(const Args& g, int64_t r0, int64_t b0, int64_t blocks, const T* bias, T* out) {
+void amx_tile(const Args& g, int64_t r0, int64_t b0, int64_t b1, int64_t blocks, const T* bias, T* out) {
   alignas(64) int32_t acc[4][16 * 16];
   const int64_t bstride = g.Kp * kLanes;
-  const bool two = b0 + 1 < blocks, low = r0 + 16 < g.M;  // a second block / row tile to compute
+  const bool two = b1 < blocks, low = r0 + 16 < g.M;  // a second block / row tile to compute
   _tile_zero(4);
   _tile_zero(5);
   _tile_zero(6);
@@ -406,7 +469,7 @@ void amx_tile(const Args& g, int64_t r0, int64_t b0, int64_t blocks, const T* bi
       _tile_dpbusd(5, 1, 2);
     }
     if (two) {
-      _tile_loadd(3, g.w + (b0 + 1) * bstride + k0 * 16, 64);
+      _tile_loadd(3, g.w + b1 * bstride + k0 * 16, 64);
       _tile_dpbusd(6, 0, 3);
       if (low) _tile_dpbusd(7, 1, 3);
     }
@@ -416,20 +479,46 @@ void amx_tile(const Args& g, int64_t r0, int64_t b0, int64_t blocks, const T* bi
   _tile_stored(6, acc[2], 64);
   _tile_stored(7, acc[3], 64);
   SGL_I8_FENCE();
+  const int64_t c0 = b0 * kLanes;
+  if constexpr (sizeof(T) == 2) {
+    if (g.half > 0) {
+      for (int h = 0; h < 2; ++h)
+        for (int64_t i = 0; i < 16 && r0 + h * 16 + i < g.M; ++i) {
+          const int64_t row = r0 + h * 16 + i;
+          epilogue_swiglu(acc[h] + i * 16, acc[2 + h] + i * 16, g, c0, g.xs[row], bias, out + row * g.ldo + c0);
+        }
+      return;
+    }
+    if (two && g.N - c0 >= 2 * kLanes) {  // both blocks whole: one 64-byte row store
+      const auto* bp = bias ? bias + c0 : nullptr;
+      for (int h = 0; h < 2; ++h)
+        for (int64_t i = 0; i < 16 && r0 + h * 16 + i < g.M; ++i) {
+          const int64_t row = r0 + h * 16 + i;
+          const float s = g.xs[row];
+          const __m512 lo = scaled16(acc[h] + i * 16, g.comp + c0, s, g.ws + c0, bp, out);
+          const __m512 hi = scaled16(acc[2 + h] + i * 16, g.comp + c0 + kLanes, s, g.ws + c0 + kLanes,
+                                     bp ? bp + kLanes : nullptr, out);
+          _mm512_storeu_si512(out + row * g.ldo + c0,
+                              _mm512_inserti64x4(_mm512_castsi256_si512(bf16_16(lo)), bf16_16(hi), 1));
+        }
+      return;
+    }
+  }
   for (int b = 0; b < (two ? 2 : 1); ++b) {
-    const int64_t c0 = (b0 + b) * kLanes, n = std::min<int64_t>(kLanes, g.N - c0);
+    const int64_t cb = (b0 + b) * kLanes, n = std::min<int64_t>(kLanes, g.N - cb);
     for (int h = 0; h < 2; ++h)
       for (int64_t i = 0; i < 16 && r0 + h * 16 + i < g.M; ++i) {
         const int64_t row = r0 + h * 16 + i;
-        epilogue(acc[2 * b + h] + i * 16, g.comp + c0, g.xs[row], g.ws + c0, bias ? bias + c0 : nullptr,
-                 out + row * g.N + c0, n);
+        epilogue(acc[2 * b + h] + i * 16, g.comp + cb, g.xs[row], g.ws + cb, bias ? bias + cb : nullptr,
+                 out + row * g.ldo + cb, n);
       }
   }
 }
 
 template <typename T>
 void gemm_amx(const Args& g, const T* bias, T* out) {
-  const int64_t blocks = (g.N + kLanes - 1) / kLanes, pairs = (blocks + 1) / 2;
+  // units: pairs of neighbouring blocks, or under the SwiGLU epilogue a gate block and its up block
+  const int64_t blocks = (g.N + kLanes - 1) / kLanes, pairs = g.half > 0 ? g.half : (blocks + 1) / 2;
   // tasks: 128 rows x 8 column pairs (256 columns); x's rows and the weights' columns a task reads
   // stay in L2 while its output streams past (row-major over the whole output, x would be evicted
   // by the output before its next pair and come from L3: half the speed)
@@ -441,7 +530,12 @@ void gemm_amx(const Args& g, const T* bias, T* out) {
       const int64_t r0 = (t / groups) * kRows, r1 = std::min(g.M, r0 + kRows);
       const int64_t p0 = (t % groups) * kPairs, p1 = std::min(pairs, p0 + kPairs);
       for (int64_t p = p0; p < p1; ++p)
-        for (int64_t r = r0; r < r1; r += 32) amx_tile(g, r, 2 * p, blocks, bias, out);
+        for (int64_t r = r0; r < r1; r += 32) {
+          if (g.half > 0)
+            amx_tile(g, r, p, p + g.half, blocks, bias, out);
+          else
+            amx_tile(g, r, 2 * p, 2 * p + 1, blocks, bias, out);
+        }
     }
     _tile_release();
   });
@@ -467,7 +561,7 @@ void quantize(const T* x, int64_t sx, int64_t M, int64_t K, int64_t Kp, uint8_t*
 
 template <typename T>
 void run(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& comp, const at::Tensor& ws,
-         const std::optional<at::Tensor>& bias, at::Tensor& out, int64_t N, int64_t Kp) {
+         const std::optional<at::Tensor>& bias, at::Tensor& out, int64_t N, int64_t Kp, bool swiglu) {
   const int64_t M = x.size(0), K = x.size(1);
 #if defined(SGL_INT8_AMX)
   const bool amx = M >= kAmxMinRows && Kp % 64 == 0 && amx_int8_ready();
@@ -487,8 +581,9 @@ void run(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& comp, 
   std::memset(q + M * Kp, kUnsignedX ? 128 : 0, static_cast<size_t>((rows - M) * Kp));
   const T* xp = reinterpret_cast<const T*>(x.data_ptr());
   quantize(xp, x.stride(0), M, K, Kp, q, xs);
-  const Args g{q, xs, packed.data_ptr<int8_t>(), comp.data_ptr<int32_t>(), ws.data_ptr<float>(),
-               M, N, Kp};
+  const Args g{q,  xs, packed.data_ptr<int8_t>(), comp.data_ptr<int32_t>(), ws.data_ptr<float>(),
+               M,  N,  Kp,
+               out.size(1), swiglu ? N / (2 * kLanes) : 0};
   const T* bp = bias.has_value() ? reinterpret_cast<const T*>(bias->data_ptr()) : nullptr;
 #if defined(SGL_INT8_AMX)
   if (amx) return gemm_amx(g, bp, reinterpret_cast<T*>(out.data_ptr()));

@@ -41,10 +41,12 @@
 #include <immintrin.h>
 
 #include "vec_exp2.h"
+#include "silu_vec.h"
 #elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 
 #include "vec_exp2.h"
+#include "silu_vec.h"
 // the 8-lane paths below; the avx512 builds keep their own (or the compiler's 16-lane loops)
 #define SGL_AVX2 1
 #endif
@@ -919,19 +921,11 @@ std::vector<at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& resi
 
 // ------------------------------------------------------------------------- silu_and_mul
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
-// silu(g) * u for 16 bfloat16 lanes, one pass: e^-g as 2^t (t = -g log2 e, vec_exp2.h);
-// 1 / (1 + e^-g) by rcp14 and one Newton step. Far below bf16's precision; t is clamped so 1 + e^-g stays finite.
-// Faster than the three-pass loop below (docs/benchmarks.md, fused CPU kernels).
+// silu(g) * u for 16 bfloat16 lanes, one pass (silu_vec.h's method, which the fused gate_up
+// linear of int8_linear_kernel.h shares). Faster than the three-pass loop below (docs/benchmarks.md,
+// fused CPU kernels).
 inline __m256i silu_mul16(const uint16_t* gate, const uint16_t* up) {
-  const __m512 g = load16(gate);
-  const __m512 t_raw = _mm512_mul_ps(g, _mm512_set1_ps(-1.44269504088896341f));
-  const __m512 t = _mm512_min_ps(t_raw, _mm512_set1_ps(126.f));
-  const __m512 den = _mm512_add_ps(sgl_vec::exp2_fast(t), _mm512_set1_ps(1.f));
-  __m512 r = _mm512_rcp14_ps(den);
-  r = _mm512_mul_ps(r, _mm512_fnmadd_ps(den, r, _mm512_set1_ps(2.f)));  // Newton: r (2 - den r)
-  // below g = -126 ln 2 the sigmoid underflows (0, as in torch; and -inf * 0 = NaN, as in torch)
-  r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(t_raw, _mm512_set1_ps(126.f), _CMP_GT_OQ), _mm512_setzero_ps());
-  const __m512 y = _mm512_mul_ps(_mm512_mul_ps(g, r), load16(up));
+  const __m512 y = sgl_vec::silu_mul16(load16(gate), load16(up));
 #if defined(__AVX512BF16__)
   return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(y));
 #else
@@ -944,26 +938,8 @@ inline __m256i silu_mul16(const uint16_t* gate, const uint16_t* up) {
 #endif
 }
 #elif defined(SGL_AVX2)
-// silu(g) * u for 8 lanes whose result is rounded to bfloat16: silu_mul16's method on 8 lanes
-// (e^-g as exp2_fast(-g log2 e), 1 / (1 + e^-g) by rcp and one Newton step; 0 below g = -126 ln 2)
-inline __m256 silu_mul8_bf16(__m256 g, __m256 u) {
-  const __m256 t_raw = _mm256_mul_ps(g, _mm256_set1_ps(-1.44269504088896341f));
-  const __m256 t = _mm256_min_ps(t_raw, _mm256_set1_ps(126.f));
-  const __m256 den = _mm256_add_ps(sgl_vec::exp2_fast_below(t), _mm256_set1_ps(1.f));
-  __m256 r = _mm256_rcp_ps(den);
-  r = _mm256_mul_ps(r, _mm256_fnmadd_ps(den, r, _mm256_set1_ps(2.f)));  // Newton: r (2 - den r)
-  r = _mm256_andnot_ps(_mm256_cmp_ps(t_raw, _mm256_set1_ps(126.f), _CMP_GT_OQ), r);
-  return _mm256_mul_ps(_mm256_mul_ps(g, r), u);
-}
-// the float32 form: the scalar loop's math on 8 lanes (exp_accurate, a true division; e^-g is inf
-// above -g = 88, so g / inf is -0 for finite g and NaN for g = -inf, as torch's g * sigmoid(g))
-inline __m256 silu_mul8_f32(__m256 g, __m256 u) {
-  const __m256 ng = _mm256_sub_ps(_mm256_setzero_ps(), g);
-  __m256 e = sgl_vec::exp_accurate(ng);
-  e = _mm256_blendv_ps(e, _mm256_set1_ps(std::numeric_limits<float>::infinity()),
-                       _mm256_cmp_ps(ng, _mm256_set1_ps(88.f), _CMP_GT_OQ));
-  return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(e, _mm256_set1_ps(1.f))), u);
-}
+using sgl_vec::silu_mul8_bf16;
+using sgl_vec::silu_mul8_f32;
 #endif
 
 template <typename T>
@@ -1140,7 +1116,7 @@ at::Tensor linear_f32out_packed(const at::Tensor& x, const at::Tensor& packed, i
 // int8_linear.cpp (every build): W8A8-INT8 linear on a weight packed by pack_int8_vnni
 std::string int8_linear_impl();
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& comp, const at::Tensor& ws,
-                       int64_t N, const std::optional<at::Tensor>& bias);
+                       int64_t N, const std::optional<at::Tensor>& bias, bool swiglu);
 std::string int8_linear_vnni_impl();
 // bf16_linear.cpp (every build; "" / refused without AVX512-BF16): bf16 linear at decode-sized M
 std::string bf16_linear_impl();
@@ -1149,7 +1125,7 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N,
 at::Tensor bf16_linear_f32out(const at::Tensor& x, const at::Tensor& packed, int64_t N,
                               const std::optional<at::Tensor>& bias);
 at::Tensor int8_linear_vnni(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& comp,
-                            const at::Tensor& ws, int64_t N, const std::optional<at::Tensor>& bias);
+                            const at::Tensor& ws, int64_t N, const std::optional<at::Tensor>& bias, bool swiglu);
 
 // The compute kernels run without the GIL (tensors are converted before, results after): another
 // Python thread of the process (HiCache's storage prefetch, the KV warmer) runs while a kernel does.
@@ -1188,16 +1164,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int8_linear_impl", &int8_linear_impl, "the product path int8_linear runs in this build");
   m.def("int8_linear", &int8_linear,
         "W8A8-INT8 linear: x [M, K] (float32 / bf16) quantized per row, times the int8 weight packed by "
-        "pack_int8_vnni, scaled by the row and weight scales (+ bias of x's dtype), in x's dtype",
+        "pack_int8_vnni, scaled by the row and weight scales (+ bias of x's dtype), in x's dtype; swiglu: a "
+        "[gate; up] weight, out [M, N / 2] = silu(gate) * up (bf16 x)",
         py::arg("x"), py::arg("packed"), py::arg("comp"), py::arg("weight_scale"), py::arg("N"),
-        py::arg("bias") = py::none(), kNoGil);
+        py::arg("bias") = py::none(), py::arg("swiglu") = false, kNoGil);
   if (!int8_linear_vnni_impl().empty()) {  // the avx512 / avx2 builds' VNNI copy
     m.def("int8_linear_vnni_impl", &int8_linear_vnni_impl, "the product path int8_linear_vnni runs");
     m.def("int8_linear_vnni", &int8_linear_vnni,
           "int8_linear compiled for AVX512-VNNI / AVX-VNNI (the avx512vnni / avx2vnni ISAs, kNoGil); refused on CPUs "
           "without them",
           py::arg("x"), py::arg("packed"), py::arg("comp"), py::arg("weight_scale"), py::arg("N"),
-          py::arg("bias") = py::none());
+          py::arg("bias") = py::none(), py::arg("swiglu") = false, kNoGil);
   }
   m.def("prefill_attention_vec_supported", &prefill_attention_vec_supported,
         "whether prefill_attention_vec runs in this build (AVX2 / AVX-512)");
