@@ -216,8 +216,9 @@ void amx_tile(const Args& g, int64_t r0, int64_t b0) {
 
 // The tasks of an AMX GEMM: blocks of `rows_per_task` rows x groups of `per_group` column units
 // (one unit per group at decode sizes, one row block then); a thread's tasks are consecutive, so its
-// rows of x stay in L2 while the weights stream past (int8_linear's layout). tile(r, u): rows
-// [r, r + row_step) of column unit u.
+// rows of x stay in L2 while the weights stream past (int8_linear's layout). Within a task, each
+// row tile meets the group's units in turn (its A tiles stay in L1: a 2048-row, 3072-column call
+// 5.2 -> 3.5 ms on [amx] against units outer). tile(r, u): rows [r, r + row_step) of column unit u.
 template <typename Tile>
 void amx_tasks(int64_t M, int64_t units, int64_t rows_per_task, int64_t per_group, int64_t row_step,
                const Tile& tile) {
@@ -228,8 +229,8 @@ void amx_tasks(int64_t M, int64_t units, int64_t rows_per_task, int64_t per_grou
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t r0 = (t / groups) * rows_per_task, r1 = std::min(M, r0 + rows_per_task);
       const int64_t u0 = (t % groups) * per, u1 = std::min(units, u0 + per);
-      for (int64_t u = u0; u < u1; ++u)
-        for (int64_t r = r0; r < r1; r += row_step) tile(r, u);
+      for (int64_t r = r0; r < r1; r += row_step)
+        for (int64_t u = u0; u < u1; ++u) tile(r, u);
     }
     _tile_release();
   });

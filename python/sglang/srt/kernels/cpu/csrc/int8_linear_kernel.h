@@ -529,8 +529,8 @@ void gemm_amx(const Args& g, const T* bias, T* out) {
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t r0 = (t / groups) * kRows, r1 = std::min(g.M, r0 + kRows);
       const int64_t p0 = (t % groups) * kPairs, p1 = std::min(pairs, p0 + kPairs);
-      for (int64_t p = p0; p < p1; ++p)
-        for (int64_t r = r0; r < r1; r += 32) {
+      for (int64_t r = r0; r < r1; r += 32)  // a row tile meets the task's pairs in turn (bf16_linear's order)
+        for (int64_t p = p0; p < p1; ++p) {
           if (g.half > 0)
             amx_tile(g, r, p, p + g.half, blocks, bias, out);
           else
