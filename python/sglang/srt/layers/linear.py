@@ -173,15 +173,23 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         super().__init__(input_size, sum(self.output_sizes), bias, tp, params_dtype)
 
     def fused_swiglu(self, x: torch.Tensor) -> Optional[torch.Tensor]:
-        """silu(gate) * up of a [gate; up] projection in one call, where the quant method fuses the
-        gate into its GEMM (`apply_swiglu`: W8A8-INT8's kernel); None where it does not (the caller
-        then runs the layer and its SiluAndMul)."""
-        fused = getattr(self.quant_method, "apply_swiglu", None)
-        if fused is None or len(self.local_sizes) != 2 or self.local_sizes[0] != self.local_sizes[1]:
+        """silu(gate) * up of a [gate; up] projection in one call, where the layer's kernel fuses the
+        gate into its GEMM (the quant method's `apply_swiglu`: W8A8-INT8; the packed kernel's
+        `swiglu`: bf16_linear on AMX); None where it does not (the caller then runs the layer and its
+        SiluAndMul)."""
+        if len(self.local_sizes) != 2 or self.local_sizes[0] != self.local_sizes[1]:
             return None
         if self.gather_output and self.tp_size > 1:
             return None
-        return fused(self, x, self.bias)
+        if self.quant_method is not None:
+            fused = getattr(self.quant_method, "apply_swiglu", None)
+            return fused(self, x, self.bias) if fused is not None else None
+        if self.packed_weight is None or x.dtype != self.weight.dtype:
+            return None
+        packed, kernel = self.packed_weight
+        fused = getattr(kernel, "swiglu", None)
+        out = fused(x.reshape(-1, x.shape[-1]), packed, self.bias) if fused is not None else None
+        return out.view(*x.shape[:-1], out.shape[-1]) if out is not None else None
 
     def checkpoint_shape(self, shard_id: ShardId, param: nn.Parameter) -> tuple[int, ...]:
         """FULL shape of the checkpoint tensor that `weight_loader(param, tensor, shard_id)` takes."""

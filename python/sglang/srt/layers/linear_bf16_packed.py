@@ -39,7 +39,8 @@ def pack_bf16_kpairs(weight: torch.Tensor) -> torch.Tensor:
 
 class Bf16PackedLinear:
     """The (pack, kernel) pair of layers/linear_prepack.py for `bf16_linear` (the kernel module's
-    entry: x [M, K], packed, N, bias -> [M, N])."""
+    entry: x [M, K], packed, N, bias -> [M, N]); the kernel is this object (a call runs the linear,
+    `swiglu` a [gate; up] layer with its gate)."""
 
     def __init__(
         self, entry: Callable[..., torch.Tensor], max_rows: int, narrow_k: int = 0, narrow_max_rows: int = 0
@@ -56,7 +57,7 @@ class Bf16PackedLinear:
         limit = self.narrow_max_rows if weight.shape[1] <= self.narrow_k else self.max_rows
         return pack_bf16_kpairs(weight), weight, limit
 
-    def kernel(
+    def __call__(
         self, x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor, int], bias: Optional[torch.Tensor]
     ) -> torch.Tensor:
         kpairs, weight, max_rows = packed
@@ -64,5 +65,21 @@ class Bf16PackedLinear:
             return F.linear(x, weight, bias)
         return self.entry(x, kpairs, weight.shape[0], bias)
 
+    def swiglu(
+        self, x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor, int], bias: Optional[torch.Tensor]
+    ) -> Optional[torch.Tensor]:
+        """silu(gate) * up of a [gate; up] layer in one call (the gate in the GEMM's epilogue: the
+        [T, 2d] activation is never written; same bits as the call then the kernels' silu_and_mul),
+        for a bf16 x of rows the plain call gives the kernel and halves of whole 16-column blocks;
+        else None (the caller runs the layer and the gate apart). Beyond the kernel's rows plain
+        F.linear then the gate is as fast (SmolLM2's gate_up at 2048 rows on [amx]: docs/benchmarks.md)."""
+        kpairs, weight, max_rows = packed
+        n, rows = weight.shape[0], x.shape[0] if x.dim() == 2 else -1
+        if not 0 < rows <= max_rows or n % (2 * LANES) or x.dtype != torch.bfloat16:
+            return None
+        if bias is not None and bias.dtype != torch.bfloat16:
+            return None
+        return self.entry(x if x.is_contiguous() else x.contiguous(), kpairs, n, bias, True, True)
+
     def pair(self) -> tuple[Any, Any]:
-        return self.pack, self.kernel
+        return self.pack, self

@@ -38,6 +38,8 @@
 #include <unistd.h>
 
 #include "amx_tiles.h"
+#include "vec_exp2.h"  // before silu_vec.h, which uses it
+#include "silu_vec.h"
 #define SGL_BF16_LINEAR_AMX 1
 #endif
 
@@ -54,6 +56,8 @@ struct Args {
   int64_t M, N, Kp, blocks;
   int64_t ldx = 0, full = 0;  // AMX: x's row stride (elements) and its rows read in place
   const uint16_t* tail = nullptr;  // AMX: rows [full, M) zero-padded to whole 16-row tiles, stride Kp
+  int64_t ldo = 0;  // the output's row stride: N, or N / 2 under the SwiGLU epilogue
+  int64_t half = 0;  // AMX, the SwiGLU epilogue ([gate; up] weight): N / 32 blocks a half; else 0
 };
 
 // the 16 rows of x from row r (a multiple of 16) as an A tile source, and its stride in bytes
@@ -99,7 +103,7 @@ void vec_tile(const Args& g, int64_t i0, int64_t b0) {
     const int64_t c0 = (b0 + b) * kLanes;
     const __mmask16 m = lanes(g.N - c0);
     const __m512 bv = bias16(g.bias, c0, m);
-    for (int i = 0; i < RI; ++i) store_bf16(g.out + (i0 + i) * g.N + c0, _mm512_add_ps(a[i][b], bv), m);
+    for (int i = 0; i < RI; ++i) store_bf16(g.out + (i0 + i) * g.ldo + c0, _mm512_add_ps(a[i][b], bv), m);
   }
 }
 
@@ -157,13 +161,32 @@ inline void load_a(int tile, const uint16_t* p, int64_t stride) {
   }
 }
 
-// rows [r0, r0 + 32) of x (a second row tile past M is skipped) x blocks b0, b0 + 1 (b0 + 1 past
-// the last: skipped)
+// v rounded to bf16 as the plain output stores it (vcvtneps2bf16), kept in float32
+inline __m512 as_bf16(__m512 v) {
+  return _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v))), 16));
+}
+
+// the SwiGLU epilogue of a 32-row x (gate block, up block) tile: silu(gate) * up on the values the
+// plain call would store, so the same bits as bf16_linear then the kernels' silu_and_mul
+void swiglu_rows(const Args& g, int64_t r0, int64_t b0, const float (*acc)[16 * 16]) {
+  const int64_t cg = b0 * kLanes, cu = cg + g.half * kLanes;
+  const __m512 bg = bias16(g.bias, cg, 0xFFFF), bu = bias16(g.bias, cu, 0xFFFF);
+  for (int h = 0; h < 2; ++h)
+    for (int64_t i = 0; i < 16 && r0 + h * 16 + i < g.M; ++i) {
+      const __m512 gv = as_bf16(_mm512_add_ps(_mm512_load_ps(acc[h] + i * 16), bg));
+      const __m512 uv = as_bf16(_mm512_add_ps(_mm512_load_ps(acc[2 + h] + i * 16), bu));
+      store_bf16(g.out + (r0 + h * 16 + i) * g.ldo + cg, sgl_vec::silu_mul16(gv, uv), 0xFFFF);
+    }
+}
+
+// rows [r0, r0 + 32) of x (a second row tile past M is skipped) x blocks b0, b1 (b1: b0 + 1, past
+// the last: skipped; under the SwiGLU epilogue b0's up block)
 template <bool kStreamA>
-void amx_tile(const Args& g, int64_t r0, int64_t b0) {
+void amx_tile(const Args& g, int64_t r0, int64_t b0, int64_t b1) {
   alignas(64) float acc[4][16 * 16];
   const int64_t bstride = g.Kp / 2 * kLanes;
-  const bool two = b0 + 1 < g.blocks, low = r0 + 16 < g.M;
+  const bool two = b1 < g.blocks, low = r0 + 16 < g.M;
   _tile_zero(4);
   _tile_zero(5);
   _tile_zero(6);
@@ -181,7 +204,7 @@ void amx_tile(const Args& g, int64_t r0, int64_t b0) {
       _tile_dpbf16ps(5, 1, 2);
     }
     if (two) {
-      _tile_loadd(3, g.w + (b0 + 1) * bstride + k0 / 2 * kLanes, 64);
+      _tile_loadd(3, g.w + b1 * bstride + k0 / 2 * kLanes, 64);
       _tile_dpbf16ps(6, 0, 3);
       if (low) _tile_dpbf16ps(7, 1, 3);
     }
@@ -191,6 +214,7 @@ void amx_tile(const Args& g, int64_t r0, int64_t b0) {
   _tile_stored(6, acc[2], 64);
   _tile_stored(7, acc[3], 64);
   SGL_BF16_FENCE();
+  if (g.half > 0) return swiglu_rows(g, r0, b0, acc);
   const int64_t c0 = b0 * kLanes;
   if (two && g.N - c0 >= 2 * kLanes) {  // both blocks whole: one 64-byte row store
     const __m512 bv0 = bias16(g.bias, c0, 0xFFFF), bv1 = bias16(g.bias, c0 + kLanes, 0xFFFF);
@@ -198,7 +222,7 @@ void amx_tile(const Args& g, int64_t r0, int64_t b0) {
       for (int64_t i = 0; i < 16 && r0 + h * 16 + i < g.M; ++i) {
         const __m512 lo = _mm512_add_ps(_mm512_load_ps(acc[h] + i * 16), bv0);
         const __m512 hi = _mm512_add_ps(_mm512_load_ps(acc[2 + h] + i * 16), bv1);
-        _mm512_storeu_si512(g.out + (r0 + h * 16 + i) * g.N + c0,
+        _mm512_storeu_si512(g.out + (r0 + h * 16 + i) * g.ldo + c0,
                             reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
       }
     return;
@@ -209,7 +233,7 @@ void amx_tile(const Args& g, int64_t r0, int64_t b0) {
     const __m512 bv = bias16(g.bias, c0, m);
     for (int h = 0; h < 2; ++h)
       for (int64_t i = 0; i < 16 && r0 + h * 16 + i < g.M; ++i)
-        store_bf16(g.out + (r0 + h * 16 + i) * g.N + c0, _mm512_add_ps(_mm512_load_ps(acc[2 * b + h] + i * 16), bv),
+        store_bf16(g.out + (r0 + h * 16 + i) * g.ldo + c0, _mm512_add_ps(_mm512_load_ps(acc[2 * b + h] + i * 16), bv),
                    m);
   }
 }
@@ -236,11 +260,26 @@ void amx_tasks(int64_t M, int64_t units, int64_t rows_per_task, int64_t per_grou
   });
 }
 
-void gemm_amx(const Args& g) {  // units: column block pairs, 32-row tiles
+// units: pairs of neighbouring column blocks, or under the SwiGLU epilogue a gate block and its up
+// block; 32-row tiles
+void gemm_amx(const Args& g) {
+  const int64_t units = g.half > 0 ? g.half : (g.blocks + 1) / 2;
+  const auto blocks_of = [&](int64_t u, int64_t& b1) {
+    b1 = g.half > 0 ? u + g.half : 2 * u + 1;
+    return g.half > 0 ? u : 2 * u;
+  };
   if (g.M > 32)
-    amx_tasks(g.M, (g.blocks + 1) / 2, 128, 8, 32, [&](int64_t r, int64_t p) { amx_tile<true>(g, r, 2 * p); });
+    amx_tasks(g.M, units, 128, 8, 32, [&](int64_t r, int64_t u) {
+      int64_t b1 = 0;
+      const int64_t b0 = blocks_of(u, b1);
+      amx_tile<true>(g, r, b0, b1);
+    });
   else
-    amx_tasks(g.M, (g.blocks + 1) / 2, 128, 8, 32, [&](int64_t r, int64_t p) { amx_tile<false>(g, r, 2 * p); });
+    amx_tasks(g.M, units, 128, 8, 32, [&](int64_t r, int64_t u) {
+      int64_t b1 = 0;
+      const int64_t b0 = blocks_of(u, b1);
+      amx_tile<false>(g, r, b0, b1);
+    });
 }
 
 // ----------------------------------------------------- float32 x, float32 out (the LM head) on AMX
@@ -364,13 +403,16 @@ std::string bf16_linear_impl() {
 }
 
 at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N, const std::optional<at::Tensor>& bias,
-                       bool use_amx) {
+                       bool use_amx, bool swiglu) {
   TORCH_CHECK(!bf16_linear_impl().empty(), "bf16_linear: this build of the CPU kernels has no AVX512-BF16");
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.dim() == 2 && x.stride(1) == 1,
               "bf16_linear: x must be a bf16 [M, K] tensor with contiguous rows");
   check_packed("bf16_linear", x, packed, N, bias, at::kBFloat16);
+  TORCH_CHECK(!swiglu || (use_amx && bf16_linear_impl() == "amx" && N % 32 == 0),
+              "bf16_linear: swiglu needs AMX (this CPU / build: '", bf16_linear_impl(), "', use_amx ", use_amx,
+              ") and N a multiple of 32 (each half whole 16-column blocks), got N = ", N);
   const int64_t M = x.size(0), K = x.size(1), Kp = (K + 31) / 32 * 32, blocks = (N + 15) / 16;
-  auto out = at::empty({M, N}, x.options());
+  auto out = at::empty({M, swiglu ? N / 2 : N}, x.options());
 #if defined(SGL_BF16_LINEAR)
   if (M == 0 || N == 0) return out;
   bool amx = false;
@@ -386,6 +428,8 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N,
          N,
          Kp,
          blocks};
+  g.ldo = out.size(1);
+  g.half = swiglu ? N / (2 * kLanes) : 0;
 #if defined(SGL_BF16_LINEAR_AMX)
   if (amx && K % kKAlign == 0) {
     // x read in place by whole 16-row groups (no copy of a prefill chunk); the last rows zero-padded
@@ -427,6 +471,7 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N,
   gemm_vec(g);
 #else
   (void)use_amx;
+  (void)swiglu;
 #endif
   return out;
 }

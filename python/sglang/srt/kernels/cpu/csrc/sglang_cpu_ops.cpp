@@ -1121,7 +1121,7 @@ std::string int8_linear_vnni_impl();
 // bf16_linear.cpp (every build; "" / refused without AVX512-BF16): bf16 linear at decode-sized M
 std::string bf16_linear_impl();
 at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N, const std::optional<at::Tensor>& bias,
-                       bool use_amx);
+                       bool use_amx, bool swiglu);
 at::Tensor bf16_linear_f32out(const at::Tensor& x, const at::Tensor& packed, int64_t N,
                               const std::optional<at::Tensor>& bias);
 at::Tensor int8_linear_vnni(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& comp,
@@ -1155,12 +1155,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("bf16_linear_impl", &bf16_linear_impl, "the path bf16_linear runs here: amx, avx512-bf16, or '' (none)");
   m.def("bf16_linear", &bf16_linear,
         "bf16 x [M, K] . W [N, K]^T (+ bias) in bf16 for few rows, W packed by pack_bf16_kpairs (int32 "
-        "[ceil(N/16), ceil(K/32)*16, 16], kNoGil); use_amx=False: the vdpbf16ps path on AMX CPUs too",
-        py::arg("x"), py::arg("packed"), py::arg("N"), py::arg("bias") = py::none(), py::arg("use_amx") = true);
+        "[ceil(N/16), ceil(K/32)*16, 16], kNoGil); use_amx=False: the vdpbf16ps path on AMX CPUs too; swiglu (AMX): "
+        "a [gate; up] weight, out [M, N / 2] = silu(gate) * up",
+        py::arg("x"), py::arg("packed"), py::arg("N"), py::arg("bias") = py::none(), py::arg("use_amx") = true,
+        py::arg("swiglu") = false, kNoGil);
   m.def("bf16_linear_f32out", &bf16_linear_f32out,
         "float32 x [M, K] . W [N, K]^T (+ float32 bias) in float32 on AMX, W bf16 packed by pack_bf16_kpairs (x split "
         "exactly into three bf16 planes: exact products, float32 sums, kNoGil); refused without AMX",
-        py::arg("x"), py::arg("packed"), py::arg("N"), py::arg("bias") = py::none());
+        py::arg("x"), py::arg("packed"), py::arg("N"), py::arg("bias") = py::none(), kNoGil);
   m.def("int8_linear_impl", &int8_linear_impl, "the product path int8_linear runs in this build");
   m.def("int8_linear", &int8_linear,
         "W8A8-INT8 linear: x [M, K] (float32 / bf16) quantized per row, times the int8 weight packed by "

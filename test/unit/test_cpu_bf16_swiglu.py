@@ -1,0 +1,91 @@
+"""bf16_linear's SwiGLU epilogue (`swiglu=True`, kernels/cpu/csrc/bf16_linear.cpp, AMX only): a
+[gate; up] weight's call returns silu(gate) * up with the same bits as the plain call followed by
+the build's silu_and_mul, for decode and prefill row counts, K off the 32-wide tile step (x copied),
+biases; refused without AMX and for halves off the 16-column blocks. `Bf16PackedLinear.swiglu` and
+the gate_up layer's `fused_swiglu` take it up to the row limit and decline elsewhere."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sglang.srt.layers.linear_bf16_packed import Bf16PackedLinear, pack_bf16_kpairs
+from sglang.srt.layers.linear_prepack import prepack_linear_weights
+from sglang.srt.models.llama import LlamaMLP
+from sglang.srt.platforms import get_platform
+
+SHAPES = [(1, 16, 64), (5, 48, 70), (16, 32, 576), (33, 80, 128), (130, 48, 576), (300, 16, 96)]
+
+
+def _amx(ops):
+    if ops.bf16_linear_impl() != "amx":
+        pytest.skip(f"bf16_linear's SwiGLU epilogue needs AMX (this build / CPU: {ops.bf16_linear_impl()!r})")
+
+
+def _case(m: int, d: int, k: int, bias: bool, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    w = (torch.randn(2 * d, k, generator=g) * 0.1).bfloat16()
+    x = (torch.randn(m, k, generator=g) * 2).bfloat16()
+    b = (torch.randn(2 * d, generator=g) * 0.5).bfloat16() if bias else None
+    return x, w, b
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("bias", [False, True])
+def test_swiglu_equals_plain_then_gate(ops, shape, bias):
+    _amx(ops)
+    m, d, k = shape
+    x, w, b = _case(m, d, k, bias)
+    kp = pack_bf16_kpairs(w)
+    plain = ops.bf16_linear(x, kp, 2 * d, b)
+    got = ops.bf16_linear(x, kp, 2 * d, b, True, True)
+    assert got.shape == (m, d) and got.dtype == torch.bfloat16
+    assert torch.equal(got, ops.silu_and_mul(plain)), (
+        (got.float() - ops.silu_and_mul(plain).float()).abs().max()
+    )
+    ref = torch.nn.functional.silu(plain[:, :d].float()) * plain[:, d:].float()
+    torch.testing.assert_close(got.float(), ref, rtol=2**-7, atol=1e-5)
+
+
+def test_swiglu_refusals(ops):
+    if not ops.bf16_linear_impl():
+        pytest.skip("this build has no bf16_linear")
+    x, w, _ = _case(4, 16, 64, False)
+    kp = pack_bf16_kpairs(w)
+    with pytest.raises(RuntimeError, match="swiglu needs AMX"):
+        ops.bf16_linear(x, kp, 32, None, False, True)  # the vdpbf16ps path has no SwiGLU epilogue
+    w48 = torch.randn(48, 64).bfloat16()
+    with pytest.raises(RuntimeError, match="swiglu needs AMX|multiple of 32"):
+        ops.bf16_linear(x, pack_bf16_kpairs(w48), 48, None, True, True)
+
+
+def test_packed_kernel_takes_the_gate_up_to_its_row_limit(ops):
+    _amx(ops)
+    kernel = Bf16PackedLinear(ops.bf16_linear, max_rows=40)  # the plain call's row limit is the gate's
+    x, w, b = _case(41, 32, 64, True)
+    packed = kernel.pack(w)
+    want = ops.silu_and_mul(kernel(x, packed, b))
+    assert torch.equal(kernel.swiglu(x[:40], packed, b), want[:40])
+    assert kernel.swiglu(x, packed, b) is None  # 41 rows: over the limit
+    assert kernel.swiglu(x.float(), packed, None) is None
+    assert kernel.swiglu(x[:0], packed, b) is None
+    w48 = torch.randn(48, 64).bfloat16()
+    assert kernel.swiglu(x[:4], kernel.pack(w48), None) is None
+
+
+def test_llama_mlp_fuses_the_gate_on_amx():
+    platform = get_platform("cpu")
+    mlp = LlamaMLP(128, 96, None, torch.bfloat16, bias=False)
+    for p in mlp.parameters():
+        p.data.normal_(0, 0.05)
+    prepack_linear_weights(mlp, platform)
+    kernel = mlp.gate_up_proj.packed_weight[1] if mlp.gate_up_proj.packed_weight else None
+    x = torch.randn(2, 7, 128).bfloat16()
+    fused = mlp.gate_up_proj.fused_swiglu(x)
+    if not isinstance(kernel, Bf16PackedLinear):
+        assert fused is None  # oneDNN's copy or none: the layer and the gate run apart
+        return
+    apart = mlp.act_fn(mlp.gate_up_proj(x).view(14, 192)).view(2, 7, 96)
+    assert fused is not None and torch.equal(fused, apart)
+    assert torch.equal(mlp(x), mlp.down_proj(apart))
+    assert mlp.gate_up_proj.fused_swiglu(x.float()) is None
