@@ -28,6 +28,7 @@ from dsa_cases import (
     full_scores,
     indexer_case,
     paged,
+    sfa_case,
     visible_counts,
 )
 from sgl_kernel_npu import cpu
@@ -350,36 +351,6 @@ def test_bad_arguments_are_clear_errors():
 
 
 # ----------------------------------------------------------------------------- sparse attention
-def sfa_case(q_lens, kv_lens, heads=4, dk=32, dr=8, topk=24, block_size=4, seed=0, dtype=torch.float32):
-    gen = torch.Generator().manual_seed(seed)
-    t = sum(q_lens)
-    q = torch.randn(t, heads, dk, generator=gen).to(dtype)
-    q_rope = torch.randn(t, heads, dr, generator=gen).to(dtype)
-    cache, table = paged(kv_lens, block_size, dk + dr, gen, dtype)  # rows [latent ; rope], like the MLA pool
-    key, key_rope = cache[..., :dk], cache[..., dk:]
-    idx = torch.full((t, 1, topk), -1, dtype=torch.int32)
-    start = 0
-    for q_len, kv_len in zip(q_lens, kv_lens):
-        for i in range(q_len):
-            vis = max(0, min(kv_len, kv_len - q_len + i + 1))
-            pick = torch.randperm(vis, generator=gen)[:topk]
-            idx[start + i, 0, : pick.numel()] = pick.to(torch.int32)
-            idx[start + i, 0] = idx[start + i, 0, torch.randperm(topk, generator=gen)]  # -1s anywhere
-        start += q_len
-    kw = dict(
-        block_table=table,
-        actual_seq_lengths_query=torch.tensor(q_lens).cumsum(0),
-        actual_seq_lengths_kv=torch.tensor(kv_lens),
-        query_rope=q_rope,
-        key_rope=key_rope,
-        layout_query="TND",
-        layout_kv="PA_BSND",
-        sparse_mode=3,
-        return_softmax_lse=True,
-    )
-    return q, key, idx, kw
-
-
 def exact_sfa(q, key, idx, kw, scale):
     """float64 per query, straight from the definition."""
     table, bs = kw["block_table"], key.shape[1]

@@ -5,34 +5,9 @@ before the kernel returned."""
 
 from __future__ import annotations
 
-import sys
-import threading
-
 import torch
 
-
-def _steps_during(call) -> int:
-    """Python steps the main thread takes while another thread runs `call` once."""
-    started, done = threading.Event(), threading.Event()
-
-    def work() -> None:
-        started.set()
-        call()
-        done.set()
-
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(0.2)  # the worker keeps a held GIL for the whole call (it lasts ms)
-    try:
-        worker = threading.Thread(target=work)
-        worker.start()
-        started.wait()
-        steps = 0
-        while not done.is_set():
-            steps += 1
-        worker.join()
-    finally:
-        sys.setswitchinterval(old)
-    return steps
+from sglang.test.gil_probe import steps_during as _steps_during
 
 
 def test_kernels_release_the_gil(ops):

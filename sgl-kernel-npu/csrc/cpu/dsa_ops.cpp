@@ -272,7 +272,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pick_isa", &sgl_dsa::pick_isa, "the instruction set a request resolves to ('auto' -> the best)");
   m.def("cpu_supports", &sgl_dsa::cpu_supports, "whether this CPU has the flags an ISA's code is compiled for");
   m.def("isas", &sgl_dsa::isas, "the ISAs compiled in, best first");
-  m.def("indexer_topk", &sgl_dsa::indexer_topk);
-  m.def("sparse_attention", &sgl_dsa::sparse_attention);
-  m.def("merge_states", &sgl_dsa::merge_states);
+  // the kernels run without the GIL (tensors converted before the call, results after): another
+  // Python thread of the process (HiCache's storage prefetch, the KV warmer) runs meanwhile, as
+  // with sglang's own CPU kernels (python/sglang/srt/kernels/cpu/csrc/sglang_cpu_ops.cpp)
+  const auto no_gil = py::call_guard<py::gil_scoped_release>();
+  m.def("indexer_topk", &sgl_dsa::indexer_topk, no_gil);
+  m.def("sparse_attention", &sgl_dsa::sparse_attention, no_gil);
+  m.def("merge_states", &sgl_dsa::merge_states, no_gil);
 }
