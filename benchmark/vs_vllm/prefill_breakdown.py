@@ -75,7 +75,10 @@ def main() -> None:
     for mod in bench.runner.model.modules():
         packed = getattr(mod, "packed_weight", None)
         if packed is not None:
-            mod.packed_weight = (packed[0], timed(f"linear {type(mod).__name__}", packed[1]))
+            kernel = timed(f"linear {type(mod).__name__}", packed[1])
+            if getattr(packed[1], "swiglu", None) is not None:  # keep the fused gate (gate_up layers)
+                kernel.swiglu = timed(f"linear+gate {type(mod).__name__}", packed[1].swiglu)
+            mod.packed_weight = (packed[0], kernel)
     total = 0.0
     for _ in tqdm(range(args.repeats), desc="prefills"):
         acc.clear()

@@ -11,6 +11,9 @@
 //     read in place where K is a multiple of 32 (decode sizes and prefill chunks alike).
 //   vector: tiles of up to 4 rows x 4 column blocks, vdpbf16ps (AVX512-BF16 without AMX).
 // Builds without AVX512-BF16 answer bf16_linear_impl() == "" and refuse the call.
+// swiglu (AMX only): a [gate; up] weight's tiles pair gate block j with up block j + N / 32, and
+// the epilogue stores silu(gate) * up (silu_vec.h) of the bf16 values the plain call would store:
+// [M, N / 2] (layers/linear_bf16_packed.py `Bf16PackedLinear.swiglu`).
 //
 // bf16_linear_f32out (AMX only): float32 x and output on the same packed weight (the LM head at
 // float32 precision, layers/linear_float32_out.py): x split exactly into three bf16 planes, each

@@ -21,6 +21,9 @@
 // chunks for large M), split over the OpenMP threads, so a decode call reads every weight byte once
 // for all its rows. The epilogue follows the reference's float order ((acc * s) * ws, rounded to the
 // dtype, then + bias and rounded again); the file is compiled without FMA contraction.
+// swiglu (bf16 x, a [gate; up] weight): tiles pair gate block j with up block j + N / 32, and the
+// epilogue stores silu(gate) * up (silu_vec.h) of the values above: [M, N / 2], the [M, N]
+// activation never written (the gate_up layer of a SwiGLU MLP, w8a8_int8.py `apply_swiglu`).
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
