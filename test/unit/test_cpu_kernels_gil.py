@@ -10,6 +10,15 @@ import torch
 from sglang.test.gil_probe import steps_during as _steps_during
 
 
+def test_the_probe_tells_a_held_gil_from_a_released_one():
+    """The same native sleep called holding the GIL (ctypes.PyDLL) and releasing it (ctypes.CDLL)."""
+    import ctypes
+
+    held, released = ctypes.PyDLL("libc.so.6").usleep, ctypes.CDLL("libc.so.6").usleep
+    assert _steps_during(lambda: held(20_000)) == 0
+    assert _steps_during(lambda: released(20_000)) > 0
+
+
 def test_kernels_release_the_gil(ops):
     x, w = torch.randn(4096, 2048), torch.ones(2048)
     gate = torch.randn(2048, 4096)
