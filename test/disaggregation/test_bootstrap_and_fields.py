@@ -3,10 +3,10 @@ the request-side checks of the bootstrap fields."""
 
 from __future__ import annotations
 
-import socket
 
 import pytest
 
+from sglang.srt.distributed.init import get_free_port
 from sglang.srt.disaggregation.bootstrap import BootstrapServer, is_alive, query_topology, register_rank
 from sglang.srt.disaggregation.base.messages import PrefillRankInfo
 from sglang.srt.disaggregation.role import DisaggregationRole
@@ -15,9 +15,7 @@ from sglang.srt.managers.tokenizer.request_validation import bootstrap_of, check
 
 
 def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return get_free_port()
 
 
 def _info(tp_rank: int, cp_rank: int = 0, cp_size: int = 2, dtype: str = "float32") -> PrefillRankInfo:

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from sglang.srt.distributed.init import get_free_port
 from sglang.srt.mem_cache.hicache.mooncake_config import MooncakeConfig
 from sglang.srt.mem_cache.hicache.mooncake_storage import connect_store
 
@@ -20,9 +21,7 @@ LEASE_MS = 200  # the master's read lease: a page read is removable this long af
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return get_free_port()
 
 
 class MooncakeMaster:
