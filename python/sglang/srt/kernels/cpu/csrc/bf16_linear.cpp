@@ -266,23 +266,13 @@ void amx_tasks(int64_t M, int64_t units, int64_t rows_per_task, int64_t per_grou
 // units: pairs of neighbouring column blocks, or under the SwiGLU epilogue a gate block and its up
 // block; 32-row tiles
 void gemm_amx(const Args& g) {
-  const int64_t units = g.half > 0 ? g.half : (g.blocks + 1) / 2;
-  const auto blocks_of = [&](int64_t u, int64_t& b1) {
-    b1 = g.half > 0 ? u + g.half : 2 * u + 1;
-    return g.half > 0 ? u : 2 * u;
-  };
+  // unit u: blocks b0 = u * step and b0 + off
+  const bool sw = g.half > 0;
+  const int64_t units = sw ? g.half : (g.blocks + 1) / 2, step = sw ? 1 : 2, off = sw ? g.half : 1;
   if (g.M > 32)
-    amx_tasks(g.M, units, 128, 8, 32, [&](int64_t r, int64_t u) {
-      int64_t b1 = 0;
-      const int64_t b0 = blocks_of(u, b1);
-      amx_tile<true>(g, r, b0, b1);
-    });
+    amx_tasks(g.M, units, 128, 8, 32, [&](int64_t r, int64_t u) { amx_tile<true>(g, r, u * step, u * step + off); });
   else
-    amx_tasks(g.M, units, 128, 8, 32, [&](int64_t r, int64_t u) {
-      int64_t b1 = 0;
-      const int64_t b0 = blocks_of(u, b1);
-      amx_tile<false>(g, r, b0, b1);
-    });
+    amx_tasks(g.M, units, 128, 8, 32, [&](int64_t r, int64_t u) { amx_tile<false>(g, r, u * step, u * step + off); });
 }
 
 // ----------------------------------------------------- float32 x, float32 out (the LM head) on AMX

@@ -518,7 +518,9 @@ void amx_tile(const Args& g, int64_t r0, int64_t b0, int64_t b1, int64_t blocks,
 template <typename T>
 void gemm_amx(const Args& g, const T* bias, T* out) {
   // units: pairs of neighbouring blocks, or under the SwiGLU epilogue a gate block and its up block
-  const int64_t blocks = (g.N + kLanes - 1) / kLanes, pairs = g.half > 0 ? g.half : (blocks + 1) / 2;
+  const bool sw = g.half > 0;  // unit p: blocks p * step and p * step + off
+  const int64_t blocks = (g.N + kLanes - 1) / kLanes, pairs = sw ? g.half : (blocks + 1) / 2;
+  const int64_t step = sw ? 1 : 2, off = sw ? g.half : 1;
   // tasks: 128 rows x 8 column pairs (256 columns); x's rows and the weights' columns a task reads
   // stay in L2 while its output streams past (row-major over the whole output, x would be evicted
   // by the output before its next pair and come from L3: half the speed)
@@ -530,12 +532,7 @@ void gemm_amx(const Args& g, const T* bias, T* out) {
       const int64_t r0 = (t / groups) * kRows, r1 = std::min(g.M, r0 + kRows);
       const int64_t p0 = (t % groups) * kPairs, p1 = std::min(pairs, p0 + kPairs);
       for (int64_t r = r0; r < r1; r += 32)  // a row tile meets the task's pairs in turn (bf16_linear's order)
-        for (int64_t p = p0; p < p1; ++p) {
-          if (g.half > 0)
-            amx_tile(g, r, p, p + g.half, blocks, bias, out);
-          else
-            amx_tile(g, r, 2 * p, 2 * p + 1, blocks, bias, out);
-        }
+        for (int64_t p = p0; p < p1; ++p) amx_tile(g, r, p * step, p * step + off, blocks, bias, out);
     }
     _tile_release();
   });
