@@ -73,3 +73,24 @@ def test_online_w8a8_int8_equals_the_int8_checkpoint(tmp_path):
         assert online.outputs[rid] == offline.outputs[rid]
         for a, b in zip(online.logits[rid], offline.logits[rid]):
             torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+
+
+def test_w8a8_routed_experts_packed_give_the_unpacked_results(tmp_path, monkeypatch):
+    """The tiny DeepSeek-V3.2 in W8A8: its routed experts packed for the fused int8 kernel after
+    loading (`W8A8Int8MoEMethod.pack_weights`) give the tokens and logits of the torch expert loop
+    (the same int32 sums and float rounding; float32 here, so no fused gate)."""
+    from sglang.srt.layers.moe.experts import FusedMoE
+    from sglang.srt.layers.quantization.w8a8_moe import W8A8Int8MoEMethod
+
+    q_dir, _ = save_w8a8_pair(tmp_path, model="v32")
+    packed = _run(q_dir)
+    moes = [m for m in packed.scheduler.runner.model.modules() if isinstance(m, FusedMoE)]
+    has_kernel = int8_linear_kernels(torch.device("cpu")) is not None
+    assert moes and all((getattr(m, "int8_experts", None) is not None) == has_kernel for m in moes)
+    monkeypatch.setattr(W8A8Int8MoEMethod, "pack_weights", lambda self, moe: None)
+    plain = _run(q_dir)
+    assert not any(getattr(m, "int8_experts", None) for m in plain.scheduler.runner.model.modules())
+    for rid in plain.outputs:
+        assert packed.outputs[rid] == plain.outputs[rid]
+        for a, b in zip(packed.logits[rid], plain.logits[rid]):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=0)

@@ -54,13 +54,16 @@ def fused_experts_ref(
     topk_ids: torch.Tensor,
     expert_start: int = 0,
     expert_linear: Optional[Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]] = None,
+    expert_swiglu: Optional[Callable[[torch.Tensor, int], Optional[torch.Tensor]]] = None,
 ) -> torch.Tensor:
     """sum_j topk_weights[t, j] * expert_{ids[t, j]}(x[t]) over the experts held here.
 
     x [n, hidden]; w13 [E_local, 2I, hidden]; w2 [E_local, hidden, I]; ids are global expert ids, the
     local ones are [expert_start, expert_start + E_local). SwiGLU experts; accumulates in float32.
     `expert_linear(x, w, e)` multiplies by local expert e's weight w (w13 or w2; default F.linear
-    by w[e]; a quantized method widens its 1-byte weight there).
+    by w[e]; a quantized method widens its 1-byte weight there). `expert_swiglu(x, e)`: silu(gate) *
+    up of local expert e in one call where a kernel fuses the gate into its GEMM, else None (then
+    the w13 linear and the gate run apart).
     """
     linear = expert_linear or (lambda rows, w, e: F.linear(rows, w[e]))
     n, k = topk_ids.shape
@@ -82,8 +85,10 @@ def fused_experts_ref(
         if c == 0:
             continue
         rows = tokens[start : start + c]
-        gate_up = linear(x[rows], w13, e)
-        h = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
+        h = expert_swiglu(x[rows], e) if expert_swiglu is not None else None
+        if h is None:
+            gate_up = linear(x[rows], w13, e)
+            h = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
         y = linear(h, w2, e).float() * weights[start : start + c, None]
         out.index_add_(0, rows, y)
         start += c

@@ -170,7 +170,11 @@ def int8_weight(layer: LinearBase) -> torch.Tensor:
     if not layer.weight.is_meta:
         return layer.weight
     n, k = layer.weight.shape
-    packed = layer.int8_packed[0]
+    return unpack_int8_vnni(layer.int8_packed[0], n, k)
+
+
+def unpack_int8_vnni(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """`pack_int8_vnni`'s packed weight back to the int8 [n, k] it was packed from."""
     blocks, groups = packed.shape[:2]
     return packed.transpose(1, 2).reshape(blocks * PACK_LANES, groups * 4)[:n, :k]
 

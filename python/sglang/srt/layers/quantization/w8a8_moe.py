@@ -7,15 +7,33 @@ token at run time, as the W8A8 linears (`w8a8_int8.py`).
 shard with the MoE-tp slice) and w2_weight_scale [E_local, H, 1] (whole on every MoE-tp rank, whose
 down projection quantizes its own slice of the intermediate activation); the forward is the torch
 expert loop (`fused_experts_ref`) with `w8a8_int8_linear` per selected expert.
+
+After loading, where the platform's kernel build has the fused int8 linear (`int8_linear_op`),
+`pack_weights` packs every local expert's w13 and w2 for it (`pack_int8_vnni`, as the W8A8 linears;
+the packed copies replace the plain int8 weights, which move to the meta device). The loop then
+calls the fused kernel per expert (the same int32 sums and float rounding as `w8a8_int8_linear`),
+with the SwiGLU gate in w13's epilogue for bf16 activations (the [rows, 2 I] activation never
+written; the same bits as the kernel's call then its silu_and_mul).
 """
 
 from __future__ import annotations
 
-import torch
+from typing import Optional
 
-from sglang.srt.layers.moe.experts import FusedMoE
+import torch
+from torch import nn
+
+from sglang.srt.layers.moe.experts import FusedMoE, fused_experts_ref
 from sglang.srt.layers.quantization.moe_quant import QuantMoEMethod
-from sglang.srt.layers.quantization.w8a8_int8 import w8a8_int8_linear
+from sglang.srt.layers.quantization.w8a8_int8 import (
+    FUSED_DTYPES,
+    PACK_LANES,
+    fused_int8_linear,
+    pack_int8_vnni,
+    unpack_int8_vnni,
+    w8a8_int8_linear,
+)
+from sglang.srt.platforms.kernel_dispatch import int8_linear_op
 
 
 class W8A8Int8MoEMethod(QuantMoEMethod):
@@ -33,6 +51,58 @@ class W8A8Int8MoEMethod(QuantMoEMethod):
 
     def expert_linear(self, rows: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         return w8a8_int8_linear(rows, weight, scale)
+
+    def pack_weights(self, moe: FusedMoE) -> Optional[int]:
+        """After loading: every local expert's w13 / w2 packed for the fused int8 linear where the
+        kernel build has one (`moe.int8_experts`: [(w13 packed, w2 packed)] per local expert); the
+        plain int8 weights move to the meta device. Returns the bytes this adds, or None where
+        nothing was packed (no kernel, or packed already)."""
+        if moe.w13_weight.is_meta:
+            return None
+        op = int8_linear_op(moe.w13_weight.device)
+        if op is None:
+            return None
+        pairs = ((moe.w13_weight, moe.w13_weight_scale), (moe.w2_weight, moe.w2_weight_scale))
+        experts = [
+            tuple((*pack_int8_vnni(w[e].detach(), s[e].detach()), op) for w, s in pairs)
+            for e in range(moe.num_local_experts)
+        ]
+        added = sum(t.numel() * t.element_size() for ex in experts for p in ex for t in p[:3])
+        freed = sum(w.numel() * w.element_size() for w, _ in pairs)
+        for name, (w, _) in zip(("w13_weight", "w2_weight"), pairs):
+            setattr(
+                moe,
+                name,
+                nn.Parameter(torch.empty(w.shape, dtype=w.dtype, device="meta"), requires_grad=False),
+            )
+        moe.int8_experts = experts
+        return added - freed
+
+    def apply(
+        self, moe: FusedMoE, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+    ) -> torch.Tensor:
+        experts = getattr(moe, "int8_experts", None)
+        if experts is None:
+            return super().apply(moe, x, topk_weights, topk_ids)
+        n13, n2 = moe.w13_weight.shape[1], moe.w2_weight.shape[1]
+        fused = x.dtype in FUSED_DTYPES
+
+        def linear(rows: torch.Tensor, w: torch.Tensor, e: int) -> torch.Tensor:
+            i, n = (0, n13) if w is moe.w13_weight else (1, n2)
+            packed = experts[e][i]
+            if fused:
+                return fused_int8_linear(rows, packed, n)
+            scale = (moe.w13_weight_scale if i == 0 else moe.w2_weight_scale)[e]
+            return w8a8_int8_linear(rows, unpack_int8_vnni(packed[0], n, w.shape[2]), scale)
+
+        def swiglu(rows: torch.Tensor, e: int) -> Optional[torch.Tensor]:
+            if rows.dtype != torch.bfloat16 or n13 % (2 * PACK_LANES) or rows.shape[0] == 0:
+                return None
+            return fused_int8_linear(rows, experts[e][0], n13, swiglu=True)
+
+        return fused_experts_ref(
+            x, moe.w13_weight, moe.w2_weight, topk_weights, topk_ids, moe.expert_start, linear, swiglu
+        )
 
     def load_scale(self, moe: FusedMoE, kind: str, expert: int, scale: torch.Tensor) -> None:
         """Copy this rank's rows of expert `expert`'s gate ("w1") / up ("w3") / down ("w2") scale
