@@ -20,7 +20,11 @@ from server_helpers import internal_state, launch_server, leaks_after_load
 pytestmark = pytest.mark.slow  # starts its own servers; the figures go to docs/benchmarks.md
 
 REQUESTS, CLIENTS, DROP = 1000, 64, 0.2
-HTTP_BUSY_LATENCY_S = 3.0
+# the slowest /health (and /get_server_info) answer while 64 clients saturate the HTTP process; the
+# watcher shares the clients' event loop, so its figure includes their own delay. 3 s held until a
+# throttled host (2026-11-29, a thread's memory bandwidth at ~1/8 of normal) gave 3.08 s once at
+# pp 2 x cp 2 beside another test worker; a blocked event loop shows as failures or tens of seconds
+HTTP_BUSY_LATENCY_S = 5.0
 # one torch thread per rank: the tiny model gains nothing from more, and the clients share the cores
 COMMON = ("--max-total-tokens", "6144", "--enable-metrics", "--watchdog-timeout", "120", "--num-threads", "1")
 CONFIGS = {

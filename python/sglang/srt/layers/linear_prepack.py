@@ -92,9 +92,8 @@ def pack_quantized_linears(model: torch.nn.Module) -> int:
     count = nbytes = 0
     for module in model.modules():
         pack = getattr(getattr(module, "quant_method", None), "pack_weights", None)
-        has_weights = getattr(module, "weight", None) is not None or hasattr(
-            module, "w13_weight"
-        )  # or routed experts
+        # a linear's weight, or routed experts' w13 / w2 (FusedMoE)
+        has_weights = getattr(module, "weight", None) is not None or hasattr(module, "w13_weight")
         added = pack(module) if pack is not None and has_weights else None
         if added is not None:  # None: the method packed nothing for this layer
             nbytes += added
