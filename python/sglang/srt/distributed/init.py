@@ -42,9 +42,12 @@ def _pick_range(ephemeral: tuple[int, int]) -> tuple[int, int]:
     return max(below, above, key=lambda r: r[1] - r[0])
 
 
+def _tcp_socket(host: str) -> socket.socket:
+    return socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+
+
 def _bindable(host: str, port: int) -> bool:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
+    with _tcp_socket(host) as s:
         try:
             s.bind((host, port))
         except OSError:
@@ -67,8 +70,7 @@ def get_free_port(host: str = "127.0.0.1", pick: Optional[tuple[int, int]] = Non
             port = rng.randint(lo, hi)
             if _bindable(host, port):
                 return port
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
+    with _tcp_socket(host) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
 

@@ -138,9 +138,7 @@ class W8A8Int8LinearMethod:
         packed = pack_int8_vnni(layer.weight.detach(), layer.weight_scale.detach())
         layer.int8_packed = (*packed, op)
         freed = layer.weight.numel() * layer.weight.element_size()
-        layer.weight = nn.Parameter(
-            torch.empty(layer.weight.shape, dtype=torch.int8, device="meta"), requires_grad=False
-        )
+        layer.weight = meta_like(layer.weight)
         return sum(t.numel() * t.element_size() for t in packed) - freed
 
     def apply(self, layer: LinearBase, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
@@ -163,6 +161,12 @@ class W8A8Int8LinearMethod:
         if bias is not None and bias.dtype != x.dtype:
             return None
         return fused_int8_linear(x, packed, n, bias, swiglu=True)
+
+
+def meta_like(weight: torch.Tensor) -> nn.Parameter:
+    """A parameter of `weight`'s shape and dtype on the meta device: what stays of a weight whose
+    packed copy replaced it (its memory released)."""
+    return nn.Parameter(torch.empty(weight.shape, dtype=weight.dtype, device="meta"), requires_grad=False)
 
 
 def int8_weight(layer: LinearBase) -> torch.Tensor:

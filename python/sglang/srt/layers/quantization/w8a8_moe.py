@@ -21,7 +21,6 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-from torch import nn
 
 from sglang.srt.layers.moe.experts import FusedMoE, fused_experts_ref
 from sglang.srt.layers.quantization.moe_quant import QuantMoEMethod
@@ -29,6 +28,7 @@ from sglang.srt.layers.quantization.w8a8_int8 import (
     FUSED_DTYPES,
     PACK_LANES,
     fused_int8_linear,
+    meta_like,
     pack_int8_vnni,
     unpack_int8_vnni,
     w8a8_int8_linear,
@@ -69,12 +69,7 @@ class W8A8Int8MoEMethod(QuantMoEMethod):
         ]
         added = sum(t.numel() * t.element_size() for ex in experts for p in ex for t in p[:3])
         freed = sum(w.numel() * w.element_size() for w, _ in pairs)
-        for name, (w, _) in zip(("w13_weight", "w2_weight"), pairs):
-            setattr(
-                moe,
-                name,
-                nn.Parameter(torch.empty(w.shape, dtype=w.dtype, device="meta"), requires_grad=False),
-            )
+        moe.w13_weight, moe.w2_weight = meta_like(moe.w13_weight), meta_like(moe.w2_weight)
         moe.int8_experts = experts
         return added - freed
 
@@ -95,13 +90,20 @@ class W8A8Int8MoEMethod(QuantMoEMethod):
             scale = (moe.w13_weight_scale if i == 0 else moe.w2_weight_scale)[e]
             return w8a8_int8_linear(rows, unpack_int8_vnni(packed[0], n, w.shape[2]), scale)
 
-        def swiglu(rows: torch.Tensor, e: int) -> Optional[torch.Tensor]:
-            if rows.dtype != torch.bfloat16 or n13 % (2 * PACK_LANES) or rows.shape[0] == 0:
-                return None
+        def swiglu(rows: torch.Tensor, e: int) -> torch.Tensor:
             return fused_int8_linear(rows, experts[e][0], n13, swiglu=True)
 
+        # the gate in w13's epilogue: bf16 x, halves of whole 16-column blocks (`apply_swiglu`'s terms)
+        gated = x.dtype == torch.bfloat16 and n13 % (2 * PACK_LANES) == 0
         return fused_experts_ref(
-            x, moe.w13_weight, moe.w2_weight, topk_weights, topk_ids, moe.expert_start, linear, swiglu
+            x,
+            moe.w13_weight,
+            moe.w2_weight,
+            topk_weights,
+            topk_ids,
+            moe.expert_start,
+            linear,
+            swiglu if gated else None,
         )
 
     def load_scale(self, moe: FusedMoE, kind: str, expert: int, scale: torch.Tensor) -> None:
