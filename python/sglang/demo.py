@@ -8,18 +8,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import requests
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from sglang.srt.utils.network import get_free_port
 
 
 def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 600) -> None:
@@ -37,7 +32,7 @@ def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 600) -> Non
 
 
 def main(argv: list[str]) -> int:
-    port = _free_port()
+    port = get_free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "sglang.launch_server", "--port", str(port), *argv]
     print("$", " ".join(cmd), flush=True)

@@ -1,15 +1,19 @@
 """The tiny llama and the tiny DeepSeek-V3.2, quantized to W8A8-INT8 (`sglang.test.tiny_w8a8_models`,
 SGLang's `w8a8_int8` format), on gloo ranks at tp 2 (int8 weights and their per-row scales sharded
 together; each row-parallel rank quantizes its own slice of the activation, as upstream does), the
-V3.2 at tp 2 + ep 2 (whole int8 experts per rank), and pp 2: greedy tokens identical to the same quantized math run in float32 torch at tp 1 on the
+V3.2 at tp 2 + ep 2 (whole int8 experts per rank), and pp 2. The driver packs the linears and the
+routed experts for the fused int8 kernel after loading, as the model runner does (where the kernel
+build has one), so the packed path runs at every layout.
+
+Checked: greedy tokens identical to the same quantized math run in float32 torch at tp 1 on the
 dequantized twin (`fake_quant_linears`, its row-parallel activations quantized per slice of K / tp),
 and the logits: at least 30 % of all rows (every step's, counted together) within 1e-4, every row
-within 0.25. (The int32
-GEMM is exact and the rest differs by float32 sum order, ~1e-6; but an activation that sits on an
-int8 rounding boundary can round the other way, moving by one int8 step, amax / 127: that row and
-the causal rows after it then differ by a few 1e-2 (0.107 once on a Zen 5, tp 2). The tiny V3.2 shows it: at the last step here, and on an AMD
-EPYC (AVX-512, no AMX) at one row of a three-row decode step, so the share is not taken per step.) Workload: the CP test driver (chunked prefills beside
-decodes, then a radix-cache hit)."""
+within 0.25. (The int32 GEMM is exact and the rest differs by float32 sum order, ~1e-6; but an
+activation that sits on an int8 rounding boundary can round the other way, moving by one int8 step,
+amax / 127: that row and the causal rows after it then differ by a few 1e-2 (0.107 once on a Zen 5,
+tp 2). The tiny V3.2 shows it: at the last step here, and on an AMD EPYC (AVX-512, no AMX) at one
+row of a three-row decode step, so the share is not taken per step.) Workload: the CP test driver
+(chunked prefills beside decodes, then a radix-cache hit)."""
 
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ import torch
 from dist_spawn import run_ranks
 from sglang.srt.distributed.parallel_layout import ParallelLayout
 from sglang.srt.distributed.parallel_state import ParallelGroups
+from sglang.srt.platforms.kernel_dispatch import int8_linear_op
 from sglang.test import cp_moe_driver
 from sglang.test.tiny_w8a8_models import fake_quant_linears, save_w8a8_pair
 
@@ -83,11 +88,23 @@ def _reference(monkeypatch, path: str, shards: tuple[int, int]) -> dict:
         return cp_moe_driver.generate(path, ParallelGroups.single(), "zigzag", NEW_TOKENS)
 
 
+def _assert_packed(path: str, model: str) -> None:
+    """The driver's model holds its W8A8 weights packed for the fused kernel (this build has it)."""
+    if int8_linear_op(torch.device("cpu")) is None:
+        return  # no fused int8 kernel in this build: the torch path runs, as in the runner
+    _, m = cp_moe_driver.load_model(path, ParallelGroups.single())
+    packed = [mod for mod in m.modules() if getattr(mod, "int8_packed", None) is not None]
+    experts = [mod for mod in m.modules() if getattr(mod, "int8_experts", None) is not None]
+    assert packed, f"{model}: no W8A8 linear packed"
+    assert (len(experts) > 0) == (model == "v32"), f"{model}: routed experts packed: {len(experts)}"
+
+
 def test_w8a8_int8_parallel_matches_quantized_math_at_tp1(pairs, monkeypatch):
     refs = {}
     for model, (q_dir, deq_dir) in pairs.items():
         refs[model] = {sh: _reference(monkeypatch, deq_dir, sh) for sh in {(1, 1), *map(_shards, LAYOUTS)}}
         assert len({tuple(t) for t in refs[model][(1, 1)]["tokens"]}) == 3  # not degenerate
+        _assert_packed(q_dir, model)
         tp1 = cp_moe_driver.generate(q_dir, ParallelGroups.single(), "zigzag", NEW_TOKENS)
         _same(tp1, refs[model][(1, 1)], f"{model} tp1")
         # 1-byte linear weights (the tiny llama's float32 embeddings and head are a third of it);

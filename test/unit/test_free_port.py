@@ -3,7 +3,7 @@ their source ports) and falls back to `bind(0)` when nothing there is free."""
 
 import socket
 
-from sglang.srt.distributed.init import _pick_range, ephemeral_port_range, get_free_port
+from sglang.srt.utils.network import _pick_range, ephemeral_port_range, get_free_port
 
 
 def test_pick_is_outside_the_ephemeral_range_and_bindable():

@@ -25,6 +25,7 @@ import torch
 
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.distributed.parallel_state import ParallelGroups
+from sglang.srt.layers.linear_prepack import pack_quantized_linears
 from sglang.srt.model_loader.safetensors_loader import iter_safetensors_weights
 from sglang.srt.models.causal_lm import CausalLM
 from sglang.srt.models.registry import ModelRegistry
@@ -41,6 +42,7 @@ def load_model(path: str, groups: ParallelGroups) -> tuple[Any, CausalLM]:
     hf_config = ModelConfig(path).hf_config
     model = ModelRegistry.resolve(hf_config.architectures)(hf_config, groups, torch.float32).eval()
     model.load_weights(iter_safetensors_weights(path))
+    pack_quantized_linears(model)  # as the model runner does: W8A8 linears and experts on the fused kernel
     return hf_config, model
 
 
