@@ -132,19 +132,31 @@ def test_packed_pair_takes_the_kernel_up_to_max_rows(ops):
     assert calls == [8, 9, 16, 8]
 
 
-def test_platform_picks_the_kernel_on_amx_only(monkeypatch):
-    """The CPU platform's packed bf16 linear is bf16_linear's pair exactly where the kernel build
-    runs AMX and the CPU kind (SGLANG_CPU_FLAGS_OVERRIDE included) has it; oneDNN's copy elsewhere."""
+def test_platform_picks_the_kernel_on_amx_and_amd(monkeypatch):
+    """The CPU platform's packed bf16 linear is bf16_linear's pair where the kernel build runs AMX
+    and the CPU kind (SGLANG_CPU_FLAGS_OVERRIDE included) has it, and its vdpbf16ps pair (every row
+    count, no fused gate) on AMD's AVX512-BF16; oneDNN's copy elsewhere (Intel's AVX512-BF16 without
+    AMX, an emulated kind: no vendor)."""
+    from sglang.srt.platforms import cpu as cpu_platform
+
     cpu = torch.device("cpu")
     seen = 0
     for variant in isa.runnable_variants():
-        for kind in (None, "avx512-bf16"):  # the real CPU, and an emulated kind without AMX
+        for kind, vendor in (
+            (None, None),
+            ("avx512-bf16", None),
+            ("avx512-bf16", "AuthenticAMD"),
+            ("avx512-bf16", "GenuineIntel"),
+        ):
             monkeypatch.setenv("SGLANG_CPU_ISA", variant.name)
             if kind is None:
                 monkeypatch.delenv("SGLANG_CPU_FLAGS_OVERRIDE", raising=False)
             else:
                 monkeypatch.setenv("SGLANG_CPU_FLAGS_OVERRIDE", kind)
-            with fresh_platforms():
+            with monkeypatch.context() as m, fresh_platforms():
+                if vendor is not None:
+                    m.setattr(cpu_platform, "effective_cpu_vendor", lambda v=vendor: v)
+                real_vendor = cpu_platform.effective_cpu_vendor()
                 platform = get_platform("cpu")
                 ops = platform.kernels.fused()
                 if ops is None or (kind is not None and variant.name != "avx512bf16"):
@@ -155,9 +167,22 @@ def test_platform_picks_the_kernel_on_amx_only(monkeypatch):
                     variant,
                     kind,
                 )
+                the_kind = kind or cpu_platform.cpu_kind(cpu_platform.effective_cpu_flags())
+                vec = amx is None and the_kind == "avx512-bf16" and real_vendor == "AuthenticAMD"
+                vec = vec and ops.bf16_linear_impl() != ""
                 pair = platform.prepacked_linear(torch.bfloat16, cpu)
                 is_kernel = pair is not None and isinstance(pair[1], Bf16PackedLinear)
-                assert is_kernel == (amx is not None)
+                assert is_kernel == (amx is not None or vec), (variant, kind, vendor)
+                if vec:  # the vdpbf16ps path at every row count, no SwiGLU epilogue
+                    pack, kernel = pair
+                    w = torch.randn(64, 40).bfloat16()
+                    for rows in (1, 9, 300):
+                        x = torch.randn(rows, 40).bfloat16()
+                        want = F.linear(x.float(), w.float())
+                        torch.testing.assert_close(
+                            kernel(x, pack(w), None).float(), want, atol=0.05, rtol=0.02
+                        )
+                    assert kernel.fused_gate is False and kernel.swiglu(x, pack(w), None) is None
                 assert platform.prepacked_linear(torch.float32, cpu) is None
     assert seen > 0
 

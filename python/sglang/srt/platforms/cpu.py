@@ -312,8 +312,8 @@ class CpuPlatform(Platform):
         self.dtype_choice, self._mixed = None, None
 
     def prepacked_linear(self, dtype: torch.dtype, device: torch.device):
-        """bf16: the kernels' `bf16_linear` on AMX, else oneDNN's packed linear where this torch
-        build and CPU support it (platforms/cpu_linears.py); under `--dtype auto` the mixed
+        """bf16: the kernels' `bf16_linear` on AMX and on AMD's AVX512-BF16, else oneDNN's packed
+        linear where this torch build and CPU support it (platforms/cpu_linears.py); under `--dtype auto` the mixed
         linears of layers/linear_mixed.py (float32 with bf16 copies without native bf16; bf16 with
         float32 copies on AVX-512 without AMX)."""
         choice = self.dtype_choice
@@ -335,7 +335,18 @@ class CpuPlatform(Platform):
         return self._mixed
 
     def _bf16_linear(self, dtype: torch.dtype, device: torch.device):
-        return cpu_linears.bf16_linear(self.kernels.amx_linears(), dtype, device)
+        return cpu_linears.bf16_linear(
+            self.kernels.amx_linears(), dtype, device, vec=self._bf16_vec_linears()
+        )
+
+    def _bf16_vec_linears(self) -> Optional[Any]:
+        """The fused kernel module where its bf16 linears run `vdpbf16ps` and beat oneDNN's packed
+        linear (AVX512-BF16 without AMX, of a FAST_BF16_DOT_VENDORS vendor: cpu_linears.py), else None."""
+        kind = cpu_kind(effective_cpu_flags())
+        if kind != "avx512-bf16" or not fast_bf16_dot(kind, effective_cpu_vendor()):
+            return None
+        ops = self.kernels.fused()
+        return ops if ops is not None and getattr(ops, "bf16_linear_impl", str)() != "" else None
 
     def amx_linear_kernels(self) -> Optional[Any]:
         # AMX as the kind says (an emulated kind without it keeps oneDNN's copy) and as the build says

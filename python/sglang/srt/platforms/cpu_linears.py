@@ -1,8 +1,10 @@
 """The packed bf16 linears `CpuPlatform.prepacked_linear` hands to layers/linear_prepack.py: the
-kernels' `bf16_linear` on AMX (layers/linear_bf16_packed.py), oneDNN's packed linear elsewhere."""
+kernels' `bf16_linear` on AMX and on AMD's AVX512-BF16 (layers/linear_bf16_packed.py), oneDNN's
+packed linear elsewhere."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Optional
 
 import torch
@@ -18,15 +20,34 @@ BF16_LINEAR_MAX_ROWS = 128
 # benchmark/vs_vllm/bf16_linear_ab.py, docs/benchmarks.md ("Fused CPU kernels"), 2026-11-29.
 BF16_LINEAR_NARROW_K = 1536
 BF16_LINEAR_NARROW_MAX_ROWS = 1024
+# AVX512-BF16 without AMX where bf16 dot products are fast (AMD: `fast_bf16_dot`): the build's
+# vdpbf16ps path at every row count. SmolLM2's shapes over 30 layers, 2 threads, against oneDNN's
+# packed linear: 0.56-0.70x at 1-8 rows, 0.84-0.93x at 16-64, 1.00-1.05x at 128-2048, where plain
+# F.linear is 1.12-1.27x (1.02x at 512). No SwiGLU epilogue in that path yet (AMX only).
+# benchmark/vs_vllm/bf16_linear_ab.py --vec-max-rows 4096, docs/benchmarks.md, [zen4] 2026-11-29.
+BF16_VEC_LINEAR_MAX_ROWS = sys.maxsize
 
 
-def bf16_linear(amx: Optional[Any], dtype: torch.dtype, device: torch.device) -> Optional[tuple[Any, Any]]:
+def bf16_linear(
+    amx: Optional[Any], dtype: torch.dtype, device: torch.device, vec: Optional[Any] = None
+) -> Optional[tuple[Any, Any]]:
     """(pack, kernel) for bf16 weights on `device`, or None (plain F.linear). `amx`: the kernel
-    build where its bf16 linears run AMX here (`Platform.amx_linear_kernels`). AMX only: the build's
-    vdpbf16ps path beats oneDNN at 1-4 rows alone on [amx] and is unmeasured on AVX512-BF16 CPUs
-    without AMX (Zen 4 / 5), where oneDNN's copy stays."""
+    build where its bf16 linears run AMX here (`Platform.amx_linear_kernels`); `vec`: the build
+    where they run vdpbf16ps and beat oneDNN (AMD's AVX512-BF16, `CpuPlatform._bf16_vec_linears`).
+    Elsewhere (Intel's AVX512-BF16 without AMX: unmeasured there) oneDNN's copy."""
     if dtype != torch.bfloat16 or device.type != "cpu":
         return None
+    if amx is None and vec is not None:
+        from sglang.srt.layers.linear_bf16_packed import Bf16PackedLinear
+
+        def vec_entry(
+            x: torch.Tensor, packed: torch.Tensor, n: int, bias: Optional[torch.Tensor]
+        ) -> torch.Tensor:
+            return vec.bf16_linear(
+                x, packed, n, bias, False
+            )  # vdpbf16ps (on an AMX CPU too: an emulated kind)
+
+        return Bf16PackedLinear(vec_entry, max_rows=BF16_VEC_LINEAR_MAX_ROWS, fused_gate=False).pair()
     if amx is not None:
         from sglang.srt.layers.linear_bf16_packed import Bf16PackedLinear
 
