@@ -1,7 +1,7 @@
 """The gate_up linear with the SwiGLU gate in its GEMM's epilogue against the linear then the
 kernels' `silu_and_mul`, at SmolLM2's gate_up (3072 x 576) or --shape, interleaved round by round,
 median ms per call, ratios in one run:
-  bf16     `bf16_linear` (AMX) + silu_and_mul  vs  `bf16_linear(..., swiglu=True)`; and plain
+  bf16     `bf16_linear` (AMX, else vdpbf16ps) + silu_and_mul  vs  `bf16_linear(..., swiglu=True)`; and plain
            F.linear + silu_and_mul (what calls above the kernel's row limit run)
   w8a8     `int8_linear` + silu_and_mul        vs  `int8_linear(..., swiglu=True)`
 The fused calls never write the [rows, 2d] activation.
@@ -46,13 +46,17 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     get_platform("cpu").configure_process()  # the server's malloc settings
     ops = loader.choose().module
-    if ops is None or ops.bf16_linear_impl() != "amx":
-        raise SystemExit("needs a kernel build whose bf16_linear runs AMX here")
+    if ops is None or ops.bf16_linear_impl() == "":
+        raise SystemExit("needs a kernel build with bf16_linear (AVX512-BF16) here")
+    amx = ops.bf16_linear_impl() == "amx"  # else the vdpbf16ps path
     n, k = (int(v) for v in args.shape.split("x"))
     w = torch.randn(n, k) * 0.05
     wb, packed8 = w.bfloat16(), pack_int8_vnni(*channel_quantize_int8(w))
     kp = pack_bf16_kpairs(wb)
-    print(f"{args.threads} thread(s), gate_up {args.shape}, median ms per call of {args.rounds} rounds")
+    print(
+        f"{args.threads} thread(s), gate_up {args.shape}, bf16_linear {ops.bf16_linear_impl()}, "
+        f"median ms per call of {args.rounds} rounds"
+    )
     print(
         f"{'rows':>6} {'bf16+gate':>10} {'fused':>8} {'ratio':>6} {'F+gate':>8} {'w8a8+gate':>10} {'fused':>8} {'ratio':>6}"
     )
@@ -60,8 +64,8 @@ def main() -> None:
         x = torch.randn(rows, k).bfloat16()
         t = medians(
             {
-                "bf": lambda: ops.silu_and_mul(ops.bf16_linear(x, kp, n, None, True)),
-                "bf_fused": lambda: ops.bf16_linear(x, kp, n, None, True, True),
+                "bf": lambda: ops.silu_and_mul(ops.bf16_linear(x, kp, n, None, amx)),
+                "bf_fused": lambda: ops.bf16_linear(x, kp, n, None, amx, True),
                 "F": lambda: ops.silu_and_mul(F.linear(x, wb)),
                 "i8": lambda: ops.silu_and_mul(ops.int8_linear(x, *packed8, n)),
                 "i8_fused": lambda: ops.int8_linear(x, *packed8, n, swiglu=True),

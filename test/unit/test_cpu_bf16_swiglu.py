@@ -1,7 +1,8 @@
-"""bf16_linear's SwiGLU epilogue (`swiglu=True`, kernels/cpu/csrc/bf16_linear.cpp, AMX only): a
-[gate; up] weight's call returns silu(gate) * up with the same bits as the plain call followed by
-the build's silu_and_mul, for decode and prefill row counts, K off the 32-wide tile step (x copied),
-biases; refused without AMX and for halves off the 16-column blocks. `Bf16PackedLinear.swiglu` and
+"""bf16_linear's SwiGLU epilogue (`swiglu=True`, kernels/cpu/csrc/bf16_linear.cpp, on AMX tiles and
+on the vdpbf16ps path): a [gate; up] weight's call returns silu(gate) * up with the same bits as
+the plain call followed by the build's silu_and_mul, for decode and prefill row counts, K off the
+32-wide tile step (x copied), odd numbers of gate blocks, biases; refused for halves off the
+16-column blocks. `Bf16PackedLinear.swiglu` and
 the gate_up layer's `fused_swiglu` take it at any row count (beyond the plain call's row limit
 too) and decline elsewhere."""
 
@@ -18,9 +19,12 @@ from sglang.srt.platforms import get_platform
 SHAPES = [(1, 16, 64), (5, 48, 70), (16, 32, 576), (33, 80, 128), (130, 48, 576), (300, 16, 96)]
 
 
-def _amx(ops):
-    if ops.bf16_linear_impl() != "amx":
-        pytest.skip(f"bf16_linear's SwiGLU epilogue needs AMX (this build / CPU: {ops.bf16_linear_impl()!r})")
+def _paths(ops) -> list[bool]:
+    """use_amx values to test: the AMX tiles where they run here, and the vdpbf16ps path."""
+    impl = ops.bf16_linear_impl()
+    if impl == "":
+        pytest.skip(f"the {ops.isa()} build has no AVX512-BF16: bf16_linear is refused there")
+    return [True, False] if impl == "amx" else [False]
 
 
 def _case(m: int, d: int, k: int, bias: bool, seed: int = 0):
@@ -34,18 +38,19 @@ def _case(m: int, d: int, k: int, bias: bool, seed: int = 0):
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("bias", [False, True])
 def test_swiglu_equals_plain_then_gate(ops, shape, bias):
-    _amx(ops)
     m, d, k = shape
     x, w, b = _case(m, d, k, bias)
     kp = pack_bf16_kpairs(w)
-    plain = ops.bf16_linear(x, kp, 2 * d, b)
-    got = ops.bf16_linear(x, kp, 2 * d, b, True, True)
-    assert got.shape == (m, d) and got.dtype == torch.bfloat16
-    assert torch.equal(got, ops.silu_and_mul(plain)), (
-        (got.float() - ops.silu_and_mul(plain).float()).abs().max()
-    )
-    ref = torch.nn.functional.silu(plain[:, :d].float()) * plain[:, d:].float()
-    torch.testing.assert_close(got.float(), ref, rtol=2**-7, atol=1e-5)
+    for use_amx in _paths(ops):
+        plain = ops.bf16_linear(x, kp, 2 * d, b, use_amx)
+        got = ops.bf16_linear(x, kp, 2 * d, b, use_amx, True)
+        assert got.shape == (m, d) and got.dtype == torch.bfloat16
+        assert torch.equal(got, ops.silu_and_mul(plain)), (
+            use_amx,
+            (got.float() - ops.silu_and_mul(plain).float()).abs().max(),
+        )
+        ref = torch.nn.functional.silu(plain[:, :d].float()) * plain[:, d:].float()
+        torch.testing.assert_close(got.float(), ref, rtol=2**-7, atol=1e-5)
 
 
 def test_swiglu_refusals(ops):
@@ -53,15 +58,15 @@ def test_swiglu_refusals(ops):
         pytest.skip("this build has no bf16_linear")
     x, w, _ = _case(4, 16, 64, False)
     kp = pack_bf16_kpairs(w)
-    with pytest.raises(RuntimeError, match="swiglu needs AMX"):
-        ops.bf16_linear(x, kp, 32, None, False, True)  # the vdpbf16ps path has no SwiGLU epilogue
+    assert ops.bf16_linear(x, kp, 32, None, False, True).shape == (4, 16)  # the vdpbf16ps path has it too
     w48 = torch.randn(48, 64).bfloat16()
-    with pytest.raises(RuntimeError, match="swiglu needs AMX|multiple of 32"):
-        ops.bf16_linear(x, pack_bf16_kpairs(w48), 48, None, True, True)
+    for use_amx in (True, False):
+        with pytest.raises(RuntimeError, match="multiple of 32"):
+            ops.bf16_linear(x, pack_bf16_kpairs(w48), 48, None, use_amx, True)
 
 
 def test_packed_kernel_takes_the_gate_beyond_the_plain_row_limit(ops):
-    _amx(ops)
+    _paths(ops)
     kernel = Bf16PackedLinear(ops.bf16_linear, max_rows=40)  # the plain call's row limit
     x, w, b = _case(41, 32, 64, True)
     packed = kernel.pack(w)
@@ -83,8 +88,8 @@ def test_llama_mlp_fuses_the_gate_where_the_kernel_has_it():
     kernel = mlp.gate_up_proj.packed_weight[1] if mlp.gate_up_proj.packed_weight else None
     x = torch.randn(2, 7, 128).bfloat16()
     fused = mlp.gate_up_proj.fused_swiglu(x)
-    if not isinstance(kernel, Bf16PackedLinear) or not kernel.fused_gate:
-        assert fused is None  # oneDNN's copy, none, or the vdpbf16ps pair: the layer and the gate apart
+    if not isinstance(kernel, Bf16PackedLinear):
+        assert fused is None  # oneDNN's copy or none: the layer and the gate run apart
         return
     apart = mlp.act_fn(mlp.gate_up_proj(x).view(14, 192)).view(2, 7, 96)
     assert fused is not None and torch.equal(fused, apart)

@@ -7,7 +7,7 @@ platform hands to layers/linear_prepack.py (`CpuPlatform.prepacked_linear`) in p
 copy (same bytes) where its build runs it on AMX: calls of up to `max_rows` rows (more for narrow
 weights: their row tiles stay in L2) take the kernel, larger ones (prefill chunks) the plain
 `F.linear` on the bf16 weight, which is as fast as oneDNN's packed one there; and on AMD's
-AVX512-BF16 without AMX, where its vdpbf16ps path takes every call (no SwiGLU epilogue there yet).
+AVX512-BF16 without AMX, where its vdpbf16ps path takes every call.
 Measured on [amx] and [zen4]: docs/benchmarks.md, platforms/cpu_linears.py.
 """
 
@@ -50,11 +50,9 @@ class Bf16PackedLinear:
         max_rows: int,
         narrow_k: int = 0,
         narrow_max_rows: int = 0,
-        fused_gate: bool = True,
     ) -> None:
         self.entry = entry
         self.max_rows = max_rows
-        self.fused_gate = fused_gate  # the kernel path has the SwiGLU epilogue (AMX)
         # weights of at most `narrow_k` inputs take the kernel up to `narrow_max_rows` rows instead
         self.narrow_k = narrow_k
         self.narrow_max_rows = max(narrow_max_rows, max_rows)
@@ -85,7 +83,7 @@ class Bf16PackedLinear:
         128-2,048 rows on a ~1B Llama's 16384 x 2048, [amx]: docs/benchmarks.md)."""
         kpairs, weight, _ = packed
         n, rows = weight.shape[0], x.shape[0] if x.dim() == 2 else -1
-        if not self.fused_gate or rows <= 0 or n % (2 * LANES) or x.dtype != torch.bfloat16:
+        if rows <= 0 or n % (2 * LANES) or x.dtype != torch.bfloat16:
             return None
         if bias is not None and bias.dtype != torch.bfloat16:
             return None

@@ -23,7 +23,7 @@ BF16_LINEAR_NARROW_MAX_ROWS = 1024
 # AVX512-BF16 without AMX where bf16 dot products are fast (AMD: `fast_bf16_dot`): the build's
 # vdpbf16ps path at every row count. SmolLM2's shapes over 30 layers, 2 threads, against oneDNN's
 # packed linear: 0.56-0.70x at 1-8 rows, 0.84-0.93x at 16-64, 1.00-1.05x at 128-2048, where plain
-# F.linear is 1.12-1.27x (1.02x at 512). No SwiGLU epilogue in that path yet (AMX only).
+# F.linear is 1.12-1.27x (1.02x at 512). The SwiGLU gate in its epilogue, as on AMX.
 # benchmark/vs_vllm/bf16_linear_ab.py --vec-max-rows 4096, docs/benchmarks.md, [zen4] 2026-11-29.
 BF16_VEC_LINEAR_MAX_ROWS = sys.maxsize
 
@@ -40,14 +40,11 @@ def bf16_linear(
     if amx is None and vec is not None:
         from sglang.srt.layers.linear_bf16_packed import Bf16PackedLinear
 
-        def vec_entry(
-            x: torch.Tensor, packed: torch.Tensor, n: int, bias: Optional[torch.Tensor]
-        ) -> torch.Tensor:
-            return vec.bf16_linear(
-                x, packed, n, bias, False
-            )  # vdpbf16ps (on an AMX CPU too: an emulated kind)
+        def vec_entry(x, packed, n, bias=None, use_amx=True, swiglu=False) -> torch.Tensor:
+            # vdpbf16ps (on an AMX CPU too: an emulated kind), whatever the caller asks of use_amx
+            return vec.bf16_linear(x, packed, n, bias, False, swiglu)
 
-        return Bf16PackedLinear(vec_entry, max_rows=BF16_VEC_LINEAR_MAX_ROWS, fused_gate=False).pair()
+        return Bf16PackedLinear(vec_entry, max_rows=BF16_VEC_LINEAR_MAX_ROWS).pair()
     if amx is not None:
         from sglang.srt.layers.linear_bf16_packed import Bf16PackedLinear
 

@@ -11,7 +11,7 @@
 //     read in place where K is a multiple of 32 (decode sizes and prefill chunks alike).
 //   vector: tiles of up to 4 rows x 4 column blocks, vdpbf16ps (AVX512-BF16 without AMX).
 // Builds without AVX512-BF16 answer bf16_linear_impl() == "" and refuse the call.
-// swiglu (AMX only): a [gate; up] weight's tiles pair gate block j with up block j + N / 32, and
+// swiglu (both paths): a [gate; up] weight's tiles pair gate block j with up block j + N / 32, and
 // the epilogue stores silu(gate) * up (silu_vec.h) of the bf16 values the plain call would store:
 // [M, N / 2] (layers/linear_bf16_packed.py `Bf16PackedLinear.swiglu`).
 //
@@ -33,6 +33,9 @@
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 #include <immintrin.h>
+
+#include "vec_exp2.h"  // before silu_vec.h, which uses it
+#include "silu_vec.h"
 #define SGL_BF16_LINEAR 1
 #endif
 #if defined(SGL_BF16_LINEAR) && defined(__AMX_TILE__) && defined(__AMX_BF16__)
@@ -41,8 +44,6 @@
 #include <unistd.h>
 
 #include "amx_tiles.h"
-#include "vec_exp2.h"  // before silu_vec.h, which uses it
-#include "silu_vec.h"
 #define SGL_BF16_LINEAR_AMX 1
 #endif
 
@@ -60,7 +61,7 @@ struct Args {
   int64_t ldx = 0, full = 0;  // AMX: x's row stride (elements) and its rows read in place
   const uint16_t* tail = nullptr;  // AMX: rows [full, M) zero-padded to whole 16-row tiles, stride Kp
   int64_t ldo = 0;  // the output's row stride: N, or N / 2 under the SwiGLU epilogue
-  int64_t half = 0;  // AMX, the SwiGLU epilogue ([gate; up] weight): N / 32 blocks a half; else 0
+  int64_t half = 0;  // the SwiGLU epilogue ([gate; up] weight): N / 32 blocks a half; else 0
 };
 
 // the 16 rows of x from row r (a multiple of 16) as an A tile source, and its stride in bytes
@@ -84,9 +85,17 @@ inline void store_bf16(uint16_t* p, __m512 v, __mmask16 m) {
   _mm256_mask_storeu_epi16(p, m, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
 }
 
+// v rounded to bf16 as the plain output stores it (vcvtneps2bf16), kept in float32
+inline __m512 as_bf16(__m512 v) {
+  return _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v))), 16));
+}
+
 // ----------------------------------------------------------------------------- vdpbf16ps tiles
+// rows [i0, i0 + RI) x the NB column blocks bl[0 .. NB); under the SwiGLU epilogue the first NB / 2
+// are gate blocks and the rest their up blocks (same order), and the tile stores silu(gate) * up
 template <int RI, int NB>
-void vec_tile(const Args& g, int64_t i0, int64_t b0) {
+void vec_tile(const Args& g, int64_t i0, const int64_t* bl) {
   const int64_t pairs = g.Kp / 2, bstride = pairs * kLanes;
   __m512 a[RI][NB];
   for (int i = 0; i < RI; ++i)
@@ -94,7 +103,7 @@ void vec_tile(const Args& g, int64_t i0, int64_t b0) {
   const uint16_t* x = g.x + i0 * g.Kp;
   for (int64_t p = 0; p < pairs; ++p) {
     __m512i wv[NB];
-    for (int b = 0; b < NB; ++b) wv[b] = _mm512_loadu_si512(g.w + (b0 + b) * bstride + p * kLanes);
+    for (int b = 0; b < NB; ++b) wv[b] = _mm512_loadu_si512(g.w + bl[b] * bstride + p * kLanes);
     for (int i = 0; i < RI; ++i) {
       uint32_t xi;
       std::memcpy(&xi, x + i * g.Kp + 2 * p, 4);
@@ -102,8 +111,19 @@ void vec_tile(const Args& g, int64_t i0, int64_t b0) {
       for (int b = 0; b < NB; ++b) a[i][b] = _mm512_dpbf16_ps(a[i][b], xb, reinterpret_cast<__m512bh>(wv[b]));
     }
   }
+  if (g.half > 0) {  // whole blocks (N a multiple of 32): silu(gate) * up of the bf16-rounded values
+    for (int b = 0; b < NB / 2; ++b) {
+      const int64_t cg = bl[b] * kLanes, cu = bl[b + NB / 2] * kLanes;
+      const __m512 bg = bias16(g.bias, cg, 0xFFFF), bu = bias16(g.bias, cu, 0xFFFF);
+      for (int i = 0; i < RI; ++i) {
+        const __m512 gv = as_bf16(_mm512_add_ps(a[i][b], bg)), uv = as_bf16(_mm512_add_ps(a[i][b + NB / 2], bu));
+        store_bf16(g.out + (i0 + i) * g.ldo + cg, sgl_vec::silu_mul16(gv, uv), 0xFFFF);
+      }
+    }
+    return;
+  }
   for (int b = 0; b < NB; ++b) {
-    const int64_t c0 = (b0 + b) * kLanes;
+    const int64_t c0 = bl[b] * kLanes;
     const __mmask16 m = lanes(g.N - c0);
     const __m512 bv = bias16(g.bias, c0, m);
     for (int i = 0; i < RI; ++i) store_bf16(g.out + (i0 + i) * g.ldo + c0, _mm512_add_ps(a[i][b], bv), m);
@@ -111,26 +131,34 @@ void vec_tile(const Args& g, int64_t i0, int64_t b0) {
 }
 
 template <int NB>
-void vec_rows(const Args& g, int64_t b0) {
+void vec_rows(const Args& g, const int64_t* bl) {
   int64_t i = 0;
-  for (; i + 4 <= g.M; i += 4) vec_tile<4, NB>(g, i, b0);
+  for (; i + 4 <= g.M; i += 4) vec_tile<4, NB>(g, i, bl);
   switch (g.M - i) {
-    case 3: return vec_tile<3, NB>(g, i, b0);
-    case 2: return vec_tile<2, NB>(g, i, b0);
-    case 1: return vec_tile<1, NB>(g, i, b0);
+    case 3: return vec_tile<3, NB>(g, i, bl);
+    case 2: return vec_tile<2, NB>(g, i, bl);
+    case 1: return vec_tile<1, NB>(g, i, bl);
     default: return;
   }
 }
 
+// tasks of 4 column blocks (the SwiGLU epilogue: 2 gate blocks and their up blocks), all rows each
 void gemm_vec(const Args& g) {
-  const int64_t tasks = (g.blocks + 3) / 4;
+  const int64_t h = g.half, tasks = h > 0 ? (h + 1) / 2 : (g.blocks + 3) / 4;
   at::parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
+      if (h > 0) {
+        const int64_t b = 2 * t;
+        const int64_t two[4] = {b, b + 1, b + h, b + 1 + h}, one[2] = {b, b + h};
+        if (h - b >= 2) vec_rows<4>(g, two); else vec_rows<2>(g, one);
+        continue;
+      }
       const int64_t b0 = t * 4;
       if (g.blocks - b0 >= 4) {
-        vec_rows<4>(g, b0);
+        const int64_t bl[4] = {b0, b0 + 1, b0 + 2, b0 + 3};
+        vec_rows<4>(g, bl);
       } else {
-        for (int64_t b = b0; b < g.blocks; ++b) vec_rows<1>(g, b);
+        for (int64_t b = b0; b < g.blocks; ++b) vec_rows<1>(g, &b);
       }
     }
   });
@@ -162,12 +190,6 @@ inline void load_a(int tile, const uint16_t* p, int64_t stride) {
   } else {
     if (tile == 0) _tile_loadd(0, p, stride); else _tile_loadd(1, p, stride);
   }
-}
-
-// v rounded to bf16 as the plain output stores it (vcvtneps2bf16), kept in float32
-inline __m512 as_bf16(__m512 v) {
-  return _mm512_castsi512_ps(
-      _mm512_slli_epi32(_mm512_cvtepu16_epi32(reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v))), 16));
 }
 
 // the SwiGLU epilogue of a 32-row x (gate block, up block) tile: silu(gate) * up on the values the
@@ -401,9 +423,8 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N,
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.dim() == 2 && x.stride(1) == 1,
               "bf16_linear: x must be a bf16 [M, K] tensor with contiguous rows");
   check_packed("bf16_linear", x, packed, N, bias, at::kBFloat16);
-  TORCH_CHECK(!swiglu || (use_amx && bf16_linear_impl() == "amx" && N % 32 == 0),
-              "bf16_linear: swiglu needs AMX (this CPU / build: '", bf16_linear_impl(), "', use_amx ", use_amx,
-              ") and N a multiple of 32 (each half whole 16-column blocks), got N = ", N);
+  TORCH_CHECK(!swiglu || N % 32 == 0,
+              "bf16_linear: swiglu needs N a multiple of 32 (each half whole 16-column blocks), got N = ", N);
   const int64_t M = x.size(0), K = x.size(1), Kp = (K + 31) / 32 * 32, blocks = (N + 15) / 16;
   auto out = at::empty({M, swiglu ? N / 2 : N}, x.options());
 #if defined(SGL_BF16_LINEAR)

@@ -1155,7 +1155,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("bf16_linear_impl", &bf16_linear_impl, "the path bf16_linear runs here: amx, avx512-bf16, or '' (none)");
   m.def("bf16_linear", &bf16_linear,
         "bf16 x [M, K] . W [N, K]^T (+ bias) in bf16 for few rows, W packed by pack_bf16_kpairs (int32 "
-        "[ceil(N/16), ceil(K/32)*16, 16], kNoGil); use_amx=False: the vdpbf16ps path on AMX CPUs too; swiglu (AMX): "
+        "[ceil(N/16), ceil(K/32)*16, 16], kNoGil); use_amx=False: the vdpbf16ps path on AMX CPUs too; swiglu: "
         "a [gate; up] weight, out [M, N / 2] = silu(gate) * up",
         py::arg("x"), py::arg("packed"), py::arg("N"), py::arg("bias") = py::none(), py::arg("use_amx") = true,
         py::arg("swiglu") = false, kNoGil);
