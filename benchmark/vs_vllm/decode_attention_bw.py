@@ -4,7 +4,9 @@ SmolLM2's attention shape (9 query heads, 3 KV heads of 64) at a batch of --batc
 --contexts keys each, one bf16 pool per layer (--layers of them in turn, so that the KV comes from
 memory as in a decode step): ms per pass over the layers (best of --rounds) and the GB/s that
 makes of the K and V bytes read; `torch.sum` over the same bytes as the reference read. Slots in
-order (a request's KV mostly contiguous, as a prompt's), or a random permutation (--scattered).
+order (a request's KV mostly contiguous, as a prompt's), or a random permutation (--scattered);
+the float32 path (K / V widened) and the `bf16_dot` one (q.k and p.v by vdpbf16ps: AMD's AVX512-BF16
+default) in one run.
 
     python benchmark/vs_vllm/decode_attention_bw.py --threads 2 --contexts 300 1100 [--scattered]
 """
@@ -49,7 +51,7 @@ def main() -> None:
     print(
         f"kernel build {ops.isa()}, {args.threads} thread(s), batch {b}, {args.heads} / {hk} heads of {d}, bf16 pool"
     )
-    print("context | decode_attention ms | GB/s | torch.sum of the same bytes ms | GB/s")
+    print("context | decode_attention ms | GB/s | bf16_dot ms | GB/s | torch.sum of the same bytes ms | GB/s")
     for ctx in args.contexts:
         rows = b * ctx + 16
         pools = [
@@ -62,9 +64,9 @@ def main() -> None:
         q = torch.randn(b, args.heads, d).bfloat16()
         nbytes = args.layers * b * ctx * hk * d * 2 * 2  # K and V, bf16
 
-        def attend() -> None:
+        def attend(dot: bool) -> None:
             for k, v in pools:
-                ops.decode_attention(q, k, v, slots, lens, d**-0.5, 1.0, 1.0)
+                ops.decode_attention(q, k, v, slots, lens, d**-0.5, 1.0, 1.0, dot)
 
         flat = [torch.cat([k.flatten(), v.flatten()]) for k, v in pools]  # pool rows past the batch's too
 
@@ -72,12 +74,11 @@ def main() -> None:
             for f in flat:
                 f.sum()
 
-        ta, tr = best_s(attend, args.rounds), best_s(read, args.rounds)
+        ta, td = best_s(lambda: attend(False), args.rounds), best_s(lambda: attend(True), args.rounds)
+        tr = best_s(read, args.rounds)
         read_bytes = sum(f.numel() * 2 for f in flat)
-        print(
-            f"{ctx} | {ta * 1e3:.2f} | {nbytes / ta / 1e9:.1f} | {tr * 1e3:.2f} | {read_bytes / tr / 1e9:.1f}",
-            flush=True,
-        )
+        cells = [f"{t * 1e3:.2f} | {nbytes / t / 1e9:.1f}" for t in (ta, td)]
+        print(f"{ctx} | {cells[0]} | {cells[1]} | {tr * 1e3:.2f} | {read_bytes / tr / 1e9:.1f}", flush=True)
 
 
 if __name__ == "__main__":

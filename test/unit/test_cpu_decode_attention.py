@@ -1,5 +1,5 @@
 """Decode attention's AVX-512 paths (kernels/cpu/csrc/sglang_cpu_ops.cpp: 16-key score blocks, one
-parallel region for unsplit batches) against the torch reference, once per instruction-set build
+parallel region for unsplit batches, a bf16 pool's scores by vdpbf16ps under `bf16_dot`) against the torch reference, once per instruction-set build
 this CPU executes (the other builds run their own paths on the same inputs)."""
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ def test_decode_attention_unsplit_batch(ops, dtype, head_dim, heads):
     lens = torch.tensor([1, 15, 16, 17, 33, 200, 256, 250])
     slots = torch.stack([torch.randperm(rows, generator=g)[:256] for _ in lens])
     q = torch.randn(len(lens), hq, head_dim, generator=g).to(dtype)
-    out = ops.decode_attention(q, k_buf, v_buf, slots, lens, head_dim**-0.5)
-    _close(out, ref.decode_attention(q, k_buf, v_buf, slots, lens, head_dim**-0.5), dtype)
+    want = ref.decode_attention(q, k_buf, v_buf, slots, lens, head_dim**-0.5)
+    for dot in (False, True):  # bf16_dot: a bf16 pool's scores by vdpbf16ps (avx512bf16 build)
+        _close(ops.decode_attention(q, k_buf, v_buf, slots, lens, head_dim**-0.5, bf16_dot=dot), want, dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -53,9 +54,10 @@ def test_decode_attention_nan_propagates(ops, dtype, head_dim):
     slots[1, 17] = 250  # in the tail of a 19-key sequence
     q = torch.randn(3, hq, head_dim, generator=g).to(dtype)
     k_buf, v_buf = k_buf.to(dtype), v_buf.to(dtype)
-    out = ops.decode_attention(q, k_buf, v_buf, slots, lens, head_dim**-0.5)
     want = ref.decode_attention(q, k_buf, v_buf, slots, lens, head_dim**-0.5)
-    assert want.isnan().any() and torch.equal(out.isnan(), want.isnan())
-    fin = want.isfinite()
-    assert fin.any() and torch.equal(out.isfinite(), fin)
-    torch.testing.assert_close(out[fin].float(), want[fin].float(), atol=TOL[dtype], rtol=TOL[dtype])
+    for dot in (False, True):
+        out = ops.decode_attention(q, k_buf, v_buf, slots, lens, head_dim**-0.5, bf16_dot=dot)
+        assert want.isnan().any() and torch.equal(out.isnan(), want.isnan())
+        fin = want.isfinite()
+        assert fin.any() and torch.equal(out.isfinite(), fin)
+        torch.testing.assert_close(out[fin].float(), want[fin].float(), atol=TOL[dtype], rtol=TOL[dtype])

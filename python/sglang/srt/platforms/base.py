@@ -172,6 +172,12 @@ class Platform:
     def release_freed_memory(self) -> None:
         """Hand memory freed while loading back to the system (no-op where the allocator does)."""
 
+    def bf16_vec_kernels(self) -> Optional[Any]:
+        """The fused kernel module where bf16 linears and decode attention's scores run on bf16 dot
+        products (`vdpbf16ps`) rather than oneDNN / float32 FMAs, else None. Asked once, through
+        `self.kernels.bf16_vec()`."""
+        return None
+
     def amx_linear_kernels(self) -> Optional[Any]:
         """The fused kernel module where its bf16 linears run AMX tiles here (`bf16_linear`,
         `bf16_linear_f32out`), else None. Asked once, through `self.kernels.amx_linears()`."""

@@ -335,13 +335,12 @@ class CpuPlatform(Platform):
         return self._mixed
 
     def _bf16_linear(self, dtype: torch.dtype, device: torch.device):
-        return cpu_linears.bf16_linear(
-            self.kernels.amx_linears(), dtype, device, vec=self._bf16_vec_linears()
-        )
+        return cpu_linears.bf16_linear(self.kernels.amx_linears(), dtype, device, vec=self.bf16_vec_kernels())
 
-    def _bf16_vec_linears(self) -> Optional[Any]:
-        """The fused kernel module where its bf16 linears run `vdpbf16ps` and beat oneDNN's packed
-        linear (AVX512-BF16 without AMX, of a FAST_BF16_DOT_VENDORS vendor: cpu_linears.py), else None."""
+    def bf16_vec_kernels(self) -> Optional[Any]:
+        """The fused kernel module where bf16 work runs on `vdpbf16ps` (AVX512-BF16 without AMX, of a
+        FAST_BF16_DOT_VENDORS vendor): its bf16 linears beat oneDNN's (cpu_linears.py) and decode
+        attention scores by bf16 dot products; else None."""
         kind = cpu_kind(effective_cpu_flags())
         if kind != "avx512-bf16" or not fast_bf16_dot(kind, effective_cpu_vendor()):
             return None

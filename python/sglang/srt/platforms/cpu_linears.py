@@ -33,7 +33,7 @@ def bf16_linear(
 ) -> Optional[tuple[Any, Any]]:
     """(pack, kernel) for bf16 weights on `device`, or None (plain F.linear). `amx`: the kernel
     build where its bf16 linears run AMX here (`Platform.amx_linear_kernels`); `vec`: the build
-    where they run vdpbf16ps and beat oneDNN (AMD's AVX512-BF16, `CpuPlatform._bf16_vec_linears`).
+    where they run vdpbf16ps and beat oneDNN (AMD's AVX512-BF16, `CpuPlatform.bf16_vec_kernels`).
     Elsewhere (Intel's AVX512-BF16 without AMX: unmeasured there) oneDNN's copy."""
     if dtype != torch.bfloat16 or device.type != "cpu":
         return None

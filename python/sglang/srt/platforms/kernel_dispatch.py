@@ -110,6 +110,13 @@ def int8_linear_op(device: torch.device) -> Optional[Callable[..., torch.Tensor]
     return None if table is None else table.int8_linear()
 
 
+def decode_bf16_dot(device: torch.device) -> bool:
+    """Whether the fused `decode_attention` scores a bf16 pool by bf16 dot products on `device`
+    (`bf16_dot=True`: the platform's `bf16_vec_kernels`, AMD's AVX512-BF16)."""
+    table = _table(device.type)
+    return table is not None and table.bf16_vec() is not None
+
+
 def amx_linear_kernels(device: torch.device) -> Optional[Any]:
     """The fused kernel module where its bf16 linears run AMX tiles on `device` (`bf16_linear`,
     `bf16_linear_f32out`: the CPU platform's answer for an AMX CPU), or None."""

@@ -24,6 +24,7 @@ class KernelTable:
         self._fused: Any = _UNSET
         self._int8_linear: Any = _UNSET
         self._amx_linears: Any = _UNSET
+        self._bf16_vec: Any = _UNSET
         self._prefill_dtype: dict[torch.dtype, torch.dtype] = {}
 
     def fused(self) -> Optional[Any]:
@@ -52,6 +53,13 @@ class KernelTable:
         found = self._amx_linears
         if found is _UNSET:
             found = self._amx_linears = self._platform.amx_linear_kernels()
+        return found
+
+    def bf16_vec(self) -> Optional[Any]:
+        """`Platform.bf16_vec_kernels`, chosen once."""
+        found = self._bf16_vec
+        if found is _UNSET:
+            found = self._bf16_vec = self._platform.bf16_vec_kernels()
         return found
 
     def prefill_attention_dtype(self, dtype: torch.dtype) -> torch.dtype:

@@ -33,7 +33,12 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 import torch.nn.functional as F
 
-from sglang.srt.platforms.kernel_dispatch import kernels_for_device, prefill_attention_dtype, splits_attention
+from sglang.srt.platforms.kernel_dispatch import (
+    decode_bf16_dot,
+    kernels_for_device,
+    prefill_attention_dtype,
+    splits_attention,
+)
 from sglang.srt.layers.attention.cpu_decode import (
     DecodeSegments,
     attend_decode_segments,
@@ -93,6 +98,7 @@ class CPUMetadata:
     single_lens: Optional[torch.Tensor] = None  # [n1] int64 seq lens (for the fused kernel)
     prefill_kernel: bool = False  # the fused kernels run causal prefill here (CPU with AMX)
     prefill_vec: bool = False  # the fused float32 prefill kernel runs here (AVX2 / AVX-512 build)
+    decode_dot: bool = False  # decode_attention scores a bf16 pool by bf16 dot products (AMD AVX512-BF16)
 
 
 def _build_metadata(fb: "ForwardBatch") -> CPUMetadata:
@@ -155,6 +161,7 @@ def _build_metadata(fb: "ForwardBatch") -> CPUMetadata:
         single_lens=single_lens_t,
         prefill_kernel=kernels is not None and bool(kernels.prefill_attention_supported()),
         prefill_vec=kernels is not None and bool(kernels.prefill_attention_vec_supported()),
+        decode_dot=kernels is not None and decode_bf16_dot(device),
     )
 
 
@@ -213,7 +220,7 @@ class CPUAttnBackend(TorchNativeAttnBackend):
             and q.stride(-1) == 1
         ):
             return md.kernels.decode_attention(
-                q, k_buf, v_buf, md.single_kv_indices, md.single_lens, layer.scaling, ks, vs
+                q, k_buf, v_buf, md.single_kv_indices, md.single_lens, layer.scaling, ks, vs, md.decode_dot
             )
         if md.single_segments is not None and lse_kernel_available(q):
             return attend_decode_segments(

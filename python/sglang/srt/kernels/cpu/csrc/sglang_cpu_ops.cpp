@@ -15,6 +15,8 @@
 //                     read in place (no gather); GQA; long sequences split across threads and
 //                     merged by log-sum-exp. An FP8 pool (float8_e4m3fn / float8_e5m2, under float32
 //                     or bf16 q) is widened element by element as read, with its per-layer scales.
+//                     bf16_dot (AMD's AVX512-BF16): a bf16 pool's q.k (q's own bits) and p.v (p rounded
+//                     to bf16, as the AMX prefill kernel does) by vdpbf16ps.
 //   rms_norm          y = x * rsqrt(mean(x^2) + eps) * w
 //   add_rms_norm      r = x + residual (rounded like torch's add; float32 residual: kept float32), y = rms_norm(r)
 //   silu_and_mul      [T, 2d] -> silu(x[:, :d]) * x[:, d:]
@@ -585,13 +587,139 @@ void scores_avx512(const float* __restrict__ qf, const KV* __restrict__ kh, cons
 }
 #endif
 
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+// scores_avx512 for a bf16 pool by vdpbf16ps (`bf16_dot`): q's own bf16 values [G][HD] against the
+// raw K rows, products exact and summed in float32, then scaled by `fscale` (where the float path
+// scales q first): no widened copy of K, half the multiply-add instructions. For CPUs where
+// vdpbf16ps runs at the float32 FMA's instruction rate (AMD Zen 4 / 5: `Platform.bf16_vec_kernels`).
+constexpr int64_t kDotAhead = 48;  // rows prefetched ahead by the bf16_dot loops (three 16-key blocks)
+template <int HD>
+void scores_dot_avx512(const uint16_t* __restrict__ qb, const uint16_t* __restrict__ kh,
+                       const uint16_t* __restrict__ vh, const int64_t* __restrict__ srow, int64_t L, int64_t G,
+                       float fscale, float* __restrict__ scores) {
+  constexpr int NP = HD / 32;  // 32 bf16 a vector
+  const __m512 sc = _mm512_set1_ps(fscale);
+  const int64_t L16 = L / 16 * 16;
+  for (int64_t j = 0; j < std::min<int64_t>(kDotAhead, L); ++j) {  // the first blocks' rows
+    const char* k0 = reinterpret_cast<const char*>(kh + srow[j] * HD);
+    const char* v0 = reinterpret_cast<const char*>(vh + srow[j] * HD);
+    for (size_t o = 0; o < HD * sizeof(uint16_t); o += 64) {
+      _mm_prefetch(k0 + o, _MM_HINT_T0);
+      _mm_prefetch(v0 + o, _MM_HINT_T1);
+    }
+  }
+  for (int64_t j0 = 0; j0 < L16; j0 += 16) {
+    for (int b = 0; b < 16 && j0 + kDotAhead + b < L; ++b) {  // scattered rows, kDotAhead ahead of use
+      const char* ka = reinterpret_cast<const char*>(kh + srow[j0 + kDotAhead + b] * HD);
+      const char* va = reinterpret_cast<const char*>(vh + srow[j0 + kDotAhead + b] * HD);
+      for (size_t o = 0; o < HD * sizeof(uint16_t); o += 64) {
+        _mm_prefetch(ka + o, _MM_HINT_T0);
+        _mm_prefetch(va + o, _MM_HINT_T1);
+      }
+    }
+    for (int64_t g = 0; g < G; ++g) {
+      __m512bh q[NP];
+      for (int c = 0; c < NP; ++c) q[c] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(qb + g * HD + 32 * c));
+      __m512 acc[16];
+#pragma GCC unroll 16
+      for (int b = 0; b < 16; ++b) {
+        const uint16_t* kr = kh + srow[j0 + b] * HD;
+        acc[b] = _mm512_dpbf16_ps(_mm512_setzero_ps(), q[0], reinterpret_cast<__m512bh>(_mm512_loadu_si512(kr)));
+        for (int c = 1; c < NP; ++c)
+          acc[b] = _mm512_dpbf16_ps(acc[b], q[c], reinterpret_cast<__m512bh>(_mm512_loadu_si512(kr + 32 * c)));
+      }
+      _mm512_storeu_ps(scores + g * L + j0, _mm512_mul_ps(hsum16x16(acc), sc));
+    }
+  }
+  for (int64_t j = L16; j < L; ++j) {
+    const uint16_t* kr = kh + srow[j] * HD;
+    for (int64_t g = 0; g < G; ++g) {
+      __m512 acc = _mm512_setzero_ps();
+      for (int c = 0; c < NP; ++c)
+        acc = _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh>(_mm512_loadu_si512(qb + g * HD + 32 * c)),
+                               reinterpret_cast<__m512bh>(_mm512_loadu_si512(kr + 32 * c)));
+      scores[g * L + j] = _mm512_reduce_add_ps(acc) * fscale;
+    }
+  }
+}
+
+// P V for a bf16 pool by vdpbf16ps (`bf16_dot`): each head's P (softmax numerators, float32 in
+// `scores`) rounded to bf16 into pb [G][L rounded up to even] (a zero past L), V rows taken two at a
+// time and interleaved in 16-bit halves (row j low, row j + 1 high) so that one vdpbf16ps adds
+// p_j v_j + p_j+1 v_j+1 for 16 dims; the interleave works within 128-bit blocks, so each 32-dim
+// chunk's two accumulators hold dims {0-3, 8-11, ...} and {4-7, 12-15, ...} and are put back in
+// order when stored. Heads HG at a time (their accumulators in registers), each pair's interleave
+// shared by them.
+template <int HD>
+void pv_dot_avx512(const float* __restrict__ scores, const uint16_t* __restrict__ vh,
+                   const int64_t* __restrict__ srow, int64_t L, int64_t G, float* __restrict__ part,
+                   uint16_t* __restrict__ pb) {
+  constexpr int NP = HD / 32;
+  constexpr int HG = HD == 64 ? 4 : 2;  // 2 NP accumulators a head: 16 registers
+  const int64_t Lp = (L + 1) / 2 * 2;
+  for (int64_t g = 0; g < G; ++g) {
+    for (int64_t j0 = 0; j0 < L; j0 += 16) {
+      const __mmask16 m = L - j0 >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (L - j0)) - 1);
+      const __m512 v = _mm512_maskz_loadu_ps(m, scores + g * L + j0);
+      _mm256_mask_storeu_epi16(pb + g * Lp + j0, m, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
+    }
+    if (Lp > L) pb[g * Lp + L] = 0;
+  }
+  for (int64_t g0 = 0; g0 < G; g0 += HG) {
+    const int64_t hn = std::min<int64_t>(HG, G - g0);
+    __m512 acc[HG][2 * NP];
+    for (int h = 0; h < HG; ++h)
+      for (int c = 0; c < 2 * NP; ++c) acc[h][c] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < L; j += 2) {
+      if (j + kDotAhead < L) {  // scattered rows: fetch ahead
+        const char* a0 = reinterpret_cast<const char*>(vh + srow[j + kDotAhead] * HD);
+        for (size_t o = 0; o < HD * sizeof(uint16_t); o += 64) _mm_prefetch(a0 + o, _MM_HINT_T0);
+        if (j + kDotAhead + 1 < L) {
+          const char* a1 = reinterpret_cast<const char*>(vh + srow[j + kDotAhead + 1] * HD);
+          for (size_t o = 0; o < HD * sizeof(uint16_t); o += 64) _mm_prefetch(a1 + o, _MM_HINT_T0);
+        }
+      }
+      const uint16_t* v0 = vh + srow[j] * HD;
+      const uint16_t* v1 = j + 1 < L ? vh + srow[j + 1] * HD : nullptr;
+      __m512i lo[NP], hi[NP];
+      for (int c = 0; c < NP; ++c) {
+        const __m512i a = _mm512_loadu_si512(v0 + 32 * c);
+        const __m512i b = v1 != nullptr ? _mm512_loadu_si512(v1 + 32 * c) : _mm512_setzero_si512();
+        lo[c] = _mm512_unpacklo_epi16(a, b);
+        hi[c] = _mm512_unpackhi_epi16(a, b);
+      }
+      for (int h = 0; h < HG; ++h) {
+        if (h >= hn) break;
+        uint32_t pair;
+        std::memcpy(&pair, pb + (g0 + h) * Lp + j, 4);
+        const __m512bh pp = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(pair)));
+        for (int c = 0; c < NP; ++c) {
+          acc[h][2 * c] = _mm512_dpbf16_ps(acc[h][2 * c], pp, reinterpret_cast<__m512bh>(lo[c]));
+          acc[h][2 * c + 1] = _mm512_dpbf16_ps(acc[h][2 * c + 1], pp, reinterpret_cast<__m512bh>(hi[c]));
+        }
+      }
+    }
+    for (int64_t h = 0; h < hn; ++h)
+      for (int c = 0; c < NP; ++c) {
+        const __m512 t0 = _mm512_shuffle_f32x4(acc[h][2 * c], acc[h][2 * c + 1], 0x44);  // lo q0 q1, hi q0 q1
+        const __m512 t1 = _mm512_shuffle_f32x4(acc[h][2 * c], acc[h][2 * c + 1], 0xEE);  // lo q2 q3, hi q2 q3
+        float* out = part + (g0 + h) * HD + 32 * c;
+        _mm512_storeu_ps(out, _mm512_shuffle_f32x4(t0, t0, 0xD8));
+        _mm512_storeu_ps(out + 16, _mm512_shuffle_f32x4(t1, t1, 0xD8));
+      }
+  }
+}
+#endif
+
 // One (request, kv head, slot range) task: scores of its G query heads, softmax statistics and the
 // unnormalised output. HD > 0 fixes the head dim at compile time (accumulators stay in registers).
+// qb (bf16_dot): q's bf16 values [G][D] for scores_dot_avx512, else null.
 template <typename T, int HD>
 void attend_task(const float* __restrict__ qf, const T* __restrict__ kh, const T* __restrict__ vh,
                  const int64_t* __restrict__ srow, int64_t L, int64_t G, int64_t D_, int64_t Dv_,
                  float* __restrict__ scores, float* __restrict__ part, float* __restrict__ mx,
-                 float* __restrict__ sm) {
+                 float* __restrict__ sm, const uint16_t* qb = nullptr, float fscale = 1.f,
+                 uint16_t* pb = nullptr) {
   const int64_t D = HD > 0 ? HD : D_;
   const int64_t Dv = HD > 0 ? HD : Dv_;
 #if defined(SGL_AVX2)
@@ -603,6 +731,20 @@ void attend_task(const float* __restrict__ qf, const T* __restrict__ kh, const T
 #if defined(__AVX512F__)
   if constexpr (HD > 0 && HD % 16 == 0) {
     // each K / V row widened once for all G heads (scores: 16 keys reduced together)
+#if defined(__AVX512BF16__)
+    if constexpr (std::is_same_v<T, uint16_t> && HD % 32 == 0) {
+      if (qb != nullptr) {
+        scores_dot_avx512<HD>(qb, kh, vh, srow, L, G, fscale, scores);
+        for (int64_t g = 0; g < G; ++g) softmax_row(scores + g * L, L, mx[g], sm[g]);
+        pv_dot_avx512<HD>(scores, vh, srow, L, G, part, pb);
+        return;
+      }
+    }
+#else
+    (void)qb;
+    (void)fscale;
+    (void)pb;
+#endif
     scores_avx512<T, HD>(qf, kh, vh, srow, L, G, scores);
     for (int64_t g = 0; g < G; ++g) softmax_row(scores + g * L, L, mx[g], sm[g]);
     pv_avx512<T, HD>(scores, vh, srow, L, G, part);
@@ -643,7 +785,7 @@ void attend_task(const float* __restrict__ qf, const T* __restrict__ kh, const T
 template <typename T, typename KV>
 void decode_attention_impl(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
                            const at::Tensor& slots, const at::Tensor& lens, double scale, double k_scale,
-                           double v_scale, at::Tensor& out) {
+                           double v_scale, bool bf16_dot, at::Tensor& out) {
   const int64_t n = q.size(0), H = q.size(1), D = q.size(2);
   const int64_t Hk = k_buf.size(0), rows = k_buf.size(1), Dv = v_buf.size(2);
   const int64_t G = H / Hk, max_len = slots.size(1);
@@ -681,24 +823,33 @@ void decode_attention_impl(const at::Tensor& q, const at::Tensor& k_buf, const a
   // one task per (request, kv head): each task normalises its own rows (one parallel region, not
   // two: a region costs a wake-up of the sleeping threads under OMP_WAIT_POLICY=PASSIVE)
   const bool unsplit = nt == n * Hk;
+  // bf16_dot: a bf16 q on a bf16 pool of head dim 64 / 128 takes scores_dot_avx512 (q's own bits)
+  const bool dot = bf16_dot && std::is_same_v<T, at::BFloat16> && std::is_same_v<KV, uint16_t> && D == Dv &&
+                   (D == 64 || D == 128);
 
   at::parallel_for(0, nt, 1, [&](int64_t tb, int64_t te) {
     std::vector<float> qf(G * D), scores(G * std::min(split, max_len));
+    std::vector<uint16_t> qb(dot ? G * D : 0), pb(dot ? G * (std::min(split, max_len) + 2) : 0);
     for (int64_t t = tb; t < te; ++t) {
       const Task& task = tasks[t];
       for (int64_t g = 0; g < G; ++g) {
         const storage_t<T>* qrow = qp + task.req * sq0 + (task.head * G + g) * sq1;
         for (int64_t d = 0; d < D; ++d) qf[g * D + d] = to_f(qrow[d]) * fscale;
+        if (dot) std::memcpy(qb.data() + g * D, qrow, static_cast<size_t>(D) * sizeof(uint16_t));
       }
+      const uint16_t* qbp = dot ? qb.data() : nullptr;
+      uint16_t* pbp = dot ? pb.data() : nullptr;
       const int64_t* srow = sp + task.req * max_len + task.begin;
       const KV* kh = kp + task.head * rows * D;
       const KV* vh = vp + task.head * rows * Dv;
       const int64_t L = task.end - task.begin;
       float* pt = part.data() + t * G * Dv;
       if (D == 64 && Dv == 64) {
-        attend_task<KV, 64>(qf.data(), kh, vh, srow, L, G, D, Dv, scores.data(), pt, &mx[t * G], &sm[t * G]);
+        attend_task<KV, 64>(qf.data(), kh, vh, srow, L, G, D, Dv, scores.data(), pt, &mx[t * G], &sm[t * G], qbp,
+                            fscale, pbp);
       } else if (D == 128 && Dv == 128) {
-        attend_task<KV, 128>(qf.data(), kh, vh, srow, L, G, D, Dv, scores.data(), pt, &mx[t * G], &sm[t * G]);
+        attend_task<KV, 128>(qf.data(), kh, vh, srow, L, G, D, Dv, scores.data(), pt, &mx[t * G], &sm[t * G], qbp,
+                             fscale, pbp);
       } else {
         attend_task<KV, 0>(qf.data(), kh, vh, srow, L, G, D, Dv, scores.data(), pt, &mx[t * G], &sm[t * G]);
       }
@@ -743,22 +894,22 @@ inline bool is_fp8(at::ScalarType t) { return t == at::kFloat8_e4m3fn || t == at
 template <typename T>
 void decode_attention_kv(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
                          const at::Tensor& slots, const at::Tensor& lens, double scale, double k_scale,
-                         double v_scale, at::Tensor& out) {
+                         double v_scale, bool bf16_dot, at::Tensor& out) {
   switch (k_buf.scalar_type()) {
     case at::kFloat8_e4m3fn:
-      decode_attention_impl<T, fp8_e4m3>(q, k_buf, v_buf, slots, lens, scale, k_scale, v_scale, out);
+      decode_attention_impl<T, fp8_e4m3>(q, k_buf, v_buf, slots, lens, scale, k_scale, v_scale, false, out);
       break;
     case at::kFloat8_e5m2:
-      decode_attention_impl<T, fp8_e5m2>(q, k_buf, v_buf, slots, lens, scale, k_scale, v_scale, out);
+      decode_attention_impl<T, fp8_e5m2>(q, k_buf, v_buf, slots, lens, scale, k_scale, v_scale, false, out);
       break;
     default:
-      decode_attention_impl<T, storage_t<T>>(q, k_buf, v_buf, slots, lens, scale, k_scale, v_scale, out);
+      decode_attention_impl<T, storage_t<T>>(q, k_buf, v_buf, slots, lens, scale, k_scale, v_scale, bf16_dot, out);
   }
 }
 
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
                             const at::Tensor& slots, const at::Tensor& lens, double scale, double k_scale,
-                            double v_scale) {
+                            double v_scale, bool bf16_dot) {
   check_cpu_float(q, "q");
   TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1, "q must be [n, H, D] with contiguous D");
   TORCH_CHECK(k_buf.dim() == 3 && v_buf.dim() == 3 && k_buf.is_contiguous() && v_buf.is_contiguous(),
@@ -779,9 +930,9 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_buf, const 
   auto out = at::empty({q.size(0), q.size(1), v_buf.size(2)}, q.options());
   if (q.size(0) == 0) return out;
   if (q.scalar_type() == at::kFloat) {
-    decode_attention_kv<float>(q, k_buf, v_buf, slots, lens, scale, k_scale, v_scale, out);
+    decode_attention_kv<float>(q, k_buf, v_buf, slots, lens, scale, k_scale, v_scale, false, out);
   } else {
-    decode_attention_kv<at::BFloat16>(q, k_buf, v_buf, slots, lens, scale, k_scale, v_scale, out);
+    decode_attention_kv<at::BFloat16>(q, k_buf, v_buf, slots, lens, scale, k_scale, v_scale, bf16_dot, out);
   }
   return out;
 }
@@ -1137,9 +1288,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("source_tag", []() { return std::string(SGL_CSRC_TAG); }, "hash of the csrc files it was built from");
   m.def("decode_attention", &decode_attention,
         "decode attention over a head-major KV pool, in place; an FP8 pool (float8_e4m3fn / float8_e5m2) is "
-        "widened as read, times k_scale / v_scale",
+        "widened as read, times k_scale / v_scale; bf16_dot: a bf16 q on a bf16 pool of head dim 64 / 128 takes q.k "
+        "and p.v by vdpbf16ps, p rounded to bf16 (avx512bf16 build; elsewhere ignored)",
         py::arg("q"), py::arg("k_buf"), py::arg("v_buf"), py::arg("slots"), py::arg("lens"), py::arg("scale"),
-        py::arg("k_scale") = 1.0, py::arg("v_scale") = 1.0, kNoGil);
+        py::arg("k_scale") = 1.0, py::arg("v_scale") = 1.0, py::arg("bf16_dot") = false, kNoGil);
   m.def("rms_norm", &rms_norm, "RMSNorm", kNoGil);
   m.def("add_rms_norm", &add_rms_norm, "residual add + RMSNorm -> (normed, new residual)", kNoGil);
   m.def("silu_and_mul", &silu_and_mul, "SwiGLU gate", kNoGil);
