@@ -14,21 +14,11 @@ default) in one run.
 from __future__ import annotations
 
 import argparse
-import time
-
 import torch
 
+from bf16_linear_ab import best_ms
+
 from sglang.srt.kernels.cpu import loader
-
-
-def best_s(step, rounds: int) -> float:
-    step()
-    best = float("inf")
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        step()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def main() -> None:
@@ -74,8 +64,8 @@ def main() -> None:
             for f in flat:
                 f.sum()
 
-        ta, td = best_s(lambda: attend(False), args.rounds), best_s(lambda: attend(True), args.rounds)
-        tr = best_s(read, args.rounds)
+        ta, td = (best_ms(lambda dot=dot: attend(dot), args.rounds) / 1e3 for dot in (False, True))
+        tr = best_ms(read, args.rounds) / 1e3
         read_bytes = sum(f.numel() * 2 for f in flat)
         cells = [f"{t * 1e3:.2f} | {nbytes / t / 1e9:.1f}" for t in (ta, td)]
         print(f"{ctx} | {cells[0]} | {cells[1]} | {tr * 1e3:.2f} | {read_bytes / tr / 1e9:.1f}", flush=True)

@@ -538,13 +538,10 @@ inline __m512 hsum16x16(const __m512* a) {
 // widened once into float32 scratch (the next block's K rows prefetched, its V rows into L2 for
 // pv_avx512), then per head 16 independent dot products reduced together by hsum16x16; the last
 // L % 16 keys one by one.
+// K rows j0 .. j1 - 1 of the slots into L1, their V rows into L2
 template <typename KV, int HD>
-void scores_avx512(const float* __restrict__ qf, const KV* __restrict__ kh, const KV* __restrict__ vh,
-                   const int64_t* __restrict__ srow, int64_t L, int64_t G, float* __restrict__ scores) {
-  constexpr int NV = HD / 16;
-  alignas(64) float wide[16 * HD];
-  const int64_t L16 = L / 16 * 16;
-  for (int64_t j = 0; j < std::min<int64_t>(16, L); ++j) {  // the first block's rows
+inline void prefetch_kv_rows(const KV* kh, const KV* vh, const int64_t* srow, int64_t j0, int64_t j1) {
+  for (int64_t j = j0; j < j1; ++j) {
     const char* k0 = reinterpret_cast<const char*>(kh + srow[j] * HD);
     const char* v0 = reinterpret_cast<const char*>(vh + srow[j] * HD);
     for (size_t o = 0; o < HD * sizeof(KV); o += 64) {
@@ -552,6 +549,15 @@ void scores_avx512(const float* __restrict__ qf, const KV* __restrict__ kh, cons
       _mm_prefetch(v0 + o, _MM_HINT_T1);
     }
   }
+}
+
+template <typename KV, int HD>
+void scores_avx512(const float* __restrict__ qf, const KV* __restrict__ kh, const KV* __restrict__ vh,
+                   const int64_t* __restrict__ srow, int64_t L, int64_t G, float* __restrict__ scores) {
+  constexpr int NV = HD / 16;
+  alignas(64) float wide[16 * HD];
+  const int64_t L16 = L / 16 * 16;
+  prefetch_kv_rows<KV, HD>(kh, vh, srow, 0, std::min<int64_t>(16, L));  // the first block's rows
   for (int64_t j0 = 0; j0 < L16; j0 += 16) {
     for (int b = 0; b < 16; ++b) {
       const KV* __restrict__ krow = kh + srow[j0 + b] * HD;
@@ -600,23 +606,10 @@ void scores_dot_avx512(const uint16_t* __restrict__ qb, const uint16_t* __restri
   constexpr int NP = HD / 32;  // 32 bf16 a vector
   const __m512 sc = _mm512_set1_ps(fscale);
   const int64_t L16 = L / 16 * 16;
-  for (int64_t j = 0; j < std::min<int64_t>(kDotAhead, L); ++j) {  // the first blocks' rows
-    const char* k0 = reinterpret_cast<const char*>(kh + srow[j] * HD);
-    const char* v0 = reinterpret_cast<const char*>(vh + srow[j] * HD);
-    for (size_t o = 0; o < HD * sizeof(uint16_t); o += 64) {
-      _mm_prefetch(k0 + o, _MM_HINT_T0);
-      _mm_prefetch(v0 + o, _MM_HINT_T1);
-    }
-  }
+  prefetch_kv_rows<uint16_t, HD>(kh, vh, srow, 0, std::min<int64_t>(kDotAhead, L));  // the first blocks' rows
   for (int64_t j0 = 0; j0 < L16; j0 += 16) {
-    for (int b = 0; b < 16 && j0 + kDotAhead + b < L; ++b) {  // scattered rows, kDotAhead ahead of use
-      const char* ka = reinterpret_cast<const char*>(kh + srow[j0 + kDotAhead + b] * HD);
-      const char* va = reinterpret_cast<const char*>(vh + srow[j0 + kDotAhead + b] * HD);
-      for (size_t o = 0; o < HD * sizeof(uint16_t); o += 64) {
-        _mm_prefetch(ka + o, _MM_HINT_T0);
-        _mm_prefetch(va + o, _MM_HINT_T1);
-      }
-    }
+    // scattered rows, kDotAhead ahead of use
+    prefetch_kv_rows<uint16_t, HD>(kh, vh, srow, std::min(L, j0 + kDotAhead), std::min(L, j0 + kDotAhead + 16));
     for (int64_t g = 0; g < G; ++g) {
       __m512bh q[NP];
       for (int c = 0; c < NP; ++c) q[c] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(qb + g * HD + 32 * c));
