@@ -313,9 +313,9 @@ class CpuPlatform(Platform):
 
     def prepacked_linear(self, dtype: torch.dtype, device: torch.device):
         """bf16: the kernels' `bf16_linear` on AMX and on AMD's AVX512-BF16, else oneDNN's packed
-        linear where this torch build and CPU support it (platforms/cpu_linears.py); under `--dtype auto` the mixed
-        linears of layers/linear_mixed.py (float32 with bf16 copies without native bf16; bf16 with
-        float32 copies on AVX-512 without AMX)."""
+        linear where this torch build and CPU support it (platforms/cpu_linears.py); under `--dtype
+        auto` the mixed linears of layers/linear_mixed.py (float32 with bf16 copies without native
+        bf16; bf16 with float32 copies on AVX-512 without AMX)."""
         choice = self.dtype_choice
         if choice is None or device.type != "cpu":
             return self._bf16_linear(dtype, device)
@@ -335,7 +335,7 @@ class CpuPlatform(Platform):
         return self._mixed
 
     def _bf16_linear(self, dtype: torch.dtype, device: torch.device):
-        return cpu_linears.bf16_linear(self.kernels.amx_linears(), dtype, device, vec=self.bf16_vec_kernels())
+        return cpu_linears.bf16_linear(self.kernels.amx_linears(), dtype, device, vec=self.kernels.bf16_vec())
 
     def bf16_vec_kernels(self) -> Optional[Any]:
         """The fused kernel module where bf16 work runs on `vdpbf16ps` (AVX512-BF16 without AMX, of a

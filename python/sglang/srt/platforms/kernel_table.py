@@ -2,7 +2,8 @@
 
 `Platform.kernels` is a `KernelTable`: the platform's fused kernel build (`Platform.fused_kernels()`;
 on CPU the import of the build the selected ISA runs, kernels/cpu/loader.py), its W8A8-INT8 linear
-entry and the dtype its prefill attention computes in, per input dtype. The process's platform objects are created once
+entry, the builds whose bf16 linears run AMX tiles or vdpbf16ps here, and the dtype its prefill
+attention computes in, per input dtype. The process's platform objects are created once
 (`platforms.get_platform`, at start-up by `rank_device.bind_rank`), so each answer is looked up once
 per process; `kernel_dispatch.py` is how layers ask for them by a tensor's device.
 """
