@@ -534,10 +534,6 @@ inline __m512 hsum16x16(const __m512* a) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(d0, d1, 0x88), _mm512_shuffle_f32x4(d0, d1, 0xDD));
 }
 
-// Scores of G query heads (qf [G][HD], pre-scaled) against L scattered K rows: blocks of 16 keys
-// widened once into float32 scratch (the next block's K rows prefetched, its V rows into L2 for
-// pv_avx512), then per head 16 independent dot products reduced together by hsum16x16; the last
-// L % 16 keys one by one.
 // K rows j0 .. j1 - 1 of the slots into L1, their V rows into L2
 template <typename KV, int HD>
 inline void prefetch_kv_rows(const KV* kh, const KV* vh, const int64_t* srow, int64_t j0, int64_t j1) {
@@ -551,6 +547,10 @@ inline void prefetch_kv_rows(const KV* kh, const KV* vh, const int64_t* srow, in
   }
 }
 
+// Scores of G query heads (qf [G][HD], pre-scaled) against L scattered K rows: blocks of 16 keys
+// widened once into float32 scratch (the next block's K rows prefetched, its V rows into L2 for
+// pv_avx512), then per head 16 independent dot products reduced together by hsum16x16; the last
+// L % 16 keys one by one.
 template <typename KV, int HD>
 void scores_avx512(const float* __restrict__ qf, const KV* __restrict__ kh, const KV* __restrict__ vh,
                    const int64_t* __restrict__ srow, int64_t L, int64_t G, float* __restrict__ scores) {
@@ -817,8 +817,13 @@ void decode_attention_impl(const at::Tensor& q, const at::Tensor& k_buf, const a
   // two: a region costs a wake-up of the sleeping threads under OMP_WAIT_POLICY=PASSIVE)
   const bool unsplit = nt == n * Hk;
   // bf16_dot: a bf16 q on a bf16 pool of head dim 64 / 128 takes scores_dot_avx512 (q's own bits)
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
   const bool dot = bf16_dot && std::is_same_v<T, at::BFloat16> && std::is_same_v<KV, uint16_t> && D == Dv &&
                    (D == 64 || D == 128);
+#else
+  const bool dot = false;  // no vdpbf16ps in this build: the hint is ignored
+  (void)bf16_dot;
+#endif
 
   at::parallel_for(0, nt, 1, [&](int64_t tb, int64_t te) {
     std::vector<float> qf(G * D), scores(G * std::min(split, max_len));
@@ -827,8 +832,10 @@ void decode_attention_impl(const at::Tensor& q, const at::Tensor& k_buf, const a
       const Task& task = tasks[t];
       for (int64_t g = 0; g < G; ++g) {
         const storage_t<T>* qrow = qp + task.req * sq0 + (task.head * G + g) * sq1;
-        for (int64_t d = 0; d < D; ++d) qf[g * D + d] = to_f(qrow[d]) * fscale;
-        if (dot) std::memcpy(qb.data() + g * D, qrow, static_cast<size_t>(D) * sizeof(uint16_t));
+        if (dot)  // q's own bits (the scores are scaled after the dot products)
+          std::memcpy(qb.data() + g * D, qrow, static_cast<size_t>(D) * sizeof(uint16_t));
+        else
+          for (int64_t d = 0; d < D; ++d) qf[g * D + d] = to_f(qrow[d]) * fscale;
       }
       const uint16_t* qbp = dot ? qb.data() : nullptr;
       uint16_t* pbp = dot ? pb.data() : nullptr;
