@@ -44,6 +44,9 @@ COUNTERS = (
     "hicache_l1_hit_tokens",
     "hicache_l2_hit_tokens",
     "hicache_l3_hit_tokens",
+    "hicache_backup_seconds",
+    "hicache_storage_write_seconds",
+    "hicache_load_seconds",
 )
 
 
@@ -187,8 +190,8 @@ def table(results: dict[str, Result], wl: Workload) -> str:
     base_p50 = statistics.median(base.ttft)
     lines = [
         "| server | wall s | req/s | prompt tok/s | TTFT P50 s | TTFT P90 s | throughput / radix | "
-        "TTFT P50 / radix | computed | L1 hit | L2 hit | L3 hit |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "TTFT P50 / radix | computed | L1 hit | L2 hit | L3 hit | load s | backup s (L3 write s) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, r in results.items():
         tput, p50 = r.requests / r.wall_s, statistics.median(r.ttft)
@@ -198,7 +201,8 @@ def table(results: dict[str, Result], wl: Workload) -> str:
             f"| {name} | {r.wall_s:.1f} | {tput:.2f} | {r.prompt_tokens / r.wall_s:.0f} | {p50:.3f} | "
             f"{p90:.3f} | **{tput / base_tput:.2f}x** | **{p50 / base_p50:.2f}x** | "
             f"{c['prefill_tokens_computed']} | {c['hicache_l1_hit_tokens']} | {c['hicache_l2_hit_tokens']} | "
-            f"{c['hicache_l3_hit_tokens']} |"
+            f"{c['hicache_l3_hit_tokens']} | {c['hicache_load_seconds']:.2f} | "
+            f"{c['hicache_backup_seconds']:.2f} ({c['hicache_storage_write_seconds']:.2f}) |"
         )
     return "\n".join(lines)
 

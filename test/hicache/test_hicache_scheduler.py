@@ -113,7 +113,9 @@ def test_restart_loads_prefix_from_files_and_faults_recompute(tmp_path, workload
     prompts = multi_turn(convs=2, turns=1, first=60, step=4)
     first = make(True, d, page_size=4)
     expected = run(first, prompts, "a")
-    assert first.internal_state()["hicache_storage_pages_written"] > 0
+    written = first.internal_state()
+    assert written["hicache_storage_pages_written"] > 0
+    assert 0 < written["hicache_storage_write_seconds"] <= written["hicache_backup_seconds"]
     restarted = make(True, d, page_size=4)
     assert run(restarted, prompts, "a") == expected
     state = restarted.internal_state()

@@ -95,6 +95,7 @@ def test_eviction_demotes_to_host_and_load_restores_kv():
         stats["hicache_loaded_bytes"] == 10 * 2 * 2 * 2 * 4 * 4
     )  # tokens x (K, V) x layers x heads x dim x 4 B
     assert stats["hicache_load_seconds"] > 0 and stats["hicache_host_tokens"] == 10
+    assert stats["hicache_backup_seconds"] > 0 and stats["hicache_storage_write_seconds"] == 0  # no L3
     assert all(torch.equal(x, y) for x, y in zip(read(pool, m.indices), rows))
     assert accounting_ok(tree, alloc)
 

@@ -8,6 +8,7 @@ is off. Cumulative since start:
 | `sglang:hicache_loaded_bytes_total` | counter | `hicache_loaded_bytes`: KV bytes loaded from L2 and L3 |
 | `sglang:hicache_load_seconds_total` | counter | `hicache_load_seconds`: time admission spent loading |
 | `sglang:hicache_backup_bytes_total` | counter | `hicache_backup_bytes`: KV bytes copied to the host tier |
+| `sglang:hicache_backup_seconds_total`, `_storage_write_seconds_total` | counter | `hicache_backup_seconds`: time the scheduler spent copying to the host tier, storage writes included; `hicache_storage_write_seconds`: of it, writing storage pages |
 | `sglang:hicache_prefetch_pages_total`, `_prefetch_hit_tokens_total`, `_prefetch_wait_seconds_total`, `_prefetch_failures_total` | counter | `hicache_prefetch_pages`, `_prefetch_hit_tokens`, `_prefetch_wait_seconds`, `_prefetch_failures` (storage prefetch; not under pp) |
 | `sglang:hicache_storage_pages_total{op}` | counter | `hicache_storage_pages_read`, `_pages_written`, `_read_failures`, `_write_failures` |
 | `sglang:hicache_host_used_tokens`, `sglang:hicache_host_capacity_tokens` | gauge | `hicache_host_tokens`, `hicache_host_capacity` |
@@ -41,6 +42,16 @@ COUNTERS = (
         "sglang:hicache_backup_bytes",
         "KV bytes copied from the KV pool to the host tier.",
         "hicache_backup_bytes",
+    ),
+    (
+        "sglang:hicache_backup_seconds",
+        "Seconds the scheduler spent copying KV to the host tier (storage writes included).",
+        "hicache_backup_seconds",
+    ),
+    (
+        "sglang:hicache_storage_write_seconds",
+        "Seconds the scheduler spent writing storage pages.",
+        "hicache_storage_write_seconds",
     ),
     (
         "sglang:hicache_prefetch_pages",

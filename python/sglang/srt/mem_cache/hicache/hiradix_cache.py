@@ -64,6 +64,8 @@ class HiCacheStats:
     l1_dropped_tokens: int = 0  # tokens evicted from L1 with no L2 copy (forgotten)
     load_failures: int = 0  # loads cut short (no L1 room)
     load_seconds: float = 0.0  # time spent loading L2 / L3 into L1 (admission)
+    backup_seconds: float = 0.0  # time spent copying L1 -> L2, storage writes included
+    storage_write_seconds: float = 0.0  # ... of it writing L3 pages (pack, checksum, backend)
     # pipeline parallelism: L3 pages stage 0 could read but another stage could not (recomputed),
     # and the bad pages the other stages met while answering
     peer_missing_pages: int = 0
@@ -335,12 +337,16 @@ class HiRadixCache(RadixCache):
         slots = self.host.alloc(n)
         if slots is None:
             return False
+        t0 = time.perf_counter()
         self.host.backup(node.value, slots)
         self._record(Backup(node.value.tolist(), slots.tolist()))
         node.host_value = slots
         self.hstats.l2_backup_tokens += n
         if self.storage is not None:
+            t1 = time.perf_counter()
             self._write_storage(node)
+            self.hstats.storage_write_seconds += time.perf_counter() - t1
+        self.hstats.backup_seconds += time.perf_counter() - t0
         return True
 
     def _path(self, node: TreeNode) -> list[TreeNode]:
