@@ -183,10 +183,30 @@ def test_layer_packs_at_prepack_and_matches_torch_path(dtype):
     torch.testing.assert_close(layer(x), want, atol=0, rtol=0)
     layer.bias.data = layer.bias.data.float()  # a bias of another dtype: added after, as torch does
     torch.testing.assert_close(layer(x), w8a8_int8_linear(x, plain, layer.weight_scale, layer.bias))
-    # x of a dtype the fused kernel does not take: the torch path on the unpacked weight
+    # x of a dtype the fused kernel does not take (float16): the torch path's bits, packed or not
     torch.testing.assert_close(
         layer(x.half()), w8a8_int8_linear(x.half(), plain, layer.weight_scale, layer.bias), atol=0, rtol=0
     )
+
+
+def test_float16_runs_the_packed_weight_widened(monkeypatch):
+    """A float16 x runs the fused kernel on x widened to float32 (no unpacked copy of the weight
+    per call), rounded to float16, the bias added after: the torch path's bits."""
+    if get_platform("cpu").kernels.fused() is None:
+        pytest.skip("no CPU kernel build here")
+    from sglang.srt.layers.quantization import w8a8_int8
+
+    for bias in (False, True):
+        layer = _layer(45, 70, bias, torch.float16)
+        plain = layer.weight.detach().clone()
+        prepack_linear_weights(torch.nn.Sequential(layer), get_platform("cpu"))
+        assert layer.int8_packed is not None
+        x = (torch.randn(5, 70) * 3).half()
+        want = w8a8_int8_linear(x, plain, layer.weight_scale, layer.bias)
+        with monkeypatch.context() as m:
+            m.setattr(w8a8_int8, "unpack_int8_vnni", lambda *a: pytest.fail("unpacked per call"))
+            got = layer(x)
+        assert got.dtype == torch.float16 and torch.equal(got, want)
 
 
 def test_layer_without_kernels_keeps_torch_path(monkeypatch):

@@ -74,6 +74,21 @@ def test_bf16_experts_take_the_fused_gate(tokens, monkeypatch):
     assert not torch.equal(got, torch.zeros_like(got))
 
 
+def test_float16_experts_run_packed_widened(monkeypatch):
+    """float16 activations: each expert's packed weights through the fused kernel on rows widened
+    to float32 (none unpacked per call), the torch path's bits."""
+    moe = _moe()
+    x = torch.randn(7, HIDDEN).half()
+    weights, ids = _route(7)
+    want = moe(x, weights, ids)
+    moe.quant_method.pack_weights(moe)
+    from sglang.srt.layers.quantization import w8a8_int8
+
+    monkeypatch.setattr(w8a8_int8, "unpack_int8_vnni", lambda *a: pytest.fail("unpacked per call"))
+    got = moe(x, weights, ids)
+    assert got.dtype == torch.float16 and torch.equal(got, want)
+
+
 def test_pack_quantized_linears_finds_routed_experts():
     model = nn.ModuleDict({"experts": _moe()})
     added = pack_quantized_linears(model)

@@ -143,7 +143,7 @@ class W8A8Int8LinearMethod:
 
     def apply(self, layer: LinearBase, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         packed = getattr(layer, "int8_packed", None)
-        if packed is None or x.dtype not in FUSED_DTYPES or x.numel() == 0:
+        if packed is None or x.numel() == 0:
             return w8a8_int8_linear(x, int8_weight(layer), layer.weight_scale, bias)
         return fused_int8_linear(x, packed, layer.weight.shape[0], bias)
 
@@ -188,7 +188,12 @@ def fused_int8_linear(
 ) -> torch.Tensor:
     """`w8a8_int8_linear` in one kernel call on `pack_weights`' (packed, comp, scale, kernel): the
     same int32 sums and float rounding (a bias of another dtype is added after, as torch would).
-    swiglu: the [gate; up] layer's silu(gate) * up, n / 2 columns (`apply_swiglu`'s conditions)."""
+    swiglu: the [gate; up] layer's silu(gate) * up, n / 2 columns (`apply_swiglu`'s conditions).
+    An x of another dtype (float16) runs widened to float32, the result rounded to x's dtype and
+    the bias added after: the reference's bits, and no unpacked copy of the weight."""
+    if x.dtype not in FUSED_DTYPES and not swiglu:
+        out = fused_int8_linear(x.float(), packed, n).to(x.dtype)
+        return out if bias is None else out + bias
     w, comp, scale, kernel = packed
     x2 = x.reshape(-1, x.shape[-1])
     if x2.stride(-1) != 1:

@@ -25,12 +25,10 @@ import torch
 from sglang.srt.layers.moe.experts import FusedMoE, fused_experts_ref
 from sglang.srt.layers.quantization.moe_quant import QuantMoEMethod
 from sglang.srt.layers.quantization.w8a8_int8 import (
-    FUSED_DTYPES,
     PACK_LANES,
     fused_int8_linear,
     meta_like,
     pack_int8_vnni,
-    unpack_int8_vnni,
     w8a8_int8_linear,
 )
 from sglang.srt.platforms.kernel_dispatch import int8_linear_op
@@ -80,15 +78,10 @@ class W8A8Int8MoEMethod(QuantMoEMethod):
         if experts is None:
             return super().apply(moe, x, topk_weights, topk_ids)
         n13, n2 = moe.w13_weight.shape[1], moe.w2_weight.shape[1]
-        fused = x.dtype in FUSED_DTYPES
 
         def linear(rows: torch.Tensor, w: torch.Tensor, e: int) -> torch.Tensor:
             i, n = (0, n13) if w is moe.w13_weight else (1, n2)
-            packed = experts[e][i]
-            if fused:
-                return fused_int8_linear(rows, packed, n)
-            scale = (moe.w13_weight_scale if i == 0 else moe.w2_weight_scale)[e]
-            return w8a8_int8_linear(rows, unpack_int8_vnni(packed[0], n, w.shape[2]), scale)
+            return fused_int8_linear(rows, experts[e][i], n)  # float16 rows: widened there
 
         def swiglu(rows: torch.Tensor, e: int) -> torch.Tensor:
             return fused_int8_linear(rows, experts[e][0], n13, swiglu=True)
