@@ -11,11 +11,15 @@ Modes: `w8a8` (the W8A8 checkpoint written by write_w8a8_checkpoint.py, `--dtype
 
     python benchmark/quant/served_dtypes.py --w8a8 DIR [--float-dir DIR] [--modes w8a8,bfloat16,float32]
     python benchmark/quant/served_dtypes.py --dummy-llama-1b     # a ~1B Llama, random weights
+    python benchmark/quant/served_dtypes.py --dummy-qwen3-moe    # a Qwen3-MoE, random weights
 
 Without --float-dir, the SmolLM2 GGUF converted to bf16 by benchmark/vs_vllm (its .work/smollm2-hf).
 `--dummy-llama-1b`: a Llama of ~1.07B parameters (hidden 2048, MLP 8192, 16 layers, 32 / 8 heads,
 SmolLM2's tokenizer and vocabulary) with random weights (`--load-format dummy`) in every mode, the
-W8A8 server quantizing them at start-up (`--quantization w8a8_int8`).
+W8A8 server quantizing them at start-up (`--quantization w8a8_int8`). `--dummy-qwen3-moe`: the
+same for a Qwen3-MoE of ~0.8B parameters, ~0.5B active per token (hidden 2048, 8 layers, 32 / 4
+heads of 128, 16 routed experts of 768, top 8: `w8a8_moe_experts.py`'s shapes), where the
+W8A8 server runs its routed experts on the packed int8 kernel too.
 """
 
 from __future__ import annotations
@@ -51,6 +55,29 @@ LLAMA_1B = {  # ~1.07B parameters (the embedding tied to the LM head)
     "hidden_act": "silu",
     "torch_dtype": "bfloat16",
 }
+QWEN3_MOE = {  # ~0.8B parameters, ~0.5B active per token (the embedding tied to the LM head)
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "model_type": "qwen3_moe",
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "moe_intermediate_size": 768,
+    "num_experts": 16,
+    "num_experts_per_tok": 8,
+    "norm_topk_prob": True,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "num_hidden_layers": 8,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "tie_word_embeddings": True,
+    "hidden_act": "silu",
+    "torch_dtype": "bfloat16",
+}
+DUMMIES = {"llama-1b-dummy": LLAMA_1B, "qwen3-moe-dummy": QWEN3_MOE}
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -72,6 +99,9 @@ def parse_args() -> argparse.Namespace:
         "--dummy-llama-1b", action="store_true", help="a ~1B Llama with random weights instead (see above)"
     )
     ap.add_argument(
+        "--dummy-qwen3-moe", action="store_true", help="a Qwen3-MoE with random weights instead (see above)"
+    )
+    ap.add_argument(
         "--float-dir", default=DEFAULT_FLOAT_DIR, help="the float checkpoint (bf16 / float32 modes)"
     )
     ap.add_argument(
@@ -91,26 +121,29 @@ def parse_args() -> argparse.Namespace:
 
         servers.ensure_hf_dir(find_default_model(), args.float_dir)
     args.w8a8_args = []
-    if args.dummy_llama_1b:
-        args.w8a8 = args.float_dir = write_llama_1b(args.work_dir, args.float_dir)
+    if args.dummy_llama_1b and args.dummy_qwen3_moe:
+        ap.error("--dummy-llama-1b and --dummy-qwen3-moe: one model per run")
+    dummy = "llama-1b-dummy" if args.dummy_llama_1b else "qwen3-moe-dummy" if args.dummy_qwen3_moe else None
+    if dummy:
+        args.w8a8 = args.float_dir = write_dummy(args.work_dir, args.float_dir, dummy)
         args.ours_args += " --load-format dummy"
         args.w8a8_args = ["--quantization", "w8a8_int8"]
     elif not args.w8a8:
-        ap.error("--w8a8 DIR or --dummy-llama-1b is required")
+        ap.error("--w8a8 DIR, --dummy-llama-1b or --dummy-qwen3-moe is required")
     for flag, d in (("--w8a8", args.w8a8), ("--float-dir", args.float_dir)):
         if not os.path.isfile(os.path.join(d, "config.json")):
             ap.error(f"{flag} {d}: no config.json there")
     return args
 
 
-def write_llama_1b(work_dir: str, tokenizer_dir: str) -> str:
-    """LLAMA_1B's config.json and the tokenizer files of `tokenizer_dir` in work_dir/llama-1b-dummy."""
-    path = os.path.join(work_dir, "llama-1b-dummy")
+def write_dummy(work_dir: str, tokenizer_dir: str, name: str) -> str:
+    """DUMMIES[name]'s config.json and the tokenizer files of `tokenizer_dir` in work_dir/name."""
+    path = os.path.join(work_dir, name)
     os.makedirs(path, exist_ok=True)
     with open(tokenizer_dir + "/config.json") as f:
         vocab = json.load(f)["vocab_size"]
     with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump({**LLAMA_1B, "vocab_size": vocab}, f, indent=1)
+        json.dump({**DUMMIES[name], "vocab_size": vocab}, f, indent=1)
     for name in TOKENIZER_FILES:
         if os.path.isfile(os.path.join(tokenizer_dir, name)):
             shutil.copy(os.path.join(tokenizer_dir, name), path)

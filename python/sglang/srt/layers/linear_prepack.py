@@ -1,9 +1,11 @@
-"""Prepacked linear weights (oneDNN) for bf16 on CPU.
+"""Prepacked linear weights (oneDNN, or the kernels' bf16_linear) for bf16 on CPU.
 
 `F.linear` on a plain bf16 weight re-lays the weight out for the GEMM kernel at every call. After
 loading, `prepack_linear_weights` asks the platform whether it has a packed-weight linear for the
 model dtype (`Platform.prepacked_linear`) and, if so, packs every linear layer's weight once into
-the kernel's blocked layout; `linear()` then calls the packed kernel. The plain weight stays in
+the kernel's blocked layout; `linear()` then calls the packed kernel. Float routed experts
+(`FusedMoE`) likewise: each expert's w13 and w2, which its expert loop then runs through the same
+kernel (the SwiGLU gate in w13's epilogue where the kernel has one). The plain weight stays in
 place (loading, tied embeddings and state_dict keep working); the packed copy is a plain
 attribute, not a parameter. Results are identical to the plain GEMM (speed-ups: docs/benchmarks.md).
 
@@ -56,15 +58,11 @@ def prepack_linear_weights(model: torch.nn.Module, platform, max_bytes: Optional
     quantized_bytes = pack_quantized_linears(model)
     todo = []
     for module in model.modules():
-        if not hasattr(module, "packed_weight") or getattr(module, "skip_prepack", False):
-            continue
-        weight = getattr(module, "weight", None)
-        if weight is None or weight.dim() != 2:
-            continue
-        backend = platform.prepacked_linear(weight.dtype, weight.device)
+        weight = _packable_weight(module)
+        backend = None if weight is None else platform.prepacked_linear(weight.dtype, weight.device)
         if backend is not None:
             todo.append((module, weight, backend))
-    total = sum(w.numel() * w.element_size() for _, w, _ in todo)
+    total = sum(_weight_bytes(m) for m, _, _ in todo)
     if max_bytes is not None and total > max_bytes:
         logger.warning(
             "not prepacking linear weights: the packed copies (%.0f MiB) exceed the %.0f MiB allowed",
@@ -74,15 +72,35 @@ def prepack_linear_weights(model: torch.nn.Module, platform, max_bytes: Optional
         return quantized_bytes
     count = nbytes = 0
     for module, weight, (pack, kernel) in todo:
-        packed = pack(weight.detach())
-        module.packed_weight = (packed, kernel)
+        if hasattr(module, "packed_experts"):  # routed experts (FusedMoE): w13 and w2 of each
+            w13, w2 = module.w13_weight.detach(), module.w2_weight.detach()
+            module.packed_experts = ([(pack(w13[e]), pack(w2[e])) for e in range(w13.shape[0])], kernel)
+        else:
+            module.packed_weight = (pack(weight.detach()), kernel)
         count += 1
-        nbytes += weight.numel() * weight.element_size()  # the blocked layout holds the same values
+        nbytes += _weight_bytes(module)  # the blocked layout holds the same values
     if count:
         logger.info(
             "prepacked %d linear weights (%.0f MiB) for the %s kernel", count, nbytes / 2**20, platform.name
         )
     return nbytes + quantized_bytes
+
+
+def _packable_weight(module: torch.nn.Module) -> Optional[torch.Tensor]:
+    """The float weight the platform may pack for `module`: a linear's 2-D weight (a module with a
+    `packed_weight` slot and no `skip_prepack`), or the w13 of float routed experts (a FusedMoE's
+    `packed_experts` slot, no quant method); else None."""
+    if hasattr(module, "packed_experts"):
+        return None if module.quant_method is not None else module.w13_weight
+    if not hasattr(module, "packed_weight") or getattr(module, "skip_prepack", False):
+        return None
+    weight = getattr(module, "weight", None)
+    return weight if weight is not None and weight.dim() == 2 else None
+
+
+def _weight_bytes(module: torch.nn.Module) -> int:
+    tensors = (module.w13_weight, module.w2_weight) if hasattr(module, "packed_experts") else (module.weight,)
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def pack_quantized_linears(model: torch.nn.Module) -> int:

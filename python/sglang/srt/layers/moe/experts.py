@@ -134,6 +134,9 @@ class FusedMoE(nn.Module):
         self.w13_weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]
         self.w2_weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]
         self.quant_method = None  # e.g. layers/quantization Fp8BlockMoEMethod: it then computes
+        # float experts: ([(w13 packed, w2 packed) per local expert], kernel), set once after loading
+        # where the platform packs linear weights (layers/linear_prepack.py)
+        self.packed_experts: Optional[tuple[list, Callable]] = None
 
     def checkpoint_tensors(self, param_name: str) -> list[tuple[str, tuple[int, ...]]]:
         """The per-expert checkpoint tensors `param_name` ("w13_weight" or "w2_weight") is made of:
@@ -195,9 +198,26 @@ class FusedMoE(nn.Module):
         """Partial output [n, hidden] of this rank's experts (not reduced across ranks)."""
         if self.quant_method is not None:
             return self.quant_method.apply(self, x, topk_weights, topk_ids)
+        linear, swiglu = self._packed_calls(x)
         return fused_experts_ref(
-            x, self.w13_weight, self.w2_weight, topk_weights, topk_ids, self.expert_start
+            x, self.w13_weight, self.w2_weight, topk_weights, topk_ids, self.expert_start, linear, swiglu
         )
+
+    def _packed_calls(self, x: torch.Tensor) -> tuple[Optional[Callable], Optional[Callable]]:
+        """The expert loop's linear and fused gate on the packed experts (the dense linears' kernel,
+        `linear_prepack.linear`'s contract), or (None, None): plain F.linear."""
+        if self.packed_experts is None or x.dtype != self.w13_weight.dtype:
+            return None, None
+        packed, kernel = self.packed_experts
+        w13 = self.w13_weight
+
+        def linear(rows: torch.Tensor, w: torch.Tensor, e: int) -> torch.Tensor:
+            return kernel(rows.contiguous(), packed[e][0 if w is w13 else 1], None)
+
+        gate = getattr(kernel, "swiglu", None)
+        if gate is None:
+            return linear, None
+        return linear, lambda rows, e: gate(rows, packed[e][0], None)
 
     def extra_repr(self) -> str:
         return (
