@@ -119,3 +119,26 @@ def test_bf16_experts_on_this_cpus_packed_linear(tokens):
     # float32 sums in another order and, with the fused gate, one bf16 rounding of h fewer
     torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
     assert got.abs().sum() > 0
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 21, 40])
+@pytest.mark.parametrize("expert_start, num_local", [(0, 8), (2, 3), (6, 2)])
+def test_expert_order_small_path_matches_the_torch_path(tokens, expert_start, num_local, monkeypatch):
+    """Decode-sized routings are sorted in Python: the same pairs, order and counts as the torch
+    path (ep ranks holding some experts only included), and the loop's result bit for bit."""
+    from sglang.srt.layers.moe import experts
+
+    g = torch.Generator().manual_seed(tokens)
+    ids = torch.stack([torch.randperm(8, generator=g)[:3] for _ in range(tokens)])
+    small = experts.expert_order(ids, expert_start, num_local)
+    monkeypatch.setattr(experts, "SMALL_ROUTE", 0)
+    big = experts.expert_order(ids, expert_start, num_local)
+    assert torch.equal(small[0], big[0]) and small[1] == big[1]
+    assert sum(small[1]) == int(((ids >= expert_start) & (ids < expert_start + num_local)).sum())
+    x = torch.randn(tokens, 16, generator=g)
+    w13 = torch.randn(num_local, 24, 16, generator=g)
+    w2 = torch.randn(num_local, 16, 12, generator=g)
+    weights = torch.rand(tokens, 3, generator=g)
+    plain = experts.fused_experts_ref(x, w13, w2, weights, ids, expert_start)
+    monkeypatch.setattr(experts, "SMALL_ROUTE", 64)
+    assert torch.equal(experts.fused_experts_ref(x, w13, w2, weights, ids, expert_start), plain)

@@ -46,6 +46,31 @@ def match_expert_weight(name: str) -> Optional[tuple[str, ExpertShardId]]:
     return None
 
 
+SMALL_ROUTE = 64  # (token, expert) pairs up to which the routing is sorted in Python (decode)
+
+
+def expert_order(topk_ids: torch.Tensor, expert_start: int, num_local: int) -> tuple[torch.Tensor, list[int]]:
+    """The flat positions (t * k + j) of the pairs routed to the local experts [expert_start,
+    expert_start + num_local), ordered by local expert then position, and each local expert's count.
+    Up to SMALL_ROUTE pairs (decode batches) sorted in Python from one copy of the ids (a dozen
+    small torch ops cost more there); else by torch."""
+    flat = topk_ids.reshape(-1)
+    if flat.numel() <= SMALL_ROUTE and flat.device.type == "cpu":
+        pairs = sorted(
+            (e - expert_start, i) for i, e in enumerate(flat.tolist()) if 0 <= e - expert_start < num_local
+        )
+        counts = [0] * num_local
+        for e, _ in pairs:
+            counts[e] += 1
+        return torch.tensor([i for _, i in pairs], dtype=torch.int64), counts
+    flat = flat - expert_start
+    sel = ((flat >= 0) & (flat < num_local)).nonzero().squeeze(1)
+    local_ids = flat[sel]
+    order = torch.argsort(local_ids, stable=True)
+    sel, local_ids = sel[order], local_ids[order]
+    return sel, torch.bincount(local_ids, minlength=num_local).tolist()
+
+
 def fused_experts_ref(
     x: torch.Tensor,
     w13: torch.Tensor,
@@ -69,29 +94,30 @@ def fused_experts_ref(
     n, k = topk_ids.shape
     num_local = w13.shape[0]
     out = torch.zeros((n, x.shape[1]), dtype=torch.float32, device=x.device)
-    flat = topk_ids.reshape(-1) - expert_start
-    sel = ((flat >= 0) & (flat < num_local)).nonzero().squeeze(1)
+    sel, counts = expert_order(topk_ids, expert_start, num_local)
     if sel.numel() == 0:
         return out.to(x.dtype)
-    local_ids = flat[sel]
-    order = torch.argsort(local_ids, stable=True)
-    sel, local_ids = sel[order], local_ids[order]
-    counts = torch.bincount(local_ids, minlength=num_local).tolist()
     tokens = sel // k
     weights = topk_weights.reshape(-1)[sel].float()
     inter = w2.shape[2]
+    # one gather of every (token, expert) row in expert order, one scale and one scatter-add at the
+    # end: per expert only its two linears run (the same sums in the same order as adding expert
+    # by expert: index_add_ walks the rows in order)
+    xs = x[tokens]
+    ys = []
     start = 0
     for e, c in enumerate(counts):
         if c == 0:
             continue
-        rows = tokens[start : start + c]
-        h = expert_swiglu(x[rows], e) if expert_swiglu is not None else None
+        rows = xs[start : start + c]
+        h = expert_swiglu(rows, e) if expert_swiglu is not None else None
         if h is None:
-            gate_up = linear(x[rows], w13, e)
+            gate_up = linear(rows, w13, e)
             h = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
-        y = linear(h, w2, e).float() * weights[start : start + c, None]
-        out.index_add_(0, rows, y)
+        ys.append(linear(h, w2, e))
         start += c
+    y = ys[0] if len(ys) == 1 else torch.cat(ys)
+    out.index_add_(0, tokens, y.float() * weights[:, None])
     return out.to(x.dtype)
 
 
