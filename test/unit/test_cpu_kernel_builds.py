@@ -59,7 +59,14 @@ def test_variants_a_cpu_runs():
     assert set(avx2.cpu_flags) == {"avx2", "fma", "f16c"}
     assert not any(f.startswith("-m") and f != "-march=x86-64" for f in isa.variant("portable", x86).cflags)
     assert isa.variant("generic", x86) is isa.variant("portable", x86)  # the old name
-    common = (isa.OPS_SOURCE, isa.VEC_SOURCE, isa.LINEAR_SOURCE, isa.INT8_SOURCE, isa.BF16_LINEAR_SOURCE)
+    common = (
+        isa.OPS_SOURCE,
+        isa.VEC_SOURCE,
+        isa.LINEAR_SOURCE,
+        isa.INT8_SOURCE,
+        isa.BF16_LINEAR_SOURCE,
+        isa.KV_STORE_SOURCE,
+    )
     assert isa.variant("avx512bf16", x86).sources == common + (isa.AMX_SOURCE,)
     assert isa.variant("avx512", x86).sources == isa.variant("avx2", x86).sources == common
     assert isa.variant("portable", x86).sources == common

@@ -96,3 +96,54 @@ def test_set_kv_buffer_runs_match_scattered_writes(slots):
     other = torch.arange(120, 120 + n)
     pool.set_kv_buffer(0, other, v, k)
     torch.testing.assert_close(pool.get_key_buffer(0)[other], v.reshape(n, 3, 4), rtol=0, atol=0)
+
+
+def _fused_store():
+    from sglang.srt.platforms.kernel_dispatch import kv_store_op
+
+    op = kv_store_op(torch.device("cpu"))
+    if op is None:
+        pytest.skip("no CPU kernel build here (the fused kv_store)")
+    return op
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n", [1, 5, 300])
+def test_fused_store_writes_what_the_torch_path_writes(dtype, n):
+    """The kernels' `kv_store` (scattered rows of the pool's dtype, one call): the same buffers as
+    the torch path, for [n, H, D] and [n, H * D] inputs, a K slice of a wider (qkv) row, V of
+    another head dim; a consecutive run (a fresh prefill) and other dtypes keep the torch path."""
+    op = _fused_store()
+    g = torch.Generator().manual_seed(n)
+    pools = [
+        MHATokenToKVPool(400, 1, dtype, head_num=3, head_dim=8, layer_num=2, v_head_dim=4, store_rows=s)
+        for s in (None, op)
+    ]
+    loc = torch.randperm(400, generator=g)[:n] + 1
+    qkv = torch.randn(n, 48, generator=g).to(dtype)
+    k = qkv[:, 16:40]  # row stride 48: a slice of a fused projection
+    v = torch.randn(n, 3, 4, generator=g).to(dtype)
+    run = torch.arange(1, n + 1) if n >= 64 else None
+    for pool in pools:
+        pool.set_kv_buffer(1, loc, k, v)
+        pool.set_kv_buffer(0, loc, k.float(), v.float())  # another dtype: cast by the torch path
+        if run is not None:
+            pool.set_kv_buffer(0, run, k, v)
+    for i in range(2):
+        assert torch.equal(pools[0].k_head_major[i], pools[1].k_head_major[i])
+        assert torch.equal(pools[0].v_head_major[i], pools[1].v_head_major[i])
+    assert pools[1].k_head_major[1].abs().sum() > 0
+
+
+def test_fused_store_refuses_bad_slots_and_shapes():
+    op = _fused_store()
+    pool = MHATokenToKVPool(8, 1, torch.float32, head_num=2, head_dim=4, layer_num=1, store_rows=op)
+    k, v = torch.randn(2, 8), torch.randn(2, 8)
+    before = pool.k_head_major[0].clone()
+    with pytest.raises(RuntimeError, match="outside the pool"):
+        pool.set_kv_buffer(0, torch.tensor([3, 9]), k, v)  # rows 0..8 (size + page)
+    assert torch.equal(pool.k_head_major[0], before)  # nothing written before the check
+    with pytest.raises(RuntimeError, match="values a token"):
+        op(pool.k_head_major[0], pool.v_head_major[0], torch.tensor([1, 2]), torch.randn(2, 6), v)
+    with pytest.raises(RuntimeError, match="contiguous"):
+        op(pool.k_head_major[0], pool.v_head_major[0], torch.tensor([1, 2]), torch.randn(8, 2).t(), v)

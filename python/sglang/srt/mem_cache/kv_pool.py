@@ -10,7 +10,7 @@ unless the checkpoint gives `k_scale` / `v_scale`, `kv_scales.py`): rows are sto
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 import torch
 
@@ -147,8 +147,11 @@ class MHATokenToKVPool(KVPool):
         start_layer: int = 0,
         v_head_dim: Optional[int] = None,
         kv_dtype: Optional[torch.dtype] = None,
+        store_rows: Optional[Callable[..., None]] = None,
     ):
         super().__init__(size, page_size, dtype, layer_num, device, start_layer, kv_dtype)
+        # (k_buf, v_buf, loc, k, v): a fused writer of scattered rows (kernel_dispatch.kv_store_op)
+        self._store_rows = store_rows
         self.head_num = head_num
         self.head_dim = head_dim
         self.v_head_dim = head_dim if v_head_dim is None else v_head_dim
@@ -178,6 +181,14 @@ class MHATokenToKVPool(KVPool):
         """Write K/V of tokens to slots `loc`; inputs may be [n, H, D] or [n, H*D], any float dtype
         (quantized to the stored dtype with the layer's scales)."""
         i = self._local(layer_id)
+        if (
+            self._store_rows is not None
+            and cache_k.dtype == self.dtype == cache_v.dtype
+            and loc.dtype == torch.int64
+            and self._slot_run_start(loc) is None
+        ):  # scattered rows of the stored dtype (decode, prefix hits): one fused call
+            self._store_rows(self.k_head_major[i], self.v_head_major[i], loc, cache_k, cache_v)
+            return
         n = cache_k.shape[0]
         k = quantize_kv(cache_k.reshape(n, self.head_num, self.head_dim), self.dtype, self.k_scale[i])
         v = quantize_kv(cache_v.reshape(n, self.head_num, self.v_head_dim), self.dtype, self.v_scale[i])

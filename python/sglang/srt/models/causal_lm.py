@@ -25,6 +25,7 @@ from sglang.srt.models.checkpoint_specs import StackedParam, WeightSpec, derive_
 from sglang.srt.models.stage_model import StageModel
 from sglang.srt.models.utils import PPMissingLayer
 from sglang.srt.models.weight_loading import load_checkpoint_weights
+from sglang.srt.platforms.kernel_dispatch import kv_store_op
 
 
 class CausalLM(nn.Module):
@@ -125,6 +126,7 @@ class CausalLM(nn.Module):
             device=device,
             start_layer=self.start_layer,
             kv_dtype=kv_dtype,
+            store_rows=kv_store_op(torch.device(device)),
         )
 
     # ------------------------------------------------------------------ weights

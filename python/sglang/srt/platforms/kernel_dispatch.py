@@ -110,6 +110,14 @@ def int8_linear_op(device: torch.device) -> Optional[Callable[..., torch.Tensor]
     return None if table is None else table.int8_linear()
 
 
+def kv_store_op(device: torch.device) -> Optional[Callable[..., None]]:
+    """The fused `kv_store` (a layer's K / V rows into its head-major pool buffers at their slots,
+    one call) for `device`'s KV pools, or None (the pool's torch path)."""
+    table = _table(device.type)
+    ops = None if table is None else table.fused()
+    return getattr(ops, "kv_store", None)
+
+
 def decode_bf16_dot(device: torch.device) -> bool:
     """Whether the fused `decode_attention` scores a bf16 pool by bf16 dot products on `device`
     (`bf16_dot=True`: the platform's `bf16_vec_kernels`, AMD's AVX512-BF16)."""

@@ -150,6 +150,7 @@ OPS_SOURCE, AMX_SOURCE, VEC_SOURCE = (
 LINEAR_SOURCE = "linear_f32out_packed.cpp"
 INT8_SOURCE = "int8_linear.cpp"
 BF16_LINEAR_SOURCE = "bf16_linear.cpp"
+KV_STORE_SOURCE = "kv_store.cpp"
 COMMON_CFLAGS = ("-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math")
 COMMON_LDFLAGS = ("-fopenmp",)
 
@@ -168,7 +169,7 @@ class Variant:
     @property
     def sources(self) -> tuple[str, ...]:
         # prefill_attention_vec.cpp compiles to "unsupported" stubs without AVX2 / AVX-512
-        common = (OPS_SOURCE, VEC_SOURCE, LINEAR_SOURCE, INT8_SOURCE, BF16_LINEAR_SOURCE)
+        common = (OPS_SOURCE, VEC_SOURCE, LINEAR_SOURCE, INT8_SOURCE, BF16_LINEAR_SOURCE, KV_STORE_SOURCE)
         return common + (AMX_SOURCE,) if self.with_amx else common
 
     def defines(self, tag: str) -> tuple[str, ...]:

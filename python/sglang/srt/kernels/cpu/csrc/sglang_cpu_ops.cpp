@@ -1277,6 +1277,8 @@ at::Tensor bf16_linear_f32out(const at::Tensor& x, const at::Tensor& packed, int
                               const std::optional<at::Tensor>& bias);
 at::Tensor int8_linear_vnni(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& comp,
                             const at::Tensor& ws, int64_t N, const std::optional<at::Tensor>& bias, bool swiglu);
+// kv_store.cpp: one layer's K / V rows of n tokens into its head-major pool buffers at their slots
+void kv_store(at::Tensor& k_buf, at::Tensor& v_buf, const at::Tensor& loc, const at::Tensor& k, const at::Tensor& v);
 
 // The compute kernels run without the GIL (tensors are converted before, results after): another
 // Python thread of the process (HiCache's storage prefetch, the KV warmer) runs while a kernel does.
@@ -1292,6 +1294,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "and p.v by vdpbf16ps, p rounded to bf16 (avx512bf16 build; elsewhere ignored)",
         py::arg("q"), py::arg("k_buf"), py::arg("v_buf"), py::arg("slots"), py::arg("lens"), py::arg("scale"),
         py::arg("k_scale") = 1.0, py::arg("v_scale") = 1.0, py::arg("bf16_dot") = false, kNoGil);
+  m.def("kv_store", &kv_store, "one layer's K / V rows of n tokens into its head-major pool buffers at their slots",
+        py::arg("k_buf"), py::arg("v_buf"), py::arg("loc"), py::arg("k"), py::arg("v"), kNoGil);
   m.def("rms_norm", &rms_norm, "RMSNorm", kNoGil);
   m.def("add_rms_norm", &add_rms_norm, "residual add + RMSNorm -> (normed, new residual)", kNoGil);
   m.def("silu_and_mul", &silu_and_mul, "SwiGLU gate", kNoGil);
