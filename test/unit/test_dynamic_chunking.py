@@ -414,21 +414,25 @@ def test_a_prompt_follows_the_plan_made_at_its_first_chunk():
     assert planner.chunk_budget(131_072, 1000, 4) == planner.plan_chunks(131_072, 4, 1000)[0]
 
 
-def test_auto_aligns_to_the_platform_attention_tile():
-    from sglang.srt.platforms import get_platform
-
-    assert get_platform("cpu").prefill_chunk_alignment == 512
-    args = SimpleNamespace(
+def _cpu_auto_args(chunk: int, page: int) -> SimpleNamespace:
+    """Server args of `--dynamic-chunking-mode auto` at pp 2 on CPU."""
+    return SimpleNamespace(
         enable_dynamic_chunking=False,
         dynamic_chunking_mode="auto",
         pp_size=2,
-        chunked_prefill_size=4096,
-        page_size=16,
+        chunked_prefill_size=chunk,
+        page_size=page,
         max_prefill_tokens=16384,
         pp_async_batch_depth=0,
         device="cpu",
     )
-    planner = build_chunk_policy(args)
+
+
+def test_auto_aligns_to_the_platform_attention_tile():
+    from sglang.srt.platforms import get_platform
+
+    assert get_platform("cpu").prefill_chunk_alignment == 512
+    planner = build_chunk_policy(_cpu_auto_args(chunk=4096, page=16))
     assert planner.alignment == 512 and planner.body_floor == 1024  # 768 rounded up to the tile
     planner.set_prior(TRUE)
     plan = planner.plan_chunks(100_000, 4)
@@ -437,15 +441,5 @@ def test_auto_aligns_to_the_platform_attention_tile():
 
 
 def test_small_chunk_size_keeps_small_chunks_on_cpu():
-    args = SimpleNamespace(
-        enable_dynamic_chunking=False,
-        dynamic_chunking_mode="auto",
-        pp_size=2,
-        chunked_prefill_size=256,
-        page_size=1,
-        max_prefill_tokens=16384,
-        pp_async_batch_depth=0,
-        device="cpu",
-    )
-    planner = build_chunk_policy(args)
+    planner = build_chunk_policy(_cpu_auto_args(chunk=256, page=1))
     assert planner.alignment == 64 and planner.body_floor == 64
