@@ -205,6 +205,21 @@ def _tree_prefixes(cache):
     return out
 
 
+def _insert_fresh(alloc, cache, key: list, expect: int, ps: int) -> bool:
+    """Insert `key` on fresh slots for all of it (the tree already holds `expect` tokens, which the
+    caller frees, as it frees the unaligned tail); False when the allocator is out of slots."""
+    v = alloc.alloc(len(key))
+    if v is None:
+        return False
+    assert cache.insert(key, v) == expect
+    aligned = len(key) // ps * ps
+    if expect:
+        alloc.free(v[:expect])
+    if aligned < len(key):
+        alloc.free(v[aligned:])
+    return True
+
+
 @pytest.mark.parametrize("page_size", [1, 2, 4])
 def test_randomized_against_brute_force(page_size):
     rng = random.Random(42 + page_size)
@@ -246,17 +261,8 @@ def test_randomized_against_brute_force(page_size):
                     continue
             if rng.random() < 0.5:
                 put(alloc, cache, key)
-            else:  # fresh slots for the whole key; caller frees what the tree already had
-                expect = len(model_match(key))
-                v = alloc.alloc(len(key))
-                if v is None:
-                    continue
-                assert cache.insert(key, v) == expect
-                aligned = len(key) // ps * ps
-                if expect:
-                    alloc.free(v[:expect])
-                if aligned < len(key):
-                    alloc.free(v[aligned:])
+            elif not _insert_fresh(alloc, cache, key, len(model_match(key)), ps):
+                continue
             n = len(key) // ps * ps
             for k in range(ps, n + 1, ps):
                 model.setdefault(tuple(key[:k]), None)
