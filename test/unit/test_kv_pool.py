@@ -143,6 +143,13 @@ def test_fused_store_refuses_bad_slots_and_shapes():
     with pytest.raises(RuntimeError, match="outside the pool"):
         pool.set_kv_buffer(0, torch.tensor([3, 9]), k, v)  # rows 0..8 (size + page)
     assert torch.equal(pool.k_head_major[0], before)  # nothing written before the check
+    # layouts the kernel does not take go the torch path: a strided slot list, a transposed K
+    ref = MHATokenToKVPool(8, 1, torch.float32, head_num=2, head_dim=4, layer_num=1)
+    slots, kt = torch.tensor([5, 0, 2, 0])[::2], torch.randn(8, 2).t()
+    for p in (pool, ref):
+        p.set_kv_buffer(0, slots, kt, v)
+    assert torch.equal(pool.k_head_major[0], ref.k_head_major[0])
+    assert torch.equal(pool.v_head_major[0], ref.v_head_major[0])
     with pytest.raises(RuntimeError, match="values a token"):
         op(pool.k_head_major[0], pool.v_head_major[0], torch.tensor([1, 2]), torch.randn(2, 6), v)
     with pytest.raises(RuntimeError, match="contiguous"):

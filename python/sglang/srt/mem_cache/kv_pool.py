@@ -181,12 +181,8 @@ class MHATokenToKVPool(KVPool):
         """Write K/V of tokens to slots `loc`; inputs may be [n, H, D] or [n, H*D], any float dtype
         (quantized to the stored dtype with the layer's scales)."""
         i = self._local(layer_id)
-        if (
-            self._store_rows is not None
-            and cache_k.dtype == self.dtype == cache_v.dtype
-            and loc.dtype == torch.int64
-            and self._slot_run_start(loc) is None
-        ):  # scattered rows of the stored dtype (decode, prefix hits): one fused call
+        if self._fused_store_fits(loc, cache_k, cache_v) and self._slot_run_start(loc) is None:
+            # scattered rows of the stored dtype (decode, prefix hits): one fused call
             self._store_rows(self.k_head_major[i], self.v_head_major[i], loc, cache_k, cache_v)
             return
         n = cache_k.shape[0]
@@ -204,6 +200,18 @@ class MHATokenToKVPool(KVPool):
         sv = self._store_view
         self.k_head_major[i].view(sv).index_copy_(1, loc, k.view(sv).transpose(0, 1))
         self.v_head_major[i].view(sv).index_copy_(1, loc, v.view(sv).transpose(0, 1))
+
+    def _fused_store_fits(self, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+        """Whether `store_rows` takes these: int64 slots in one contiguous run of memory, K / V of
+        the stored dtype with each token's values contiguous (what the kernel checks)."""
+        if self._store_rows is None or loc.dtype != torch.int64 or loc.dim() != 1 or not loc.is_contiguous():
+            return False
+        return all(
+            x.dtype == self.dtype
+            and x.stride(-1) == 1
+            and (x.dim() == 2 or (x.dim() == 3 and x.stride(1) == x.shape[2]))
+            for x in (k, v)
+        )
 
     # below this many slots the scattered write is as fast as finding out whether they are a run
     _RUN_MIN_SLOTS = 64
