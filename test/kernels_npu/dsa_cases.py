@@ -152,6 +152,14 @@ def check_same_set_but_near_ties(
             assert all(abs(x - kth) <= tol * float(scores[t].abs().max()) for x in diff), (t, g ^ r)
 
 
+# sparse attention cases (ragged queries over a cached prefix, a wide-head case with top-k past
+# the keys), shared by the CPU and the Triton tests
+SFA_CASES = [
+    dict(q_lens=[5, 1, 20, 1], kv_lens=[30, 7, 20, 90]),
+    dict(q_lens=[3, 2], kv_lens=[2, 50], heads=16, dk=64, dr=16, topk=80, block_size=1),
+]
+
+
 def sfa_case(q_lens, kv_lens, heads=4, dk=32, dr=8, topk=24, block_size=4, seed=0, dtype=torch.float32):
     gen = torch.Generator().manual_seed(seed)
     t = sum(q_lens)

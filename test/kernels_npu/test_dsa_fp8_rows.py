@@ -24,7 +24,7 @@ from dsa_cases import check_same_set_but_near_ties, check_values, indexer_case, 
 from sgl_kernel_npu.reference import widen_keys
 from sglang.srt.mem_cache.mla_kv_pool import quantize_index_k
 from test_dsa_indexer_int8 import isa, needs_cpu  # noqa: F401 (the fixture: every ISA build this CPU runs)
-from test_dsa_ops_cpu import sfa_case
+from dsa_cases import sfa_case
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 SCORE_TOL = 1e-5  # relative to the row's largest |score|: float32 sums in another order

@@ -17,7 +17,7 @@ import torch
 
 import sgl_kernel_npu as skn
 from dsa_cases import check_same_selection, indexer_case, visible_counts
-from test_dsa_ops_cpu import sfa_case
+from dsa_cases import sfa_case
 
 
 def _per_request(cu_q, kv_lens):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import sgl_kernel_npu as skn
-from dsa_cases import sfa_case
+from dsa_cases import SFA_CASES, sfa_case
 from sgl_kernel_npu import cpu
 
 pytestmark = pytest.mark.skipif(not cpu.available(), reason="sgl_kernel_npu built without its CPU kernels")
@@ -49,12 +49,6 @@ def exact_sfa(q, key, idx, kw, scale):
             lses.append(torch.logsumexp(s, -1))
             t += 1
     return torch.stack(outs), torch.stack(lses)
-
-
-SFA_CASES = [
-    dict(q_lens=[5, 1, 20, 1], kv_lens=[30, 7, 20, 90]),
-    dict(q_lens=[3, 2], kv_lens=[2, 50], heads=16, dk=64, dr=16, topk=80, block_size=1),
-]
 
 
 @pytest.mark.parametrize("spec", SFA_CASES)

@@ -24,7 +24,7 @@ triton = pytest.importorskip("triton")
 
 import sgl_kernel_npu as skn  # noqa: E402
 from dsa_cases import check_near_topk, check_same_selection, full_scores, indexer_case, visible_counts  # noqa: E402
-from test_dsa_ops_cpu import SFA_CASES, sfa_case  # noqa: E402
+from dsa_cases import SFA_CASES, sfa_case  # noqa: E402
 
 RAGGED = dict(q_lens=[3, 1, 9, 1], kv_lens=[20, 9, 9, 70])
 
