@@ -113,9 +113,7 @@ def int8_linear_op(device: torch.device) -> Optional[Callable[..., torch.Tensor]
 def kv_store_op(device: torch.device) -> Optional[Callable[..., None]]:
     """The fused `kv_store` (a layer's K / V rows into its head-major pool buffers at their slots,
     one call) for `device`'s KV pools, or None (the pool's torch path)."""
-    table = _table(device.type)
-    ops = None if table is None else table.fused()
-    return getattr(ops, "kv_store", None)
+    return getattr(kernels_for_device(device), "kv_store", None)
 
 
 def decode_bf16_dot(device: torch.device) -> bool:

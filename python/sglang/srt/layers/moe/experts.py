@@ -53,16 +53,16 @@ def expert_order(topk_ids: torch.Tensor, expert_start: int, num_local: int) -> t
     """The flat positions (t * k + j) of the pairs routed to the local experts [expert_start,
     expert_start + num_local), ordered by local expert then position, and each local expert's count.
     Up to SMALL_ROUTE pairs (decode batches) sorted in Python from one copy of the ids (a dozen
-    small torch ops cost more there); else by torch."""
+    small torch ops cost more there; both ways read the ids back once); else by torch."""
     flat = topk_ids.reshape(-1)
-    if flat.numel() <= SMALL_ROUTE and flat.device.type == "cpu":
+    if flat.numel() <= SMALL_ROUTE:
         pairs = sorted(
             (e - expert_start, i) for i, e in enumerate(flat.tolist()) if 0 <= e - expert_start < num_local
         )
         counts = [0] * num_local
         for e, _ in pairs:
             counts[e] += 1
-        return torch.tensor([i for _, i in pairs], dtype=torch.int64), counts
+        return torch.tensor([i for _, i in pairs], dtype=torch.int64, device=flat.device), counts
     flat = flat - expert_start
     sel = ((flat >= 0) & (flat < num_local)).nonzero().squeeze(1)
     local_ids = flat[sel]

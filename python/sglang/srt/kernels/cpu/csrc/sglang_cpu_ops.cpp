@@ -534,16 +534,19 @@ inline __m512 hsum16x16(const __m512* a) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(d0, d1, 0x88), _mm512_shuffle_f32x4(d0, d1, 0xDD));
 }
 
+// one HD-wide row at `row` into the cache level `hint` names
+template <typename KV, int HD, int hint>
+inline void prefetch_row(const KV* row) {
+  const char* p = reinterpret_cast<const char*>(row);
+  for (size_t o = 0; o < HD * sizeof(KV); o += 64) _mm_prefetch(p + o, static_cast<_mm_hint>(hint));
+}
+
 // K rows j0 .. j1 - 1 of the slots into L1, their V rows into L2
 template <typename KV, int HD>
 inline void prefetch_kv_rows(const KV* kh, const KV* vh, const int64_t* srow, int64_t j0, int64_t j1) {
   for (int64_t j = j0; j < j1; ++j) {
-    const char* k0 = reinterpret_cast<const char*>(kh + srow[j] * HD);
-    const char* v0 = reinterpret_cast<const char*>(vh + srow[j] * HD);
-    for (size_t o = 0; o < HD * sizeof(KV); o += 64) {
-      _mm_prefetch(k0 + o, _MM_HINT_T0);
-      _mm_prefetch(v0 + o, _MM_HINT_T1);
-    }
+    prefetch_row<KV, HD, _MM_HINT_T0>(kh + srow[j] * HD);
+    prefetch_row<KV, HD, _MM_HINT_T1>(vh + srow[j] * HD);
   }
 }
 
@@ -664,14 +667,8 @@ void pv_dot_avx512(const float* __restrict__ scores, const uint16_t* __restrict_
     for (int h = 0; h < HG; ++h)
       for (int c = 0; c < 2 * NP; ++c) acc[h][c] = _mm512_setzero_ps();
     for (int64_t j = 0; j < L; j += 2) {
-      if (j + kDotAhead < L) {  // scattered rows: fetch ahead
-        const char* a0 = reinterpret_cast<const char*>(vh + srow[j + kDotAhead] * HD);
-        for (size_t o = 0; o < HD * sizeof(uint16_t); o += 64) _mm_prefetch(a0 + o, _MM_HINT_T0);
-        if (j + kDotAhead + 1 < L) {
-          const char* a1 = reinterpret_cast<const char*>(vh + srow[j + kDotAhead + 1] * HD);
-          for (size_t o = 0; o < HD * sizeof(uint16_t); o += 64) _mm_prefetch(a1 + o, _MM_HINT_T0);
-        }
-      }
+      for (int64_t a = j + kDotAhead; a < std::min(L, j + kDotAhead + 2); ++a)  // scattered rows: fetch ahead
+        prefetch_row<uint16_t, HD, _MM_HINT_T0>(vh + srow[a] * HD);
       const uint16_t* v0 = vh + srow[j] * HD;
       const uint16_t* v1 = j + 1 < L ? vh + srow[j + 1] * HD : nullptr;
       __m512i lo[NP], hi[NP];
