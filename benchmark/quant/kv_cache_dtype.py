@@ -42,8 +42,10 @@ def _harness(args, kv_cache_dtype: str) -> SchedulerHarness:
 
 
 def time_op(args) -> None:
-    """decode_attention alone: bf16 q over a bf16 / e4m3 / e5m2 pool (fp8 with scales != 1)."""
+    """decode_attention alone: bf16 q over a bf16 / e4m3 / e5m2 pool (fp8 with scales != 1), with
+    the `bf16_dot` flag the `cpu` backend passes on this CPU."""
     from sglang.srt.kernels.cpu import loader
+    from sglang.srt.platforms.kernel_dispatch import decode_bf16_dot
 
     torch.set_num_threads(args.threads)
     ops = loader.load()
@@ -60,16 +62,17 @@ def time_op(args) -> None:
     pools.update(
         {n: (k.to(d), v.to(d), 0.5) for n, d in (("e4m3", torch.float8_e4m3fn), ("e5m2", torch.float8_e5m2))}
     )
+    dot = decode_bf16_dot(torch.device("cpu"))
     best = {name: float("inf") for name in pools}
     for _ in range(args.rounds):
         for name, (kb, vb, s) in pools.items():
             t0 = time.perf_counter()
             for _ in range(5):
-                ops.decode_attention(q, kb, vb, slots, lens, hd**-0.5, s, s)
+                ops.decode_attention(q, kb, vb, slots, lens, hd**-0.5, s, s, dot)
             best[name] = min(best[name], (time.perf_counter() - t0) / 5 * 1e6)
     for name, us in best.items():
         print(
-            f"decode_attention ({ops.isa()} build, {args.threads} thread(s)) {b} x {ctx}, {name} pool: "
+            f"decode_attention ({ops.isa()} build, bf16_dot {dot}, {args.threads} thread(s)) {b} x {ctx}, {name} pool: "
             f"{us:.1f} us (x{us / best['bf16']:.3f})"
         )
 

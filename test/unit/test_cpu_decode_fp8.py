@@ -81,6 +81,46 @@ def test_fp8_every_code_widens_exactly(ops, fp8, head_dim):
     torch.testing.assert_close(out, want, rtol=0, atol=0, equal_nan=True)
 
 
+@pytest.mark.parametrize("fp8", FP8)
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("heads", [(9, 3), (8, 1)])
+def test_fp8_pool_equals_bf16_pool_of_its_values(ops, fp8, head_dim, heads):
+    """bf16 q over an FP8 pool and over a bf16 pool holding the same values (every FP8 value is a
+    bf16; e4m3's 2^-8 factor is a power of two), unit scales: the same bits with and without
+    `bf16_dot` on the avx512bf16 build (the dot path widens an FP8 task's rows to bf16 first; the
+    flag changes the result there), and close elsewhere (AVX2 reads bf16 rows on its own path).
+    With scales, the dot path stays within bf16 of the widened reference. (8, 1): a 1500-key
+    request split over tasks and merged."""
+    hq, hk = heads
+    g = torch.Generator().manual_seed(7 * head_dim + hq)
+    rows = 3000
+    k_buf = (torch.randn(hk, rows, head_dim, generator=g) * 3).to(fp8)
+    v_buf = (torch.randn(hk, rows, head_dim, generator=g) * 3).to(fp8)
+    kb, vb = k_buf.float().bfloat16(), v_buf.float().bfloat16()
+    assert torch.equal(kb.float(), k_buf.float()) and torch.equal(vb.float(), v_buf.float())
+    lens = torch.tensor([1, 37, 700, 5, 1500])
+    slots = torch.zeros(len(lens), int(lens.max()), dtype=torch.int64)
+    for i, n in enumerate(lens.tolist()):
+        slots[i, :n] = torch.randperm(rows - 1, generator=g)[:n] + 1
+    q = torch.randn(len(lens), hq, head_dim, generator=g).bfloat16()
+    args = (slots, lens, head_dim**-0.5)
+    out = {}
+    for dot in (False, True):
+        out[dot] = ops.decode_attention(q, k_buf, v_buf, *args, bf16_dot=dot)
+        same = ops.decode_attention(q, kb, vb, *args, bf16_dot=dot)
+        if ops.isa() == "avx512bf16":
+            assert torch.equal(out[dot], same), dot
+        else:
+            torch.testing.assert_close(out[dot].float(), same.float(), atol=TOL[torch.bfloat16], rtol=0)
+    if ops.isa() == "avx512bf16":
+        assert not torch.equal(out[False], out[True])  # the dot path ran (p rounded to bf16)
+    scaled = ops.decode_attention(q, k_buf, v_buf, *args, 0.37, 1.9, bf16_dot=True)
+    want = _widened_reference(q, k_buf, v_buf, *args, 0.37, 1.9)
+    torch.testing.assert_close(
+        scaled.float(), want.float(), atol=TOL[torch.bfloat16], rtol=TOL[torch.bfloat16]
+    )
+
+
 def test_fp8_decode_rejects_mixed_pools(ops):
     q = torch.randn(2, 4, 8)
     kb = torch.randn(2, 10, 8)
@@ -197,3 +237,38 @@ def test_fp8_prefix_prefill_vec_matches_widened_reference(ops, fp8, dtype, head_
         torch.testing.assert_close(got.float(), want.float(), atol=TOL[dtype], rtol=TOL[dtype])
     with pytest.raises(RuntimeError, match="float8_e4m3fn / float8_e5m2"):
         ops.prefill_attention_vec(q, k, v, 0.125, k_cache, v_cache.float().to(dtype), slots)
+
+
+@pytest.mark.parametrize("fp8", FP8)
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_fp8_prefix_prefill_bf16_dot(ops, fp8, head_dim):
+    """prefill_attention_vec's `bf16_dot` over an FP8 prefix (the avx512bf16 build; elsewhere the
+    flag is ignored): its rows widened times the scales and rounded to bf16, so at unit scales the
+    same bits as over a bf16 cache holding the FP8 values (and not the float32 path's); with
+    scales, within bf16 of the widened reference."""
+    if not ops.prefill_attention_vec_supported():
+        pytest.skip(f"the {ops.isa()} build has no vector prefill path")
+    g = torch.Generator().manual_seed(5 * head_dim)
+    hq, hk, rows, prefix = 6, 2, 700, 300
+    k_cache = (torch.randn(hk, rows, head_dim, generator=g) * 3).to(fp8)
+    v_cache = (torch.randn(hk, rows, head_dim, generator=g) * 3).to(fp8)
+    kb, vb = k_cache.float().bfloat16(), v_cache.float().bfloat16()
+    slots = torch.randperm(rows, generator=g)[:prefix]
+    dot = ops.isa() == "avx512bf16"
+    for n in (1, 37, 100):
+        q, k, v = (torch.randn(n, h, head_dim, generator=g).bfloat16() for h in (hq, hk, hk))
+        got = ops.prefill_attention_vec(q, k, v, 0.125, k_cache, v_cache, slots, bf16_dot=True)
+        same = ops.prefill_attention_vec(q, k, v, 0.125, kb, vb, slots, bf16_dot=True)
+        if dot:
+            assert torch.equal(got, same), n
+            assert not torch.equal(got, ops.prefill_attention_vec(q, k, v, 0.125, k_cache, v_cache, slots)), n
+        else:
+            torch.testing.assert_close(got.float(), same.float(), atol=TOL[torch.bfloat16], rtol=0)
+        got = ops.prefill_attention_vec(
+            q, k, v, 0.125, k_cache, v_cache, slots, k_scale=0.37, v_scale=1.9, bf16_dot=True
+        )
+        want = ref.prefill_attention(q, k, v, 0.125, k_cache.float() * 0.37, v_cache.float() * 1.9, slots)
+        # the prefix's V values have a std of ~6 (3 * 1.9): bf16's relative error, in those units
+        torch.testing.assert_close(
+            got.float(), want.float(), atol=6 * TOL[torch.bfloat16], rtol=TOL[torch.bfloat16]
+        )

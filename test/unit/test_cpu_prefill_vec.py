@@ -181,6 +181,9 @@ def test_backend_picks_the_kernel_for_the_compute_dtype():
     # bf16 compute (AMD's AVX512-BF16): the vector kernel's bf16_dot path, bf16 tensors only
     dot = pick(_md(False, True), torch.bfloat16, bf128, bf128, bf128)
     assert dot.func is _vec and dot.keywords == {"bf16_dot": True}
+    e4m3 = torch.zeros(2, 5, 128, dtype=torch.float8_e4m3fn)  # an FP8 prefix pool: widened to bf16
+    dot = pick(_md(False, True), torch.bfloat16, bf128, bf128, bf128, e4m3, e4m3)
+    assert dot.func is _vec and dot.keywords == {"bf16_dot": True}
     assert pick(_md(False, True), torch.bfloat16, f64, f64, f64) is None
     assert pick(_md(False, True), torch.float32, f64, f64, bf64) is None  # mixed dtypes
     odd = torch.zeros(3, 2, 96)

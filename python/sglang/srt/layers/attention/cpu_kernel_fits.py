@@ -42,12 +42,18 @@ def vec_prefill_fits(*tensors: torch.Tensor) -> bool:
 def vec_prefill_kernel(vec: Any, compute_dtype: torch.dtype, *tensors: torch.Tensor) -> Optional[Any]:
     """`vec` (`prefill_attention_vec`, where the build has it) as it takes these tensors at this
     compute dtype: float32 compute (bf16 or float32 tensors, widened in the kernel), or bf16 compute
-    over bf16 tensors only (its `bf16_dot` path: q.k and p.v by bf16 dot products in the avx512bf16
-    build, float32 elsewhere); None where it does not fit."""
+    over bf16 q / k / v and a bf16 or FP8 prefix pool (its `bf16_dot` path: q.k and p.v by bf16 dot
+    products in the avx512bf16 build, FP8 rows widened to bf16 times their scales; float32
+    elsewhere); None where it does not fit."""
     if not vec_prefill_fits(*tensors):
         return None
     if compute_dtype == torch.float32:
         return vec
-    if compute_dtype == torch.bfloat16 and all(t.dtype == torch.bfloat16 for t in tensors):
+    fresh, pools = tensors[:3], tensors[3:]
+    if (
+        compute_dtype == torch.bfloat16
+        and all(t.dtype == torch.bfloat16 for t in fresh)
+        and all(t.dtype in (torch.bfloat16, *FP8_KV_DTYPES) for t in pools)
+    ):
         return functools.partial(vec, bf16_dot=True)
     return None

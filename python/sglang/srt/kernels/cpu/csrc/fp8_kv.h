@@ -50,4 +50,20 @@ inline constexpr Fp8Table kE5M2 = fp8_table(false);
 inline float to_f(fp8_e4m3 x) { return kE4M3.v[x.bits]; }
 inline float to_f(fp8_e5m2 x) { return kE5M2.v[x.bits]; }
 
+// The bf16 bits of each code's magnitude (codes 0..127, to_f's value, sign cleared): exact, every
+// e4m3 / e5m2 value (e4m3's times 2^-8) being a normal bf16 or zero; the vector kernels look them
+// up 32 codes at a time and put the sign bit back.
+struct Bf16Mags {
+  uint16_t v[128];
+};
+constexpr Bf16Mags bf16_mags(const Fp8Table& t) {
+  Bf16Mags m{};
+  for (uint32_t b = 0; b < 128; ++b) m.v[b] = static_cast<uint16_t>(__builtin_bit_cast(uint32_t, t.v[b]) >> 16);
+  return m;
+}
+inline constexpr Bf16Mags kE4M3Bf16 = bf16_mags(kE4M3);
+inline constexpr Bf16Mags kE5M2Bf16 = bf16_mags(kE5M2);
+inline const uint16_t* bf16_mags_of(fp8_e4m3) { return kE4M3Bf16.v; }
+inline const uint16_t* bf16_mags_of(fp8_e5m2) { return kE5M2Bf16.v; }
+
 }  // namespace sgl_fp8

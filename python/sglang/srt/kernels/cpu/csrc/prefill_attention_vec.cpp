@@ -50,7 +50,8 @@
 #if defined(SGL_PAV_512) && defined(__AVX512BF16__)
 // bf16_dot: S = Q K^T of bf16 q / k by vdpbf16ps (pairs of bf16 products, exact, summed in float32;
 // denormal bf16 inputs read as zero), then scaled, and O = P V with P rounded to bf16 (as the AMX
-// kernel does): half the instructions of the float32 FMAs, and no widened K / V copies. Pays
+// kernel does): half the instructions of the float32 FMAs, and no widened K / V copies (an FP8
+// prefix's rows are widened times their scales and rounded to bf16: exact at unit scales). Pays
 // where vdpbf16ps runs at twice the float32 FMA's multiply-adds (AMD Zen 5: 245 vs 127 per ns and
 // core), not where it runs at half (the Emerald Rapids Xeon measured: 44 vs 88). Off unless asked.
 #define SGL_PAV_DOT 1
@@ -346,8 +347,18 @@ struct KVRows {
   const int64_t* slots;
   int64_t prefix;
   float scale = 1.f;
-  // key's row of kv head h as it is stored (S == C: bf16 bits) into dst[0..D)
+  // key's row of kv head h as bf16 bits (S: bf16) into dst[0..D): a fresh or bf16 cached row as
+  // stored; an FP8 cached row widened times `scale` (and kv_unit), rounded to bf16 (exact at unit
+  // scale: every FP8 value is a bf16)
   void copy_row(int64_t key, int64_t h, int64_t cache_rows, int D, S* __restrict__ dst) const {
+    if constexpr (sgl_fp8::is_fp8_kv<C>) {
+      if (key < prefix) {
+        const C* r = cache + (h * cache_rows + slots[key]) * D;
+        const float mul = scale * sgl_fp8::kv_unit<C>;
+        for (int d = 0; d < D; ++d) narrow(sgl_fp8::to_f(r[d]) * mul, dst + d);
+        return;
+      }
+    }
     const S* r = key >= prefix ? fresh + (key - prefix) * fresh_stride + h * D
                                : reinterpret_cast<const S*>(cache) + (h * cache_rows + slots[key]) * D;
     std::memcpy(dst, r, sizeof(S) * D);
@@ -372,7 +383,8 @@ struct KVRows {
 template <typename S, typename C, int D, bool kDot = false>
 void run(const S* q, int64_t sq0, const KVRows<S, C>& ks, const KVRows<S, C>& vs, int64_t cache_rows, int64_t n, int64_t H,
          int64_t Hk, float scale, S* out, int64_t so0) {
-  static_assert(!kDot || (std::is_same_v<S, uint16_t> && std::is_same_v<C, uint16_t>), "bf16_dot: bf16 q / k / cache");
+  static_assert(!kDot || (std::is_same_v<S, uint16_t> && (std::is_same_v<C, uint16_t> || sgl_fp8::is_fp8_kv<C>)),
+                "bf16_dot: bf16 q / k, a bf16 or FP8 cache");
   constexpr int N = Vec::N;
   const int64_t P = ks.prefix, L = P + n, G = H / Hk;
   const int64_t lpad = (L + N - 1) / N * N;
@@ -527,7 +539,7 @@ at::Tensor prefill_attention_vec(const at::Tensor& q, const at::Tensor& k, const
     const KVRows<S, C> vs{ptr(v), v.stride(0), cptr(v_cache), slots, P, static_cast<float>(v_scale)};
     S* o = reinterpret_cast<S*>(out.data_ptr());
 #if defined(SGL_PAV_DOT)
-    if constexpr (std::is_same_v<S, uint16_t> && std::is_same_v<C, uint16_t>) {
+    if constexpr (std::is_same_v<S, uint16_t> && (std::is_same_v<C, uint16_t> || sgl_fp8::is_fp8_kv<C>)) {
       if (bf16_dot) {
         if (D == 64) {
           run<S, C, 64, true>(ptr(q), q.stride(0), ks, vs, cache_rows, n, H, Hk, fscale, o, out.stride(0));

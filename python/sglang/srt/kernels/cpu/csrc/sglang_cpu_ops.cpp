@@ -16,7 +16,8 @@
 //                     merged by log-sum-exp. An FP8 pool (float8_e4m3fn / float8_e5m2, under float32
 //                     or bf16 q) is widened element by element as read, with its per-layer scales.
 //                     bf16_dot (AMD's AVX512-BF16): a bf16 pool's q.k (q's own bits) and p.v (p rounded
-//                     to bf16, as the AMX prefill kernel does) by vdpbf16ps.
+//                     to bf16, as the AMX prefill kernel does) by vdpbf16ps; an FP8 pool's too, each
+//                     task's rows first widened to bf16 (exact) in order.
 //   rms_norm          y = x * rsqrt(mean(x^2) + eps) * w
 //   add_rms_norm      r = x + residual (rounded like torch's add; float32 residual: kept float32), y = rms_norm(r)
 //   silu_and_mul      [T, 2d] -> silu(x[:, :d]) * x[:, d:]
@@ -701,15 +702,61 @@ void pv_dot_avx512(const float* __restrict__ scores, const uint16_t* __restrict_
 }
 #endif
 
+// bf16_dot's inputs to attend_task: q's bf16 values [G][D] (null: the float path), the score
+// scale, P's bf16 scratch; for an FP8 pool also kw / vw [L][HD], its K / V rows widened to bf16,
+// read through `iota` (0, 1, ...) as the pool's rows are read through the slots.
+struct DotArgs {
+  const uint16_t* qb = nullptr;
+  float fscale = 1.f;
+  uint16_t* pb = nullptr;
+  uint16_t* kw = nullptr;
+  uint16_t* vw = nullptr;
+  const int64_t* iota = nullptr;
+};
+
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+// An FP8 pool's K / V rows at the slots, widened to bf16 in order (kw / vw [L][HD]). Exact: every
+// e4m3 / e5m2 value (e4m3's as 2^-8 times it, fp8_kv.h) is a normal bf16, so the dot path computes
+// what it computes on a bf16 pool holding those values (and reads half the pool bytes).
+// 32 codes' bf16 bits: their magnitudes looked up in the 128-entry table `mags` (four vectors, two
+// 64-entry vpermt2w lookups chosen by bit 6), the sign bit put back.
+inline __m512i fp8x32_bf16(const uint8_t* p, const __m512i (&mags)[4]) {
+  const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  const __m512i lo = _mm512_permutex2var_epi16(mags[0], w, mags[1]);
+  const __m512i hi = _mm512_permutex2var_epi16(mags[2], w, mags[3]);
+  const __m512i mag = _mm512_mask_blend_epi16(_mm512_test_epi16_mask(w, _mm512_set1_epi16(0x40)), lo, hi);
+  return _mm512_or_si512(mag, _mm512_slli_epi16(_mm512_and_si512(w, _mm512_set1_epi16(0x80)), 8));
+}
+
+template <typename KV, int HD>
+void widen_rows_bf16(const KV* __restrict__ kh, const KV* __restrict__ vh, const int64_t* __restrict__ srow,
+                     int64_t L, uint16_t* __restrict__ kw, uint16_t* __restrict__ vw) {
+  const uint16_t* table = sgl_fp8::bf16_mags_of(KV{});
+  __m512i mags[4];
+  for (int i = 0; i < 4; ++i) mags[i] = _mm512_loadu_si512(table + 32 * i);
+  for (int64_t j = 0; j < L; ++j) {
+    if (j + kDotAhead < L) {  // scattered rows: fetch ahead
+      prefetch_row<KV, HD, _MM_HINT_T0>(kh + srow[j + kDotAhead] * HD);
+      prefetch_row<KV, HD, _MM_HINT_T0>(vh + srow[j + kDotAhead] * HD);
+    }
+    const uint8_t* kr = reinterpret_cast<const uint8_t*>(kh + srow[j] * HD);
+    const uint8_t* vr = reinterpret_cast<const uint8_t*>(vh + srow[j] * HD);
+    for (int c = 0; c < HD / 32; ++c) {
+      _mm512_storeu_si512(kw + j * HD + 32 * c, fp8x32_bf16(kr + 32 * c, mags));
+      _mm512_storeu_si512(vw + j * HD + 32 * c, fp8x32_bf16(vr + 32 * c, mags));
+    }
+  }
+}
+#endif
+
 // One (request, kv head, slot range) task: scores of its G query heads, softmax statistics and the
 // unnormalised output. HD > 0 fixes the head dim at compile time (accumulators stay in registers).
-// qb (bf16_dot): q's bf16 values [G][D] for scores_dot_avx512, else null.
+// dot.qb (bf16_dot): q's bf16 values [G][D] for scores_dot_avx512, else null.
 template <typename T, int HD>
 void attend_task(const float* __restrict__ qf, const T* __restrict__ kh, const T* __restrict__ vh,
                  const int64_t* __restrict__ srow, int64_t L, int64_t G, int64_t D_, int64_t Dv_,
                  float* __restrict__ scores, float* __restrict__ part, float* __restrict__ mx,
-                 float* __restrict__ sm, const uint16_t* qb = nullptr, float fscale = 1.f,
-                 uint16_t* pb = nullptr) {
+                 float* __restrict__ sm, const DotArgs& dot = {}) {
   const int64_t D = HD > 0 ? HD : D_;
   const int64_t Dv = HD > 0 ? HD : Dv_;
 #if defined(SGL_AVX2)
@@ -722,18 +769,23 @@ void attend_task(const float* __restrict__ qf, const T* __restrict__ kh, const T
   if constexpr (HD > 0 && HD % 16 == 0) {
     // each K / V row widened once for all G heads (scores: 16 keys reduced together)
 #if defined(__AVX512BF16__)
-    if constexpr (std::is_same_v<T, uint16_t> && HD % 32 == 0) {
-      if (qb != nullptr) {
-        scores_dot_avx512<HD>(qb, kh, vh, srow, L, G, fscale, scores);
+    if constexpr ((std::is_same_v<T, uint16_t> || is_fp8_kv<T>) && HD % 32 == 0) {
+      if (dot.qb != nullptr) {
+        const uint16_t *kd, *vd;
+        if constexpr (is_fp8_kv<T>) {  // the task's rows widened to bf16 (exact), then read in order
+          widen_rows_bf16<T, HD>(kh, vh, srow, L, dot.kw, dot.vw);
+          kd = dot.kw, vd = dot.vw, srow = dot.iota;
+        } else {
+          kd = kh, vd = vh;
+        }
+        scores_dot_avx512<HD>(dot.qb, kd, vd, srow, L, G, dot.fscale, scores);
         for (int64_t g = 0; g < G; ++g) softmax_row(scores + g * L, L, mx[g], sm[g]);
-        pv_dot_avx512<HD>(scores, vh, srow, L, G, part, pb);
+        pv_dot_avx512<HD>(scores, vd, srow, L, G, part, dot.pb);
         return;
       }
     }
 #else
-    (void)qb;
-    (void)fscale;
-    (void)pb;
+    (void)dot;
 #endif
     scores_avx512<T, HD>(qf, kh, vh, srow, L, G, scores);
     for (int64_t g = 0; g < G; ++g) softmax_row(scores + g * L, L, mx[g], sm[g]);
@@ -813,18 +865,24 @@ void decode_attention_impl(const at::Tensor& q, const at::Tensor& k_buf, const a
   // one task per (request, kv head): each task normalises its own rows (one parallel region, not
   // two: a region costs a wake-up of the sleeping threads under OMP_WAIT_POLICY=PASSIVE)
   const bool unsplit = nt == n * Hk;
-  // bf16_dot: a bf16 q on a bf16 pool of head dim 64 / 128 takes scores_dot_avx512 (q's own bits)
+  // bf16_dot: a bf16 q on a bf16 or FP8 pool (its rows widened to bf16 per task) of head dim 64 /
+  // 128 takes scores_dot_avx512 (q's own bits)
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
-  const bool dot = bf16_dot && std::is_same_v<T, at::BFloat16> && std::is_same_v<KV, uint16_t> && D == Dv &&
-                   (D == 64 || D == 128);
+  const bool dot = bf16_dot && std::is_same_v<T, at::BFloat16> &&
+                   (std::is_same_v<KV, uint16_t> || is_fp8_kv<KV>) && D == Dv && (D == 64 || D == 128);
 #else
   const bool dot = false;  // no vdpbf16ps in this build: the hint is ignored
   (void)bf16_dot;
 #endif
 
   at::parallel_for(0, nt, 1, [&](int64_t tb, int64_t te) {
-    std::vector<float> qf(G * D), scores(G * std::min(split, max_len));
-    std::vector<uint16_t> qb(dot ? G * D : 0), pb(dot ? G * (std::min(split, max_len) + 2) : 0);
+    const int64_t span = std::min(split, max_len);  // a task's keys at most
+    std::vector<float> qf(G * D), scores(G * span);
+    std::vector<uint16_t> qb(dot ? G * D : 0), pb(dot ? G * (span + 2) : 0);
+    const bool widen = dot && is_fp8_kv<KV>;  // FP8 rows as bf16 for the dot path
+    std::vector<uint16_t> kw(widen ? span * D : 0), vw(widen ? span * D : 0);
+    std::vector<int64_t> iota(widen ? span : 0);
+    for (size_t j = 0; j < iota.size(); ++j) iota[j] = static_cast<int64_t>(j);
     for (int64_t t = tb; t < te; ++t) {
       const Task& task = tasks[t];
       for (int64_t g = 0; g < G; ++g) {
@@ -834,19 +892,16 @@ void decode_attention_impl(const at::Tensor& q, const at::Tensor& k_buf, const a
         else
           for (int64_t d = 0; d < D; ++d) qf[g * D + d] = to_f(qrow[d]) * fscale;
       }
-      const uint16_t* qbp = dot ? qb.data() : nullptr;
-      uint16_t* pbp = dot ? pb.data() : nullptr;
+      const DotArgs da{dot ? qb.data() : nullptr, fscale, pb.data(), kw.data(), vw.data(), iota.data()};
       const int64_t* srow = sp + task.req * max_len + task.begin;
       const KV* kh = kp + task.head * rows * D;
       const KV* vh = vp + task.head * rows * Dv;
       const int64_t L = task.end - task.begin;
       float* pt = part.data() + t * G * Dv;
       if (D == 64 && Dv == 64) {
-        attend_task<KV, 64>(qf.data(), kh, vh, srow, L, G, D, Dv, scores.data(), pt, &mx[t * G], &sm[t * G], qbp,
-                            fscale, pbp);
+        attend_task<KV, 64>(qf.data(), kh, vh, srow, L, G, D, Dv, scores.data(), pt, &mx[t * G], &sm[t * G], da);
       } else if (D == 128 && Dv == 128) {
-        attend_task<KV, 128>(qf.data(), kh, vh, srow, L, G, D, Dv, scores.data(), pt, &mx[t * G], &sm[t * G], qbp,
-                             fscale, pbp);
+        attend_task<KV, 128>(qf.data(), kh, vh, srow, L, G, D, Dv, scores.data(), pt, &mx[t * G], &sm[t * G], da);
       } else {
         attend_task<KV, 0>(qf.data(), kh, vh, srow, L, G, D, Dv, scores.data(), pt, &mx[t * G], &sm[t * G]);
       }
@@ -894,10 +949,10 @@ void decode_attention_kv(const at::Tensor& q, const at::Tensor& k_buf, const at:
                          double v_scale, bool bf16_dot, at::Tensor& out) {
   switch (k_buf.scalar_type()) {
     case at::kFloat8_e4m3fn:
-      decode_attention_impl<T, fp8_e4m3>(q, k_buf, v_buf, slots, lens, scale, k_scale, v_scale, false, out);
+      decode_attention_impl<T, fp8_e4m3>(q, k_buf, v_buf, slots, lens, scale, k_scale, v_scale, bf16_dot, out);
       break;
     case at::kFloat8_e5m2:
-      decode_attention_impl<T, fp8_e5m2>(q, k_buf, v_buf, slots, lens, scale, k_scale, v_scale, false, out);
+      decode_attention_impl<T, fp8_e5m2>(q, k_buf, v_buf, slots, lens, scale, k_scale, v_scale, bf16_dot, out);
       break;
     default:
       decode_attention_impl<T, storage_t<T>>(q, k_buf, v_buf, slots, lens, scale, k_scale, v_scale, bf16_dot, out);
@@ -1287,8 +1342,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("source_tag", []() { return std::string(SGL_CSRC_TAG); }, "hash of the csrc files it was built from");
   m.def("decode_attention", &decode_attention,
         "decode attention over a head-major KV pool, in place; an FP8 pool (float8_e4m3fn / float8_e5m2) is "
-        "widened as read, times k_scale / v_scale; bf16_dot: a bf16 q on a bf16 pool of head dim 64 / 128 takes q.k "
-        "and p.v by vdpbf16ps, p rounded to bf16 (avx512bf16 build; elsewhere ignored)",
+        "widened as read, times k_scale / v_scale; bf16_dot: a bf16 q on a bf16 or FP8 pool (rows widened to bf16, "
+        "exact) of head dim 64 / 128 takes q.k and p.v by vdpbf16ps, p rounded to bf16 (avx512bf16 build; elsewhere "
+        "ignored)",
         py::arg("q"), py::arg("k_buf"), py::arg("v_buf"), py::arg("slots"), py::arg("lens"), py::arg("scale"),
         py::arg("k_scale") = 1.0, py::arg("v_scale") = 1.0, py::arg("bf16_dot") = false, kNoGil);
   m.def("kv_store", &kv_store, "one layer's K / V rows of n tokens into its head-major pool buffers at their slots",
@@ -1336,7 +1392,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("prefill_attention_vec", &prefill_attention_vec,
         "causal attention of one sequence's new tokens in float32 on AVX2 / AVX-512 (float32 or bf16, head dim 64 "
         "or 128), over an optional cached prefix (of q's dtype, or FP8 widened times k_scale / v_scale, kNoGil); bf16_dot: "
-        "bf16 q / k / cache scores by vdpbf16ps where the build has AVX512-BF16 (ignored elsewhere)",
+        "bf16 q / k over a bf16 or FP8 cache (its rows widened times their scales, rounded to bf16) scored by "
+        "vdpbf16ps where the build has AVX512-BF16 (ignored elsewhere)",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scale"), py::arg("k_cache") = py::none(),
         py::arg("v_cache") = py::none(), py::arg("prefix_slots") = py::none(), py::arg("out") = py::none(),
         py::arg("k_scale") = 1.0, py::arg("v_scale") = 1.0, py::arg("bf16_dot") = false);
