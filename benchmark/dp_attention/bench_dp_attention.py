@@ -203,6 +203,27 @@ def serving(model: str, log_dir: str, pool: int, workloads: dict) -> dict:
 
 
 # ---------------------------------------------------------------------------- collectives
+def _time_collectives(coordinator: type) -> dict:
+    """Wrap the coordinator's collectives (groups of 2+ ranks) with timers: op:group -> [calls, bytes, seconds]."""
+    stats: dict = defaultdict(lambda: [0, 0, 0.0])
+    for op in ("all_reduce", "all_gather", "broadcast"):
+        orig = getattr(coordinator, op)
+
+        def timed(self, tensor, *a, __orig=orig, __op=op, **kw):
+            if self.size == 1:
+                return __orig(self, tensor, *a, **kw)
+            t0 = time.perf_counter()
+            res = __orig(self, tensor, *a, **kw)
+            s = stats[f"{__op}:{self.name}"]
+            s[0] += 1
+            s[1] += tensor.numel() * tensor.element_size()
+            s[2] += time.perf_counter() - t0
+            return res
+
+        setattr(coordinator, op, timed)
+    return stats
+
+
 def _collective_rank(rank: int, name: str, model: str, port: int, steps: int, batch: int, q) -> None:
     import torch
 
@@ -220,22 +241,7 @@ def _collective_rank(rank: int, name: str, model: str, port: int, steps: int, ba
     init_distributed(2, rank, f"127.0.0.1:{port}", "gloo")
     layout = ParallelLayout(tp=2, attn_dp=2) if name == "dp2" else ParallelLayout(tp=2)
     groups = ParallelGroups.build(layout, rank)
-    stats: dict = defaultdict(lambda: [0, 0, 0.0])  # op -> [calls, bytes, seconds]
-    for op in ("all_reduce", "all_gather", "broadcast"):
-        orig = getattr(GroupCoordinator, op)
-
-        def timed(self, tensor, *a, __orig=orig, __op=op, **kw):
-            if self.size == 1:
-                return __orig(self, tensor, *a, **kw)
-            t0 = time.perf_counter()
-            res = __orig(self, tensor, *a, **kw)
-            s = stats[f"{__op}:{self.name}"]
-            s[0] += 1
-            s[1] += tensor.numel() * tensor.element_size()
-            s[2] += time.perf_counter() - t0
-            return res
-
-        setattr(GroupCoordinator, op, timed)
+    stats = _time_collectives(GroupCoordinator)
     cfg = ModelConfig(model).hf_config
     net = ModelRegistry.resolve(cfg.architectures)(cfg, groups, torch.bfloat16).eval()
     init_dummy_weights(net, seed=1)

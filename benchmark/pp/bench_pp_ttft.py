@@ -185,13 +185,21 @@ def main() -> None:
 
     if args.trace:
         merge_trace(args.trace)
+    results["table"] = _table(results["runs"])
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w", encoding="utf-8") as f:
+        json.dump(results, f, indent=2)
+    print(results["table"])
 
-    base = {r["chunk"]: r["median_s"] for r in results["runs"] if r["pp"] == 1}
+
+def _table(runs: list[dict]) -> str:
+    """The markdown table of the runs (each run gets its `efficiency`)."""
+    base = {r["chunk"]: r["median_s"] for r in runs if r["pp"] == 1}
     lines = [
         "| chunk | pp | TTFT median (s) | runs (s) | speed-up | efficiency T1/(N·TN) | background CPU before runs |",
         "|---|---|---|---|---|---|---|",
     ]
-    for r in results["runs"]:
+    for r in runs:
         t1 = base.get(r["chunk"])
         speedup = t1 / r["median_s"] if t1 else float("nan")
         r["efficiency"] = speedup / r["pp"]
@@ -200,12 +208,7 @@ def main() -> None:
             f"| {speedup:.2f}× | {100 * r['efficiency']:.1f} % "
             f"| {', '.join(f'{100 * b:.0f} %' for b in r['background_cpu_busy'])} |"
         )
-    table = "\n".join(lines)
-    results["table"] = table
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as f:
-        json.dump(results, f, indent=2)
-    print(table)
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
