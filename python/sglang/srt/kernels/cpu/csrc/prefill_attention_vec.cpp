@@ -156,6 +156,100 @@ class Floats {
   float* p_;
 };
 
+#if defined(SGL_PAV_DOT)
+// One N-key block (keys k0..) of a bf16_dot task (attend_rows' kDot form; its arguments): S^T = Q^T K
+// by vdpbf16ps, scaled, masked past each row where the block reaches past row0, the new running
+// max taken as each score is stored; then p = 2^(s - max), summed in key order and rounded to bf16
+// key pairs in pb (the float p never stored); O^T = alpha * O^T + V^T . P^T. m / sum: the task's
+// running max and sums, updated.
+template <int D>
+inline void dot_block(int64_t k0, int64_t row0, const __m512 (&row_pos)[Vec::QV], __m512 (&m)[Vec::QV],
+                      __m512 (&sum)[Vec::QV], const uint32_t* qp, const uint16_t* kb, float qscale,
+                      const uint32_t* vb, float* st, uint32_t* pb, float* ot) {
+  using V = Vec;
+  constexpr int QV = V::QV, KG = V::KG, DG = V::DG, N = V::N, W = V::W;
+  const __m512 qs = _mm512_set1_ps(qscale);
+  const bool diag = k0 + N - 1 > row0;
+  __m512 mx[QV];
+  for (int v = 0; v < QV; ++v) mx[v] = m[v];
+  for (int g = 0; g < N; g += KG) {
+    __m512 acc[KG][QV];
+#pragma GCC unroll 8
+    for (int kk = 0; kk < KG; ++kk)
+#pragma GCC unroll 4
+      for (int v = 0; v < QV; ++v) acc[kk][v] = _mm512_setzero_ps();
+    const uint32_t* kp[KG];
+    for (int kk = 0; kk < KG; ++kk) kp[kk] = reinterpret_cast<const uint32_t*>(kb + (k0 + g + kk) * D);
+    for (int dp = 0; dp < D / 2; ++dp) {
+      __m512bh q[QV];
+#pragma GCC unroll 4
+      for (int v = 0; v < QV; ++v) q[v] = (__m512bh)_mm512_load_si512(qp + dp * BQ + v * W);
+#pragma GCC unroll 8
+      for (int kk = 0; kk < KG; ++kk) {
+        const __m512bh b = (__m512bh)_mm512_set1_epi32(static_cast<int>(kp[kk][dp]));
+#pragma GCC unroll 4
+        for (int v = 0; v < QV; ++v) acc[kk][v] = _mm512_dpbf16_ps(acc[kk][v], b, q[v]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int kk = 0; kk < KG; ++kk) {
+      const __m512 key_pos = V::set1(static_cast<float>(k0 + g + kk));
+#pragma GCC unroll 4
+      for (int v = 0; v < QV; ++v) {
+        __m512 sv = _mm512_mul_ps(acc[kk][v], qs);
+        if (diag) sv = V::causal(sv, key_pos, row_pos[v]);
+        mx[v] = V::max(mx[v], sv);
+        V::store(st + (g + kk) * BQ + v * W, sv);
+      }
+    }
+  }
+  __m512 alpha[QV], s[QV];
+  for (int v = 0; v < QV; ++v) {
+    alpha[v] = V::exp2(V::sub(m[v], mx[v]));
+    m[v] = mx[v];
+    s[v] = V::zero();
+  }
+  for (int j = 0; j < N; j += 2) {  // P^T of keys j, j + 1 as one bf16 pair per lane
+#pragma GCC unroll 4
+    for (int v = 0; v < QV; ++v) {
+      const __m512 p0 = V::exp2_fast(V::sub(V::load(st + j * BQ + v * W), mx[v]));
+      const __m512 p1 = V::exp2_fast(V::sub(V::load(st + (j + 1) * BQ + v * W), mx[v]));
+      s[v] = V::add(V::add(s[v], p0), p1);
+      const __m512i lo = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(p0));
+      const __m512i hi = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(p1));
+      _mm512_store_si512(pb + (j / 2) * BQ + v * W, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+    }
+  }
+  for (int v = 0; v < QV; ++v) sum[v] = V::fmadd(sum[v], alpha[v], s[v]);
+  for (int d0 = 0; d0 < D; d0 += DG) {
+    __m512 acc[DG][QV];
+#pragma GCC unroll 8
+    for (int dd = 0; dd < DG; ++dd)
+#pragma GCC unroll 4
+      for (int v = 0; v < QV; ++v) acc[dd][v] = _mm512_setzero_ps();
+    for (int jp = 0; jp < N / 2; ++jp) {
+      const uint32_t* vp = vb + ((k0 / 2) + jp) * D + d0;
+      __m512bh pp[QV];
+#pragma GCC unroll 4
+      for (int v = 0; v < QV; ++v) pp[v] = (__m512bh)_mm512_load_si512(pb + jp * BQ + v * W);
+#pragma GCC unroll 8
+      for (int dd = 0; dd < DG; ++dd) {
+        const __m512bh b = (__m512bh)_mm512_set1_epi32(static_cast<int>(vp[dd]));
+#pragma GCC unroll 4
+        for (int v = 0; v < QV; ++v) acc[dd][v] = _mm512_dpbf16_ps(acc[dd][v], b, pp[v]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int dd = 0; dd < DG; ++dd)
+#pragma GCC unroll 4
+      for (int v = 0; v < QV; ++v) {
+        float* o = ot + (d0 + dd) * BQ + v * W;
+        V::store(o, V::fmadd(V::load(o), alpha[v], acc[dd][v]));
+      }
+  }
+}
+#endif
+
 // One task: BQ rows (absolute positions row0, row0 + 1, ...) against keys [0, kend) held as
 // contiguous float32 rows kf / vf [*, D] (zero rows after the last key, up to a multiple of N).
 // qt: Q^T [D][BQ] pre-scaled; st: [N][BQ] scratch; ot: O^T [D][BQ] out (unnormalised); l: [BQ]
@@ -163,7 +257,7 @@ class Floats {
 // kDot (SGL_PAV_DOT only): S^T from qp (Q^T as bf16 pairs [D / 2][BQ], unscaled) and kb (bf16 K
 // rows [*, D]) times qscale, instead of qt / kf; and O^T from P rounded to bf16 (key pairs per
 // lane, in the scratch pb [N / 2][BQ]) and vb (V as key pairs: [key / 2][D] of two bf16), instead of
-// vf, as the AMX kernel rounds P (the softmax sums stay those of the unrounded P).
+// vf, as the AMX kernel rounds P (the softmax sums stay those of the unrounded P): dot_block.
 template <int D, bool kFastExp, bool kDot = false>
 void attend_rows(const float* qt, const float* kf, const float* vf, int64_t kend, int64_t row0,
                  float* st, float* ot, float* l, const uint32_t* qp = nullptr, const uint16_t* kb = nullptr,
@@ -179,36 +273,13 @@ void attend_rows(const float* qt, const float* kf, const float* vf, int64_t kend
   }
   std::memset(ot, 0, sizeof(float) * D * BQ);
   for (int64_t k0 = 0; k0 < kend; k0 += N) {
-    // S^T of the block
 #if defined(SGL_PAV_DOT)
     if constexpr (kDot) {
-      const __m512 qs = _mm512_set1_ps(qscale);
-      for (int g = 0; g < N; g += KG) {
-        __m512 acc[KG][QV];
-#pragma GCC unroll 8
-        for (int kk = 0; kk < KG; ++kk)
-#pragma GCC unroll 4
-          for (int v = 0; v < QV; ++v) acc[kk][v] = _mm512_setzero_ps();
-        const uint32_t* kp[KG];
-        for (int kk = 0; kk < KG; ++kk) kp[kk] = reinterpret_cast<const uint32_t*>(kb + (k0 + g + kk) * D);
-        for (int dp = 0; dp < D / 2; ++dp) {
-          __m512bh q[QV];
-#pragma GCC unroll 4
-          for (int v = 0; v < QV; ++v) q[v] = (__m512bh)_mm512_load_si512(qp + dp * BQ + v * W);
-#pragma GCC unroll 8
-          for (int kk = 0; kk < KG; ++kk) {
-            const __m512bh b = (__m512bh)_mm512_set1_epi32(static_cast<int>(kp[kk][dp]));
-#pragma GCC unroll 4
-            for (int v = 0; v < QV; ++v) acc[kk][v] = _mm512_dpbf16_ps(acc[kk][v], b, q[v]);
-          }
-        }
-#pragma GCC unroll 8
-        for (int kk = 0; kk < KG; ++kk)
-#pragma GCC unroll 4
-          for (int v = 0; v < QV; ++v) V::store(st + (g + kk) * BQ + v * W, _mm512_mul_ps(acc[kk][v], qs));
-      }
-    } else
+      dot_block<D>(k0, row0, row_pos, m, sum, qp, kb, qscale, vb, st, pb, ot);
+      continue;
+    }
 #endif
+    // S^T of the block
     for (int g = 0; g < N; g += KG) {
       T acc[KG][QV];
 #pragma GCC unroll 8
@@ -260,45 +331,6 @@ void attend_rows(const float* qt, const float* kf, const float* vf, int64_t kend
       }
     for (int v = 0; v < QV; ++v) sum[v] = V::fmadd(sum[v], alpha[v], s[v]);
     // O^T = alpha * O^T + V^T . P^T
-#if defined(SGL_PAV_DOT)
-    if constexpr (kDot) {
-      for (int j = 0; j < N; j += 2) {  // P^T of keys j, j + 1 as one bf16 pair per lane
-#pragma GCC unroll 4
-        for (int v = 0; v < QV; ++v) {
-          const __m512i lo = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(V::load(st + j * BQ + v * W)));
-          const __m512i hi = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(V::load(st + (j + 1) * BQ + v * W)));
-          _mm512_store_si512(pb + (j / 2) * BQ + v * W, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
-        }
-      }
-      for (int d0 = 0; d0 < D; d0 += DG) {
-        __m512 acc[DG][QV];
-#pragma GCC unroll 8
-        for (int dd = 0; dd < DG; ++dd)
-#pragma GCC unroll 4
-          for (int v = 0; v < QV; ++v) acc[dd][v] = _mm512_setzero_ps();
-        for (int jp = 0; jp < N / 2; ++jp) {
-          const uint32_t* vp = vb + ((k0 / 2) + jp) * D + d0;
-          __m512bh pp[QV];
-#pragma GCC unroll 4
-          for (int v = 0; v < QV; ++v) pp[v] = (__m512bh)_mm512_load_si512(pb + jp * BQ + v * W);
-#pragma GCC unroll 8
-          for (int dd = 0; dd < DG; ++dd) {
-            const __m512bh b = (__m512bh)_mm512_set1_epi32(static_cast<int>(vp[dd]));
-#pragma GCC unroll 4
-            for (int v = 0; v < QV; ++v) acc[dd][v] = _mm512_dpbf16_ps(acc[dd][v], b, pp[v]);
-          }
-        }
-#pragma GCC unroll 8
-        for (int dd = 0; dd < DG; ++dd)
-#pragma GCC unroll 4
-          for (int v = 0; v < QV; ++v) {
-            float* o = ot + (d0 + dd) * BQ + v * W;
-            V::store(o, V::fmadd(V::load(o), alpha[v], acc[dd][v]));
-          }
-      }
-      continue;
-    }
-#endif
     for (int d0 = 0; d0 < D; d0 += DG) {
       T acc[DG][QV];
 #pragma GCC unroll 8
