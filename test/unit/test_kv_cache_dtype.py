@@ -77,6 +77,14 @@ def test_capacity_doubles_at_the_same_memory_budget():
     assert pools[torch.bfloat16].mem_bytes() == 2 * pools[FP8].mem_bytes()
 
 
+def test_kv_scales_only_on_fp8_pools():
+    """A bf16 pool stores values unscaled (and the kernels read them so): a scale is refused."""
+    pool = MHATokenToKVPool(8, 1, torch.bfloat16, 1, 4, 1)
+    with pytest.raises(ValueError, match="FP8 pools"):
+        pool.set_kv_scales(0, 2.0, 0.5)
+    assert pool.kv_scales(0) == (1.0, 1.0)
+
+
 def test_quantize_saturates_and_scales():
     pool = MHATokenToKVPool(8, 1, torch.float32, 1, 4, 1, kv_dtype=FP8)
     pool.set_kv_scales(0, 2.0, 0.5)

@@ -96,7 +96,10 @@ class KVPool(ABC):
         return self.k_scale[i], self.v_scale[i]
 
     def set_kv_scales(self, layer_id: int, k_scale: float, v_scale: float) -> None:
-        """The checkpoint's scales of a layer (before any KV is written)."""
+        """The checkpoint's scales of a layer (before any KV is written); FP8 pools only (other
+        dtypes store values unscaled, and the attention kernels read them so)."""
+        if not self.is_fp8:
+            raise ValueError(f"KV scales are for FP8 pools; this pool stores {self.dtype}")
         i = self._local(layer_id)
         self.k_scale[i], self.v_scale[i] = float(k_scale), float(v_scale)
 
