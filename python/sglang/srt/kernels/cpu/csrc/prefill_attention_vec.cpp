@@ -156,6 +156,27 @@ class Floats {
   float* p_;
 };
 
+// every accumulator of a register block to zero
+template <int A, int B, class T>
+inline __attribute__((always_inline)) void zero_acc(T (&acc)[A][B]) {
+#pragma GCC unroll 8
+  for (int a = 0; a < A; ++a)
+#pragma GCC unroll 4
+    for (int b = 0; b < B; ++b) acc[a][b] = T{};
+}
+
+// O^T rows d0.. of a P.V register block: ot = ot * alpha + acc
+template <int DG, int QV, class T>
+inline __attribute__((always_inline)) void update_ot(float* ot, int d0, const T (&alpha)[QV], const T (&acc)[DG][QV]) {
+#pragma GCC unroll 8
+  for (int dd = 0; dd < DG; ++dd)
+#pragma GCC unroll 4
+    for (int v = 0; v < QV; ++v) {
+      float* o = ot + (d0 + dd) * BQ + v * Vec::W;
+      Vec::store(o, Vec::fmadd(Vec::load(o), alpha[v], acc[dd][v]));
+    }
+}
+
 #if defined(SGL_PAV_DOT)
 // One N-key block (keys k0..) of a bf16_dot task (attend_rows' kDot form; its arguments): S^T = Q^T K
 // by vdpbf16ps, scaled, masked past each row where the block reaches past row0, the new running
@@ -174,10 +195,7 @@ inline void dot_block(int64_t k0, int64_t row0, const __m512 (&row_pos)[Vec::QV]
   for (int v = 0; v < QV; ++v) mx[v] = m[v];
   for (int g = 0; g < N; g += KG) {
     __m512 acc[KG][QV];
-#pragma GCC unroll 8
-    for (int kk = 0; kk < KG; ++kk)
-#pragma GCC unroll 4
-      for (int v = 0; v < QV; ++v) acc[kk][v] = _mm512_setzero_ps();
+    zero_acc(acc);
     const uint32_t* kp[KG];
     for (int kk = 0; kk < KG; ++kk) kp[kk] = reinterpret_cast<const uint32_t*>(kb + (k0 + g + kk) * D);
     for (int dp = 0; dp < D / 2; ++dp) {
@@ -223,10 +241,7 @@ inline void dot_block(int64_t k0, int64_t row0, const __m512 (&row_pos)[Vec::QV]
   for (int v = 0; v < QV; ++v) sum[v] = V::fmadd(sum[v], alpha[v], s[v]);
   for (int d0 = 0; d0 < D; d0 += DG) {
     __m512 acc[DG][QV];
-#pragma GCC unroll 8
-    for (int dd = 0; dd < DG; ++dd)
-#pragma GCC unroll 4
-      for (int v = 0; v < QV; ++v) acc[dd][v] = _mm512_setzero_ps();
+    zero_acc(acc);
     for (int jp = 0; jp < N / 2; ++jp) {
       const uint32_t* vp = vb + ((k0 / 2) + jp) * D + d0;
       __m512bh pp[QV];
@@ -239,13 +254,7 @@ inline void dot_block(int64_t k0, int64_t row0, const __m512 (&row_pos)[Vec::QV]
         for (int v = 0; v < QV; ++v) acc[dd][v] = _mm512_dpbf16_ps(acc[dd][v], b, pp[v]);
       }
     }
-#pragma GCC unroll 8
-    for (int dd = 0; dd < DG; ++dd)
-#pragma GCC unroll 4
-      for (int v = 0; v < QV; ++v) {
-        float* o = ot + (d0 + dd) * BQ + v * W;
-        V::store(o, V::fmadd(V::load(o), alpha[v], acc[dd][v]));
-      }
+    update_ot(ot, d0, alpha, acc);
   }
 }
 #endif
@@ -282,10 +291,7 @@ void attend_rows(const float* qt, const float* kf, const float* vf, int64_t kend
     // S^T of the block
     for (int g = 0; g < N; g += KG) {
       T acc[KG][QV];
-#pragma GCC unroll 8
-      for (int kk = 0; kk < KG; ++kk)
-#pragma GCC unroll 4
-        for (int v = 0; v < QV; ++v) acc[kk][v] = V::zero();
+      zero_acc(acc);
       const float* kp[KG];
       for (int kk = 0; kk < KG; ++kk) kp[kk] = kf + (k0 + g + kk) * D;
       for (int d = 0; d < D; ++d) {
@@ -333,10 +339,7 @@ void attend_rows(const float* qt, const float* kf, const float* vf, int64_t kend
     // O^T = alpha * O^T + V^T . P^T
     for (int d0 = 0; d0 < D; d0 += DG) {
       T acc[DG][QV];
-#pragma GCC unroll 8
-      for (int dd = 0; dd < DG; ++dd)
-#pragma GCC unroll 4
-        for (int v = 0; v < QV; ++v) acc[dd][v] = V::zero();
+      zero_acc(acc);
       for (int j = 0; j < N; ++j) {
         const float* vp = vf + (k0 + j) * D + d0;
         T p[QV];
@@ -349,13 +352,7 @@ void attend_rows(const float* qt, const float* kf, const float* vf, int64_t kend
           for (int v = 0; v < QV; ++v) acc[dd][v] = V::fmadd(b, p[v], acc[dd][v]);
         }
       }
-#pragma GCC unroll 8
-      for (int dd = 0; dd < DG; ++dd)
-#pragma GCC unroll 4
-        for (int v = 0; v < QV; ++v) {
-          float* o = ot + (d0 + dd) * BQ + v * W;
-          V::store(o, V::fmadd(V::load(o), alpha[v], acc[dd][v]));
-        }
+      update_ot(ot, d0, alpha, acc);
     }
   }
   for (int v = 0; v < QV; ++v) V::store(l + v * W, sum[v]);
