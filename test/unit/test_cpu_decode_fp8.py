@@ -79,6 +79,12 @@ def test_fp8_every_code_widens_exactly(ops, fp8, head_dim):
     out = ops.decode_attention(q, k_buf, v_buf, slots, torch.ones(n, dtype=torch.int64), 0.125)
     want = v_buf[0, 1:].float()[:, None, :].expand(n, 2, head_dim)
     torch.testing.assert_close(out, want, rtol=0, atol=0, equal_nan=True)
+    # bf16 q, `bf16_dot` (head dim 128: the avx512bf16 build widens the codes to bf16 for vdpbf16ps):
+    # every code is a bf16, so the bf16 output is each code's value too
+    dot = ops.decode_attention(
+        q.bfloat16(), k_buf, v_buf, slots, torch.ones(n, dtype=torch.int64), 0.125, bf16_dot=True
+    )
+    torch.testing.assert_close(dot.float(), want, rtol=0, atol=0, equal_nan=True)
 
 
 @pytest.mark.parametrize("fp8", FP8)
