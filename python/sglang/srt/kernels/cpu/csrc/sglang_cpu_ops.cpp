@@ -56,6 +56,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -715,9 +716,6 @@ struct DotArgs {
 };
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
-// An FP8 pool's K / V rows at the slots, widened to bf16 in order (kw / vw [L][HD]). Exact: every
-// e4m3 / e5m2 value (e4m3's as 2^-8 times it, fp8_kv.h) is a normal bf16, so the dot path computes
-// what it computes on a bf16 pool holding those values (and reads half the pool bytes).
 // 32 codes' bf16 bits: their magnitudes looked up in the 128-entry table `mags` (four vectors, two
 // 64-entry vpermt2w lookups chosen by bit 6), the sign bit put back.
 inline __m512i fp8x32_bf16(const uint8_t* p, const __m512i (&mags)[4]) {
@@ -728,6 +726,9 @@ inline __m512i fp8x32_bf16(const uint8_t* p, const __m512i (&mags)[4]) {
   return _mm512_or_si512(mag, _mm512_slli_epi16(_mm512_and_si512(w, _mm512_set1_epi16(0x80)), 8));
 }
 
+// An FP8 pool's K / V rows at the slots, widened to bf16 in order (kw / vw [L][HD]). Exact: every
+// e4m3 / e5m2 value (e4m3's as 2^-8 times it, fp8_kv.h) is a normal bf16, so the dot path computes
+// what it computes on a bf16 pool holding those values (and reads half the pool bytes).
 template <typename KV, int HD>
 void widen_rows_bf16(const KV* __restrict__ kh, const KV* __restrict__ vh, const int64_t* __restrict__ srow,
                      int64_t L, uint16_t* __restrict__ kw, uint16_t* __restrict__ vw) {
@@ -879,8 +880,8 @@ void decode_attention_impl(const at::Tensor& q, const at::Tensor& k_buf, const a
     const int64_t span = std::min(split, max_len);  // a task's keys at most
     std::vector<float> qf(G * D), scores(G * span);
     std::vector<uint16_t> qb(dot ? G * D : 0), pb(dot ? G * (span + 2) : 0);
-    const bool widen = dot && is_fp8_kv<KV>;  // FP8 rows as bf16 for the dot path
-    std::vector<uint16_t> kw(widen ? span * D : 0), vw(widen ? span * D : 0);
+    const bool widen = dot && is_fp8_kv<KV>;  // FP8 rows as bf16 for the dot path (not zeroed: written first)
+    std::unique_ptr<uint16_t[]> kw(widen ? new uint16_t[span * D] : nullptr), vw(widen ? new uint16_t[span * D] : nullptr);
     std::vector<int64_t> iota(widen ? span : 0);
     for (size_t j = 0; j < iota.size(); ++j) iota[j] = static_cast<int64_t>(j);
     for (int64_t t = tb; t < te; ++t) {
@@ -892,7 +893,7 @@ void decode_attention_impl(const at::Tensor& q, const at::Tensor& k_buf, const a
         else
           for (int64_t d = 0; d < D; ++d) qf[g * D + d] = to_f(qrow[d]) * fscale;
       }
-      const DotArgs da{dot ? qb.data() : nullptr, fscale, pb.data(), kw.data(), vw.data(), iota.data()};
+      const DotArgs da{dot ? qb.data() : nullptr, fscale, pb.data(), kw.get(), vw.get(), iota.data()};
       const int64_t* srow = sp + task.req * max_len + task.begin;
       const KV* kh = kp + task.head * rows * D;
       const KV* vh = vp + task.head * rows * Dv;
