@@ -95,11 +95,15 @@ def main() -> None:
     harnesses = {kv: _harness(args, kv) for kv in args.kv}
     vocab = next(iter(harnesses.values())).scheduler.model_config.vocab_size
     prompts = [torch.randint(10, vocab, (args.prompt_len,)).tolist() for _ in range(args.batch)]
-    for h in harnesses.values():
+    for kv, h in harnesses.items():
         for prompt in prompts:
             h.submit(prompt, args.rounds + 4)
         while len(h.scheduler.running) < args.batch or h.scheduler.waiting:  # prefill everything
             h.step()
+            if h.finish:  # refused (e.g. a prompt past the model's context) or finished early
+                raise SystemExit(
+                    f"--kv-cache-dtype {kv}: a request ended before the decode steps: {h.finish}"
+                )
     times: dict[str, list[float]] = {kv: [] for kv in harnesses}
     for _ in range(args.rounds):
         for kv, h in harnesses.items():
