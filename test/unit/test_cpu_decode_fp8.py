@@ -1,24 +1,15 @@
 """decode_attention over an FP8 KV pool (kernels/cpu/csrc/sglang_cpu_ops.cpp: float8_e4m3fn /
 float8_e5m2 K / V widened inside the kernel, times the layer's k / v scales) and
 prefill_attention_vec over an FP8 cached prefix, against a torch reference that widens the rows
-first, on every build this CPU runs; and the `cpu` attention backend, which routes an FP8 pool to
-the kernels, against its torch path (same greedy tokens)."""
+first, on every build this CPU runs. The `cpu` attention backend over an FP8 pool:
+test_cpu_fp8_backend.py."""
 
 from __future__ import annotations
-
-import copy
 
 import pytest
 import torch
 
-from sglang.srt.configs.model_config import ModelConfig
-from sglang.srt.kernels.cpu import loader
 from sglang.srt.kernels.cpu import reference as ref
-from sglang.srt.layers.attention import cpu_backend
-from sglang.srt.mem_cache.kv_pool import MHATokenToKVPool
-from sglang.srt.models.registry import ModelRegistry
-from sglang.test.forward_helpers import ForwardHarness
-from sglang.test.tiny_models import TINY_LLAMA_DIR, randomize_parameters
 
 FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
 # float32 q: the same values (widening is exact), summation order and the folded scales differ;
@@ -137,86 +128,6 @@ def test_fp8_decode_rejects_mixed_pools(ops):
         with pytest.raises(RuntimeError, match="share a dtype"):
             ops.decode_attention(q, k, v, slots, lens, 1.0)
     assert ops.decode_attention(q, e5m2, e5m2, slots, lens, 1.0).dtype == torch.float32
-
-
-# ---------------------------------------------------------------------------- the backend
-class _Spy:
-    """The kernel module, recording the pool dtype of every decode_attention call and of every
-    prefill_attention_vec call over a cached prefix."""
-
-    def __init__(self, module):
-        self.module, self.decode_dtypes, self.prefix_dtypes = module, [], []
-
-    def __getattr__(self, name):
-        return getattr(self.module, name)
-
-    def decode_attention(self, q, k_buf, *args):
-        self.decode_dtypes.append(k_buf.dtype)
-        return self.module.decode_attention(q, k_buf, *args)
-
-    def prefill_attention_vec(self, q, k, v, scale, k_cache=None, *args, **kwargs):
-        if k_cache is not None:
-            self.prefix_dtypes.append(k_cache.dtype)
-        return self.module.prefill_attention_vec(q, k, v, scale, k_cache, *args, **kwargs)
-
-
-@pytest.fixture(scope="module")
-def llama64():
-    """The tiny Llama with head dim 64 (the kernel's fixed-width vector path) and random weights."""
-    cfg = copy.deepcopy(ModelConfig(TINY_LLAMA_DIR).hf_config)
-    cfg.head_dim = 64
-    model = ModelRegistry.resolve(cfg.architectures)(cfg, None, torch.float32).eval()
-    with torch.no_grad():
-        randomize_parameters(model, seed=3, std=0.2)
-    return model, cfg
-
-
-def _greedy(model, cfg, kv_dtype, scales) -> tuple[list[int], torch.Tensor]:
-    """Request A: a 9-token chunk, then 7 more over its cached prefix beside request B's 6 fresh
-    tokens; then 8 batched greedy decode steps."""
-    pool = MHATokenToKVPool(256, 1, torch.float32, 2, 64, cfg.num_hidden_layers, kv_dtype=kv_dtype)
-    for layer in range(cfg.num_hidden_layers):
-        pool.set_kv_scales(layer, *scales)
-    h = ForwardHarness(cfg, max_total_tokens=256, max_context_len=128, attention_backend="cpu")
-    h.token_to_kv_pool = pool
-    g = torch.Generator().manual_seed(11)
-    prompts = [torch.randint(3, cfg.vocab_size, (n,), generator=g).tolist() for n in (16, 6)]
-    a, b = h.new_request(), h.new_request()
-    h.forward(model, [(a, prompts[0][:9])])
-    logits = h.forward(model, [(a, prompts[0][9:]), (b, prompts[1])]).next_token_logits
-    tokens, steps = [], []
-    for _ in range(8):
-        nxt = [int(t) for t in logits.argmax(dim=-1)]
-        tokens.extend(nxt)
-        logits = h.forward(model, [(a, [nxt[0]]), (b, [nxt[1]])]).next_token_logits
-        steps.append(logits)
-    return tokens, torch.stack(steps)
-
-
-@pytest.mark.parametrize("name", ["fp8_e4m3", "fp8_e5m2"])
-def test_backend_fp8_pool_fused_equals_torch_path(llama64, monkeypatch, name):
-    """`--kv-cache-dtype fp8_*` with the layer scales: the `cpu` backend's decode, and its float32
-    prefill of a chunk over a cached prefix where the build has the vector kernel, run the fused
-    kernels on the 1-byte pool, and give the greedy tokens (and logits, to float32 summation
-    order) of its torch path (gather + widen + SDPA)."""
-    module = loader.load()
-    if module is None:
-        pytest.skip("no CPU kernels here")
-    model, cfg = llama64
-    kv_dtype = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}[name]
-    spy = _Spy(module)
-    monkeypatch.setattr(cpu_backend, "kernels_for_device", lambda device: spy)
-    fused_tokens, fused_logits = _greedy(model, cfg, kv_dtype, (0.05, 0.03))
-    assert spy.decode_dtypes and set(spy.decode_dtypes) == {kv_dtype}
-    if module.prefill_attention_vec_supported():
-        assert spy.prefix_dtypes and set(spy.prefix_dtypes) == {kv_dtype}
-    monkeypatch.setattr(cpu_backend, "kernels_for_device", lambda device: None)
-    torch_tokens, torch_logits = _greedy(model, cfg, kv_dtype, (0.05, 0.03))
-    assert fused_tokens == torch_tokens
-    # Not to 1e-5: each step writes its new K / V rounded to FP8, and a summation-order difference
-    # can move a value across a rounding boundary (e5m2 keeps 2 mantissa bits), which later steps
-    # carry (seen: 5e-2 after 8 steps). Unapplied scales (0.05 / 0.03) would differ by far more.
-    assert float((fused_logits - torch_logits).abs().max()) < 0.25
 
 
 # ---------------------------------------------------------------------------- prefill over an FP8 prefix

@@ -57,6 +57,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <vector>
@@ -883,7 +884,7 @@ void decode_attention_impl(const at::Tensor& q, const at::Tensor& k_buf, const a
     const bool widen = dot && is_fp8_kv<KV>;  // FP8 rows as bf16 for the dot path (not zeroed: written first)
     std::unique_ptr<uint16_t[]> kw(widen ? new uint16_t[span * D] : nullptr), vw(widen ? new uint16_t[span * D] : nullptr);
     std::vector<int64_t> iota(widen ? span : 0);
-    for (size_t j = 0; j < iota.size(); ++j) iota[j] = static_cast<int64_t>(j);
+    std::iota(iota.begin(), iota.end(), int64_t{0});
     for (int64_t t = tb; t < te; ++t) {
       const Task& task = tasks[t];
       for (int64_t g = 0; g < G; ++g) {
