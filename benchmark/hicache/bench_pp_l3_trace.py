@@ -46,12 +46,12 @@ def token_ids(n: int, seed: int) -> list[int]:
     return torch.randint(3, SMOLLM2_SHAPE["vocab_size"], (n,), generator=gen).tolist()
 
 
-def run_engine(path: str, l3_dir: str, trace: str, prompt: list[int], rid: str, args) -> dict:
-    """A fresh pp 2 engine: warm up (not the prefix), then the timed request; its TTFT and counters."""
+def pp2_engine(path: str, l3_dir: str, args, max_total_tokens: int, **extra):
+    """A pp 2 engine of the dummy model at `path`, one thread per stage, HiCache with its file tier
+    in `l3_dir` (`args`: dtype, chunk); `extra`: more server args."""
     import sglang as sgl
 
-    extra = json.dumps({"file_path": l3_dir})
-    with sgl.Engine(
+    return sgl.Engine(
         model_path=f"dummy:{path}",
         load_format="dummy",
         dtype=args.dtype,
@@ -59,14 +59,19 @@ def run_engine(path: str, l3_dir: str, trace: str, prompt: list[int], rid: str, 
         num_threads=1,
         chunked_prefill_size=args.chunk,
         context_length=32768,
-        max_total_tokens=len(prompt) + 512,
+        max_total_tokens=max_total_tokens,
         enable_hierarchical_cache=True,
         hicache_storage_backend="file",
-        hicache_storage_backend_extra_config=extra,
-        pp_trace_path=trace,
+        hicache_storage_backend_extra_config=json.dumps({"file_path": l3_dir}),
         skip_tokenizer_init=True,
         log_level="warning",
-    ) as llm:
+        **extra,
+    )
+
+
+def run_engine(path: str, l3_dir: str, trace: str, prompt: list[int], rid: str, args) -> dict:
+    """A fresh pp 2 engine: warm up (not the prefix), then the timed request; its TTFT and counters."""
+    with pp2_engine(path, l3_dir, args, len(prompt) + 512, pp_trace_path=trace) as llm:
         llm.generate(input_ids=[5] * 64, sampling_params=GREEDY, rid=f"warm-{rid}")
         before = llm.get_server_info()["internal_states"][0]
         t0 = time.perf_counter()

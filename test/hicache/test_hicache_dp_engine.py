@@ -52,3 +52,25 @@ def test_dp_attention_hicache_matches_and_shares_storage(tmp_path):
     assert total(states, "prefill_tokens_computed") == sum(len(p) - c for p, c in zip(last, cached))
     assert total(states, "hicache_storage_read_failures") == 0
     assert all(s["available_kv_tokens"] == s["max_total_num_tokens"] for s in states)
+
+
+def test_pp2_dp_attention_hicache_restarts_from_storage(tmp_path):
+    """pp 2 × attention DP 2 (four ranks): each replica's stage 0 keeps its tree and sends its own
+    tier copies and storage queries down its ring column; a restarted engine loads every prompt's
+    whole-page prefix on both stages of whichever replica serves it."""
+    waves = turns()[:2]
+    ps = [p for wave in waves for p in wave]
+    ref = run(1, waves=waves)[0]
+    d = str(tmp_path / "kv")
+    kw = dict(tp_size=2, dp_size=2, enable_dp_attention=True, pp_size=2)
+    got, _, states = run_engine(waves, d, STORAGE_PAGE, **kw)
+    assert got == ref and len(states) == 2
+    assert len(os.listdir(d)) == 2  # one namespace per stage, shared by the replicas
+    last = ps[-4:]
+    again, cached, states = run_engine([last], d, STORAGE_PAGE, **kw)
+    assert again == ref[-4:]
+    assert cached == [(len(p) - 1) // STORAGE_PAGE * STORAGE_PAGE for p in last]
+    assert all(s["hicache_l3_hit_tokens"] > 0 for s in states)
+    assert total(states, "hicache_peer_missing_pages") == 0
+    assert total(states, "prefill_tokens_computed") == sum(len(p) - c for p, c in zip(last, cached))
+    assert all(s["available_kv_tokens"] == s["max_total_num_tokens"] for s in states)

@@ -206,9 +206,10 @@ def test_corrupted_page_fails_the_prefetch_and_recomputes(stored, tmp_path):
 
 
 def test_prefetch_where_ranks_can_agree(tmp_path):
-    """A rank alone prefetches, and so do tp / cp peers that can gather every rank's counts; peers
-    with only `agree`, or a pipeline's stage 0, keep the synchronous L3 load: no prefetch is
-    started and every request is ready at once."""
+    """A rank alone prefetches, and so do tp / cp peers that can gather every rank's counts and a
+    pipeline's stage 0; peers with only `agree` keep the synchronous L3 load: no prefetch is
+    started and every request is ready at once. A pipeline tree that could not prefetch is refused
+    (its later stages would never read their pages)."""
     import torch
 
     from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
@@ -229,11 +230,13 @@ def test_prefetch_where_ranks_can_agree(tmp_path):
 
     gather = lambda values: [list(values), list(values)]  # noqa: E731
     piped = tree()
-    piped.enable_pipeline(RingPeers(lambda q, ops: q))
-    for prefetching in (tree(), tree(min, gather)):
+    piped.enable_pipeline(RingPeers(None))
+    for prefetching in (tree(), tree(min, gather), piped):
         assert prefetching.wants_prefetch("r") and not prefetching.prefetch_ready("r")  # waits
-    for sync in (tree(min), piped):
-        assert not sync.wants_prefetch("r") and sync.prefetch_ready("r")
+    sync = tree(min)
+    assert not sync.wants_prefetch("r") and sync.prefetch_ready("r")
+    with pytest.raises(ValueError, match="pipeline"):
+        sync.enable_pipeline(RingPeers(None))
 
 
 def test_bad_prefetch_timeout_refused_by_name():

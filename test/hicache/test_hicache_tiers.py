@@ -231,10 +231,6 @@ def test_storage_tier_serves_a_new_tree_and_skips_bad_pages(tmp_path):
     [
         (dict(hicache_storage_backend="mooncake"), "mooncake needs the master's address"),
         (dict(pp_size=2, hicache_size=1.0), "with --pp-size > 1 and --hicache-size"),
-        (
-            dict(pp_size=2, tp_size=2, dp_size=2, enable_dp_attention=True),
-            "--pp-size > 1 and --enable-dp-attention",
-        ),
         (dict(disaggregation_mode="decode"), "refused with --disaggregation-mode decode"),
         (dict(disable_radix_cache=True), "with --disable-radix-cache is not supported yet"),
         (dict(hicache_ratio=0.5), "--hicache-ratio must be > 1"),

@@ -132,7 +132,6 @@ def validate_hicache(args: Any) -> None:
         "--disable-radix-cache": args.disable_radix_cache,
         # stages hold different layers, so a size in GB gives each stage another token count
         "--pp-size > 1 and --hicache-size (use --hicache-ratio)": args.pp_size > 1 and args.hicache_size > 0,
-        "--pp-size > 1 and --enable-dp-attention": args.pp_size > 1 and args.enable_dp_attention,
     }
     for name, on in unsupported.items():
         if on:

@@ -44,7 +44,7 @@ from typing import Any, Callable, Optional
 from sglang.srt.distributed.parallel_state import ParallelGroups
 from sglang.srt.distributed.pp_comm import PPComm
 from sglang.srt.managers.dynamic_chunking.policy import ChunkPlanner
-from sglang.srt.managers.pp.hicache_ring import ring_ask, send_tier_ops
+from sglang.srt.managers.pp.hicache_ring import RingQueries, send_tier_ops
 from sglang.srt.managers.pp.messages import MsgType, StageBatch, StageOutput
 from sglang.srt.managers.pp.stage import PendingRing
 from sglang.srt.managers.pp.trace import PPTracer, merge_trace, parts_signature
@@ -122,7 +122,7 @@ class PPDriver:
             chunk_budget=None if chunk_policy is None else self._chunk_budget,
             extra_state=self.ring_state,
         )
-        self.scheduler.cache.attach_pipeline(ring_ask(comm, groups))  # HiCache: tiers on every stage
+        self.scheduler.cache.attach_pipeline(RingQueries(comm, groups))  # HiCache: tiers on every stage
         self.ring_size = groups.pp.size + server_args.pp_async_batch_depth
         self.max_mb_reqs: Optional[int] = server_args.pp_max_micro_batch_size  # None: token budget only
         self.inflight: deque[_InFlight] = deque()

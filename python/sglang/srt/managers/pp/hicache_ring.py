@@ -1,11 +1,16 @@
 """HiCache on the pipeline ring (mem_cache/hicache/pipeline.py): stage 0's tier copies and L3
-queries travel the ring in order with the micro-batches.
+page reads travel the ring in order with the micro-batches.
 
 - `MsgType.TIERS` (stage k -> k+1): a list of `TierOp`s stage 0 recorded; stage 0 sends them ahead
   of its next micro-batch (or when the ring is idle); each stage replays them, then passes them on.
-- `MsgType.QUERY` (stage k -> k+1): a `StorageQuery`; each stage lowers its count to the pages it
-  can read and passes it on; the last stage's first rank answers stage 0's entry rank
-  (`MsgType.ANSWER`), which shares the answer with the other ranks of stage 0.
+- `MsgType.QUERY` (stage k -> k+1): a `StorageQuery` stage 0 sends when a storage prefetch starts.
+  Each stage hands it to its I/O thread, which reads the pages into the query's host rows and
+  agrees with the stage's other tp ranks (a gloo group of its own, `io_agree`), then puts a local
+  `READ` in the stage's inbox; the stage loop takes it in turn and passes the lowered query on (the
+  last stage's first rank answers stage 0's entry rank: `ANSWER`). Micro-batches and TIERS go on
+  meanwhile: the query's rows are its own until stage 0 has the answer.
+- Stage 0's `RingQueries`: sends the queries, and at each prefetch poll the entry rank takes the
+  answers that came back and shares them with the other ranks of stage 0.
 """
 
 from __future__ import annotations
@@ -14,13 +19,17 @@ import contextlib
 import logging
 import signal
 import threading
-from typing import Iterator
+from typing import Any, Callable, Iterator, Optional
 
+import torch
+import torch.distributed as dist
+
+from sglang.srt.distributed.group_coordinator import GroupCoordinator
 from sglang.srt.distributed.p2p import Message
 from sglang.srt.distributed.parallel_state import ParallelGroups
 from sglang.srt.distributed.pp_comm import PPComm
 from sglang.srt.managers.pp.messages import MsgType
-from sglang.srt.mem_cache.hicache.pipeline import AskRing, StageTiers, StorageQuery
+from sglang.srt.mem_cache.hicache.pipeline import StageTiers, StorageQuery
 
 logger = logging.getLogger(__name__)
 
@@ -31,19 +40,46 @@ def send_tier_ops(comm: PPComm, ops: list) -> None:
         comm.send_next(MsgType.TIERS, -1, ops).wait()
 
 
-def ring_ask(comm: PPComm, groups: ParallelGroups) -> AskRing:
-    """Stage 0's `AskRing`: send the pending ops and the query, wait for the last stage's answer
-    (every rank of stage 0 asks in lockstep; the entry rank gets the answer and broadcasts it)."""
+class RingQueries:
+    """Stage 0's `Ring` (pipeline.py): every rank of stage 0 sends its query to its next-stage
+    peer; the answers reach the entry rank, which shares them at each `answers()` call."""
 
-    def ask(query: StorageQuery, ops: list) -> StorageQuery:
-        send_tier_ops(comm, ops)
-        comm.send_next(MsgType.QUERY, -1, query).wait()
-        answer = comm.inbox.take(MsgType.ANSWER).obj if comm.receives_outputs else None
-        if groups.replica.size > 1:
-            answer = groups.replica.broadcast_object(answer, src=0)
-        return answer
+    def __init__(self, comm: PPComm, groups: ParallelGroups):
+        self.comm, self.groups = comm, groups
 
-    return ask
+    def send(self, query: StorageQuery, ops: list) -> None:
+        send_tier_ops(self.comm, ops)
+        self.comm.send_next(MsgType.QUERY, -1, query).wait()
+
+    def answers(self) -> list[StorageQuery]:
+        got = None
+        if self.comm.receives_outputs:
+            got = [m.obj for m in self.comm.inbox.take_all(MsgType.ANSWER)]
+        if self.groups.replica.size > 1:
+            got = self.groups.replica.broadcast_object(got, src=0)
+        return got
+
+
+def io_agree(args: Any, groups: ParallelGroups) -> Optional[Callable[[int], int]]:
+    """The minimum of a count over this rank's stage replica, for the later stages' storage I/O
+    threads: a gloo group per replica of its own (the stage's main thread keeps its groups).
+    Collective: every world rank calls it, in the same order; None without an L3 backend or at
+    one rank per replica."""
+    if not args.enable_hierarchical_cache or args.hicache_storage_backend == "none":
+        return None
+    mine = None
+    for ranks in groups.layout.all_replica_groups():
+        if len(ranks) > 1:
+            group = dist.new_group(ranks, backend="gloo")
+            if groups.world_rank in ranks:
+                mine = (ranks, group)
+    if mine is None:
+        return None
+    ranks, group = mine
+    coord = GroupCoordinator(
+        "hicache-io", ranks, ranks.index(groups.world_rank), group, group, torch.device("cpu")
+    )
+    return lambda n: min(v[0] for v in coord.all_gather_ints([n]))
 
 
 class Terminated(SystemExit):
@@ -59,7 +95,7 @@ class StageHiCache:
     restart). `sigterm_drains()` makes SIGTERM end the stage only between messages, after it
     replayed every TIERS already received."""
 
-    KINDS = (MsgType.TIERS, MsgType.QUERY)
+    KINDS = (MsgType.TIERS, MsgType.QUERY, MsgType.READ)
 
     def __init__(self, tiers: StageTiers, comm: PPComm, is_last: bool):
         self.tiers = tiers
@@ -77,14 +113,15 @@ class StageHiCache:
                 self._busy = False
             if self._term:
                 raise Terminated(0)
-            return
-        answer = self.tiers.answer(msg.obj)
-        if not self.is_last:
-            self.comm.send_next(MsgType.QUERY, msg.mb_id, answer).wait()
-            return
-        sent = self.comm.send_return(MsgType.ANSWER, msg.mb_id, answer)
-        if sent is not None:
-            sent.wait()
+        elif msg.kind == MsgType.QUERY:  # read on the I/O thread; READ comes back in the inbox
+            inbox, mb_id = self.comm.inbox, msg.mb_id
+            self.tiers.read(msg.obj, lambda answer: inbox.put(Message(MsgType.READ, mb_id, answer)))
+        elif not self.is_last:
+            self.comm.send_next(MsgType.QUERY, msg.mb_id, msg.obj).wait()
+        else:
+            sent = self.comm.send_return(MsgType.ANSWER, msg.mb_id, msg.obj)
+            if sent is not None:
+                sent.wait()
 
     def _replay(self, msg: Message) -> None:
         self.tiers.apply(msg.obj)

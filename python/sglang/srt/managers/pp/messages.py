@@ -9,7 +9,8 @@
 - `MsgType.STOP` (round the ring): shut down (tests and clean exits).
 - `MsgType.PING` (round the ring): keep-alive of an idle ring.
 - `MsgType.TIERS`, `QUERY` (stage k -> k+1), `ANSWER` (last stage -> stage 0): HiCache's tier
-  copies and L3 page queries (`hicache_ring.py`).
+  copies and L3 page reads (`hicache_ring.py`); `READ` never travels: a later stage's I/O thread
+  puts it in its own inbox when a QUERY's pages are read.
 
 The transport (`distributed/pp_comm.py`) carries a message's kind as a plain int; `MsgType` is
 an `IntEnum`, so its members are those ints (and `MsgType.STOP` is the transport's stop kind).
@@ -44,8 +45,9 @@ class MsgType(IntEnum):
     STOP = 4
     PING = 5
     TIERS = 6  # HiCache: stage 0's tier copies (hicache_ring.py)
-    QUERY = 7  # HiCache: how many L3 pages every stage can read
-    ANSWER = 8  # HiCache: the last stage's answer to stage 0
+    QUERY = 7  # HiCache: read these L3 pages into these host rows (a storage prefetch)
+    ANSWER = 8  # HiCache: the last stage's answer to stage 0 (the pages every stage read)
+    READ = 9  # HiCache, local: a later stage's I/O thread has read a QUERY's pages
 
 
 @dataclass

@@ -18,7 +18,7 @@ from sglang.srt.distributed.pp_comm import PPComm
 from sglang.srt.managers.dynamic_chunking.policy import ChunkPlanner
 from sglang.srt.managers.io_struct import SchedulerReadyInfo
 from sglang.srt.managers.pp.driver import PPDriver
-from sglang.srt.managers.pp.hicache_ring import StageHiCache
+from sglang.srt.managers.pp.hicache_ring import StageHiCache, io_agree
 from sglang.srt.managers.pp.messages import MsgType
 from sglang.srt.managers.pp.stage import PPStageWorker, stage_ready_info
 from sglang.srt.managers.pp.trace import PPTracer
@@ -83,6 +83,7 @@ def build_pp_rank(
     # collective over the world: every stage profiles its layers, every rank fits the same policy
     policy = build_dynamic_chunking(server_args, runner, groups)
     comm = PPComm(groups, MsgType.STOP, backend, runner.device)
+    agree_reads = io_agree(server_args, groups)  # collective: the later stages' storage I/O threads
     if groups.pp.is_first:
         if groups.is_replica_entry and io is None and port_args is not None:
             io = SchedulerIO(port_args, groups.dp_rank, groups.layout.attn_dp)
@@ -112,7 +113,9 @@ def build_pp_rank(
     from sglang.srt.disaggregation.factory import create_stage_transfer
 
     pd = create_stage_transfer(server_args, groups, runner)  # PD prefill: this stage sends its layers' KV
-    tiers = build_stage_tiers(server_args, runner, groups)  # HiCache: this stage's host pool / storage
+    tiers = build_stage_tiers(
+        server_args, runner, groups, agree_reads
+    )  # HiCache: this stage's host pool / storage
     hicache = StageHiCache(tiers, comm, groups.pp.is_last) if tiers is not None else None
     worker = PPStageWorker(runner, groups, comm, tracer, ring_size, pd=pd, hicache=hicache)
     logger.info(

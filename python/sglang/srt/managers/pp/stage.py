@@ -147,9 +147,9 @@ class PPStageWorker:
             self._run_batch(batch, proxy.tensors)
 
     def _next_message(self) -> Message:
-        """The next BATCH / STOP / PING (or HiCache's TIERS / QUERY); the trace is flushed before
+        """The next BATCH / STOP / PING (or HiCache's TIERS / QUERY / READ); the trace is flushed before
         blocking (nothing buffered is lost if the rank idles or dies)."""
-        wanted = (MsgType.BATCH, MsgType.STOP, MsgType.PING, MsgType.TIERS, MsgType.QUERY)
+        wanted = (MsgType.BATCH, MsgType.STOP, MsgType.PING, MsgType.TIERS, MsgType.QUERY, MsgType.READ)
         msg = self.comm.inbox.take(wanted, block=False)
         if msg is None:
             self.tracer.flush()

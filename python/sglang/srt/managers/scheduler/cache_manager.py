@@ -7,6 +7,7 @@ req_to_token row, seeds it from the radix cache, allocates KV slots for the toke
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any, Callable, Optional
 
@@ -19,7 +20,7 @@ from sglang.srt.mem_cache.hicache.decode_offload import OffloadingRadixCache
 from sglang.srt.mem_cache.hicache.factory import RankPlace, create_prefix_cache, create_stage_tiers
 from sglang.srt.mem_cache.hicache.hiradix_cache import HiRadixCache
 from sglang.srt.mem_cache.hicache.host_pool import CPShard
-from sglang.srt.mem_cache.hicache.pipeline import AskRing, RingPeers, StageTiers
+from sglang.srt.mem_cache.hicache.pipeline import Ring, RingPeers, StageTiers
 from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.mem_cache.req_to_token import ReqToTokenPool
 
@@ -66,10 +67,14 @@ def build_prefix_cache(server_args: Any, runner: Any, groups: Any) -> RadixCache
     return create_prefix_cache(server_args, runner.allocator, runner.token_to_kv_pool, _place(runner, groups))
 
 
-def build_stage_tiers(server_args: Any, runner: Any, groups: Any) -> Optional[StageTiers]:
-    """A later pipeline stage's HiCache tiers (mem_cache/hicache/pipeline.py), None without HiCache."""
+def build_stage_tiers(
+    server_args: Any, runner: Any, groups: Any, agree_reads: Optional[Callable[[int], int]]
+) -> Optional[StageTiers]:
+    """A later pipeline stage's HiCache tiers (mem_cache/hicache/pipeline.py), None without HiCache;
+    `agree_reads`: the minimum over the stage's tp ranks, for its storage I/O thread."""
     allocator_size = runner.max_total_num_tokens // runner.kv_page_size * runner.kv_page_size  # stage 0's
-    return create_stage_tiers(server_args, allocator_size, runner.token_to_kv_pool, _place(runner, groups))
+    place = dataclasses.replace(_place(runner, groups), agree=agree_reads)
+    return create_stage_tiers(server_args, allocator_size, runner.token_to_kv_pool, place)
 
 
 class KVCacheManager:
@@ -204,12 +209,13 @@ class KVCacheManager:
             self.tree.agree(removed)
         return ClearHiCacheReqOutput(True, f"{removed} page(s) removed (entry rank; every rank cleared)")
 
-    def attach_pipeline(self, ask: AskRing) -> bool:
-        """Pipeline stage 0: HiCache's tier copies are recorded for the later stages and L3 loads
-        ask them first (mem_cache/hicache/pipeline.py); False without HiCache."""
+    def attach_pipeline(self, ring: Ring) -> bool:
+        """Pipeline stage 0: HiCache's tier copies are recorded for the later stages and storage
+        prefetches ask them to read their pages (mem_cache/hicache/pipeline.py); False without
+        HiCache."""
         if not isinstance(self.tree, HiRadixCache):
             return False
-        self.tree.enable_pipeline(RingPeers(ask))
+        self.tree.enable_pipeline(RingPeers(ring))
         return True
 
     def take_tier_ops(self) -> list:

@@ -15,14 +15,15 @@ the L2 part of the match and then the L3 pages that continue it into freshly all
 what does not fit, or fails its checksum, is left out and recomputed. With a storage prefetch
 (`prefetch.py`: a waiting request's L3 pages read into L2 by an I/O thread) the L3 part of an
 admission is what its prefetch brought, landed in the tree as L2 nodes; the prefetch runs on a
-rank alone and under tp / cp (`gather`: the ranks agree on what it changes, prefetch.py), not
-under a pipeline (`_prefetching`), where the L3 load stays synchronous at admission. Either way,
+rank alone, under tp / cp (`gather`: the ranks agree on what it changes, prefetch.py) and on a
+pipeline's stage 0 (the later stages read their pages too, pipeline.py); without one (`agree`
+but no `gather`, or no prefetch config) the L3 load is synchronous at admission. Either way,
 when admission returns the request holds nothing in flight. `agree` (tp / cp > 1) turns a rank's
 count of readable L3 pages into the count every rank uses (the minimum), so ranks stay identical.
 An admission walks the tree once (the landing's walk, or the load's).
 Under pipeline parallelism (`enable_pipeline`, pipeline.py) the tree lives on stage 0 only: every
-copy between tiers is also recorded as a `TierOp` the later stages replay on their layers, and an
-L3 load first asks the ring how many pages every stage can read.
+copy between tiers is also recorded as a `TierOp` the later stages replay on their layers, and a
+prefetch lands only the pages every stage has read.
 """
 
 from __future__ import annotations
@@ -38,15 +39,7 @@ from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.hicache.page_store import PageStore, write_missing
 from sglang.srt.mem_cache.hicache.host_pool import HostKVPool
 from sglang.srt.mem_cache.hicache.prefetch import Gather, PrefetchConfig, StoragePrefetch
-from sglang.srt.mem_cache.hicache.pipeline import (
-    Backup,
-    ClearStorage,
-    LoadPages,
-    Restore,
-    RingPeers,
-    StorePages,
-    TierOp,
-)
+from sglang.srt.mem_cache.hicache.pipeline import Backup, ClearStorage, Restore, RingPeers, StorePages, TierOp
 from sglang.srt.mem_cache.radix_cache import MatchResult, RadixCache, TreeNode
 
 logger = logging.getLogger(__name__)
@@ -98,7 +91,10 @@ class HiRadixCache(RadixCache):
             self.prefetcher = StoragePrefetch(self, prefetch, gather)
 
     def enable_pipeline(self, peers: RingPeers) -> None:
-        """Stage 0 of a pipeline: record tier copies for the later stages, ask them before L3 loads."""
+        """Stage 0 of a pipeline: record tier copies for the later stages; L3 pages come through
+        the storage prefetch, which asks them to read theirs too (pipeline.py)."""
+        if self.storage is not None and not self._prefetching():
+            raise ValueError("HiCache under pipeline parallelism reads storage through its prefetch only")
         self.peers, self._ops = peers, []
 
     def take_ops(self) -> list[TierOp]:
@@ -130,13 +126,8 @@ class HiRadixCache(RadixCache):
     def _prefetching(self) -> bool:
         """Whether L3 pages come from a background prefetch (else: synchronously at admission).
         The one place that decides: a rank alone, or tp / cp peers that can `gather` (they agree
-        on every decision, prefetch.py); not under pipeline parallelism (`peers`: the later
-        stages answer storage queries in ring order, synchronously)."""
-        return (
-            self.prefetcher is not None
-            and self.peers is None
-            and (self.agree is None or self.gather is not None)
-        )
+        on every decision, prefetch.py); a pipeline's stage 0 always (`enable_pipeline`)."""
+        return self.prefetcher is not None and (self.agree is None or self.gather is not None)
 
     def wants_prefetch(self, rid: str) -> bool:
         return self._prefetching() and self.prefetcher.wants(rid)
@@ -261,13 +252,6 @@ class HiRadixCache(RadixCache):
         names = self.storage.page_hashes(key, total)
         pages = self.storage.get_run(names[p0:])
         n = len(pages) if self.agree is None else self.agree(len(pages))
-        query_id = None
-        if self.peers is not None and n:  # pipeline: only what every stage can read
-            answer = self.peers.readable(key[: (p0 + n) * sp], p0, n, self.take_ops())
-            query_id = answer.query_id
-            self.hstats.peer_missing_pages += n - answer.count
-            self.hstats.peer_read_failures += answer.peer_read_failures
-            n = answer.count
         skip = start - p0 * sp
         slots = self._alloc_device(n * sp - skip) if n else None
         if n and slots is None:
@@ -275,10 +259,6 @@ class HiRadixCache(RadixCache):
         if slots is not None and not self._unpack(pages[:n], slots, skip):
             self.allocator.free(slots)
             slots = None
-        if query_id is not None:  # the later stages load the same pages, or drop them
-            self._record(
-                LoadPages(query_id, 0 if slots is None else n, skip, [] if slots is None else slots.tolist())
-            )
         if slots is None:
             return None
         # no child of the path's end continues `key` (the walk would have taken it), and the

@@ -30,6 +30,12 @@ missing on one rank's store only is recomputed by all. The bound on prefetches i
 unlanded tasks (agreed), not the thread's queue. One rank alone runs the same code (agreeing with
 itself), except that admission also takes what its thread did since the step's poll: a read that
 ended makes its request ready at once, and a cut-short task lands every page read so far.
+
+On a pipeline's stage 0 (`tree.peers`) a task also sends the later stages a query for the same
+pages and host rows (pipeline.py); they read theirs on their own I/O threads while stage 0 goes on
+scheduling. Until the answer is back (`peer_pages`: the pages every later stage read) the task does
+not land, its request does not go (whatever the policy, but best_effort, which lands nothing then)
+and its rows are not freed; it lands no more pages than the answer's count.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ logger = logging.getLogger(__name__)
 POLICIES = ("best_effort", "wait_complete", "timeout")
 PROBE_FIRST_PAGES = 4  # pages hashed and probed (`exists_many`) before a prefetch's first step
 PROBE_MAX_PAGES = 64  # ... at most per later step (or the backend's batch, when larger)
+ANSWER_NAP = 0.001  # seconds an idle stage 0 sleeps while only the later stages' answers are awaited
 Gather = Callable[[list[int]], list[list[int]]]  # every rank's list of ints, in group order
 
 
@@ -99,6 +106,7 @@ class StoragePrefetch:
         self.reader = PageReader(tree.storage, tree.host)
         self.tasks: dict[str, Optional[PrefetchTask]] = {}  # None: nothing to fetch for that request
         self.leftovers: list[PrefetchTask] = []  # ended tasks whose rows wait for every thread
+        self.queries: dict[int, PrefetchTask] = {}  # pipeline: tasks the later stages have not answered
         self.stats = PrefetchStats()
 
     def _agree(self, values: list[int]) -> tuple[list[int], list[list[int]]]:
@@ -152,6 +160,11 @@ class StoragePrefetch:
         task.go = self.config.policy == "best_effort"
         self.reader.submit(task)
         self.tasks[rid] = task
+        if tree.peers is None:
+            task.peer_pages = len(names)
+        else:  # the later stages read the same pages into the same rows of their host pools
+            task.query_id = tree.peers.send(task.key, p0, len(names), slots.tolist(), skip, tree.take_ops())
+            self.queries[task.query_id] = task
         self.stats.prefetch_started += 1
         return True
 
@@ -186,7 +199,11 @@ class StoragePrefetch:
     def poll(self) -> None:
         """Agree on every unlanded task (ended everywhere? pages read everywhere? may its request
         go?) and on the ended tasks every thread has let go of; land the tasks ended everywhere
-        and free the rows let go of everywhere. Every rank calls it at the same step."""
+        and free the rows let go of everywhere. Every rank calls it at the same step. Under a
+        pipeline the later stages' answers come in first: a task lands, lets its request go or
+        frees its rows only once answered, and lands no more pages than every stage read."""
+        if self.queries:
+            self._take_answers()
         pending = [t for t in self.tasks.values() if t is not None and t.landed is None]
         if not pending and not self.leftovers:
             return
@@ -197,18 +214,28 @@ class StoragePrefetch:
         local += [int(t.finished.is_set()) for t in self.leftovers]
         agreed, rows = self._agree(local)
         for i, t in enumerate(pending):
-            finished, t.agreed_done, go = agreed[3 * i : 3 * i + 3]
+            finished, done, go = agreed[3 * i : 3 * i + 3]
             t.done_by_rank = [r[3 * i + 1] for r in rows]
-            t.go = t.go or bool(go)
-            if finished:
+            answered = t.peer_pages is not None
+            t.agreed_done = min(done, t.peer_pages) if answered else 0
+            t.go = t.go or (bool(go) and answered)
+            if finished and answered:
                 self._land(t, everywhere=True)
         let_go, keep = agreed[3 * len(pending) :], []
         for task, gone in zip(self.leftovers, let_go):
-            if gone:
+            if gone and task.peer_pages is not None:
                 self._free_unused(task)
             else:
                 keep.append(task)
         self.leftovers = keep
+
+    def _take_answers(self) -> None:
+        """Pipeline: the later stages' answers (the same list on every rank of stage 0)."""
+        for answer in self.tree.peers.answers():
+            task = self.queries.pop(answer.query_id)
+            task.peer_pages = answer.count
+            self.tree.hstats.peer_missing_pages += len(task.names) - answer.count
+            self.tree.hstats.peer_read_failures += answer.peer_read_failures
 
     def _may_go(self, task: PrefetchTask, now: float) -> bool:
         """This rank's view of whether the policy lets an unfinished prefetch's request go."""
@@ -277,7 +304,11 @@ class StoragePrefetch:
         task = self.tasks[rid]
         if task is None or task.landed is not None or task.go:
             return True
-        if self.alone and (task.finished.is_set() or self._may_go(task, time.monotonic())):
+        if (
+            self.alone
+            and task.peer_pages is not None
+            and (task.finished.is_set() or self._may_go(task, time.monotonic()))
+        ):
             return True  # no peer to wait for: a read that ended since the poll counts at once
         if task.blocked_since is None:
             task.blocked_since = time.monotonic()
@@ -294,9 +325,12 @@ class StoragePrefetch:
             return None, None
         path = None
         if task.landed is None:
-            everywhere = self.alone and task.finished.is_set()  # read before `done` (final then)
-            if self.alone:  # what the thread has read by now
-                task.agreed_done, task.done_by_rank = task.done, [task.done]
+            answered = task.peer_pages is not None
+            # read `finished` before `done` (final then)
+            everywhere = self.alone and task.finished.is_set() and answered
+            if self.alone:  # what the thread has read by now (and the later stages, answered)
+                task.agreed_done = min(task.done, task.peer_pages) if answered else 0
+                task.done_by_rank = [task.done]
             path = self._land(task, key, everywhere)
         if task.blocked_since is not None:
             self.stats.prefetch_wait_seconds += time.monotonic() - task.blocked_since
@@ -324,22 +358,35 @@ class StoragePrefetch:
         return bool(rids) and all(not self.ready(r) for r in rids)
 
     def wait(self, seconds: float) -> None:
-        """Sleep until a running prefetch ends, at most `seconds` (an idle scheduler)."""
+        """Sleep until a running prefetch ends, at most `seconds` (an idle scheduler); a moment
+        when only the later stages' answers are awaited."""
         for task in self.tasks.values():
             if task is not None and not task.finished.is_set():
                 task.finished.wait(seconds)
                 return
+        if self.queries:
+            time.sleep(min(seconds, ANSWER_NAP))
 
     def drain(self) -> None:
         """Cancel every task and wait for the thread to let go of their rows (flush: every rank
         drains at the same step)."""
         for rid in list(self.tasks):
             self.end(rid)
+        while self.queries:  # the later stages write the rows until they answer
+            self._take_answers()
+            if self.queries:
+                time.sleep(ANSWER_NAP)
         for task in self.leftovers:
             task.finished.wait()
             self._free_unused(task)
         self.leftovers = []
 
     def close(self) -> None:
-        self.drain()
+        """Drain and stop the thread; at shutdown no later stage's answer is awaited (their rows
+        are not freed then)."""
+        if self.queries:
+            for rid in list(self.tasks):
+                self.end(rid)
+        else:
+            self.drain()
         self.reader.close()

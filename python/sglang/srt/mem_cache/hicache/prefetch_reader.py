@@ -15,7 +15,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -45,6 +45,8 @@ class PrefetchTask:
     agreed_done: int = 0  # pages read on every rank (what an admission now lands)
     done_by_rank: list[int] = field(default_factory=list)  # each rank's `done` at that poll
     landed: Optional[int] = None  # end token of the pages handed to the tree (None: not yet)
+    query_id: Optional[int] = None  # pipeline: the later stages' read of the same pages
+    peer_pages: Optional[int] = None  # pages every later stage read (None: no answer yet)
     land_start: int = 0  # first token the landed node holds (what the tree lacked)
     blocked_since: Optional[float] = None
 
@@ -61,11 +63,12 @@ class PageReader:
         self.queue: queue.Queue = queue.Queue()
         self.thread: Optional[threading.Thread] = None
 
-    def submit(self, task: PrefetchTask) -> None:
+    def submit(self, task: PrefetchTask, then: Optional[Callable[[PrefetchTask], None]] = None) -> None:
+        """Queue the task; `then(task)`, if given, runs on the thread once the task has finished."""
         if self.thread is None:
             self.thread = threading.Thread(target=self._run, name="hicache-prefetch", daemon=True)
             self.thread.start()
-        self.queue.put_nowait(task)
+        self.queue.put_nowait((task, then))
 
     def close(self) -> None:
         if self.thread is not None:
@@ -75,16 +78,26 @@ class PageReader:
 
     def _run(self) -> None:
         while True:
-            task = self.queue.get()
-            if task is None:
+            item = self.queue.get()
+            if item is None:
                 return
-            try:
-                self._read(task)
-            except Exception:  # never let one task end the thread: its request recomputes
-                logger.exception("HiCache prefetch of %s failed", task.rid)
-                task.failed = True
-            finally:
-                task.finished.set()
+            task, then = item
+            self.read_now(task)
+            if then is not None:
+                try:
+                    then(task)
+                except Exception:  # noqa: BLE001 - the thread serves the next task
+                    logger.exception("HiCache: after reading %s", task.rid)
+
+    def read_now(self, task: PrefetchTask) -> None:
+        """Read the task on the calling thread (`finished` set at the end, whatever happened)."""
+        try:
+            self._read(task)
+        except Exception:  # never let one task end the thread: its request recomputes
+            logger.exception("HiCache prefetch of %s failed", task.rid)
+            task.failed = True
+        finally:
+            task.finished.set()
 
     def failures(self) -> int:
         """The failures the calling thread has met (the other thread's do not count)."""
