@@ -10,11 +10,18 @@ unless the checkpoint gives `k_scale` / `v_scale`, `kv_scales.py`): rows are sto
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Callable, Optional, Union
+from typing import Callable, Optional, Protocol, Union
 
 import torch
 
 FP8_KV_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+class LayerGate(Protocol):
+    """Rows of a layer still being written by someone else (HiCache's `LayerLoader`)."""
+
+    def wait(self, layer: int) -> None:
+        """Return once the pending writes of local layer `layer` are done."""
 
 
 def quantize_kv(x: torch.Tensor, kv_dtype: torch.dtype, scale: float = 1.0) -> torch.Tensor:
@@ -58,6 +65,7 @@ class KVPool(ABC):
         # index_put has no float8 kernels); a plain view of the same bytes elsewhere
         self._store_view = torch.uint8 if self.dtype in FP8_KV_DTYPES else self.dtype
         self._buffers: list[tuple[torch.Tensor, int]] = []  # every buffer and its slot (row) dim
+        self.layer_gate: Optional[LayerGate] = None  # HiCache: rows still being loaded, per layer
 
     def _zeros(self, *shape: int, dtype: Optional[torch.dtype] = None, rows_dim: int = 0) -> torch.Tensor:
         """One zero buffer of the pool, as the device's platform makes pools (CPU: pages
@@ -103,10 +111,19 @@ class KVPool(ABC):
         i = self._local(layer_id)
         self.k_scale[i], self.v_scale[i] = float(k_scale), float(v_scale)
 
+    def attach_layer_gate(self, gate: LayerGate) -> None:
+        """Every per-layer access waits for `gate.wait(local layer)` first (HiCache's layer-by-layer
+        loads, hicache/layer_load.py)."""
+        self.layer_gate = gate
+
     def _local(self, layer_id: int) -> int:
+        """The local index of a global layer id; the layer's pending loads are waited for."""
         if not self.start_layer <= layer_id < self.end_layer:
             raise IndexError(f"layer {layer_id} not held by this pool [{self.start_layer}, {self.end_layer})")
-        return layer_id - self.start_layer
+        local = layer_id - self.start_layer
+        if self.layer_gate is not None:
+            self.layer_gate.wait(local)
+        return local
 
     @abstractmethod
     def get_key_buffer(self, layer_id: int) -> torch.Tensor: ...

@@ -26,7 +26,14 @@ from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.hicache.decode_offload import OffloadingRadixCache
 from sglang.srt.mem_cache.hicache.file_storage import FileLimits, FileStorage
 from sglang.srt.mem_cache.hicache.hiradix_cache import HiRadixCache
-from sglang.srt.mem_cache.hicache.host_pool import CPShard, HostKVPool, TokenLayout, kv_token_buffers
+from sglang.srt.mem_cache.hicache.host_pool import (
+    CPShard,
+    HostKVPool,
+    SyncCopier,
+    TokenLayout,
+    kv_token_buffers,
+)
+from sglang.srt.mem_cache.hicache.layer_load import LayerLoader, layer_groups
 from sglang.srt.mem_cache.hicache.mooncake_config import mooncake_config
 from sglang.srt.mem_cache.hicache.mooncake_storage import MooncakeStorage
 from sglang.srt.mem_cache.hicache.page_store import PageStore
@@ -87,14 +94,16 @@ def _namespace(args: Any, place: RankPlace, layout: TokenLayout) -> str:
 
 
 def _tiers(args: Any, kv_pool: Any, device_tokens: int, place: RankPlace):
-    """The host pool and the storage backend (None) of one rank."""
+    """The host pool and the storage backend (None) of one rank. Restores into the KV pool run
+    layer by layer beside the forward (layer_load.py): the pool's accessors wait for their layer."""
     buffers = kv_token_buffers(kv_pool)
     layout = TokenLayout(buffers)
     page, shard = place.page_size, place.shard
     cp = 1 if shard is None else shard.mapping.cp_size
-    host = HostKVPool(
-        buffers, host_pool_tokens(args, device_tokens, layout.token_bytes(), page, cp), page, shard=shard
-    )
+    loader = LayerLoader(layer_groups(len(buffers), kv_pool.layer_num), SyncCopier().copy)
+    kv_pool.attach_layer_gate(loader)
+    tokens = host_pool_tokens(args, device_tokens, layout.token_bytes(), page, cp)
+    host = HostKVPool(buffers, tokens, page, shard=shard, loader=loader)
     return host, _storage(args, _namespace(args, place, layout), page, host.page_bytes)
 
 

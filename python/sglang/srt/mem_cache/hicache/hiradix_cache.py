@@ -118,9 +118,10 @@ class HiRadixCache(RadixCache):
         self.host.clear()
 
     def close(self) -> None:
-        """Stop the prefetch thread (its tasks cancelled, their rows freed)."""
+        """Stop the prefetch thread (its tasks cancelled, their rows freed) and the layer loader's."""
         if self.prefetcher is not None:
             self.prefetcher.close()
+        self.host.close()
 
     # ------------------------------------------------------------------ storage prefetch
     def _prefetching(self) -> bool:
@@ -174,6 +175,8 @@ class HiRadixCache(RadixCache):
         out["hicache_backup_bytes"] = self.hstats.l2_backup_tokens * token_bytes
         out["hicache_host_tokens"] = self.host.size - self.host.available_size()
         out["hicache_host_capacity"] = self.host.size
+        if self.host.loader is not None:  # L2 -> L1 copies, on the loader's thread beside the forward
+            out["hicache_layer_load_seconds"] = self.host.loader.busy_seconds
         if self.storage is not None:
             out.update({f"hicache_storage_{k}": v for k, v in self.storage.stats.snapshot().items()})
         if self.prefetcher is not None:

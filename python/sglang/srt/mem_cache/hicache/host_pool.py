@@ -1,8 +1,8 @@
 """The L2 host tier: a page pool holding every layer's KV rows of the tokens it keeps.
 
 `kv_token_buffers(pool)` lists a device KV pool's per-token buffers (each `[rows, ...]`, indexed
-by slot): K and V of every layer for MHA, the `[latent ; k_rope]` rows (and DSA's indexer keys)
-for MLA. `TokenLayout` packs / unpacks those rows of some slots to bytes (storage pages). The
+by slot): K and V of every layer for MHA, the `[latent ; k_rope]` rows (and DSA's indexer keys,
+with their int8 copy when kept) for MLA. `TokenLayout` packs / unpacks those rows of some slots to bytes (storage pages). The
 host pool mirrors the buffers with its own rows and its own `TokenToKVPoolAllocator` (own
 budget, page 0 padding as on the device). Copies between the tiers go through a `KVCopier`: on
 CPU both tiers are RAM and `SyncCopier` copies at once; a GPU/NPU copier (pinned host memory,
@@ -19,6 +19,10 @@ import torch
 
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.cp_slots import CPSlotMapping
+from sglang.srt.mem_cache.hicache.layer_load import LayerLoader
+from sglang.srt.mem_cache.transfer_layout import slot_runs
+
+MIN_RUN = 64  # rows per run, on average, from which slice copies beat an index copy (a call each)
 
 
 def kv_token_buffers(pool) -> list[torch.Tensor]:
@@ -26,7 +30,10 @@ def kv_token_buffers(pool) -> list[torch.Tensor]:
     if hasattr(pool, "k_buffer"):
         return [*pool.k_buffer, *pool.v_buffer]
     buffers = list(pool.kv_buffer)
-    return buffers + list(getattr(pool, "index_k_buffer", []))
+    # DSA: the indexer's keys, and their int8 copy and its scales when the indexer scores in int8
+    for name in ("index_k_buffer", "index_k_int8", "index_k_scale"):
+        buffers += list(getattr(pool, name, []))
+    return buffers
 
 
 class TokenLayout:
@@ -88,9 +95,20 @@ class KVCopier(ABC):
 
 
 class SyncCopier(KVCopier):
-    """Index copies on the calling thread (CPU: both tiers are RAM)."""
+    """Copies on the calling thread (CPU: both tiers are RAM). Rows that lie in runs (consecutive
+    slots on both sides, `MIN_RUN` rows or more on average: fresh allocations, whole pages) are
+    copied a run at a time, slice to slice (one pass, ~2.5x an index copy on the MHA pool's
+    head-major buffers); scattered rows by index (gather, then scatter)."""
 
     def copy(self, src, src_slots, dst, dst_slots) -> None:
+        runs = slot_runs(src_slots.cpu().numpy(), dst_slots.cpu().numpy())
+        if len(runs) * MIN_RUN <= src_slots.numel():
+            spans = runs.tolist()
+            for s, d in zip(src, dst):
+                s, d = (_bytes(s), _bytes(d)) if s.dtype == d.dtype else (s, d)
+                for a, b, n in spans:
+                    d[b : b + n].copy_(s[a : a + n])
+            return
         for s, d in zip(src, dst):
             src = src_slots.to(device=s.device, dtype=torch.int64)
             if s.dtype == d.dtype:
@@ -129,8 +147,10 @@ class HostKVPool:
         page_size: int,
         copier: Optional[KVCopier] = None,
         shard: Optional[CPShard] = None,
+        loader: Optional[LayerLoader] = None,
     ):
         self.device_buffers = device_buffers
+        self.loader = loader  # restores layer by layer in the background (layer_load.py), or None
         self.allocator = TokenToKVPoolAllocator(size, page_size)
         self.size = self.allocator.size
         self.page_size = page_size
@@ -148,39 +168,60 @@ class HostKVPool:
         return self.allocator.alloc(n)
 
     def free(self, host_slots: torch.Tensor) -> None:
+        self.synchronize()  # no load reads the rows any more
         self.allocator.free(host_slots)
 
     def clear(self) -> None:
+        self.synchronize()
         self.allocator.clear()
+
+    def synchronize(self) -> None:
+        """Wait for the background restores submitted so far (none without a `loader`)."""
+        if self.loader is not None:
+            self.loader.synchronize()
+
+    def close(self) -> None:
+        """Stop the loader's thread (its restores done first)."""
+        if self.loader is not None:
+            self.loader.close()
 
     def _local(self, *slot_lists: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return slot_lists if self.shard is None else self.shard.local(*slot_lists)
 
     def backup(self, device_slots: torch.Tensor, host_slots: torch.Tensor) -> None:
         """Copy device rows -> host rows (L1 -> L2)."""
+        self.synchronize()
         dev, host = self._local(device_slots, host_slots)
         self.copier.copy(self.device_buffers, dev, self.buffers, host)
 
     def restore(self, host_slots: torch.Tensor, device_slots: torch.Tensor) -> None:
-        """Copy host rows -> device rows (L2 -> L1)."""
+        """Copy host rows -> device rows (L2 -> L1); with a `loader` layer by layer in the
+        background (the KV pool's accessors wait for their layer)."""
         host, dev = self._local(host_slots, device_slots)
+        if self.loader is not None:
+            self.loader.submit(self.buffers, host, self.device_buffers, dev)
+            return
         self.copier.copy(self.buffers, host, self.device_buffers, dev)
         self.copier.synchronize()
 
     def pack(self, device_slots: torch.Tensor) -> bytes:
         """A storage page's payload: this rank's rows of `device_slots` (page-aligned)."""
+        self.synchronize()
         return self.layout.pack(self.device_buffers, *self._local(device_slots))
 
     def unpack(self, device_slots: torch.Tensor, data: bytes, skip: int = 0) -> None:
         """Write a page's rows to `device_slots`, but its first `skip` positions (a multiple of
         the page when sharded: `device_slots` start a page)."""
+        self.synchronize()
         if self.shard is not None:
             skip = self.shard.owned_before(skip)
         self.layout.unpack_into(self.device_buffers, *self._local(device_slots), data, skip)
 
     def unpack_host(self, host_slots: torch.Tensor, data: bytes, skip: int = 0) -> None:
         """Write a page's rows, but its first `skip` positions, to host rows (the prefetch thread:
-        rows no one else touches until they are handed over; sharded: as `unpack`)."""
+        rows no one else touches until they are handed over; sharded: as `unpack`). A later
+        pipeline stage's rows may still be read by a restore stage 0 has long let go of: waited."""
+        self.synchronize()
         if self.shard is not None:
             skip = self.shard.owned_before(skip)
         self.layout.unpack_into(self.buffers, *self._local(host_slots), data, skip)
