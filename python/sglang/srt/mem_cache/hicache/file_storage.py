@@ -28,7 +28,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from sglang.srt.mem_cache.hicache.page_store import PageStore, StorageStats, frame, unframe
+from sglang.srt.mem_cache.hicache.page_store import PageStore, StorageStats, frame_header, unframe
 
 __all__ = ["FileLimits", "FileStorage", "FileStats", "StorageStats"]
 
@@ -150,16 +150,17 @@ class FileStorage(PageStore):
         tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"  # writers of one page never share a temp
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            data = frame(payload)
+            head = frame_header(payload)  # written before the payload: no framed copy of the page
             with open(tmp, "wb") as f:
-                f.write(data)
+                f.write(head)
+                f.write(payload)
             os.replace(tmp, path)
         except OSError as e:
             self.stats.add("write_failures")
             logger.warning("HiCache file storage: writing page %s failed (%s)", name[:16], e)
             return False
         self.stats.add("pages_written")
-        self._touch(name, len(data))
+        self._touch(name, len(head) + len(payload))
         return True
 
     def get(self, name: str) -> Optional[bytes]:

@@ -12,6 +12,7 @@ slots are the scheduler's virtual ones and a rank copies, packs and unpacks only
 
 from __future__ import annotations
 
+import warnings
 from abc import ABC, abstractmethod
 from typing import Optional
 
@@ -52,10 +53,19 @@ class TokenLayout:
         return ";".join(f"{list(s)}:{str(d).replace('torch.', '')}" for s, d in self.specs)
 
     def pack(self, buffers: list[torch.Tensor], slots: torch.Tensor) -> bytes:
-        # index_select / index_copy_, not b[slots]: on the MHA pool's transposed [rows, H, D] views
-        # an index expression walks the whole layer buffer (kv_pool.set_kv_buffer)
-        parts = [b.index_select(0, slots.to(b.device)).reshape(-1).view(torch.uint8) for b in buffers]
-        return torch.cat(parts).cpu().numpy().tobytes()
+        """The rows of `slots`, buffer after buffer, as bytes (copied once into one tensor)."""
+        n = slots.numel()
+        out = torch.empty(n * self.token_bytes(), dtype=torch.uint8)
+        copy_rows(buffers, slots, self._views(out, n), torch.arange(n))
+        return out.numpy().tobytes()
+
+    def _views(self, flat: torch.Tensor, n: int) -> list[torch.Tensor]:
+        """`flat` (bytes of `n` tokens, buffer after buffer) as each buffer's [n, ...] rows."""
+        out, offset = [], 0
+        for (shape, dtype), rb in zip(self.specs, self.row_bytes):
+            out.append(flat[offset : offset + n * rb].view(dtype).reshape(n, *shape))
+            offset += n * rb
+        return out
 
     def unpack_into(
         self, buffers: list[torch.Tensor], slots: torch.Tensor, data: bytes, skip: int = 0
@@ -64,13 +74,10 @@ class TokenLayout:
         n = slots.numel() + skip
         if len(data) != n * self.token_bytes():
             raise ValueError(f"page holds {len(data)} bytes, expected {n * self.token_bytes()}")
-        flat = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-        offset = 0
-        for buf, (shape, dtype), rb in zip(buffers, self.specs, self.row_bytes):
-            chunk = flat[offset : offset + n * rb]
-            offset += n * rb
-            rows = chunk.view(dtype).reshape(n, *shape)[skip:].to(buf.device)
-            _bytes(buf).index_copy_(0, slots.to(device=buf.device, dtype=torch.int64), _bytes(rows))
+        with warnings.catch_warnings():  # a read-only buffer: only read here
+            warnings.simplefilter("ignore", UserWarning)
+            flat = torch.frombuffer(data, dtype=torch.uint8)
+        copy_rows(self._views(flat, n), torch.arange(skip, n), buffers, slots)
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
@@ -94,28 +101,37 @@ class KVCopier(ABC):
         """Wait for copies issued so far (asynchronous copiers)."""
 
 
+def copy_rows(
+    src: list[torch.Tensor], src_slots: torch.Tensor, dst: list[torch.Tensor], dst_slots: torch.Tensor
+) -> None:
+    """Rows `src_slots` of each buffer of `src` -> rows `dst_slots` of the matching `dst` buffer.
+    Rows that lie in runs (consecutive slots on both sides, `MIN_RUN` rows or more on average:
+    fresh allocations, whole pages) are copied a run at a time, slice to slice (one pass, ~2.5x an
+    index copy on the MHA pool's head-major buffers); scattered rows by index (gather, scatter).
+    (index_select / index_copy_, not b[slots]: on the MHA pool's transposed [rows, H, D] views an
+    index expression walks the whole layer buffer, kv_pool.set_kv_buffer.)"""
+    runs = slot_runs(src_slots.cpu().numpy(), dst_slots.cpu().numpy())
+    if len(runs) * MIN_RUN <= src_slots.numel():
+        spans = runs.tolist()
+        for s, d in zip(src, dst):
+            s, d = (_bytes(s), _bytes(d)) if s.dtype == d.dtype else (s, d)
+            for a, b, n in spans:
+                d[b : b + n].copy_(s[a : a + n])
+        return
+    for s, d in zip(src, dst):
+        src_idx = src_slots.to(device=s.device, dtype=torch.int64)
+        if s.dtype == d.dtype:
+            rows = _bytes(s).index_select(0, src_idx).to(d.device)
+        else:  # tiers of different dtypes: the rows cast on the way
+            rows = _bytes(s.index_select(0, src_idx).to(device=d.device, dtype=d.dtype))
+        _bytes(d).index_copy_(0, dst_slots.to(device=d.device, dtype=torch.int64), rows)
+
+
 class SyncCopier(KVCopier):
-    """Copies on the calling thread (CPU: both tiers are RAM). Rows that lie in runs (consecutive
-    slots on both sides, `MIN_RUN` rows or more on average: fresh allocations, whole pages) are
-    copied a run at a time, slice to slice (one pass, ~2.5x an index copy on the MHA pool's
-    head-major buffers); scattered rows by index (gather, then scatter)."""
+    """Copies on the calling thread (CPU: both tiers are RAM), by `copy_rows`."""
 
     def copy(self, src, src_slots, dst, dst_slots) -> None:
-        runs = slot_runs(src_slots.cpu().numpy(), dst_slots.cpu().numpy())
-        if len(runs) * MIN_RUN <= src_slots.numel():
-            spans = runs.tolist()
-            for s, d in zip(src, dst):
-                s, d = (_bytes(s), _bytes(d)) if s.dtype == d.dtype else (s, d)
-                for a, b, n in spans:
-                    d[b : b + n].copy_(s[a : a + n])
-            return
-        for s, d in zip(src, dst):
-            src = src_slots.to(device=s.device, dtype=torch.int64)
-            if s.dtype == d.dtype:
-                rows = _bytes(s).index_select(0, src).to(d.device)
-            else:  # tiers of different dtypes: the rows cast on the way
-                rows = _bytes(s.index_select(0, src).to(device=d.device, dtype=d.dtype))
-            _bytes(d).index_copy_(0, dst_slots.to(device=d.device, dtype=torch.int64), rows)
+        copy_rows(src, src_slots, dst, dst_slots)
 
 
 class CPShard:

@@ -56,17 +56,23 @@ class StorageStats:
             return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+def frame_header(payload: bytes) -> bytes:
+    """What a stored page holds before its payload: the magic and the payload's sha256."""
+    return MAGIC + hashlib.sha256(payload).digest()
+
+
 def frame(payload: bytes) -> bytes:
     """A page as stored: a header, the payload's sha256, the payload."""
-    return MAGIC + hashlib.sha256(payload).digest() + payload
+    return frame_header(payload) + payload
 
 
-def unframe(data: bytes) -> tuple[Optional[bytes], str]:
-    """(the payload, "") of a stored page, or (None, why it is rejected)."""
+def unframe(data: bytes) -> tuple[Optional[memoryview], str]:
+    """(the payload, "") of a stored page, or (None, why it is rejected); the payload is a view
+    of `data` (no copy of a page's megabytes)."""
     head = len(MAGIC) + _DIGEST
     if len(data) < head or not data.startswith(MAGIC):
         return None, "bad header"
-    payload = data[head:]
+    payload = memoryview(data)[head:]
     if hashlib.sha256(payload).digest() != data[len(MAGIC) : head]:
         return None, "checksum mismatch"
     return payload, ""
