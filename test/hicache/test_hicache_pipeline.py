@@ -121,6 +121,7 @@ def test_later_stage_mirrors_the_tiers_and_reads_its_own_pages(tmp_path):
     seqs, rows = written(d)
     # a restart: empty L1 / L2 on both stages; each stage reads its own pages of the prefix
     tree, alloc, pool0, pool1, tiers, _ = two_stages(d)
+    assert tree.match_and_load(seqs[2] + [7]).prefix_len == 0  # no prefetch: no read on stage 0 alone
     m = admit(tree, tiers, seqs[2] + [7])
     assert m.prefix_len == 8 and tree.hstats.l3_hit_tokens == 8
     assert same(read(pool0, m.indices), rows[2][0]) and same(read(pool1, m.indices), rows[2][1])

@@ -193,7 +193,8 @@ class HiRadixCache(RadixCache):
         With a storage prefetch, request `rid`'s L3 pages are those its prefetch landed in L2.
         One walk of the tree: the landing's (when the pages land now), else the load's."""
         if rid is None or not self._prefetching():
-            return self._match_and_load(key, sync_storage=True)[0]
+            # a pipeline reads storage through the prefetch only: the later stages read their pages
+            return self._match_and_load(key, sync_storage=self.peers is None)[0]
         task, path = self.prefetcher.take(rid, key)
         match, l1 = self._match_and_load(key, sync_storage=False, path=path)
         if task is not None:
