@@ -7,14 +7,18 @@ copied when is decided by the test, not by timing."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from sglang.srt.mem_cache.hicache.host_pool import HostKVPool, SyncCopier, kv_token_buffers
-from sglang.srt.mem_cache.hicache.layer_load import LayerLoader, layer_groups
+from sglang.srt.mem_cache.hicache.factory import layer_loader
+from sglang.srt.mem_cache.hicache.layer_load import LayerLoader, StreamLoader, layer_groups
 from sglang.srt.mem_cache.kv_pool import MHATokenToKVPool
+from sglang.srt.platforms import get_platform
 
 LAYERS = 3
 
@@ -132,3 +136,78 @@ def test_copies_by_runs_and_by_index_agree(dtype):
         SyncCopier().copy(host, runs_src, dev, dst)
         for h, b in zip(host, dev):
             assert torch.equal(b[dst].view(torch.uint8), h[runs_src].view(torch.uint8))
+
+
+class Recorder:
+    """Stands in for an accelerator's streams and events (no GPU / NPU here): every call is logged;
+    an event is complete once the test says so (or once synchronized)."""
+
+    async_copies = True
+
+    def __init__(self):
+        self.log: list[tuple] = []
+        self.events: list[SimpleNamespace] = []
+        self.compute = self._stream("compute")
+        self.current = self.compute
+
+    def _stream(self, name: str) -> SimpleNamespace:
+        log = self.log
+        return SimpleNamespace(
+            name=name,
+            wait_stream=lambda other: log.append(("wait_stream", name, other.name)),
+            wait_event=lambda ev: log.append(("wait_event", name, ev.i)),
+        )
+
+    def current_stream(self):
+        return self.current
+
+    def new_stream(self):
+        return self._stream("copy")
+
+    @contextlib.contextmanager
+    def stream(self, s):
+        previous, self.current = self.current, s
+        yield
+        self.current = previous
+
+    def new_event(self):
+        ev = SimpleNamespace(i=len(self.events), done=False)
+        ev.record = lambda stream: self.log.append(("record", stream.name, ev.i))
+        ev.query = lambda: ev.done
+        ev.synchronize = lambda: (self.log.append(("synchronize", ev.i)), setattr(ev, "done", True))
+        self.events.append(ev)
+        return ev
+
+
+def test_an_accelerator_loader_orders_copies_by_events():
+    """`StreamLoader` (accelerators): each layer's copies are queued on the copy stream after the
+    compute stream's work and followed by an event; an access makes the compute stream wait for
+    its layer's event (the host does not block) unless it is complete; reusing host rows blocks
+    the host on the last layer's event."""
+    platform = Recorder()
+
+    def copy(src, src_rows, dst, dst_rows):
+        platform.log.append(("copy", platform.current.name))
+        SyncCopier().copy(src, src_rows, dst, dst_rows)
+
+    assert isinstance(layer_loader(layer_groups(6, LAYERS), platform), StreamLoader)
+    assert isinstance(layer_loader(layer_groups(6, LAYERS), get_platform("cpu")), LayerLoader)
+    pool, host = tiers(copy)
+    loader = StreamLoader(layer_groups(2 * LAYERS, LAYERS), copy, platform)
+    pool.attach_layer_gate(loader)
+    host.loader = loader
+    src, dst = torch.tensor([2, 3]), torch.tensor([6, 7])
+    host.restore(src, dst)
+    layer_ops = [("copy", "copy"), ("record", "copy")]
+    assert platform.log == [("wait_stream", "copy", "compute")] + [
+        (op, stream, *([i] if op == "record" else [])) for i in range(LAYERS) for op, stream in layer_ops
+    ]
+    platform.log.clear()
+    assert torch.equal(pool.get_key_buffer(6)[dst], host.buffers[1][src])  # copied (CPU: at once)
+    assert platform.log == [("wait_event", "compute", 1)]
+    platform.events[1].done = True
+    platform.log.clear()
+    pool.get_key_buffer(6)
+    assert platform.log == [] and loader.events[1] is None  # complete: nothing more to wait for
+    host.free(host.alloc(2))
+    assert platform.log == [("synchronize", LAYERS - 1)]

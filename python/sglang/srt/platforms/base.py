@@ -77,6 +77,9 @@ class Platform:
     # CP: prompts without a cached prefix below this many new tokens are not split (--cp-min-split-tokens);
     # upstream's static split makes TTFT 15-21 % worse below 4K tokens on GPUs (sglang#37944)
     cp_min_split_tokens: int = 4096
+    # HiCache: host <-> device copies run on a copy stream, ordered by events, from pinned host
+    # memory (accelerators), or block the calling thread (CPU: both tiers are RAM)
+    async_copies: bool = False
 
     def __init__(self) -> None:
         # the fused kernel build and prefill dtypes, looked up once (kernel_dispatch.py asks them)
@@ -134,6 +137,11 @@ class Platform:
     def zeros(self, shape: tuple[int, ...], dtype: torch.dtype, device: Any) -> torch.Tensor:
         """A zero buffer for a long-lived pool (the KV cache) on `device`."""
         return torch.zeros(shape, dtype=dtype, device=device)
+
+    def host_zeros(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A zero host buffer for a long-lived tier that copies to and from this device (HiCache's
+        host pool)."""
+        return torch.zeros(shape, dtype=dtype)
 
     def page_populator(self) -> Optional[Any]:
         """`populate(tensor, first_byte, nbytes) -> bool` committing pool pages ahead of their first
@@ -200,6 +208,12 @@ class Platform:
 
 class AcceleratorPlatform(Platform):
     """A platform whose device module follows the `torch.cuda` API (`torch.cuda`, `torch.npu`)."""
+
+    async_copies = True
+
+    def host_zeros(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """Pinned (page-locked) host memory: copies to and from the device run asynchronously."""
+        return torch.zeros(shape, dtype=dtype, pin_memory=True)
 
     def module(self) -> Any:
         """The torch device module (imports any plugin it needs)."""

@@ -426,6 +426,10 @@ class CpuPlatform(Platform):
         does not write the whole pool and a pool costs RAM as it fills."""
         return lazy_zeros(shape, dtype)
 
+    def host_zeros(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """As `zeros`: a host tier costs RAM as it fills, not at start."""
+        return lazy_zeros(shape, dtype)
+
     def page_populator(self) -> Optional[Any]:
         # MADV_POPULATE_WRITE is Linux's (the number means something else elsewhere)
         return PagePopulator().populate if sys.platform.startswith("linux") else None

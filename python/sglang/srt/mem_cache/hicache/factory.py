@@ -17,6 +17,7 @@ it writes are the ones a prefill server of the same model and layout reads.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -29,11 +30,11 @@ from sglang.srt.mem_cache.hicache.hiradix_cache import HiRadixCache
 from sglang.srt.mem_cache.hicache.host_pool import (
     CPShard,
     HostKVPool,
-    SyncCopier,
     TokenLayout,
+    copy_rows,
     kv_token_buffers,
 )
-from sglang.srt.mem_cache.hicache.layer_load import LayerLoader, layer_groups
+from sglang.srt.mem_cache.hicache.layer_load import LayerLoader, Loader, StreamLoader, layer_groups
 from sglang.srt.mem_cache.hicache.mooncake_config import mooncake_config
 from sglang.srt.mem_cache.hicache.mooncake_storage import MooncakeStorage
 from sglang.srt.mem_cache.hicache.page_store import PageStore
@@ -93,6 +94,14 @@ def _namespace(args: Any, place: RankPlace, layout: TokenLayout) -> str:
     return f"{model_identity(args)}|{place.layout_id}|page{place.page_size}|{layout.describe()}"
 
 
+def layer_loader(layers: list[list[int]], platform: Any) -> Loader:
+    """The rank's layer-by-layer loader: copy-stream events where the platform copies
+    asynchronously (accelerators, pinned host memory), else a copying thread (CPU)."""
+    if platform.async_copies:
+        return StreamLoader(layers, functools.partial(copy_rows, non_blocking=True), platform)
+    return LayerLoader(layers, copy_rows)
+
+
 def _tiers(args: Any, kv_pool: Any, device_tokens: int, place: RankPlace):
     """The host pool and the storage backend (None) of one rank. Restores into the KV pool run
     layer by layer beside the forward (layer_load.py): the pool's accessors wait for their layer."""
@@ -100,10 +109,13 @@ def _tiers(args: Any, kv_pool: Any, device_tokens: int, place: RankPlace):
     layout = TokenLayout(buffers)
     page, shard = place.page_size, place.shard
     cp = 1 if shard is None else shard.mapping.cp_size
-    loader = LayerLoader(layer_groups(len(buffers), kv_pool.layer_num), SyncCopier().copy)
+    from sglang.srt.platforms import get_platform  # (as kv_pool.py: platforms load the kernels)
+
+    platform = get_platform(kv_pool.device.type)
+    loader = layer_loader(layer_groups(len(buffers), kv_pool.layer_num), platform)
     kv_pool.attach_layer_gate(loader)
     tokens = host_pool_tokens(args, device_tokens, layout.token_bytes(), page, cp)
-    host = HostKVPool(buffers, tokens, page, shard=shard, loader=loader)
+    host = HostKVPool(buffers, tokens, page, shard=shard, loader=loader, zeros=platform.host_zeros)
     return host, _storage(args, _namespace(args, place, layout), page, host.page_bytes)
 
 

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import warnings
 from abc import ABC, abstractmethod
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.cp_slots import CPSlotMapping
-from sglang.srt.mem_cache.hicache.layer_load import LayerLoader
+from sglang.srt.mem_cache.hicache.layer_load import Loader
 from sglang.srt.mem_cache.transfer_layout import slot_runs
 
 MIN_RUN = 64  # rows per run, on average, from which slice copies beat an index copy (a call each)
@@ -102,28 +102,35 @@ class KVCopier(ABC):
 
 
 def copy_rows(
-    src: list[torch.Tensor], src_slots: torch.Tensor, dst: list[torch.Tensor], dst_slots: torch.Tensor
+    src: list[torch.Tensor],
+    src_slots: torch.Tensor,
+    dst: list[torch.Tensor],
+    dst_slots: torch.Tensor,
+    non_blocking: bool = False,
 ) -> None:
     """Rows `src_slots` of each buffer of `src` -> rows `dst_slots` of the matching `dst` buffer.
     Rows that lie in runs (consecutive slots on both sides, `MIN_RUN` rows or more on average:
     fresh allocations, whole pages) are copied a run at a time, slice to slice (one pass, ~2.5x an
     index copy on the MHA pool's head-major buffers); scattered rows by index (gather, scatter).
     (index_select / index_copy_, not b[slots]: on the MHA pool's transposed [rows, H, D] views an
-    index expression walks the whole layer buffer, kv_pool.set_kv_buffer.)"""
+    index expression walks the whole layer buffer, kv_pool.set_kv_buffer.) `non_blocking`: the
+    copies are queued on the current stream (an accelerator's, from pinned host memory)."""
     runs = slot_runs(src_slots.cpu().numpy(), dst_slots.cpu().numpy())
     if len(runs) * MIN_RUN <= src_slots.numel():
         spans = runs.tolist()
         for s, d in zip(src, dst):
             s, d = (_bytes(s), _bytes(d)) if s.dtype == d.dtype else (s, d)
             for a, b, n in spans:
-                d[b : b + n].copy_(s[a : a + n])
+                d[b : b + n].copy_(s[a : a + n], non_blocking=non_blocking)
         return
     for s, d in zip(src, dst):
         src_idx = src_slots.to(device=s.device, dtype=torch.int64)
         if s.dtype == d.dtype:
-            rows = _bytes(s).index_select(0, src_idx).to(d.device)
+            rows = _bytes(s).index_select(0, src_idx).to(d.device, non_blocking=non_blocking)
         else:  # tiers of different dtypes: the rows cast on the way
-            rows = _bytes(s.index_select(0, src_idx).to(device=d.device, dtype=d.dtype))
+            rows = _bytes(
+                s.index_select(0, src_idx).to(device=d.device, dtype=d.dtype, non_blocking=non_blocking)
+            )
         _bytes(d).index_copy_(0, dst_slots.to(device=d.device, dtype=torch.int64), rows)
 
 
@@ -163,17 +170,20 @@ class HostKVPool:
         page_size: int,
         copier: Optional[KVCopier] = None,
         shard: Optional[CPShard] = None,
-        loader: Optional[LayerLoader] = None,
+        loader: Optional[Loader] = None,
+        zeros: Optional[Callable[[tuple[int, ...], torch.dtype], torch.Tensor]] = None,
     ):
         self.device_buffers = device_buffers
-        self.loader = loader  # restores layer by layer in the background (layer_load.py), or None
+        self.loader = loader  # restores layer by layer beside the forward (layer_load.py), or None
         self.allocator = TokenToKVPoolAllocator(size, page_size)
         self.size = self.allocator.size
         self.page_size = page_size
         self.shard = shard
         cp = 1 if shard is None else shard.mapping.cp_size
         rows = (self.size + page_size) // cp
-        self.buffers = [torch.zeros((rows, *b.shape[1:]), dtype=b.dtype) for b in device_buffers]
+        # `zeros`: the platform's host memory (CPU: committed as it fills; accelerators: pinned)
+        zeros = zeros or (lambda shape, dtype: torch.zeros(shape, dtype=dtype))
+        self.buffers = [zeros((rows, *b.shape[1:]), b.dtype) for b in device_buffers]
         self.copier = copier or SyncCopier()
         self.layout = TokenLayout(device_buffers)
 

@@ -12,6 +12,12 @@ does so before any other copy, pack, unpack or free of its rows (`HostKVPool`), 
 never reused while a job still reads it, and a device row written later by a forward is written
 after the job's copy of that layer (the forward's own access waited for it). A copy that fails
 leaves the KV of its rows unknown: every later `wait` raises instead of serving it.
+
+On an accelerator (`platform.async_copies`: pinned host memory) `StreamLoader` does the same with
+the device's own means: each job's copies are queued on a copy stream, after the work already on
+the compute stream, with an event recorded after each layer; `wait(layer)` makes the compute
+stream wait for that layer's last event (the host does not block), `synchronize` blocks the host
+until the last job's last layer is copied.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import logging
 import queue
 import threading
 import time
-from typing import Callable, Optional
+from typing import Any, Callable, Optional, Protocol
 
 import torch
 
@@ -28,6 +34,22 @@ logger = logging.getLogger(__name__)
 
 # copy(src buffers, src rows, dst buffers, dst rows): one layer's buffers
 CopyRows = Callable[[list[torch.Tensor], torch.Tensor, list[torch.Tensor], torch.Tensor], None]
+
+
+class Loader(Protocol):
+    """What the host pool and the KV pool's layer gate need of a loader."""
+
+    busy_seconds: float
+
+    def submit(
+        self, src: list[torch.Tensor], src_rows: torch.Tensor, dst: list[torch.Tensor], dst_rows: torch.Tensor
+    ) -> None: ...
+
+    def wait(self, layer: int) -> None: ...
+
+    def synchronize(self) -> None: ...
+
+    def close(self) -> None: ...
 
 
 def layer_groups(num_buffers: int, layer_num: int) -> list[list[int]]:
@@ -100,3 +122,47 @@ class LayerLoader:
             self._queue.put(None)
             self._thread.join()
             self._thread = None
+
+
+class StreamLoader:
+    """An accelerator's layer-by-layer loads: copy-stream jobs, an event per layer (`platform`:
+    streams and events, `platforms/base.py`)."""
+
+    def __init__(self, layers: list[list[int]], copy: CopyRows, platform: Any):
+        self.layers, self.copy, self.platform = layers, copy, platform
+        self.stream = platform.new_stream()
+        self.events: list[Any] = [None] * len(layers)  # each layer's last copy (None: none pending)
+        self.busy_seconds = 0.0  # host time spent queuing the copies
+        self.jobs = 0
+
+    def submit(
+        self, src: list[torch.Tensor], src_rows: torch.Tensor, dst: list[torch.Tensor], dst_rows: torch.Tensor
+    ) -> None:
+        t0 = time.perf_counter()
+        self.stream.wait_stream(self.platform.current_stream())  # the rows' earlier users first
+        with self.platform.stream(self.stream):
+            for layer, idx in enumerate(self.layers):
+                self.copy([src[j] for j in idx], src_rows, [dst[j] for j in idx], dst_rows)
+                event = self.platform.new_event()
+                event.record(self.stream)
+                self.events[layer] = event
+        self.jobs += 1
+        self.busy_seconds += time.perf_counter() - t0
+
+    def wait(self, layer: int) -> None:
+        """The compute stream waits for the layer's copies (the host goes on)."""
+        event = self.events[layer]
+        if event is None:
+            return
+        if event.query():  # done: no more waits to queue for it
+            self.events[layer] = None
+            return
+        self.platform.current_stream().wait_event(event)
+
+    def synchronize(self) -> None:
+        """The host waits for every copy queued so far (host rows about to be reused)."""
+        if self.events and self.events[-1] is not None:
+            self.events[-1].synchronize()
+
+    def close(self) -> None:
+        self.synchronize()
