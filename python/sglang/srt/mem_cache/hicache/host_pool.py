@@ -2,12 +2,14 @@
 
 `kv_token_buffers(pool)` lists a device KV pool's per-token buffers (each `[rows, ...]`, indexed
 by slot): K and V of every layer for MHA, the `[latent ; k_rope]` rows (and DSA's indexer keys,
-with their int8 copy when kept) for MLA. `TokenLayout` packs / unpacks those rows of some slots to bytes (storage pages). The
-host pool mirrors the buffers with its own rows and its own `TokenToKVPoolAllocator` (own
-budget, page 0 padding as on the device). Copies between the tiers go through a `KVCopier`: on
-CPU both tiers are RAM and `SyncCopier` copies at once; a GPU/NPU copier (pinned host memory,
-a copy stream) plugs in here, chosen by the platform. Under context parallelism (`CPShard`) the
-slots are the scheduler's virtual ones and a rank copies, packs and unpacks only its own rows.
+with their int8 copy when kept) for MLA. `TokenLayout` packs / unpacks those rows of some slots to
+bytes (storage pages). The host pool mirrors the buffers with its own rows (the platform's host
+memory: lazily committed on CPU, pinned on accelerators) and its own `TokenToKVPoolAllocator`
+(own budget, page 0 padding as on the device). Backups go through a `KVCopier` (`SyncCopier`:
+`copy_rows` on the calling thread); restores through the rank's loader, layer by layer beside the
+forward (layer_load.py: a thread on CPU, copy-stream events on accelerators). Under context
+parallelism (`CPShard`) the slots are the scheduler's virtual ones and a rank copies, packs and
+unpacks only its own rows.
 """
 
 from __future__ import annotations

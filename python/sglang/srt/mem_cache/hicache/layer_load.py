@@ -73,7 +73,6 @@ class LayerLoader:
         self._queue: queue.Queue = queue.Queue()
         self._thread: Optional[threading.Thread] = None
         self.busy_seconds = 0.0  # time the thread spent copying
-        self.jobs = 0
 
     def submit(
         self, src: list[torch.Tensor], src_rows: torch.Tensor, dst: list[torch.Tensor], dst_rows: torch.Tensor
@@ -84,7 +83,6 @@ class LayerLoader:
             self._thread.start()
         with self._cond:
             self._submitted += 1
-        self.jobs += 1
         self._queue.put((src, src_rows, dst, dst_rows))
 
     def _run(self) -> None:
@@ -133,7 +131,6 @@ class StreamLoader:
         self.stream = platform.new_stream()
         self.events: list[Any] = [None] * len(layers)  # each layer's last copy (None: none pending)
         self.busy_seconds = 0.0  # host time spent queuing the copies
-        self.jobs = 0
 
     def submit(
         self, src: list[torch.Tensor], src_rows: torch.Tensor, dst: list[torch.Tensor], dst_rows: torch.Tensor
@@ -146,7 +143,6 @@ class StreamLoader:
                 event = self.platform.new_event()
                 event.record(self.stream)
                 self.events[layer] = event
-        self.jobs += 1
         self.busy_seconds += time.perf_counter() - t0
 
     def wait(self, layer: int) -> None:
