@@ -79,6 +79,7 @@ def test_metrics_and_clear_storage_through_http(tmp_path):
             assert m["hicache_hit_tokens_total[l2]"] >= 128, m
             assert m["hicache_hit_tokens_total[l3]"] == 0
             assert m["hicache_loaded_bytes_total"] > 0 and m["hicache_load_seconds_total"] > 0
+            assert m["hicache_layer_load_seconds_total"] > 0  # the L2 -> L1 copies, on the loader
             assert m["hicache_backup_bytes_total"] >= m["hicache_loaded_bytes_total"]
             assert 0 < m["hicache_storage_write_seconds_total"] <= m["hicache_backup_seconds_total"]
             assert 0 < m["hicache_host_used_tokens"] <= m["hicache_host_capacity_tokens"]

@@ -7,9 +7,10 @@ is off. Cumulative since start:
 | `sglang:hicache_hit_tokens_total{tier}` | counter | `hicache_l1_hit_tokens` (`tier="l1"`: admitted prefix tokens already in the KV pool), `hicache_l2_hit_tokens` (`"l2"`: loaded from the host tier), `hicache_l3_hit_tokens` (`"l3"`: loaded from storage) |
 | `sglang:hicache_loaded_bytes_total` | counter | `hicache_loaded_bytes`: KV bytes loaded from L2 and L3 |
 | `sglang:hicache_load_seconds_total` | counter | `hicache_load_seconds`: time admission spent loading |
+| `sglang:hicache_layer_load_seconds_total` | counter | `hicache_layer_load_seconds`: time the layer loader spent copying host rows into the KV pool, beside the forward |
 | `sglang:hicache_backup_bytes_total` | counter | `hicache_backup_bytes`: KV bytes copied to the host tier |
 | `sglang:hicache_backup_seconds_total`, `_storage_write_seconds_total` | counter | `hicache_backup_seconds`: time the scheduler spent copying to the host tier, storage writes included; `hicache_storage_write_seconds`: of it, writing storage pages |
-| `sglang:hicache_prefetch_pages_total`, `_prefetch_hit_tokens_total`, `_prefetch_wait_seconds_total`, `_prefetch_failures_total` | counter | `hicache_prefetch_pages`, `_prefetch_hit_tokens`, `_prefetch_wait_seconds`, `_prefetch_failures` (storage prefetch; not under pp) |
+| `sglang:hicache_prefetch_pages_total`, `_prefetch_hit_tokens_total`, `_prefetch_wait_seconds_total`, `_prefetch_failures_total` | counter | `hicache_prefetch_pages`, `_prefetch_hit_tokens`, `_prefetch_wait_seconds`, `_prefetch_failures` (storage prefetch; at pp > 1 stage 0's) |
 | `sglang:hicache_storage_pages_total{op}` | counter | `hicache_storage_pages_read`, `_pages_written`, `_read_failures`, `_write_failures` |
 | `sglang:hicache_host_used_tokens`, `sglang:hicache_host_capacity_tokens` | gauge | `hicache_host_tokens`, `hicache_host_capacity` |
 """
@@ -37,6 +38,11 @@ COUNTERS = (
         "sglang:hicache_load_seconds",
         "Seconds spent loading KV from the host tier and storage.",
         "hicache_load_seconds",
+    ),
+    (
+        "sglang:hicache_layer_load_seconds",
+        "Seconds the layer loader spent copying KV from the host tier into the KV pool.",
+        "hicache_layer_load_seconds",
     ),
     (
         "sglang:hicache_backup_bytes",
