@@ -150,14 +150,6 @@ class StageTiers:
         else:
             self.reader.submit(self._task(q), then=lambda t: done(self._answer(q, t)))
 
-    def answer(self, q: StorageQuery) -> StorageQuery:
-        """`read` on the calling thread (in-process tests)."""
-        if self.reader is None:
-            return self._answer(q, None)
-        task = self._task(q)
-        self.reader.read_now(task)
-        return self._answer(q, task)
-
     def _task(self, q: StorageQuery) -> PrefetchTask:
         names = self.storage.page_hashes(q.tokens, q.p0 + q.count)[q.p0 :]
         return PrefetchTask(f"query-{q.query_id}", q.tokens, 0, names, q.skip, _ids(q.host_slots), None)

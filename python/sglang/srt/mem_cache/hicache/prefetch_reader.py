@@ -82,15 +82,15 @@ class PageReader:
             if item is None:
                 return
             task, then = item
-            self.read_now(task)
+            self._read_one(task)
             if then is not None:
                 try:
                     then(task)
                 except Exception:  # noqa: BLE001 - the thread serves the next task
                     logger.exception("HiCache: after reading %s", task.rid)
 
-    def read_now(self, task: PrefetchTask) -> None:
-        """Read the task on the calling thread (`finished` set at the end, whatever happened)."""
+    def _read_one(self, task: PrefetchTask) -> None:
+        """Read one task (`finished` set at the end, whatever happened)."""
         try:
             self._read(task)
         except Exception:  # never let one task end the thread: its request recomputes
