@@ -146,6 +146,26 @@ def indexer_topk(
 
 
 @triton.jit
+def _head_rows(ptr, t, stride_t, stride_h, offs_h, hmask, offs_d, d):
+    """Token t's rows of the heads offs_h (columns < d, masked heads 0), widened to float32."""
+    return tl.load(
+        ptr + t * stride_t + offs_h[:, None] * stride_h + offs_d[None, :],
+        mask=hmask[:, None] & (offs_d[None, :] < d),
+        other=0.0,
+    ).to(tl.float32)
+
+
+@triton.jit
+def _pool_rows(ptr, rows, stride, valid, offs_d, d):
+    """The pool's rows `rows` (columns < d, invalid rows 0), widened to float32."""
+    return tl.load(
+        ptr + rows[:, None] * stride + offs_d[None, :],
+        mask=valid[:, None] & (offs_d[None, :] < d),
+        other=0.0,
+    ).to(tl.float32)
+
+
+@triton.jit
 def _sparse_attn(
     q_ptr,
     qr_ptr,
@@ -188,19 +208,11 @@ def _sparse_attn(
     offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     hmask = offs_h < n_heads
     offs_dk = tl.arange(0, BLOCK_DK)
+    offs_dr = tl.arange(0, BLOCK_DR)
     offs_dv = tl.arange(0, BLOCK_DV)
-    q = tl.load(
-        q_ptr + t * stride_qt + offs_h[:, None] * stride_qh + offs_dk[None, :],
-        mask=hmask[:, None] & (offs_dk[None, :] < dk),
-        other=0.0,
-    ).to(tl.float32)
+    q = _head_rows(q_ptr, t, stride_qt, stride_qh, offs_h, hmask, offs_dk, dk)
     if HAS_ROPE:
-        offs_dr = tl.arange(0, BLOCK_DR)
-        qr = tl.load(
-            qr_ptr + t * stride_qrt + offs_h[:, None] * stride_qrh + offs_dr[None, :],
-            mask=hmask[:, None] & (offs_dr[None, :] < dr),
-            other=0.0,
-        ).to(tl.float32)
+        qr = _head_rows(qr_ptr, t, stride_qrt, stride_qrh, offs_h, hmask, offs_dr, dr)
     m = tl.full((BLOCK_H,), float("-inf"), dtype=tl.float32)
     l = tl.zeros((BLOCK_H,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_H, BLOCK_DV), dtype=tl.float32)
@@ -211,18 +223,10 @@ def _sparse_attn(
         safe = tl.where(valid, pos, 0)
         blk = tl.load(bt_ptr + b * stride_bt + safe // block_size, mask=valid, other=0)
         rows = blk.to(tl.int64) * block_size + safe % block_size
-        k = tl.load(
-            k_ptr + rows[:, None] * stride_k + offs_dk[None, :],
-            mask=valid[:, None] & (offs_dk[None, :] < dk),
-            other=0.0,
-        ).to(tl.float32)
+        k = _pool_rows(k_ptr, rows, stride_k, valid, offs_dk, dk)
         s = tl.dot(q, tl.trans(k), input_precision="ieee")
         if HAS_ROPE:
-            kr = tl.load(
-                kr_ptr + rows[:, None] * stride_kr + offs_dr[None, :],
-                mask=valid[:, None] & (offs_dr[None, :] < dr),
-                other=0.0,
-            ).to(tl.float32)
+            kr = _pool_rows(kr_ptr, rows, stride_kr, valid, offs_dr, dr)
             s += tl.dot(qr, tl.trans(kr), input_precision="ieee")
         s = tl.where(valid[None, :], s * scale, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
@@ -230,11 +234,7 @@ def _sparse_attn(
         alpha = tl.exp(m - m_safe)
         p = tl.exp(s - m_safe[:, None])
         l = l * alpha + tl.sum(p, axis=1)
-        v = tl.load(
-            v_ptr + rows[:, None] * stride_v + offs_dv[None, :],
-            mask=valid[:, None] & (offs_dv[None, :] < dv),
-            other=0.0,
-        ).to(tl.float32)
+        v = _pool_rows(v_ptr, rows, stride_v, valid, offs_dv, dv)
         acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
         m = m_new
     has = l > 0

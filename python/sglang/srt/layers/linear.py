@@ -95,7 +95,8 @@ class LinearBase(nn.Module):
         raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._matmul(x, self.bias)
+        # the parameter dict read directly: `self.bias` goes through Module.__getattr__ (~1 us a call)
+        return self._matmul(x, self._parameters["bias"])
 
     def extra_repr(self) -> str:
         return f"in={self.weight.shape[1]}, out={self.weight.shape[0]}, bias={self.bias is not None}, tp={self.tp_size}"
@@ -147,7 +148,7 @@ class ColumnParallelLinear(LinearBase):
         _copy_checked(param.data, loaded_weight.narrow(0, self.tp_rank * n, n), "column-parallel")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self._matmul(x, self.bias)
+        out = self._matmul(x, self._parameters["bias"])
         if self.gather_output and self.tp_size > 1:
             out = self.tp.all_gather(out, dim=-1)
         return out
@@ -181,14 +182,19 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
             return None
         if self.gather_output and self.tp_size > 1:
             return None
+        bias = self._parameters["bias"]  # not `self.bias`: Module.__getattr__ costs ~1 us a call
         if self.quant_method is not None:
             fused = getattr(self.quant_method, "apply_swiglu", None)
-            return fused(self, x, self.bias) if fused is not None else None
-        if self.packed_weight is None or x.dtype != self.weight.dtype:
+            return fused(self, x, bias) if fused is not None else None
+        if self.packed_weight is None or x.dtype != self._parameters["weight"].dtype:
             return None
         packed, kernel = self.packed_weight
         fused = getattr(kernel, "swiglu", None)
-        out = fused(x.reshape(-1, x.shape[-1]), packed, self.bias) if fused is not None else None
+        if fused is None:
+            return None
+        if x.dim() == 2 and x.is_contiguous():
+            return fused(x, packed, bias)
+        out = fused(x.reshape(-1, x.shape[-1]), packed, bias)
         return out.view(*x.shape[:-1], out.shape[-1]) if out is not None else None
 
     def checkpoint_shape(self, shard_id: ShardId, param: nn.Parameter) -> tuple[int, ...]:
@@ -317,7 +323,7 @@ class RowParallelLinear(LinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return self._matmul(x, self.bias)
+            return self._matmul(x, self._parameters["bias"])
         out = self._matmul(x, None)
         if self.reduce_results:
             out = self.tp.all_reduce(out)

@@ -137,6 +137,7 @@ class W8A8Int8LinearMethod:
             return None
         packed = pack_int8_vnni(layer.weight.detach(), layer.weight_scale.detach())
         layer.int8_packed = (*packed, op)
+        layer.int8_out = layer.weight.shape[0]  # N, a plain attribute: read on every call
         freed = layer.weight.numel() * layer.weight.element_size()
         layer.weight = meta_like(layer.weight)
         return sum(t.numel() * t.element_size() for t in packed) - freed
@@ -145,7 +146,7 @@ class W8A8Int8LinearMethod:
         packed = getattr(layer, "int8_packed", None)
         if packed is None or x.numel() == 0:
             return w8a8_int8_linear(x, int8_weight(layer), layer.weight_scale, bias)
-        return fused_int8_linear(x, packed, layer.weight.shape[0], bias)
+        return fused_int8_linear(x, packed, layer.int8_out, bias)
 
     def apply_swiglu(
         self, layer: LinearBase, x: torch.Tensor, bias: Optional[torch.Tensor]
@@ -191,10 +192,19 @@ def fused_int8_linear(
     swiglu: the [gate; up] layer's silu(gate) * up, n / 2 columns (`apply_swiglu`'s conditions).
     An x of another dtype (float16) runs widened to float32, the result rounded to x's dtype and
     the bias added after: the reference's bits, and no unpacked copy of the weight."""
-    if x.dtype not in FUSED_DTYPES and not swiglu:
-        out = fused_int8_linear(x.float(), packed, n).to(x.dtype)
-        return out if bias is None else out + bias
     w, comp, scale, kernel = packed
+    dtype = x.dtype
+    if (
+        not swiglu
+        and x.dim() == 2
+        and x.is_contiguous()
+        and (dtype == torch.bfloat16 or dtype == torch.float32)
+    ):
+        if bias is None or bias.dtype == dtype:  # the usual decode / prefill call: no reshapes (~3 us)
+            return kernel(x, w, comp, scale, n, bias)
+    if dtype not in FUSED_DTYPES and not swiglu:
+        out = fused_int8_linear(x.float(), packed, n).to(dtype)
+        return out if bias is None else out + bias
     x2 = x.reshape(-1, x.shape[-1])
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
