@@ -19,7 +19,9 @@ SmolLM2's tokenizer and vocabulary) with random weights (`--load-format dummy`) 
 W8A8 server quantizing them at start-up (`--quantization w8a8_int8`). `--dummy-qwen3-moe`: the
 same for a Qwen3-MoE of ~0.8B parameters, ~0.5B active per token (hidden 2048, 8 layers, 32 / 4
 heads of 128, 16 routed experts of 768, top 8: `w8a8_moe_experts.py`'s shapes), where the
-W8A8 server runs its routed experts on the packed int8 kernel too.
+W8A8 server runs its routed experts on the packed int8 kernel too. `--w8a8-lm-head` (with
+`--dummy-llama-1b`): the W8A8 server loads a random compressed-tensors checkpoint of the same Llama
+whose LM head is int8 too (untied; `random_w8a8.py`) instead of quantizing dummy weights online.
 """
 
 from __future__ import annotations
@@ -108,6 +110,9 @@ def parse_args() -> argparse.Namespace:
         "--modes", default="w8a8,bfloat16,float32", help="comma-separated subset of w8a8,bfloat16,float32"
     )
     ap.add_argument("--w8a8-dtype", default="auto", help="--dtype of the W8A8 server (its activations)")
+    ap.add_argument(
+        "--w8a8-lm-head", action="store_true", help="with --dummy-llama-1b: the W8A8 model's LM head in int8"
+    )
     ap.add_argument("--ours-args", default="", help="extra launch_server flags for every mode")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--work-dir", default=os.path.join(VS_VLLM, ".work"))
@@ -120,20 +125,36 @@ def parse_args() -> argparse.Namespace:
         from sglang.srt.model_loader.default_model import find_default_model
 
         servers.ensure_hf_dir(find_default_model(), args.float_dir)
-    args.w8a8_args = []
+    args.w8a8_args, args.float_args = [], []
     if args.dummy_llama_1b and args.dummy_qwen3_moe:
         ap.error("--dummy-llama-1b and --dummy-qwen3-moe: one model per run")
     dummy = "llama-1b-dummy" if args.dummy_llama_1b else "qwen3-moe-dummy" if args.dummy_qwen3_moe else None
     if dummy:
         args.w8a8 = args.float_dir = write_dummy(args.work_dir, args.float_dir, dummy)
-        args.ours_args += " --load-format dummy"
-        args.w8a8_args = ["--quantization", "w8a8_int8"]
+        args.float_args = ["--load-format", "dummy"]
+        args.w8a8_args = ["--load-format", "dummy", "--quantization", "w8a8_int8"]
+        if args.w8a8_lm_head:
+            args.w8a8 = w8a8_head_checkpoint(args, dummy)
+            args.w8a8_args = []
     elif not args.w8a8:
         ap.error("--w8a8 DIR, --dummy-llama-1b or --dummy-qwen3-moe is required")
+    if args.w8a8_lm_head and dummy != "llama-1b-dummy":
+        ap.error(
+            "--w8a8-lm-head: with --dummy-llama-1b only (a checkpoint: write_w8a8_checkpoint.py --lm-head)"
+        )
     for flag, d in (("--w8a8", args.w8a8), ("--float-dir", args.float_dir)):
         if not os.path.isfile(os.path.join(d, "config.json")):
             ap.error(f"{flag} {d}: no config.json there")
     return args
+
+
+def w8a8_head_checkpoint(args: argparse.Namespace, dummy: str) -> str:
+    from random_w8a8 import write_random_w8a8  # benchmark/quant/random_w8a8.py
+
+    with open(os.path.join(args.float_dir, "config.json")) as f:
+        cfg = json.load(f)
+    out = os.path.join(args.work_dir, dummy + "-w8a8-head")
+    return write_random_w8a8(cfg, out, args.float_dir, TOKENIZER_FILES)
 
 
 def write_dummy(work_dir: str, tokenizer_dir: str, name: str) -> str:
@@ -163,7 +184,7 @@ def measure(url: str, tokenizer: str, spec: tuple, repeats: int, out_file: str) 
 def run_mode(args: argparse.Namespace, mode: str, work: str) -> dict:
     model, dtype = (args.w8a8, args.w8a8_dtype) if mode == "w8a8" else (args.float_dir, mode)
     port = servers.free_port()
-    extra = shlex.split(args.ours_args) + (args.w8a8_args if mode == "w8a8" else [])
+    extra = shlex.split(args.ours_args) + (args.w8a8_args if mode == "w8a8" else args.float_args)
     cmd = servers.ours_server_cmd(model, port, extra, dtype)
     server = servers.start_server(f"ours {mode}", cmd, port, os.path.join(work, f"server_{mode}.log"))
     out = {"model": model, "dtype": dtype}

@@ -1,6 +1,7 @@
-"""The tiny llama and the tiny DeepSeek-V3.2, quantized to W8A8-INT8 (`sglang.test.tiny_w8a8_models`,
-SGLang's `w8a8_int8` format), on gloo ranks at tp 2 (int8 weights and their per-row scales sharded
-together; each row-parallel rank quantizes its own slice of the activation, as upstream does), the
+"""The tiny llama (its LM head in int8 too) and the tiny DeepSeek-V3.2, quantized to W8A8-INT8
+(`sglang.test.tiny_w8a8_models`, SGLang's `w8a8_int8` format), on gloo ranks at tp 2 (int8
+weights and their per-row scales sharded together, the head's by vocab rows; each row-parallel
+rank quantizes its own slice of the activation, as upstream does), the
 V3.2 at tp 2 + ep 2 (whole int8 experts per rank), and pp 2. The driver packs the linears and the
 routed experts for the fused int8 kernel after loading, as the model runner does (where the kernel
 build has one), so the packed path runs at every layout.
@@ -43,7 +44,10 @@ MODELS = ("llama", "v32")
 
 @pytest.fixture(scope="module")
 def pairs(tmp_path_factory):
-    return {m: save_w8a8_pair(tmp_path_factory.mktemp(f"w8a8_{m}"), model=m) for m in MODELS}
+    # the tiny llama's (untied) LM head in int8 too: its vocab rows and scales shard at tp 2
+    return {
+        m: save_w8a8_pair(tmp_path_factory.mktemp(f"w8a8_{m}"), model=m, head=m == "llama") for m in MODELS
+    }
 
 
 def _same(got: dict, ref: dict, tag: str) -> None:
@@ -74,13 +78,13 @@ def _shards(lay: dict) -> tuple[int, int]:
     return tp, tp // lay.get("moe_ep", 1)
 
 
-def _reference(monkeypatch, path: str, shards: tuple[int, int]) -> dict:
+def _reference(monkeypatch, path: str, shards: tuple[int, int], head: bool) -> dict:
     """The quantized math in float32 torch at tp 1, on the dequantized twin."""
     load = cp_moe_driver.load_model
 
     def load_fake_quant(p, groups):
         hf_config, model = load(p, groups)
-        assert fake_quant_linears(model, *shards) > 0
+        assert fake_quant_linears(model, *shards, head=head) > 0
         return hf_config, model
 
     with monkeypatch.context() as m:
@@ -88,8 +92,9 @@ def _reference(monkeypatch, path: str, shards: tuple[int, int]) -> dict:
         return cp_moe_driver.generate(path, ParallelGroups.single(), "zigzag", NEW_TOKENS)
 
 
-def _assert_packed(path: str, model: str) -> None:
-    """The driver's model holds its W8A8 weights packed for the fused kernel (this build has it)."""
+def _assert_packed(path: str, model: str, head: bool) -> None:
+    """The driver's model holds its W8A8 weights packed for the fused kernel (this build has it);
+    `head`: the LM head among them."""
     if int8_linear_op(torch.device("cpu")) is None:
         return  # no fused int8 kernel in this build: the torch path runs, as in the runner
     _, m = cp_moe_driver.load_model(path, ParallelGroups.single())
@@ -97,14 +102,18 @@ def _assert_packed(path: str, model: str) -> None:
     experts = [mod for mod in m.modules() if getattr(mod, "int8_experts", None) is not None]
     assert packed, f"{model}: no W8A8 linear packed"
     assert (len(experts) > 0) == (model == "v32"), f"{model}: routed experts packed: {len(experts)}"
+    assert (getattr(m.lm_head, "int8_packed", None) is not None) == head, f"{model}: LM head packed"
 
 
 def test_w8a8_int8_parallel_matches_quantized_math_at_tp1(pairs, monkeypatch):
     refs = {}
     for model, (q_dir, deq_dir) in pairs.items():
-        refs[model] = {sh: _reference(monkeypatch, deq_dir, sh) for sh in {(1, 1), *map(_shards, LAYOUTS)}}
+        head = model == "llama"
+        refs[model] = {
+            sh: _reference(monkeypatch, deq_dir, sh, head) for sh in {(1, 1), *map(_shards, LAYOUTS)}
+        }
         assert len({tuple(t) for t in refs[model][(1, 1)]["tokens"]}) == 3  # not degenerate
-        _assert_packed(q_dir, model)
+        _assert_packed(q_dir, model, head)
         tp1 = cp_moe_driver.generate(q_dir, ParallelGroups.single(), "zigzag", NEW_TOKENS)
         _same(tp1, refs[model][(1, 1)], f"{model} tp1")
         # 1-byte linear weights (the tiny llama's float32 embeddings and head are a third of it);

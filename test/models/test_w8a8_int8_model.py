@@ -60,6 +60,30 @@ def test_w8a8_int8_matches_quantized_math_and_stays_near_float(tmp_path, fmt):
         assert 0 < first <= FLOAT_TOL, f"{rid}: first-step logits {first} from the float32 model"
 
 
+@pytest.mark.parametrize("fmt", ["w8a8_int8", "compressed-tensors"])
+def test_int8_lm_head_stays_int8_and_matches_its_quantized_math(tmp_path, fmt):
+    """A checkpoint holding the (untied) LM head in int8 with its per-row scale (compressed-tensors:
+    `re:.*lm_head` among the targets, nothing ignored) keeps the head in int8 (packed for the fused
+    kernel where the build has one) and gives the tokens and logits of the same quantized math, the
+    head's activations quantized per token too; without the head's int8 path the head would be
+    widened at load and the logits would differ by the head's activation quantization."""
+    q_dir, deq_dir = save_w8a8_pair(tmp_path, fmt, head=True)
+    ours = _run(q_dir)
+    head = ours.scheduler.runner.model.lm_head
+    assert head.weight.dtype == torch.int8 and head.weight_scale.shape == (552, 1)
+    assert head.float32_logits  # float32 rows in, float32 logits out
+    assert (head.int8_packed is not None) == (int8_linear_kernels(torch.device("cpu")) is not None)
+    h = SchedulerHarness(model_path=deq_dir, max_total_tokens=512)
+    assert fake_quant_linears(h.scheduler.runner.model, head=True) == 17
+    for p in PROMPTS:
+        h.submit(p, NEW_TOKENS)
+    h.run()
+    for rid in h.outputs:
+        assert ours.outputs[rid] == h.outputs[rid]
+        diff = max(float((a - b).abs().max()) for a, b in zip(ours.logits[rid], h.logits[rid]))
+        assert diff <= SAME_MATH_TOL, f"{rid}: logits max abs diff {diff} against the same quantized math"
+
+
 def test_online_w8a8_int8_equals_the_int8_checkpoint(tmp_path):
     q_dir, _ = save_w8a8_pair(tmp_path)
     offline, online = _run(q_dir), _run(os.path.join(tmp_path, "src"), quantization="w8a8_int8")

@@ -6,8 +6,9 @@ quantization_config). `fmt`: "w8a8_int8" (SGLang's `quant_method: w8a8_int8`) or
 "compressed-tensors" (llm-compressor's W8A8-INT8 config: int8 channel weights, dynamic per-token
 int8 activations, symmetric, `ignore: [lm_head]`). Source: the tiny llama with seeded random
 weights (`tiny_models`), or the tiny DeepSeek-V3.2 (`model="v32"`). Every 2-D decoder `*_proj`
-weight is quantized (fused QKV / gate-up pieces too); embeddings, LM head, norms, the MoE router
-stay float.
+weight is quantized (fused QKV / gate-up pieces too); embeddings, norms, the MoE router stay float,
+and so does the LM head unless `head=True` (the tiny llama's head is untied; compressed-tensors
+then names it among its targets, `re:.*lm_head`, and no longer ignores it).
 """
 
 from __future__ import annotations
@@ -36,8 +37,22 @@ COMPRESSED_TENSORS_W8A8 = {
 W8A8_INT8 = {"quant_method": "w8a8_int8", "activation_scheme": "dynamic"}
 
 
-def save_w8a8_pair(out_dir, fmt: str = "w8a8_int8", model: str = "llama") -> tuple[str, str]:
-    """(int8 checkpoint dir, dequantized float32 checkpoint dir)."""
+def w8a8_config(fmt: str, head: bool = False) -> dict:
+    """The `quantization_config` of a W8A8-INT8 checkpoint in `fmt`; `head`: its LM head quantized
+    too (compressed-tensors: `re:.*lm_head` among the targets and nothing ignored, the form upstream
+    SGLang and vLLM load a quantized head from)."""
+    if fmt != "compressed-tensors":
+        return W8A8_INT8
+    if not head:
+        return COMPRESSED_TENSORS_W8A8
+    group = {**COMPRESSED_TENSORS_W8A8["config_groups"]["group_0"], "targets": ["Linear", "re:.*lm_head"]}
+    return {**COMPRESSED_TENSORS_W8A8, "ignore": [], "config_groups": {"group_0": group}}
+
+
+def save_w8a8_pair(
+    out_dir, fmt: str = "w8a8_int8", model: str = "llama", head: bool = False
+) -> tuple[str, str]:
+    """(int8 checkpoint dir, dequantized float32 checkpoint dir); `head`: the LM head in int8 too."""
     if model == "llama":
         src = write_random_checkpoint(TINY_LLAMA_DIR, os.path.join(str(out_dir), "src"), seed=0)
     else:
@@ -49,8 +64,12 @@ def save_w8a8_pair(out_dir, fmt: str = "w8a8_int8", model: str = "llama") -> tup
         q, s = channel_quantize_int8(t)
         return {"": q, "_scale": s}, (q.float() * s).to(t.dtype)
 
-    config = COMPRESSED_TENSORS_W8A8 if fmt == "compressed-tensors" else W8A8_INT8
-    return write_quantized_pair(src, out_dir, fmt, lambda n, t: is_quantized(n, t.dim()), quantize, config)
+    config = w8a8_config(fmt, head)
+
+    def select(name, t):
+        return is_quantized(name, t.dim()) or (head and name == "lm_head.weight")
+
+    return write_quantized_pair(src, out_dir, fmt, select, quantize, config)
 
 
 class FakeQuantReference:
@@ -89,12 +108,13 @@ class FakeQuantReference:
         return F.linear(self._fake(x, shards), layer.weight, args[0])
 
 
-def fake_quant_linears(model, row_shards: int = 1, moe_row_shards: int = -1) -> int:
+def fake_quant_linears(model, row_shards: int = 1, moe_row_shards: int = -1, head: bool = False) -> int:
     """Install `FakeQuantReference` on every linear and routed-expert block of `model` that the
     int8 checkpoint holds in int8 (the weights `save_w8a8_pair` quantizes, less those its model
-    reads as plain tensors); returns how many."""
+    reads as plain tensors; `head`: the LM head too); returns how many."""
     from sglang.srt.layers.linear import LinearBase
     from sglang.srt.layers.moe.experts import FusedMoE
+    from sglang.srt.layers.vocab_embedding import ParallelLMHead
 
     n = 0
     method = FakeQuantReference(row_shards, moe_row_shards)
@@ -108,7 +128,7 @@ def fake_quant_linears(model, row_shards: int = 1, moe_row_shards: int = -1) -> 
         ):
             m.quant_method = method
             n += 1
-        elif isinstance(m, FusedMoE):  # routed experts: all quantized
+        elif isinstance(m, FusedMoE) or (head and isinstance(m, ParallelLMHead)):  # experts: all quantized
             m.quant_method = method
             n += 1
     return n

@@ -108,5 +108,6 @@ def use_float32_logits(model: torch.nn.Module, server_args, platform) -> bool:
     if on:
         for module in model.modules():
             if hasattr(module, "set_float32_logits"):
-                module.set_float32_logits(float32_logits_packing(module.weight))
+                quantized = getattr(module, "quant_method", None) is not None  # its method packs it
+                module.set_float32_logits(None if quantized else float32_logits_packing(module.weight))
     return on

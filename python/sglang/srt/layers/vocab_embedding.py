@@ -83,6 +83,8 @@ class ParallelLMHead(VocabParallelEmbedding):
     `tie_to(embedding)` makes the head share the embedding's weight (tied word embeddings).
     `float32_logits` (set after loading, `--enable-fp32-lm-head`): logits computed and returned in
     float32 whatever the weight dtype (layers/linear_float32_out.py).
+    `quant_method` (set at load by a checkpoint holding the head quantized,
+    layers/quantization/w8a8_head.py): it computes the logits, on float32 rows under `float32_logits`.
     """
 
     def __init__(
@@ -105,6 +107,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         self.float32_logits = False
         self.float32_packed: Optional[PackedHead] = None
         self.skip_prepack = False
+        self.quant_method = None
 
     def _bias_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id=None) -> None:
         start = min(self.vocab_start_index, self.num_embeddings)
@@ -127,7 +130,8 @@ class ParallelLMHead(VocabParallelEmbedding):
         replaces the packed bf16 GEMM copy (the same bytes)."""
         self.float32_logits = True
         self.float32_packed = packed
-        self.skip_prepack = packed is not None  # linear_prepack: the float32 kernel's copy replaces it
+        # linear_prepack: the float32 kernel's copy (or a quantized head's own packing) replaces it
+        self.skip_prepack = packed is not None or self.quant_method is not None
         if packed is not None:
             self.packed_weight = None
 
@@ -144,6 +148,9 @@ class ParallelLMHead(VocabParallelEmbedding):
     def local_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """[n, hidden] -> [n, vocab_per_rank]: the logits of this rank's vocab range (padding
         columns included), no gather."""
+        if self.quant_method is not None:
+            rows = hidden_states.float() if self.float32_logits else hidden_states
+            return self.quant_method.apply(self, rows, self._parameters["bias"])
         if self.float32_logits:
             return float32_out_linear(hidden_states, self.weight, self.bias, self.float32_packed)
         return linear(hidden_states, self.weight, self.bias, self.packed_weight)

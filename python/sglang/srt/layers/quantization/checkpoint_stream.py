@@ -9,7 +9,8 @@ scales are loaded here (`moe_method.load_scale`). Modules the methods do not ser
 weight dequantized once, at load (weight and scale paired as they arrive), and hold a widened copy:
 the modules the model reads as plain tensors (`model.fp8_unquantized_modules`, e.g. DeepSeek's
 kv_b_proj, absorbed into the attention), experts whose scale blocks do not fit, and whatever the
-format excludes.
+format excludes. An untied LM head whose weight comes quantized is served by `head_method` where
+the format has one (W8A8-INT8: `w8a8_head.py`), else widened; a tied head is the embedding.
 Tensors of layers outside this pipeline stage pass through untouched (the loader skips them).
 """
 
@@ -23,6 +24,7 @@ from torch import nn
 
 from sglang.srt.layers.linear import LinearBase
 from sglang.srt.layers.moe.experts import FusedMoE, match_expert_weight
+from sglang.srt.layers.vocab_embedding import ParallelLMHead
 
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.")
 
@@ -47,6 +49,7 @@ class QuantCheckpointStream:
     scale_suffix: str  # "<module>.weight<scale_suffix>" beside "<module>.weight"
     method: Any
     moe_method: Any = None  # keeps routed experts quantized where it `fits` them (else widened)
+    head_method: Any = None  # keeps an untied LM head quantized (else widened)
 
     def __init__(
         self,
@@ -58,10 +61,13 @@ class QuantCheckpointStream:
         """`params`: the loader's name -> parameter table, updated as layers are made quantized."""
         skip = set(getattr(model, "fp8_unquantized_modules", ()))
         self.linears = {
-            name: m
+            name: (m, self.method)
             for name, m in model.named_modules()
             if isinstance(m, LinearBase) and self.serves(m) and name.rsplit(".", 1)[-1] not in skip
         }
+        if self.head_method is not None and not getattr(model, "tie_word_embeddings", False):
+            heads = {n: m for n, m in model.named_modules() if isinstance(m, ParallelLMHead)}
+            self.linears.update({name: (m, self.head_method) for name, m in heads.items()})
         self.moes = {
             name: m
             for name, m in model.named_modules()
@@ -133,8 +139,8 @@ class QuantCheckpointStream:
             self.moe_method.load_scale(moe, shard[0], int(shard[1]), tensor)
 
     def _make_quantized(self, module: str) -> None:
-        layer = self.linears[module]
-        self.method.create_weights(layer, module)
+        layer, method = self.linears[module]
+        method.create_weights(layer, module)
         self.params[module + ".weight"] = layer.weight
         self.params[module + ".weight" + self.scale_suffix] = getattr(layer, "weight" + self.scale_suffix)
         self.held.add(module)
