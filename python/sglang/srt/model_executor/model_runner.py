@@ -46,6 +46,7 @@ from sglang.srt.model_executor.step_label import step_label
 from sglang.srt.layers.layernorm import use_float32_residual
 from sglang.srt.layers.linear_float32_out import use_float32_logits
 from sglang.srt.layers.linear_prepack import prepack_linear_weights
+from sglang.srt.layers.quantization.config import quant_spec_from_config
 from sglang.srt.layers.quantization.online import quantize_online
 from sglang.srt.platforms import get_platform
 from sglang.srt.model_loader.loader import load_model_weights
@@ -167,6 +168,8 @@ class ModelRunner:
         weights and packed copies take, whether its logits are float32 and whether its residual
         stream is."""
         server_args = self.server_args
+        spec = quant_spec_from_config(self.model_config.hf_config, server_args.quantization)
+        platform.check_quantization(spec.method if spec is not None else server_args.quantization)
         with torch.device(self.device):
             model = model_cls(self.model_config.hf_config, self.groups, self.dtype)
         load_model_weights(

@@ -191,6 +191,16 @@ class Platform:
         `bf16_linear_f32out`), else None. Asked once, through `self.kernels.amx_linears()`."""
         return None
 
+    def w8a8_linear(self) -> Optional[Any]:
+        """The device's own W8A8-INT8 linear (platforms/accel_quant.py: (x, weight int8 [N, K],
+        weight_scale [N, 1], bias) -> out, or None for shapes it cannot take), or None: the torch
+        path (`int8_mm_op` or the exact blockwise GEMM). Asked once, through `self.kernels`."""
+        return None
+
+    def check_quantization(self, method: Optional[str]) -> None:
+        """A quantization method this platform cannot run (`fp8`, `w8a8_int8`, or None): refused
+        with a ValueError naming it, before the model is built; nothing here."""
+
     def int8_linear_entry(self, ops: Any) -> Any:
         """Which W8A8 linear of the fused kernel module `ops` serves this platform (its `int8_linear`
         unless the platform knows better, e.g. the CPU's VNNI copy)."""

@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from sglang.srt.platforms.accel_quant import CudaInt8Linear
 from sglang.srt.platforms.base import AcceleratorPlatform
 
 
@@ -21,3 +22,7 @@ class CudaPlatform(AcceleratorPlatform):
 
     def module(self) -> Any:
         return torch.cuda
+
+    def w8a8_linear(self) -> Any:
+        """W8A8-INT8 on `torch._int_mm` (platforms/accel_quant.py)."""
+        return CudaInt8Linear()

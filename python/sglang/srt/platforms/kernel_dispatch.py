@@ -95,6 +95,13 @@ def int8_mm_op(device: torch.device) -> Optional[Callable[[torch.Tensor, torch.T
     return _INT_MM
 
 
+def w8a8_linear_op(device: torch.device) -> Optional[Callable[..., Optional[torch.Tensor]]]:
+    """The accelerator's own W8A8-INT8 linear for `device` (CUDA: `torch._int_mm`; NPU: torch_npu's
+    quant matmul; platforms/accel_quant.py), or None (the CPU and the torch path)."""
+    table = _table(device.type)
+    return None if table is None else table.w8a8_linear()
+
+
 def int8_linear_kernels(device: torch.device) -> Optional[Any]:
     """The fused kernel module when its build has the W8A8-INT8 linear (`int8_linear`: per-token
     quantization, the int32 GEMM on a packed int8 weight and both scales in one call) for `device`;

@@ -24,6 +24,7 @@ class KernelTable:
         self._lock = threading.Lock()
         self._fused: Any = _UNSET
         self._int8_linear: Any = _UNSET
+        self._w8a8_linear: Any = _UNSET
         self._amx_linears: Any = _UNSET
         self._bf16_vec: Any = _UNSET
         self._prefill_dtype: dict[torch.dtype, torch.dtype] = {}
@@ -36,6 +37,15 @@ class KernelTable:
                 if self._fused is _UNSET:
                     self._fused = self._platform.fused_kernels()
                 found = self._fused
+        return found
+
+    def w8a8_linear(self) -> Optional[Any]:
+        """The accelerator's own W8A8-INT8 linear (`Platform.w8a8_linear`), chosen once; None on
+        platforms without one. A platform that refuses (a torch_npu without the calls) raises here
+        each time it is asked."""
+        found = self._w8a8_linear
+        if found is _UNSET:
+            found = self._w8a8_linear = self._platform.w8a8_linear()
         return found
 
     def int8_linear(self) -> Optional[Any]:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
+from sglang.srt.platforms.accel_quant import npu_w8a8_linear, refuse_fp8_on_npu
 from sglang.srt.platforms.base import AcceleratorPlatform
 
 
@@ -42,3 +43,13 @@ class NpuPlatform(AcceleratorPlatform):
     def module(self) -> Any:
         import_torch_npu()
         return torch.npu  # type: ignore[attr-defined]
+
+    def w8a8_linear(self) -> Any:
+        """W8A8-INT8 on torch_npu's npu_dynamic_quant + npu_quant_matmul (platforms/accel_quant.py)."""
+        return npu_w8a8_linear(import_torch_npu())
+
+    def check_quantization(self, method: Optional[str]) -> None:
+        """FP8 refused; W8A8-INT8 needs torch_npu's quant calls (refused naming the missing ones)."""
+        refuse_fp8_on_npu(method or "")
+        if method == "w8a8_int8":
+            self.kernels.w8a8_linear()

@@ -10,7 +10,9 @@ float32, cast to x's dtype (+ bias).
 On CPU with the fused kernels (`kernel_dispatch.int8_linear_op`), the weight is packed once
 after loading (`pack_weights`, called by layers/linear_prepack.py; `pack_int8_vnni`) and `apply`
 runs all of it in one call (kernels/cpu/csrc/int8_linear.cpp: the same int32 sums and float
-rounding); otherwise, the torch ops below. There, the int32 GEMM is the device's
+rounding); on CUDA and Ascend NPU, the device's own calls (`kernel_dispatch.w8a8_linear_op`,
+platforms/accel_quant.py: `torch._int_mm`, torch_npu's quant matmul); otherwise, the torch ops
+below. There, the int32 GEMM is the device's
 (`platforms.kernel_dispatch.int8_mm_op`: `torch._int_mm`, oneDNN on CPU with VNNI / AMX-INT8 where
 present); where there is none, `int8_mm_blockwise` is an exact fallback (float32 products of at most 1024 int8 pairs are exact integers, summed in int32).
 
@@ -27,7 +29,7 @@ import torch
 from torch import nn
 
 from sglang.srt.layers.linear import LinearBase, ReplicatedLinear, RowParallelLinear
-from sglang.srt.platforms.kernel_dispatch import int8_linear_op, int8_mm_op
+from sglang.srt.platforms.kernel_dispatch import int8_linear_op, int8_mm_op, w8a8_linear_op
 
 INT8_MAX = 127.0
 EXACT_K = 1024  # 1024 x 127 x 127 < 2**24: a float32 sum of this many int8 products is exact
@@ -94,6 +96,10 @@ def w8a8_int8_linear(
     """x [..., K] @ dequant(weight [N, K] int8, weight_scale [N, 1])^T with x quantized per token."""
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
+    device_op = w8a8_linear_op(x.device) if mm is None else None  # CUDA / NPU: their own calls
+    out = device_op(x2, weight, weight_scale, bias) if device_op is not None else None
+    if out is not None:
+        return out.reshape(*shape[:-1], weight.shape[0])
     x_q, x_scale = per_token_quant_int8(x2)
     if mm is None:
         mm = int8_mm_op(x.device) or int8_mm_blockwise
