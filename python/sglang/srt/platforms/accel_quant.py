@@ -32,8 +32,10 @@ W8A8Linear = Callable[
 ]
 
 
-def _per_token_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric per-row int8 of x [M, K] (round half to even, a zero row scale 1): (int8, float32 [M, 1])."""
+def per_token_quant_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-row int8 of x [M, K]: (x_q int8 [M, K], scale float32 [M, 1]); scale =
+    amax(|row|) / 127 (a zero row gets 1), round half to even, clamp to +-127. The W8A8 layers'
+    quantization too (`w8a8_int8` imports it from here)."""
     xf = x.float()
     amax = xf.abs().amax(dim=-1, keepdim=True)
     scale = torch.where(amax > 0, amax / INT8_MAX, torch.ones_like(amax))
@@ -54,7 +56,7 @@ class CudaInt8Linear:
         if k % INT_MM_MULTIPLE or n % INT_MM_MULTIPLE or x.dim() != 2 or x.shape[0] == 0:
             return None
         m = x.shape[0]
-        q, scale = _per_token_int8(x)
+        q, scale = per_token_quant_int8(x)
         if m < INT_MM_MIN_ROWS:  # zero rows: their sums are 0 and are dropped
             q = torch.cat([q, q.new_zeros(INT_MM_MIN_ROWS - m, k)])
         acc = self.int_mm(q, weight.t())[:m]

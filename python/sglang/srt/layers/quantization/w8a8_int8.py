@@ -29,23 +29,15 @@ import torch
 from torch import nn
 
 from sglang.srt.layers.linear import LinearBase, ReplicatedLinear, RowParallelLinear
+from sglang.srt.platforms.accel_quant import per_token_quant_int8
 from sglang.srt.platforms.kernel_dispatch import int8_linear_op, int8_mm_op, w8a8_linear_op
 
-INT8_MAX = 127.0
 EXACT_K = 1024  # 1024 x 127 x 127 < 2**24: a float32 sum of this many int8 products is exact
 TILE_ROWS = 1024  # weight rows widened per step of the fallback
 FUSED_DTYPES = (torch.float32, torch.bfloat16)  # x dtypes of the fused CPU kernel
 PACK_LANES = 16  # output columns per block of the packed weight (one 512-bit vector of int32)
 
 Int8MM = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-def per_token_quant_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric per-row int8 of x [M, K]: (x_q int8 [M, K], scale float32 [M, 1])."""
-    xf = x.float()
-    amax = xf.abs().amax(dim=-1, keepdim=True)
-    scale = torch.where(amax > 0, amax / INT8_MAX, torch.ones_like(amax))
-    return torch.round(xf / scale).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8), scale
 
 
 def channel_quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
