@@ -65,8 +65,8 @@ def test_int8_lm_head_stays_int8_and_matches_its_quantized_math(tmp_path, fmt):
     """A checkpoint holding the (untied) LM head in int8 with its per-row scale (compressed-tensors:
     `re:.*lm_head` among the targets, nothing ignored) keeps the head in int8 (packed for the fused
     kernel where the build has one) and gives the tokens and logits of the same quantized math, the
-    head's activations quantized per token too; without the head's int8 path the head would be
-    widened at load and the logits would differ by the head's activation quantization."""
+    head's activations quantized per token too. (Before the int8 head, such a head was widened at
+    load: the dtype check fails on that.)"""
     q_dir, deq_dir = save_w8a8_pair(tmp_path, fmt, head=True)
     ours = _run(q_dir)
     head = ours.scheduler.runner.model.lm_head

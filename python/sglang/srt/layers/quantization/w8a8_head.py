@@ -23,18 +23,10 @@ class W8A8Int8HeadMethod(W8A8Int8LinearMethod):
     """`W8A8Int8LinearMethod` for a `ParallelLMHead` (vocab-sharded rows; `apply` and `pack_weights`
     are the linears')."""
 
-    def create_weights(self, layer: nn.Module, name: str) -> None:
-        """Replace the head's float weight by an int8 one (the head's own row loader) and add its
-        `weight_scale` [vocab_per_rank, 1] (loaded by the same rows)."""
-        rows, cols = layer.weight.shape
-        weight = nn.Parameter(torch.zeros(rows, cols, dtype=torch.int8), requires_grad=False)
-        weight.weight_loader = layer.weight_loader  # type: ignore[attr-defined]
-        scale = nn.Parameter(torch.zeros(rows, 1, dtype=torch.float32), requires_grad=False)
-        scale.weight_loader = _head_scale_loader(layer, name)  # type: ignore[attr-defined]
-        layer.weight = weight
-        layer.weight_scale = scale
-        layer.skip_prepack = True  # the platform's packed copies are for float weights
-        layer.quant_method = self
+    def scale_loader(self, layer: nn.Module, name: str):
+        """The head's scale loads by the head's vocab rows (padding rows 0), as its weight does
+        (`VocabParallelEmbedding.weight_loader`, which `create_weights` gives the int8 weight)."""
+        return _head_scale_loader(layer, name)
 
 
 def _head_scale_loader(head: nn.Module, name: str):

@@ -115,11 +115,15 @@ class W8A8Int8LinearMethod:
         weight = nn.Parameter(torch.empty(out_local, in_local, dtype=torch.int8), requires_grad=False)
         weight.weight_loader = layer.weight_loader  # type: ignore[attr-defined]
         scale = nn.Parameter(torch.ones(out_local, 1, dtype=torch.float32), requires_grad=False)
-        scale.weight_loader = _scale_loader(layer, name)  # type: ignore[attr-defined]
+        scale.weight_loader = self.scale_loader(layer, name)  # type: ignore[attr-defined]
         layer.weight = weight
         layer.weight_scale = scale
         layer.skip_prepack = True  # the platform's packed copies are for float weights
         layer.quant_method = self
+
+    def scale_loader(self, layer: nn.Module, name: str) -> Callable[..., None]:
+        """How `weight_scale` [out_local, 1] loads: sharded like the layer's output rows."""
+        return _scale_loader(layer, name)
 
     def pack_weights(self, layer: LinearBase) -> Optional[int]:
         """After loading: the weight packed for the platform's fused int8 linear where its kernel
