@@ -13,8 +13,8 @@ from sglang.srt.layers.quantization.w8a8_moe import W8A8Int8MoEMethod
 
 class Int8CheckpointStream(QuantCheckpointStream):
     """A W8A8-INT8 checkpoint's stream: every linear (fused QKV and gate/up included) and routed
-        expert (`w8a8_moe.py`) whose weight is int8 keeps it in 1 byte; int8 weights of other modules
-        (DeepSeek's kv_b_proj) are widened once at load (weight x its row's scale). An untied LM head
+    expert (`w8a8_moe.py`) whose weight is int8 keeps it in 1 byte; int8 weights of other modules
+    (DeepSeek's kv_b_proj) are widened once at load (weight x its row's scale). An untied LM head
     stored in int8 stays int8 (`w8a8_head.py`)."""
 
     label = "int8"
