@@ -64,7 +64,25 @@ def test_sigterm_mid_replay_replays_every_received_tiers_then_exits(tmp_path):
     assert signal.getsignal(signal.SIGTERM) is previous  # the handler is scoped to the loop
 
 
-def test_sigterm_while_waiting_exits_at_once(tmp_path):
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signals: main thread")
+def test_tiers_still_arriving_after_the_sigterm_are_replayed(tmp_path):
+    """A TIERS message the receiver thread puts in the inbox after the SIGTERM (it was still being
+    read when the signal came) is replayed within the drain's grace; then the stage exits."""
+    storage = SlowStorage(str(tmp_path), "ns", 16, started=threading.Event())
+    inbox = Inbox()
+    stage = StageHiCache(StageTiers(None, storage), SimpleNamespace(inbox=inbox), is_last=True)
+    late = threading.Timer(0.3, lambda: inbox.put(Message(MsgType.TIERS, -1, [ClearStorage()])))
+    timer = threading.Timer(0.1, lambda: os.kill(os.getpid(), signal.SIGTERM))
+    timer.start()
+    late.start()
+    with pytest.raises(Terminated):
+        with stage.sigterm_drains():
+            stage.handle(inbox.take(StageHiCache.KINDS))  # blocks: nothing queued yet
+    late.join()
+    assert storage.cleared == 1
+
+
+def test_sigterm_while_waiting_exits_after_the_grace(tmp_path):
     storage = SlowStorage(str(tmp_path), "ns", 16, started=threading.Event())
     inbox = Inbox()
     stage = StageHiCache(StageTiers(None, storage), SimpleNamespace(inbox=inbox), is_last=True)
@@ -73,4 +91,4 @@ def test_sigterm_while_waiting_exits_at_once(tmp_path):
     with pytest.raises(Terminated):
         with stage.sigterm_drains():
             stage.handle(inbox.take(StageHiCache.KINDS))  # blocks: nothing queued
-    assert storage.cleared == 0
+    assert storage.cleared == 0  # after the drain's grace (nothing came), no replay

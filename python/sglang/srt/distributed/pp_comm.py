@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime
 import logging
 import threading
+import time
 from collections import defaultdict, deque
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Union
@@ -71,10 +72,14 @@ class Inbox:
             self._error = error
             self._cond.notify_all()
 
-    def take(self, kinds: Union[int, Iterable[int]], block: bool = True) -> Optional[Message]:
-        """The earliest message of one of `kinds`; None when none is there and not `block`.
-        Raises RuntimeError when a receiver failed (a peer died) and nothing is left to take."""
+    def take(
+        self, kinds: Union[int, Iterable[int]], block: bool = True, timeout: Optional[float] = None
+    ) -> Optional[Message]:
+        """The earliest message of one of `kinds`; None when none is there and not `block`, or
+        none came within `timeout` seconds. Raises RuntimeError when a receiver failed (a peer
+        died) and nothing is left to take."""
         wanted = (kinds,) if isinstance(kinds, int) else tuple(kinds)
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while True:
                 heads = [self._queues[k] for k in wanted if self._queues[k]]
@@ -82,9 +87,10 @@ class Inbox:
                     return min(heads, key=lambda q: q[0][0]).popleft()[1]
                 if self._error is not None:
                     raise RuntimeError(f"pipeline link failed: {self._error}")
-                if not block:
+                left = None if deadline is None else deadline - time.monotonic()
+                if not block or (left is not None and left <= 0):
                     return None
-                self._cond.wait()
+                self._cond.wait(left)
 
     def take_all(self, kind: int) -> list[Message]:
         out = []

@@ -93,7 +93,11 @@ class StageHiCache:
     finished request's tier copies before its answer, so when the client has the answer and stops
     the server, this stage may still hold them unreplayed (its L3 pages then missing after a
     restart). `sigterm_drains()` makes SIGTERM end the stage only between messages, after it
-    replayed every TIERS already received."""
+    replayed every TIERS already received, and any that arrive within `drain_grace_s` of the last
+    (stage 0 waits for its TIERS send before it answers, but the receiver thread here may still be
+    reading that message when the SIGTERM lands)."""
+
+    drain_grace_s = 0.5
 
     KINDS = (MsgType.TIERS, MsgType.QUERY, MsgType.READ)
 
@@ -151,8 +155,10 @@ class StageHiCache:
             signal.signal(signal.SIGTERM, previous)
 
     def _drain(self) -> None:
-        """Replay what is queued; a later peer already gone ends the pass-on, not the replay."""
-        while (msg := self.comm.inbox.take(MsgType.TIERS, block=False)) is not None:
+        """Replay what is queued and what arrives within `drain_grace_s` of the last one; a peer
+        already gone ends the wait (and the pass-on), not the replay of what came."""
+        self._busy = True  # a second SIGTERM must not cut this short
+        while (msg := self._next_tiers()) is not None:
             self.tiers.apply(msg.obj)
             if self.is_last:
                 continue
@@ -160,3 +166,9 @@ class StageHiCache:
                 self.comm.send_next(MsgType.TIERS, msg.mb_id, msg.obj).wait()
             except Exception as err:  # noqa: BLE001 - on the way out: this stage's writes are done
                 logger.warning("pipeline stage: tier copies not passed on at shutdown (%s)", err)
+
+    def _next_tiers(self) -> Optional[Message]:
+        try:
+            return self.comm.inbox.take(MsgType.TIERS, timeout=self.drain_grace_s)
+        except RuntimeError:  # the link failed (stage 0 gone): nothing more will come
+            return None
