@@ -197,6 +197,12 @@ class Platform:
         path (`int8_mm_op` or the exact blockwise GEMM). Asked once, through `self.kernels`."""
         return None
 
+    def fp8_block_linear(self) -> Optional[Any]:
+        """The device's own FP8 block linear (platforms/accel_fp8.py: (x, weight fp8 [N, K],
+        scale_inv, block, bias) -> out, or None for shapes it cannot take), or None: the layers'
+        tiled widening. Asked once, through `self.kernels`."""
+        return None
+
     def check_quantization(self, method: Optional[str]) -> None:
         """A quantization method this platform cannot run (`fp8`, `w8a8_int8`, or None): refused
         with a ValueError naming it, before the model is built; nothing here."""

@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from sglang.srt.platforms.accel_fp8 import checked_fp8_block_linear
 from sglang.srt.platforms.accel_quant import CudaInt8Linear
 from sglang.srt.platforms.base import AcceleratorPlatform
 
@@ -26,3 +27,8 @@ class CudaPlatform(AcceleratorPlatform):
     def w8a8_linear(self) -> Any:
         """W8A8-INT8 on `torch._int_mm` (platforms/accel_quant.py)."""
         return CudaInt8Linear()
+
+    def fp8_block_linear(self) -> Any:
+        """FP8 block linears on `F.scaled_mm`'s blockwise recipes, once a self-check on this
+        device passed (platforms/accel_fp8.py); else None (the tiled widening path)."""
+        return checked_fp8_block_linear(self.current_device())

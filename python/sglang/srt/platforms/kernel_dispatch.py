@@ -102,6 +102,13 @@ def w8a8_linear_op(device: torch.device) -> Optional[Callable[..., Optional[torc
     return None if table is None else table.w8a8_linear()
 
 
+def fp8_block_linear_op(device: torch.device) -> Optional[Callable[..., Optional[torch.Tensor]]]:
+    """The accelerator's own FP8 block linear for `device` (CUDA: `F.scaled_mm` blockwise, after
+    a self-check there; platforms/accel_fp8.py), or None (the layers' tiled widening)."""
+    table = _table(device.type)
+    return None if table is None else table.fp8_block_linear()
+
+
 def int8_linear_kernels(device: torch.device) -> Optional[Any]:
     """The fused kernel module when its build has the W8A8-INT8 linear (`int8_linear`: per-token
     quantization, the int32 GEMM on a packed int8 weight and both scales in one call) for `device`;

@@ -25,6 +25,7 @@ class KernelTable:
         self._fused: Any = _UNSET
         self._int8_linear: Any = _UNSET
         self._w8a8_linear: Any = _UNSET
+        self._fp8_block_linear: Any = _UNSET
         self._amx_linears: Any = _UNSET
         self._bf16_vec: Any = _UNSET
         self._prefill_dtype: dict[torch.dtype, torch.dtype] = {}
@@ -46,6 +47,13 @@ class KernelTable:
         found = self._w8a8_linear
         if found is _UNSET:
             found = self._w8a8_linear = self._platform.w8a8_linear()
+        return found
+
+    def fp8_block_linear(self) -> Optional[Any]:
+        """The accelerator's own FP8 block linear (`Platform.fp8_block_linear`), chosen once."""
+        found = self._fp8_block_linear
+        if found is _UNSET:
+            found = self._fp8_block_linear = self._platform.fp8_block_linear()
         return found
 
     def int8_linear(self) -> Optional[Any]:

@@ -7,7 +7,9 @@ the real value of element (i, j) is `weight[i, j] * weight_scale_inv[i // bn, j 
 `Fp8BlockLinearMethod` keeps the weight in 1 byte. Each call widens the weight one tile of output
 rows at a time (`TILE_ROWS` rows, a multiple of the block) to the activation dtype and multiplies:
 the transient copy is one tile, never the whole weight (a torch reference path; activations are
-not quantized, `activation_scheme: dynamic` is served weight-only).
+not quantized, `activation_scheme: dynamic` is served weight-only). On CUDA, once a self-check
+there passed, `F.scaled_mm`'s blockwise recipes run it instead, activations quantized per token
+and group of 128 as upstream's GPU path does (platforms/accel_fp8.py).
 
 Tensor parallelism: the scale blocks shard with the weight, so every shard boundary (and every
 boundary between fused projections) must fall on a block boundary; a layer where one does not is
@@ -22,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sglang.srt.platforms.kernel_dispatch import fp8_block_linear_op
 from sglang.srt.layers.linear import (
     ColumnParallelLinear,
     LinearBase,
@@ -91,7 +94,13 @@ def fp8_block_linear(
     bias: Optional[torch.Tensor] = None,
     tile_rows: int = TILE_ROWS,
 ) -> torch.Tensor:
-    """x @ dequant(weight)^T (+ bias), widening `tile_rows` output rows of the weight at a time."""
+    """x @ dequant(weight)^T (+ bias), widening `tile_rows` output rows of the weight at a time;
+    on a device with its own FP8 block GEMM (`kernel_dispatch.fp8_block_linear_op`) that call."""
+    device_op = fp8_block_linear_op(x.device)
+    if device_op is not None:
+        out = device_op(x.reshape(-1, x.shape[-1]), weight, scale_inv, block, bias)
+        if out is not None:
+            return out.view(*x.shape[:-1], weight.shape[0])
     n, k = weight.shape
     bn = block[0]
     tile = max(bn, tile_rows // bn * bn)
