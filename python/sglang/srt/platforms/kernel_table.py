@@ -24,11 +24,15 @@ class KernelTable:
         self._lock = threading.Lock()
         self._fused: Any = _UNSET
         self._int8_linear: Any = _UNSET
-        self._w8a8_linear: Any = _UNSET
-        self._fp8_block_linear: Any = _UNSET
-        self._amx_linears: Any = _UNSET
-        self._bf16_vec: Any = _UNSET
+        self._answers: dict[str, Any] = {}  # the platform's answers by its method's name
         self._prefill_dtype: dict[torch.dtype, torch.dtype] = {}
+
+    def _once(self, method: str) -> Optional[Any]:
+        """`self._platform.<method>()`, asked the first time only (an answer that raises is asked again)."""
+        found = self._answers.get(method, _UNSET)
+        if found is _UNSET:
+            found = self._answers[method] = getattr(self._platform, method)()
+        return found
 
     def fused(self) -> Optional[Any]:
         """The platform's fused kernel module, or None (callers keep their torch code)."""
@@ -44,17 +48,11 @@ class KernelTable:
         """The accelerator's own W8A8-INT8 linear (`Platform.w8a8_linear`), chosen once; None on
         platforms without one. A platform that refuses (a torch_npu without the calls) raises here
         each time it is asked."""
-        found = self._w8a8_linear
-        if found is _UNSET:
-            found = self._w8a8_linear = self._platform.w8a8_linear()
-        return found
+        return self._once("w8a8_linear")
 
     def fp8_block_linear(self) -> Optional[Any]:
         """The accelerator's own FP8 block linear (`Platform.fp8_block_linear`), chosen once."""
-        found = self._fp8_block_linear
-        if found is _UNSET:
-            found = self._fp8_block_linear = self._platform.fp8_block_linear()
-        return found
+        return self._once("fp8_block_linear")
 
     def int8_linear(self) -> Optional[Any]:
         """The fused W8A8-INT8 linear (`int8_linear`, or the copy the platform picks for its
@@ -69,17 +67,11 @@ class KernelTable:
     def amx_linears(self) -> Optional[Any]:
         """The fused kernel module where its bf16 linears run AMX tiles (`Platform.amx_linear_kernels`),
         chosen once; None elsewhere."""
-        found = self._amx_linears
-        if found is _UNSET:
-            found = self._amx_linears = self._platform.amx_linear_kernels()
-        return found
+        return self._once("amx_linear_kernels")
 
     def bf16_vec(self) -> Optional[Any]:
         """`Platform.bf16_vec_kernels`, chosen once."""
-        found = self._bf16_vec
-        if found is _UNSET:
-            found = self._bf16_vec = self._platform.bf16_vec_kernels()
-        return found
+        return self._once("bf16_vec_kernels")
 
     def prefill_attention_dtype(self, dtype: torch.dtype) -> torch.dtype:
         """The dtype prefill attention computes in for q / k / v of `dtype` (e.g. float32 for bf16
