@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import torch
 from safetensors.torch import save_file
@@ -65,10 +66,6 @@ def write_random_w8a8(cfg: dict, out_dir: str, tokenizer_dir: str, tokenizer_fil
         json.dump(config, f, indent=1)
     for name in tokenizer_files:
         if os.path.isfile(os.path.join(tokenizer_dir, name)):
-            with (
-                open(os.path.join(tokenizer_dir, name), "rb") as src,
-                open(os.path.join(out_dir, name), "wb") as dst,
-            ):
-                dst.write(src.read())
+            shutil.copy(os.path.join(tokenizer_dir, name), out_dir)
     open(done, "w").close()
     return out_dir

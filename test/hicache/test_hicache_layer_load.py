@@ -2,7 +2,7 @@
 i returns once every restore submitted before it has copied layer i, and not before; the rows
 are the host tier's; the host pool's other operations (free, backup, pack) wait for every restore;
 a failed copy makes every later access raise instead of serving unknown KV. The copies are held
-layer by layer by a gate the test opens (a real `SyncCopier` copy behind it), so what has been
+layer by layer by a gate the test opens (a real `copy_rows` copy behind it), so what has been
 copied when is decided by the test, not by timing."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang.srt.mem_cache.hicache.host_pool import HostKVPool, SyncCopier, kv_token_buffers
+from sglang.srt.mem_cache.hicache.host_pool import HostKVPool, copy_rows, kv_token_buffers
 from sglang.srt.mem_cache.hicache.factory import layer_loader
 from sglang.srt.mem_cache.hicache.layer_load import LayerLoader, StreamLoader, layer_groups
 from sglang.srt.mem_cache.kv_pool import MHATokenToKVPool
@@ -24,7 +24,7 @@ LAYERS = 3
 
 
 class GatedCopy:
-    """`SyncCopier.copy`, each call (one layer) waiting for the test to open that layer's gate."""
+    """`copy_rows`, each call (one layer) waiting for the test to open that layer's gate."""
 
     def __init__(self, layers: int):
         self.gates = [threading.Event() for _ in range(layers)]
@@ -34,7 +34,7 @@ class GatedCopy:
         layer = self.calls % len(self.gates)
         self.calls += 1
         assert self.gates[layer].wait(10), "the test never opened the gate"
-        SyncCopier().copy(src, src_rows, dst, dst_rows)
+        copy_rows(src, src_rows, dst, dst_rows)
 
 
 def tiers(copy):
@@ -122,7 +122,7 @@ def test_a_failed_copy_is_never_served():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float8_e4m3fn])
 def test_copies_by_runs_and_by_index_agree(dtype):
-    """`SyncCopier`: slots in long runs are copied slice by slice, scattered ones by index; both
+    """`copy_rows`: slots in long runs are copied slice by slice, scattered ones by index; both
     give the rows of the other tier (the MHA pool's head-major K / V views included)."""
     pool = MHATokenToKVPool(300, 1, torch.float32, head_num=2, head_dim=4, layer_num=1, kv_dtype=dtype)
     dev = kv_token_buffers(pool)
@@ -133,7 +133,7 @@ def test_copies_by_runs_and_by_index_agree(dtype):
     for dst in (runs_dst, scattered_dst):
         for b in dev:
             b.zero_()
-        SyncCopier().copy(host, runs_src, dev, dst)
+        copy_rows(host, runs_src, dev, dst)
         for h, b in zip(host, dev):
             assert torch.equal(b[dst].view(torch.uint8), h[runs_src].view(torch.uint8))
 
@@ -188,7 +188,7 @@ def test_an_accelerator_loader_orders_copies_by_events():
 
     def copy(src, src_rows, dst, dst_rows):
         platform.log.append(("copy", platform.current.name))
-        SyncCopier().copy(src, src_rows, dst, dst_rows)
+        copy_rows(src, src_rows, dst, dst_rows)
 
     assert isinstance(layer_loader(layer_groups(6, LAYERS), platform), StreamLoader)
     assert isinstance(layer_loader(layer_groups(6, LAYERS), get_platform("cpu")), LayerLoader)

@@ -37,14 +37,13 @@ def per_token_group_fp8(x: torch.Tensor, group: int = GROUP) -> tuple[torch.Tens
 
 
 def fp8_block_reference(x_q, x_scale, weight, scale_inv, out_dtype) -> torch.Tensor:
-    """The same math in float32 torch: both operands widened with their scales, then multiplied."""
-    m, k = x_q.shape
-    n = weight.shape[0]
-    a = x_q.float().view(m, k // GROUP, GROUP) * x_scale.float().view(m, k // GROUP, 1)
-    w = weight.float().view(n // GROUP, GROUP, k // GROUP, GROUP) * scale_inv.float().view(
-        n // GROUP, 1, k // GROUP, 1
-    )
-    return (a.view(m, k) @ w.view(n, k).t()).to(out_dtype)
+    """The same math in float32 torch: both operands widened with their scales (the layers'
+    `block_dequant`: 1 x 128 groups, 128 x 128 blocks), then multiplied."""
+    from sglang.srt.layers.quantization.fp8_block import block_dequant  # (as cpu_linears.py: lazily)
+
+    a = block_dequant(x_q, x_scale, (1, GROUP))
+    w = block_dequant(weight, scale_inv, (GROUP, GROUP))
+    return (a @ w.t()).to(out_dtype)
 
 
 class CudaFp8BlockLinear:

@@ -56,9 +56,8 @@ class HiCacheStats:
     l2_evicted_tokens: int = 0  # tokens dropped from L2
     l1_dropped_tokens: int = 0  # tokens evicted from L1 with no L2 copy (forgotten)
     load_failures: int = 0  # loads cut short (no L1 room)
-    load_seconds: float = (
-        0.0  # the scheduler's time at admission loading L2 / L3 into L1 (the copies: the loader's)
-    )
+    # the scheduler's time at admission loading L2 / L3 into L1 (the copies: the loader's)
+    load_seconds: float = 0.0
     backup_seconds: float = 0.0  # time spent copying L1 -> L2, storage writes included
     storage_write_seconds: float = 0.0  # ... of it writing L3 pages (pack, checksum, backend)
     # pipeline parallelism: L3 pages stage 0 could read but another stage could not (recomputed),

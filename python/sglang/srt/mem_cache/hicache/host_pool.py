@@ -5,8 +5,8 @@ by slot): K and V of every layer for MHA, the `[latent ; k_rope]` rows (and DSA'
 with their int8 copy when kept) for MLA. `TokenLayout` packs / unpacks those rows of some slots to
 bytes (storage pages). The host pool mirrors the buffers with its own rows (the platform's host
 memory: lazily committed on CPU, pinned on accelerators) and its own `TokenToKVPoolAllocator`
-(own budget, page 0 padding as on the device). Backups go through a `KVCopier` (`SyncCopier`:
-`copy_rows` on the calling thread); restores through the rank's loader, layer by layer beside the
+(own budget, page 0 padding as on the device). Backups are `copy_rows` on the calling thread;
+restores go through the rank's loader, layer by layer beside the
 forward (layer_load.py: a thread on CPU, copy-stream events on accelerators). Under context
 parallelism (`CPShard`) the slots are the scheduler's virtual ones and a rank copies, packs and
 unpacks only its own rows.
@@ -15,7 +15,6 @@ unpacks only its own rows.
 from __future__ import annotations
 
 import warnings
-from abc import ABC, abstractmethod
 from typing import Callable, Optional
 
 import torch
@@ -87,22 +86,6 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8) if t.is_floating_point() and t.element_size() == 1 else t
 
 
-class KVCopier(ABC):
-    """Moves token rows between two lists of buffers (device <-> host)."""
-
-    @abstractmethod
-    def copy(
-        self,
-        src: list[torch.Tensor],
-        src_slots: torch.Tensor,
-        dst: list[torch.Tensor],
-        dst_slots: torch.Tensor,
-    ) -> None: ...
-
-    def synchronize(self) -> None:
-        """Wait for copies issued so far (asynchronous copiers)."""
-
-
 def copy_rows(
     src: list[torch.Tensor],
     src_slots: torch.Tensor,
@@ -136,13 +119,6 @@ def copy_rows(
         _bytes(d).index_copy_(0, dst_slots.to(device=d.device, dtype=torch.int64), rows)
 
 
-class SyncCopier(KVCopier):
-    """Copies on the calling thread (CPU: both tiers are RAM), by `copy_rows`."""
-
-    def copy(self, src, src_slots, dst, dst_slots) -> None:
-        copy_rows(src, src_slots, dst, dst_slots)
-
-
 class CPShard:
     """Context parallelism: which rows of a virtual slot space this rank stores
     (`cp_slots.CPSlotMapping`; the tree and both allocators work in virtual slots)."""
@@ -170,7 +146,6 @@ class HostKVPool:
         device_buffers: list[torch.Tensor],
         size: int,
         page_size: int,
-        copier: Optional[KVCopier] = None,
         shard: Optional[CPShard] = None,
         loader: Optional[Loader] = None,
         zeros: Optional[Callable[[tuple[int, ...], torch.dtype], torch.Tensor]] = None,
@@ -186,7 +161,6 @@ class HostKVPool:
         # `zeros`: the platform's host memory (CPU: committed as it fills; accelerators: pinned)
         zeros = zeros or (lambda shape, dtype: torch.zeros(shape, dtype=dtype))
         self.buffers = [zeros((rows, *b.shape[1:]), b.dtype) for b in device_buffers]
-        self.copier = copier or SyncCopier()
         self.layout = TokenLayout(device_buffers)
 
     def available_size(self) -> int:
@@ -220,7 +194,7 @@ class HostKVPool:
         """Copy device rows -> host rows (L1 -> L2)."""
         self.synchronize()
         dev, host = self._local(device_slots, host_slots)
-        self.copier.copy(self.device_buffers, dev, self.buffers, host)
+        copy_rows(self.device_buffers, dev, self.buffers, host)
 
     def restore(self, host_slots: torch.Tensor, device_slots: torch.Tensor) -> None:
         """Copy host rows -> device rows (L2 -> L1); with a `loader` layer by layer in the
@@ -229,8 +203,7 @@ class HostKVPool:
         if self.loader is not None:
             self.loader.submit(self.buffers, host, self.device_buffers, dev)
             return
-        self.copier.copy(self.buffers, host, self.device_buffers, dev)
-        self.copier.synchronize()
+        copy_rows(self.buffers, host, self.device_buffers, dev)
 
     def pack(self, device_slots: torch.Tensor) -> bytes:
         """A storage page's payload: this rank's rows of `device_slots` (page-aligned)."""
