@@ -8,6 +8,11 @@ five copies in turn so that it comes from memory): `bf16_linear_f32out` (AMX) ag
 
     python benchmark/vs_vllm/bf16_linear_ab.py --threads 2 --rows 1 4 8 16 32 64 128 256 512 1024
     python benchmark/vs_vllm/bf16_linear_ab.py --threads 2 --lm-head --rows 1 2 4 8 16 32
+
+`--build avx512` times the avx512 build's path instead of vdpbf16ps (AVX-512 without BF16: each
+weight pair widened by a shift and a mask, float32 FMAs), with a float32 `F.linear` column (the
+float32 weight copies `--dtype auto` runs from 32 rows there); emulate such a CPU for oneDNN with
+`ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI`.
 """
 
 from __future__ import annotations
@@ -48,26 +53,30 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--lm-head", action="store_true", help="the float32-logits LM head kernels instead")
+    p.add_argument("--build", default="avx512bf16", choices=["avx512bf16", "avx512"])
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    ops = loader.load_variant("avx512bf16").module
+    ops = loader.load_variant(args.build).module
     if args.lm_head:
         return lm_head(ops, args)
     pair = onednn_linear()
     if ops is None or ops.bf16_linear_impl() == "" or pair is None:
-        raise SystemExit("needs the avx512bf16 build on an AVX512-BF16 CPU and oneDNN's bf16 linear")
+        raise SystemExit(f"needs the {args.build} build on a CPU that runs it and oneDNN's bf16 linear")
     pack, onednn = pair
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes]
     weights = [[torch.randn(n, k).bfloat16() * 0.05 for n, k in shapes] for _ in range(args.layers)]
     onednn_w = [[pack(w) for w in layer] for layer in weights]
     kpairs = [[pack_bf16_kpairs(w) for w in layer] for layer in weights]
+    wide = [[w.float() for w in layer] for layer in weights] if args.build == "avx512" else None
     mb = sum(w.numel() * 2 for layer in weights for w in layer) / 2**20
     print(
         f"{args.threads} thread(s), {args.layers} layers x {args.shapes} ({mb:.0f} MiB); bf16_linear path here: {ops.bf16_linear_impl()}"
     )
-    print("rows | oneDNN packed ms | bf16_linear AMX | bf16_linear vdpbf16ps | plain F.linear")
+    extra = " | float32 F.linear" if wide else ""
+    print(f"rows | oneDNN packed ms | bf16_linear AMX | bf16_linear vector | plain F.linear{extra}")
     for m in args.rows:
         xs = {k: torch.randn(m, k).bfloat16() for _, k in shapes}
+        xf = {k: x.float() for k, x in xs.items()}
 
         def run(kind: str) -> float:
             def step() -> None:
@@ -77,6 +86,8 @@ def main() -> None:
                             onednn(xs[k], onednn_w[li][j], None)
                         elif kind == "plain":
                             F.linear(xs[k], layer[j])
+                        elif kind == "float32":
+                            F.linear(xf[k], wide[li][j])
                         else:
                             ops.bf16_linear(xs[k], kpairs[li][j], n, None, kind == "amx")
 
@@ -84,7 +95,7 @@ def main() -> None:
 
         base = run("onednn")
         cells = [f"{base:.1f}"]
-        for kind in ("amx", "vec", "plain"):
+        for kind in ("amx", "vec", "plain") + (("float32",) if wide else ()):
             if kind == "amx" and ops.bf16_linear_impl() != "amx" or kind == "vec" and m > args.vec_max_rows:
                 cells.append("-")
                 continue

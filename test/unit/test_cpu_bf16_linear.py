@@ -36,7 +36,7 @@ SHAPES = [
 def _paths(ops) -> list[bool]:
     impl = ops.bf16_linear_impl()
     if impl == "":
-        pytest.skip(f"the {ops.isa()} build has no AVX512-BF16: bf16_linear is refused there (tested below)")
+        pytest.skip(f"the {ops.isa()} build has no AVX-512: bf16_linear is refused there (tested below)")
     return [True, False] if impl == "amx" else [False]
 
 
@@ -91,7 +91,7 @@ def test_bad_input_is_refused(ops):
     packed = pack_bf16_kpairs(w)
     x = torch.randn(2, 40).bfloat16()
     if ops.bf16_linear_impl() == "":
-        with pytest.raises(RuntimeError, match="no AVX512-BF16"):
+        with pytest.raises(RuntimeError, match="has no AVX-512"):
             ops.bf16_linear(x, packed, 20)
         return
     with pytest.raises(RuntimeError, match="packed must be"):
@@ -135,8 +135,9 @@ def test_packed_pair_takes_the_kernel_up_to_max_rows(ops):
 def test_platform_picks_the_kernel_on_amx_and_amd(monkeypatch):
     """The CPU platform's packed bf16 linear is bf16_linear's pair where the kernel build runs AMX
     and the CPU kind (SGLANG_CPU_FLAGS_OVERRIDE included) has it, and its vdpbf16ps pair (every row
-    count, no fused gate) on AMD's AVX512-BF16; oneDNN's copy elsewhere (Intel's AVX512-BF16 without
-    AMX, an emulated kind: no vendor)."""
+    count, no fused gate) on AMD's AVX512-BF16, its FMA path where the kind is AVX-512 without BF16
+    (the avx512 build caps the kind); oneDNN's copy elsewhere (Intel's AVX512-BF16 without AMX, an
+    emulated kind: no vendor)."""
     from sglang.srt.platforms import cpu as cpu_platform
 
     cpu = torch.device("cpu")
@@ -167,12 +168,15 @@ def test_platform_picks_the_kernel_on_amx_and_amd(monkeypatch):
                     variant,
                     kind,
                 )
-                the_kind = kind or cpu_platform.cpu_kind(cpu_platform.effective_cpu_flags())
+                the_kind = cpu_platform.cpu_kind(cpu_platform.effective_cpu_flags())
                 vec = amx is None and the_kind == "avx512-bf16" and real_vendor == "AuthenticAMD"
-                vec = vec and ops.bf16_linear_impl() != ""
+                vec = vec and ops.bf16_linear_impl() == "avx512-bf16"
+                # the avx512 build on this CPU emulates AVX-512 without BF16: its FMA path
+                # (test_cpu_bf16_fma.py)
+                fma = amx is None and the_kind == "avx512" and ops.bf16_linear_impl() == "avx512-fma"
                 pair = platform.prepacked_linear(torch.bfloat16, cpu)
                 is_kernel = pair is not None and isinstance(pair[1], Bf16PackedLinear)
-                assert is_kernel == (amx is not None or vec), (variant, kind, vendor)
+                assert is_kernel == (amx is not None or vec or fma), (variant, kind, vendor)
                 if vec:  # the vdpbf16ps path at every row count, the gate fused as on AMX
                     pack, kernel = pair
                     w = torch.randn(64, 40).bfloat16()

@@ -186,6 +186,12 @@ class Platform:
         `self.kernels.bf16_vec()`."""
         return None
 
+    def bf16_fma_kernels(self) -> Optional[Any]:
+        """The fused kernel module whose bf16 linears widen bf16 weights to float32 in registers and
+        run float32 FMAs, where that beats the device's own bf16 linear (CPUs without bf16 dot
+        products), else None. Asked once, through `self.kernels.bf16_fma()`."""
+        return None
+
     def amx_linear_kernels(self) -> Optional[Any]:
         """The fused kernel module where its bf16 linears run AMX tiles here (`bf16_linear`,
         `bf16_linear_f32out`), else None. Asked once, through `self.kernels.amx_linears()`."""

@@ -312,19 +312,23 @@ class CpuPlatform(Platform):
         self.dtype_choice, self._mixed = None, None
 
     def prepacked_linear(self, dtype: torch.dtype, device: torch.device):
-        """bf16: the kernels' `bf16_linear` on AMX and on AMD's AVX512-BF16, else oneDNN's packed
-        linear where this torch build and CPU support it (platforms/cpu_linears.py); under `--dtype
-        auto` the mixed linears of layers/linear_mixed.py (float32 with bf16 copies without native
-        bf16; bf16 with float32 copies on AVX-512 without AMX)."""
+        """bf16: the kernels' `bf16_linear` on AMX, on AMD's AVX512-BF16 and on AVX-512 without BF16
+        (its FMA path), else oneDNN's packed linear where this torch build and CPU support it
+        (platforms/cpu_linears.py); under `--dtype auto` the mixed linears of layers/linear_mixed.py
+        (float32 with bf16 copies without native bf16; bf16 with float32 copies on AVX-512 without
+        AMX, from BF16_FMA_FLOAT32_MIN_ROWS rows where the FMA path runs the smaller calls)."""
         choice = self.dtype_choice
         if choice is None or device.type != "cpu":
             return self._bf16_linear(dtype, device)
         if choice.bf16_gemm_max_tokens is not None and dtype == torch.float32:
             return self._mixed_linears().bf16_copies(choice.bf16_gemm_max_tokens)
-        onednn = self._bf16_linear(dtype, device)
+        packed = self._bf16_linear(dtype, device)
         if choice.float32_gemm_min_tokens is not None and dtype == torch.bfloat16:
-            return self._mixed_linears().float32_prefill(choice.float32_gemm_min_tokens, onednn)
-        return onednn
+            min_tokens = choice.float32_gemm_min_tokens
+            if self.kernels.bf16_fma() is not None:  # AVX-512 without BF16: the FMA path up to there
+                min_tokens = max(min_tokens, cpu_linears.BF16_FMA_FLOAT32_MIN_ROWS)
+            return self._mixed_linears().float32_prefill(min_tokens, packed)
+        return packed
 
     def _mixed_linears(self):
         if self._mixed is None:
@@ -335,7 +339,8 @@ class CpuPlatform(Platform):
         return self._mixed
 
     def _bf16_linear(self, dtype: torch.dtype, device: torch.device):
-        return cpu_linears.bf16_linear(self.kernels.amx_linears(), dtype, device, vec=self.kernels.bf16_vec())
+        vec = self.kernels.bf16_vec() or self.kernels.bf16_fma()
+        return cpu_linears.bf16_linear(self.kernels.amx_linears(), dtype, device, vec=vec)
 
     def bf16_vec_kernels(self) -> Optional[Any]:
         """The fused kernel module where bf16 work runs on `vdpbf16ps` (AVX512-BF16 without AMX, of a
@@ -345,7 +350,17 @@ class CpuPlatform(Platform):
         if kind != "avx512-bf16" or not fast_bf16_dot(kind, effective_cpu_vendor()):
             return None
         ops = self.kernels.fused()
-        return ops if ops is not None and getattr(ops, "bf16_linear_impl", str)() != "" else None
+        return ops if ops is not None and getattr(ops, "bf16_linear_impl", str)() == "avx512-bf16" else None
+
+    def bf16_fma_kernels(self) -> Optional[Any]:
+        """The avx512 build on AVX-512 CPUs without BF16 (Cascade Lake / Skylake-SP: the `avx512`
+        kind): its `bf16_linear` widens each packed bf16 weight pair by a shift and a mask and runs
+        float32 FMAs, reading the bf16 weights once per call for all rows, where oneDNN's bf16
+        linear converts in slow fallback paths (cpu_linears.py); else None."""
+        if cpu_kind(effective_cpu_flags()) != "avx512":
+            return None
+        ops = self.kernels.fused()
+        return ops if ops is not None and getattr(ops, "bf16_linear_impl", str)() == "avx512-fma" else None
 
     def amx_linear_kernels(self) -> Optional[Any]:
         # AMX as the kind says (an emulated kind without it keeps oneDNN's copy) and as the build says

@@ -1,6 +1,6 @@
 """The packed bf16 linears `CpuPlatform.prepacked_linear` hands to layers/linear_prepack.py: the
-kernels' `bf16_linear` on AMX and on AMD's AVX512-BF16 (layers/linear_bf16_packed.py), oneDNN's
-packed linear elsewhere."""
+kernels' `bf16_linear` on AMX, on AMD's AVX512-BF16 and on AVX-512 without BF16
+(layers/linear_bf16_packed.py), oneDNN's packed linear elsewhere."""
 
 from __future__ import annotations
 
@@ -26,6 +26,15 @@ BF16_LINEAR_NARROW_MAX_ROWS = 1024
 # F.linear is 1.12-1.27x (1.02x at 512). The SwiGLU gate in its epilogue, as on AMX.
 # benchmark/vs_vllm/bf16_linear_ab.py --vec-max-rows 4096, docs/benchmarks.md, [zen4] 2026-11-29.
 BF16_VEC_LINEAR_MAX_ROWS = sys.maxsize
+# AVX-512 without BF16 (the `avx512` kind, Cascade Lake / Skylake-SP): the avx512 build's FMA path
+# (each bf16 weight pair widened by a shift and a mask) at every row count under an explicit bf16
+# dtype; under `--dtype auto` calls from this many rows on take the float32 weight copies instead.
+# Emulated on [zen4] (SGLANG_CPU_FLAGS_OVERRIDE=avx512, ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI),
+# SmolLM2's shapes, 2 threads: 0.26-0.38x oneDNN's (converting) packed bf16 linear at 1-64 rows and
+# 0.36-0.83x the float32 F.linear at 32-128 rows, 0.93-0.97x it at 256-1024 rows (in cache). The
+# float32 copies keep prefill chunks as they were: no real CPU of the kind measured yet.
+# benchmark/vs_vllm/bf16_linear_ab.py --build avx512, docs/benchmarks.md, 2026-11-30.
+BF16_FMA_FLOAT32_MIN_ROWS = 256
 
 
 def bf16_linear(
@@ -33,7 +42,8 @@ def bf16_linear(
 ) -> Optional[tuple[Any, Any]]:
     """(pack, kernel) for bf16 weights on `device`, or None (plain F.linear). `amx`: the kernel
     build where its bf16 linears run AMX here (`Platform.amx_linear_kernels`); `vec`: the build
-    where they run vdpbf16ps and beat oneDNN (AMD's AVX512-BF16, `CpuPlatform.bf16_vec_kernels`).
+    where they run vdpbf16ps and beat oneDNN (AMD's AVX512-BF16, `CpuPlatform.bf16_vec_kernels`),
+    or float32 FMAs on shift-widened weights (AVX-512 without BF16, `bf16_fma_kernels`).
     Elsewhere (Intel's AVX512-BF16 without AMX: unmeasured there) oneDNN's copy."""
     if dtype != torch.bfloat16 or device.type != "cpu":
         return None
@@ -41,7 +51,8 @@ def bf16_linear(
         from sglang.srt.layers.linear_bf16_packed import Bf16PackedLinear
 
         def vec_entry(x, packed, n, bias=None, use_amx=True, swiglu=False) -> torch.Tensor:
-            # vdpbf16ps (on an AMX CPU too: an emulated kind), whatever the caller asks of use_amx
+            # vdpbf16ps or the FMA path (on an AMX CPU too: an emulated kind), whatever the caller
+            # asks of use_amx
             return vec.bf16_linear(x, packed, n, bias, False, swiglu)
 
         return Bf16PackedLinear(vec_entry, max_rows=BF16_VEC_LINEAR_MAX_ROWS).pair()

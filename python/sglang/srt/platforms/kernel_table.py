@@ -73,6 +73,10 @@ class KernelTable:
         """`Platform.bf16_vec_kernels`, chosen once."""
         return self._once("bf16_vec_kernels")
 
+    def bf16_fma(self) -> Optional[Any]:
+        """`Platform.bf16_fma_kernels`, chosen once."""
+        return self._once("bf16_fma_kernels")
+
     def prefill_attention_dtype(self, dtype: torch.dtype) -> torch.dtype:
         """The dtype prefill attention computes in for q / k / v of `dtype` (e.g. float32 for bf16
         on CPUs without AMX)."""

@@ -9,8 +9,11 @@
 // are exact in float32, summed in float32, + bias in float32, rounded to bf16 once.
 //   AMX (CPUs with AMX-BF16, use_amx): tiles of 16 (or 32) rows x 2 column blocks, tdpbf16ps; x
 //     read in place where K is a multiple of 32 (decode sizes and prefill chunks alike).
-//   vector: tiles of up to 4 rows x 4 column blocks, vdpbf16ps (AVX512-BF16 without AMX).
-// Builds without AVX512-BF16 answer bf16_linear_impl() == "" and refuse the call.
+//   vector: tiles of up to 4 rows x 4 column blocks, vdpbf16ps (AVX512-BF16 without AMX); in the
+//     avx512 build (AVX-512 without BF16) the same tiles with each weight pair widened to float32 by
+//     a shift and a mask and two FMAs per row, on x widened once per call (bf16_linear_impl()
+//     "avx512-fma"): weights still read once per call, as bf16.
+// Builds without AVX-512 answer bf16_linear_impl() == "" and refuse the call.
 // swiglu (both paths): a [gate; up] weight's tiles pair gate block j with up block j + N / 32, and
 // the epilogue stores silu(gate) * up (silu_vec.h) of the bf16 values the plain call would store:
 // [M, N / 2] (layers/linear_bf16_packed.py `Bf16PackedLinear.swiglu`).
@@ -31,14 +34,17 @@
 #include <string>
 #include <vector>
 
-#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#if defined(__AVX512F__) && defined(__AVX512DQ__) && defined(__AVX512BW__)
 #include <immintrin.h>
 
 #include "vec_exp2.h"  // before silu_vec.h, which uses it
 #include "silu_vec.h"
 #define SGL_BF16_LINEAR 1
+#if defined(__AVX512BF16__)
+#define SGL_BF16_DOT 1  // vdpbf16ps; without it (the avx512 build) each pair is widened by shifts
 #endif
-#if defined(SGL_BF16_LINEAR) && defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#endif
+#if defined(SGL_BF16_DOT) && defined(__AMX_TILE__) && defined(__AMX_BF16__)
 #include <cpuid.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -62,6 +68,7 @@ struct Args {
   const uint16_t* tail = nullptr;  // AMX: rows [full, M) zero-padded to whole 16-row tiles, stride Kp
   int64_t ldo = 0;  // the output's row stride: N, or N / 2 under the SwiGLU epilogue
   int64_t half = 0;  // the SwiGLU epilogue ([gate; up] weight): N / 32 blocks a half; else 0
+  const float* xf = nullptr;  // the avx512 build (no BF16): x widened to float32, [M, Kp], zero past K
 };
 
 // the 16 rows of x from row r (a multiple of 16) as an A tile source, and its stride in bytes
@@ -81,15 +88,23 @@ inline __m512 bias16(const uint16_t* bias, int64_t c0, __mmask16 m) {
 inline __mmask16 lanes(int64_t n) {
   return n >= kLanes ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1);
 }
-inline void store_bf16(uint16_t* p, __m512 v, __mmask16 m) {
-  _mm256_mask_storeu_epi16(p, m, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
+// v's 16 lanes rounded to bf16 bits, to nearest even: vcvtneps2bf16, or without AVX512-BF16 the
+// same by integer ops (vpmovdw). A NaN here is the CPU's default NaN or comes from a bf16 input
+// (low 16 bits zero), and rounds to a NaN either way (sglang_cpu_ops.cpp's f_to_bf16_lanes).
+inline __m256i round_bf16(__m512 v) {
+#if defined(SGL_BF16_DOT)
+  return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v));
+#else
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  return _mm512_cvtepi32_epi16(
+      _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb), 16));
+#endif
 }
+inline void store_bf16(uint16_t* p, __m512 v, __mmask16 m) { _mm256_mask_storeu_epi16(p, m, round_bf16(v)); }
 
-// v rounded to bf16 as the plain output stores it (vcvtneps2bf16), kept in float32
-inline __m512 as_bf16(__m512 v) {
-  return _mm512_castsi512_ps(
-      _mm512_slli_epi32(_mm512_cvtepu16_epi32(reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v))), 16));
-}
+// v rounded to bf16 as the plain output stores it, kept in float32
+inline __m512 as_bf16(__m512 v) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(round_bf16(v)), 16)); }
 
 // ----------------------------------------------------------------------------- vdpbf16ps tiles
 // rows [i0, i0 + RI) x the NB column blocks bl[0 .. NB); under the SwiGLU epilogue the first NB / 2
@@ -100,6 +115,7 @@ void vec_tile(const Args& g, int64_t i0, const int64_t* bl) {
   __m512 a[RI][NB];
   for (int i = 0; i < RI; ++i)
     for (int b = 0; b < NB; ++b) a[i][b] = _mm512_setzero_ps();
+#if defined(SGL_BF16_DOT)
   const uint16_t* x = g.x + i0 * g.Kp;
   for (int64_t p = 0; p < pairs; ++p) {
     __m512i wv[NB];
@@ -111,6 +127,24 @@ void vec_tile(const Args& g, int64_t i0, const int64_t* bl) {
       for (int b = 0; b < NB; ++b) a[i][b] = _mm512_dpbf16_ps(a[i][b], xb, reinterpret_cast<__m512bh>(wv[b]));
     }
   }
+#else
+  // each packed pair widened by a shift (k = 2p, the low half) and a mask (k = 2p + 1), then two
+  // float32 FMAs per row (bf16 products are exact in float32, as in vdpbf16ps)
+  const float* x = g.xf + i0 * g.Kp;
+  const __m512i hi_mask = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  for (int64_t p = 0; p < pairs; ++p) {
+    __m512 wl[NB], wh[NB];
+    for (int b = 0; b < NB; ++b) {
+      const __m512i wv = _mm512_loadu_si512(g.w + bl[b] * bstride + p * kLanes);
+      wl[b] = _mm512_castsi512_ps(_mm512_slli_epi32(wv, 16));
+      wh[b] = _mm512_castsi512_ps(_mm512_and_si512(wv, hi_mask));
+    }
+    for (int i = 0; i < RI; ++i) {
+      const __m512 xl = _mm512_set1_ps(x[i * g.Kp + 2 * p]), xh = _mm512_set1_ps(x[i * g.Kp + 2 * p + 1]);
+      for (int b = 0; b < NB; ++b) a[i][b] = _mm512_fmadd_ps(xh, wh[b], _mm512_fmadd_ps(xl, wl[b], a[i][b]));
+    }
+  }
+#endif
   if (g.half > 0) {  // whole blocks (N a multiple of 32): silu(gate) * up of the bf16-rounded values
     for (int b = 0; b < NB / 2; ++b) {
       const int64_t cg = bl[b] * kLanes, cu = bl[b + NB / 2] * kLanes;
@@ -410,8 +444,10 @@ std::string bf16_linear_impl() {
 #if defined(SGL_BF16_LINEAR_AMX)
   if (amx_bf16_ready()) return "amx";
 #endif
-#if defined(SGL_BF16_LINEAR)
+#if defined(SGL_BF16_DOT)
   return "avx512-bf16";
+#elif defined(SGL_BF16_LINEAR)
+  return "avx512-fma";
 #else
   return "";
 #endif
@@ -419,7 +455,7 @@ std::string bf16_linear_impl() {
 
 at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N, const std::optional<at::Tensor>& bias,
                        bool use_amx, bool swiglu) {
-  TORCH_CHECK(!bf16_linear_impl().empty(), "bf16_linear: this build of the CPU kernels has no AVX512-BF16");
+  TORCH_CHECK(!bf16_linear_impl().empty(), "bf16_linear: this build of the CPU kernels has no AVX-512");
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.dim() == 2 && x.stride(1) == 1,
               "bf16_linear: x must be a bf16 [M, K] tensor with contiguous rows");
   check_packed("bf16_linear", x, packed, N, bias, at::kBFloat16);
@@ -461,6 +497,22 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N,
     gemm_amx(g);
     return out;
   }
+#endif
+#if !defined(SGL_BF16_DOT)
+  // x widened to float32 once into a zero-padded scratch kept by the calling thread (K to Kp)
+  thread_local std::vector<float> widened;
+  if (widened.size() < static_cast<size_t>(M * Kp)) widened.resize(static_cast<size_t>(M * Kp));
+  for (int64_t i = 0; i < M; ++i) {
+    float* row = widened.data() + i * Kp;
+    for (int64_t k = 0; k < K; ++k) {
+      const uint32_t bits = static_cast<uint32_t>(xp[i * x.stride(0) + k]) << 16;
+      std::memcpy(row + k, &bits, 4);
+    }
+    std::fill(row + K, row + Kp, 0.f);
+  }
+  g.xf = widened.data();
+  gemm_vec(g);
+  return out;
 #endif
   // x copied into a zero-padded scratch kept by the calling thread: K to Kp, and for AMX the rows
   // to whole 16-row tiles

@@ -1,0 +1,95 @@
+"""bf16 linears on AVX-512 CPUs without BF16 (the `avx512` kind: Cascade Lake / Skylake-SP): the
+avx512 build's `bf16_linear` (each packed bf16 weight pair widened by a shift and a mask, float32
+FMAs; kernels/cpu/csrc/bf16_linear.cpp) is the platform's packed bf16 linear there, under an
+explicit bf16 dtype at every row count and under `--dtype auto` below the float32 copies'
+threshold. The kind is emulated by SGLANG_CPU_FLAGS_OVERRIDE / SGLANG_CPU_ISA on any AVX-512 CPU.
+The kernel's own parity (every shape, bias, the SwiGLU epilogue) is test_cpu_bf16_linear.py's and
+test_cpu_bf16_swiglu.py's on every build this CPU runs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sglang.srt.configs.model_config import resolve_dtype
+from sglang.srt.kernels.cpu import isa
+from sglang.srt.layers.linear_bf16_packed import Bf16PackedLinear
+from sglang.srt.layers.linear_mixed import Float32PrefillWeight, float32_prefill_linear
+from sglang.srt.platforms import cpu, cpu_linears, fresh_platforms, get_platform
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture
+def avx512_kind(monkeypatch):
+    if "avx512" not in [v.name for v in isa.runnable_variants()]:
+        pytest.skip("this CPU does not run the avx512 kernel build")
+    monkeypatch.setenv("SGLANG_CPU_ISA", "avx512")
+    monkeypatch.setenv("SGLANG_CPU_FLAGS_OVERRIDE", "avx512")
+    with fresh_platforms():
+        platform = get_platform("cpu")
+        if platform.kernels.fused() is None:
+            pytest.skip("the avx512 kernel build is not built here (test_cpu_kernels.py fails for it)")
+        yield platform
+
+
+def test_the_fma_path_is_the_packed_bf16_linear(avx512_kind):
+    platform = avx512_kind
+    ops = platform.kernels.fused()
+    assert ops.bf16_linear_impl() == "avx512-fma"
+    assert platform.kernels.bf16_fma() is ops
+    assert platform.kernels.bf16_vec() is None and platform.kernels.amx_linears() is None
+    resolve_dtype("bfloat16", None, device="cpu")
+    pack, kernel = platform.prepacked_linear(torch.bfloat16, CPU)
+    assert isinstance(kernel, Bf16PackedLinear)
+    g = torch.Generator().manual_seed(0)
+    w, bias = torch.randn(96, 72, generator=g).bfloat16(), torch.randn(96, generator=g).bfloat16()
+    calls = []
+    entry = kernel.entry
+    kernel.entry = lambda *a: calls.append(a[0].shape[0]) or entry(*a)
+    for rows in (1, 9, 300):  # every row count takes the kernel under an explicit bf16
+        x = torch.randn(rows, 72, generator=g).bfloat16()
+        want = F.linear(x.float(), w.float(), bias.float())
+        torch.testing.assert_close(kernel(x, pack(w), bias).float(), want, atol=0.05, rtol=0.02)
+    assert calls == [1, 9, 300]
+    plain = ops.bf16_linear(x, pack(w)[0], 96, None, False)
+    assert torch.equal(kernel.swiglu(x, pack(w), None), ops.silu_and_mul(plain))
+
+
+def test_auto_keeps_float32_copies_for_prefill_only(avx512_kind):
+    platform = avx512_kind
+    assert resolve_dtype("auto", None, device="cpu") == torch.bfloat16
+    assert platform.dtype_choice.kind == "avx512"
+    pack, kernel = platform.prepacked_linear(torch.bfloat16, CPU)
+    assert kernel is float32_prefill_linear
+    w = torch.randn(64, 40).bfloat16()
+    packed = pack(w)
+    assert isinstance(packed, Float32PrefillWeight) and isinstance(packed.small_kernel, Bf16PackedLinear)
+    assert packed.min_tokens == cpu_linears.BF16_FMA_FLOAT32_MIN_ROWS > 32
+    for rows in (8, 64, cpu_linears.BF16_FMA_FLOAT32_MIN_ROWS):
+        x = torch.randn(rows, 40).bfloat16()
+        torch.testing.assert_close(
+            kernel(x, packed, None).float(), F.linear(x.float(), w.float()), atol=0.05, rtol=0.02
+        )
+
+
+def test_only_the_avx512_kind_takes_it(monkeypatch):
+    """The FMA path is the avx512 kind's only (the kind after SGLANG_CPU_ISA's cap: the avx512
+    build emulates a CPU without BF16): AVX512-BF16 kinds (vdpbf16ps or oneDNN), AVX2 and the
+    builds without AVX-512 never hand it out."""
+    seen = set()
+    for variant in isa.runnable_variants():
+        for kind in ("amx", "avx512-bf16", "avx512", "avx2"):
+            monkeypatch.setenv("SGLANG_CPU_ISA", variant.name)
+            monkeypatch.setenv("SGLANG_CPU_FLAGS_OVERRIDE", kind)
+            with fresh_platforms():
+                platform = get_platform("cpu")
+                effective = cpu.cpu_kind(cpu.effective_cpu_flags())
+                fma = platform.kernels.bf16_fma()
+                assert (fma is not None) == (effective == "avx512" and variant.name == "avx512"), (
+                    variant.name,
+                    kind,
+                )
+                seen.add(effective)
+    assert "avx2" in seen
