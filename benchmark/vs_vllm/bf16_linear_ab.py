@@ -9,10 +9,10 @@ five copies in turn so that it comes from memory): `bf16_linear_f32out` (AMX) ag
     python benchmark/vs_vllm/bf16_linear_ab.py --threads 2 --rows 1 4 8 16 32 64 128 256 512 1024
     python benchmark/vs_vllm/bf16_linear_ab.py --threads 2 --lm-head --rows 1 2 4 8 16 32
 
-`--build avx512` times the avx512 build's path instead of vdpbf16ps (AVX-512 without BF16: each
-weight pair widened by a shift and a mask, float32 FMAs), with a float32 `F.linear` column (the
-float32 weight copies `--dtype auto` runs from 32 rows there); emulate such a CPU for oneDNN with
-`ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI`.
+`--build avx512` / `--build avx2` time that build's path instead of vdpbf16ps (AVX-512 without
+BF16 / AVX2: each weight pair widened by a shift and a mask, float32 FMAs), with a float32
+`F.linear` column (the float32 weights or copies `--dtype auto` runs there); emulate such a CPU for
+oneDNN with `ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI` / `ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2`.
 """
 
 from __future__ import annotations
@@ -53,27 +53,30 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--lm-head", action="store_true", help="the float32-logits LM head kernels instead")
-    p.add_argument("--build", default="avx512bf16", choices=["avx512bf16", "avx512"])
+    p.add_argument("--build", default="avx512bf16", choices=["avx512bf16", "avx512", "avx2"])
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     ops = loader.load_variant(args.build).module
     if args.lm_head:
         return lm_head(ops, args)
     pair = onednn_linear()
-    if ops is None or ops.bf16_linear_impl() == "" or pair is None:
-        raise SystemExit(f"needs the {args.build} build on a CPU that runs it and oneDNN's bf16 linear")
-    pack, onednn = pair
+    if ops is None or ops.bf16_linear_impl() == "" or (pair is None and args.build == "avx512bf16"):
+        raise SystemExit(
+            f"needs the {args.build} build on a CPU that runs it (avx512bf16: and oneDNN's bf16 linear)"
+        )
+    pack, onednn = pair or (lambda w: w, None)  # without oneDNN's bf16 (AVX2): plain F.linear first
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes]
     weights = [[torch.randn(n, k).bfloat16() * 0.05 for n, k in shapes] for _ in range(args.layers)]
     onednn_w = [[pack(w) for w in layer] for layer in weights]
     kpairs = [[pack_bf16_kpairs(w) for w in layer] for layer in weights]
-    wide = [[w.float() for w in layer] for layer in weights] if args.build == "avx512" else None
+    wide = [[w.float() for w in layer] for layer in weights] if args.build != "avx512bf16" else None
     mb = sum(w.numel() * 2 for layer in weights for w in layer) / 2**20
     print(
         f"{args.threads} thread(s), {args.layers} layers x {args.shapes} ({mb:.0f} MiB); bf16_linear path here: {ops.bf16_linear_impl()}"
     )
     extra = " | float32 F.linear" if wide else ""
-    print(f"rows | oneDNN packed ms | bf16_linear AMX | bf16_linear vector | plain F.linear{extra}")
+    first = "oneDNN packed" if onednn is not None else "plain F.linear (no oneDNN bf16)"
+    print(f"rows | {first} ms | bf16_linear AMX | bf16_linear vector | plain F.linear{extra}")
     for m in args.rows:
         xs = {k: torch.randn(m, k).bfloat16() for _, k in shapes}
         xf = {k: x.float() for k, x in xs.items()}
@@ -82,9 +85,9 @@ def main() -> None:
             def step() -> None:
                 for li, layer in enumerate(weights):
                     for j, (n, k) in enumerate(shapes):
-                        if kind == "onednn":
+                        if kind == "onednn" and onednn is not None:
                             onednn(xs[k], onednn_w[li][j], None)
-                        elif kind == "plain":
+                        elif kind in ("plain", "onednn"):
                             F.linear(xs[k], layer[j])
                         elif kind == "float32":
                             F.linear(xf[k], wide[li][j])

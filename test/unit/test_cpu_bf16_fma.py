@@ -1,8 +1,9 @@
-"""bf16 linears on AVX-512 CPUs without BF16 (the `avx512` kind: Cascade Lake / Skylake-SP): the
-avx512 build's `bf16_linear` (each packed bf16 weight pair widened by a shift and a mask, float32
-FMAs; kernels/cpu/csrc/bf16_linear.cpp) is the platform's packed bf16 linear there, under an
-explicit bf16 dtype at every row count and under `--dtype auto` below the float32 copies'
-threshold. The kind is emulated by SGLANG_CPU_FLAGS_OVERRIDE / SGLANG_CPU_ISA on any AVX-512 CPU.
+"""bf16 linears on CPUs without bf16 dot products: on AVX-512 without BF16 (the `avx512` kind:
+Cascade Lake / Skylake-SP) and on AVX2 the avx512 / avx2 build's `bf16_linear` (each packed bf16
+weight pair widened by a shift and a mask, float32 FMAs; kernels/cpu/csrc/bf16_linear.cpp) is the
+platform's packed bf16 linear, under an explicit bf16 dtype at every row count and (avx512 kind)
+under `--dtype auto` below the float32 copies' threshold. The kinds are emulated by
+SGLANG_CPU_FLAGS_OVERRIDE / SGLANG_CPU_ISA on any CPU that runs the build.
 The kernel's own parity (every shape, bias, the SwiGLU epilogue) is test_cpu_bf16_linear.py's and
 test_cpu_bf16_swiglu.py's on every build this CPU runs."""
 
@@ -15,29 +16,43 @@ import torch.nn.functional as F
 from sglang.srt.configs.model_config import resolve_dtype
 from sglang.srt.kernels.cpu import isa
 from sglang.srt.layers.linear_bf16_packed import Bf16PackedLinear
-from sglang.srt.layers.linear_mixed import Float32PrefillWeight, float32_prefill_linear
+from sglang.srt.layers.linear_mixed import (
+    Float32PrefillWeight,
+    _plain_bf16,
+    float32_prefill_linear,
+    mixed_linear,
+)
 from sglang.srt.platforms import cpu, cpu_linears, fresh_platforms, get_platform
 
 CPU = torch.device("cpu")
 
 
+def _emulate(monkeypatch, kind: str):
+    if kind not in [v.name for v in isa.runnable_variants()]:
+        pytest.skip(f"this CPU does not run the {kind} kernel build")
+    monkeypatch.setenv("SGLANG_CPU_ISA", kind)
+    monkeypatch.setenv("SGLANG_CPU_FLAGS_OVERRIDE", kind)
+    platform = get_platform("cpu")
+    if platform.kernels.fused() is None:
+        pytest.skip(f"the {kind} kernel build is not built here (test_cpu_kernels.py fails for it)")
+    return platform
+
+
 @pytest.fixture
 def avx512_kind(monkeypatch):
-    if "avx512" not in [v.name for v in isa.runnable_variants()]:
-        pytest.skip("this CPU does not run the avx512 kernel build")
-    monkeypatch.setenv("SGLANG_CPU_ISA", "avx512")
-    monkeypatch.setenv("SGLANG_CPU_FLAGS_OVERRIDE", "avx512")
     with fresh_platforms():
-        platform = get_platform("cpu")
-        if platform.kernels.fused() is None:
-            pytest.skip("the avx512 kernel build is not built here (test_cpu_kernels.py fails for it)")
-        yield platform
+        yield _emulate(monkeypatch, "avx512")
 
 
-def test_the_fma_path_is_the_packed_bf16_linear(avx512_kind):
-    platform = avx512_kind
+@pytest.mark.parametrize("kind", ["avx512", "avx2"])
+def test_the_fma_path_is_the_packed_bf16_linear(monkeypatch, kind):
+    with fresh_platforms():
+        _check_fma_path(_emulate(monkeypatch, kind), f"{kind}-fma")
+
+
+def _check_fma_path(platform, impl: str) -> None:
     ops = platform.kernels.fused()
-    assert ops.bf16_linear_impl() == "avx512-fma"
+    assert ops.bf16_linear_impl() == impl
     assert platform.kernels.bf16_fma() is ops
     assert platform.kernels.bf16_vec() is None and platform.kernels.amx_linears() is None
     resolve_dtype("bfloat16", None, device="cpu")
@@ -57,6 +72,41 @@ def test_the_fma_path_is_the_packed_bf16_linear(avx512_kind):
     assert torch.equal(kernel.swiglu(x, pack(w), None), ops.silu_and_mul(plain))
 
 
+def test_avx2_auto_runs_its_bf16_copies_on_the_fma_path(monkeypatch):
+    """AVX2's `--dtype auto` runs float32 with bf16 weight copies for small inputs: with the avx2
+    build those copies are packed for the FMA path (no plain copy kept) and take inputs of up to
+    BF16_FMA_COPY_MAX_ROWS rows (torch's bf16 F.linear: one row only); larger inputs run the float32
+    weight exactly."""
+    with fresh_platforms():
+        platform = _emulate(monkeypatch, "avx2")
+        assert resolve_dtype("auto", None, device="cpu") == torch.float32
+        pack, kernel = platform.prepacked_linear(torch.float32, CPU)
+        assert kernel is mixed_linear
+        g = torch.Generator().manual_seed(1)
+        w, bias = torch.randn(80, 48, generator=g), torch.randn(80, generator=g)
+        packed = pack(w)
+        limit = cpu_linears.BF16_FMA_COPY_MAX_ROWS
+        assert packed.max_tokens == limit > 1 and packed.bf16_kernel is not _plain_bf16
+        kpairs, n = packed.bf16
+        assert n == 80 and kpairs.dtype == torch.int32  # the packed copy only
+        for rows in (1, 8, limit):
+            x = torch.randn(rows, 48, generator=g)
+            want = F.linear(x.bfloat16().float(), w.bfloat16().float()).bfloat16().float() + bias
+            torch.testing.assert_close(kernel(x, packed, bias), want, atol=0.05, rtol=0.02)
+        x = torch.randn(limit + 1, 48, generator=g)
+        assert torch.equal(kernel(x, packed, bias), F.linear(x, w, bias))
+
+
+def test_without_the_fma_path_the_copies_take_one_row(monkeypatch):
+    """The portable build (a CPU without AVX2): torch's bf16 F.linear on the plain copy, one row."""
+    with fresh_platforms():
+        _emulate(monkeypatch, "portable")
+        assert resolve_dtype("auto", None, device="cpu") == torch.float32
+        pack, kernel = get_platform("cpu").prepacked_linear(torch.float32, CPU)
+        packed = pack(torch.randn(8, 4))
+        assert packed.max_tokens == 1 and packed.bf16_kernel is _plain_bf16
+
+
 def test_auto_keeps_float32_copies_for_prefill_only(avx512_kind):
     platform = avx512_kind
     assert resolve_dtype("auto", None, device="cpu") == torch.bfloat16
@@ -74,10 +124,10 @@ def test_auto_keeps_float32_copies_for_prefill_only(avx512_kind):
         )
 
 
-def test_only_the_avx512_kind_takes_it(monkeypatch):
-    """The FMA path is the avx512 kind's only (the kind after SGLANG_CPU_ISA's cap: the avx512
-    build emulates a CPU without BF16): AVX512-BF16 kinds (vdpbf16ps or oneDNN), AVX2 and the
-    builds without AVX-512 never hand it out."""
+def test_only_the_fma_kinds_take_it(monkeypatch):
+    """The FMA path is the avx512 and avx2 kinds' only, each on its own build (the kind after
+    SGLANG_CPU_ISA's cap: the avx512 build emulates a CPU without BF16): AVX512-BF16 kinds
+    (vdpbf16ps or oneDNN) and the portable build never hand it out."""
     seen = set()
     for variant in isa.runnable_variants():
         for kind in ("amx", "avx512-bf16", "avx512", "avx2"):
@@ -87,7 +137,7 @@ def test_only_the_avx512_kind_takes_it(monkeypatch):
                 platform = get_platform("cpu")
                 effective = cpu.cpu_kind(cpu.effective_cpu_flags())
                 fma = platform.kernels.bf16_fma()
-                assert (fma is not None) == (effective == "avx512" and variant.name == "avx512"), (
+                assert (fma is not None) == (effective == variant.name in ("avx512", "avx2")), (
                     variant.name,
                     kind,
                 )

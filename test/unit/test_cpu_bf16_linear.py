@@ -36,7 +36,9 @@ SHAPES = [
 def _paths(ops) -> list[bool]:
     impl = ops.bf16_linear_impl()
     if impl == "":
-        pytest.skip(f"the {ops.isa()} build has no AVX-512: bf16_linear is refused there (tested below)")
+        pytest.skip(
+            f"the {ops.isa()} build has no AVX-512 or AVX2: bf16_linear is refused there (tested below)"
+        )
     return [True, False] if impl == "amx" else [False]
 
 
@@ -91,7 +93,7 @@ def test_bad_input_is_refused(ops):
     packed = pack_bf16_kpairs(w)
     x = torch.randn(2, 40).bfloat16()
     if ops.bf16_linear_impl() == "":
-        with pytest.raises(RuntimeError, match="has no AVX-512"):
+        with pytest.raises(RuntimeError, match="has no AVX-512 / AVX2"):
             ops.bf16_linear(x, packed, 20)
         return
     with pytest.raises(RuntimeError, match="packed must be"):
@@ -136,7 +138,7 @@ def test_platform_picks_the_kernel_on_amx_and_amd(monkeypatch):
     """The CPU platform's packed bf16 linear is bf16_linear's pair where the kernel build runs AMX
     and the CPU kind (SGLANG_CPU_FLAGS_OVERRIDE included) has it, and its vdpbf16ps pair (every row
     count, no fused gate) on AMD's AVX512-BF16, its FMA path where the kind is AVX-512 without BF16
-    (the avx512 build caps the kind); oneDNN's copy elsewhere (Intel's AVX512-BF16 without AMX, an
+    or AVX2 (the avx512 / avx2 builds cap the kind); oneDNN's copy elsewhere (Intel's AVX512-BF16 without AMX, an
     emulated kind: no vendor)."""
     from sglang.srt.platforms import cpu as cpu_platform
 
@@ -171,9 +173,9 @@ def test_platform_picks_the_kernel_on_amx_and_amd(monkeypatch):
                 the_kind = cpu_platform.cpu_kind(cpu_platform.effective_cpu_flags())
                 vec = amx is None and the_kind == "avx512-bf16" and real_vendor == "AuthenticAMD"
                 vec = vec and ops.bf16_linear_impl() == "avx512-bf16"
-                # the avx512 build on this CPU emulates AVX-512 without BF16: its FMA path
-                # (test_cpu_bf16_fma.py)
-                fma = amx is None and the_kind == "avx512" and ops.bf16_linear_impl() == "avx512-fma"
+                # the avx512 / avx2 builds on this CPU emulate AVX-512 without BF16 / AVX2: their
+                # FMA paths (test_cpu_bf16_fma.py)
+                fma = amx is None and ops.bf16_linear_impl() == f"{the_kind}-fma"
                 pair = platform.prepacked_linear(torch.bfloat16, cpu)
                 is_kernel = pair is not None and isinstance(pair[1], Bf16PackedLinear)
                 assert is_kernel == (amx is not None or vec or fma), (variant, kind, vendor)

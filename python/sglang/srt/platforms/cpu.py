@@ -156,6 +156,8 @@ def _proc_cpu_vendor() -> str:
 # bf16 4.7-5.5x float32 from 32 rows on, docs/notes/2026-11-step-breakdown.md). On the Intel Xeon
 # measured without AMX it runs at half the FMA rate, hence FLOAT32_GEMM_MIN_TOKENS there.
 FAST_BF16_DOT_VENDORS = frozenset({"AuthenticAMD"})
+# the kinds whose packed bf16 linear is the kernels' FMA path, and the build answer it needs
+_FMA_IMPLS = {"avx512": "avx512-fma", "avx2": "avx2-fma"}
 
 
 def effective_cpu_vendor() -> str:
@@ -321,7 +323,11 @@ class CpuPlatform(Platform):
         if choice is None or device.type != "cpu":
             return self._bf16_linear(dtype, device)
         if choice.bf16_gemm_max_tokens is not None and dtype == torch.float32:
-            return self._mixed_linears().bf16_copies(choice.bf16_gemm_max_tokens)
+            fma = self.kernels.bf16_fma()  # AVX2: the copies on the FMA path, read once for all rows
+            if fma is None:
+                return self._mixed_linears().bf16_copies(choice.bf16_gemm_max_tokens)
+            max_tokens = max(choice.bf16_gemm_max_tokens, cpu_linears.BF16_FMA_COPY_MAX_ROWS)
+            return self._mixed_linears().bf16_copies(max_tokens, cpu_linears.bf16_fma_copies(fma))
         packed = self._bf16_linear(dtype, device)
         if choice.float32_gemm_min_tokens is not None and dtype == torch.bfloat16:
             min_tokens = choice.float32_gemm_min_tokens
@@ -354,13 +360,13 @@ class CpuPlatform(Platform):
 
     def bf16_fma_kernels(self) -> Optional[Any]:
         """The avx512 build on AVX-512 CPUs without BF16 (Cascade Lake / Skylake-SP: the `avx512`
-        kind): its `bf16_linear` widens each packed bf16 weight pair by a shift and a mask and runs
-        float32 FMAs, reading the bf16 weights once per call for all rows, where oneDNN's bf16
-        linear converts in slow fallback paths (cpu_linears.py); else None."""
-        if cpu_kind(effective_cpu_flags()) != "avx512":
-            return None
-        ops = self.kernels.fused()
-        return ops if ops is not None and getattr(ops, "bf16_linear_impl", str)() == "avx512-fma" else None
+        kind), the avx2 build on AVX2 CPUs: their `bf16_linear` widens each packed bf16 weight pair
+        by a shift and a mask and runs float32 FMAs, reading the bf16 weights once per call for all
+        rows, where oneDNN's bf16 linear converts in slow fallback paths (cpu_linears.py); else
+        None. (AVX2's `--dtype auto` runs float32, so only an explicit bf16 takes it there.)"""
+        impl = _FMA_IMPLS.get(cpu_kind(effective_cpu_flags()))
+        ops = self.kernels.fused() if impl is not None else None
+        return ops if ops is not None and getattr(ops, "bf16_linear_impl", str)() == impl else None
 
     def amx_linear_kernels(self) -> Optional[Any]:
         # AMX as the kind says (an emulated kind without it keeps oneDNN's copy) and as the build says

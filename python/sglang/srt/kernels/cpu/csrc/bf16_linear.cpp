@@ -13,7 +13,9 @@
 //     avx512 build (AVX-512 without BF16) the same tiles with each weight pair widened to float32 by
 //     a shift and a mask and two FMAs per row, on x widened once per call (bf16_linear_impl()
 //     "avx512-fma"): weights still read once per call, as bf16.
-// Builds without AVX-512 answer bf16_linear_impl() == "" and refuse the call.
+//   avx2 build ("avx2-fma"): the same widening on each block's two 8-lane halves, one row at a time
+//     per task of 4 column blocks (the task's weights stay in L2 between rows).
+// The portable build answers bf16_linear_impl() == "" and refuses the call.
 // swiglu (both paths): a [gate; up] weight's tiles pair gate block j with up block j + N / 32, and
 // the epilogue stores silu(gate) * up (silu_vec.h) of the bf16 values the plain call would store:
 // [M, N / 2] (layers/linear_bf16_packed.py `Bf16PackedLinear.swiglu`).
@@ -43,6 +45,12 @@
 #if defined(__AVX512BF16__)
 #define SGL_BF16_DOT 1  // vdpbf16ps; without it (the avx512 build) each pair is widened by shifts
 #endif
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+#include "vec_exp2.h"  // before silu_vec.h, which uses it
+#include "silu_vec.h"
+#define SGL_BF16_LINEAR_AVX2 1  // the avx2 build: 8-lane halves of each block, widened by shifts
 #endif
 #if defined(SGL_BF16_DOT) && defined(__AMX_TILE__) && defined(__AMX_BF16__)
 #include <cpuid.h>
@@ -54,7 +62,7 @@
 #endif
 
 namespace {
-#if defined(SGL_BF16_LINEAR)
+#if defined(SGL_BF16_LINEAR) || defined(SGL_BF16_LINEAR_AVX2)
 constexpr int64_t kLanes = 16;  // output columns per packed block
 constexpr int64_t kKAlign = 32;  // Kp: K rounded up to one AMX tile row of bf16
 
@@ -68,8 +76,11 @@ struct Args {
   const uint16_t* tail = nullptr;  // AMX: rows [full, M) zero-padded to whole 16-row tiles, stride Kp
   int64_t ldo = 0;  // the output's row stride: N, or N / 2 under the SwiGLU epilogue
   int64_t half = 0;  // the SwiGLU epilogue ([gate; up] weight): N / 32 blocks a half; else 0
-  const float* xf = nullptr;  // the avx512 build (no BF16): x widened to float32, [M, Kp], zero past K
+  const float* xf = nullptr;  // the avx512 / avx2 builds: x widened to float32, [M, Kp], zero past K
 };
+#endif
+
+#if defined(SGL_BF16_LINEAR)
 
 // the 16 rows of x from row r (a multiple of 16) as an A tile source, and its stride in bytes
 inline const uint16_t* a_rows(const Args& g, int64_t r, int64_t& stride) {
@@ -198,6 +209,102 @@ void gemm_vec(const Args& g) {
   });
 }
 
+#endif  // SGL_BF16_LINEAR
+
+#if defined(SGL_BF16_LINEAR_AVX2)
+// ------------------------------------------------------------------- AVX2: 8-lane halves of a block
+// 8 float32 lanes rounded to bf16 bits, to nearest even (as round_bf16 above)
+inline __m128i round_bf16_8(__m256 v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), lsb), 16);
+  return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));  // each <= 0xFFFF
+}
+inline __m256 widen8(__m128i bits) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16)); }
+inline __m256 as_bf16_8(__m256 v) { return widen8(round_bf16_8(v)); }
+
+// a block's 16 bias values from column c0 (n of them real) as two halves
+inline void bias_halves(const uint16_t* bias, int64_t c0, int64_t n, __m256 out[2]) {
+  alignas(16) uint16_t tmp[16] = {};
+  if (bias != nullptr) std::memcpy(tmp, bias + c0, static_cast<size_t>(std::min<int64_t>(n, kLanes)) * 2);
+  out[0] = widen8(_mm_load_si128(reinterpret_cast<const __m128i*>(tmp)));
+  out[1] = widen8(_mm_load_si128(reinterpret_cast<const __m128i*>(tmp + 8)));
+}
+inline void store_halves(uint16_t* p, const __m256 v[2], int64_t n) {
+  alignas(16) uint16_t tmp[16];
+  _mm_store_si128(reinterpret_cast<__m128i*>(tmp), round_bf16_8(v[0]));
+  _mm_store_si128(reinterpret_cast<__m128i*>(tmp + 8), round_bf16_8(v[1]));
+  std::memcpy(p, tmp, static_cast<size_t>(std::min<int64_t>(n, kLanes)) * 2);
+}
+
+// row i of x x the NB column blocks bl[0 .. NB) (under the SwiGLU epilogue the first NB / 2 gate
+// blocks, then their up blocks): two FMAs per half per pair, on the pair widened by a shift / a mask
+template <int NB>
+void vec_row8(const Args& g, int64_t i, const int64_t* bl) {
+  const int64_t pairs = g.Kp / 2, bstride = pairs * kLanes;
+  __m256 a[NB][2];
+  for (int b = 0; b < NB; ++b) a[b][0] = a[b][1] = _mm256_setzero_ps();
+  const float* x = g.xf + i * g.Kp;
+  const __m256i hi_mask = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  for (int64_t p = 0; p < pairs; ++p) {
+    const __m256 xl = _mm256_broadcast_ss(x + 2 * p), xh = _mm256_broadcast_ss(x + 2 * p + 1);
+    for (int b = 0; b < NB; ++b) {
+      const uint32_t* w = g.w + bl[b] * bstride + p * kLanes;
+      for (int h = 0; h < 2; ++h) {
+        const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 8 * h));
+        a[b][h] = _mm256_fmadd_ps(xl, _mm256_castsi256_ps(_mm256_slli_epi32(wv, 16)), a[b][h]);
+        a[b][h] = _mm256_fmadd_ps(xh, _mm256_castsi256_ps(_mm256_and_si256(wv, hi_mask)), a[b][h]);
+      }
+    }
+  }
+  __m256 bv[2], bu[2], v[2];
+  if (g.half > 0) {  // whole blocks: silu(gate) * up of the bf16-rounded values
+    for (int b = 0; b < NB / 2; ++b) {
+      const int64_t cg = bl[b] * kLanes, cu = bl[b + NB / 2] * kLanes;
+      bias_halves(g.bias, cg, kLanes, bv);
+      bias_halves(g.bias, cu, kLanes, bu);
+      for (int h = 0; h < 2; ++h)
+        v[h] = sgl_vec::silu_mul8_bf16(as_bf16_8(_mm256_add_ps(a[b][h], bv[h])),
+                                       as_bf16_8(_mm256_add_ps(a[b + NB / 2][h], bu[h])));
+      store_halves(g.out + i * g.ldo + cg, v, kLanes);
+    }
+    return;
+  }
+  for (int b = 0; b < NB; ++b) {
+    const int64_t c0 = bl[b] * kLanes;
+    bias_halves(g.bias, c0, g.N - c0, bv);
+    for (int h = 0; h < 2; ++h) v[h] = _mm256_add_ps(a[b][h], bv[h]);
+    store_halves(g.out + i * g.ldo + c0, v, g.N - c0);
+  }
+}
+
+// tasks of 4 column blocks (the SwiGLU epilogue: 2 gate blocks and their up blocks), row by row
+// (the task's weights stay in L2 between rows)
+void gemm_vec8(const Args& g) {
+  const int64_t h = g.half, tasks = h > 0 ? (h + 1) / 2 : (g.blocks + 3) / 4;
+  at::parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      for (int64_t i = 0; i < g.M; ++i) {
+        if (h > 0) {
+          const int64_t b = 2 * t;
+          const int64_t two[4] = {b, b + 1, b + h, b + 1 + h}, one[2] = {b, b + h};
+          if (h - b >= 2) vec_row8<4>(g, i, two); else vec_row8<2>(g, i, one);
+          continue;
+        }
+        const int64_t b0 = t * 4;
+        if (g.blocks - b0 >= 4) {
+          const int64_t bl[4] = {b0, b0 + 1, b0 + 2, b0 + 3};
+          vec_row8<4>(g, i, bl);
+        } else {
+          for (int64_t b = b0; b < g.blocks; ++b) vec_row8<1>(g, i, &b);
+        }
+      }
+    }
+  });
+}
+#endif
+
+#if defined(SGL_BF16_LINEAR)
 // --------------------------------------------------------------------------------- AMX-BF16 tiles
 #if defined(SGL_BF16_LINEAR_AMX)
 // CPUID leaf 7 EDX bit 22 (AMX-BF16) and 24 (AMX-TILE), and the kernel's permission for the tile data
@@ -440,6 +547,32 @@ void check_packed(const char* name, const at::Tensor& x, const at::Tensor& packe
 }
 }  // namespace
 
+#if defined(SGL_BF16_LINEAR_AVX2) || (defined(SGL_BF16_LINEAR) && !defined(SGL_BF16_DOT))
+#define SGL_BF16_FMA 1  // the FMA paths (avx512 / avx2 builds)
+namespace {
+// x [M, K] (row stride ldx) widened to float32 once into a zero-padded scratch kept by the calling
+// thread (K to Kp), then the build's FMA tiles
+void gemm_widened(Args& g, const uint16_t* xp, int64_t ldx, int64_t K) {
+  thread_local std::vector<float> widened;
+  if (widened.size() < static_cast<size_t>(g.M * g.Kp)) widened.resize(static_cast<size_t>(g.M * g.Kp));
+  for (int64_t i = 0; i < g.M; ++i) {
+    float* row = widened.data() + i * g.Kp;
+    for (int64_t k = 0; k < K; ++k) {
+      const uint32_t bits = static_cast<uint32_t>(xp[i * ldx + k]) << 16;
+      std::memcpy(row + k, &bits, 4);
+    }
+    std::fill(row + K, row + g.Kp, 0.f);
+  }
+  g.xf = widened.data();
+#if defined(SGL_BF16_LINEAR_AVX2)
+  gemm_vec8(g);
+#else
+  gemm_vec(g);
+#endif
+}
+}  // namespace
+#endif
+
 std::string bf16_linear_impl() {
 #if defined(SGL_BF16_LINEAR_AMX)
   if (amx_bf16_ready()) return "amx";
@@ -448,6 +581,8 @@ std::string bf16_linear_impl() {
   return "avx512-bf16";
 #elif defined(SGL_BF16_LINEAR)
   return "avx512-fma";
+#elif defined(SGL_BF16_LINEAR_AVX2)
+  return "avx2-fma";
 #else
   return "";
 #endif
@@ -455,7 +590,7 @@ std::string bf16_linear_impl() {
 
 at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N, const std::optional<at::Tensor>& bias,
                        bool use_amx, bool swiglu) {
-  TORCH_CHECK(!bf16_linear_impl().empty(), "bf16_linear: this build of the CPU kernels has no AVX-512");
+  TORCH_CHECK(!bf16_linear_impl().empty(), "bf16_linear: this build of the CPU kernels has no AVX-512 / AVX2");
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.dim() == 2 && x.stride(1) == 1,
               "bf16_linear: x must be a bf16 [M, K] tensor with contiguous rows");
   check_packed("bf16_linear", x, packed, N, bias, at::kBFloat16);
@@ -463,7 +598,7 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N,
               "bf16_linear: swiglu needs N a multiple of 32 (each half whole 16-column blocks), got N = ", N);
   const int64_t M = x.size(0), K = x.size(1), Kp = (K + 31) / 32 * 32, blocks = (N + 15) / 16;
   auto out = at::empty({M, swiglu ? N / 2 : N}, x.options());
-#if defined(SGL_BF16_LINEAR)
+#if defined(SGL_BF16_LINEAR) || defined(SGL_BF16_LINEAR_AVX2)
   if (M == 0 || N == 0) return out;
   bool amx = false;
 #if defined(SGL_BF16_LINEAR_AMX)
@@ -498,22 +633,10 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N,
     return out;
   }
 #endif
-#if !defined(SGL_BF16_DOT)
-  // x widened to float32 once into a zero-padded scratch kept by the calling thread (K to Kp)
-  thread_local std::vector<float> widened;
-  if (widened.size() < static_cast<size_t>(M * Kp)) widened.resize(static_cast<size_t>(M * Kp));
-  for (int64_t i = 0; i < M; ++i) {
-    float* row = widened.data() + i * Kp;
-    for (int64_t k = 0; k < K; ++k) {
-      const uint32_t bits = static_cast<uint32_t>(xp[i * x.stride(0) + k]) << 16;
-      std::memcpy(row + k, &bits, 4);
-    }
-    std::fill(row + K, row + Kp, 0.f);
-  }
-  g.xf = widened.data();
-  gemm_vec(g);
-  return out;
-#endif
+#if defined(SGL_BF16_FMA)
+  (void)amx;
+  gemm_widened(g, xp, x.stride(0), K);
+#else
   // x copied into a zero-padded scratch kept by the calling thread: K to Kp, and for AMX the rows
   // to whole 16-row tiles
   const int64_t rows = amx ? (M + 15) / 16 * 16 : M;
@@ -535,6 +658,7 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N,
   }
 #endif
   gemm_vec(g);
+#endif
 #else
   (void)use_amx;
   (void)swiglu;
