@@ -70,7 +70,7 @@ def main() -> None:
             runs.append((mode, None))
     print(
         f"torch {torch.__version__}, threads {args.threads}, ONEDNN_MAX_CPU_ISA={os.environ.get('ONEDNN_MAX_CPU_ISA', '-')}, "
-        f"SGLANG_CPU_ISA={os.environ.get('SGLANG_CPU_ISA', '-')}, auto -> {cpu.choose_dtype().mode}"
+        f"SGLANG_CPU_ISA={os.environ.get('SGLANG_CPU_ISA', '-')}, auto -> {cpu.CpuPlatform().auto_dtype_choice().mode}"
     )
     from sglang.srt.platforms import fresh_platforms
 

@@ -257,7 +257,9 @@ def cpu_info() -> dict:
         "flags": isa_flags(effective),
         "emulated": kind != native_kind,
         "emulation_env": env,
-        "ours_auto_dtype": cpu.choose_dtype().mode,  # as the server chooses (flags, vendor)
+        "ours_auto_dtype": cpu.CpuPlatform()
+        .auto_dtype_choice()
+        .mode,  # as the server chooses (flags, vendor, kernels)
     }
 
 

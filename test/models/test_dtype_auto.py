@@ -1,8 +1,9 @@
 """`--dtype auto` on a CPU without native bf16 (AVX2 flags simulated): the embedded SmolLM2 runs in
 float32 with bf16 weight copies for single-sequence decode (layers/linear_mixed.py), says so in its
 log, and gives the same greedy tokens as plain float32 for a few prompts decoded one at a time
-(every decode step through the bf16 copies), prefilled in chunks. With native bf16, auto is bf16
-(AVX512-BF16 without AMX: float32 GEMMs for prefill-sized linears)."""
+(every decode step through the bf16 copies), prefilled in chunks (with the machine's own kernel build,
+which has no AVX2 FMA bf16 linear). With native bf16, auto is bf16 (AVX512-BF16 without AMX: float32
+GEMMs for prefill-sized linears), and so is AVX2 with its own kernel build."""
 
 from __future__ import annotations
 
@@ -77,11 +78,18 @@ def test_auto_on_avx2_is_float32_with_bf16_decode_and_matches_float32(prompts_id
     assert auto_ids == f32_ids
 
 
-@pytest.mark.parametrize("kind", ["avx512-bf16"])  # amx: plain bf16, test_smollm2_gguf.py
+@pytest.mark.parametrize("kind", ["avx512-bf16", "avx2"])  # amx: plain bf16, test_smollm2_gguf.py
 def test_auto_with_native_bf16_is_bf16(prompts_ids, monkeypatch, kind):
-    """AMX: plain bf16; AVX512-BF16 without AMX: bf16 with float32 copies for prefill-sized linears;
-    both give the peers' greedy ids for the "Paris" prompt (whole prompt, then one-token decodes)."""
+    """AMX: plain bf16; AVX512-BF16 without AMX, and AVX2 with its kernel build (the FMA bf16
+    linear, platforms/cpu.py): bf16 with float32 copies for prefill-sized linears; all give the
+    peers' greedy ids for the "Paris" prompt (whole prompt, then one-token decodes)."""
     monkeypatch.setenv("SGLANG_CPU_FLAGS_OVERRIDE", kind)
+    if kind == "avx2":
+        from sglang.srt.kernels.cpu import isa
+
+        if "avx2" not in [v.name for v in isa.runnable_variants()]:
+            pytest.skip("this CPU does not run the avx2 kernel build")
+        monkeypatch.setenv("SGLANG_CPU_ISA", "avx2")
     path, prompts = prompts_ids
     h, ids = _greedy(path, prompts[:1], "auto")
     model = h.scheduler.runner.model
@@ -91,6 +99,6 @@ def test_auto_with_native_bf16_is_bf16(prompts_ids, monkeypatch, kind):
         for m in model.modules()
         if isinstance(getattr(m, "packed_weight", None), tuple)
     }
-    assert (linear_mixed.Float32PrefillWeight in kinds) == (kind == "avx512-bf16")
+    assert linear_mixed.Float32PrefillWeight in kinds
     assert linear_mixed.MixedWeight not in kinds
     assert ids[0] == [7042, 30, 198, 198, 504, 2988, 314, 42][:NEW_TOKENS]

@@ -1,8 +1,8 @@
 """bf16 linears on CPUs without bf16 dot products: on AVX-512 without BF16 (the `avx512` kind:
 Cascade Lake / Skylake-SP) and on AVX2 the avx512 / avx2 build's `bf16_linear` (each packed bf16
 weight pair widened by a shift and a mask, float32 FMAs; kernels/cpu/csrc/bf16_linear.cpp) is the
-platform's packed bf16 linear, under an explicit bf16 dtype at every row count and (avx512 kind)
-under `--dtype auto` below the float32 copies' threshold. The kinds are emulated by
+platform's packed bf16 linear, under an explicit bf16 dtype at every row count and under
+`--dtype auto` (a bf16 model on both kinds then) below the float32 copies' threshold. The kinds are emulated by
 SGLANG_CPU_FLAGS_OVERRIDE / SGLANG_CPU_ISA on any CPU that runs the build.
 The kernel's own parity (every shape, bias, the SwiGLU epilogue) is test_cpu_bf16_linear.py's and
 test_cpu_bf16_swiglu.py's on every build this CPU runs."""
@@ -16,12 +16,7 @@ import torch.nn.functional as F
 from sglang.srt.configs.model_config import resolve_dtype
 from sglang.srt.kernels.cpu import isa
 from sglang.srt.layers.linear_bf16_packed import Bf16PackedLinear
-from sglang.srt.layers.linear_mixed import (
-    Float32PrefillWeight,
-    _plain_bf16,
-    float32_prefill_linear,
-    mixed_linear,
-)
+from sglang.srt.layers.linear_mixed import Float32PrefillWeight, float32_prefill_linear
 from sglang.srt.platforms import cpu, cpu_linears, fresh_platforms, get_platform
 
 CPU = torch.device("cpu")
@@ -72,39 +67,35 @@ def _check_fma_path(platform, impl: str) -> None:
     assert torch.equal(kernel.swiglu(x, pack(w), None), ops.silu_and_mul(plain))
 
 
-def test_avx2_auto_runs_its_bf16_copies_on_the_fma_path(monkeypatch):
-    """AVX2's `--dtype auto` runs float32 with bf16 weight copies for small inputs: with the avx2
-    build those copies are packed for the FMA path (no plain copy kept) and take inputs of up to
-    BF16_FMA_COPY_MAX_ROWS rows (torch's bf16 F.linear: one row only); larger inputs run the float32
-    weight exactly."""
+def test_avx2_auto_is_bf16_with_float32_prefill_copies(monkeypatch):
+    """With the avx2 build, AVX2's `--dtype auto` is the avx512 kind's scheme: a bf16 model whose
+    calls below FLOAT32_GEMM_MIN_TOKENS rows take the FMA path and larger ones float32 copies."""
     with fresh_platforms():
         platform = _emulate(monkeypatch, "avx2")
-        assert resolve_dtype("auto", None, device="cpu") == torch.float32
-        pack, kernel = platform.prepacked_linear(torch.float32, CPU)
-        assert kernel is mixed_linear
-        g = torch.Generator().manual_seed(1)
-        w, bias = torch.randn(80, 48, generator=g), torch.randn(80, generator=g)
+        assert resolve_dtype("auto", None, device="cpu") == torch.bfloat16
+        assert platform.dtype_choice.kind == "avx2"
+        pack, kernel = platform.prepacked_linear(torch.bfloat16, CPU)
+        assert kernel is float32_prefill_linear
+        w = torch.randn(80, 48).bfloat16()
         packed = pack(w)
-        limit = cpu_linears.BF16_FMA_COPY_MAX_ROWS
-        assert packed.max_tokens == limit > 1 and packed.bf16_kernel is not _plain_bf16
-        kpairs, n = packed.bf16
-        assert n == 80 and kpairs.dtype == torch.int32  # the packed copy only
-        for rows in (1, 8, limit):
-            x = torch.randn(rows, 48, generator=g)
-            want = F.linear(x.bfloat16().float(), w.bfloat16().float()).bfloat16().float() + bias
-            torch.testing.assert_close(kernel(x, packed, bias), want, atol=0.05, rtol=0.02)
-        x = torch.randn(limit + 1, 48, generator=g)
-        assert torch.equal(kernel(x, packed, bias), F.linear(x, w, bias))
+        assert isinstance(packed.small_kernel, Bf16PackedLinear)
+        assert packed.min_tokens == cpu.FLOAT32_GEMM_MIN_TOKENS
+        for rows in (1, 8, cpu.FLOAT32_GEMM_MIN_TOKENS):
+            x = torch.randn(rows, 48).bfloat16()
+            torch.testing.assert_close(
+                kernel(x, packed, None).float(), F.linear(x.float(), w.float()), atol=0.05, rtol=0.02
+            )
 
 
-def test_without_the_fma_path_the_copies_take_one_row(monkeypatch):
-    """The portable build (a CPU without AVX2): torch's bf16 F.linear on the plain copy, one row."""
+def test_without_the_fma_path_avx2_auto_stays_float32(monkeypatch):
+    """An AVX2 kind whose kernel build has no FMA path (here: the kind overridden while the
+    machine's own build runs; or SGLANG_CPU_KERNELS=0): float32 with one-row bf16 copies."""
     with fresh_platforms():
-        _emulate(monkeypatch, "portable")
+        monkeypatch.setenv("SGLANG_CPU_FLAGS_OVERRIDE", "avx2")
+        monkeypatch.delenv("SGLANG_CPU_ISA", raising=False)
+        monkeypatch.setenv("SGLANG_CPU_KERNELS", "0")
         assert resolve_dtype("auto", None, device="cpu") == torch.float32
-        pack, kernel = get_platform("cpu").prepacked_linear(torch.float32, CPU)
-        packed = pack(torch.randn(8, 4))
-        assert packed.max_tokens == 1 and packed.bf16_kernel is _plain_bf16
+        assert get_platform("cpu").dtype_choice.bf16_gemm_max_tokens == 1
 
 
 def test_auto_keeps_float32_copies_for_prefill_only(avx512_kind):

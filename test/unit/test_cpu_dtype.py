@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from sglang.srt.configs.model_config import resolve_dtype
 from sglang.srt.layers import linear_mixed
-from sglang.srt.platforms import cpu, fresh_platforms, get_platform
+from sglang.srt.platforms import cpu, cpu_kinds, fresh_platforms, get_platform
 from sglang.srt.platforms import kernel_dispatch as dispatch
 
 AMD_EPYC_ROME = (  # /proc/cpuinfo flags of an AVX2-only AMD EPYC (Zen 2), abridged
@@ -82,8 +82,8 @@ def test_vendor_read_from_cpuinfo_and_ignored_under_an_override(tmp_path, monkey
     info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu avx2\n")
     assert isa.cpu_vendor(str(info)) == "AuthenticAMD"
     assert isa.cpu_vendor(str(tmp_path / "missing")) == ""
-    monkeypatch.setattr(cpu, "_proc_cpu_vendor", lambda: "AuthenticAMD")
-    monkeypatch.setattr(cpu, "_proc_cpu_flags", lambda: frozenset(ZEN5.split()))
+    monkeypatch.setattr(cpu_kinds, "_proc_cpu_vendor", lambda: "AuthenticAMD")
+    monkeypatch.setattr(cpu_kinds, "_proc_cpu_flags", lambda: frozenset(ZEN5.split()))
     assert cpu.choose_dtype().float32_gemm_min_tokens is None  # this CPU's vendor
     monkeypatch.setenv("SGLANG_CPU_FLAGS_OVERRIDE", "avx512-bf16")  # an emulated kind: no vendor
     assert cpu.choose_dtype().float32_gemm_min_tokens is not None
@@ -145,7 +145,7 @@ def test_proc_flags_are_read_once(monkeypatch):
     calls = []
     from sglang.srt.kernels.cpu import isa
 
-    cpu._proc_cpu_flags.cache_clear()
+    cpu_kinds._proc_cpu_flags.cache_clear()
     monkeypatch.setattr(
         isa, "cpu_flags", lambda path="/proc/cpuinfo": calls.append(path) or frozenset({"avx2", "fma"})
     )
@@ -154,7 +154,7 @@ def test_proc_flags_are_read_once(monkeypatch):
         assert cpu.choose_dtype().kind == "avx2"
         assert len(calls) == 1
     finally:
-        cpu._proc_cpu_flags.cache_clear()
+        cpu_kinds._proc_cpu_flags.cache_clear()
 
 
 def test_log_line_and_state(monkeypatch, caplog):
@@ -316,8 +316,8 @@ def test_prefill_attention_dtype_per_kind(monkeypatch, kind, want):
 @pytest.mark.parametrize("vendor, want", [("AuthenticAMD", torch.bfloat16), ("GenuineIntel", torch.float32)])
 def test_prefill_attention_dtype_by_vendor(monkeypatch, vendor, want):
     """AMD's AVX512-BF16 keeps bf16 prefill attention (its bf16 dot products beat float32 FMAs)."""
-    monkeypatch.setattr(cpu, "_proc_cpu_vendor", lambda: vendor)
-    monkeypatch.setattr(cpu, "_proc_cpu_flags", lambda: frozenset(ZEN5.split()))
+    monkeypatch.setattr(cpu_kinds, "_proc_cpu_vendor", lambda: vendor)
+    monkeypatch.setattr(cpu_kinds, "_proc_cpu_flags", lambda: frozenset(ZEN5.split()))
     with fresh_platforms():
         assert dispatch.prefill_attention_dtype(torch.device("cpu"), torch.bfloat16) == want
 

@@ -26,7 +26,7 @@ import functools
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -34,19 +34,13 @@ import torch.nn.functional as F
 logger = logging.getLogger(__name__)
 
 
-def _plain_bf16(x: torch.Tensor, weight: torch.Tensor, bias: None) -> torch.Tensor:
-    return F.linear(x, weight)
-
-
 @dataclass
 class MixedWeight:
-    """A linear's float32 weight and, where memory allowed, its bf16 copy (in the form
-    `bf16_kernel` takes: the plain copy for F.linear, or the platform's packed form)."""
+    """A linear's float32 weight and, where memory allowed, its bf16 copy."""
 
     float32: torch.Tensor
-    bf16: Optional[Any]
+    bf16: Optional[torch.Tensor]
     max_tokens: int
-    bf16_kernel: Callable = _plain_bf16
 
 
 class CopyBudget:
@@ -79,20 +73,10 @@ class CopyBudget:
             return False
 
 
-def pack(
-    weight: torch.Tensor,
-    max_tokens: int,
-    budget: CopyBudget,
-    small: Optional[tuple[Callable, Callable]] = None,
-) -> MixedWeight:
-    """`small`: the (pack, kernel) pair the bf16 copy runs on (kernel(x bf16, packed, None) -> bf16),
-    else plain F.linear on the copy."""
+def pack(weight: torch.Tensor, max_tokens: int, budget: CopyBudget) -> MixedWeight:
     weight = weight.detach()
     copy = weight.to(torch.bfloat16).contiguous() if budget.take(weight.numel() * 2) else None
-    if copy is None or small is None:
-        return MixedWeight(weight, copy, max_tokens)
-    small_pack, small_kernel = small
-    return MixedWeight(weight, small_pack(copy), max_tokens, small_kernel)
+    return MixedWeight(weight, copy, max_tokens)
 
 
 def mixed_linear(x: torch.Tensor, w: MixedWeight, bias: Optional[torch.Tensor]) -> torch.Tensor:
@@ -100,7 +84,7 @@ def mixed_linear(x: torch.Tensor, w: MixedWeight, bias: Optional[torch.Tensor]) 
     `w.max_tokens` tokens."""
     if w.bf16 is None or x.shape[0] > w.max_tokens:
         return F.linear(x, w.float32, bias)
-    out = w.bf16_kernel(x.to(torch.bfloat16), w.bf16, None).float()
+    out = F.linear(x.to(torch.bfloat16), w.bf16).float()
     return out if bias is None else out + bias
 
 
@@ -158,15 +142,12 @@ class MixedLinears:
         self.budget = CopyBudget(copy_budget_bytes)
         self._backends: dict[tuple[str, int], tuple[Callable, Callable]] = {}
 
-    def bf16_copies(
-        self, max_tokens: int, small: Optional[tuple[Callable, Callable]] = None
-    ) -> tuple[Callable, Callable]:
-        """Float32 linears reading a bf16 weight copy for inputs of at most `max_tokens` rows (on
-        `small`, the platform's (pack, kernel) pair for the copy, else plain F.linear)."""
+    def bf16_copies(self, max_tokens: int) -> tuple[Callable, Callable]:
+        """Float32 linears reading a bf16 weight copy for inputs of at most `max_tokens` rows."""
         key = ("bf16", max_tokens)
         if key not in self._backends:
             self._backends[key] = (
-                functools.partial(pack, max_tokens=max_tokens, budget=self.budget, small=small),
+                functools.partial(pack, max_tokens=max_tokens, budget=self.budget),
                 mixed_linear,
             )
             logger.info(

@@ -35,13 +35,6 @@ BF16_VEC_LINEAR_MAX_ROWS = sys.maxsize
 # float32 copies keep prefill chunks as they were: no real CPU of the kind measured yet.
 # benchmark/vs_vllm/bf16_linear_ab.py --build avx512, docs/benchmarks.md, 2026-11-30.
 BF16_FMA_FLOAT32_MIN_ROWS = 256
-# AVX2 (`--dtype auto`: float32 model, bf16 weight copies for small inputs): the copies on the avx2
-# build's FMA path (read once for all rows, where torch's bf16 F.linear reads them once per row)
-# for inputs of up to this many rows. Emulated on [zen4] (SGLANG_CPU_FLAGS_OVERRIDE=avx2,
-# ONEDNN_MAX_CPU_ISA=AVX2, ATEN_CPU_CAPABILITY=avx2), SmolLM2's shapes over 30 layers, 2 threads,
-# against the float32 F.linear: 0.19-0.26x at 1-4 rows, 0.54x at 8, 0.67x at 16, 0.91x at 32,
-# 1.16x at 64. benchmark/vs_vllm/bf16_linear_ab.py --build avx2, docs/benchmarks.md, 2026-11-30.
-BF16_FMA_COPY_MAX_ROWS = 32
 
 
 def bf16_linear(
@@ -50,7 +43,7 @@ def bf16_linear(
     """(pack, kernel) for bf16 weights on `device`, or None (plain F.linear). `amx`: the kernel
     build where its bf16 linears run AMX here (`Platform.amx_linear_kernels`); `vec`: the build
     where they run vdpbf16ps and beat oneDNN (AMD's AVX512-BF16, `CpuPlatform.bf16_vec_kernels`),
-    or float32 FMAs on shift-widened weights (AVX-512 without BF16, `bf16_fma_kernels`).
+    or float32 FMAs on shift-widened weights (AVX-512 without BF16 and AVX2, `bf16_fma_kernels`).
     Elsewhere (Intel's AVX512-BF16 without AMX: unmeasured there) oneDNN's copy."""
     if dtype != torch.bfloat16 or device.type != "cpu":
         return None
@@ -73,21 +66,6 @@ def bf16_linear(
             narrow_max_rows=BF16_LINEAR_NARROW_MAX_ROWS,
         ).pair()
     return onednn_linear()
-
-
-def bf16_fma_copies(ops: Any) -> tuple[Any, Any]:
-    """(pack, kernel) for a float32 model's bf16 weight copies on the FMA path of `ops`
-    (`CpuPlatform.bf16_fma_kernels`): the copy kept packed in k pairs only (no plain copy)."""
-    from sglang.srt.layers.linear_bf16_packed import pack_bf16_kpairs
-
-    def pack(weight: torch.Tensor) -> tuple[torch.Tensor, int]:
-        return pack_bf16_kpairs(weight), weight.shape[0]
-
-    def kernel(x: torch.Tensor, packed: tuple[torch.Tensor, int], bias: None) -> torch.Tensor:
-        kpairs, n = packed
-        return ops.bf16_linear(x, kpairs, n, None, False, False)
-
-    return pack, kernel
 
 
 def onednn_linear() -> Optional[tuple[Any, Any]]:
