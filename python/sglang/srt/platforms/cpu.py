@@ -16,6 +16,7 @@ from sglang.srt.platforms.cpu_kinds import (  # noqa: F401 (re-exported: cpu.<na
     BF16_GEMM_MAX_TOKENS,
     CPU_KINDS,
     FAST_BF16_DOT_VENDORS,
+    FMA_BF16_IMPLS,
     FLOAT32_GEMM_MIN_TOKENS,
     KIND_ALIASES,
     KIND_FLAGS,
@@ -26,7 +27,6 @@ from sglang.srt.platforms.cpu_kinds import (  # noqa: F401 (re-exported: cpu.<na
     effective_cpu_vendor,
     fast_bf16_dot,
 )
-from sglang.srt.platforms.cpu_kinds import _FMA_IMPLS
 from sglang.srt.platforms.host_memory import PagePopulator, lazy_zeros
 
 logger = logging.getLogger(__name__)
@@ -182,7 +182,7 @@ class CpuPlatform(Platform):
         rows, where oneDNN's bf16 linear converts in slow fallback paths (cpu_linears.py); else
         None. With it, AVX2's `--dtype auto` is bf16 with float32 GEMMs from
         FLOAT32_GEMM_MIN_TOKENS rows (`choose_dtype`), as on AVX-512 without BF16."""
-        impl = _FMA_IMPLS.get(cpu_kind(effective_cpu_flags()))
+        impl = FMA_BF16_IMPLS.get(cpu_kind(effective_cpu_flags()))
         ops = self.kernels.fused() if impl is not None else None
         return ops if ops is not None and getattr(ops, "bf16_linear_impl", str)() == impl else None
 

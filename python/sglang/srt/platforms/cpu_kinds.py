@@ -30,13 +30,16 @@ KIND_FLAGS["amx"] = KIND_FLAGS["avx512-bf16"] | {"amx_tile", "amx_bf16", "amx_in
 KIND_ALIASES = {"avx512bf16": "avx512-bf16", "avx512vnni": "avx512", "portable": "generic"}
 _AVX512 = frozenset(f for f in KIND_FLAGS["amx"] if f.startswith(("avx512", "amx")))
 
-# Where bf16 GEMMs are not native (AVX2, generic): the model runs in float32, and linears over at
+# Where bf16 GEMMs are not native (AVX2 without the kernels' FMA bf16 linear, generic): the model
+# runs in float32, and linears over at
 # most this many tokens (one sequence decoding) read a bf16 copy of the weight instead (half the
 # bytes; torch's bf16 fallback reads the weight once per row, so it loses from two rows on).
 # Measured in docs/benchmarks.md ("--dtype auto on CPUs without native bf16").
 BF16_GEMM_MAX_TOKENS = 1
-# AVX-512 without AMX (with or without AVX512-BF16): bf16 model, but linears over at least this many tokens run float32 GEMMs
-# on float32 weight copies (oneDNN's bf16 GEMM is slower than float32 from ~32 rows on there).
+# AVX-512 without AMX (with or without AVX512-BF16) and AVX2 with the kernels' FMA bf16 linear: bf16
+# model, but linears over at least this many tokens run float32 GEMMs on float32 weight copies
+# (oneDNN's bf16 GEMM is slower than float32 from ~32 rows on there; the FMA linear on AVX2 0.91x
+# float32 at 32 rows, 1.16x at 64; on AVX-512 without BF16 it keeps up to BF16_FMA_FLOAT32_MIN_ROWS).
 FLOAT32_GEMM_MIN_TOKENS = 32
 
 
@@ -153,7 +156,7 @@ def _proc_cpu_vendor() -> str:
 # measured without AMX it runs at half the FMA rate, hence FLOAT32_GEMM_MIN_TOKENS there.
 FAST_BF16_DOT_VENDORS = frozenset({"AuthenticAMD"})
 # the kinds whose packed bf16 linear is the kernels' FMA path, and the build answer it needs
-_FMA_IMPLS = {"avx512": "avx512-fma", "avx2": "avx2-fma"}
+FMA_BF16_IMPLS = {"avx512": "avx512-fma", "avx2": "avx2-fma"}
 
 
 def effective_cpu_vendor() -> str:
@@ -210,9 +213,9 @@ def choose_dtype(
             float32_gemm_min_tokens=FLOAT32_GEMM_MIN_TOKENS,
         )
     if kind == "avx2" and fma_bf16:
-        # emulated on a Zen 4 (docs/notes/2026-11-cpu-kind-dtype.md, 2026-11-30), SmolLM2, 2 threads:
-        # decode b1 21.5 -> 12.7 ms and b8 43 -> 28-32 ms against float32 with bf16 copies, 2K
-        # prefill unchanged (3.1-3.3 s); the kernel is 0.91x float32 at 32 rows, 1.16x at 64
+        # emulated on a Zen 4 (docs/notes/2026-11-cpu-kind-dtype.md, 2026-11-30), SmolLM2, 2 threads,
+        # against float32 with one-row bf16 copies: decode b1 24 -> 12-14 ms, b8 67-72 -> 29-31 ms,
+        # 2K prefill unchanged (3.1-3.2 s)
         return CpuDtypeChoice(
             kind,
             torch.bfloat16,
