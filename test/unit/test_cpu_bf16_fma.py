@@ -69,7 +69,7 @@ def _check_fma_path(platform, impl: str) -> None:
 
 def test_avx2_auto_is_bf16_with_float32_prefill_copies(monkeypatch):
     """With the avx2 build, AVX2's `--dtype auto` is the avx512 kind's scheme: a bf16 model whose
-    calls below FLOAT32_GEMM_MIN_TOKENS rows take the FMA path and larger ones float32 copies."""
+    calls below BF16_FMA_AVX2_FLOAT32_MIN_ROWS rows take the FMA path and larger ones float32 copies."""
     with fresh_platforms():
         platform = _emulate(monkeypatch, "avx2")
         assert resolve_dtype("auto", None, device="cpu") == torch.bfloat16
@@ -79,8 +79,8 @@ def test_avx2_auto_is_bf16_with_float32_prefill_copies(monkeypatch):
         w = torch.randn(80, 48).bfloat16()
         packed = pack(w)
         assert isinstance(packed.small_kernel, Bf16PackedLinear)
-        assert packed.min_tokens == cpu.FLOAT32_GEMM_MIN_TOKENS
-        for rows in (1, 8, cpu.FLOAT32_GEMM_MIN_TOKENS):
+        assert packed.min_tokens == cpu_linears.BF16_FMA_AVX2_FLOAT32_MIN_ROWS > cpu.FLOAT32_GEMM_MIN_TOKENS
+        for rows in (1, 8, cpu_linears.BF16_FMA_AVX2_FLOAT32_MIN_ROWS):
             x = torch.randn(rows, 48).bfloat16()
             torch.testing.assert_close(
                 kernel(x, packed, None).float(), F.linear(x.float(), w.float()), atol=0.05, rtol=0.02

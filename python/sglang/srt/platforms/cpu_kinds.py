@@ -38,8 +38,8 @@ _AVX512 = frozenset(f for f in KIND_FLAGS["amx"] if f.startswith(("avx512", "amx
 BF16_GEMM_MAX_TOKENS = 1
 # AVX-512 without AMX (with or without AVX512-BF16) and AVX2 with the kernels' FMA bf16 linear: bf16
 # model, but linears over at least this many tokens run float32 GEMMs on float32 weight copies
-# (oneDNN's bf16 GEMM is slower than float32 from ~32 rows on there; the FMA linear on AVX2 0.91x
-# float32 at 32 rows, 1.16x at 64; on AVX-512 without BF16 it keeps up to BF16_FMA_FLOAT32_MIN_ROWS).
+# (oneDNN's bf16 GEMM is slower than float32 from ~32 rows on there; the kernels' FMA linear keeps
+# the calls up to BF16_FMA_FLOAT32_MIN_ROWS / BF16_FMA_AVX2_FLOAT32_MIN_ROWS: cpu_linears.py).
 FLOAT32_GEMM_MIN_TOKENS = 32
 
 
@@ -216,12 +216,13 @@ def choose_dtype(
         # emulated on a Zen 4 (docs/notes/2026-11-cpu-kind-dtype.md, 2026-11-30), SmolLM2, 2 threads,
         # against float32 with one-row bf16 copies: decode b1 24 -> 12-14 ms, b8 67-72 -> 29-31 ms,
         # 2K prefill unchanged (3.1-3.2 s)
+        min_rows = cpu_linears.BF16_FMA_AVX2_FLOAT32_MIN_ROWS
         return CpuDtypeChoice(
             kind,
             torch.bfloat16,
             "AVX2 with the kernels' FMA bf16 linear (bf16 weights read once per call, widened in registers): "
-            f"bf16 wins decode (half the bytes), float32 GEMMs from {FLOAT32_GEMM_MIN_TOKENS} rows on",
-            float32_gemm_min_tokens=FLOAT32_GEMM_MIN_TOKENS,
+            f"bf16 wins decode (half the bytes), float32 GEMMs from {min_rows} rows on",
+            float32_gemm_min_tokens=min_rows,
         )
     name = "AVX2" if kind == "avx2" else "no AVX2"
     return CpuDtypeChoice(

@@ -35,6 +35,11 @@ BF16_VEC_LINEAR_MAX_ROWS = sys.maxsize
 # float32 copies keep prefill chunks as they were: no real CPU of the kind measured yet.
 # benchmark/vs_vllm/bf16_linear_ab.py --build avx512, docs/benchmarks.md, 2026-11-30.
 BF16_FMA_FLOAT32_MIN_ROWS = 256
+# AVX2 with the avx2 build's FMA path (`--dtype auto`: bf16 model): calls from this many rows on take
+# the float32 weight copies. Emulated on [zen4] (SGLANG_CPU_FLAGS_OVERRIDE=avx2, ONEDNN_MAX_CPU_ISA=AVX2,
+# ATEN_CPU_CAPABILITY=avx2), SmolLM2's shapes over 30 layers, 2 threads, the kernel / the float32
+# F.linear: 0.17-0.25x at 1-4 rows, 0.37x at 8, 0.50x at 16, 0.62x at 32, 0.92x at 64, 1.01x at 128.
+BF16_FMA_AVX2_FLOAT32_MIN_ROWS = 128
 
 
 def bf16_linear(

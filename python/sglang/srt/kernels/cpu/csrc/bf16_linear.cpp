@@ -13,8 +13,8 @@
 //     avx512 build (AVX-512 without BF16) the same tiles with each weight pair widened to float32 by
 //     a shift and a mask and two FMAs per row, on x widened once per call (bf16_linear_impl()
 //     "avx512-fma"): weights still read once per call, as bf16.
-//   avx2 build ("avx2-fma"): the same widening on each block's two 8-lane halves, one row at a time
-//     per task of 4 column blocks (the task's weights stay in L2 between rows).
+//   avx2 build ("avx2-fma"): the same widening on each block's two 8-lane halves, in tiles of 2 rows
+//     x 2 column blocks (16 ymm: 8 accumulators, 4 x broadcasts, the widened pair).
 // The portable build answers bf16_linear_impl() == "" and refuses the call.
 // swiglu (both paths): a [gate; up] weight's tiles pair gate block j with up block j + N / 32, and
 // the epilogue stores silu(gate) * up (silu_vec.h) of the bf16 values the plain call would store:
@@ -237,68 +237,85 @@ inline void store_halves(uint16_t* p, const __m256 v[2], int64_t n) {
   std::memcpy(p, tmp, static_cast<size_t>(std::min<int64_t>(n, kLanes)) * 2);
 }
 
-// row i of x x the NB column blocks bl[0 .. NB) (under the SwiGLU epilogue the first NB / 2 gate
-// blocks, then their up blocks): two FMAs per half per pair, on the pair widened by a shift / a mask
-template <int NB>
-void vec_row8(const Args& g, int64_t i, const int64_t* bl) {
+// rows [i0, i0 + RI) of x x the NB column blocks bl[0 .. NB) (under the SwiGLU epilogue NB = 2: a
+// gate block and its up block): two FMAs per half per pair and row, on the pair widened by a shift
+// (k = 2p) and a mask (k = 2p + 1) once for the RI rows
+template <int RI, int NB>
+void vec_tile8(const Args& g, int64_t i0, const int64_t* bl) {
   const int64_t pairs = g.Kp / 2, bstride = pairs * kLanes;
-  __m256 a[NB][2];
-  for (int b = 0; b < NB; ++b) a[b][0] = a[b][1] = _mm256_setzero_ps();
-  const float* x = g.xf + i * g.Kp;
+  __m256 a[RI][NB][2];
+  for (int i = 0; i < RI; ++i)
+    for (int b = 0; b < NB; ++b) a[i][b][0] = a[i][b][1] = _mm256_setzero_ps();
+  const float* x = g.xf + i0 * g.Kp;
   const __m256i hi_mask = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
   for (int64_t p = 0; p < pairs; ++p) {
-    const __m256 xl = _mm256_broadcast_ss(x + 2 * p), xh = _mm256_broadcast_ss(x + 2 * p + 1);
+    __m256 xl[RI], xh[RI];
+    for (int i = 0; i < RI; ++i) {
+      xl[i] = _mm256_broadcast_ss(x + i * g.Kp + 2 * p);
+      xh[i] = _mm256_broadcast_ss(x + i * g.Kp + 2 * p + 1);
+    }
     for (int b = 0; b < NB; ++b) {
       const uint32_t* w = g.w + bl[b] * bstride + p * kLanes;
       for (int h = 0; h < 2; ++h) {
         const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 8 * h));
-        a[b][h] = _mm256_fmadd_ps(xl, _mm256_castsi256_ps(_mm256_slli_epi32(wv, 16)), a[b][h]);
-        a[b][h] = _mm256_fmadd_ps(xh, _mm256_castsi256_ps(_mm256_and_si256(wv, hi_mask)), a[b][h]);
+        const __m256 wl = _mm256_castsi256_ps(_mm256_slli_epi32(wv, 16));
+        const __m256 wh = _mm256_castsi256_ps(_mm256_and_si256(wv, hi_mask));
+        for (int i = 0; i < RI; ++i) a[i][b][h] = _mm256_fmadd_ps(xh[i], wh, _mm256_fmadd_ps(xl[i], wl, a[i][b][h]));
       }
     }
   }
   __m256 bv[2], bu[2], v[2];
-  if (g.half > 0) {  // whole blocks: silu(gate) * up of the bf16-rounded values
-    for (int b = 0; b < NB / 2; ++b) {
-      const int64_t cg = bl[b] * kLanes, cu = bl[b + NB / 2] * kLanes;
-      bias_halves(g.bias, cg, kLanes, bv);
-      bias_halves(g.bias, cu, kLanes, bu);
+  if (g.half > 0) {  // NB == 2, whole blocks: silu(gate) * up of the bf16-rounded values
+    const int64_t cg = bl[0] * kLanes, cu = bl[NB - 1] * kLanes;
+    bias_halves(g.bias, cg, kLanes, bv);
+    bias_halves(g.bias, cu, kLanes, bu);
+    for (int i = 0; i < RI; ++i) {
       for (int h = 0; h < 2; ++h)
-        v[h] = sgl_vec::silu_mul8_bf16(as_bf16_8(_mm256_add_ps(a[b][h], bv[h])),
-                                       as_bf16_8(_mm256_add_ps(a[b + NB / 2][h], bu[h])));
-      store_halves(g.out + i * g.ldo + cg, v, kLanes);
+        v[h] = sgl_vec::silu_mul8_bf16(as_bf16_8(_mm256_add_ps(a[i][0][h], bv[h])),
+                                       as_bf16_8(_mm256_add_ps(a[i][NB - 1][h], bu[h])));
+      store_halves(g.out + (i0 + i) * g.ldo + cg, v, kLanes);
     }
     return;
   }
   for (int b = 0; b < NB; ++b) {
     const int64_t c0 = bl[b] * kLanes;
     bias_halves(g.bias, c0, g.N - c0, bv);
-    for (int h = 0; h < 2; ++h) v[h] = _mm256_add_ps(a[b][h], bv[h]);
-    store_halves(g.out + i * g.ldo + c0, v, g.N - c0);
+    for (int i = 0; i < RI; ++i) {
+      for (int h = 0; h < 2; ++h) v[h] = _mm256_add_ps(a[i][b][h], bv[h]);
+      store_halves(g.out + (i0 + i) * g.ldo + c0, v, g.N - c0);
+    }
   }
 }
 
-// tasks of 4 column blocks (the SwiGLU epilogue: 2 gate blocks and their up blocks), row by row
-// (the task's weights stay in L2 between rows)
+// all rows, two at a time, of one tile of NB blocks
+template <int NB>
+void vec_rows8(const Args& g, const int64_t* bl) {
+  int64_t i = 0;
+  for (; i + 2 <= g.M; i += 2) vec_tile8<2, NB>(g, i, bl);
+  if (i < g.M) vec_tile8<1, NB>(g, i, bl);
+}
+
+// tasks of 4 column blocks (the SwiGLU epilogue: 2 gate blocks and their up blocks), in tiles of 2
+// blocks (a gate block and its up block) over all rows: a tile's weights (K x 64 bytes) stay in
+// L1 / L2 between row pairs
 void gemm_vec8(const Args& g) {
   const int64_t h = g.half, tasks = h > 0 ? (h + 1) / 2 : (g.blocks + 3) / 4;
   at::parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
-      for (int64_t i = 0; i < g.M; ++i) {
-        if (h > 0) {
-          const int64_t b = 2 * t;
-          const int64_t two[4] = {b, b + 1, b + h, b + 1 + h}, one[2] = {b, b + h};
-          if (h - b >= 2) vec_row8<4>(g, i, two); else vec_row8<2>(g, i, one);
-          continue;
+      if (h > 0) {
+        for (int64_t b = 2 * t; b < std::min(2 * t + 2, h); ++b) {
+          const int64_t pair[2] = {b, b + h};
+          vec_rows8<2>(g, pair);
         }
-        const int64_t b0 = t * 4;
-        if (g.blocks - b0 >= 4) {
-          const int64_t bl[4] = {b0, b0 + 1, b0 + 2, b0 + 3};
-          vec_row8<4>(g, i, bl);
-        } else {
-          for (int64_t b = b0; b < g.blocks; ++b) vec_row8<1>(g, i, &b);
-        }
+        continue;
       }
+      int64_t b = t * 4;
+      const int64_t end = std::min(b + 4, g.blocks);
+      for (; b + 2 <= end; b += 2) {
+        const int64_t two[2] = {b, b + 1};
+        vec_rows8<2>(g, two);
+      }
+      if (b < end) vec_rows8<1>(g, &b);
     }
   });
 }
