@@ -33,12 +33,6 @@ def _emulate(monkeypatch, kind: str):
     return platform
 
 
-@pytest.fixture
-def avx512_kind(monkeypatch):
-    with fresh_platforms():
-        yield _emulate(monkeypatch, "avx512")
-
-
 @pytest.mark.parametrize("kind", ["avx512", "avx2"])
 def test_the_fma_path_is_the_packed_bf16_linear(monkeypatch, kind):
     with fresh_platforms():
@@ -67,20 +61,24 @@ def _check_fma_path(platform, impl: str) -> None:
     assert torch.equal(kernel.swiglu(x, pack(w), None), ops.silu_and_mul(plain))
 
 
-def test_avx2_auto_is_bf16_with_float32_prefill_copies(monkeypatch):
-    """With the avx2 build, AVX2's `--dtype auto` is the avx512 kind's scheme: a bf16 model whose
-    calls below BF16_FMA_AVX2_FLOAT32_MIN_ROWS rows take the FMA path and larger ones float32 copies."""
+@pytest.mark.parametrize(
+    "kind, min_rows",
+    [("avx512", cpu_linears.BF16_FMA_FLOAT32_MIN_ROWS), ("avx2", cpu_linears.BF16_FMA_AVX2_FLOAT32_MIN_ROWS)],
+)
+def test_auto_is_bf16_with_float32_prefill_copies(monkeypatch, kind, min_rows):
+    """With its kernel build, both kinds' `--dtype auto` is a bf16 model whose calls below the
+    kind's threshold take the FMA path and larger ones float32 weight copies (prefill chunks)."""
     with fresh_platforms():
-        platform = _emulate(monkeypatch, "avx2")
+        platform = _emulate(monkeypatch, kind)
         assert resolve_dtype("auto", None, device="cpu") == torch.bfloat16
-        assert platform.dtype_choice.kind == "avx2"
+        assert platform.dtype_choice.kind == kind
         pack, kernel = platform.prepacked_linear(torch.bfloat16, CPU)
         assert kernel is float32_prefill_linear
         w = torch.randn(80, 48).bfloat16()
         packed = pack(w)
-        assert isinstance(packed.small_kernel, Bf16PackedLinear)
-        assert packed.min_tokens == cpu_linears.BF16_FMA_AVX2_FLOAT32_MIN_ROWS > cpu.FLOAT32_GEMM_MIN_TOKENS
-        for rows in (1, 8, cpu_linears.BF16_FMA_AVX2_FLOAT32_MIN_ROWS):
+        assert isinstance(packed, Float32PrefillWeight) and isinstance(packed.small_kernel, Bf16PackedLinear)
+        assert packed.min_tokens == min_rows > cpu.FLOAT32_GEMM_MIN_TOKENS
+        for rows in (1, 8, min_rows):
             x = torch.randn(rows, 48).bfloat16()
             torch.testing.assert_close(
                 kernel(x, packed, None).float(), F.linear(x.float(), w.float()), atol=0.05, rtol=0.02
@@ -96,23 +94,6 @@ def test_without_the_fma_path_avx2_auto_stays_float32(monkeypatch):
         monkeypatch.setenv("SGLANG_CPU_KERNELS", "0")
         assert resolve_dtype("auto", None, device="cpu") == torch.float32
         assert get_platform("cpu").dtype_choice.bf16_gemm_max_tokens == 1
-
-
-def test_auto_keeps_float32_copies_for_prefill_only(avx512_kind):
-    platform = avx512_kind
-    assert resolve_dtype("auto", None, device="cpu") == torch.bfloat16
-    assert platform.dtype_choice.kind == "avx512"
-    pack, kernel = platform.prepacked_linear(torch.bfloat16, CPU)
-    assert kernel is float32_prefill_linear
-    w = torch.randn(64, 40).bfloat16()
-    packed = pack(w)
-    assert isinstance(packed, Float32PrefillWeight) and isinstance(packed.small_kernel, Bf16PackedLinear)
-    assert packed.min_tokens == cpu_linears.BF16_FMA_FLOAT32_MIN_ROWS > 32
-    for rows in (8, 64, cpu_linears.BF16_FMA_FLOAT32_MIN_ROWS):
-        x = torch.randn(rows, 40).bfloat16()
-        torch.testing.assert_close(
-            kernel(x, packed, None).float(), F.linear(x.float(), w.float()), atol=0.05, rtol=0.02
-        )
 
 
 def test_only_the_fma_kinds_take_it(monkeypatch):
