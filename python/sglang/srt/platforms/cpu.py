@@ -172,24 +172,26 @@ class CpuPlatform(Platform):
         kind = cpu_kind(effective_cpu_flags())
         if kind != "avx512-bf16" or not fast_bf16_dot(kind, effective_cpu_vendor()):
             return None
-        ops = self.kernels.fused()
-        return ops if ops is not None and getattr(ops, "bf16_linear_impl", str)() == "avx512-bf16" else None
+        return self._build_answering("avx512-bf16")
 
     def bf16_fma_kernels(self) -> Optional[Any]:
         """The avx512 build on AVX-512 CPUs without BF16 (Cascade Lake / Skylake-SP: the `avx512`
         kind), the avx2 build on AVX2 CPUs: their `bf16_linear` widens each packed bf16 weight pair
         by a shift and a mask and runs float32 FMAs, reading the bf16 weights once per call for all
         rows, where oneDNN's bf16 linear converts in slow fallback paths (cpu_linears.py); else
-        None. With it, AVX2's `--dtype auto` is bf16 with float32 GEMMs from
-        FLOAT32_GEMM_MIN_TOKENS rows (`choose_dtype`), as on AVX-512 without BF16."""
+        None. With it, both kinds' `--dtype auto` is bf16 with float32 copies for prefill-sized
+        linears (`choose_dtype`)."""
         impl = FMA_BF16_IMPLS.get(cpu_kind(effective_cpu_flags()))
-        ops = self.kernels.fused() if impl is not None else None
-        return ops if ops is not None and getattr(ops, "bf16_linear_impl", str)() == impl else None
+        return None if impl is None else self._build_answering(impl)
 
     def amx_linear_kernels(self) -> Optional[Any]:
         # AMX as the kind says (an emulated kind without it keeps oneDNN's copy) and as the build says
-        ops = self.kernels.fused() if cpu_kind(effective_cpu_flags()) == "amx" else None
-        return ops if ops is not None and getattr(ops, "bf16_linear_impl", str)() == "amx" else None
+        return self._build_answering("amx") if cpu_kind(effective_cpu_flags()) == "amx" else None
+
+    def _build_answering(self, impl: str) -> Optional[Any]:
+        """The fused kernel module if its `bf16_linear_impl()` is `impl`, else None."""
+        ops = self.kernels.fused()
+        return ops if ops is not None and getattr(ops, "bf16_linear_impl", str)() == impl else None
 
     def prefill_attention_dtype(self, dtype: torch.dtype) -> torch.dtype:
         """bf16 prefill attention runs torch's float32 flash kernel on CPUs without AMX: its bf16

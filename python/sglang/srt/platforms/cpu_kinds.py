@@ -157,6 +157,11 @@ def _proc_cpu_vendor() -> str:
 FAST_BF16_DOT_VENDORS = frozenset({"AuthenticAMD"})
 # the kinds whose packed bf16 linear is the kernels' FMA path, and the build answer it needs
 FMA_BF16_IMPLS = {"avx512": "avx512-fma", "avx2": "avx2-fma"}
+# ... and the rows from which their `--dtype auto` runs float32 copies (cpu_linears.py)
+FMA_BF16_FLOAT32_MIN_ROWS = {
+    "avx512": cpu_linears.BF16_FMA_FLOAT32_MIN_ROWS,
+    "avx2": cpu_linears.BF16_FMA_AVX2_FLOAT32_MIN_ROWS,
+}
 
 
 def effective_cpu_vendor() -> str:
@@ -190,14 +195,18 @@ def choose_dtype(
             f"AVX512-BF16 on {vendor} (Zen 4 / Zen 5): bf16 dot products at twice the float32 FMA rate, "
             "native bf16 GEMMs at every size",
         )
-    if kind == "avx512" and fma_bf16:
+    if fma_bf16 and kind in FMA_BF16_IMPLS:
+        # emulated on a Zen 4 (docs/notes/2026-11-cpu-kind-dtype.md, 2026-11-30), SmolLM2, 2 threads:
+        # AVX2 against float32 with one-row bf16 copies, decode b1 24 -> 14-15 ms, b8 66-71 -> 27 ms;
+        # 2K prefill unchanged on both kinds (3.1-3.2 s)
+        min_rows = FMA_BF16_FLOAT32_MIN_ROWS[kind]
         return CpuDtypeChoice(
             kind,
             torch.bfloat16,
-            "AVX-512 without BF16, with the kernels' FMA bf16 linear (bf16 weights read once per call, "
-            "widened in registers): bf16 wins decode (half the bytes); prefill-sized linears (from "
-            f"{cpu_linears.BF16_FMA_FLOAT32_MIN_ROWS} rows) run in float32",
-            float32_gemm_min_tokens=cpu_linears.BF16_FMA_FLOAT32_MIN_ROWS,
+            f"{'AVX2' if kind == 'avx2' else 'AVX-512 without BF16'} with the kernels' FMA bf16 linear (bf16 "
+            "weights read once per call, widened in registers): bf16 wins decode (half the bytes), float32 "
+            f"GEMMs from {min_rows} rows on",
+            float32_gemm_min_tokens=min_rows,
         )
     if kind in ("avx512-bf16", "avx512"):
         what = (
@@ -211,18 +220,6 @@ def choose_dtype(
             f"{what}: bf16 wins decode (half the bytes), but oneDNN's bf16 GEMMs are slower than float32 "
             f"from ~{FLOAT32_GEMM_MIN_TOKENS} rows on, so prefill-sized linears run in float32",
             float32_gemm_min_tokens=FLOAT32_GEMM_MIN_TOKENS,
-        )
-    if kind == "avx2" and fma_bf16:
-        # emulated on a Zen 4 (docs/notes/2026-11-cpu-kind-dtype.md, 2026-11-30), SmolLM2, 2 threads,
-        # against float32 with one-row bf16 copies: decode b1 24 -> 12-14 ms, b8 67-72 -> 29-31 ms,
-        # 2K prefill unchanged (3.1-3.2 s)
-        min_rows = cpu_linears.BF16_FMA_AVX2_FLOAT32_MIN_ROWS
-        return CpuDtypeChoice(
-            kind,
-            torch.bfloat16,
-            "AVX2 with the kernels' FMA bf16 linear (bf16 weights read once per call, widened in registers): "
-            f"bf16 wins decode (half the bytes), float32 GEMMs from {min_rows} rows on",
-            float32_gemm_min_tokens=min_rows,
         )
     name = "AVX2" if kind == "avx2" else "no AVX2"
     return CpuDtypeChoice(

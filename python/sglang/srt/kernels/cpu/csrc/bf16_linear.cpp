@@ -39,6 +39,7 @@
 #if defined(__AVX512F__) && defined(__AVX512DQ__) && defined(__AVX512BW__)
 #include <immintrin.h>
 
+#include "bf16_lanes.h"
 #include "vec_exp2.h"  // before silu_vec.h, which uses it
 #include "silu_vec.h"
 #define SGL_BF16_LINEAR 1
@@ -48,6 +49,7 @@
 #elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 
+#include "bf16_lanes.h"
 #include "vec_exp2.h"  // before silu_vec.h, which uses it
 #include "silu_vec.h"
 #define SGL_BF16_LINEAR_AVX2 1  // the avx2 build: 8-lane halves of each block, widened by shifts
@@ -100,16 +102,12 @@ inline __mmask16 lanes(int64_t n) {
   return n >= kLanes ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1);
 }
 // v's 16 lanes rounded to bf16 bits, to nearest even: vcvtneps2bf16, or without AVX512-BF16 the
-// same by integer ops (vpmovdw). A NaN here is the CPU's default NaN or comes from a bf16 input
-// (low 16 bits zero), and rounds to a NaN either way (sglang_cpu_ops.cpp's f_to_bf16_lanes).
+// same by integer ops (bf16_lanes.h)
 inline __m256i round_bf16(__m512 v) {
 #if defined(SGL_BF16_DOT)
   return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v));
 #else
-  const __m512i u = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  return _mm512_cvtepi32_epi16(
-      _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb), 16));
+  return sgl_vec::f_to_bf16_16(v);
 #endif
 }
 inline void store_bf16(uint16_t* p, __m512 v, __mmask16 m) { _mm256_mask_storeu_epi16(p, m, round_bf16(v)); }
@@ -213,27 +211,22 @@ void gemm_vec(const Args& g) {
 
 #if defined(SGL_BF16_LINEAR_AVX2)
 // ------------------------------------------------------------------- AVX2: 8-lane halves of a block
-// 8 float32 lanes rounded to bf16 bits, to nearest even (as round_bf16 above)
-inline __m128i round_bf16_8(__m256 v) {
-  const __m256i u = _mm256_castps_si256(v);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), lsb), 16);
-  return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));  // each <= 0xFFFF
-}
-inline __m256 widen8(__m128i bits) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16)); }
-inline __m256 as_bf16_8(__m256 v) { return widen8(round_bf16_8(v)); }
+// 8 float32 lanes rounded to bf16 bits and widened back (bf16_lanes.h, as round_bf16 above)
+using sgl_vec::bf16_bits_to_f;
+using sgl_vec::f_to_bf16_bits;
+inline __m256 as_bf16_8(__m256 v) { return bf16_bits_to_f(f_to_bf16_bits(v)); }
 
 // a block's 16 bias values from column c0 (n of them real) as two halves
 inline void bias_halves(const uint16_t* bias, int64_t c0, int64_t n, __m256 out[2]) {
   alignas(16) uint16_t tmp[16] = {};
   if (bias != nullptr) std::memcpy(tmp, bias + c0, static_cast<size_t>(std::min<int64_t>(n, kLanes)) * 2);
-  out[0] = widen8(_mm_load_si128(reinterpret_cast<const __m128i*>(tmp)));
-  out[1] = widen8(_mm_load_si128(reinterpret_cast<const __m128i*>(tmp + 8)));
+  out[0] = bf16_bits_to_f(_mm_load_si128(reinterpret_cast<const __m128i*>(tmp)));
+  out[1] = bf16_bits_to_f(_mm_load_si128(reinterpret_cast<const __m128i*>(tmp + 8)));
 }
 inline void store_halves(uint16_t* p, const __m256 v[2], int64_t n) {
   alignas(16) uint16_t tmp[16];
-  _mm_store_si128(reinterpret_cast<__m128i*>(tmp), round_bf16_8(v[0]));
-  _mm_store_si128(reinterpret_cast<__m128i*>(tmp + 8), round_bf16_8(v[1]));
+  _mm_store_si128(reinterpret_cast<__m128i*>(tmp), f_to_bf16_bits(v[0]));
+  _mm_store_si128(reinterpret_cast<__m128i*>(tmp + 8), f_to_bf16_bits(v[1]));
   std::memcpy(p, tmp, static_cast<size_t>(std::min<int64_t>(n, kLanes)) * 2);
 }
 

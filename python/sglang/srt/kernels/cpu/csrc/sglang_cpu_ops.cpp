@@ -43,11 +43,13 @@
 #if defined(__AVX512F__)
 #include <immintrin.h>
 
+#include "bf16_lanes.h"
 #include "vec_exp2.h"
 #include "silu_vec.h"
 #elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 
+#include "bf16_lanes.h"
 #include "vec_exp2.h"
 #include "silu_vec.h"
 // the 8-lane paths below; the avx512 builds keep their own (or the compiler's 16-lane loops)
@@ -146,34 +148,20 @@ inline __m512 load16(const fp8_e4m3* p) {
   return _mm512_cvtph_ps(_mm256_mask_blend_epi16(nan, h, _mm256_set1_epi16(0x7E00)));
 }
 // 16 float32 lanes to float32 / bfloat16 memory; bf16 rounded to nearest even with integer ops
-// (from_f<uint16_t>'s, 16 at a time; a NaN becomes the quiet 0x7FC0 as there): exact in both
-// avx512 builds (vcvtneps2bf16 flushes denormals, torch does not)
+// (bf16_lanes.h: from_f<uint16_t>'s, 16 at a time; a NaN becomes the quiet 0x7FC0 as there): exact
+// in both avx512 builds (vcvtneps2bf16 flushes denormals, torch does not)
 inline void store16(float* p, __m512 x) { _mm512_storeu_ps(p, x); }
-inline __m256i f_to_bf16_16(__m512 x) {
-  const __m512i u = _mm512_castps_si512(x);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb), 16);
-  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
-  return _mm512_cvtepi32_epi16(r);
-}
+using sgl_vec::f_to_bf16_16;
 inline void store16(uint16_t* p, __m512 x) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), f_to_bf16_16(x)); }
 #endif
 
 #if defined(SGL_AVX2)
 // 8 lanes of float32 from / to float32 and bfloat16 memory, bf16 stored rounded to nearest even
-// (from_f<uint16_t>'s integer ops, 8 at a time). f_to_bf16_lanes leaves NaN to the rounding: every
-// value these kernels round is computed from bf16 data, so a NaN in it is the CPU's default NaN or
-// one propagated from a bf16 input (low 16 bits zero); both round to a NaN (a payload that could
-// carry into the sign bit only arises from float32 data, never rounded here).
-inline __m256i f_to_bf16_lanes(__m256 x) {  // the bf16 bits in the low half of each 32-bit lane
-  const __m256i u = _mm256_castps_si256(x);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  return _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), lsb), 16);
-}
+// (from_f<uint16_t>'s integer ops, 8 at a time; NaN: bf16_lanes.h)
+using sgl_vec::bf16_bits_to_f;
+using sgl_vec::f_to_bf16_bits;
+using sgl_vec::f_to_bf16_lanes;
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 bf16_bits_to_f(__m128i raw) {
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
-}
 inline __m256 load8(const uint16_t* p) { return bf16_bits_to_f(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 // 8 FP8 values (see fp8_e4m3) to float16 bits, widened by vcvtph2ps (F16C; exact)
 inline __m256 load8(const fp8_e5m2* p) {
@@ -186,10 +174,6 @@ inline __m256 load8(const fp8_e4m3* p) {
   const __m128i nan_bits = _mm_set1_epi16(0x3F80);  // |code| = 0x7F: NaN, exponent all ones
   const __m128i nan = _mm_cmpeq_epi16(_mm_and_si128(h, nan_bits), nan_bits);
   return _mm256_cvtph_ps(_mm_or_si128(h, _mm_and_si128(nan, _mm_set1_epi16(0x7C00))));
-}
-inline __m128i f_to_bf16_bits(__m256 x) {
-  const __m256i r = f_to_bf16_lanes(x);
-  return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));  // each <= 0xFFFF
 }
 inline void store8(float* p, __m256 x) { _mm256_storeu_ps(p, x); }
 inline void store8(uint16_t* p, __m256 x) { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), f_to_bf16_bits(x)); }
